@@ -1,0 +1,1 @@
+"""Discrete-event simulation: one clock (``events.EventLoop``) shared by every system's simulator."""

@@ -1,0 +1,86 @@
+"""``gpuflows``: simulate a system on a scenario, inspect the pool, run the demo.
+
+Subcommands import their heavy dependencies lazily so ``gpuflows --help`` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from gpu.errors import GpuflowsError
+from gpu.sim.registry import SIMULATORS
+
+
+def _simulate(args: argparse.Namespace) -> int:
+    module_name, func_name = SIMULATORS[args.system].split(":")
+    run = getattr(importlib.import_module(module_name), func_name)
+    report = run(args.scenario, args.policy or None)
+    print(report.format())
+    if args.json:
+        report.write_json(args.json)
+        print(f"\nwrote {args.json}")
+    return 0
+
+
+def _devices(args: argparse.Namespace) -> int:
+    from gpu.devices import discover
+
+    for node in discover(args.simulate).nodes:
+        for d in node.devices:
+            print(f"{node.name}  {d.describe()}")
+    return 0
+
+
+def _pool(args: argparse.Namespace) -> int:
+    from gpu.pool import open_pool
+
+    ledger = open_pool(args.name)
+    for line in ledger.describe():
+        print(line)
+    return 0
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from flows.demo import main as demo_main
+
+    return demo_main(args.extra)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gpuflows", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    sim = sub.add_parser("simulate", help="run a system's simulator on a scenario file and print a table")
+    sim.add_argument("system", choices=sorted(SIMULATORS), help="which system's simulator")
+    sim.add_argument("scenario", help="scenario file (JSON or YAML; formats in docs/scenarios.md)")
+    sim.add_argument("--policy", action="append", help="policy to run (repeatable); default: all the system's policies")
+    sim.add_argument("--json", metavar="OUT", help="also write the figures as JSON to OUT")
+    sim.set_defaults(func=_simulate)
+
+    dev = sub.add_parser("devices", help="list the GPUs found through NVML (or the simulated ones)")
+    dev.add_argument("--simulate", default=None, help="simulated devices when NVML finds none, e.g. '4x16GiB'")
+    dev.set_defaults(func=_devices)
+
+    pool = sub.add_parser("pool", help="show a shared pool's devices, leases and ephemeral resources")
+    pool.add_argument("--name", default="default", help="pool name (the ledger file under the state folder)")
+    pool.set_defaults(func=_pool)
+
+    demo = sub.add_parser("demo", help="run the continuous-retraining demo (make demo) on a simulated 2-GPU pool")
+    demo.add_argument("extra", nargs=argparse.REMAINDER, help="arguments passed to the demo")
+    demo.set_defaults(func=_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except GpuflowsError as exc:
+        print(f"gpuflows: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
