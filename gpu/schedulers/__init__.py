@@ -1,0 +1,1 @@
+"""Schedulers: pure policies that turn a snapshot of the cluster into a decision."""
