@@ -196,7 +196,7 @@ class SquishyPacker:
     def max_throughput(self, session: Session) -> tuple[int, float]:
         """``(B_i, T_i)``: the solo max batch and the requests/s one GPU serves at it."""
         p, acc = _resolve(self.profiles, session), self.accounting
-        b = acc.max_batch(p, session.slo_ms)
+        b = acc.max_batch(p, session.slo_ms, session.session_id)
         return b, 1000.0 * b / acc.latency(p, b)
 
     def plan(self, sessions: Sequence[Session]) -> Plan:

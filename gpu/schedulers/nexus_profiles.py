@@ -121,11 +121,11 @@ class Accounting:
         """Per-request pre + post processing charged against the SLO (ms)."""
         return (p.pre_ms + p.post_ms) * self.multiplier if self.overheads else 0.0
 
-    def max_batch(self, p: BatchProfile, slo_ms: float) -> int:
+    def max_batch(self, p: BatchProfile, slo_ms: float, where: str | None = None) -> int:
         """Largest batch a GPU running only this model can use: worst case 2ℓ(b) (+ overheads) ≤ L.
 
         Scans b upward and stops at the first size that breaks the bound (code ``GetMaxBatch``).
-        Raises ConfigError when even batch 1 cannot meet the SLO.
+        Raises ConfigError naming ``<where>.slo_ms`` (default the model) when even batch 1 cannot meet the SLO.
         """
         budget = (slo_ms - self.network_ms - self.overhead(p)) / 2.0
         best = 0
@@ -135,8 +135,8 @@ class Accounting:
             best = b
         if best == 0:
             raise ConfigError(
-                f"{p.model}.slo_ms", slo_ms,
-                f"below what batch 1 needs ({2 * self.latency(p, 1) + self.network_ms + self.overhead(p):.3f} ms "
+                f"{where or p.model}.slo_ms", slo_ms,
+                f"below what batch 1 of {p.model} needs ({2 * self.latency(p, 1) + self.network_ms + self.overhead(p):.3f} ms "
                 f"= 2×ℓ(1) + overheads)")
         return best
 

@@ -1,0 +1,193 @@
+"""``gpuflows simulate nexus``: plan a scenario's sessions and queries, then simulate every policy on it.
+
+A *policy* here is a whole serving configuration from the paper's evaluation (§7): a placement
+(squishy bin packing, batch-oblivious, no co-location), a dispatch batch policy (early drop, lazy drop,
+fixed batch) and a query split (DP or even). ``nexus`` is the full system; the others are its ablations
+and the Clipper/TF-Serving-like baselines of §7.2. Scenario format: ``docs/nexus.md``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from gpu.batching import make_policy
+from gpu.errors import ConfigError
+from gpu.report import SimulationReport
+from gpu.scenario import choose, load_scenario, positive, require
+from gpu.schedulers.nexus import Plan, Session, SquishyPacker, batch_oblivious_plan
+from gpu.schedulers.nexus_profiles import (PRESETS, BatchProfile, linear_profile, published_profiles,
+                                           table_profile)
+from gpu.schedulers.nexus_query import Query, QueryStage, even_split, profile_throughput, split_slo
+from gpu.sim.nexus_engine import SimResult, simulate_plan
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """One serving configuration: placement × dispatch batch policy × query split."""
+
+    name: str
+    placement: str
+    batch_policy: str
+    query_split: str = "dp"
+
+
+STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
+    Strategy("nexus", "squishy", "early_drop"),
+    Strategy("nexus_lazy_drop", "squishy", "lazy_drop"),
+    Strategy("nexus_even_split", "squishy", "early_drop", "even"),
+    Strategy("no_colocation", "no_colocation", "early_drop"),
+    Strategy("batch_oblivious", "batch_oblivious", "early_drop"),
+    Strategy("batch_oblivious_lazy_drop", "batch_oblivious", "lazy_drop", "even"),
+    Strategy("batch_oblivious_fixed_batch", "batch_oblivious", "fixed_batch", "even"),
+)}
+
+
+@dataclass(frozen=True)
+class NexusScenario:
+    """A parsed scenario (see ``docs/nexus.md``); times in ms, rates in requests/s."""
+
+    name: str
+    preset: str
+    profiles: dict[str, BatchProfile]
+    sessions: tuple[Session, ...]
+    queries: tuple[Query, ...]
+    gpus: int | None = None
+    duration_s: float = 20.0
+    arrivals: str = "poisson"
+    seed: int = 0
+    noise: bool = False
+    epsilon_ms: float = 1.0
+
+
+def _models(raw: list[dict[str, Any]]) -> dict[str, BatchProfile]:
+    out = {}
+    for i, m in enumerate(raw or []):
+        name = require(m, "name", f"models[{i}].")
+        if "table" in m:
+            out[name] = table_profile(name, {int(b): positive(v, f"models[{i}].table.{b}") for b, v in m["table"].items()})
+        else:
+            out[name] = linear_profile(name, positive(require(m, "alpha_ms", f"models[{i}]."), f"models[{i}].alpha_ms",
+                                                      allow_zero=True),
+                                       positive(require(m, "beta_ms", f"models[{i}]."), f"models[{i}].beta_ms",
+                                                allow_zero=True),
+                                       int(positive(m.get("max_batch", 64), f"models[{i}].max_batch")))
+    return out
+
+
+def load(path: str) -> NexusScenario:
+    """Parse and validate a Nexus scenario file (JSON or YAML)."""
+    raw = load_scenario(path)
+    known = {"name", "preset", "models", "sessions", "queries", "gpus", "simulation"}
+    for key in raw:
+        if key not in known:
+            raise ConfigError(key, raw[key], f"unknown scenario field; expected one of {sorted(known)}")
+    preset = choose(raw.get("preset", "paper"), "preset", list(PRESETS))
+    profiles = {**published_profiles(), **_models(raw.get("models", []))}
+    sessions = tuple(Session(str(require(s, "id", f"sessions[{i}].")), str(require(s, "model", f"sessions[{i}].")),
+                             require(s, "slo_ms", f"sessions[{i}]."), require(s, "rate", f"sessions[{i}]."))
+                     for i, s in enumerate(raw.get("sessions", [])))
+    queries = tuple(
+        Query(str(require(q, "id", f"queries[{i}].")),
+              tuple(QueryStage(str(require(st, "name", f"queries[{i}].stages[{j}].")),
+                               str(require(st, "model", f"queries[{i}].stages[{j}].")),
+                               st.get("parent"), float(st.get("gamma", 1.0)))
+                    for j, st in enumerate(require(q, "stages", f"queries[{i}]."))),
+              require(q, "slo_ms", f"queries[{i}]."), require(q, "rate", f"queries[{i}]."))
+        for i, q in enumerate(raw.get("queries", [])))
+    if not sessions and not queries:
+        raise ConfigError("sessions", [], "a scenario needs at least one session or query")
+    for s in sessions:
+        if s.model not in profiles:
+            raise ConfigError(f"{s.session_id}.model", s.model, f"unknown model; choose one of {sorted(profiles)}")
+    for q in queries:
+        for st in q.stages:
+            if st.model not in profiles:
+                raise ConfigError(f"{q.query_id}.{st.name}.model", st.model,
+                                  f"unknown model; choose one of {sorted(profiles)}")
+    sim = raw.get("simulation", {}) or {}
+    gpus = raw.get("gpus")
+    if gpus is not None and (isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1):
+        raise ConfigError("gpus", gpus, "must be an integer >= 1")
+    return NexusScenario(
+        name=str(raw.get("name", path)), preset=preset, profiles=profiles, sessions=sessions, queries=queries,
+        gpus=gpus, duration_s=positive(sim.get("duration_s", 20.0), "simulation.duration_s"),
+        arrivals=choose(sim.get("arrivals", "poisson"), "simulation.arrivals", ["poisson", "uniform"]),
+        seed=int(sim.get("seed", 0)), noise=bool(sim.get("noise", False)),
+        epsilon_ms=positive(sim.get("epsilon_ms", 1.0), "simulation.epsilon_ms"))
+
+
+def scaled_sessions(sc: NexusScenario, strategy: Strategy, load: float = 1.0) -> list[Session]:
+    """The scenario's sessions plus its queries' stage sessions (split by DP or evenly), rates × ``load``."""
+    out = [replace(s, rate=s.rate * load) for s in sc.sessions]
+    for q in sc.queries:
+        q = replace(q, rate=q.rate * load)
+        tput = {st.name: profile_throughput(sc.profiles[st.model], sc.preset) for st in q.stages}
+        split = split_slo(q, tput, sc.epsilon_ms) if strategy.query_split == "dp" else even_split(q, tput)
+        out += split.sessions(q)
+    return out
+
+
+def build_plan(sc: NexusScenario, strategy: Strategy, load: float = 1.0, gpus: int | None = None) -> Plan:
+    """The plan ``strategy`` makes for the scenario at ``load`` × its rates (``gpus`` fixes the cluster size
+    for the batch-oblivious scheduler, which always fills the cluster it is given)."""
+    sessions = scaled_sessions(sc, strategy, load)
+    if strategy.placement == "batch_oblivious":
+        return batch_oblivious_plan(sessions, sc.profiles, sc.preset, gpus)
+    return SquishyPacker(sc.profiles, sc.preset, colocate=strategy.placement == "squishy").plan(sessions)
+
+
+def evaluate(sc: NexusScenario, strategy: Strategy, load: float = 1.0, gpus: int | None = None,
+             duration_s: float | None = None) -> tuple[Plan, SimResult]:
+    """Plan at ``load`` and simulate the plan with the strategy's batch policy."""
+    plan = build_plan(sc, strategy, load, gpus)
+    res = simulate_plan(plan, sc.profiles, make_policy(strategy.batch_policy), duration_s=duration_s or sc.duration_s,
+                        arrivals=sc.arrivals, noise=sc.noise, seed=sc.seed)
+    return plan, res
+
+
+def max_load(sc: NexusScenario, strategy: Strategy, gpus: int, *, target_bad: float = 0.01, iters: int = 8,
+             duration_s: float | None = None) -> float:
+    """Largest load multiplier at which ``strategy`` fits ``gpus`` GPUs with bad rate ≤ ``target_bad`` (bisection)."""
+    def ok(load: float) -> bool:
+        plan = build_plan(sc, strategy, load, gpus)
+        if plan.num_gpus > gpus:
+            return False
+        _, res = evaluate(sc, strategy, load, gpus, duration_s)
+        return res.bad_rate <= target_bad
+
+    lo, hi = 0.0, 1.0
+    while ok(hi) and hi < 1024:
+        lo, hi = hi, hi * 2
+    if lo == 0.0:
+        hi_probe = 1.0
+        while not ok(hi_probe / 2) and hi_probe > 1e-3:
+            hi_probe /= 2
+        lo, hi = hi_probe / 2, hi_probe
+        if not ok(lo):
+            return 0.0
+    for _ in range(iters):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if ok(mid) else (lo, mid)
+    return lo
+
+
+def run(scenario_path: str, policies: list[str] | None = None) -> SimulationReport:
+    """Simulate each named policy (default all) on the scenario; one table row per policy."""
+    sc = load(scenario_path)
+    names = policies or list(STRATEGIES)
+    for n in names:
+        choose(n, "policy", list(STRATEGIES))
+    rows, summary = [], {}
+    for n in names:
+        st = STRATEGIES[n]
+        plan, res = evaluate(sc, st, gpus=sc.gpus)
+        offered = res.total("offered")
+        rows.append({"policy": n, "placement": st.placement, "batch_policy": st.batch_policy,
+                     "query_split": st.query_split, "gpus": plan.num_gpus,
+                     "offered_rps": offered / sc.duration_s, "good_rps": res.total("good") / sc.duration_s,
+                     "bad_rate": res.bad_rate, "dropped": res.total("dropped"), "late": res.total("late"),
+                     "mean_batch": res.mean_batch, "slo_violations_in_plan": len(plan.violations())})
+        summary[f"{n}_gpus"] = float(plan.num_gpus)
+        summary[f"{n}_bad_rate"] = res.bad_rate
+    return SimulationReport("nexus", rows, summary)
