@@ -228,10 +228,6 @@ def estimate_accuracy(stream: StreamState, config: RetrainConfig | None, infer_g
     With ``config=None`` the training share falls back to inference (§8.4). The returned
     ``retrain_s`` may exceed the window: such a config is infeasible for the thief.
     """
-    if config is None:
-        infer_gpus, retrain_gpus = infer_gpus + retrain_gpus, 0.0
-        if params.max_job_gpus is not None:
-            infer_gpus = min(infer_gpus, params.max_job_gpus)
     q = stream.inference.relative_accuracy(infer_gpus)
     before = stream.accuracy
     if stream.running is not None:
@@ -292,10 +288,10 @@ def _check_inputs(streams: Sequence[StreamState], gpus: float, window_s: float) 
         raise ConfigError("window_s", window_s, "must be a number > 0")
 
 
-def fair_allocation(n_jobs: int, units: int, cap_units: int) -> list[int]:
-    """Equal share per job in steps of Delta (Algorithm 1 line 2); the remainder goes to the first jobs."""
-    base, rest = divmod(units, n_jobs) if n_jobs else (0, 0)
-    return [min(cap_units, base + (1 if j < rest else 0)) for j in range(n_jobs)]
+def fair_allocation(n_jobs: int, gpus: float, max_job_gpus: float | None) -> float:
+    """Equal share per job (Algorithm 1 line 2, spec §8.5), capped at ``max_job_gpus``."""
+    share = gpus / n_jobs if n_jobs else 0.0
+    return share if max_job_gpus is None else min(share, max_job_gpus)
 
 
 def thief_schedule(streams: Sequence[StreamState], gpus: float, window_s: float,
@@ -310,33 +306,35 @@ def thief_schedule(streams: Sequence[StreamState], gpus: float, window_s: float,
         params: Delta, a_MIN and the other knobs.
 
     Returns:
-        The best allocation found (multiples of Delta, never above ``gpus``) with its configs.
+        The best allocation found (fair share + whole steps of Delta, never above ``gpus``) with
+        its configs. As in Algorithm 1 a victim cannot go below 0, so a fair share smaller than
+        Delta can only grow.
     """
     _check_inputs(streams, gpus, window_s)
-    d = params.delta
-    units = int(math.floor(gpus / d + 1e-6))
-    cap = units if params.max_job_gpus is None else int(math.floor(params.max_job_gpus / d + 1e-6))
+    d, cap = params.delta, (math.inf if params.max_job_gpus is None else params.max_job_gpus)
     jobs = [(i, "infer") for i in range(len(streams))]
     jobs += [(i, "train") for i, s in enumerate(streams) if s.configs and s.running is None]
     train_slot = {i: j for j, (i, kind) in enumerate(jobs) if kind == "train"}
+    fair = fair_allocation(len(jobs), gpus, params.max_job_gpus)
     cache: dict[tuple[int, int, int], StreamDecision] = {}
     calls = 0
 
-    def per_stream(alloc: list[int]) -> list[StreamDecision]:
+    def per_stream(steps: list[int]) -> list[StreamDecision]:
         out = []
         for i, s in enumerate(streams):
-            key = (i, alloc[i], alloc[train_slot[i]] if i in train_slot else 0)
+            key = (i, steps[i], steps[train_slot[i]] if i in train_slot else None)
             if key not in cache:
-                cache[key] = _choose(s, key[1] * d, key[2] * d, window_s, params)
+                retrain = 0.0 if key[2] is None else fair + key[2] * d
+                cache[key] = _choose(s, fair + key[1] * d, retrain, window_s, params)
             out.append(cache[key])
         return out
 
-    def score(alloc: list[int]) -> float:
+    def score(steps: list[int]) -> float:
         nonlocal calls
         calls += 1
-        return float(np.mean([c.score for c in per_stream(alloc)]))
+        return float(np.mean([c.score for c in per_stream(steps)]))
 
-    best = fair_allocation(len(jobs), units, cap)
+    best = [0] * len(jobs)  # allocation of job j = fair + best[j] * Delta
     best_score = score(best)
     for _ in range(params.max_passes):
         improved = False
@@ -348,7 +346,7 @@ def thief_schedule(streams: Sequence[StreamState], gpus: float, window_s: float,
                 while True:
                     temp[victim] -= 1
                     temp[thief] += 1
-                    if temp[victim] < 0 or temp[thief] > cap:
+                    if fair + temp[victim] * d < -_EPS or fair + temp[thief] * d > cap + _EPS:
                         break
                     s = score(temp)
                     if s > best_score + _EPS:

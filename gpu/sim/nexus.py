@@ -129,19 +129,37 @@ def scaled_sessions(sc: NexusScenario, strategy: Strategy, load: float = 1.0) ->
 
 
 def build_plan(sc: NexusScenario, strategy: Strategy, load: float = 1.0, gpus: int | None = None) -> Plan:
-    """The plan ``strategy`` makes for the scenario at ``load`` × its rates (``gpus`` fixes the cluster size
-    for the batch-oblivious scheduler, which always fills the cluster it is given)."""
+    """The plan ``strategy`` makes for the scenario at ``load`` × its rates.
+
+    With a fixed cluster of ``gpus`` GPUs every scheduler uses all of it: the batch-oblivious one scales its
+    shares to the cluster (§7.2); squishy packing plans for the largest rate headroom ``h ≥ 1`` (rates × h)
+    that still fits, so Poisson bursts meet spare capacity instead of GPUs at occupancy 1 (inferred).
+    """
     sessions = scaled_sessions(sc, strategy, load)
     if strategy.placement == "batch_oblivious":
         return batch_oblivious_plan(sessions, sc.profiles, sc.preset, gpus)
-    return SquishyPacker(sc.profiles, sc.preset, colocate=strategy.placement == "squishy").plan(sessions)
+    packer = SquishyPacker(sc.profiles, sc.preset, colocate=strategy.placement == "squishy")
+    plan = packer.plan(sessions)
+    if gpus is None or plan.num_gpus > gpus:
+        return plan
+    lo, hi = 1.0, 4.0
+    for _ in range(12):
+        mid = (lo + hi) / 2
+        trial = packer.plan([replace(s, rate=s.rate * mid) for s in sessions])
+        if trial.num_gpus <= gpus:
+            lo, plan = mid, trial
+        else:
+            hi = mid
+    return plan
 
 
 def evaluate(sc: NexusScenario, strategy: Strategy, load: float = 1.0, gpus: int | None = None,
              duration_s: float | None = None) -> tuple[Plan, SimResult]:
     """Plan at ``load`` and simulate the plan with the strategy's batch policy."""
     plan = build_plan(sc, strategy, load, gpus)
-    res = simulate_plan(plan, sc.profiles, make_policy(strategy.batch_policy), duration_s=duration_s or sc.duration_s,
+    offered = {s.session_id: s.rate for s in scaled_sessions(sc, strategy, load)}
+    res = simulate_plan(plan, sc.profiles, make_policy(strategy.batch_policy), rates=offered,
+                        duration_s=duration_s or sc.duration_s,
                         arrivals=sc.arrivals, noise=sc.noise, seed=sc.seed)
     return plan, res
 

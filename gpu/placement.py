@@ -1,0 +1,233 @@
+"""What a task asks of the pool, where it lands, and the policy that decides both.
+
+The ledger owns the state; this module holds the pure decision: given what is free and who
+waits, which waiting requests are granted now and on which devices. Later schedulers plug in
+by implementing ``PlacementPolicy`` (order and device choice), never by touching the ledger.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping, Protocol, Sequence
+
+from gpu.errors import ConfigError, NeverFitsError
+from gpu.units import format_memory, parse_memory
+
+_EPS = 1e-9
+
+
+@dataclass(frozen=True)
+class Request:
+    """A task's demand: GPUs (a fraction < 1 shares one device; >= 1 means whole devices),
+    GPU memory per device, CPUs, named ephemeral resources, and an optional node."""
+
+    gpus: float = 0.0
+    memory: int = 0
+    cpus: float = 0.0
+    resources: Mapping[str, float] = field(default_factory=dict)
+    node: str | None = None
+    label: str = ""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "memory", parse_memory(self.memory, "memory"))
+        if isinstance(self.gpus, bool) or not isinstance(self.gpus, (int, float)) or math.isnan(self.gpus):
+            raise ConfigError("gpus", self.gpus, "must be a number")
+        if self.gpus < 0:
+            raise ConfigError("gpus", self.gpus, "must be >= 0")
+        if self.gpus > 1 and self.gpus != int(self.gpus):
+            raise ConfigError("gpus", self.gpus, "a request of more than one GPU must be a whole number")
+        if self.cpus < 0:
+            raise ConfigError("cpus", self.cpus, "must be >= 0")
+        for name, amount in self.resources.items():
+            if amount <= 0:
+                raise ConfigError(f"resources[{name!r}]", amount, "must be > 0")
+        object.__setattr__(self, "gpus", float(self.gpus))
+        object.__setattr__(self, "resources", dict(self.resources))
+
+    @property
+    def whole_devices(self) -> int:
+        """Number of whole devices asked for (0 for a fractional or memory-only request)."""
+        return int(self.gpus) if self.gpus >= 1 else 0
+
+    @property
+    def uses_gpu(self) -> bool:
+        return self.gpus > 0 or self.memory > 0
+
+    def describe(self) -> str:
+        parts = [f"gpus={self.gpus:g}"]
+        if self.memory:
+            parts.append(f"memory={format_memory(self.memory)}")
+        if self.cpus:
+            parts.append(f"cpus={self.cpus:g}")
+        if self.resources:
+            parts.append(f"resources={dict(self.resources)}")
+        if self.node:
+            parts.append(f"node={self.node}")
+        return (f"{self.label}(" if self.label else "(") + ", ".join(parts) + ")"
+
+    def to_dict(self) -> dict:
+        return {"gpus": self.gpus, "memory": self.memory, "cpus": self.cpus,
+                "resources": dict(self.resources), "node": self.node, "label": self.label}
+
+    @classmethod
+    def from_dict(cls, d: Mapping) -> "Request":
+        return cls(**d)
+
+
+@dataclass(frozen=True)
+class DeviceState:
+    """Capacity and what is free on one device (compute in GPU units, memory in bytes)."""
+
+    index: int
+    memory_total: int
+    compute_free: float = 1.0
+    memory_free: int = -1
+    uuid: str = ""
+
+    def __post_init__(self) -> None:
+        if self.memory_free < 0:
+            object.__setattr__(self, "memory_free", self.memory_total)
+
+    @property
+    def idle(self) -> bool:
+        return self.compute_free >= 1 - _EPS and self.memory_free >= self.memory_total
+
+
+@dataclass(frozen=True)
+class NodeState:
+    name: str
+    devices: tuple[DeviceState, ...]
+    cpus_total: float
+    cpus_free: float
+    resources_free: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Choice:
+    """Where a request lands: node, device indices, compute share and memory per device."""
+
+    node: str
+    devices: tuple[int, ...]
+    fraction: float
+    memory: int
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """A request waiting in the ledger's queue; ``ticket`` grows with arrival (FIFO order)."""
+
+    ticket: int
+    request: Request
+    priority: float = 0.0
+
+
+class PlacementPolicy(Protocol):
+    """Decides the order of waiting requests and the device choice for each."""
+
+    backfill: bool
+
+    def order(self, waiting: Sequence[Waiting]) -> list[Waiting]: ...
+
+    def choose(self, request: Request, nodes: Sequence[NodeState]) -> Choice | None: ...
+
+
+def _node_admits(request: Request, node: NodeState) -> bool:
+    if request.node is not None and request.node != node.name:
+        return False
+    if node.cpus_free + _EPS < request.cpus:
+        return False
+    return all(node.resources_free.get(k, 0.0) + _EPS >= v for k, v in request.resources.items())
+
+
+def candidate_choices(request: Request, nodes: Sequence[NodeState]) -> Iterable[tuple[float, Choice]]:
+    """Every feasible landing spot with its leftover (smaller is a tighter fit)."""
+    for node in nodes:
+        if not _node_admits(request, node):
+            continue
+        if not request.uses_gpu:
+            yield node.cpus_free - request.cpus, Choice(node.name, (), 0.0, 0)
+            continue
+        if request.whole_devices:
+            idle = [d for d in node.devices if d.idle and d.memory_total >= request.memory]
+            if len(idle) >= request.whole_devices:
+                picked = tuple(d.index for d in idle[: request.whole_devices])
+                yield float(len(idle) - request.whole_devices), Choice(node.name, picked, 1.0, request.memory or idle[0].memory_total)
+            continue
+        for d in node.devices:
+            share = request.gpus if request.gpus > 0 else request.memory / d.memory_total
+            if d.compute_free + _EPS >= share and d.memory_free >= request.memory:
+                leftover = (d.compute_free - share) + (d.memory_free - request.memory) / max(d.memory_total, 1) * 1e-3
+                yield leftover, Choice(node.name, (d.index,), share, request.memory)
+
+
+@dataclass
+class FifoBestFit:
+    """Default policy: first come, first served; each request on the tightest device that fits.
+
+    With ``backfill=False`` the head of the queue blocks later requests (no starvation of big
+    requests); with ``backfill=True`` later requests that fit may go first (higher utilisation).
+    """
+
+    backfill: bool = False
+
+    def order(self, waiting: Sequence[Waiting]) -> list[Waiting]:
+        return sorted(waiting, key=lambda w: (-w.priority, w.ticket))
+
+    def choose(self, request: Request, nodes: Sequence[NodeState]) -> Choice | None:
+        best = min(candidate_choices(request, nodes), key=lambda c: c[0], default=None)
+        return best[1] if best else None
+
+
+def apply_choice(nodes: Sequence[NodeState], request: Request, choice: Choice) -> list[NodeState]:
+    """The node states after granting ``choice`` (used to plan several grants in one pass)."""
+    out = []
+    for node in nodes:
+        if node.name != choice.node:
+            out.append(node)
+            continue
+        devices = tuple(
+            DeviceState(d.index, d.memory_total, d.compute_free - choice.fraction, d.memory_free - choice.memory, d.uuid)
+            if d.index in choice.devices else d
+            for d in node.devices
+        )
+        res = dict(node.resources_free)
+        for k, v in request.resources.items():
+            res[k] = res.get(k, 0.0) - v
+        out.append(NodeState(node.name, devices, node.cpus_total, node.cpus_free - request.cpus, res))
+    return out
+
+
+def plan_grants(policy: PlacementPolicy, waiting: Sequence[Waiting], nodes: Sequence[NodeState]) -> dict[int, Choice]:
+    """Which waiting tickets the policy grants now, in its order (stopping at the first misfit
+    unless the policy backfills)."""
+    grants: dict[int, Choice] = {}
+    for w in policy.order(waiting):
+        choice = policy.choose(w.request, nodes)
+        if choice is None:
+            if policy.backfill:
+                continue
+            break
+        grants[w.ticket] = choice
+        nodes = apply_choice(nodes, w.request, choice)
+    return grants
+
+
+def check_ever_fits(request: Request, capacity: Sequence[NodeState]) -> None:
+    """Raise NeverFitsError when ``request`` cannot fit even an empty pool.
+
+    Ephemeral resources are not checked: they may be created later (ESCHER's task signalling).
+    """
+    empty = [
+        NodeState(n.name, tuple(DeviceState(d.index, d.memory_total, uuid=d.uuid) for d in n.devices),
+                  n.cpus_total, n.cpus_total, {k: math.inf for k in request.resources})
+        for n in capacity
+    ]
+    if any(True for _ in candidate_choices(request, empty)):
+        return
+    totals = ", ".join(
+        f"{n.name}: {len(n.devices)} GPU(s) of "
+        f"{'/'.join(sorted({format_memory(d.memory_total) for d in n.devices})) or '-'}, {n.cpus_total:g} CPUs"
+        for n in capacity
+    )
+    raise NeverFitsError(f"request {request.describe()} can never fit this pool ({totals})")

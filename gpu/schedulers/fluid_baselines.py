@@ -1,0 +1,80 @@
+"""The executions FLUID is compared with (thesis §3.2.2, §3.6.1): one trial per GPU.
+
+``FifoExecutor`` is Ray Tune's default execution: every trial gets exactly one whole GPU, trials wait in a
+FIFO queue in submission order, widths never change. Driven by a synchronous algorithm it is the "one trial
+per worker, FIFO queue" baseline; driven by an asynchronous one (ASHA, BOHB) through ``open_slots`` — one
+new trial per idle GPU — it is the "fully asynchronous launch-on-idle" baseline. Same interface as
+``FluidExecutor`` so the simulator and a flow can swap the two.
+"""
+
+from __future__ import annotations
+
+from gpu.errors import ConfigError
+from gpu.schedulers.fluid import Trial, TrialGroup
+from gpu.schedulers.fluid_executor import Placement, PlacementBook, Step
+
+
+class FifoExecutor:
+    """One trial per GPU, first come first served; ``open_slots`` = idle GPUs (launch-on-idle)."""
+
+    def __init__(self, gpus: list[int]):
+        if not gpus:
+            raise ConfigError("gpus", gpus, "need at least one GPU")
+        self.book = PlacementBook(list(gpus))
+        self.trials: dict[str, Trial] = {}
+        self.queue: list[str] = []
+
+    @property
+    def running(self) -> dict[str, Placement]:
+        return dict(self.book.running)
+
+    @property
+    def queued(self) -> int:
+        return len(self.queue)
+
+    def open_slots(self) -> int:
+        return max(0, len(self.book.idle()) - len(self.queue))
+
+    def idle(self) -> bool:
+        return not self.book.running and not self.queue
+
+    def submit_group(self, group: TrialGroup) -> Step:
+        for t in group.trials:
+            if t.trial_id in self.trials:
+                raise ConfigError("trial_id", t.trial_id, "already submitted")
+            self.trials[t.trial_id] = t
+            self.queue.append(t.trial_id)
+        return self._drain()
+
+    def on_progress(self, trial_id: str, iterations_done: float) -> None:
+        if trial_id not in self.trials:
+            raise ConfigError("trial_id", trial_id, "unknown to this executor")
+
+    def on_complete(self, trial_id: str) -> Step:
+        self._forget(trial_id)
+        return self._drain()
+
+    def terminate(self, trial_id: str) -> Step:
+        was_running = trial_id in self.book.running
+        self._forget(trial_id)
+        return Step(stops=(trial_id,) if was_running else ()).then(self._drain())
+
+    def rebalance(self) -> Step:
+        return Step()
+
+    def _forget(self, trial_id: str) -> None:
+        if trial_id not in self.trials:
+            raise ConfigError("trial_id", trial_id, "unknown to this executor")
+        if trial_id in self.book.running:
+            self.book.free(trial_id)
+        if trial_id in self.queue:
+            self.queue.remove(trial_id)
+        del self.trials[trial_id]
+
+    def _drain(self) -> Step:
+        starts = []
+        for g in self.book.idle():
+            if not self.queue:
+                break
+            starts.append(self.book.place(self.queue.pop(0), 1.0, (g,)))
+        return Step(tuple(starts))

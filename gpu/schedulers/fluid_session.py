@@ -1,0 +1,82 @@
+"""One hyperparameter-tuning job under FLUID: the loop of thesis Fig. 3.4 as three calls.
+
+The tuning algorithm (2a) submits TrialGroups, FLUID (2b) places them, results (3b) flow back. A Prefect
+flow (or the simulator) owns the clock and the trial processes and calls:
+
+* ``start()`` once -> ``Step`` (launch ``step.starts`` on their GPU slices);
+* ``report_progress(trial_id, iterations_done)`` as trials finish iterations (DynamicFluid's remaining work);
+* ``report_complete(trial_id, score)`` when a trial ends -> ``Step`` (new starts; ``step.resizes`` to apply at
+  each trial's next iteration boundary: checkpoint, relaunch on the new placement; ``step.stops``).
+
+``profile`` attaches measured ``iter_time_s``/``alpha``/``beta`` to each trial before FLUID sees it (§3.5:
+FLUID profiles a few iterations and reuses the numbers for the whole session).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Protocol
+
+from gpu.schedulers.fluid import Trial, TrialGroup
+from gpu.schedulers.fluid_executor import Placement, Step
+from gpu.tuning.base import TuningAlgorithm
+
+
+class Executor(Protocol):
+    """What FluidExecutor and the FIFO baseline both offer."""
+
+    @property
+    def running(self) -> dict[str, Placement]: ...
+
+    def open_slots(self) -> int: ...
+
+    def idle(self) -> bool: ...
+
+    def submit_group(self, group: TrialGroup) -> Step: ...
+
+    def on_progress(self, trial_id: str, iterations_done: float) -> None: ...
+
+    def on_complete(self, trial_id: str) -> Step: ...
+
+    def rebalance(self) -> Step: ...
+
+
+class TuningSession:
+    """Couples a tuning algorithm (what to train) with an executor (how it runs)."""
+
+    def __init__(self, algorithm: TuningAlgorithm, executor: Executor,
+                 profile: Callable[[Trial], Trial] | None = None):
+        self.algorithm = algorithm
+        self.executor = executor
+        self.profile = profile or (lambda t: t)
+        self.trials: dict[str, Trial] = {}
+        self.groups = 0
+
+    def start(self) -> Step:
+        """Hand out the first TrialGroups and place them."""
+        return self._pump()
+
+    def report_progress(self, trial_id: str, iterations_done: float) -> None:
+        self.executor.on_progress(trial_id, iterations_done)
+
+    def report_complete(self, trial_id: str, score: float) -> Step:
+        """Free the trial's slots, tell the algorithm, place new work, then let DynamicFluid resize."""
+        step = self.executor.on_complete(trial_id)
+        self.algorithm.on_trial_complete(trial_id, score)
+        return step.then(self._pump())
+
+    def trial(self, trial_id: str) -> Trial:
+        """The profiled trial (config, budget, checkpoint to resume from)."""
+        return self.trials[trial_id]
+
+    @property
+    def finished(self) -> bool:
+        return self.algorithm.finished and self.executor.idle()
+
+    def _pump(self) -> Step:
+        step = Step()
+        while (group := self.algorithm.suggest(self.executor.open_slots())) is not None:
+            group = TrialGroup(group.group_id, tuple(self.profile(t) for t in group.trials))
+            self.trials.update((t.trial_id, t) for t in group.trials)
+            self.groups += 1
+            step = step.then(self.executor.submit_group(group))
+        return step.then(self.executor.rebalance())

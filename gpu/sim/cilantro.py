@@ -1,0 +1,218 @@
+"""Simulator of Cilantro's multi-tenant experiment (thesis ch. 3, §3.7, Table 3.2, Figs. 3.8–3.9).
+
+Jobs report every ``report_s`` (10 s) with noise; every ``round_s`` (120 s) the allocation
+round runs exactly as the Prefect flow will: update learners with the round's reports, forecast
+each load's UCB, build the :class:`~gpu.schedulers.cilantro.types.Snapshot`, call the policy's
+``decide``. Metrics (eqs. 3.1–3.3, 3.8) are computed per report from the *true* performance at
+the actual loads and time-averaged. Ground truth, loads and noise follow the spec §8:
+latency jobs observe ``Binomial(N, p)/N`` with ``N = ℓ·10 s`` and report ``σ = 0.5/√N`` (the
+largest binomial standard error; the code's ``10/√(2N)`` is looser still), ML jobs observe
+``p·(1 + 0.05 ε)``. Load forecasts depend only on the trace, so they are computed once and shared
+by every policy (the flow gives each job its own forecaster).
+
+Scenario kinds: ``multitenant`` (default), ``static`` (Fig. 3.4's three linear jobs on exact
+curves) and ``microservices`` (see :mod:`gpu.sim.cilantro_microservices`); formats in docs/cilantro.md.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from gpu.errors import ConfigError
+from gpu.report import SimulationReport
+from gpu.scenario import load_scenario
+from gpu.schedulers.cilantro import POLICIES, make_policy
+from gpu.schedulers.cilantro.forecasters import ArimaForecaster, EwmaForecaster
+from gpu.schedulers.cilantro.learners import IntervalBinaryTree, SaturatingLearner
+from gpu.schedulers.cilantro.metrics import njc_fairness, njc_fairness_resource, useful_usage
+from gpu.schedulers.cilantro.types import Feedback, JobView, Policy, Snapshot
+from gpu.sim.cilantro_scenario import MultiTenantConfig, SimJob, parse_multitenant, run_static
+
+METRICS = ("social_welfare", "egalitarian_welfare", "njc_fairness", "njc_fairness_resource", "useful_usage")
+
+
+@dataclass
+class PolicyRun:
+    """Per-round metric traces of one policy on one seed (rounds × metric), plus timings."""
+
+    policy: str
+    rounds: dict[str, np.ndarray]
+    job_utility: np.ndarray
+    decision_s: np.ndarray
+    allocations: list[dict[str, float]] = field(default_factory=list)
+
+    def mean(self, metric: str) -> float:
+        return float(self.rounds[metric].mean())
+
+
+def load_ucbs(cfg: MultiTenantConfig, loads: np.ndarray) -> np.ndarray:
+    """Load UCB per (round, job) for the next round, from each job's forecaster fed with past reports."""
+    k = cfg.reports_per_round
+    out = np.ones((cfg.rounds, len(cfg.jobs)))
+    for j, job in enumerate(cfg.jobs):
+        if job.profile.throughput:
+            continue
+        fc = ArimaForecaster(d=cfg.arima_d, window=cfg.forecast_window) if cfg.forecaster == "arima" else EwmaForecaster()
+        for r in range(cfg.rounds):
+            for v in loads[j, max(0, (r - 1) * k): r * k]:
+                fc.update(v)
+            out[r, j] = fc.forecast(k)[2] if r > 0 else job.profile.p50_load
+    return out
+
+
+def make_learner(cfg: MultiTenantConfig, job: SimJob) -> IntervalBinaryTree | SaturatingLearner:
+    p = job.profile
+    if cfg.learner == "saturating":
+        return SaturatingLearner(p.int_ub / 4, cfg.learner_beta, bounds=p.perf_bounds)
+    lip = p.lip_const if cfg.lipschitz is None else cfg.lipschitz
+    return IntervalBinaryTree(p.int_ub, lip, cfg.learner_beta, p.perf_bounds)
+
+
+class _Round:
+    """Builds one round's job views from learners (online), the truth (oracle) or nothing."""
+
+    def __init__(self, cfg: MultiTenantConfig):
+        self.cfg = cfg
+        self.grid = np.arange(int(cfg.capacity / cfg.unit + 1e-9) + 1) * cfg.unit
+
+    def views(self, kind: str, learners: list, ucb: np.ndarray, feedback: list[Feedback | None]) -> tuple[JobView, ...]:
+        out = []
+        for j, job in enumerate(self.cfg.jobs):
+            p, cap = job.profile, job.profile.int_ub * ucb[j]
+            if kind == "online":
+                lcb, hi = learners[j].bounds(self.grid, ucb[j])
+                out.append(JobView(job.spec, self.grid, lcb, hi, ucb[j], feedback[j], demand_cap=cap))
+            elif kind == "oracle":
+                truth = p.perf(self.grid, ucb[j])
+                out.append(JobView(job.spec, self.grid, truth, truth, ucb[j], feedback[j], demand_cap=cap))
+            else:
+                lo, hi = p.perf_bounds
+                g = np.array([0.0, self.cfg.capacity])
+                out.append(JobView(job.spec, g, np.full(2, lo), np.full(2, hi), ucb[j], feedback[j], demand_cap=cap))
+        return tuple(out)
+
+
+def simulate_policy(cfg: MultiTenantConfig, policy: Policy, seed: int, loads: np.ndarray, ucbs: np.ndarray,
+                    *, start_round: int = 0, stop_round: int | None = None, state: dict | None = None,
+                    keep_allocations: bool = False) -> tuple[PolicyRun, dict]:
+    """Run ``policy`` for rounds ``[start_round, stop_round)``; returns its traces and a resumable state.
+
+    ``state`` (from a previous call's return) restores learners, policy, RNGs and the last
+    allocation, so a run split in two equals one uninterrupted run.
+    """
+    n, k, stop = len(cfg.jobs), cfg.reports_per_round, cfg.rounds if stop_round is None else stop_round
+    rng = np.random.default_rng([seed, 7])
+    noise = np.random.default_rng([seed, 11])
+    learners = [make_learner(cfg, job) for job in cfg.jobs] if policy.learner == "online" else []
+    prev, feedback, seen = None, [None] * n, np.zeros(n, dtype=int)
+    if state is not None:
+        rng.bit_generator.state, noise.bit_generator.state = state["rng"], state["noise"]
+        for lr, s in zip(learners, state["learners"]):
+            lr.set_state(s)
+        policy.set_state(state["policy"])
+        prev = state["previous"]
+        feedback = [None if f is None else Feedback(*f) for f in state["feedback"]]
+        seen = np.array(state["seen"], dtype=int)
+    builder = _Round(cfg)
+    fair_alloc = cfg.capacity / n
+    unit_demand = np.array([job.profile.unit_demand(job.spec.slo) for job in cfg.jobs])
+    traces = {m: [] for m in METRICS}
+    job_util, times, allocs = np.zeros(n), [], []
+    for r in range(start_round, stop):
+        t0 = time.perf_counter()
+        snap = Snapshot(cfg.capacity, builder.views(policy.learner, learners, ucbs[r], feedback), cfg.unit, prev,
+                        cfg.max_change, r)
+        alloc = policy.decide(snap, rng)
+        a = np.array([alloc[job.spec.name] for job in cfg.jobs])
+        decide_s = time.perf_counter() - t0
+        ld = loads[:, r * k:(r + 1) * k]
+        perf = np.vstack([job.profile.perf(a[j], ld[j]) for j, job in enumerate(cfg.jobs)])
+        util = np.vstack([job.spec.utility_of(perf[j]) for j, job in enumerate(cfg.jobs)])
+        fair_u = np.vstack([job.spec.utility_of(job.profile.perf(fair_alloc, ld[j])) for j, job in enumerate(cfg.jobs)])
+        demands = unit_demand[:, None] * ld
+        traces["social_welfare"].append(util.mean(axis=0).mean())
+        traces["egalitarian_welfare"].append(util.min(axis=0).mean())
+        traces["njc_fairness"].append(np.mean([njc_fairness(util[:, s], fair_u[:, s]) for s in range(k)]))
+        traces["njc_fairness_resource"].append(np.mean([njc_fairness_resource(a, demands[:, s], cfg.capacity) for s in range(k)]))
+        traces["useful_usage"].append(np.mean([useful_usage(a, demands[:, s], cfg.capacity) for s in range(k)]))
+        job_util += util.mean(axis=1)
+        reward, sigma = _observe(cfg, perf, ld, noise)
+        t1 = time.perf_counter()
+        for j, lr in enumerate(learners):
+            for s in range(k):
+                seen[j] += 1
+                if seen[j] > cfg.warmup_reports:
+                    lr.update(a[j], ld[j, s], reward[j, s], sigma[j, s])
+        times.append(decide_s + time.perf_counter() - t1)
+        feedback = [Feedback(float(a[j]), float(ld[j].mean()), float(reward[j].mean())) for j in range(n)]
+        prev = alloc
+        if keep_allocations:
+            allocs.append(alloc)
+    run = PolicyRun(policy.name, {m: np.array(v) for m, v in traces.items()}, job_util / max(1, stop - start_round),
+                    np.array(times), allocs)
+    out_state = {"rng": rng.bit_generator.state, "noise": noise.bit_generator.state,
+                 "learners": [lr.get_state() for lr in learners], "policy": policy.get_state(), "previous": prev,
+                 "feedback": [None if f is None else [f.alloc, f.load, f.perf] for f in feedback],
+                 "seen": seen.tolist()}
+    return run, out_state
+
+
+def _observe(cfg: MultiTenantConfig, perf: np.ndarray, loads: np.ndarray, noise: np.random.Generator):
+    """Noisy rewards and the σ each client reports (spec §8.4)."""
+    reward, sigma = np.empty_like(perf), np.empty_like(perf)
+    for j, job in enumerate(cfg.jobs):
+        if job.profile.throughput:
+            reward[j] = perf[j] * (1 + cfg.ml_noise * noise.standard_normal(perf.shape[1]))
+            sigma[j] = np.maximum(cfg.ml_noise * perf[j], 1e-3)
+        else:
+            count = np.maximum(1, np.round(loads[j] * cfg.report_s)).astype(int)
+            reward[j] = noise.binomial(count, np.clip(perf[j], 0, 1)) / count
+            sigma[j] = 0.5 / np.sqrt(count)
+    return reward, sigma
+
+
+def simulate_all(cfg: MultiTenantConfig, policies: list[str], keep_allocations: bool = False) -> dict[str, list[PolicyRun]]:
+    """Every policy on every seed, sharing loads and load forecasts per seed."""
+    out: dict[str, list[PolicyRun]] = {p: [] for p in policies}
+    for seed in cfg.seeds:
+        loads = cfg.loads(seed)
+        ucbs = load_ucbs(cfg, loads)
+        for name in policies:
+            out[name].append(simulate_policy(cfg, make_policy(name), seed, loads, ucbs, keep_allocations=keep_allocations)[0])
+    return out
+
+
+def summarize(runs: dict[str, list[PolicyRun]], round_s: float) -> SimulationReport:
+    """Table 3.2-style rows (mean over seeds) and flat ``<policy>_<metric>`` summary keys."""
+    table, summary = [], {}
+    for name, seeds in runs.items():
+        row = {"policy": name}
+        for m in METRICS:
+            row[m] = float(np.mean([r.mean(m) for r in seeds]))
+            summary[f"{name.replace('-', '_')}_{m}"] = row[m]
+        row["decision_ms"] = float(np.mean([r.decision_s.mean() for r in seeds]) * 1e3)
+        summary[f"{name.replace('-', '_')}_decision_to_round_ratio"] = row["decision_ms"] / 1e3 / round_s
+        table.append(row)
+    return SimulationReport("cilantro", table, summary)
+
+
+def run(scenario_path: str, policies: list[str] | None = None) -> SimulationReport:
+    """``gpuflows simulate cilantro SCENARIO``: run the scenario's policies (all by default)."""
+    raw = load_scenario(scenario_path)
+    kind = raw.get("kind", "multitenant")
+    if kind == "static":
+        return run_static(raw, policies)
+    if kind == "microservices":
+        from gpu.sim.cilantro_microservices import run_microservices
+
+        return run_microservices(raw, policies)
+    if kind != "multitenant":
+        raise ConfigError("kind", kind, "unknown; choose one of ['microservices', 'multitenant', 'static']")
+    cfg = parse_multitenant(raw)
+    names = policies or raw.get("policies") or list(POLICIES)
+    for name in names:
+        make_policy(name)
+    return summarize(simulate_all(cfg, list(names)), cfg.round_s)

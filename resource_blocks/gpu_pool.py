@@ -1,0 +1,40 @@
+"""The GPU pool a flow's tasks are placed on."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from prefect.blocks.core import Block
+from pydantic import Field
+
+from resource_blocks._defaults import load_or_default
+
+
+class GpuPool(Block):
+    """Which GPUs to place tasks on: NVML devices when present, else simulated ones.
+
+    Flow runs that name the same pool share one ledger (a SQLite file on this machine, a named
+    actor on a Ray cluster), so concurrent deployments never over-commit a device.
+    """
+
+    _block_type_name = "gpuflows GPU pool"
+    _description = "GPU pool for gpuflows task runners (NVML or simulated devices, local or Ray)."
+
+    name: str = Field(default="default", description="Pool name; flows naming the same pool share its ledger.")
+    device_backend: Literal["auto", "nvml", "simulated"] = Field(
+        default="auto", description="'auto' uses NVML GPUs when found, else the simulated devices.")
+    simulated: str = Field(default="2x16GiB", description="Simulated devices as COUNT x MEMORY.")
+    shared: bool = Field(default=True, description="Share the ledger across processes (else private, in memory).")
+    ray_address: str | None = Field(default=None, description="Ray cluster address for the Ray backend (None: local Ray).")
+    lease_ttl_s: float = Field(default=30.0, gt=0, description="Seconds without heartbeat before a lease is reclaimed.")
+
+    @classmethod
+    def load_or_default(cls, name: str | None = None) -> "GpuPool":
+        return load_or_default(cls, name)
+
+    def open_ledger(self, policy=None):
+        """The pool's ledger on this machine (see ``gpu.pool.open_pool``)."""
+        from gpu.pool import open_pool
+
+        return open_pool(self.name, simulated=self.simulated, backend=self.device_backend, policy=policy,
+                         shared=self.shared, lease_ttl=self.lease_ttl_s)

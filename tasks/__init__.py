@@ -1,0 +1,1 @@
+"""Prefect tasks and the GPU-aware task runners that place them on a pool."""

@@ -1,0 +1,126 @@
+"""Declaring a task's GPU request, overriding it per call, and reading the placement inside a task.
+
+    @gpu_request(gpus=0.5, memory="2GiB")
+    @task
+    def train(...):
+        p = current_placement()          # device string, fraction, memory cap
+        model.to(p.device)
+
+    with gpu_options(gpus=1):            # per-call override, like prefect_ray's remote_options
+        train.submit(...)
+
+The request is stored on the task's function, so ``task.with_options(...)`` keeps it.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import json
+import os
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Iterator, Mapping
+
+from gpu.ledger import Placement
+from gpu.placement import Request
+
+_ATTR = "__gpuflows_request__"
+_OVERRIDES: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("gpuflows_overrides", default={})
+_PLACEMENT: contextvars.ContextVar["TaskPlacement | None"] = contextvars.ContextVar("gpuflows_placement", default=None)
+PLACEMENT_ENV = "GPUFLOWS_PLACEMENT"
+
+
+def gpu_request(gpus: float = 0.0, memory: int | str = 0, cpus: float = 0.0,
+                resources: Mapping[str, float] | None = None, node: str | None = None):
+    """Decorator that declares what a task needs from the pool (works above or below ``@task``)."""
+    spec = dict(gpus=gpus, memory=memory, cpus=cpus, resources=dict(resources or {}), node=node)
+    Request(**spec)  # validate now, at import time, with a clear error
+
+    def wrap(obj):
+        fn = getattr(obj, "fn", obj)
+        setattr(fn, _ATTR, spec)
+        return obj
+
+    return wrap
+
+
+@contextmanager
+def gpu_options(**overrides: Any) -> Iterator[None]:
+    """Override the request of every task submitted inside this block (nested blocks merge)."""
+    Request(**{k: v for k, v in overrides.items() if k != "label"})
+    token = _OVERRIDES.set({**_OVERRIDES.get(), **overrides})
+    try:
+        yield
+    finally:
+        _OVERRIDES.reset(token)
+
+
+def resolve_request(task: Any, default: Mapping[str, Any] | None = None) -> Request:
+    """The request for one submission: runner default < task declaration < gpu_options block."""
+    spec: dict[str, Any] = dict(default or {})
+    spec.update(getattr(getattr(task, "fn", task), _ATTR, {}))
+    spec.update(_OVERRIDES.get())
+    spec.setdefault("label", getattr(task, "name", ""))
+    return Request(**spec)
+
+
+@dataclass(frozen=True)
+class TaskPlacement:
+    """What a running task was given: where to put tensors and how much it may use."""
+
+    placement: Placement
+    device: str                 # torch device string: 'cuda:N' on real GPUs, 'cpu' on a simulated pool
+    visible_devices: str        # CUDA_VISIBLE_DEVICES the task runs under ('' in thread mode)
+
+    @property
+    def fraction(self) -> float:
+        return self.placement.fraction
+
+    @property
+    def memory_cap(self) -> int:
+        """Bytes of GPU memory the task may use per device (0: no cap requested)."""
+        return self.placement.memory
+
+    @property
+    def gpu_indices(self) -> tuple[int, ...]:
+        return self.placement.devices
+
+    def to_env(self) -> str:
+        return json.dumps({"placement": self.placement.to_dict(), "device": self.device,
+                           "visible_devices": self.visible_devices})
+
+    @classmethod
+    def from_env(cls, text: str) -> "TaskPlacement":
+        d = json.loads(text)
+        return cls(Placement.from_dict(d["placement"]), d["device"], d["visible_devices"])
+
+
+def current_placement() -> TaskPlacement | None:
+    """The placement of the task running now (None outside a GPU task runner)."""
+    p = _PLACEMENT.get()
+    if p is None and os.environ.get(PLACEMENT_ENV):
+        p = TaskPlacement.from_env(os.environ[PLACEMENT_ENV])
+    return p
+
+
+@contextmanager
+def placed(placement: TaskPlacement | None) -> Iterator[None]:
+    """Make ``placement`` what ``current_placement()`` returns in this context (thread mode)."""
+    token = _PLACEMENT.set(placement)
+    try:
+        yield
+    finally:
+        _PLACEMENT.reset(token)
+
+
+def apply_memory_cap(placement: TaskPlacement | None = None) -> None:
+    """Cap torch's CUDA allocator at the placement's memory (no-op on CPU or without a cap)."""
+    p = placement or current_placement()
+    if p is None or not p.memory_cap or not p.device.startswith("cuda"):
+        return
+    import torch
+
+    if torch.cuda.is_available():
+        dev = torch.device(p.device)
+        total = torch.cuda.get_device_properties(dev).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, p.memory_cap / total), dev)

@@ -1,0 +1,342 @@
+"""GPU-aware Prefect task runners: each submitted task gets a placement on a GPU pool first.
+
+``GpuTaskRunner`` (this module) runs tasks locally: in worker processes, one process pool per
+set of visible devices so CUDA_VISIBLE_DEVICES takes effect before CUDA starts, or in threads
+for CPU-only work. ``GpuRayTaskRunner`` (``tasks.ray_runner``) runs them on a Ray cluster.
+Both share ``PlacingTaskRunner``: wait for upstream results, take a lease from the pool
+ledger (the pluggable placement policy orders waiting tasks and picks devices), run the task
+through Prefect's engine, and release the lease whatever the task's final state.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import contextvars
+import os
+import threading
+import time
+import uuid
+from concurrent.futures import BrokenExecutor, ThreadPoolExecutor
+from typing import Any, Iterable
+
+from prefect.futures import PrefectConcurrentFuture, PrefectFuture, wait
+from prefect.task_runners import TaskRunner
+from prefect.utilities.collections import visit_collection
+
+from gpu.devices import nvml_utilization
+from gpu.errors import AllocationTimeout
+from gpu.ledger import LedgerClient, Placement
+from gpu.placement import Request, check_ever_fits
+from resource_blocks import GpuPool, MlflowTarget, SchedulerPolicy
+from tasks.requests import TaskPlacement, resolve_request
+from tasks.tracking import RunTracker, TaskRecord
+
+_ACTIVE_TRACKERS: dict[str, RunTracker] = {}
+
+
+def flow_mlflow_run_id(timeout: float = 60.0) -> str | None:
+    """The MLflow run the GPU task runner opened for the current flow run (None if tracking is off).
+
+    Flows log their own nested runs under it: ``MlflowClient().create_run(..., tags={"mlflow.parentRunId": id})``.
+    """
+    from prefect.context import FlowRunContext
+
+    ctx = FlowRunContext.get()
+    tracker = _ACTIVE_TRACKERS.get(str(ctx.flow_run.id)) if ctx and ctx.flow_run else None
+    return tracker.wait_parent(timeout) if tracker else None
+
+
+def api_url_env() -> dict[str, str]:
+    """PREFECT_API_URL for worker processes when the flow talks to an ephemeral server.
+
+    Without it every worker process would start its own temporary server (slow, and its
+    logs and events would be lost).
+    """
+    from prefect.settings import PREFECT_API_URL
+
+    if PREFECT_API_URL.value():
+        return {"PREFECT_API_URL": PREFECT_API_URL.value()}
+    from prefect.server.api.server import SubprocessASGIServer
+
+    server = SubprocessASGIServer()
+    return {"PREFECT_API_URL": server.api_url} if server.running else {}
+
+
+def _upstream_futures(parameters: dict[str, Any], wait_for: Iterable[PrefectFuture] | None) -> list[PrefectFuture]:
+    found: list[PrefectFuture] = list(wait_for or [])
+
+    def visit(expr: Any) -> Any:
+        if isinstance(expr, PrefectFuture):
+            found.append(expr)
+        return expr
+
+    visit_collection(parameters, visit_fn=visit, return_data=False)
+    return found
+
+
+class PlacingTaskRunner(TaskRunner[PrefectConcurrentFuture]):
+    """Shared mechanism of the GPU task runners; subclasses only say how a placed task executes."""
+
+    def __init__(self, pool: GpuPool | None = None, policy: SchedulerPolicy | None = None,
+                 tracking: MlflowTarget | bool = True, default_request: dict[str, Any] | None = None,
+                 max_concurrency: int = 256, allocation_timeout: float | None = None):
+        super().__init__()
+        self.pool = pool or GpuPool()
+        self.policy = policy or SchedulerPolicy()
+        if isinstance(tracking, bool):
+            tracking = MlflowTarget(enabled=tracking)
+        self.tracking = tracking
+        self.default_request = dict(default_request or {})
+        Request(**self.default_request)
+        if max_concurrency < 1:
+            raise ValueError(f"max_concurrency={max_concurrency!r}: must be >= 1")
+        self.max_concurrency = max_concurrency
+        self.allocation_timeout = allocation_timeout
+        self._ledger: LedgerClient | None = None
+        self._dispatcher: ThreadPoolExecutor | None = None
+        self._tracker: RunTracker | None = None
+        self._flow_run_key: str | None = None
+        self._cancel_events: dict[uuid.UUID, threading.Event] = {}
+        self._utilization_source = None
+
+    # -- configuration values: equality, duplication, pickling -------------------------------
+    def _config(self) -> dict[str, Any]:
+        return dict(pool=self.pool, policy=self.policy, tracking=self.tracking, default_request=self.default_request,
+                    max_concurrency=self.max_concurrency, allocation_timeout=self.allocation_timeout)
+
+    def duplicate(self):
+        return type(self)(**self._config())
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and other._config() == self._config()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"config": self._config()}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(**state["config"])
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def _open_ledger(self) -> LedgerClient: ...
+
+    def __enter__(self):
+        super().__enter__()
+        self._ledger = self._open_ledger()
+        self._dispatcher = ThreadPoolExecutor(self.max_concurrency, thread_name_prefix="gpuflows-dispatch")
+        if self.tracking.enabled:
+            from prefect.context import FlowRunContext
+
+            ctx = FlowRunContext.get()
+            name = ctx.flow_run.name if ctx and ctx.flow_run else f"gpuflows-{uuid.uuid4().hex[:6]}"
+            tags = {"prefect.flow_run_id": str(ctx.flow_run.id)} if ctx and ctx.flow_run else {}
+            if ctx and ctx.flow:
+                tags["prefect.flow_name"] = ctx.flow.name
+            self._tracker = RunTracker(self.tracking.resolved_uri(), self.tracking.experiment, name, tags)
+            if ctx and ctx.flow_run:
+                self._flow_run_key = str(ctx.flow_run.id)
+                _ACTIVE_TRACKERS[self._flow_run_key] = self._tracker
+        return self
+
+    def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
+        try:
+            if self._dispatcher is not None:
+                self._dispatcher.shutdown(wait=True)
+                self._dispatcher = None
+            self._shutdown_backend()
+        finally:
+            if self._tracker is not None:
+                self._tracker.close()
+                _ACTIVE_TRACKERS.pop(self._flow_run_key or "", None)
+                self._tracker = None
+            super().__exit__(exc_type, exc_value, traceback)
+
+    def _shutdown_backend(self) -> None:
+        """Stop executors of the backend (after every dispatched task has finished)."""
+
+    def cancel_all(self) -> None:
+        for event in list(self._cancel_events.values()):
+            event.set()
+
+    # -- submission -----------------------------------------------------------------------------
+    def submit(self, task, parameters: dict[str, Any], wait_for: Iterable[PrefectFuture] | None = None,
+               dependencies: dict[str, set] | None = None) -> PrefectConcurrentFuture:
+        if not self._started or self._dispatcher is None:
+            raise RuntimeError("Task runner is not started")
+        request = resolve_request(task, self.default_request)
+        capacity = getattr(self._ledger, "capacity", None)
+        if capacity is not None:
+            check_ever_fits(request, capacity)  # fail at once, in the flow, naming the request
+        task_run_id = uuid.uuid4()
+        cancel_event = threading.Event()
+        self._cancel_events[task_run_id] = cancel_event
+        record = TaskRecord(task.name, str(task_run_id), time.time())
+        ctx = contextvars.copy_context()
+        future = self._dispatcher.submit(ctx.run, self._dispatch, task, task_run_id, parameters, wait_for,
+                                         dependencies, request, cancel_event, record)
+        return PrefectConcurrentFuture(task_run_id=task_run_id, wrapped_future=future)
+
+    def _dispatch(self, task, task_run_id: uuid.UUID, parameters: dict[str, Any],
+                  wait_for: Iterable[PrefectFuture] | None, dependencies: dict[str, set] | None,
+                  request: Request, cancel_event: threading.Event, record: TaskRecord):
+        """Runs in a dispatcher thread: upstream -> lease -> execute -> release."""
+        from prefect.states import Cancelled, Failed
+
+        upstream = _upstream_futures(parameters, wait_for)
+        if upstream:
+            wait(upstream)
+        # A task whose upstream failed will not run: don't hold a slice for it.
+        upstream_ok = all(f.state.is_completed() for f in upstream)
+        placement: Placement | None = None
+        try:
+            if upstream_ok:
+                placement = self._ledger.allocate(request, self.allocation_timeout, cancel_event)
+                record.placement = placement.to_dict()
+                record.placed_at = time.time()
+            state = self._execute(task, task_run_id, parameters, wait_for, dependencies, placement, cancel_event)
+        except InterruptedError as exc:
+            state = Cancelled(message=str(exc))
+        except AllocationTimeout as exc:
+            state = Failed(message=str(exc))
+        finally:
+            record.finished_at = time.time()
+            if placement is not None:
+                record.gpu_utilization = self._utilization(placement)
+                self._ledger.release(placement.lease_id)
+            self._cancel_events.pop(task_run_id, None)
+        record.state = state.type.value
+        if self._tracker is not None:
+            self._tracker.task_finished(record)
+        return state
+
+    def _utilization(self, placement: Placement) -> float:
+        """GPU utilisation seen at the end of the task: NVML on real GPUs, else the share it held."""
+        if placement.simulated or not placement.devices:
+            return 100.0 * placement.fraction if placement.devices else 0.0
+        util = nvml_utilization()
+        return sum(util.get(i, 0.0) for i in placement.devices) / len(placement.devices)
+
+    @abc.abstractmethod
+    def _execute(self, task, task_run_id: uuid.UUID, parameters: dict[str, Any],
+                 wait_for: Iterable[PrefectFuture] | None, dependencies: dict[str, set] | None,
+                 placement: Placement | None, cancel_event: threading.Event):
+        """Run the task through Prefect's engine with ``placement`` and return its final State."""
+
+
+def _pin_devices(visible: str) -> None:
+    """Process-pool initializer: fix the visible GPUs before anything can start CUDA."""
+    os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    os.environ["CUDA_VISIBLE_DEVICES"] = visible
+
+
+class GpuTaskRunner(PlacingTaskRunner):
+    """Places each task on a slice of a GPU pool and runs it locally.
+
+    Args:
+        pool: the GpuPool block (default: NVML GPUs, else a simulated 2 x 16 GiB pool).
+        mode: ``"process"`` (default; CUDA_VISIBLE_DEVICES per task) or ``"thread"`` (CPU-only work,
+            lowest overhead; the placement's device string carries the GPU index instead).
+        workers_per_device_set: processes kept per set of visible devices.
+        policy: SchedulerPolicy block choosing the placement policy (default FIFO + best fit).
+        tracking: MlflowTarget block, or False to switch MLflow tracking off.
+        default_request: request for tasks that declare none (default: nothing, i.e. CPU only).
+    """
+
+    def __init__(self, pool: GpuPool | None = None, mode: str = "process", workers_per_device_set: int = 2, **kwargs):
+        if mode not in ("process", "thread"):
+            raise ValueError(f"mode={mode!r}: choose 'process' or 'thread'")
+        if workers_per_device_set < 1:
+            raise ValueError(f"workers_per_device_set={workers_per_device_set!r}: must be >= 1")
+        super().__init__(pool, **kwargs)
+        self.mode = mode
+        self.workers_per_device_set = workers_per_device_set
+        self._pools: dict[str, Any] = {}
+        self._pools_lock = threading.Lock()
+
+    def _config(self) -> dict[str, Any]:
+        return {**super()._config(), "mode": self.mode, "workers_per_device_set": self.workers_per_device_set}
+
+    def _open_ledger(self) -> LedgerClient:
+        return self.pool.open_ledger(self.policy.placement_policy())
+
+    def _task_placement(self, placement: Placement | None) -> TaskPlacement:
+        placement = placement or Placement("", "", (), 0.0, 0)
+        if placement.simulated or not placement.devices:
+            return TaskPlacement(placement, "cpu", "" if self.mode == "thread" else placement.cuda_visible_devices)
+        if self.mode == "thread":
+            return TaskPlacement(placement, f"cuda:{placement.devices[0]}", "")
+        return TaskPlacement(placement, "cuda:0", placement.cuda_visible_devices)
+
+    def _execute(self, task, task_run_id, parameters, wait_for, dependencies, placement, cancel_event):
+        tp = self._task_placement(placement)
+        if self.mode == "thread":
+            return self._execute_in_thread(task, task_run_id, parameters, wait_for, dependencies, tp, cancel_event)
+        return self._execute_in_process(task, task_run_id, parameters, wait_for, dependencies, tp)
+
+    @staticmethod
+    def _execute_in_thread(task, task_run_id, parameters, wait_for, dependencies, tp, cancel_event):
+        from prefect.task_engine import run_task_async, run_task_sync
+
+        from tasks.requests import placed
+
+        kwargs = dict(task=task, task_run_id=task_run_id, parameters=parameters, wait_for=wait_for,
+                      return_type="state", dependencies=dependencies, context=dict(cancel_event=cancel_event))
+        with placed(tp):
+            if task.isasync:
+                return asyncio.run(run_task_async(**kwargs))
+            return run_task_sync(**kwargs)
+
+    def _process_pool(self, visible: str):
+        """The process pool for one set of visible devices, created on first use."""
+        from prefect.task_runners import ProcessPoolTaskRunner
+
+        with self._pools_lock:
+            pool = self._pools.get(visible)
+            if pool is None:
+                pool = ProcessPoolTaskRunner(self.workers_per_device_set, initializer=_pin_devices, initargs=(visible,))
+                pool.__enter__()
+                self._pools[visible] = pool
+            return pool
+
+    def _execute_in_process(self, task, task_run_id, parameters, wait_for, dependencies, tp):
+        import cloudpickle
+        from prefect.context import serialize_context
+        from prefect.settings import get_current_settings
+        from prefect.states import Crashed
+
+        from tasks.requests import PLACEMENT_ENV
+
+        pool = self._process_pool(tp.visible_devices)
+        env = (get_current_settings().to_environment_variables(exclude_unset=True) | dict(os.environ)
+               | api_url_env() | {PLACEMENT_ENV: tp.to_env()})
+        # Prefect's process runner does the pickling, parameter resolution and log forwarding;
+        # we call its per-task step directly so the placement travels in this task's env.
+        try:
+            future = pool._resolve_futures_and_submit(task=task, task_run_id=task_run_id, parameters=parameters,
+                                                      wait_for=wait_for, dependencies=dependencies,
+                                                      context=serialize_context(), env=env)
+            return cloudpickle.loads(future.result())
+        except BrokenExecutor as exc:
+            with self._pools_lock:
+                if self._pools.get(tp.visible_devices) is pool:
+                    del self._pools[tp.visible_devices]
+            state = Crashed(message=f"task {task.name!r} worker process died: {exc!r}")
+            from prefect.client.orchestration import get_client
+
+            with get_client(sync_client=True) as client:
+                client.set_task_run_state(task_run_id, state, force=True)
+            return state
+
+    def cancel_all(self) -> None:
+        super().cancel_all()
+        with self._pools_lock:
+            pools = list(self._pools.values())
+        for pool in pools:
+            pool.cancel_all()
+
+    def _shutdown_backend(self) -> None:
+        with self._pools_lock:
+            pools, self._pools = list(self._pools.values()), {}
+        for pool in pools:
+            pool.__exit__(None, None, None)
