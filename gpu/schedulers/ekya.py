@@ -13,7 +13,9 @@ follow spec §8:
 - When no inference config meets ``a_MIN`` the stream is scored with the graded penalty
   ``penalty * (a_MIN - lowest instantaneous accuracy)`` instead of being dropped, so greedy stealing
   repairs it rather than starving it (§8.3).
-- "No retraining" is always a candidate; its training share falls back to inference (§8.4).
+- "No retraining" is always a candidate; a training share it leaves idle is stolen back (§8.4).
+- After a retraining completes its GPUs return to the stream's inference, in the estimate as in
+  the simulator (the spec's §3.3 leaves this out; we include it so early completion is credited).
 - Fair start = equal share per job (§8.5); passes repeat until one brings no improvement (§8.6).
 - Each job is capped at ``max_job_gpus`` (default one GPU, §8.8); ``<=`` with tolerance (§8.9).
 
@@ -116,6 +118,7 @@ class RunningRetrain:
     config: str
     accuracy: float
     remaining_s: float
+    gpus: float  # held until completion, then returned to the stream's inference
 
 
 @dataclass(frozen=True)
@@ -224,22 +227,26 @@ def estimate_accuracy(stream: StreamState, config: RetrainConfig | None, infer_g
     """EstimateAccuracy (§3.3): window-averaged accuracy of one stream for one (gamma, lambda, R, I).
 
     The old model serves at the allocation's frame rate until retraining ends after
-    ``gpu_seconds / retrain_gpus**alpha``; the better of old and retrained model serves afterwards.
-    With ``config=None`` the training share falls back to inference (§8.4). The returned
-    ``retrain_s`` may exceed the window: such a config is infeasible for the thief.
+    ``gpu_seconds / retrain_gpus**alpha``; then the better of old and retrained model serves, and
+    the stream's training GPUs return to its inference (the allocation a re-invoked thief starts
+    from, so the estimate is a lower bound of what follows). With ``config=None`` a training share
+    stays idle (§8.4: the thief then steals it). ``retrain_s`` may exceed the window: such a
+    config is infeasible for the thief.
     """
     q = stream.inference.relative_accuracy(infer_gpus)
     before = stream.accuracy
     if stream.running is not None:
         switch, after = stream.running.remaining_s, max(before, stream.running.accuracy)
+        q_after = stream.inference.relative_accuracy(infer_gpus + stream.running.gpus)
     elif config is not None and retrain_gpus > _EPS:
         switch = config.gpu_seconds / retrain_gpus ** params.retrain_scaling
         after = max(before, config.accuracy)
+        q_after = stream.inference.relative_accuracy(infer_gpus + retrain_gpus)
     else:
-        switch, after = math.inf, before
+        switch, after, q_after = math.inf, before, q
     t = min(switch, window_s)
-    accuracy = q * (t * before + (window_s - t) * after) / window_s
-    lowest = q * (before if t > 0 else after)
+    accuracy = (t * before * q + (window_s - t) * after * q_after) / window_s
+    lowest = min(before * q if t > 0 else math.inf, after * q_after if t < window_s else math.inf)
     score = accuracy - params.penalty * max(0.0, params.a_min - lowest)
     retrain_s = switch if config is not None and retrain_gpus > _EPS else None
     return StreamDecision(stream.name, config.name if retrain_s is not None else None,
@@ -294,8 +301,23 @@ def fair_allocation(n_jobs: int, gpus: float, max_job_gpus: float | None) -> flo
     return share if max_job_gpus is None else min(share, max_job_gpus)
 
 
+def _start(streams: Sequence[StreamState], jobs: list[tuple[int, str]], gpus: float, params: EkyaParams,
+           start: Mapping[str, float] | None) -> list[float]:
+    """Initial GPUs per job: the fair share, or ``start`` checked against the jobs and the pool."""
+    if start is None:
+        return [fair_allocation(len(jobs), gpus, params.max_job_gpus)] * len(jobs)
+    ids = [infer_job(streams[i].name) if kind == "infer" else train_job(streams[i].name) for i, kind in jobs]
+    unknown = sorted(set(start) - set(ids))
+    if unknown:
+        raise ConfigError("start", unknown, f"not jobs of this invocation (jobs: {ids})")
+    if any(not v >= 0 for v in start.values()) or sum(start.values()) > gpus + 1e-6:
+        raise ConfigError("start", dict(start), f"needs GPUs >= 0 that add up to at most {gpus}")
+    cap = math.inf if params.max_job_gpus is None else params.max_job_gpus
+    return [min(cap, float(start.get(job, 0.0))) for job in ids]
+
+
 def thief_schedule(streams: Sequence[StreamState], gpus: float, window_s: float,
-                   params: EkyaParams = EkyaParams()) -> EkyaDecision:
+                   params: EkyaParams = EkyaParams(), start: Mapping[str, float] | None = None) -> EkyaDecision:
     """Algorithm 1: start fair, let every job steal Delta from every other while accuracy improves.
 
     Args:
@@ -304,6 +326,8 @@ def thief_schedule(streams: Sequence[StreamState], gpus: float, window_s: float,
         gpus: GPUs this invocation may hand out (the pool minus running retraining jobs).
         window_s: remaining length of the retraining window (seconds).
         params: Delta, a_MIN and the other knobs.
+        start: initial allocation (job id -> GPUs) instead of the fair one, e.g. on a re-invocation
+            the current allocation with the freed GPUs added (values above the cap are clipped).
 
     Returns:
         The best allocation found (fair share + whole steps of Delta, never above ``gpus``) with
@@ -315,7 +339,7 @@ def thief_schedule(streams: Sequence[StreamState], gpus: float, window_s: float,
     jobs = [(i, "infer") for i in range(len(streams))]
     jobs += [(i, "train") for i, s in enumerate(streams) if s.configs and s.running is None]
     train_slot = {i: j for j, (i, kind) in enumerate(jobs) if kind == "train"}
-    fair = fair_allocation(len(jobs), gpus, params.max_job_gpus)
+    base = _start(streams, jobs, gpus, params, start)
     cache: dict[tuple[int, int, int], StreamDecision] = {}
     calls = 0
 
@@ -324,8 +348,8 @@ def thief_schedule(streams: Sequence[StreamState], gpus: float, window_s: float,
         for i, s in enumerate(streams):
             key = (i, steps[i], steps[train_slot[i]] if i in train_slot else None)
             if key not in cache:
-                retrain = 0.0 if key[2] is None else fair + key[2] * d
-                cache[key] = _choose(s, fair + key[1] * d, retrain, window_s, params)
+                retrain = 0.0 if key[2] is None else base[train_slot[i]] + key[2] * d
+                cache[key] = _choose(s, base[i] + key[1] * d, retrain, window_s, params)
             out.append(cache[key])
         return out
 
@@ -334,7 +358,7 @@ def thief_schedule(streams: Sequence[StreamState], gpus: float, window_s: float,
         calls += 1
         return float(np.mean([c.score for c in per_stream(steps)]))
 
-    best = [0] * len(jobs)  # allocation of job j = fair + best[j] * Delta
+    best = [0] * len(jobs)  # allocation of job j = base[j] + best[j] * Delta
     best_score = score(best)
     for _ in range(params.max_passes):
         improved = False
@@ -346,7 +370,7 @@ def thief_schedule(streams: Sequence[StreamState], gpus: float, window_s: float,
                 while True:
                     temp[victim] -= 1
                     temp[thief] += 1
-                    if fair + temp[victim] * d < -_EPS or fair + temp[thief] * d > cap + _EPS:
+                    if base[victim] + temp[victim] * d < -_EPS or base[thief] + temp[thief] * d > cap + _EPS:
                         break
                     s = score(temp)
                     if s > best_score + _EPS:

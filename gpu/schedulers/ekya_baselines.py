@@ -13,7 +13,7 @@ All three return the same ``EkyaDecision`` as the thief so simulators and flows 
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from gpu.errors import ConfigError
 from gpu.schedulers.ekya import (EkyaDecision, EkyaParams, StreamState, _check_inputs, _decision, estimate_accuracy,
@@ -72,8 +72,8 @@ def fixed_res_schedule(streams: Sequence[StreamState], gpus: float, window_s: fl
 
 
 def fixed_config_schedule(streams: Sequence[StreamState], gpus: float, window_s: float, config: str,
-                          params: EkyaParams = EkyaParams()) -> EkyaDecision:
+                          params: EkyaParams = EkyaParams(), start: Mapping[str, float] | None = None) -> EkyaDecision:
     """Ekya-FixedConfig: the thief scheduler restricted to the one config ``config`` (or none)."""
     _check_inputs(streams, gpus, window_s)
     only = [dataclasses.replace(s, configs=(_config(s, config),)) if s.configs else s for s in streams]
-    return thief_schedule(only, gpus, window_s, params)
+    return thief_schedule(only, gpus, window_s, params, start)

@@ -15,18 +15,18 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field, replace
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
 from gpu.errors import ConfigError
 from gpu.report import SimulationReport
-from gpu.schedulers.ekya import EkyaDecision, RunningRetrain, StreamState, thief_schedule
+from gpu.schedulers.ekya import EkyaDecision, RunningRetrain, StreamState, infer_job, thief_schedule
 from gpu.schedulers.ekya_baselines import fixed_config_schedule, fixed_res_schedule, uniform_schedule
 from gpu.sim.ekya_scenario import EkyaScenario, load
 from gpu.sim.events import EventLoop
 
-Decide = Callable[[Sequence[StreamState], float, float], EkyaDecision]
+Decide = Callable[[Sequence[StreamState], float, float, Mapping[str, float] | None], EkyaDecision]
 _EPS = 1e-9
 
 
@@ -43,20 +43,20 @@ def make_policy(name: str, scenario: EkyaScenario) -> Policy:
     """Policy from its name (see module docstring); unknown names raise ConfigError('policy')."""
     p = scenario.params
     if name == "thief":
-        return Policy(name, lambda s, g, w: thief_schedule(s, g, w, p), True)
+        return Policy(name, lambda s, g, w, start=None: thief_schedule(s, g, w, p, start), True)
     if name == "noretrain":
-        return Policy(name, lambda s, g, w: uniform_schedule(s, g, w, "", 1.0, p), False)
+        return Policy(name, lambda s, g, w, start=None: uniform_schedule(s, g, w, "", 1.0, p), False)
     if name == "fixedres":
-        return Policy(name, lambda s, g, w: fixed_res_schedule(s, g, w, p), False)
+        return Policy(name, lambda s, g, w, start=None: fixed_res_schedule(s, g, w, p), False)
     configs = {c.name for st in scenario.streams for win in st.windows for c in win.configs}
     m = re.fullmatch(r"uniform_(.+)_(\d+)", name)
     if m and m.group(1) in configs and 0 < int(m.group(2)) <= 100:
         cfg, share = m.group(1), int(m.group(2)) / 100
-        return Policy(name, lambda s, g, w: uniform_schedule(s, g, w, cfg, share, p), False)
+        return Policy(name, lambda s, g, w, start=None: uniform_schedule(s, g, w, cfg, share, p), False)
     m = re.fullmatch(r"fixedconfig_(.+)", name)
     if m and m.group(1) in configs:
         cfg = m.group(1)
-        return Policy(name, lambda s, g, w: fixed_config_schedule(s, g, w, cfg, p), True)
+        return Policy(name, lambda s, g, w, start=None: fixed_config_schedule(s, g, w, cfg, p, start), True)
     raise ConfigError("policy", name, "unknown; choose thief, noretrain, fixedres, uniform_<cfg>_<1-100> or "
                                       f"fixedconfig_<cfg> with <cfg> in {sorted(configs)}")
 
@@ -108,8 +108,8 @@ class _Run:
         for i, s in enumerate(self.sc.streams):
             st = StreamState(s.name, self.model[i], s.windows[w].configs, s.inference)
             if i in self.training and with_running:
-                _, acc, cfg, done = self.training[i]
-                st = replace(st, configs=(), running=RunningRetrain(cfg, acc, done - self.loop.now))
+                gpus, acc, cfg, done = self.training[i]
+                st = replace(st, configs=(), running=RunningRetrain(cfg, acc, done - self.loop.now, gpus))
             elif i in self.retrained or i in self.training:
                 st = replace(st, configs=())
             out.append(st)
@@ -135,7 +135,7 @@ class _Run:
         for i, s in enumerate(self.sc.streams):
             spec = s.windows[w]
             self.model[i] = spec.start_accuracy if w == 0 else max(spec.start_accuracy, self.model[i] - spec.drift)
-        self._apply(self.policy.decide(self._states(w, False), self.sc.gpus, self.sc.window_s),
+        self._apply(self.policy.decide(self._states(w, False), self.sc.gpus, self.sc.window_s, None),
                     self.loop.now + self.sc.window_s)
 
     def _complete(self, i: int, w: int) -> None:
@@ -147,11 +147,13 @@ class _Run:
         self.retrained.add(i)
         self.result.retrainings += 1
         window_end = (w + 1) * self.sc.window_s
+        self.infer[i] += gpus  # static policies stop here; the thief starts its search from this
         if not self.policy.reinvoke:
-            self.infer[i] += gpus
             return
         free = self.sc.gpus - sum(t[0] for t in self.training.values())
-        self._apply(self.policy.decide(self._states(w, True), max(0.0, free), window_end - self.loop.now), window_end)
+        start = {infer_job(s.name): self.infer[k] for k, s in enumerate(self.sc.streams)}
+        self._apply(self.policy.decide(self._states(w, True), max(0.0, free), window_end - self.loop.now, start),
+                    window_end)
 
     def run(self) -> PolicyResult:
         for w in range(self.sc.n_windows):
