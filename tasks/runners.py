@@ -43,6 +43,9 @@ def flow_mlflow_run_id(timeout: float = 60.0) -> str | None:
     from prefect.context import FlowRunContext
 
     ctx = FlowRunContext.get()
+    runner = getattr(ctx, "task_runner", None)
+    if isinstance(runner, PlacingTaskRunner):
+        runner._ensure_tracker()
     tracker = _ACTIVE_TRACKERS.get(str(ctx.flow_run.id)) if ctx and ctx.flow_run else None
     return tracker.wait_parent(timeout) if tracker else None
 
@@ -125,19 +128,24 @@ class PlacingTaskRunner(TaskRunner[PrefectConcurrentFuture]):
         super().__enter__()
         self._ledger = self._open_ledger()
         self._dispatcher = ThreadPoolExecutor(self.max_concurrency, thread_name_prefix="gpuflows-dispatch")
-        if self.tracking.enabled:
-            from prefect.context import FlowRunContext
-
-            ctx = FlowRunContext.get()
-            name = ctx.flow_run.name if ctx and ctx.flow_run else f"gpuflows-{uuid.uuid4().hex[:6]}"
-            tags = {"prefect.flow_run_id": str(ctx.flow_run.id)} if ctx and ctx.flow_run else {}
-            if ctx and ctx.flow:
-                tags["prefect.flow_name"] = ctx.flow.name
-            self._tracker = RunTracker(self.tracking.resolved_uri(), self.tracking.experiment, name, tags)
-            if ctx and ctx.flow_run:
-                self._flow_run_key = str(ctx.flow_run.id)
-                _ACTIVE_TRACKERS[self._flow_run_key] = self._tracker
         return self
+
+    def _ensure_tracker(self) -> None:
+        """Open the flow's MLflow run on first submission, when the flow-run context is known."""
+        if self._tracker is not None or not self.tracking.enabled:
+            return
+        from prefect.context import FlowRunContext
+
+        ctx = FlowRunContext.get()
+        run = ctx.flow_run if ctx else None
+        tags = {"prefect.flow_run_id": str(run.id)} if run else {}
+        if ctx and ctx.flow:
+            tags["prefect.flow_name"] = ctx.flow.name
+        self._tracker = RunTracker(self.tracking.resolved_uri(), self.tracking.experiment,
+                                   run.name if run else f"gpuflows-{uuid.uuid4().hex[:6]}", tags)
+        if run:
+            self._flow_run_key = str(run.id)
+            _ACTIVE_TRACKERS[self._flow_run_key] = self._tracker
 
     def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
         try:
@@ -168,6 +176,7 @@ class PlacingTaskRunner(TaskRunner[PrefectConcurrentFuture]):
         capacity = getattr(self._ledger, "capacity", None)
         if capacity is not None:
             check_ever_fits(request, capacity)  # fail at once, in the flow, naming the request
+        self._ensure_tracker()
         task_run_id = uuid.uuid4()
         cancel_event = threading.Event()
         self._cancel_events[task_run_id] = cancel_event

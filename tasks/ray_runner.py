@@ -1,0 +1,197 @@
+"""The Ray backend of the GPU task runner: the same placement, executed on a Ray cluster.
+
+The pool ledger runs as one named Ray actor per pool (``gpuflows-ledger-<pool>``), so every
+driver on the cluster shares it the way local processes share the SQLite file. The ledger
+picks node and devices; the task then runs on that node (``NodeAffinitySchedulingStrategy``)
+in a worker whose ``CUDA_VISIBLE_DEVICES`` is the placement's (through ``runtime_env``, so
+Ray keeps a separate worker per device set). Ray's own GPU accounting is bypassed
+(``num_gpus=0``): the ledger is the single authority, which is what makes fractional,
+memory-aware and ephemeral-resource placement behave the same locally and on Ray.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any
+
+from gpu.devices import Device, Node, PoolSpec, nvml_devices, parse_simulated
+from gpu.ledger import LedgerClient, Owner, Placement, PoolLedger
+from gpu.placement import NodeState, Request
+from tasks.requests import PLACEMENT_ENV, TaskPlacement
+from tasks.runners import PlacingTaskRunner, api_url_env
+
+NAMESPACE = "gpuflows"
+
+
+def _node_devices() -> list[dict]:
+    return [d.__dict__ for d in nvml_devices()]
+
+
+def cluster_spec(simulated: str) -> PoolSpec:
+    """The pool as Ray sees it: each alive node with its GPUs (NVML on the node, else fake ones
+    with the memory of ``simulated``, e.g. '2x16GiB' gives 16 GiB per fake GPU)."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    memory = parse_simulated(simulated).devices[0].memory_total if parse_simulated(simulated).devices else 16 * 2**30
+    nodes = []
+    for n in sorted((n for n in ray.nodes() if n.get("Alive")), key=lambda n: n["NodeID"]):
+        count = int(n["Resources"].get("GPU", 0))
+        cpus = float(n["Resources"].get("CPU", 0))
+        found = ray.get(ray.remote(num_cpus=0)(_node_devices).options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote()) if count else []
+        if found:
+            devices = tuple(Device(**d) for d in found[:count])
+        else:
+            devices = tuple(Device(i, f"SIM-{n['NodeID'][:8]}-{i}", "Simulated GPU", memory, memory, simulated=True)
+                            for i in range(count))
+        nodes.append(Node(n["NodeID"], devices, cpus))
+    return PoolSpec(tuple(nodes))
+
+
+class RayLedger(LedgerClient):
+    """Client of the pool's ledger actor; heartbeats keep this driver's leases alive."""
+
+    poll_interval = 0.1
+
+    def __init__(self, actor: Any, lease_ttl: float):
+        import ray
+
+        self._ray = ray
+        self._actor = actor
+        self.owner = Owner.this_process()
+        self.capacity: list[NodeState] = ray.get(actor.get_capacity.remote())
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, args=(lease_ttl / 3,), daemon=True,
+                                        name="gpuflows-ray-ledger-heartbeat")
+        self._thread.start()
+
+    def _beat(self, every: float) -> None:
+        while not self._stop.wait(every):
+            self._actor.heartbeat.remote(self.owner)
+
+    def submit(self, request: Request, priority: float = 0.0) -> int:
+        return self._ray.get(self._actor.submit.remote(request, priority, self.owner))
+
+    def try_grant(self, ticket: int) -> Placement | None:
+        return self._ray.get(self._actor.try_grant.remote(ticket, self.owner))
+
+    def cancel(self, ticket: int) -> None:
+        self._ray.get(self._actor.cancel.remote(ticket))
+
+    def release(self, lease_id: str) -> bool:
+        return self._ray.get(self._actor.release.remote(lease_id))
+
+    def set_resource(self, name: str, capacity: float, node: str | None = None) -> None:
+        self._ray.get(self._actor.set_resource.remote(name, capacity, node))
+
+    def leases(self) -> list[Placement]:
+        return self._ray.get(self._actor.leases.remote())
+
+    def close(self) -> None:
+        self._stop.set()
+
+
+class _LedgerActor(PoolLedger):
+    """PoolLedger in memory inside an actor; owners are remote drivers, kept alive by heartbeat."""
+
+    def __init__(self, spec: PoolSpec, policy, lease_ttl: float):
+        super().__init__(spec, None, policy=policy, lease_ttl=lease_ttl, heartbeat=False)
+
+    def get_capacity(self) -> list[NodeState]:
+        return self.capacity
+
+
+def _run_placed_task(task, task_run_id, parameters, wait_for, dependencies, context, env):
+    """Runs on the Ray worker: hydrate Prefect's context and run the task through its engine."""
+    from prefect.task_runners import _run_task_in_subprocess
+
+    return _run_task_in_subprocess(task=task, task_run_id=task_run_id, parameters=parameters, wait_for=wait_for,
+                                   return_type="state", dependencies=dependencies, context=context, env=env)
+
+
+class GpuRayTaskRunner(PlacingTaskRunner):
+    """Places each task on a slice of the Ray cluster's GPUs and runs it there.
+
+    Args:
+        address: Ray cluster to join (None: the pool block's ``ray_address``, else a local Ray
+            started with the pool's GPUs as Ray GPUs — fake ones on a machine without GPUs).
+        init_kwargs: extra ``ray.init`` arguments for a local cluster.
+        Other arguments as ``GpuTaskRunner``.
+    """
+
+    def __init__(self, pool=None, address: str | None = None, init_kwargs: dict[str, Any] | None = None, **kwargs):
+        super().__init__(pool, **kwargs)
+        self.address = address
+        self.init_kwargs = dict(init_kwargs or {})
+        self._owns_ray = False
+        self._remote = None
+
+    def _config(self) -> dict[str, Any]:
+        return {**super()._config(), "address": self.address, "init_kwargs": self.init_kwargs}
+
+    def _open_ledger(self) -> LedgerClient:
+        import ray
+
+        address = self.address or self.pool.ray_address
+        if not ray.is_initialized():
+            kwargs = dict(self.init_kwargs)
+            if not address:
+                from gpu.devices import discover
+
+                local = discover(self.pool.simulated, self.pool.device_backend)
+                kwargs.setdefault("num_gpus", local.gpu_count)
+                kwargs.setdefault("object_store_memory", 200 * 2**20)
+            kwargs.setdefault("namespace", NAMESPACE)
+            kwargs.setdefault("log_to_driver", True)
+            ray.init(address=address, **kwargs)
+            self._owns_ray = True
+        spec = cluster_spec(self.pool.simulated)
+        actor_cls = ray.remote(num_cpus=0, max_concurrency=1)(_LedgerActor)
+        actor = actor_cls.options(name=f"gpuflows-ledger-{self.pool.name}", namespace=NAMESPACE,
+                                  get_if_exists=True, lifetime="detached" if address else None).remote(
+            spec, self.policy.placement_policy(), self.pool.lease_ttl_s)
+        self._remote = ray.remote(_run_placed_task)
+        return RayLedger(actor, self.pool.lease_ttl_s)
+
+    def _execute(self, task, task_run_id, parameters, wait_for, dependencies, placement, cancel_event):
+        import ray
+        from prefect.context import serialize_context
+        from prefect.settings import get_current_settings
+        from prefect.states import Crashed
+        from prefect.utilities.engine import resolve_inputs_sync
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        placement = placement or Placement("", "", (), 0.0, 0)
+        device = "cpu" if placement.simulated or not placement.devices else "cuda:0"
+        tp = TaskPlacement(placement, device, placement.cuda_visible_devices)
+        options: dict[str, Any] = {"num_cpus": placement.cpus, "num_gpus": 0, "name": task.name}
+        if placement.node:
+            options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(placement.node, soft=False)
+        if placement.devices:
+            options["runtime_env"] = {"env_vars": {"CUDA_VISIBLE_DEVICES": placement.cuda_visible_devices,
+                                                   "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}}
+        env = (get_current_settings().to_environment_variables(exclude_unset=True) | api_url_env()
+               | {PLACEMENT_ENV: tp.to_env()})
+        ref = self._remote.options(**options).remote(
+            task, task_run_id, resolve_inputs_sync(parameters, return_data=True, max_depth=-1),
+            [f.state for f in wait_for or []], dependencies, serialize_context(), env)
+        try:
+            while True:
+                ready, _ = ray.wait([ref], timeout=0.5)
+                if ready:
+                    return ray.get(ref)
+                if cancel_event.is_set():
+                    ray.cancel(ref, force=True)
+        except (ray.exceptions.RayError, ray.exceptions.TaskCancelledError) as exc:
+            return Crashed(message=f"task {task.name!r} failed on Ray: {exc!r}")
+
+    def _shutdown_backend(self) -> None:
+        import ray
+
+        if isinstance(self._ledger, RayLedger):
+            self._ledger.close()
+        if self._owns_ray and ray.is_initialized():
+            ray.shutdown()
+            self._owns_ray = False

@@ -1,0 +1,44 @@
+"""Shared test set-up: every run gets its own Prefect home, state folder and MLflow store.
+
+The environment is set at import time, before Prefect, Ray or MLflow read their settings.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+
+_ROOT = Path(tempfile.mkdtemp(prefix="gpuflows-tests-"))
+os.environ.update({
+    "GPUFLOWS_STATE_DIR": str(_ROOT / "state"),
+    "PREFECT_HOME": str(_ROOT / "prefect"),
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "60",
+    "PREFECT_LOGGING_LEVEL": "WARNING",
+    "RAY_AUTH_MODE": "disabled",
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "MLFLOW_DISABLE_TELEMETRY": "true",
+})
+
+
+@pytest.fixture(scope="session")
+def prefect_server():
+    """One Prefect server for the session; its URL is exported so worker processes (process
+    pools, Ray workers) report to it instead of starting servers of their own."""
+    from prefect.settings import PREFECT_API_URL
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=120):
+        os.environ["PREFECT_API_URL"] = PREFECT_API_URL.value()
+        yield PREFECT_API_URL.value()
+        os.environ.pop("PREFECT_API_URL", None)
+
+
+@pytest.fixture
+def state_dir(tmp_path, monkeypatch) -> Path:
+    """A fresh state folder (pool ledgers, MLflow database) for one test."""
+    monkeypatch.setenv("GPUFLOWS_STATE_DIR", str(tmp_path / "state"))
+    return tmp_path / "state"
