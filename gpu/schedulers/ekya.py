@@ -29,7 +29,7 @@ Example::
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -200,6 +200,8 @@ class EkyaDecision:
     expected_accuracy: float
     score: float
     pick_calls: int = 0
+    start: Mapping[str, float] | None = None  # thief: the allocation the search started from
+    delta: float | None = None  # thief: steal quantum; allocation - start is a multiple of it
 
     def allocation(self) -> dict[str, float]:
         """Job id -> GPUs; a retraining job appears only when the stream retrains."""
@@ -301,19 +303,38 @@ def fair_allocation(n_jobs: int, gpus: float, max_job_gpus: float | None) -> flo
     return share if max_job_gpus is None else min(share, max_job_gpus)
 
 
+def _job_ids(streams: Sequence[StreamState], jobs: list[tuple[int, str]]) -> list[str]:
+    return [infer_job(streams[i].name) if kind == "infer" else train_job(streams[i].name) for i, kind in jobs]
+
+
+START_SPLITS = tuple(k / 10 for k in range(1, 10))  # inference shares of the extra starting points
+
+
 def _start(streams: Sequence[StreamState], jobs: list[tuple[int, str]], gpus: float, params: EkyaParams,
-           start: Mapping[str, float] | None) -> list[float]:
-    """Initial GPUs per job: the fair share, or ``start`` checked against the jobs and the pool."""
-    if start is None:
-        return [fair_allocation(len(jobs), gpus, params.max_job_gpus)] * len(jobs)
-    ids = [infer_job(streams[i].name) if kind == "infer" else train_job(streams[i].name) for i, kind in jobs]
-    unknown = sorted(set(start) - set(ids))
-    if unknown:
-        raise ConfigError("start", unknown, f"not jobs of this invocation (jobs: {ids})")
-    if any(not v >= 0 for v in start.values()) or sum(start.values()) > gpus + 1e-6:
-        raise ConfigError("start", dict(start), f"needs GPUs >= 0 that add up to at most {gpus}")
+           start: Mapping[str, float] | None) -> list[list[float]]:
+    """Candidate initial GPUs per job: ``start`` if given, else fair plus per-stream splits.
+
+    Algorithm 1 starts from the fair allocation; when a fair share is below Delta no job can be a
+    victim and the thief is stuck there, so we also try giving each stream ``gpus/|V|`` split
+    10/90 ... 90/10 between inference and retraining (spec §8.5 extension; one PickConfigs call
+    each) and start from the best; the fair start wins ties.
+    """
     cap = math.inf if params.max_job_gpus is None else params.max_job_gpus
-    return [min(cap, float(start.get(job, 0.0))) for job in ids]
+    ids = _job_ids(streams, jobs)
+    if start is not None:
+        unknown = sorted(set(start) - set(ids))
+        if unknown:
+            raise ConfigError("start", unknown, f"not jobs of this invocation (jobs: {ids})")
+        if any(not v >= 0 for v in start.values()) or sum(start.values()) > gpus + 1e-6:
+            raise ConfigError("start", dict(start), f"needs GPUs >= 0 that add up to at most {gpus}")
+        return [[min(cap, float(start.get(job, 0.0))) for job in ids]]
+    candidates = [[fair_allocation(len(jobs), gpus, params.max_job_gpus)] * len(jobs)]
+    has_train = {i for i, kind in jobs if kind == "train"}
+    per_stream = gpus / len(streams)
+    for share in START_SPLITS:
+        candidates.append([min(cap, per_stream * (1.0 if i not in has_train else share if kind == "infer" else 1 - share))
+                           for i, kind in jobs])
+    return candidates
 
 
 def thief_schedule(streams: Sequence[StreamState], gpus: float, window_s: float,
@@ -339,7 +360,8 @@ def thief_schedule(streams: Sequence[StreamState], gpus: float, window_s: float,
     jobs = [(i, "infer") for i in range(len(streams))]
     jobs += [(i, "train") for i, s in enumerate(streams) if s.configs and s.running is None]
     train_slot = {i: j for j, (i, kind) in enumerate(jobs) if kind == "train"}
-    base = _start(streams, jobs, gpus, params, start)
+    bases = _start(streams, jobs, gpus, params, start)
+    base = bases[0]  # read by per_stream; set to each candidate start in turn
     cache: dict[tuple[int, int, int], StreamDecision] = {}
     calls = 0
 
@@ -358,6 +380,14 @@ def thief_schedule(streams: Sequence[StreamState], gpus: float, window_s: float,
         calls += 1
         return float(np.mean([c.score for c in per_stream(steps)]))
 
+    def start_score(candidate: list[float]) -> float:
+        nonlocal base
+        base = candidate
+        cache.clear()
+        return score([0] * len(jobs))
+
+    base = max(bases, key=start_score)  # the first (fair) start wins ties
+    cache.clear()
     best = [0] * len(jobs)  # allocation of job j = base[j] + best[j] * Delta
     best_score = score(best)
     for _ in range(params.max_passes):
@@ -379,4 +409,5 @@ def thief_schedule(streams: Sequence[StreamState], gpus: float, window_s: float,
                         break
         if not improved:
             break
-    return _decision(per_stream(best), gpus, window_s, calls)
+    start_alloc = {job: b for job, b in zip(_job_ids(streams, jobs), base)}
+    return replace(_decision(per_stream(best), gpus, window_s, calls), start=start_alloc, delta=d)
