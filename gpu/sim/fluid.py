@@ -62,6 +62,8 @@ def _params(data: Mapping[str, Any], gpus: int) -> tuple[FluidParams, Workload, 
     info: dict[str, Any] = {}
     o_th = float(fl.get("o_th", 0.05))
     if "packing_curve" in wl:
+        if "alpha" in wl:
+            raise ConfigError("workload.alpha", wl["alpha"], "give alpha or packing_curve, not both")
         curve = wl.pop("packing_curve")
         fit = fit_packing_curve(require(curve, "ps", "workload.packing_curve."),
                                 require(curve, "throughputs", "workload.packing_curve."), o_th)
@@ -75,7 +77,7 @@ def _params(data: Mapping[str, Any], gpus: int) -> tuple[FluidParams, Workload, 
         if key not in known:
             raise ConfigError(f"workload.{key}", wl[key], f"unknown; use {sorted(known | {'packing_curve'})}")
     beta = float(wl.get("beta", 1.0))
-    d = fl.get("d", max_parallelism(beta, gpus) if beta >= 1 else beta)
+    d = fl.get("d", max_parallelism(beta, gpus) if beta >= 1 else 1)
     params = FluidParams(c=fl.get("c", c_default), d=d, epsilon=fl.get("epsilon", 0.0))
     info.update(c=params.c, d=params.d, epsilon=params.epsilon)
     return params, wl, info, fl.get("concurrency")
