@@ -1,0 +1,84 @@
+"""Nexus simulator: CLI round trip, bad-rate behaviour of plans and policies, scenario errors."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gpu.batching import make_policy
+from gpu.errors import ConfigError
+from gpu.schedulers.nexus import GpuNode, Placement, Plan, Session
+from gpu.schedulers.nexus_profiles import linear_profile
+from gpu.sim.nexus import run
+from gpu.sim.nexus_engine import simulate_plan
+from gpuflows.cli import main
+
+SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios" / "nexus"
+
+
+def test_cli_round_trip_writes_every_policy(tmp_path):
+    out = tmp_path / "nexus.json"
+    assert main(["simulate", "nexus", str(SCENARIOS / "table2_toy.yaml"), "--json", str(out)]) == 0
+    data = json.loads(out.read_text())
+    rows = {r["policy"]: r for r in data["table"]}
+    assert rows["nexus"]["gpus"] == 2 and rows["nexus"]["bad_rate"] == 0.0
+    assert rows["batch_oblivious"]["bad_rate"] > 0.1
+    assert data["summary"]["nexus_gpus"] == 2.0
+
+
+@pytest.mark.parametrize("path", sorted(SCENARIOS.glob("*.yaml")))
+def test_every_shipped_scenario_runs_nexus(path):
+    report = run(str(path), ["nexus"])
+    assert report.table[0]["bad_rate"] <= 0.05
+
+
+def one_gpu(rate, alpha=0.5):
+    prof = linear_profile("m", alpha, 50 - 25 * alpha, 64)
+    sess = Session("s", "m", 100.0, rate)
+    plan = Plan("fixed", "paper", (GpuNode(0, 50.0, (Placement("s", "m", 100.0, 25, rate, 50.0, 100.0),),
+                                           saturated=True),), (sess,))
+    return plan, {"m": prof}
+
+
+def test_early_drop_beats_lazy_drop_under_poisson_load():
+    plan, profiles = one_gpu(450)
+    early = simulate_plan(plan, profiles, make_policy("early_drop"), duration_s=20, seed=3)
+    lazy = simulate_plan(plan, profiles, make_policy("lazy_drop"), duration_s=20, seed=3)
+    assert early.bad_rate < 0.05 < 0.3 < lazy.bad_rate
+
+
+def test_uniform_arrivals_below_capacity_are_all_on_time():
+    plan, profiles = one_gpu(400)
+    res = simulate_plan(plan, profiles, make_policy("early_drop"), duration_s=10, arrivals="uniform", seed=1)
+    assert res.bad_rate == 0.0 and res.total("offered") == pytest.approx(4000, abs=1)
+
+
+def test_unknown_policy_is_a_config_error():
+    with pytest.raises(ConfigError, match="policy='magic'"):
+        run(str(SCENARIOS / "table2_toy.yaml"), ["magic"])
+
+
+def write(tmp_path, text):
+    p = tmp_path / "s.yaml"
+    p.write_text(text)
+    return str(p)
+
+
+def test_unknown_scenario_field_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="sesions"):
+        run(write(tmp_path, "sesions: []\n"), None)
+
+
+def test_scenario_with_unknown_model_names_the_session(tmp_path):
+    with pytest.raises(ConfigError, match=r"a\.model='resnet'"):
+        run(write(tmp_path, "sessions: [{id: a, model: resnet, slo_ms: 100, rate: 10}]\n"), None)
+
+
+def test_scenario_with_negative_rate_names_the_session(tmp_path):
+    with pytest.raises(ConfigError, match=r"a\.rate=-1"):
+        run(write(tmp_path, "sessions: [{id: a, model: vgg16, slo_ms: 100, rate: -1}]\n"), None)
+
+
+def test_scenario_with_slo_below_batch1_latency_names_the_session(tmp_path):
+    with pytest.raises(ConfigError, match=r"a\.slo_ms=5"):
+        run(write(tmp_path, "sessions: [{id: a, model: vgg16, slo_ms: 5, rate: 10}]\n"), ["nexus"])
