@@ -17,7 +17,7 @@ import os
 import threading
 import time
 import uuid
-from concurrent.futures import BrokenExecutor, ThreadPoolExecutor
+from concurrent.futures import BrokenExecutor, CancelledError, ThreadPoolExecutor
 from typing import Any, Iterable
 
 from prefect.futures import PrefectConcurrentFuture, PrefectFuture, wait
@@ -190,7 +190,7 @@ class PlacingTaskRunner(TaskRunner[PrefectConcurrentFuture]):
                   wait_for: Iterable[PrefectFuture] | None, dependencies: dict[str, set] | None,
                   request: Request, cancel_event: threading.Event, record: TaskRecord):
         """Runs in a dispatcher thread: upstream -> lease -> execute -> release."""
-        from prefect.states import Cancelled, Failed
+        from prefect.states import Cancelled, Crashed, Failed
 
         upstream = _upstream_futures(parameters, wait_for)
         if upstream:
@@ -204,10 +204,12 @@ class PlacingTaskRunner(TaskRunner[PrefectConcurrentFuture]):
                 record.placement = placement.to_dict()
                 record.placed_at = time.time()
             state = self._execute(task, task_run_id, parameters, wait_for, dependencies, placement, cancel_event)
-        except InterruptedError as exc:
-            state = Cancelled(message=str(exc))
+        except (InterruptedError, asyncio.CancelledError, CancelledError) as exc:
+            state = Cancelled(message=str(exc) or f"task {task.name!r} was cancelled")
         except AllocationTimeout as exc:
             state = Failed(message=str(exc))
+        except Exception as exc:  # the backend broke, not the task: report it as a crash
+            state = Crashed(message=f"task {task.name!r} could not run: {exc!r}")
         finally:
             record.finished_at = time.time()
             if placement is not None:
