@@ -1,0 +1,32 @@
+"""The engine stays free of the heavy stacks, and the `gpuflows` command works without them."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from gpuflows.cli import main
+
+
+def test_engine_imports_without_prefect_ray_mlflow_or_torch():
+    code = ("import sys, gpu.ledger, gpu.pool, gpu.devices, gpu.placement, gpu.sim.events, gpu.report, gpu.scenario;"
+            "import pkgutil, importlib, gpu, gpu.schedulers, gpu.sim;"
+            "[importlib.import_module(m.name) for p in (gpu.schedulers, gpu.sim) "
+            " for m in pkgutil.walk_packages(p.__path__, p.__name__ + '.')];"
+            "bad = {'prefect', 'ray', 'mlflow', 'torch'} & {m.split('.')[0] for m in sys.modules};"
+            "print(sorted(bad)); sys.exit(1 if bad else 0)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_devices_and_pool_commands(state_dir, capsys):
+    assert main(["devices", "--simulate", "2x8GiB"]) == 0
+    assert "gpu1 Simulated GPU [simulated] 8GiB total" in capsys.readouterr().out
+    assert main(["pool", "--name", "cli-test"]) == 0
+    out = capsys.readouterr().out
+    assert "gpu0: compute 1.00 free" in out and "0 request(s) waiting" in out
+
+
+def test_bad_input_is_one_clear_error(state_dir, capsys):
+    assert main(["pool", "--name", "no/slashes"]) == 2
+    assert "pool name='no/slashes'" in capsys.readouterr().err
