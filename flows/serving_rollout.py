@@ -1,0 +1,266 @@
+"""Nexus serving rollout: profile our torch models, plan with squishy bin packing, serve, re-plan each epoch.
+
+Issue #7. Steps (Nexus, Shen et al. SOSP'19 §5–§6): (1) profile every model of the spec like the Nexus
+profiler, one placed task per model on a GPU slice of the pool (``GpuTaskRunner``); (2) split query SLOs
+(§6.2 DP) and plan with squishy bin packing (Algorithm 1); (3) roll the plan out — one worker thread per
+GPU node holding a lease for its duty share on the same pool ledger (``tasks/serving/runtime.py`` says why
+leases and not tasks); (4) drive the spec's rate trace with Poisson arrivals through the frontend; every
+beacon the measured rates go to the ``EpochPlanner``, whose new plans are rolled out incrementally;
+(5) log each epoch (plan, GPUs, throughput, SLO attainment, bad rate) as a nested MLflow run under the
+runner's flow run, with a time-series plot.
+
+    python -m flows.serving_rollout --duration-s 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from prefect import flow, task
+
+from gpu.batching import make_policy
+from gpu.errors import GpuflowsError
+from gpu.schedulers.nexus import Plan, SquishyPacker
+from gpu.schedulers.nexus_epoch import EpochPlanner
+from gpu.schedulers.nexus_profiles import BatchProfile
+from resource_blocks import GpuPool, MlflowTarget
+from tasks.requests import current_placement, gpu_request
+from tasks.runners import GpuTaskRunner, PlacingTaskRunner, flow_mlflow_run_id
+
+DEFAULT_SPEC = Path(__file__).resolve().parent.parent / "scenarios" / "serving" / "digits.yaml"
+
+
+@gpu_request(gpus=1)
+@task(name="profile-model")
+def profile_serving_model(name: str, steps: int, seed: int, repeats: int) -> BatchProfile:
+    """Train (or load) one model and measure its batching profile on the placement's device."""
+    import torch
+
+    from tasks.serving.models import load_or_train, profile_model
+
+    torch.set_num_threads(1)
+    placement = current_placement()
+    return profile_model(name, load_or_train(name, steps, seed), placement.device if placement else "cpu",
+                         repeats=repeats)
+
+
+@dataclass(frozen=True)
+class EpochMark:
+    """An epoch of the planner: when it ran, the plan in force after it, and whether it changed the plan."""
+
+    t_s: float
+    plan: Plan
+    replanned: bool
+
+
+def _spec(spec: dict | str | None, duration_s: float | None, batch_policy: str | None):
+    from tasks.serving.spec import load_spec, parse_spec
+
+    parsed = parse_spec(spec) if isinstance(spec, dict) else load_spec(str(spec or DEFAULT_SPEC))
+    if duration_s is not None:
+        from gpu.scenario import positive
+
+        parsed = replace(parsed, duration_s=positive(duration_s, "duration_s"))
+    if batch_policy is not None:
+        make_policy(batch_policy)
+        parsed = replace(parsed, batch_policy=batch_policy)
+    return parsed
+
+
+def _plan_summary(plan: Plan) -> str:
+    return "; ".join(f"gpu{n.node_id} d={n.duty_cycle_ms:.2f}ms occ={n.occupancy:.2f} ["
+                     + ", ".join(f"{p.session_id} b{p.batch}" for p in n.placements) + "]" for n in plan.nodes)
+
+
+@flow(name="serving-rollout", task_runner=GpuTaskRunner(pool=GpuPool(name="serving"), mode="process",
+                                                         tracking=MlflowTarget(experiment="serving-rollout")))
+def serving_rollout(spec: dict | str | None = None, duration_s: float | None = None,
+                    batch_policy: str | None = None) -> dict[str, Any]:
+    """Profile, plan, roll out and serve the spec's trace, re-planning every epoch; returns the figures.
+
+    Args:
+        spec: a serving spec (mapping, or a YAML/JSON path; default ``scenarios/serving/digits.yaml``).
+        duration_s: override the trace length (s).
+        batch_policy: override the workers' batch policy (``early_drop``, ``lazy_drop``, ``fixed_batch``).
+    """
+    from prefect.context import FlowRunContext
+
+    from tasks.serving.loadgen import LoadGenerator
+    from tasks.serving.models import load_digits_tensors, load_or_train
+    from tasks.serving.runtime import LocalServingRuntime
+    from tasks.serving.spec import check_slos
+
+    sp = _spec(spec, duration_s, batch_policy)
+    runner = FlowRunContext.get().task_runner
+    pool = runner.pool if isinstance(runner, PlacingTaskRunner) else GpuPool(name="serving")
+    tracking = runner.tracking if isinstance(runner, PlacingTaskRunner) else MlflowTarget()
+    futures, prev = {}, None
+    for m in sp.models:  # one at a time: concurrent profiling on shared devices would skew the timings
+        prev = futures[m] = profile_serving_model.submit(m, sp.training_steps, sp.seed, sp.profile_repeats,
+                                                         wait_for=[prev] if prev else None)
+    profiles = {m: f.result() for m, f in futures.items()}
+    sessions = sp.planned_sessions(profiles)
+    check_slos(sessions, profiles, sp.preset)
+    models = {m: load_or_train(m, sp.training_steps, sp.seed) for m in sp.models}
+    planner = EpochPlanner(SquishyPacker(profiles, sp.preset), sessions, sp.epoch)
+    trace = sp.trace(sessions)
+    data = load_digits_tensors(sp.seed)
+    marks = [EpochMark(0.0, planner.plan, True)]
+    beacons: list[dict[str, float]] = []
+    with LocalServingRuntime(models, profiles, pool.open_ledger(), make_policy(sp.batch_policy), sp.preset,
+                             sp.load_balancer, sp.seed) as rt:
+        rt.apply(planner.plan)
+
+        def on_beacon(t_s: float) -> None:
+            counts = rt.frontend.take_counts()
+            before = len(planner.epochs)
+            new = planner.observe(t_s, {sid: c / sp.epoch.beacon_s for sid, c in counts.items()})
+            if new is not None:
+                rt.apply(new)
+            if len(planner.epochs) > before:
+                marks.append(EpochMark(t_s, planner.plan, new is not None))
+            beacons.append({"t_s": t_s, "gpus": float(rt.plan.num_gpus), "gpu_share": rt.gpu_share})
+
+        load = LoadGenerator(rt.frontend.submit, trace, data.x_test, data.y_test, sp.seed).run(
+            on_beacon, sp.epoch.beacon_s)
+    result = _summarise(sp, rt, load, marks, beacons, profiles)
+    parent = flow_mlflow_run_id() if tracking.enabled else None
+    if tracking.enabled:
+        result["mlflow_run_id"] = _log_mlflow(tracking, parent, sp, result, marks, beacons, profiles)
+    return result
+
+
+def _summarise(sp, rt, load, marks: list[EpochMark], beacons: list[dict], profiles) -> dict[str, Any]:
+    t0 = load.start_ms
+    rec = rt.recorder
+    for b in beacons:
+        w = rec.window(t0 + (b["t_s"] - sp.epoch.beacon_s) * 1000, t0 + b["t_s"] * 1000)
+        b.update(offered_rps=w.offered_rps, throughput_rps=w.throughput_rps, bad_rate=w.bad_rate)
+    epochs = []
+    for i, m in enumerate(marks):
+        end = marks[i + 1].t_s if i + 1 < len(marks) else sp.duration_s
+        w = rec.window(t0 + m.t_s * 1000, t0 + end * 1000, labels=load.labels)
+        epochs.append({"epoch": i, "start_s": m.t_s, "end_s": end, "replanned": m.replanned,
+                       "gpus": m.plan.num_gpus, "plan": m.plan.to_dict(), **w.metrics()})
+    total = rec.window(labels=load.labels)
+    overhead = rt.overhead()
+    batch1_us = min(p.latency(1) for p in profiles.values()) * 1000
+    return {"spec": sp.name, "batch_policy": sp.batch_policy, "duration_s": sp.duration_s, "requests": load.sent,
+            "epochs": epochs, "max_gpus": max(e["gpus"] for e in epochs), "replans": sum(m.replanned for m in marks[1:]),
+            **total.metrics(), **overhead, "smallest_batch1_us": batch1_us,
+            "overhead_fraction_of_batch1": overhead["dispatch_overhead_us"] / batch1_us,
+            "loadgen_max_lag_ms": load.max_lag_ms}
+
+
+def _plot(result: dict, beacons: list[dict], marks: list[EpochMark], path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    t = [b["t_s"] for b in beacons]
+    fig, ax = plt.subplots(3, 1, figsize=(9, 7), sharex=True)
+    ax[0].plot(t, [b["offered_rps"] for b in beacons], label="offered")
+    ax[0].plot(t, [b["throughput_rps"] for b in beacons], label="good (within SLO)")
+    ax[0].set_ylabel("requests/s")
+    ax[0].legend()
+    ax[1].step(t, [b["gpus"] for b in beacons], where="post", label="GPU nodes in plan")
+    ax[1].step(t, [b["gpu_share"] for b in beacons], where="post", label="GPU share leased")
+    ax[1].set_ylabel("GPUs")
+    ax[1].legend()
+    ax[2].plot(t, [b["bad_rate"] for b in beacons], color="tab:red")
+    ax[2].set_ylabel("bad rate")
+    ax[2].set_xlabel("seconds")
+    for m in marks[1:]:
+        for a in ax:
+            a.axvline(m.t_s, color="grey", ls="--" if m.replanned else ":", lw=0.8)
+    fig.suptitle(f"Nexus rollout of {result['spec']} ({result['batch_policy']}); dashed: re-plan")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def _log_mlflow(tracking: MlflowTarget, parent: str | None, sp, result: dict, marks, beacons, profiles) -> str:
+    """Per-epoch nested runs under ``parent`` (or a run of our own when no runner opened one)."""
+    from mlflow import MlflowClient
+    from mlflow.entities import Metric, Param
+
+    from tasks.tracking import ensure_experiment
+
+    client = MlflowClient(tracking.resolved_uri())
+    if parent is None:
+        exp_id = ensure_experiment(client, tracking.experiment)
+        parent = client.create_run(exp_id, run_name=f"serving-rollout-{sp.name}").info.run_id
+        own = True
+    else:
+        exp_id, own = client.get_run(parent).info.experiment_id, False
+    now = 0
+    flat = {k: float(v) for k, v in result.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    metrics = [Metric(k, v, now, 0) for k, v in flat.items()]
+    for b in beacons:
+        step = int(round(b["t_s"]))
+        metrics += [Metric(f"series_{k}", float(b[k]), now, step)
+                    for k in ("offered_rps", "throughput_rps", "bad_rate", "gpus", "gpu_share")]
+    client.log_batch(parent, metrics=metrics, params=[
+        Param("spec", sp.name), Param("batch_policy", sp.batch_policy), Param("load_balancer", sp.load_balancer),
+        Param("preset", sp.preset), Param("models", ",".join(sp.models))])
+    for e, m in zip(result["epochs"], marks):
+        run = client.create_run(exp_id, run_name=f"epoch-{e['epoch']}", tags={"mlflow.parentRunId": parent,
+                                                                            "nexus.replanned": str(e["replanned"])})
+        keys = ("gpus", "offered_rps", "throughput_rps", "slo_attainment", "bad_rate", "dropped", "late",
+                "mean_batch", "p50_latency_ms", "p99_latency_ms", "start_s", "end_s")
+        client.log_batch(run.info.run_id, metrics=[Metric(k, float(e[k]), now, e["epoch"]) for k in keys],
+                         params=[Param("plan", _plan_summary(m.plan)[:6000]), Param("epoch", str(e["epoch"]))])
+        client.log_text(run.info.run_id, json.dumps(e["plan"], indent=1), "plan.json")
+        client.set_terminated(run.info.run_id)
+    folder = Path(tempfile.mkdtemp(prefix="serving-rollout-"))
+    client.log_artifact(parent, str(_plot(result, beacons, marks, folder / "serving_rollout.png")), "serving")
+    client.log_text(parent, json.dumps({m: {"batches": list(p.batches), "latency_ms": list(p.latency_ms)}
+                                        for m, p in profiles.items()}), "serving/profiles.json")
+    client.log_text(parent, json.dumps(result, indent=1, default=str), "serving/summary.json")
+    if own:
+        client.set_terminated(parent)
+    return parent
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m flows.serving_rollout", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--spec", default=str(DEFAULT_SPEC), help="serving spec (YAML/JSON); default: %(default)s")
+    ap.add_argument("--duration-s", type=float, default=None, help="override the trace length (default: the spec's)")
+    ap.add_argument("--batch-policy", default=None, help="early_drop (Nexus), lazy_drop or fixed_batch")
+    ap.add_argument("--pool", default="serving", help="GpuPool name whose ledger the workers lease from")
+    ap.add_argument("--simulated", default="2x16GiB", help="simulated devices when the machine has no GPU")
+    ap.add_argument("--mode", choices=("process", "thread"), default="process", help="profiling task mode")
+    ap.add_argument("--experiment", default="serving-rollout", help="MLflow experiment")
+    ap.add_argument("--no-tracking", action="store_true", help="do not log to MLflow")
+    ap.add_argument("--json", default=None, help="write the result (figures per epoch) to this file")
+    args = ap.parse_args(argv)
+    runner = GpuTaskRunner(pool=GpuPool(name=args.pool, simulated=args.simulated), mode=args.mode,
+                           tracking=MlflowTarget(experiment=args.experiment, enabled=not args.no_tracking))
+    try:
+        result = serving_rollout.with_options(task_runner=runner)(args.spec, args.duration_s, args.batch_policy)
+    except GpuflowsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for e in result["epochs"]:
+        print(f"epoch {e['epoch']} [{e['start_s']:5.1f}-{e['end_s']:5.1f}s] gpus={e['gpus']} "
+              f"offered={e['offered_rps']:7.1f}/s good={e['throughput_rps']:7.1f}/s "
+              f"slo={e['slo_attainment']:.3f} bad={e['bad_rate']:.3f} p99={e['p99_latency_ms']:.2f}ms"
+              + (" (re-planned)" if e["replanned"] and e["epoch"] else ""))
+    print(f"dispatch overhead {result['dispatch_overhead_us']:.1f} us/request = "
+          f"{100 * result['overhead_fraction_of_batch1']:.1f}% of the smallest model's batch-1 latency "
+          f"({result['smallest_batch1_us']:.1f} us); accuracy {result['accuracy']:.3f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

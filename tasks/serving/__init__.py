@@ -1,0 +1,1 @@
+"""Nexus serving runtime: torch workers per placed plan node, a routing frontend, load generation."""

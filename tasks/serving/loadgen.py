@@ -1,0 +1,143 @@
+"""Open-loop load for the serving runtime: Poisson arrivals at rates that follow a trace of phases.
+
+A :class:`RateTrace` is piecewise constant: phase ``k`` sets every session's rate from ``start_s`` until
+the next phase. Arrivals within a phase are a Poisson process (``gpu.sim.nexus_engine.arrival_times``,
+the same generator the simulator uses), so a real run and a simulated run of the same trace and seed
+see the same arrival times. The generator submits each arrival when it is due (the frontend stamps it
+on receipt, as a server would) and calls ``on_beacon(t_s)`` every beacon, where a flow reads the
+frontend's per-session counts and lets the epoch planner re-plan.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+import torch
+
+from gpu.errors import ConfigError
+from gpu.sim.nexus_engine import arrival_times
+
+
+@dataclass(frozen=True)
+class RatePhase:
+    """From ``start_s`` on, session id → requests/s."""
+
+    start_s: float
+    rates: Mapping[str, float]
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.start_s, (int, float)) and self.start_s >= 0):
+            raise ConfigError("trace.start_s", self.start_s, "must be a number >= 0 (seconds)")
+        for sid, r in self.rates.items():
+            if isinstance(r, bool) or not isinstance(r, (int, float)) or not np.isfinite(r) or r < 0:
+                raise ConfigError(f"trace.rates.{sid}", r, "must be a finite number >= 0 (requests/s)")
+
+
+@dataclass(frozen=True)
+class RateTrace:
+    """Phases in time order over ``[0, duration_s)``; the first starts at 0."""
+
+    phases: tuple[RatePhase, ...]
+    duration_s: float
+
+    def __post_init__(self) -> None:
+        if not self.phases or self.phases[0].start_s != 0:
+            raise ConfigError("trace.phases", [p.start_s for p in self.phases], "the first phase must start at 0 s")
+        starts = [p.start_s for p in self.phases]
+        if starts != sorted(starts) or len(set(starts)) != len(starts):
+            raise ConfigError("trace.phases", starts, "phase starts must be strictly increasing")
+        if not self.duration_s > 0:
+            raise ConfigError("trace.duration_s", self.duration_s, "must be > 0 seconds")
+
+    @classmethod
+    def constant(cls, rates: Mapping[str, float], duration_s: float) -> "RateTrace":
+        return cls((RatePhase(0.0, dict(rates)),), duration_s)
+
+    def rates_at(self, t_s: float) -> dict[str, float]:
+        current = self.phases[0]
+        for p in self.phases:
+            if p.start_s <= t_s:
+                current = p
+        return dict(current.rates)
+
+    def arrivals(self, seed: int = 0) -> tuple[np.ndarray, list[str]]:
+        """All arrivals of the trace: times (s, sorted) and the session of each."""
+        rng = np.random.default_rng(seed)
+        times: list[np.ndarray] = []
+        who: list[np.ndarray] = []
+        sids = sorted({s for p in self.phases for s in p.rates})
+        for k, p in enumerate(self.phases):
+            end = self.phases[k + 1].start_s if k + 1 < len(self.phases) else self.duration_s
+            end = min(end, self.duration_s)
+            if end <= p.start_s:
+                continue
+            for j, sid in enumerate(sids):
+                t = arrival_times(p.rates.get(sid, 0.0), end - p.start_s, "poisson", rng) / 1000.0 + p.start_s
+                times.append(t)
+                who.append(np.full(len(t), j))
+        t_all = np.concatenate(times) if times else np.empty(0)
+        w_all = np.concatenate(who) if who else np.empty(0, dtype=int)
+        order = np.argsort(t_all, kind="stable")
+        return t_all[order], [sids[int(j)] for j in w_all[order]]
+
+
+@dataclass
+class LoadReport:
+    """What the generator did: requests sent, the true label of each request id, and how late it ran."""
+
+    start_ms: float
+    sent: int = 0
+    labels: dict[int, int] = field(default_factory=dict)
+    max_lag_ms: float = 0.0
+
+
+class LoadGenerator:
+    """Submits a trace's arrivals to a frontend in real time, cycling through input images.
+
+    Args:
+        submit: ``frontend.submit(session_id, x) -> request id``.
+        trace: the rates over time.
+        inputs: N×64 input images; request k carries row ``k mod N``.
+        labels: their true classes (to measure the served models' accuracy).
+    """
+
+    def __init__(self, submit: Callable[[str, torch.Tensor], int], trace: RateTrace, inputs: torch.Tensor,
+                 labels: torch.Tensor | Sequence[int] | None = None, seed: int = 0):
+        self.submit = submit
+        self.trace = trace
+        self.rows = list(inputs.unbind(0))
+        self.labels = [int(y) for y in labels] if labels is not None else None
+        self.seed = seed
+
+    def run(self, on_beacon: Callable[[float], None] | None = None, beacon_s: float = 1.0) -> LoadReport:
+        """Send every arrival at its time; call ``on_beacon(t_s)`` at each beacon (blocking the generator)."""
+        times, who = self.trace.arrivals(self.seed)
+        t0 = time.perf_counter()
+        report = LoadReport(start_ms=t0 * 1000.0)
+        n, rows, labels = len(times), self.rows, self.labels
+        next_beacon = beacon_s
+        i = 0
+        while True:
+            now = time.perf_counter() - t0
+            while on_beacon is not None and now >= next_beacon and next_beacon <= self.trace.duration_s + 1e-9:
+                on_beacon(next_beacon)
+                next_beacon += beacon_s
+                now = time.perf_counter() - t0
+            if i >= n and (on_beacon is None or next_beacon > self.trace.duration_s + 1e-9):
+                break
+            due = times[i] if i < n else self.trace.duration_s
+            if due > now:
+                time.sleep(min(due, next_beacon) - now if on_beacon else due - now)
+                continue
+            report.max_lag_ms = max(report.max_lag_ms, (now - due) * 1000.0)
+            while i < n and times[i] <= now:
+                k = i % len(rows)
+                rid = self.submit(who[i], rows[k])
+                if labels is not None:
+                    report.labels[rid] = labels[k]
+                i += 1
+        report.sent = n
+        return report

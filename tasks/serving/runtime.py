@@ -1,0 +1,179 @@
+"""The local serving runtime: rolls a Nexus plan out onto the GPU pool as worker threads with leases.
+
+Each plan node becomes one :class:`~tasks.serving.worker.ServingWorker` thread in this process that holds
+a lease on the pool ledger for the node's duty share (``Request(gpus=share)``, share = the node's
+occupancy ℓ-time / duty cycle rounded up to 1/20, saturated nodes a whole GPU), and runs on the lease's
+device. Why leases from the ledger and not one Prefect task per worker through ``GpuTaskRunner``: a
+serving worker lives for the whole rollout and must receive each request in microseconds from the
+frontend; as a task it would pin a task-runner slot for the rollout and (in process mode) put a
+pickling IPC hop of tens of µs on every request — more than the whole dispatch budget (5 % of a small
+model's batch-1 latency). The ledger is still the one owner of GPU slices, so leases are visible to and
+respected by every other flow on the pool, and ``close()`` (also on error) releases them.
+
+``apply(plan)`` is incremental, like Nexus's epoch update: nodes that keep their id keep their worker and
+queues (sessions added or retired in place), removed nodes drain their queues and give their lease back,
+new nodes get a lease and a worker; the frontend switches to the new routing table in between.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Mapping
+
+import torch
+from torch import nn
+
+from gpu.batching import BatchPolicy, EarlyDropPolicy
+from gpu.errors import AllocationTimeout
+from gpu.ledger import LedgerClient, Placement
+from gpu.placement import Request
+from gpu.schedulers.nexus import GpuNode, Plan
+from gpu.schedulers.nexus_profiles import PRESETS, BatchProfile
+from tasks.serving.frontend import Frontend
+from tasks.serving.stats import Recorder
+from tasks.serving.worker import ServingWorker, check_policy
+
+SHARE_STEP = 0.05
+
+
+def lease_share(node: GpuNode) -> float:
+    """GPU fraction a node leases: its occupancy rounded up to ``SHARE_STEP`` (a whole GPU when saturated)."""
+    if node.saturated:
+        return 1.0
+    return min(1.0, max(SHARE_STEP, math.ceil(node.occupancy / SHARE_STEP - 1e-9) * SHARE_STEP))
+
+
+def placement_device(placement: Placement) -> str:
+    """Torch device of a lease: ``cuda:N`` on a real GPU (when torch sees CUDA), else ``cpu``."""
+    if placement.simulated or not placement.devices or not torch.cuda.is_available():
+        return "cpu"
+    return f"cuda:{placement.devices[0]}"
+
+
+class LocalServingRuntime:
+    """Workers as threads in this process, each holding a lease for its node on the pool ledger.
+
+    Args:
+        models: model name → trained torch module.
+        profiles: model name → measured batching profile (the ones the plan was made from).
+        ledger: the pool's ledger (``GpuPool(...).open_ledger()``).
+        policy: a ``BatchPolicy`` shared by the workers (default early drop; the shipped ones are stateless).
+        policy_factory: instead of ``policy``, makes one policy per worker (for policies with state).
+        preset: latency accounting of the plans (``paper``/``code``).
+        load_balancer: ``drr`` or ``weighted_random``.
+        allocation_timeout: seconds to wait for a lease before failing the rollout.
+        cpu_threads: torch intra-op threads (workers on the CPU each use one core like one simulated GPU;
+            None leaves torch's setting alone).
+    """
+
+    def __init__(self, models: Mapping[str, nn.Module], profiles: Mapping[str, BatchProfile], ledger: LedgerClient,
+                 policy: BatchPolicy | None = None, preset: str = "paper",
+                 load_balancer: str = "drr", seed: int = 0, allocation_timeout: float = 30.0,
+                 cpu_threads: int | None = 1, label: str = "nexus",
+                 policy_factory: Callable[[], BatchPolicy] | None = None):
+        self.models = dict(models)
+        self.profiles = dict(profiles)
+        self.ledger = ledger
+        self._policy_factory = policy_factory
+        self._policy = check_policy(policy_factory() if policy_factory else (policy or EarlyDropPolicy()))
+        self.accounting = PRESETS[preset]
+        self.recorder = Recorder()
+        self.frontend = Frontend(self.recorder, load_balancer, seed)
+        self.allocation_timeout = allocation_timeout
+        self.label = label
+        self.workers: dict[int, ServingWorker] = {}
+        self.leases: dict[int, Placement] = {}
+        self.plan: Plan | None = None
+        self._retired = {"dispatch_ns": 0, "assemble_ns": 0, "execute_ns": 0, "batches": 0, "served": 0}
+        if cpu_threads is not None:
+            torch.set_num_threads(cpu_threads)
+
+    def _new_policy(self) -> BatchPolicy:
+        return check_policy(self._policy_factory()) if self._policy_factory else self._policy
+
+    def _lease(self, node: GpuNode, plan: Plan) -> Placement:
+        share = lease_share(node)
+        try:
+            return self.ledger.allocate(Request(gpus=share, label=f"{self.label}-node-{node.node_id}"),
+                                        self.allocation_timeout)
+        except AllocationTimeout as exc:
+            total = sum(lease_share(n) for n in plan.nodes)
+            raise AllocationTimeout(
+                f"plan needs {plan.num_gpus} GPU node(s) (lease shares sum to {total:.2f}); node {node.node_id} "
+                f"(gpus={share:g}) got no slice of the pool within {self.allocation_timeout}s") from exc
+
+    def apply(self, plan: Plan) -> None:
+        """Roll ``plan`` out: lease and start new nodes, update kept ones, drain and release removed ones."""
+        wanted = {n.node_id: n for n in plan.nodes}
+        for nid, node in wanted.items():
+            old = self.workers.get(nid)
+            share = lease_share(node)
+            if old is not None and math.isclose(self.leases[nid].fraction, share):
+                old.update(node)
+                continue
+            lease = self._lease(node, plan)
+            device = placement_device(lease)
+            if old is not None and str(old.device) == str(torch.device(device)):
+                self.ledger.release(self.leases[nid].lease_id)
+                self.leases[nid] = lease
+                old.update(node)
+                continue
+            if old is not None:  # moved to another device: drain the old worker there
+                self._retire(nid)
+            self.leases[nid] = lease
+            self.workers[nid] = ServingWorker(node, self.models, self.profiles, self._new_policy(), self.recorder,
+                                              device, self.accounting).start()
+        self.frontend.set_plan(plan, self.workers)
+        for nid in [n for n in self.workers if n not in wanted]:
+            self._retire(nid)
+        self.plan = plan
+
+    def _retire(self, nid: int) -> None:
+        worker = self.workers.pop(nid)
+        try:
+            worker.stop(drain=True)
+            for k in self._retired:
+                self._retired[k] += getattr(worker, k)
+        finally:
+            self.ledger.release(self.leases.pop(nid).lease_id)
+
+    @property
+    def gpu_share(self) -> float:
+        """GPU fraction currently leased from the pool."""
+        return sum(p.fraction for p in self.leases.values())
+
+    def counters(self) -> dict[str, int]:
+        out = dict(self._retired)
+        for w in self.workers.values():
+            for k in out:
+                out[k] += getattr(w, k)
+        return out
+
+    def overhead(self) -> dict[str, float]:
+        """Per-request time in frontend + queue + policy (µs), and batch assembly/execution for reference."""
+        c = self.counters()
+        n = max(1, self.frontend.submitted)
+        return {"requests": float(self.frontend.submitted),
+                "frontend_us_per_request": self.frontend.route_ns / n / 1e3,
+                "policy_us_per_request": c["dispatch_ns"] / n / 1e3,
+                "dispatch_overhead_us": (self.frontend.route_ns + c["dispatch_ns"]) / n / 1e3,
+                "assemble_us_per_request": c["assemble_ns"] / max(1, c["served"]) / 1e3,
+                "execute_ms_per_batch": c["execute_ns"] / max(1, c["batches"]) / 1e6,
+                "mean_batch": c["served"] / max(1, c["batches"])}
+
+    def close(self) -> None:
+        """Stop every worker (draining its queue) and release every lease."""
+        errors: list[BaseException] = []
+        for nid in list(self.workers):
+            try:
+                self._retire(nid)
+            except Exception as exc:  # keep releasing the others
+                errors.append(exc)
+        if errors:
+            raise errors[0]
+
+    def __enter__(self) -> "LocalServingRuntime":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
