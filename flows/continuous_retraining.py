@@ -1,0 +1,181 @@
+"""Ekya continuous retraining as a Prefect flow (issue #4): drifting streams share a GPU pool
+for retraining and inference; Ekya's thief scheduler (or the uniform baseline) splits it.
+
+Per retraining window (thesis §2.4, spec ekya.md §3-§4):
+
+1. micro-profiling tasks: the golden model labels a sample of each stream's frames, every
+   (layers, data fraction) pair is trained for a few epochs, ``micro_profile`` extrapolates each
+   config's accuracy and GPU-seconds; every 2 windows the worst configs are pruned;
+2. the decision: ``thief_schedule`` (``policy="thief"``) or ``uniform_schedule``
+   (``policy="uniform"``: fixed config, ``uniform_share`` of each stream's ``G/|V|`` to inference);
+3. retraining tasks on the decided GPU share (``gpu_options(gpus=...)``); when one completes
+   (``prefect.futures.as_completed``) its GPUs go back to its stream's inference and the thief is
+   re-invoked for the rest of the window with running jobs as ``RunningRetrain`` (the uniform
+   baseline keeps its split);
+4. inference tasks serve the live frames of each period between two such events at the frame
+   rate the stream's inference share sustains (``tasks.ekya_tasks.infer_segment``); measured
+   accuracy = share of frames answered correctly against the true labels.
+
+Time inside a window is virtual (``window_s`` seconds; a retraining job ends ``gpu_seconds / gpus``
+after it starts), so decisions and accuracies do not depend on how loaded this machine is; the
+torch work in every task is real. A retraining that fails or is cancelled is handled when the
+flow sees it: its stream keeps serving the previous model, its GPUs go back to inference, the
+window's MLflow run records it, and the next window proceeds. One MLflow run per window
+(nested under the flow's run) records allocations, configs, predicted and measured accuracy;
+each deployed-or-not retrained model is a version of the registered model ``<prefix>-<stream>``.
+
+    python -m flows.continuous_retraining --streams 2 --windows 2 --policy thief
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from prefect import flow
+
+from flows.ekya_window import RunSettings, WindowResult, run_window, start_streams
+from gpu.devices import discover
+from gpu.errors import ConfigError
+from resource_blocks import GpuPool, MlflowTarget
+from tasks.ekya_tasks import WindowSettings, config_grid
+from tasks.runners import GpuTaskRunner, flow_mlflow_run_id
+
+POLICIES = ("thief", "uniform")
+MODES = ("process", "thread")
+
+
+@flow(name="ekya-retraining-windows")
+def retraining_windows(run: RunSettings) -> dict:
+    """The windows themselves; runs as a subflow on the GPU task runner ``continuous_retraining`` builds."""
+    from flows.ekya_tracking import WindowLogger
+
+    logger = WindowLogger.for_flow(run, flow_mlflow_run_id())
+    golden, streams = start_streams(run)
+    results: list[WindowResult] = []
+    for w in range(run.windows):
+        result = run_window(run, w, streams, golden)
+        logger.log_window(result, streams)
+        results.append(result)
+    plot = logger.log_plot(results)
+    return summarise(run, results, plot, logger.parent_run_id)
+
+
+def summarise(run: RunSettings, results: list[WindowResult], plot: str | None, parent: str | None) -> dict:
+    """What the flow returns: per window and stream the measured accuracy, and the means."""
+    windows = [{"window": r.window, "accuracy": r.measured, "predicted": r.predicted, "configs": r.configs,
+                "failures": r.failures, "mean": r.mean_measured} for r in results]
+    return {"policy": run.policy, "streams": list(results[0].measured) if results else [],
+            "windows": windows, "mean_accuracy": sum(r.mean_measured for r in results) / len(results),
+            "mlflow_run_id": parent, "plot": plot}
+
+
+def _check(streams: int, windows: int, window_s: float, policy: str, mode: str, fail_stream: str | None,
+           uniform_config: str) -> None:
+    for name, value in (("streams", streams), ("windows", windows)):
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ConfigError(name, value, "must be a whole number > 0")
+    if isinstance(window_s, bool) or not isinstance(window_s, (int, float)) or not window_s > 0:
+        raise ConfigError("window_s", window_s, "must be a number of seconds > 0")
+    if policy not in POLICIES:
+        raise ConfigError("policy", policy, f"choose one of {POLICIES}")
+    if mode not in MODES:
+        raise ConfigError("mode", mode, f"choose one of {MODES}")
+    names = [f"cam{i}" for i in range(streams)]
+    if fail_stream is not None and fail_stream not in names:
+        raise ConfigError("fail_stream", fail_stream, f"not one of the streams {names}")
+    grid = [c.name for c in config_grid()]
+    if uniform_config not in grid:
+        raise ConfigError("uniform_config", uniform_config, f"choose one of {grid}")
+
+
+@flow(name="ekya-continuous-retraining")
+def continuous_retraining(streams: int = 4, windows: int = 3, window_s: float = 200.0, policy: str = "thief",
+                          pool: GpuPool | str | None = None, seed: int = 0, mode: str = "process",
+                          tracking: MlflowTarget | bool | None = None, a_min: float = 0.3, delta: float = 0.1,
+                          full_rate_gpus: float = 0.5, frames: int = 1000, labelled: int = 600,
+                          uniform_config: str = "e15-all-d50", uniform_share: float = 0.5,
+                          profile_gpus: float = 0.25, fail_stream: str | None = None, fail_window: int = 0,
+                          registry_prefix: str = "ekya") -> dict:
+    """Ekya continuous retraining of ``streams`` drifting digit streams over ``windows`` windows.
+
+    Args:
+        streams, windows, window_s: problem size; ``window_s`` is virtual seconds per window.
+        policy: "thief" (Ekya) or "uniform" (fixed ``uniform_config``, ``uniform_share`` to inference).
+        pool: GpuPool block, the name of a saved one, or None (saved default or simulated 2 x 16 GiB).
+        seed: drift, golden model and training seeds.
+        mode: GpuTaskRunner mode ("process": one worker process per device set; "thread").
+        tracking: MlflowTarget block, False to switch MLflow off, None for the default target.
+        a_min, delta: thief's minimum instantaneous accuracy and steal quantum (GPUs).
+        full_rate_gpus: GPUs one stream's inference needs for the full frame rate.
+        frames, labelled: live frames per window, frames per window the golden model labels.
+        profile_gpus: GPU share of each micro-profiling task.
+        fail_stream, fail_window: fault injection - that stream's retraining raises in that window.
+        registry_prefix: registered models are named ``<registry_prefix>-<stream>``.
+
+    Returns:
+        ``{"policy", "streams", "windows": [{"window", "accuracy": {stream: measured}, "predicted",
+        "configs", "failures", "mean"}], "mean_accuracy", "mlflow_run_id", "plot"}``.
+    """
+    _check(streams, windows, window_s, policy, mode, fail_stream, uniform_config)
+    block = pool if isinstance(pool, GpuPool) else GpuPool.load_or_default(pool)
+    target = tracking if isinstance(tracking, MlflowTarget) else MlflowTarget(enabled=tracking is not False)
+    gpus = discover(block.simulated, block.device_backend).gpu_count
+    settings = WindowSettings(frames=frames, labelled=labelled, golden_seed=seed)
+    run = RunSettings(policy=policy, streams=streams, windows=windows, window_s=float(window_s), seed=seed,
+                      pool_gpus=gpus, a_min=a_min, delta=delta, full_rate_gpus=full_rate_gpus,
+                      uniform_config=uniform_config, uniform_share=uniform_share, profile_gpus=profile_gpus,
+                      fail_stream=fail_stream, fail_window=fail_window, registry_prefix=registry_prefix,
+                      settings=settings, experiment=target.experiment, tracking_uri=target.resolved_uri())
+    runner = GpuTaskRunner(pool=block, mode=mode, tracking=target)
+    return retraining_windows.with_options(task_runner=runner)(run)
+
+
+def format_summary(summary: dict) -> str:
+    """A per-window, per-stream table of measured accuracy."""
+    names = summary["streams"]
+    lines = [f"policy={summary['policy']}  " + "  ".join(f"{n:>6s}" for n in names) + "    mean"]
+    for w in summary["windows"]:
+        cells = "  ".join(f"{w['accuracy'][n]:6.3f}" for n in names)
+        failed = f"  failed: {','.join(w['failures'])}" if w["failures"] else ""
+        lines.append(f"window {w['window']:<8d}" + " " * max(0, len(summary['policy']) - 2) + cells
+                     + f"  {w['mean']:6.3f}{failed}")
+    lines.append(f"mean accuracy over windows: {summary['mean_accuracy']:.3f}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m flows.continuous_retraining", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--streams", type=int, default=2, help="number of streams (default 2)")
+    parser.add_argument("--windows", type=int, default=2, help="retraining windows (default 2)")
+    parser.add_argument("--window-s", type=float, default=200.0, help="virtual seconds per window (default 200)")
+    parser.add_argument("--policy", default="thief", help=f"one of {POLICIES} (default thief)")
+    parser.add_argument("--pool", default=None, help="saved GpuPool block name (default: simulated 2 x 16 GiB)")
+    parser.add_argument("--simulated", default="2x16GiB", help="simulated devices when no pool block is named")
+    parser.add_argument("--mode", default="process", help=f"runner mode, one of {MODES} (default process)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--fail-stream", default=None, help="inject a retraining failure in this stream (e.g. cam1)")
+    parser.add_argument("--fail-window", type=int, default=0, help="window of the injected failure (default 0)")
+    parser.add_argument("--no-tracking", action="store_true", help="switch MLflow tracking off")
+    parser.add_argument("--json", metavar="OUT", help="also write the summary as JSON")
+    args = parser.parse_args(argv)
+    pool = args.pool or GpuPool(name="ekya", device_backend="auto", simulated=args.simulated)
+    try:
+        summary = continuous_retraining(streams=args.streams, windows=args.windows, window_s=args.window_s,
+                                        policy=args.policy, pool=pool, seed=args.seed, mode=args.mode,
+                                        tracking=False if args.no_tracking else None,
+                                        fail_stream=args.fail_stream, fail_window=args.fail_window)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(format_summary(summary))
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(summary, fh, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,344 @@
+"""Ekya's torch work as Prefect tasks: golden model, micro-profiling, retraining, inference.
+
+Setup (thesis §2.2, §2.4, spec ekya.md §3.4-§3.6): every stream serves a small classifier
+(64-``hidden``-10 MLP); a larger "golden" model (64-128-128-10, trained once on all of digits
+under random drift) labels a sample of each window's frames, and retraining fine-tunes the
+deployed model on those labels (knowledge distillation). Inference accuracy is measured against
+the true labels.
+
+Retraining configurations (spec §3.6, §8): epochs x layers retrained ("last" = only the output
+layer, "all") x fraction of the window's labelled data. GPU time is *virtual* on a simulated pool:
+``gpu_seconds`` = samples x epochs x ``sample_gpu_s`` x the FLOP share the backward pass touches
+(a whole GPU = 1.0); the real CPU seconds are reported beside it. The micro-profiler trains each
+(layers, fraction) pair on ``profile_fraction`` of that data for ``profile_epochs`` epochs from
+the deployed model (batch scaled down by the same fraction, so an epoch has as many optimiser
+steps as the real one) and records golden-label validation accuracy after every epoch; the engine's
+``micro_profile`` fits and extrapolates it (one profile run serves every epoch count).
+
+Inference at frame rate ``r`` processes evenly spaced frames and answers the others with the
+newest processed frame's prediction (stale; ``tasks.streams.serve``); at rate 0 the stream is
+not served and those frames count as wrong.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from prefect import task
+from prefect.cache_policies import NO_CACHE
+
+from gpu.errors import ConfigError
+from gpu.schedulers.ekya_profiler import ProfileObservation
+from gpu.state import state_dir
+from tasks.requests import current_placement
+from tasks.streams import StreamSpec, augmented_digits, processed_mask, serve, window_frames
+
+LAYERS = ("last", "all")
+GOLDEN_HIDDEN = (128, 128)
+
+
+@dataclass(frozen=True)
+class ConfigSpec:
+    """One retraining configuration gamma."""
+
+    name: str
+    epochs: int
+    layers: str  # "last" or "all"
+    data_fraction: float
+
+    def __post_init__(self) -> None:
+        if self.layers not in LAYERS:
+            raise ConfigError(f"{self.name}.layers", self.layers, f"choose one of {LAYERS}")
+        if not isinstance(self.epochs, int) or self.epochs < 1:
+            raise ConfigError(f"{self.name}.epochs", self.epochs, "must be a whole number >= 1")
+        if not 0 < self.data_fraction <= 1:
+            raise ConfigError(f"{self.name}.data_fraction", self.data_fraction, "must be in (0, 1]")
+
+
+def config_grid(epochs: tuple[int, ...] = (5, 15, 30), layers: tuple[str, ...] = LAYERS,
+                fractions: tuple[float, ...] = (0.25, 0.5, 1.0)) -> tuple[ConfigSpec, ...]:
+    """The 18-config space of spec §3.6: epochs x layers retrained x data fraction."""
+    return tuple(ConfigSpec(f"e{e}-{lay}-d{round(f * 100)}", e, lay, f)
+                 for lay in layers for f in fractions for e in epochs)
+
+
+@dataclass(frozen=True)
+class WindowSettings:
+    """Sizes and costs shared by every task of a flow run."""
+
+    frames: int = 1000  # live frames per window (inference)
+    labelled: int = 600  # frames per window the golden model labels (80% train, 20% validation)
+    hidden: int = 32
+    profile_fraction: float = 0.2  # of each config's data (paper: 5-10%; our windows are small)
+    profile_epochs: int = 5
+    sample_gpu_s: float = 0.02  # virtual GPU-seconds per sample-epoch, all layers, whole GPU
+    batch: int = 32
+    lr: float = 0.01
+    golden_seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("frames", "labelled", "hidden", "profile_epochs", "batch"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < (10 if name in ("frames", "labelled") else 1):
+                raise ConfigError(name, v, "must be a whole number (frames/labelled >= 10, others >= 1)")
+        if not 0 < self.profile_fraction <= 1:
+            raise ConfigError("profile_fraction", self.profile_fraction, "must be in (0, 1]")
+        if not self.sample_gpu_s > 0:
+            raise ConfigError("sample_gpu_s", self.sample_gpu_s, "must be > 0")
+
+    @property
+    def n_train(self) -> int:
+        return self.labelled - self.labelled // 5
+
+
+def _net(hidden: tuple[int, ...]):
+    import torch
+
+    dims = (64, *hidden, 10)
+    layers: list[Any] = []
+    for a, b in zip(dims, dims[1:]):
+        layers += [torch.nn.Linear(a, b), torch.nn.ReLU()]
+    return torch.nn.Sequential(*layers[:-1])
+
+
+def small_net(settings: WindowSettings):
+    return _net((settings.hidden,))
+
+
+def layer_cost(layers: str, hidden: int) -> float:
+    """Share of an all-layers training step's FLOPs that retraining ``layers`` costs (forward + backward)."""
+    macs = [64 * hidden, hidden * 10]
+    forward = sum(macs)
+    return (forward + 2 * (macs[-1] if layers == "last" else forward)) / (3 * forward)
+
+
+def gpu_seconds(config: ConfigSpec, settings: WindowSettings) -> float:
+    """Virtual GPU-seconds (whole GPU) to retrain with ``config`` on this window's data."""
+    samples = max(1, round(config.data_fraction * settings.n_train))
+    return samples * config.epochs * settings.sample_gpu_s * layer_cost(config.layers, settings.hidden)
+
+
+def _setup() -> Any:
+    import torch
+
+    torch.set_num_threads(1)  # tasks run side by side on few cores
+    p = current_placement()
+    return torch.device(p.device if p else "cpu")
+
+
+def _accuracy(model, x: np.ndarray, y: np.ndarray, device) -> float:
+    return float(np.mean(_predict(model, x, device) == y)) if len(y) else 0.0
+
+
+def _predict(model, x: np.ndarray, device) -> np.ndarray:
+    import torch
+
+    with torch.no_grad():
+        return model(torch.as_tensor(x, device=device)).argmax(1).cpu().numpy()
+
+
+def _fit(model, x: np.ndarray, y: np.ndarray, epochs: int, layers: str, settings: WindowSettings, seed: int,
+         device, val: tuple[np.ndarray, np.ndarray] | None = None) -> list[float]:
+    """Train ``model`` in place; returns validation accuracy after each epoch (empty without ``val``)."""
+    import torch
+
+    params = list(model.parameters())
+    trainable = params[-2:] if layers == "last" else params
+    for p in params:
+        p.requires_grad_(any(p is t for t in trainable))
+    opt = torch.optim.Adam(trainable, lr=settings.lr)
+    gen = torch.Generator().manual_seed(seed)
+    xs, ys = torch.as_tensor(x, device=device), torch.as_tensor(y, device=device)
+    history = []
+    for _ in range(epochs):
+        model.train()
+        for idx in torch.randperm(len(xs), generator=gen).split(settings.batch):
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(xs[idx]), ys[idx]).backward()
+            opt.step()
+        model.eval()
+        if val is not None:
+            history.append(_accuracy(model, *val, device))
+    for p in params:
+        p.requires_grad_(True)
+    return history
+
+
+def _load(state: dict, settings: WindowSettings, device):
+    model = small_net(settings).to(device)
+    model.load_state_dict(state)
+    return model.eval()
+
+
+def _cpu_state(model) -> dict:
+    return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+
+
+@lru_cache(maxsize=64)
+def _frames(spec: StreamSpec, window: int, n: int, part: str) -> tuple[np.ndarray, np.ndarray]:
+    return window_frames(spec, window, n, part)
+
+
+@lru_cache(maxsize=4)
+def _golden(path: str):
+    import torch
+
+    model = _net(GOLDEN_HIDDEN)
+    model.load_state_dict(torch.load(path, weights_only=True))
+    return model.eval()
+
+
+# -- tasks ------------------------------------------------------------------------------------
+
+@task(cache_policy=NO_CACHE)
+def train_golden(seed: int = 0, samples: int = 6000, epochs: int = 6) -> str:
+    """Train the golden model once (cached in the state folder); returns its checkpoint path."""
+    import torch
+
+    path = state_dir() / "ekya" / f"golden-s{seed}-n{samples}-e{epochs}.pt"
+    if path.exists():
+        return str(path)
+    device = _setup()
+    x, y = augmented_digits(samples, seed)
+    torch.manual_seed(seed)
+    model = _net(GOLDEN_HIDDEN).to(device)
+    _fit(model, x, y, epochs, "all", WindowSettings(batch=64, lr=0.003), seed, device)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{time.time_ns()}.tmp")
+    torch.save(_cpu_state(model), tmp)
+    tmp.replace(path)  # atomic: concurrent flows never read half a file
+    return str(path)
+
+
+@task(cache_policy=NO_CACHE)
+def bootstrap_model(spec: StreamSpec, settings: WindowSettings, samples: int = 800, epochs: int = 30) -> dict:
+    """The stream's first deployed model: trained on its undrifted history (window -1)."""
+    import torch
+
+    device = _setup()
+    torch.manual_seed(spec.seed % 2**31)
+    x, y = _frames(spec, -1, samples, "history")
+    model = small_net(settings).to(device)
+    _fit(model, x, y, epochs, "all", settings, spec.seed, device)
+    return _cpu_state(model)
+
+
+@dataclass(frozen=True)
+class WindowProfile:
+    """What micro-profiling one stream's window found (accuracies against golden labels)."""
+
+    stream: str
+    golden_labels: np.ndarray  # for the window's labelled frames (train split first)
+    current_accuracy: float  # deployed model on the golden-labelled validation split
+    golden_accuracy: float  # golden labels vs true labels on the labelled frames
+    observations: tuple[ProfileObservation, ...]
+    real_s: float
+
+
+@task(cache_policy=NO_CACHE)
+def profile_window(spec: StreamSpec, window: int, model_state: dict, golden_path: str,
+                   configs: tuple[ConfigSpec, ...], settings: WindowSettings) -> WindowProfile:
+    """Golden-label the window's sample, then micro-profile every (layers, fraction) pair of ``configs``."""
+    import copy
+
+    start = time.perf_counter()
+    device = _setup()
+    x, y_true = _frames(spec, window, settings.labelled, "train")
+    golden = _predict(_golden(golden_path).to(device), x, device)
+    n = settings.n_train
+    val = (x[n:], golden[n:])
+    model = _load(model_state, settings, device)
+    observations = []
+    rng = np.random.default_rng([spec.seed, window, 7])
+    for layers, fraction in sorted({(c.layers, c.data_fraction) for c in configs}):
+        size = min(n, max(settings.batch, round(settings.profile_fraction * fraction * n)))
+        sample = rng.choice(n, size=size, replace=False)
+        trial = copy.deepcopy(model)
+        # An epoch on the sample takes as many optimiser steps as one on the config's data, so the
+        # per-epoch curve stands for the full-data curve (spec §8.12) without a 1/fraction bias.
+        small = replace(settings, batch=max(2, round(settings.batch * size / (fraction * n))))
+        accs = _fit(trial, x[sample], golden[sample], settings.profile_epochs, layers, small, spec.seed, device, val)
+        per_epoch = size * settings.sample_gpu_s * layer_cost(layers, settings.hidden)
+        observations += [ProfileObservation(c.name, tuple(float(k) for k in range(1, len(accs) + 1)), tuple(accs),
+                                            per_epoch, size / n, float(c.epochs), c.data_fraction)
+                         for c in configs if (c.layers, c.data_fraction) == (layers, fraction)]
+    return WindowProfile(spec.name, golden, _accuracy(model, *val, device), float(np.mean(golden == y_true)),
+                         tuple(observations), time.perf_counter() - start)
+
+
+@dataclass(frozen=True)
+class RetrainResult:
+    stream: str
+    config: str
+    state: dict
+    val_accuracy: float  # against golden labels
+    epochs_done: int
+    complete: bool  # False: stopped at the window end (model discarded)
+    real_s: float
+
+
+class InjectedFailure(RuntimeError):
+    """Raised by a retraining task told to fail (fault-injection tests and demos)."""
+
+
+@task(cache_policy=NO_CACHE)
+def retrain(spec: StreamSpec, window: int, model_state: dict, golden_labels: np.ndarray, config: ConfigSpec,
+            settings: WindowSettings, epochs: int | None = None, fail: bool = False) -> RetrainResult:
+    """Fine-tune the deployed model with ``config`` on the window's golden-labelled frames.
+
+    ``epochs`` below ``config.epochs`` is the budget left in the window: the job stops there and
+    reports ``complete=False``.
+    """
+    start = time.perf_counter()
+    device = _setup()
+    x, _ = _frames(spec, window, settings.labelled, "train")
+    n = settings.n_train
+    rng = np.random.default_rng([spec.seed, window, 11])
+    data = rng.choice(n, size=max(1, round(config.data_fraction * n)), replace=False)
+    model = _load(model_state, settings, device)
+    todo = config.epochs if epochs is None else min(epochs, config.epochs)
+    if fail:
+        _fit(model, x[data], golden_labels[data], 1, config.layers, settings, spec.seed, device)
+        raise InjectedFailure(f"injected failure while retraining {spec.name} with {config.name} in window {window}")
+    _fit(model, x[data], golden_labels[data], todo, config.layers, settings, spec.seed, device)
+    return RetrainResult(spec.name, config.name, _cpu_state(model),
+                         _accuracy(model, x[n:], golden_labels[n:], device), todo, todo == config.epochs,
+                         time.perf_counter() - start)
+
+
+@dataclass(frozen=True)
+class SegmentResult:
+    stream: str
+    start: int  # first frame index
+    frames: int
+    processed: int
+    correct: int  # served answers equal to the true label
+
+
+@task(cache_policy=NO_CACHE)
+def infer_segment(spec: StreamSpec, window: int, model_state: dict, first: int, last: int, rate: float,
+                  settings: WindowSettings) -> SegmentResult:
+    """Serve live frames ``[first, last)`` at frame rate ``rate``; stale answers for skipped frames."""
+    device = _setup()
+    x, y = _frames(spec, window, settings.frames, "live")
+    x, y = x[first:last], y[first:last]
+    mask = processed_mask(len(y), rate)
+    preds = np.full(len(y), -1)
+    if mask.any():
+        preds[mask] = _predict(_load(model_state, settings, device), x[mask], device)
+    answers = serve(preds, mask)
+    return SegmentResult(spec.name, first, len(y), int(mask.sum()), int(np.sum(answers == y)))
+
+
+def checkpoint(state: dict, path: Path) -> Path:
+    """Save a model state in the state folder (the flow keeps every deployed version)."""
+    import torch
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(state, path)
+    return path
