@@ -1,0 +1,91 @@
+"""The serving-rollout flow end to end in a Prefect server: profile, plan, roll out, re-plan per epoch,
+per-epoch MLflow runs with a plot; bad specs fail with one error naming the value."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpu.errors import ConfigError
+from resource_blocks import GpuPool, MlflowTarget
+from tasks.runners import GpuTaskRunner
+from tasks.serving.spec import parse_spec
+
+pytestmark = pytest.mark.usefixtures("prefect_server")
+
+
+def tiny_spec(**changes) -> dict:
+    spec = {
+        "name": "tiny",
+        "sessions": [{"id": "mlp", "model": "digits_mlp", "slo_ms": 100, "rate": 60},
+                     {"id": "cnn", "model": "digits_cnn_small", "slo_ms": 100, "rate": 30}],
+        "trace": {"duration_s": 6, "seed": 1, "phases": [{"at_s": 0, "scale": 1.0}, {"at_s": 3, "scale": 4.0}]},
+        "epoch": {"epoch_s": 2, "min_epoch_s": 1, "beacon_s": 1, "avg_interval_s": 1},
+        "runtime": {"training_steps": 30, "profile_repeats": 3},
+    }
+    spec.update(changes)
+    return spec
+
+
+def runner(name: str, experiment: str = "serving-test") -> GpuTaskRunner:
+    return GpuTaskRunner(pool=GpuPool(name=name, device_backend="simulated"), mode="thread",
+                         tracking=MlflowTarget(experiment=experiment))
+
+
+def test_rollout_logs_every_epoch_with_plan_and_slo_figures(state_dir):
+    from mlflow import MlflowClient
+
+    from flows.serving_rollout import serving_rollout
+
+    result = serving_rollout.with_options(task_runner=runner("rollout"))(tiny_spec())
+    assert result["requests"] > 200 and result["slo_attainment"] > 0.5
+    assert len(result["epochs"]) >= 3 and result["epochs"][0]["gpus"] >= 1
+    assert GpuPool(name="rollout", device_backend="simulated").open_ledger().leases() == []
+    client = MlflowClient(MlflowTarget(experiment="serving-test").resolved_uri())
+    exp = client.get_experiment_by_name("serving-test")
+    parent = result["mlflow_run_id"]
+    epochs = client.search_runs([exp.experiment_id], f"tags.mlflow.parentRunId = '{parent}' and "
+                                                     "attributes.run_name LIKE 'epoch-%'")
+    assert len(epochs) == len(result["epochs"])
+    for run in epochs:
+        assert {"gpus", "throughput_rps", "slo_attainment", "bad_rate"} <= set(run.data.metrics)
+        assert run.data.params["plan"].startswith("gpu")
+    paths = [a.path for a in client.list_artifacts(parent, "serving")]
+    assert "serving/serving_rollout.png" in paths and "serving/summary.json" in paths
+    series = client.get_metric_history(parent, "series_offered_rps")
+    assert len(series) >= 5
+
+
+def test_slo_below_batch_one_latency_fails_naming_the_session(state_dir):
+    from flows.serving_rollout import serving_rollout
+
+    spec = tiny_spec(sessions=[{"id": "mlp", "model": "digits_mlp", "slo_ms": 0.001, "rate": 10}])
+    with pytest.raises(ConfigError, match=r"mlp\.slo_ms=0\.001: below what batch 1 of digits_mlp needs"):
+        serving_rollout.with_options(task_runner=runner("badslo"))(spec)
+
+
+def test_unknown_model_fails_before_anything_runs(state_dir):
+    from flows.serving_rollout import serving_rollout
+
+    spec = tiny_spec(sessions=[{"id": "x", "model": "resnet50", "slo_ms": 50, "rate": 10}])
+    with pytest.raises(ConfigError, match=r"x\.model='resnet50': unknown model"):
+        serving_rollout.with_options(task_runner=runner("badmodel"))(spec)
+
+
+def test_negative_rate_and_unknown_fields_are_named():
+    with pytest.raises(ConfigError, match=r"mlp\.rate=-5"):
+        parse_spec(tiny_spec(sessions=[{"id": "mlp", "model": "digits_mlp", "slo_ms": 50, "rate": -5}]))
+    with pytest.raises(ConfigError, match=r"trace\.phases\[1\]\.scale=-1"):
+        parse_spec(tiny_spec(trace={"phases": [{"at_s": 0}, {"at_s": 2, "scale": -1}]}))
+    with pytest.raises(ConfigError, match=r"runtime\.batch_policy='fifo'"):
+        parse_spec(tiny_spec(runtime={"batch_policy": "fifo"}))
+
+
+def test_shipped_spec_parses_and_cli_has_help(capsys):
+    from flows.serving_rollout import DEFAULT_SPEC, main
+    from tasks.serving.spec import load_spec
+
+    spec = load_spec(str(DEFAULT_SPEC))
+    assert spec.models == ["digits_cnn", "digits_cnn_small", "digits_mlp"] and spec.queries
+    with pytest.raises(SystemExit) as exc:
+        main(["--help"])
+    assert exc.value.code == 0 and "--duration-s" in capsys.readouterr().out

@@ -1,0 +1,200 @@
+"""The Nexus serving runtime on real tiny torch models: latency under SLO at low load, early drops under
+overload, every batch policy (and any BatchPolicy object) in the worker, DRR routing by rate shares,
+incremental re-plans that give leases back, and the profiler feeding the planner."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from gpu.batching import BatchDecision, EarlyDropPolicy, make_policy
+from gpu.devices import discover
+from gpu.errors import ConfigError
+from gpu.ledger import PoolLedger
+from gpu.schedulers.nexus import GpuNode, Placement, Plan, Session, SquishyPacker
+from tasks.serving.frontend import DeficitRoundRobin, Frontend, WeightedRandom
+from tasks.serving.loadgen import LoadGenerator, RatePhase, RateTrace
+from tasks.serving.models import accuracy, load_digits_tensors, load_or_train, profile_model
+from tasks.serving.runtime import LocalServingRuntime, lease_share
+from tasks.serving.stats import Recorder
+from tasks.serving.worker import ServingWorker
+
+MODELS = ("digits_mlp", "digits_cnn_small")
+
+
+@pytest.fixture(scope="module")
+def served():
+    torch.set_num_threads(1)
+    data = load_digits_tensors()
+    models = {m: load_or_train(m, steps=60) for m in MODELS}
+    profiles = {m: profile_model(m, models[m], repeats=5, warmup=2) for m in MODELS}
+    return data, models, profiles
+
+
+def ledger() -> PoolLedger:
+    return PoolLedger(discover("2x16GiB", "simulated"))
+
+
+def one_node_plan(session: Session, batch: int, profiles) -> Plan:
+    p = profiles[session.model]
+    node = GpuNode(0, 10.0, (Placement(session.session_id, session.model, session.slo_ms, batch, session.rate,
+                                       p.latency(batch), 10.0 + p.latency(batch)),))
+    return Plan("test", "paper", (node,), (session,))
+
+
+def wait_until_idle(worker: ServingWorker, timeout: float = 20.0) -> None:
+    end = time.monotonic() + timeout
+    while worker.queued() and time.monotonic() < end:
+        time.sleep(0.01)
+
+
+def test_profiles_of_our_models_are_contiguous_and_plannable(served):
+    _, models, profiles = served
+    for m, p in profiles.items():
+        assert p.batches == tuple(range(1, 65)) and all(v > 0 for v in p.latency_ms)
+    assert accuracy(models["digits_mlp"], served[0]) > 0.8
+    plan = SquishyPacker(profiles).plan([Session("a", "digits_mlp", 50, 200), Session("b", "digits_cnn_small", 50, 100)])
+    assert plan.violations() == [] and {p.session_id for n in plan.nodes for p in n.placements} == {"a", "b"}
+
+
+def test_real_model_meets_its_slo_at_low_load(served):
+    data, models, profiles = served
+    s = Session("mlp", "digits_mlp", 100.0, 100.0)
+    plan = SquishyPacker(profiles).plan([s])
+    pool = ledger()
+    with LocalServingRuntime(models, profiles, pool) as rt:
+        rt.apply(plan)
+        assert [p.fraction for p in pool.leases()] == [lease_share(plan.nodes[0])]
+        load = LoadGenerator(rt.frontend.submit, RateTrace.constant({"mlp": 100.0}, 1.5), data.x_test,
+                             data.y_test).run()
+    assert pool.leases() == []
+    w = rt.recorder.window(labels=load.labels)
+    assert w.offered == load.sent > 100
+    assert w.slo_attainment >= 0.9 and w.p50_latency_ms < s.slo_ms
+    assert w.accuracy > 0.8
+
+
+def test_overload_is_dropped_early_and_every_request_is_accounted_for(served):
+    data, models, profiles = served
+    slo = max(2.0, 4 * profiles["digits_cnn_small"].latency(1))
+    s = Session("cnn", "digits_cnn_small", slo, 1000.0)
+    plan = one_node_plan(s, 1, profiles)
+    rec = Recorder()
+    worker = ServingWorker(plan.nodes[0], models, profiles, EarlyDropPolicy(), rec).start()
+    front = Frontend(rec)
+    front.set_plan(plan, {0: worker})
+    for i in range(3000):  # a burst far beyond what one worker serves within the SLO
+        front.submit("cnn", data.x_test[i % len(data.x_test)])
+    wait_until_idle(worker)
+    worker.stop()
+    w = rec.window()
+    assert w.offered == 3000 == w.good + w.late + w.dropped
+    assert w.dropped > 1500 and w.good + w.late > 0
+    assert w.late < 0.05 * w.dropped  # hopeless requests are dropped, not served late
+
+
+@pytest.mark.parametrize("policy", ["early_drop", "lazy_drop", "fixed_batch"])
+def test_worker_serves_a_queue_with_each_batch_policy(served, policy):
+    data, models, profiles = served
+    s = Session("mlp", "digits_mlp", 5000.0, 100.0)
+    plan = one_node_plan(s, 8, profiles)
+    rec = Recorder()
+    worker = ServingWorker(plan.nodes[0], models, profiles, make_policy(policy), rec)
+    front = Frontend(rec)
+    front.set_plan(plan, {0: worker})
+    for i in range(64):
+        front.submit("mlp", data.x_test[i])
+    worker.start()
+    wait_until_idle(worker)
+    worker.stop()
+    w = rec.window()
+    assert (w.offered, w.good, w.dropped) == (64, 64, 0)
+    assert worker.batches == 8 and w.mean_batch == 8  # the plan's batch, taken from a full queue
+
+
+def test_worker_takes_any_batch_policy_object(served):
+    data, models, profiles = served
+
+    @dataclass(frozen=True)
+    class NewestFirst:  # e.g. what ORLOJ plugs in: any name + decide(queue, ctx)
+        name: str = "newest_first"
+
+        def decide(self, queue, ctx):
+            return BatchDecision(run=(len(queue) - 1,)) if queue else BatchDecision()
+
+    plan = one_node_plan(Session("mlp", "digits_mlp", 5000.0, 10.0), 1, profiles)
+    rec = Recorder()
+    worker = ServingWorker(plan.nodes[0], models, profiles, NewestFirst(), rec)
+    front = Frontend(rec)
+    front.set_plan(plan, {0: worker})
+    ids = [front.submit("mlp", data.x_test[i]) for i in range(5)]
+    worker.start()
+    wait_until_idle(worker)
+    worker.stop()
+    assert [o.request_id for o in rec.outcomes] == ids[::-1]
+    with pytest.raises(ConfigError, match="batch_policy"):
+        ServingWorker(plan.nodes[0], models, profiles, object(), rec)
+
+
+class _Sink:
+    def __init__(self):
+        self.n = 0
+
+    def enqueue(self, request, x):
+        self.n += 1
+
+
+def test_frontend_routes_by_rate_shares():
+    s = Session("s", "m", 100.0, 150.0)
+    nodes = tuple(GpuNode(i, 10.0, (Placement("s", "m", 100.0, 1, r, 1.0, 11.0),)) for i, r in ((0, 100.0), (1, 50.0)))
+    plan = Plan("test", "paper", nodes, (s,))
+    sinks = {0: _Sink(), 1: _Sink()}
+    front = Frontend(Recorder(), "drr")
+    front.set_plan(plan, sinks)
+    for _ in range(300):
+        front.submit("s", None)
+    assert (sinks[0].n, sinks[1].n) == (200, 100)
+    assert front.take_counts() == {"s": 300} and front.take_counts() == {"s": 0}
+    drr = DeficitRoundRobin(["a", "b", "c"], [100, 50, 25])
+    picks = [drr.pick() for _ in range(700)]
+    assert [picks.count(k) for k in "abc"] == [400, 200, 100]
+    import numpy as np
+
+    wr = WeightedRandom(["a", "b"], [2, 1], np.random.default_rng(0))
+    assert abs([wr.pick() for _ in range(10_000)].count("a") / 10_000 - 2 / 3) < 0.05
+    with pytest.raises(ConfigError, match="session_id='nope'"):
+        front.submit("nope", None)
+
+
+def test_replan_keeps_kept_nodes_and_gives_removed_leases_back(served):
+    data, models, profiles = served
+    a, b = Session("a", "digits_mlp", 5000.0, 50.0), Session("b", "digits_cnn_small", 5000.0, 50.0)
+    two = Plan("test", "paper", (one_node_plan(a, 2, profiles).nodes[0],
+                                 GpuNode(1, 10.0, one_node_plan(b, 2, profiles).nodes[0].placements)), (a, b))
+    one = Plan("test", "paper", (GpuNode(0, 10.0, two.nodes[0].placements + two.nodes[1].placements),), (a, b))
+    pool = ledger()
+    with LocalServingRuntime(models, profiles, pool) as rt:
+        rt.apply(two)
+        first = rt.workers[0]
+        assert len(pool.leases()) == 2
+        rt.apply(one)
+        assert rt.workers[0] is first and sorted(first.sessions) == ["a", "b"] and len(pool.leases()) == 1
+        for i in range(20):
+            rt.frontend.submit("b" if i % 2 else "a", data.x_test[i])
+    assert pool.leases() == []
+    w = rt.recorder.window()
+    assert w.offered == 20 == w.good
+
+
+def test_trace_changes_rates_between_phases():
+    trace = RateTrace((RatePhase(0.0, {"a": 100.0}), RatePhase(5.0, {"a": 400.0})), 10.0)
+    times, who = trace.arrivals(seed=1)
+    assert set(who) == {"a"}
+    first, second = (times < 5).sum(), (times >= 5).sum()
+    assert 400 < first < 600 and 1800 < second < 2200
+    assert trace.rates_at(7.0) == {"a": 400.0}
+    with pytest.raises(ConfigError, match=r"trace.rates.a"):
+        RatePhase(0.0, {"a": -1.0})
