@@ -1,0 +1,303 @@
+"""FLUID hyperparameter TrialGroups as a Prefect flow: a tuning algorithm's trials on GPU-pool slices.
+
+The tuning algorithm (``gpu.tuning``) hands out TrialGroups, FLUID (``FluidExecutor``: StaticFluid +
+DynamicFluid, thesis §3.3.3) or the FIFO baseline decides each trial's width, and the ``GpuTaskRunner`` runs
+every chunk of a trial's iterations as a real torch training task at that width (``gpu_options(gpus=width)``:
+widths < 1 share one device). Resizes apply at the next chunk boundary from the trial's checkpoint. Completions
+are read with ``prefect.futures.as_completed`` and fed back to the session; a failed trial is recorded (score 1.0 =
+accuracy 0) and the search goes on. MLflow: one child run per trial under the flow's run, the best model
+registered.
+
+    python -m flows.trial_groups --algorithm grid --iterations 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from prefect import flow
+from prefect.futures import as_completed
+
+from gpu.devices import discover
+from gpu.errors import ConfigError
+from gpu.schedulers.fluid import FluidParams
+from gpu.schedulers.fluid_baselines import FifoExecutor
+from gpu.schedulers.fluid_executor import FluidExecutor, Step
+from gpu.schedulers.fluid_session import TuningSession
+from gpu.state import state_dir
+from gpu.tuning import ALGORITHMS, Choice, Grid, LogUniform, parse_space
+from resource_blocks import GpuPool, MlflowTarget
+from tasks.fluid_trials import load_model, train_chunk
+from tasks.requests import gpu_options
+from tasks.runners import GpuTaskRunner, flow_mlflow_run_id
+
+SEARCHES = ("grid", "random", "hyperband", "asha", "bohb", "pbt")
+EXECUTIONS = ("fluid", "fifo")
+MODES = ("process", "thread")
+GRID_SPACE = {"lr": Grid((0.01, 0.1)), "hidden": Grid((16, 64)), "batch_size": Choice((64,))}
+RANDOM_SPACE = {"lr": LogUniform(0.003, 0.3), "hidden": Choice((16, 32, 64, 128)), "batch_size": Choice((32, 64, 128))}
+
+
+def make_algorithm(algorithm: str, trials: int, iterations: int, seed: int, space: dict | None,
+                   min_iterations: int, generations: int):
+    """The tuning algorithm of ``gpu.tuning`` for this search (validated: one ConfigError naming the bad value)."""
+    if algorithm not in SEARCHES:
+        raise ConfigError("algorithm", algorithm, f"choose one of {SEARCHES}")
+    for name, value in (("trials", trials), ("iterations", iterations), ("min_iterations", min_iterations),
+                        ("generations", generations)):
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ConfigError(name, value, "must be a whole number > 0")
+    sp = parse_space(space) if space is not None else (GRID_SPACE if algorithm == "grid" else RANDOM_SPACE)
+    missing = {"lr", "hidden", "batch_size"} - set(sp)
+    if missing:
+        raise ConfigError("space", sorted(sp), f"missing hyperparameters {sorted(missing)}")
+    cls = ALGORITHMS[algorithm]
+    if algorithm == "grid":
+        return cls(sp, iterations, seed=seed)
+    if algorithm == "random":
+        return cls(sp, iterations, num_samples=trials, seed=seed)
+    if algorithm == "hyperband":
+        return cls(sp, max_budget=iterations, min_budget=min_iterations, seed=seed)
+    if algorithm in ("asha", "bohb"):
+        return cls(sp, num_samples=trials, max_budget=iterations, min_budget=min_iterations, seed=seed)
+    return cls(sp, population=max(2, trials), interval=max(1, iterations // generations), generations=generations,
+               seed=seed)
+
+
+class TrialLog:
+    """A child MLflow run per trial under the flow's run (no-op when tracking is off)."""
+
+    def __init__(self, parent: str | None, tracking_uri: str):
+        self.parent, self.runs, self.client, self.exp = parent, {}, None, None
+        if parent is not None:
+            from mlflow import MlflowClient
+
+            self.client = MlflowClient(tracking_uri)
+            self.exp = self.client.get_run(parent).info.experiment_id
+        self.tracking_uri = tracking_uri
+
+    def open(self, trial, algorithm: str, execution: str) -> None:
+        if self.client is None:
+            return
+        from mlflow.entities import Param
+
+        run = self.client.create_run(self.exp, run_name=f"trial-{trial.trial_id}", tags={
+            "mlflow.parentRunId": self.parent, "trial_id": trial.trial_id, "algorithm": algorithm,
+            "execution": execution, "checkpoint_from": trial.checkpoint or "none"})
+        params = [Param(k, str(v)) for k, v in trial.config.items()]
+        params += [Param("budget", str(trial.budget)), Param("resume_from", str(trial.resume_from))]
+        self.client.log_batch(run.info.run_id, params=params)
+        self.runs[trial.trial_id] = run.info.run_id
+
+    def chunk(self, out: dict[str, Any], step0: int) -> None:
+        if self.client is None:
+            return
+        from mlflow.entities import Metric, RunTag
+
+        rid = self.runs[out["trial_id"]]
+        metrics = [Metric("width", float(out["width"]), 0, step0)]
+        for i, (loss, acc) in enumerate(zip(out["loss"], out["val_accuracy"])):
+            metrics += [Metric("loss", loss, 0, step0 + i + 1), Metric("val_accuracy", acc, 0, step0 + i + 1)]
+        self.client.log_batch(rid, metrics=metrics, tags=[RunTag("devices", ",".join(map(str, out["devices"]))),
+                                                          RunTag("width", f"{out['width']:.3f}")])
+
+    def close(self, trial_id: str, ok: bool, error: str | None = None) -> None:
+        if self.client is None:
+            return
+        if error:
+            self.client.set_tag(self.runs[trial_id], "error", error[:500])
+        self.client.set_terminated(self.runs[trial_id], "FINISHED" if ok else "FAILED")
+
+    def register(self, trial_id: str, model, name: str) -> str | None:
+        if self.client is None:
+            return None
+        import mlflow
+        import mlflow.pytorch
+
+        mlflow.set_tracking_uri(self.tracking_uri)
+        with mlflow.start_run(run_id=self.runs[trial_id]):
+            info = mlflow.pytorch.log_model(model, name="model", registered_model_name=name,
+                                            serialization_format="pickle", pip_requirements=["torch==2.13.0"])
+        self.client.set_terminated(self.runs[trial_id], "FINISHED")
+        return str(info.registered_model_version)
+
+
+class Progress:
+    """One ``\\r``-updated terminal line per search (tqdm is not installed here)."""
+
+    def __init__(self, label: str, enabled: bool = True):
+        self.label, self.enabled = label, enabled
+
+    def show(self, done: int, failed: int, running: int, iterations: int) -> None:
+        if self.enabled:
+            bar = "#" * min(30, done) + "." * max(0, min(30, done + running) - min(30, done))
+            print(f"\r[{self.label}] {bar} trials done {done} (failed {failed}), running {running}, "
+                  f"iterations {iterations}", end="", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.enabled:
+            print(file=sys.stderr, flush=True)
+
+
+@flow(name="fluid-trial-groups-search")
+def _search(algorithm: str, trials: int, iterations: int, seed: int, space: dict | None, min_iterations: int,
+            generations: int, execution: str, gpus: int, c: int, d: int, chunk: int, fail_trial: str | None,
+            tracking_uri: str, model_name: str, progress: bool) -> dict:
+    algo = make_algorithm(algorithm, trials, iterations, seed, space, min_iterations, generations)
+    ids = list(range(gpus))
+    executor = FluidExecutor(ids, FluidParams(c=c, d=d), dynamic=True) if execution == "fluid" else FifoExecutor(ids)
+    session = TuningSession(algo, executor)
+    parent = flow_mlflow_run_id()
+    log = TrialLog(parent, tracking_uri)
+    ckpt_dir = state_dir() / "trial_groups" / (parent or f"{algorithm}-{execution}-{seed}")
+    ckpt = lambda tid: str(ckpt_dir / f"{tid.replace('@', '_')}.pt")  # noqa: E731
+    width: dict[str, float] = {}
+    done_iters: dict[str, int] = {}
+    inflight: dict[Any, str] = {}
+    bar = Progress(f"{algorithm}/{execution}", progress)
+    failures: list[str] = []
+    scores: dict[str, float] = {}
+    widths_seen: dict[str, list[float]] = {}
+    total_iters = 0
+
+    def budget(tid: str) -> int:
+        return max(1, int(round(session.trial(tid).budget)))
+
+    def submit(tid: str) -> None:
+        t = session.trial(tid)
+        start = done_iters[tid]
+        n = min(chunk, budget(tid) - start)
+        load = ckpt(tid) if start > 0 else (ckpt(t.checkpoint) if t.checkpoint else None)
+        w = width[tid]
+        widths_seen.setdefault(tid, []).append(w)
+        with gpu_options(gpus=w if w < 1 else float(int(w))):
+            fut = train_chunk.submit(tid, dict(t.config), int(t.resume_from) + start, n, load, ckpt(tid), w, seed,
+                                     fail=tid == fail_trial)
+        inflight[fut] = tid
+
+    def apply(step: Step) -> None:
+        for p in step.starts:
+            width[p.trial_id], done_iters[p.trial_id] = p.width, 0
+            log.open(session.trial(p.trial_id), algorithm, execution)
+            submit(p.trial_id)
+        for p in step.resizes:
+            width[p.trial_id] = p.width  # applied when the trial's next chunk is submitted
+
+    apply(session.start())
+    while inflight:
+        for fut in [next(as_completed(list(inflight)))]:  # react to the first completion
+            tid = inflight.pop(fut)
+            state = fut.state
+            if state.is_completed():
+                out = fut.result()
+                t = session.trial(tid)
+                log.chunk(out, int(t.resume_from) + done_iters[tid])
+                done_iters[tid] += out["iterations"]
+                total_iters += out["iterations"]
+                session.report_progress(tid, done_iters[tid])
+                if done_iters[tid] < budget(tid):
+                    submit(tid)
+                    continue
+                scores[tid] = 1.0 - out["val_accuracy"][-1]
+                log.close(tid, ok=True)
+            else:
+                failures.append(tid)
+                scores[tid] = 1.0
+                log.close(tid, ok=False, error=str(state.message))
+            step = session.report_complete(tid, scores[tid])
+            for stopped in step.stops:
+                inflight_ids = {v: k for k, v in inflight.items()}
+                if stopped in inflight_ids:
+                    done_iters[stopped] = budget(stopped)  # its running chunk is its last
+            apply(step)
+        bar.show(len(scores), len(failures), len(inflight), total_iters)
+    bar.close()
+    ok = [r for r in algo.results if r.trial_id not in failures]
+    if not ok:
+        raise RuntimeError(f"every trial failed: {failures}")
+    top = max(r.iterations for r in ok)
+    best = min((r for r in ok if r.iterations == top), key=lambda r: r.score)
+    version = log.register(best.trial_id, load_model(best.config, ckpt(best.trial_id)), model_name)
+    return {"algorithm": algorithm, "execution": execution, "trials": len(scores), "failures": failures,
+            "best_trial": best.trial_id, "best_config": best.config, "best_val_accuracy": 1.0 - best.score,
+            "iterations_trained": total_iters, "scores": scores, "widths": widths_seen, "mlflow_run_id": parent,
+            "trial_runs": dict(log.runs), "registered_model": model_name if version else None,
+            "model_version": version}
+
+
+@flow(name="fluid-trial-groups")
+def trial_groups(algorithm: str = "grid", trials: int = 4, iterations: int = 4, pool: GpuPool | str | None = None,
+                 execution: str = "fluid", seed: int = 0, space: dict | None = None, min_iterations: int = 1,
+                 generations: int = 2, c: int = 2, d: int = 1, chunk: int = 2, mode: str = "process",
+                 tracking: MlflowTarget | bool | None = None, fail_trial: str | None = None,
+                 model_name: str | None = None, progress: bool = True) -> dict:
+    """Tune a torch MLP on ``load_digits`` (lr, hidden size, batch size) with FLUID-placed TrialGroups.
+
+    Args:
+        algorithm: one of grid, random, hyperband, asha, bohb, pbt (``gpu.tuning.ALGORITHMS``).
+        trials: configs to sample (random/asha/bohb) or PBT population; grid uses its grid, hyperband its brackets.
+        iterations: budget per fully trained config (epochs); ``min_iterations`` the smallest rung.
+        pool: GpuPool block, saved block name, or None (saved default or simulated 2 x 16 GiB).
+        execution: "fluid" (StaticFluid + DynamicFluid) or "fifo" (one whole GPU per trial).
+        space: raw search space for ``gpu.tuning.parse_space`` (needs lr, hidden, batch_size).
+        c, d: FLUID's packing and parallelism limits. chunk: iterations per task (resizes apply between chunks).
+        mode: GpuTaskRunner mode. tracking: MlflowTarget, False for none, None for the default target.
+        fail_trial: fault injection - this trial id's training raises (e.g. "c0001@0").
+        model_name: registered model name (default ``trial-groups-<algorithm>``).
+    """
+    make_algorithm(algorithm, trials, iterations, seed, space, min_iterations, generations)
+    if execution not in EXECUTIONS:
+        raise ConfigError("execution", execution, f"choose one of {EXECUTIONS}")
+    if mode not in MODES:
+        raise ConfigError("mode", mode, f"choose one of {MODES}")
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk <= 0:
+        raise ConfigError("chunk", chunk, "must be a whole number of iterations > 0")
+    FluidParams(c=c, d=d)
+    block = pool if isinstance(pool, GpuPool) else GpuPool.load_or_default(pool)
+    target = tracking if isinstance(tracking, MlflowTarget) else MlflowTarget(enabled=tracking is not False)
+    gpus = discover(block.simulated, block.device_backend).gpu_count
+    runner = GpuTaskRunner(pool=block, mode=mode, tracking=target if target.enabled else False)
+    return _search.with_options(task_runner=runner)(
+        algorithm, trials, iterations, seed, space, min_iterations, generations, execution, gpus, c, d, chunk,
+        fail_trial, target.resolved_uri(), model_name or f"trial-groups-{algorithm}", progress)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m flows.trial_groups", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--algorithm", default="grid", help=f"one of {SEARCHES} (default grid: 4 configs)")
+    parser.add_argument("--trials", type=int, default=4, help="configs / PBT population (default 4)")
+    parser.add_argument("--iterations", type=int, default=4, help="epochs per fully trained config (default 4)")
+    parser.add_argument("--min-iterations", type=int, default=1, help="smallest rung (hyperband/asha/bohb)")
+    parser.add_argument("--execution", default="fluid", help=f"one of {EXECUTIONS} (default fluid)")
+    parser.add_argument("--pool", default=None, help="saved GpuPool block name (default: simulated 2 x 16 GiB)")
+    parser.add_argument("--mode", default="process", help=f"runner mode, one of {MODES} (default process)")
+    parser.add_argument("--chunk", type=int, default=2, help="iterations per task (default 2)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--fail-trial", default=None, help="inject a failure in this trial id (e.g. c0001@0)")
+    parser.add_argument("--no-tracking", action="store_true", help="switch MLflow tracking off")
+    parser.add_argument("--json", metavar="OUT", help="also write the summary as JSON")
+    args = parser.parse_args(argv)
+    try:
+        summary = trial_groups(algorithm=args.algorithm, trials=args.trials, iterations=args.iterations,
+                               min_iterations=args.min_iterations, execution=args.execution, pool=args.pool,
+                               mode=args.mode, chunk=args.chunk, seed=args.seed, fail_trial=args.fail_trial,
+                               tracking=False if args.no_tracking else None)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"{summary['algorithm']}/{summary['execution']}: {summary['trials']} trials, "
+          f"{summary['iterations_trained']} iterations, failed {summary['failures'] or 'none'}")
+    print(f"best {summary['best_trial']} {summary['best_config']} val_accuracy {summary['best_val_accuracy']:.3f}"
+          f" (model {summary['registered_model']} v{summary['model_version']})")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(summary, fh, indent=2, default=str)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,110 @@
+"""The training task FLUID places: one trial of a TrialGroup trains a torch MLP on digits for a chunk of iterations.
+
+A trial runs as a sequence of Prefect tasks, one per chunk of iterations, so that DynamicFluid's resizes take
+effect at iteration boundaries (thesis §3.3.3): each chunk loads the trial's checkpoint (model + optimizer
+state), trains, validates after every iteration (= one epoch over the training split) and saves the checkpoint
+again; the next chunk is submitted at the trial's new width. A promoted trial (Hyperband/ASHA rung, PBT exploit)
+starts from the checkpoint of the trial it continues.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any
+
+from prefect import get_run_logger, task
+
+from tasks.requests import current_placement
+
+
+@functools.lru_cache(maxsize=4)
+def digits_split(seed: int = 0):
+    """Standardised ``load_digits`` features, split 80/20 into train/validation tensors (seeded)."""
+    import numpy as np
+    import torch
+    from sklearn.datasets import load_digits
+
+    x, y = load_digits(return_X_y=True)
+    order = np.random.default_rng(seed).permutation(len(x))
+    x, y = x[order].astype("float32") / 16.0, y[order]
+    cut = int(0.8 * len(x))
+    mean, std = x[:cut].mean(0), x[:cut].std(0) + 1e-6
+    x = (x - mean) / std
+    t = torch.from_numpy
+    return t(x[:cut]), t(y[:cut]).long(), t(x[cut:]), t(y[cut:]).long()
+
+
+def build_mlp(hidden: int):
+    """64 pixels -> ``hidden`` -> 10 digits."""
+    import torch.nn as nn
+
+    return nn.Sequential(nn.Linear(64, int(hidden)), nn.ReLU(), nn.Linear(int(hidden), 10))
+
+
+def _model_and_optimizer(config: dict[str, Any], checkpoint: str | None):
+    import torch
+
+    model = build_mlp(config["hidden"])
+    optimizer = torch.optim.SGD(model.parameters(), lr=float(config["lr"]), momentum=0.9)
+    if checkpoint is not None and Path(checkpoint).exists():
+        state = torch.load(checkpoint, weights_only=True)
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        for group in optimizer.param_groups:  # PBT's explore may have changed the learning rate
+            group["lr"] = float(config["lr"])
+    return model, optimizer
+
+
+def load_model(config: dict[str, Any], checkpoint: str):
+    """The trained model saved in ``checkpoint`` (for registering the best trial)."""
+    return _model_and_optimizer(config, checkpoint)[0].eval()
+
+
+@task(name="fluid-trial-chunk")
+def train_chunk(trial_id: str, config: dict[str, Any], start: int, iterations: int, load_from: str | None,
+                save_to: str, width: float, seed: int = 0, fail: bool = False) -> dict[str, Any]:
+    """Train ``iterations`` epochs of one trial from ``load_from`` and save the state to ``save_to``.
+
+    Returns ``{"trial_id", "iterations", "loss": [...], "val_accuracy": [...], "devices", "device", "width"}``.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    log = get_run_logger()
+    placed = current_placement()
+    device = placed.device if placed is not None else "cpu"
+    devices = placed.gpu_indices if placed is not None else ()
+    if width >= 1:
+        log.info("trial %s: width %.2f on devices %s; runs on one device (%s), no data parallelism",
+                 trial_id, width, list(devices), device)
+    else:
+        log.info("trial %s: %.2f of device %s (%s)", trial_id, width, list(devices), device)
+    if fail:
+        raise RuntimeError(f"trial {trial_id}: injected failure")
+    torch.set_num_threads(1)
+    torch.manual_seed(seed * 100_003 + start)
+    xt, yt, xv, yv = digits_split(seed)
+    model, optimizer = _model_and_optimizer(config, load_from)
+    model.to(device)
+    xt, yt, xv, yv = xt.to(device), yt.to(device), xv.to(device), yv.to(device)
+    batch = int(config["batch_size"])
+    losses, accuracies = [], []
+    for _ in range(iterations):
+        model.train()
+        total = 0.0
+        for idx in torch.randperm(len(xt)).split(batch):
+            optimizer.zero_grad()
+            loss = F.cross_entropy(model(xt[idx]), yt[idx])
+            loss.backward()
+            optimizer.step()
+            total += float(loss) * len(idx)
+        model.eval()
+        with torch.no_grad():
+            accuracies.append(float((model(xv).argmax(1) == yv).float().mean()))
+        losses.append(total / len(xt))
+    Path(save_to).parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"model": model.cpu().state_dict(), "optimizer": optimizer.state_dict(),
+                "iterations": start + iterations}, save_to)
+    return {"trial_id": trial_id, "start": start, "iterations": iterations, "loss": losses,
+            "val_accuracy": accuracies, "devices": list(devices), "device": device, "width": width}
