@@ -145,12 +145,13 @@ def measure(model: nn.Module, device: str = "cpu", batches: Sequence[int] = PROF
 
 
 def profile_model(name: str, model: nn.Module, device: str = "cpu", batches: Sequence[int] = PROFILE_BATCHES,
-                  repeats: int = 10, warmup: int = 4, keep: float = 0.8) -> BatchProfile:
+                  repeats: int = 10, warmup: int = 4, keep: float = 0.5) -> BatchProfile:
     """The batching profile of one of our models on ``device``, built like the published ones.
 
     Only the fastest ``keep`` share of each batch size's timed runs is kept (a trimmed mean): the authors
     profile on a dedicated GPU, while a shared CPU pre-empts the odd run and one such run would dominate
-    a mean of ten.
+    a mean of ten — and through the least-squares fill of unmeasured sizes, every size near it (seen:
+    ℓ(24) = 7.5 ms for a model whose ℓ(64) is 0.13 ms, with an 80 % trim on a machine at load 15).
     """
     if not 0 < keep <= 1:
         raise ConfigError("keep", keep, "must be in (0, 1]")

@@ -110,6 +110,10 @@ class ServingWorker:
         self._drain = True
         self._cfg = threading.Lock()   # update() (flow thread) vs retiring slots (worker thread)
         self._thread: threading.Thread | None = None
+        # torch's intra-op (OpenMP) thread count is per OS thread: new threads start at the default, which on
+        # a busy CPU made every forward pass ~100x slower than profiled. Carry the creator's setting over.
+        self._torch_threads = torch.get_num_threads()
+        self.error: BaseException | None = None
         # CPU time of this thread (time.thread_time_ns: not inflated by pre-emption on a shared machine)
         self.dispatch_ns = 0      # policy decisions and queue removal
         self.assemble_ns = 0      # stacking inputs and copying them to the device
@@ -189,16 +193,26 @@ class ServingWorker:
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout)
-        for slot in self._slots:  # whatever is still queued was never served
+        for slot in list(self._slots):  # whatever is still queued was never served
             with slot.lock:
                 while slot.reqs:
                     r = slot.reqs.popleft()
                     slot.inputs.popleft()
                     self.recorder.add(Outcome(r.request_id, r.app_id, self.node_id, r.arrival_ms, r.deadline_ms,
                                               _NAN, 0, -1))
+        if self.error is not None:
+            raise RuntimeError(f"worker {self.node_id} failed: {self.error!r}") from self.error
 
     # -- the executor loop --------------------------------------------------------------------
     def _loop(self) -> None:
+        try:
+            torch.set_num_threads(self._torch_threads)
+            self._serve()
+        except BaseException as exc:  # surfaced by stop(); the queue is then dropped, never lost silently
+            self.error = exc
+            self._drain = False
+
+    def _serve(self) -> None:
         while True:
             slots = self._slots
             seen = sum(s.enqueued for s in slots)
