@@ -1,0 +1,488 @@
+"""Cilantro allocation rounds as a Prefect flow (issue #6; thesis ch. 3, §3.3 Fig. 3.3, §3.4, §3.7).
+
+Jobs — by default two torch inference services replaying the Cilantro Twitter trace and one torch
+training job (``tasks.cilantro_jobs``) — share ``capacity`` GPU units of a pool. Every round:
+
+1. **decide** — each job's load UCB for the round comes from its ARIMA forecaster (services; ℓ ≡ 1
+   for training), its performance bounds on the allocation grid ``unit · {0, 1, …}`` from its
+   interval-tree learner (``policy.learner == "online"``), the jobs' true curves (``"oracle"``) or
+   nothing (``"none"``); the chosen Cilantro policy turns the frozen ``Snapshot`` into ``{job: GPUs}``;
+2. **run** — every job runs the round as a Prefect task placed by ``GpuTaskRunner`` on a slice of
+   its allocation (``with gpu_options(gpus=a_j)``); the slice size sets its compute budget (see
+   ``tasks.cilantro_jobs`` for the compute model) and it reports SLO attainment or throughput per
+   report period;
+3. **learn** — reports update the learners and forecasters (the first ``warmup_reports`` of each
+   job are skipped), W_S, W_E and F_NJC (eqs. 3.1–3.3, ``gpu.schedulers.cilantro.metrics``) are
+   computed, the round is logged as an MLflow run nested under the flow's run, and the whole state
+   (learners, forecasters, policy, RNG, round number, last allocation, checkpoints) is written to
+   ``state_dir()/cilantro/<run_name>.json``. A job whose task fails keeps its learner unchanged,
+   scores utility 0 for the round (F_NJC counts it as fully deprived), and the next round goes on.
+
+``rounds`` is how many rounds *this* flow run executes: with ``resume=True`` a run named like an
+earlier one continues after that run's last completed round, so a killed flow loses at most the
+round in progress and a scheduled deployment keeps learning across runs.
+
+Allocations are in GPU units. With ``capacity <= 1`` every job holds a fraction of one device
+(``unit`` is the fraction granularity, e.g. 0.05); a larger capacity needs a whole ``unit`` (whole
+GPUs) because the pool grants fractions only within one device.
+
+    python -m flows.allocation_rounds --rounds 3 --policy cilantro-njc
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import sys
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from prefect import flow
+
+from gpu.devices import discover
+from gpu.errors import ConfigError
+from gpu.schedulers.cilantro import POLICIES, make_policy
+from gpu.schedulers.cilantro.fair import ResourceFair
+from gpu.schedulers.cilantro.forecasters import ArimaForecaster
+from gpu.schedulers.cilantro.learners import IntervalBinaryTree, learner_from_state
+from gpu.schedulers.cilantro.metrics import egalitarian_welfare, njc_fairness, social_welfare
+from gpu.schedulers.cilantro.types import Feedback, JobSpec, JobView, Snapshot
+from gpu.state import state_dir
+from resource_blocks import GpuPool, MlflowTarget
+from tasks.cilantro_jobs import JobConfig, RoundWindow, expected_perf, run_service, run_trainer
+from tasks.requests import gpu_options
+from tasks.runners import GpuTaskRunner, flow_mlflow_run_id
+
+MODES = ("process", "thread")
+STATE_VERSION = 1
+_SLO_FREE = (ResourceFair,)  # the only policy whose decision never reads a performance or an SLO
+_RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+
+DEFAULT_JOBS: tuple[JobConfig, ...] = (
+    JobConfig("svc-a", "service", 0.95, "linear", cost_ms=4.0, base_load=60.0, latency_slo_ms=50.0, trace_offset=0),
+    JobConfig("svc-b", "service", 0.90, "sqrt", cost_ms=6.0, base_load=40.0, latency_slo_ms=50.0, trace_offset=700),
+    JobConfig("trainer", "training", 20.0, "linear", cost_ms=20.0),
+)
+
+
+@dataclass(frozen=True)
+class RoundSettings:
+    """Everything the rounds depend on (validated by :func:`settings_from`)."""
+
+    run_name: str
+    policy: str
+    rounds: int
+    round_s: float
+    report_s: float
+    capacity: float
+    unit: float
+    max_change: float | None
+    trace_step: int
+    interference: float
+    warmup_reports: int
+    seed: int
+    resume: bool
+    jobs: tuple[JobConfig, ...]
+    tracking_uri: str | None = None
+    experiment: str = "gpuflows"
+
+    @property
+    def reports(self) -> int:
+        return max(1, int(round(self.round_s / self.report_s)))
+
+    @property
+    def grid(self) -> np.ndarray:
+        return np.arange(int(math.floor(self.capacity / self.unit + 1e-9)) + 1) * self.unit
+
+    def fingerprint(self) -> dict[str, Any]:
+        """What a resumed run must share with the saved one."""
+        return {"policy": self.policy, "capacity": self.capacity, "unit": self.unit,
+                "jobs": [[j.name, j.kind] for j in self.jobs]}
+
+
+def state_path(run_name: str) -> Path:
+    return state_dir() / "cilantro" / f"{run_name}.json"
+
+
+def load_state(run_name: str) -> dict | None:
+    path = state_path(run_name)
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def save_state(run_name: str, state: dict) -> Path:
+    """Write the state atomically (a crash mid-write leaves the previous round's file intact)."""
+    path = state_path(run_name)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(state))
+    os.replace(tmp, path)
+    return path
+
+
+class Allocator:
+    """Learners, load forecasters, the policy and its RNG for one run; round-trips through JSON."""
+
+    def __init__(self, s: RoundSettings, state: dict | None = None):
+        self.s = s
+        self.policy = make_policy(s.policy)
+        self.specs = {j.name: JobSpec(j.name, j.slo, j.utility, j.weight, j.kind) for j in s.jobs}
+        self.learners = {j.name: IntervalBinaryTree(j.learner_upper if j.kind == "service" else s.capacity,
+                                                    j.lipschitz, 2.0, (0.0, 1.0) if j.kind == "service" else (0.0, math.inf))
+                         for j in s.jobs}
+        self.forecasters = {j.name: ArimaForecaster() for j in s.jobs if j.kind == "service"}
+        self.rng = np.random.default_rng([s.seed, 7])
+        self.next_round, self.previous, self.seen = 0, None, {j.name: 0 for j in s.jobs}
+        self.feedback: dict[str, Feedback | None] = {j.name: None for j in s.jobs}
+        self.checkpoints: dict[str, str | None] = {j.name: None for j in s.jobs}
+        self.history: list[dict] = []
+        if state is not None:
+            self._restore(state)
+
+    def _restore(self, state: dict) -> None:
+        for key, value in self.s.fingerprint().items():
+            if state["fingerprint"][key] != value:
+                raise ConfigError(key, value, f"run {self.s.run_name!r} was saved with {key}={state['fingerprint'][key]!r}; "
+                                              "use another run_name or resume=False")
+        self.policy.set_state(state["policy"])
+        self.learners = {k: learner_from_state(v) for k, v in state["learners"].items()}
+        for name, fc in self.forecasters.items():
+            fc.set_state(state["forecasters"][name])
+        self.rng.bit_generator.state = state["rng"]
+        self.next_round, self.previous, self.seen = state["next_round"], state["previous"], state["seen"]
+        self.feedback = {k: None if v is None else Feedback(*v) for k, v in state["feedback"].items()}
+        self.checkpoints, self.history = state["checkpoints"], state["history"]
+
+    def to_state(self) -> dict:
+        return {"version": STATE_VERSION, "run_name": self.s.run_name, "fingerprint": self.s.fingerprint(),
+                "next_round": self.next_round, "previous": self.previous, "seen": self.seen,
+                "policy": self.policy.get_state(), "rng": self.rng.bit_generator.state,
+                "learners": {k: v.get_state() for k, v in self.learners.items()},
+                "forecasters": {k: v.get_state() for k, v in self.forecasters.items()},
+                "feedback": {k: None if f is None else [f.alloc, f.load, f.perf] for k, f in self.feedback.items()},
+                "checkpoints": self.checkpoints, "history": self.history[-100:]}
+
+    def load_ucb(self, job: JobConfig) -> float:
+        """Upper 90 % bound of the job's load over the next round (round 0: the nominal load)."""
+        if job.kind == "training":
+            return 1.0
+        fc = self.forecasters[job.name]
+        return fc.forecast(self.s.reports)[2] if fc.history else job.base_load
+
+    def decide(self, r: int) -> tuple[dict[str, float], dict[str, float]]:
+        """This round's allocation ``{job: GPUs}`` and the load UCBs it was decided for."""
+        grid, views, ucbs = self.s.grid, [], {}
+        for j in self.s.jobs:
+            ucb = ucbs[j.name] = max(self.load_ucb(j), 1e-6)
+            spec, fb, lr = self.specs[j.name], self.feedback[j.name], self.learners[j.name]
+            cap = lr.upper * ucb
+            if self.policy.learner == "online":
+                lcb, hi = lr.bounds(grid, ucb)
+                views.append(JobView(spec, grid, lcb, hi, ucb, fb, demand_cap=cap))
+            elif self.policy.learner == "oracle":
+                truth = expected_perf(j, grid, ucb, self.s.report_s, self.s.seed)
+                views.append(JobView(spec, grid, truth, truth, ucb, fb, demand_cap=cap))
+            else:
+                g = np.array([0.0, self.s.capacity])
+                views.append(JobView(spec, g, np.full(2, lr.lo), np.full(2, lr.hi), ucb, fb, demand_cap=cap))
+        snap = Snapshot(self.s.capacity, tuple(views), self.s.unit, self.previous, self.s.max_change, r)
+        alloc = self.policy.decide(snap, self.rng)
+        return {k: round(float(v), 9) for k, v in alloc.items()}, ucbs
+
+    def observe(self, results: dict[str, dict | None]) -> None:
+        """Feed each job's reports to its learner (after the warm-up) and its loads to its forecaster."""
+        for name, res in results.items():
+            if res is None:
+                continue
+            for load, perf, sigma in zip(res["loads"], res["perf"], res["sigma"]):
+                self.seen[name] += 1
+                if self.seen[name] > self.s.warmup_reports:
+                    self.learners[name].update(res["alloc"], load, perf, sigma)
+                if name in self.forecasters:
+                    self.forecasters[name].update(load)
+            self.feedback[name] = Feedback(res["alloc"], float(np.mean(res["loads"])), float(np.mean(res["perf"])))
+
+
+def round_metrics(s: RoundSettings, specs: dict[str, JobSpec], results: dict[str, dict | None]) -> dict[str, Any]:
+    """Per-job utilities and W_S, W_E, F_NJC of one round, per report then averaged (as ``gpu.sim.cilantro``).
+
+    Jobs without an SLO have no utility and are left out; a failed job scores 0 against a fair share of 1.
+    """
+    k = s.reports
+    util, fair, names = [], [], []
+    for name, spec in specs.items():
+        if spec.slo is None:
+            continue
+        res = results.get(name)
+        names.append(name)
+        util.append(spec.utility_of(np.asarray(res["perf"])) if res else np.zeros(k))
+        fair.append(spec.utility_of(np.asarray(res["fair_perf"])) if res else np.ones(k))
+    if not names:
+        return {"utilities": {}}
+    u, f = np.vstack(util), np.vstack(fair)
+    return {"utilities": {n: float(v) for n, v in zip(names, u.mean(axis=1))},
+            "social_welfare": social_welfare(u.mean(axis=1)),
+            "egalitarian_welfare": float(np.mean([egalitarian_welfare(u[:, t]) for t in range(k)])),
+            "njc_fairness": float(np.mean([njc_fairness(u[:, t], f[:, t]) for t in range(k)]))}
+
+
+def _log_round(s: RoundSettings, parent: str | None, row: dict, results: dict[str, dict | None]) -> str | None:
+    """One MLflow run per round, nested under the flow's run."""
+    if parent is None:
+        return None
+    from mlflow import MlflowClient
+    from mlflow.entities import Metric, Param, RunTag
+
+    from tasks.tracking import ensure_experiment
+
+    client = MlflowClient(s.tracking_uri)
+    run = client.create_run(ensure_experiment(client, s.experiment), run_name=f"{s.run_name}-round-{row['round']}",
+                            tags={"mlflow.parentRunId": parent})
+    now, values = int(time.time() * 1000), {}
+    for name, a in row["allocation"].items():
+        values[f"alloc_{name}"] = a
+        values[f"load_ucb_{name}"] = row["load_ucb"][name]
+        res = results.get(name)
+        if res is not None:
+            values[f"perf_{name}"] = float(np.mean(res["perf"]))
+            values[f"load_{name}"] = float(np.mean(res["loads"]))
+            values[f"throughput_{name}"] = res["throughput"]
+            values[f"accuracy_{name}"] = res["accuracy"]
+        if name in row["demands"]:
+            values[f"demand_{name}"] = row["demands"][name]
+    values.update({f"utility_{n}": u for n, u in row["utilities"].items()})
+    values.update({k: row[k] for k in ("social_welfare", "egalitarian_welfare", "njc_fairness") if k in row})
+    values.update(decision_time_s=row["decision_s"], allocated_total=sum(row["allocation"].values()),
+                  round_wall_s=row["wall_s"], failed_jobs=len(row["failed"]))
+    tags = {"cilantro.policy": s.policy, "cilantro.round": str(row["round"]), "cilantro.run_name": s.run_name,
+            "cilantro.failed": ",".join(row["failed"])}
+    params = {"capacity": s.capacity, "unit": s.unit, "round_s": s.round_s, "report_s": s.report_s,
+              "max_change": s.max_change, "policy": s.policy}
+    client.log_batch(run.info.run_id, metrics=[Metric(k, float(v), now, row["round"]) for k, v in values.items()],
+                     params=[Param(k, str(v)) for k, v in params.items()],
+                     tags=[RunTag(k, v) for k, v in tags.items()])
+    client.set_terminated(run.info.run_id, "FINISHED" if not row["failed"] else "FAILED")
+    return run.info.run_id
+
+
+def _run_jobs(s: RoundSettings, alloc: dict[str, float], r: int, ckpt_dir: Path,
+              checkpoints: dict[str, str | None]) -> tuple[dict[str, dict | None], dict[str, str | None]]:
+    """Submit every job's round on a slice of its allocation; collect reports (None for a failed job)."""
+    window = RoundWindow(r, s.round_s, s.report_s, s.capacity / len(s.jobs), s.trace_step, s.interference, s.seed)
+    futures, new_ckpt = {}, dict(checkpoints)
+    for job in s.jobs:
+        with gpu_options(gpus=alloc[job.name]):
+            if job.kind == "service":
+                t = run_service.with_options(name=f"cilantro-{job.name}", task_run_name=f"{job.name}-round-{r}")
+                futures[job.name] = t.submit(job, window)
+            else:
+                new_ckpt[job.name] = str(ckpt_dir / f"{job.name}-round-{r}.pt")
+                t = run_trainer.with_options(name=f"cilantro-{job.name}", task_run_name=f"{job.name}-round-{r}")
+                futures[job.name] = t.submit(job, window, checkpoints[job.name], new_ckpt[job.name])
+    results: dict[str, dict | None] = {}
+    for name, fut in futures.items():
+        fut.wait()
+        ok = fut.state.is_completed()
+        results[name] = fut.result() if ok else None
+        if not ok:
+            new_ckpt[name] = checkpoints[name]  # a failed trainer resumes from its last good checkpoint
+    return results, new_ckpt
+
+
+@flow(name="cilantro-rounds")
+def cilantro_rounds(s: RoundSettings) -> dict:
+    """The rounds themselves; runs as a subflow on the GPU task runner ``allocation_rounds`` builds."""
+    saved = load_state(s.run_name) if s.resume else None
+    alloc_state = Allocator(s, saved)
+    parent = flow_mlflow_run_id() if s.tracking_uri else None
+    ckpt_dir = state_path(s.run_name).with_suffix("")
+    start, rows = alloc_state.next_round, []
+    for r in range(start, start + s.rounds):
+        t0 = time.perf_counter()
+        alloc, ucbs = alloc_state.decide(r)
+        decision_s = time.perf_counter() - t0
+        demands = dict(alloc_state.policy.get_state().get("demands", {}))
+        results, checkpoints = _run_jobs(s, alloc, r, ckpt_dir, alloc_state.checkpoints)
+        alloc_state.observe(results)
+        row = {"round": r, "allocation": alloc, "load_ucb": ucbs, "demands": demands, "decision_s": decision_s,
+               "failed": [n for n, v in results.items() if v is None],
+               "held": {n: v["alloc"] for n, v in results.items() if v},
+               "throughput": {n: v["throughput"] for n, v in results.items() if v},
+               **round_metrics(s, alloc_state.specs, results)}
+        row["wall_s"] = time.perf_counter() - t0
+        row["mlflow_run_id"] = _log_round(s, parent, row, results)
+        stale = [p for n, p in alloc_state.checkpoints.items() if p and p != checkpoints[n]]
+        alloc_state.checkpoints, alloc_state.previous, alloc_state.next_round = checkpoints, alloc, r + 1
+        alloc_state.history.append({k: row[k] for k in ("round", "allocation", "utilities") if k in row})
+        save_state(s.run_name, alloc_state.to_state())
+        for p in stale:  # only once the state no longer points at them
+            Path(p).unlink(missing_ok=True)
+        rows.append(row)
+    return {"run_name": s.run_name, "policy": s.policy, "start_round": start, "next_round": alloc_state.next_round,
+            "resumed": saved is not None, "rounds": rows, "state_path": str(state_path(s.run_name)),
+            "mlflow_run_id": parent}
+
+
+def _number(value: Any, field: str, *, minimum: float = 0.0, strict: bool = True) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or (value <= minimum if strict else value < minimum):
+        raise ConfigError(field, value, f"must be a number {'>' if strict else '>='} {minimum:g}")
+    return float(value)
+
+
+def _jobs(jobs: list[dict] | None) -> tuple[JobConfig, ...]:
+    if jobs is None:
+        return DEFAULT_JOBS
+    if not isinstance(jobs, (list, tuple)) or not jobs:
+        raise ConfigError("jobs", jobs, "must be a non-empty list of job mappings")
+    out = []
+    for i, raw in enumerate(jobs):
+        if not isinstance(raw, dict) or "name" not in raw or "kind" not in raw:
+            raise ConfigError(f"jobs[{i}]", raw, "needs at least 'name' and 'kind'")
+        unknown = sorted(set(raw) - set(JobConfig.__dataclass_fields__))
+        if unknown:
+            raise ConfigError(f"jobs[{i}].{unknown[0]}", raw[unknown[0]], "unknown job field")
+        out.append(JobConfig(**{"slo": None, **raw}))
+    names = [j.name for j in out]
+    if len(set(names)) != len(names):
+        raise ConfigError("jobs", names, "job names must be unique")
+    return tuple(out)
+
+
+def settings_from(*, rounds: int, round_s: float, policy: str, capacity: float, unit: float, resume: bool,
+                  run_name: str, jobs: list[dict] | None, report_s: float, max_change: float | None, trace_step: int,
+                  interference: float, warmup_reports: int, seed: int, pool_gpus: int) -> RoundSettings:
+    """Validate the flow's parameters; every bad value raises one ConfigError naming it."""
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        raise ConfigError("rounds", rounds, "must be a whole number >= 1")
+    if not isinstance(run_name, str) or not _RUN_NAME.match(run_name):
+        raise ConfigError("run_name", run_name, "use letters, digits, '.', '_' or '-' (it names the state file)")
+    chosen = make_policy(policy)  # ConfigError naming ``policy`` if unknown
+    capacity = _number(capacity, "capacity")
+    if capacity > pool_gpus:
+        raise ConfigError("capacity", capacity, f"the pool has only {pool_gpus} GPU(s)")
+    unit = _number(unit, "unit")
+    if unit > capacity:
+        raise ConfigError("unit", unit, f"must not exceed capacity={capacity:g}")
+    if capacity > 1 and unit != int(unit):
+        raise ConfigError("unit", unit, "a capacity above one GPU needs whole-GPU units (fractions share one device)")
+    round_s, report_s = _number(round_s, "round_s"), _number(report_s, "report_s")
+    if report_s > round_s:
+        raise ConfigError("report_s", report_s, f"must not exceed round_s={round_s:g}")
+    if max_change is not None:
+        max_change = _number(max_change, "max_change", strict=False)
+    if isinstance(trace_step, bool) or not isinstance(trace_step, int) or trace_step < 1:
+        raise ConfigError("trace_step", trace_step, "must be a whole number >= 1")
+    interference = _number(interference, "interference", strict=False)
+    if interference > 0.5:
+        raise ConfigError("interference", interference, "must be in [0, 0.5]")
+    if isinstance(warmup_reports, bool) or not isinstance(warmup_reports, int) or warmup_reports < 0:
+        raise ConfigError("warmup_reports", warmup_reports, "must be a whole number >= 0")
+    job_cfgs = _jobs(jobs)
+    for j in job_cfgs:
+        JobSpec(j.name, j.slo, j.utility, j.weight, j.kind)  # validates slo > 0, utility shape, weight
+        if j.slo is None and not isinstance(chosen, _SLO_FREE):
+            raise ConfigError(f"{j.name}.slo", None, f"policy {policy!r} needs an SLO for every job")
+    return RoundSettings(run_name, policy, rounds, round_s, report_s, capacity, unit, max_change, trace_step,
+                         interference, warmup_reports, int(seed), bool(resume), job_cfgs)
+
+
+@flow(name="cilantro-allocation-rounds")
+def allocation_rounds(rounds: int = 3, round_s: float = 60.0, policy: str = "cilantro-njc",
+                      pool: GpuPool | str | None = None, capacity: float = 1.0, unit: float = 0.05,
+                      resume: bool = True, run_name: str = "cilantro", jobs: list[dict] | None = None,
+                      report_s: float = 10.0, max_change: float | None = 0.2, trace_step: int = 10,
+                      interference: float = 0.05, warmup_reports: int = 0, seed: int = 0, mode: str = "process",
+                      tracking: MlflowTarget | bool | None = None) -> dict:
+    """Run ``rounds`` Cilantro allocation rounds of real jobs sharing ``capacity`` GPUs of ``pool``.
+
+    Args:
+        rounds: rounds this flow run executes (after the saved ones when resuming).
+        round_s, report_s: virtual seconds per round and per job report (10 s as in the paper).
+        policy: a Cilantro policy name (``gpu.schedulers.cilantro.POLICIES``), e.g. cilantro-njc, cilantro-ew.
+        pool: GpuPool block, the name of a saved one, or None (a simulated 1 x 16 GiB pool "cilantro").
+        capacity: GPU units shared by the jobs (<= the pool's GPUs); unit: allocation granularity.
+        resume: continue the saved state of ``run_name`` (``state_dir()/cilantro/<run_name>.json``).
+        jobs: job mappings (``tasks.cilantro_jobs.JobConfig`` fields); None = 2 services + 1 trainer.
+        max_change: B, the largest change of a job's allocation per round in GPU units (None: unbounded).
+        trace_step: trace values advanced per report (time compression of the Twitter trace).
+        interference: relative noise of a slice's speed per report.
+        warmup_reports: reports per job ignored by its learner.
+        mode: GpuTaskRunner mode, "process" or "thread".
+        tracking: MlflowTarget block, False to switch MLflow off, None for the default target.
+
+    Returns:
+        ``{"run_name", "policy", "start_round", "next_round", "resumed", "rounds": [{"round",
+        "allocation", "utilities", "social_welfare", "egalitarian_welfare", "njc_fairness",
+        "decision_s", "failed", ...}], "state_path", "mlflow_run_id"}``.
+    """
+    if mode not in MODES:
+        raise ConfigError("mode", mode, f"choose one of {MODES}")
+    block = pool if isinstance(pool, GpuPool) else (
+        GpuPool.load_or_default(pool) if pool else GpuPool(name="cilantro", simulated="1x16GiB"))
+    target = tracking if isinstance(tracking, MlflowTarget) else MlflowTarget(enabled=tracking is not False)
+    s = settings_from(rounds=rounds, round_s=round_s, policy=policy, capacity=capacity, unit=unit, resume=resume,
+                      run_name=run_name, jobs=jobs, report_s=report_s, max_change=max_change, trace_step=trace_step,
+                      interference=interference, warmup_reports=warmup_reports, seed=seed,
+                      pool_gpus=discover(block.simulated, block.device_backend).gpu_count)
+    s = replace(s, tracking_uri=target.resolved_uri() if target.enabled else None, experiment=target.experiment)
+    runner = GpuTaskRunner(pool=block, mode=mode, tracking=target, workers_per_device_set=len(s.jobs))
+    return cilantro_rounds.with_options(task_runner=runner)(s)
+
+
+def format_summary(summary: dict) -> str:
+    """One line per round: allocation per job, utilities and the three metrics."""
+    lines = [f"run {summary['run_name']} policy={summary['policy']} rounds {summary['start_round']}"
+             f"..{summary['next_round'] - 1} ({'resumed' if summary['resumed'] else 'fresh'})"]
+    for row in summary["rounds"]:
+        alloc = " ".join(f"{n}={a:.2f}" for n, a in row["allocation"].items())
+        util = " ".join(f"{n}={u:.2f}" for n, u in row["utilities"].items())
+        metrics = "  ".join(f"{k}={row[k]:.3f}" for k in ("social_welfare", "egalitarian_welfare", "njc_fairness")
+                            if k in row)
+        failed = f"  failed: {','.join(row['failed'])}" if row["failed"] else ""
+        lines.append(f"round {row['round']:3d}  alloc[{alloc}]  utility[{util}]  {metrics}  "
+                     f"decide={row['decision_s'] * 1e3:.1f}ms{failed}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m flows.allocation_rounds", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=3, help="rounds to run now (default 3)")
+    parser.add_argument("--round-s", type=float, default=60.0, help="virtual seconds per round (default 60)")
+    parser.add_argument("--report-s", type=float, default=10.0, help="virtual seconds per report (default 10)")
+    parser.add_argument("--policy", default="cilantro-njc", help=f"one of {sorted(POLICIES)} (default cilantro-njc)")
+    parser.add_argument("--capacity", type=float, default=1.0, help="GPU units shared by the jobs (default 1)")
+    parser.add_argument("--unit", type=float, default=0.05, help="allocation granularity in GPUs (default 0.05)")
+    parser.add_argument("--max-change", type=float, default=0.2, help="largest per-round change per job (default 0.2)")
+    parser.add_argument("--run-name", default="cilantro", help="names the saved state (default cilantro)")
+    parser.add_argument("--no-resume", action="store_true", help="start from scratch instead of the saved state")
+    parser.add_argument("--pool", default=None, help="saved GpuPool block name (default: simulated pool)")
+    parser.add_argument("--simulated", default="1x16GiB", help="simulated devices when no pool block is named")
+    parser.add_argument("--mode", default="process", help=f"runner mode, one of {MODES} (default process)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-tracking", action="store_true", help="switch MLflow tracking off")
+    parser.add_argument("--json", metavar="OUT", help="also write the summary as JSON")
+    args = parser.parse_args(argv)
+    pool = args.pool or GpuPool(name="cilantro", device_backend="auto", simulated=args.simulated)
+    try:
+        summary = allocation_rounds(rounds=args.rounds, round_s=args.round_s, report_s=args.report_s,
+                                    policy=args.policy, pool=pool, capacity=args.capacity, unit=args.unit,
+                                    max_change=args.max_change, resume=not args.no_resume, run_name=args.run_name,
+                                    seed=args.seed, mode=args.mode, tracking=False if args.no_tracking else None)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(format_summary(summary))
+    if args.json:
+        Path(args.json).write_text(json.dumps(summary, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
