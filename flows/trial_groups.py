@@ -159,6 +159,7 @@ def _search(algorithm: str, trials: int, iterations: int, seed: int, space: dict
     inflight: dict[Any, str] = {}
     bar = Progress(f"{algorithm}/{execution}", progress)
     failures: list[str] = []
+    errors: dict[str, str] = {}
     scores: dict[str, float] = {}
     widths_seen: dict[str, list[float]] = {}
     total_iters = 0
@@ -190,9 +191,15 @@ def _search(algorithm: str, trials: int, iterations: int, seed: int, space: dict
     while inflight:
         for fut in [next(as_completed(list(inflight)))]:  # react to the first completion
             tid = inflight.pop(fut)
-            state = fut.state
-            if state.is_completed():
+            try:
                 out = fut.result()
+            except Exception as exc:  # the trial's task failed: record it, free nothing (the runner did), go on
+                failures.append(tid)
+                errors[tid] = f"{type(exc).__name__}: {exc}"
+                scores[tid] = 1.0
+                log.close(tid, ok=False, error=errors[tid])
+                out = None
+            if out is not None:
                 t = session.trial(tid)
                 log.chunk(out, int(t.resume_from) + done_iters[tid])
                 done_iters[tid] += out["iterations"]
@@ -203,10 +210,6 @@ def _search(algorithm: str, trials: int, iterations: int, seed: int, space: dict
                     continue
                 scores[tid] = 1.0 - out["val_accuracy"][-1]
                 log.close(tid, ok=True)
-            else:
-                failures.append(tid)
-                scores[tid] = 1.0
-                log.close(tid, ok=False, error=str(state.message))
             step = session.report_complete(tid, scores[tid])
             for stopped in step.stops:
                 inflight_ids = {v: k for k, v in inflight.items()}
@@ -221,7 +224,7 @@ def _search(algorithm: str, trials: int, iterations: int, seed: int, space: dict
     top = max(r.iterations for r in ok)
     best = min((r for r in ok if r.iterations == top), key=lambda r: r.score)
     version = log.register(best.trial_id, load_model(best.config, ckpt(best.trial_id)), model_name)
-    return {"algorithm": algorithm, "execution": execution, "trials": len(scores), "failures": failures,
+    return {"algorithm": algorithm, "execution": execution, "trials": len(scores), "failures": failures, "errors": errors,
             "best_trial": best.trial_id, "best_config": best.config, "best_val_accuracy": 1.0 - best.score,
             "iterations_trained": total_iters, "scores": scores, "widths": widths_seen, "mlflow_run_id": parent,
             "trial_runs": dict(log.runs), "registered_model": model_name if version else None,

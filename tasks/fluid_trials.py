@@ -98,7 +98,7 @@ def train_chunk(trial_id: str, config: dict[str, Any], start: int, iterations: i
             loss = F.cross_entropy(model(xt[idx]), yt[idx])
             loss.backward()
             optimizer.step()
-            total += float(loss) * len(idx)
+            total += float(loss.detach()) * len(idx)
         model.eval()
         with torch.no_grad():
             accuracies.append(float((model(xv).argmax(1) == yv).float().mean()))

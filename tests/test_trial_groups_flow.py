@@ -21,6 +21,7 @@ def test_grid_search_logs_child_runs_and_registers_the_best_model(state_dir):
     target = MlflowTarget(tracking_uri=f"sqlite:///{state_dir}/mlflow.db", experiment="tg-test")
     s = trial_groups(algorithm="grid", iterations=3, chunk=2, pool=sim_pool("tg-grid"), mode="thread",
                      tracking=target, model_name="tg-grid-best", progress=False)
+    assert s["errors"] == {}, s["errors"]
     assert s["trials"] == 4 and s["failures"] == [] and s["iterations_trained"] == 12
     assert all(w < 1 for ws in s["widths"].values() for w in ws)  # 4 trials packed 2 per GPU
     assert s["best_val_accuracy"] > 0.8
