@@ -131,7 +131,13 @@ class GpuRayTaskRunner(PlacingTaskRunner):
     def _config(self) -> dict[str, Any]:
         return {**super()._config(), "address": self.address, "init_kwargs": self.init_kwargs}
 
-    def _open_ledger(self) -> LedgerClient:
+    def __enter__(self):
+        super().__enter__()
+        self._connect()  # Ray is up for the flow body, as with prefect_ray's RayTaskRunner
+        return self
+
+    def _connect(self) -> str | None:
+        """Join (or start) Ray; returns the cluster address, None for a local Ray."""
         import ray
 
         address = self.address or self.pool.ray_address
@@ -147,6 +153,12 @@ class GpuRayTaskRunner(PlacingTaskRunner):
             kwargs.setdefault("log_to_driver", True)
             ray.init(address=address, **kwargs)
             self._owns_ray = True
+        return address
+
+    def _open_ledger(self) -> LedgerClient:
+        import ray
+
+        address = self._connect()
         spec = cluster_spec(self.pool.simulated)
         actor_cls = ray.remote(num_cpus=0, max_concurrency=1)(_LedgerActor)
         actor = actor_cls.options(name=f"gpuflows-ledger-{self.pool.name}", namespace=NAMESPACE,

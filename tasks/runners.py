@@ -97,6 +97,7 @@ class PlacingTaskRunner(TaskRunner[PrefectConcurrentFuture]):
         self.max_concurrency = max_concurrency
         self.allocation_timeout = allocation_timeout
         self._ledger: LedgerClient | None = None
+        self._ledger_lock = threading.Lock()
         self._dispatcher: ThreadPoolExecutor | None = None
         self._tracker: RunTracker | None = None
         self._flow_run_key: str | None = None
@@ -126,9 +127,21 @@ class PlacingTaskRunner(TaskRunner[PrefectConcurrentFuture]):
 
     def __enter__(self):
         super().__enter__()
-        self._ledger = self._open_ledger()
         self._dispatcher = ThreadPoolExecutor(self.max_concurrency, thread_name_prefix="gpuflows-dispatch")
         return self
+
+    def _ensure_ledger(self) -> LedgerClient:
+        """The pool's ledger, opened on the first submission rather than in ``__enter__``.
+
+        Prefect also enters a copy of the flow's task runner in every worker process that runs a
+        task (``prefect.context.hydrated_context``), only to rebuild the flow-run context. Opening
+        the ledger there, once per task (on Ray: probe tasks on every node, the actor lookup, a
+        heartbeat thread), cost seconds per task and spawned extra Ray workers.
+        """
+        with self._ledger_lock:
+            if self._ledger is None:
+                self._ledger = self._open_ledger()
+            return self._ledger
 
     def _ensure_tracker(self) -> None:
         """Open the flow's MLflow run on first submission, when the flow-run context is known."""
@@ -173,7 +186,7 @@ class PlacingTaskRunner(TaskRunner[PrefectConcurrentFuture]):
         if not self._started or self._dispatcher is None:
             raise RuntimeError("Task runner is not started")
         request = resolve_request(task, self.default_request)
-        capacity = getattr(self._ledger, "capacity", None)
+        capacity = getattr(self._ensure_ledger(), "capacity", None)
         if capacity is not None:
             check_ever_fits(request, capacity)  # fail at once, in the flow, naming the request
         self._ensure_tracker()

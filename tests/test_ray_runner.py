@@ -1,0 +1,290 @@
+"""GpuRayTaskRunner on Ray: fake GPUs on a local Ray, then a two-node Ray cluster on this machine.
+
+Each scenario is one flow run in a module-scoped fixture (Ray start-up dominates the cost);
+the tests read what the flow recorded. The local-Ray fixture's runner starts and shuts Ray
+down itself, so the two-node fixture that follows always starts from a process without Ray.
+The two-node cluster gets its own temp dir and process groups, and teardown kills exactly
+those processes (never ``ray stop``, which kills every Ray process on the machine).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+import ray
+from prefect import flow, task
+
+from resource_blocks import GpuPool
+from tasks.ray_runner import NAMESPACE, GpuRayTaskRunner
+from tasks.requests import current_placement, gpu_request
+
+RAY_BIN = str(Path(sys.executable).with_name("ray"))
+# Ray renices its workers to 15; on a busy shared CI box that starves them for minutes.
+RAY_ENV = {"RAY_AUTH_MODE": "disabled", "RAY_USAGE_STATS_ENABLED": "0", "RAY_worker_niceness": "0"}
+BARRIER_TIMEOUT_S = 150.0
+
+
+def _probe() -> dict:
+    """What a placed task sees: its placement and the CUDA_VISIBLE_DEVICES it runs under."""
+    tp = current_placement()
+    assert tp is not None, "no placement in the task"
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    assert visible == ",".join(str(i) for i in tp.gpu_indices), (visible, tp.gpu_indices)
+    return {"visible": visible, "devices": tp.gpu_indices, "fraction": tp.fraction, "node": tp.placement.node,
+            "lease_id": tp.placement.lease_id, "ray_node": ray.get_runtime_context().get_node_id(),
+            "pid": os.getpid(), "started": time.time()}
+
+
+@gpu_request(gpus=0.5)
+@task
+def half_gpu() -> dict:
+    return _probe()
+
+
+@gpu_request(gpus=1)
+@task
+def whole_gpu() -> dict:
+    return _probe()
+
+
+@gpu_request(gpus=0.5)
+@task
+def failing_half_gpu() -> None:
+    raise RuntimeError("boom")
+
+
+@ray.remote(num_cpus=0)
+class Barrier:
+    """Releases its callers only once ``parties`` of them are waiting at the same time."""
+
+    def __init__(self, parties: int):
+        self.parties = parties
+        self.arrived: set[str] = set()
+        self.event = asyncio.Event()
+
+    async def wait(self, who: str, timeout: float) -> bool:
+        self.arrived.add(who)
+        if len(self.arrived) >= self.parties:
+            self.event.set()
+        try:
+            await asyncio.wait_for(self.event.wait(), timeout)
+            return True
+        except asyncio.TimeoutError:
+            return False
+
+
+@gpu_request(gpus=1)
+@task
+def rendezvous(barrier_name: str) -> dict:
+    """Holds its GPU until every other task holds one too (proves they all run at once)."""
+    seen = _probe()
+    barrier = ray.get_actor(barrier_name, namespace=NAMESPACE)
+    seen["met"] = ray.get(barrier.wait.remote(seen["lease_id"], BARRIER_TIMEOUT_S))
+    seen["released"] = time.time()
+    return seen
+
+
+def _ledger_actor(pool: GpuPool):
+    return ray.get_actor(f"gpuflows-ledger-{pool.name}", namespace=NAMESPACE)
+
+
+def _pool() -> GpuPool:
+    return GpuPool(name=f"ray-test-{uuid.uuid4().hex[:8]}", device_backend="simulated", shared=False)
+
+
+# -- a. local Ray started by the runner, 2 fake GPUs ---------------------------------------------
+@pytest.fixture(scope="module")
+def fake_gpu_run(prefect_server):
+    """One flow on a local Ray (started by the runner with the simulated pool's 2 GPUs)."""
+    pool = _pool()
+    temp_dir = tempfile.mkdtemp(prefix="gfray-", dir="/tmp")  # own temp dir: never attach to another Ray
+    runner = GpuRayTaskRunner(pool=pool, tracking=False, init_kwargs={
+        "num_cpus": 2, "include_dashboard": False, "_temp_dir": temp_dir})
+    assert not ray.is_initialized()
+
+    @flow(task_runner=runner)
+    def fake_gpus() -> dict:
+        running = [half_gpu.submit(), half_gpu.submit(), whole_gpu.submit()]
+        failing = failing_half_gpu.submit()
+        results = [f.result() for f in running]
+        failing.wait()
+        ledger = _ledger_actor(pool)
+        return {"results": results, "failed_state": failing.state.type.value, "leases": ray.get(ledger.leases.remote()),
+                "events": ray.get(ledger.events.remote()), "ray_gpus": ray.cluster_resources().get("GPU")}
+
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in RAY_ENV.items():
+            mp.setenv(k, v)
+        mp.delenv("RAY_ADDRESS", raising=False)
+        out = fake_gpus()
+    shutil.rmtree(temp_dir, ignore_errors=True)
+    assert not ray.is_initialized(), "the runner started Ray, so it must shut it down at flow end"
+    return out
+
+
+def test_runner_starts_local_ray_with_the_pools_fake_gpus(fake_gpu_run):
+    assert fake_gpu_run["ray_gpus"] == 2
+
+
+def test_task_sees_its_placements_devices_in_cuda_visible_devices(fake_gpu_run):
+    for r in fake_gpu_run["results"]:
+        assert r["visible"] == ",".join(map(str, r["devices"]))
+        assert r["node"] == r["ray_node"]
+
+
+def test_fractions_are_as_requested(fake_gpu_run):
+    halves, whole = fake_gpu_run["results"][:2], fake_gpu_run["results"][2]
+    assert [(h["fraction"], len(h["devices"])) for h in halves] == [(0.5, 1), (0.5, 1)]
+    assert (whole["fraction"], len(whole["devices"])) == (1.0, 1)
+
+
+def test_every_lease_is_released_after_the_flow(fake_gpu_run):
+    assert fake_gpu_run["leases"] == []
+    events = fake_gpu_run["events"]
+    allocated = {e["lease_id"] for e in events if e["kind"] == "allocate"}
+    released = {e["lease_id"] for e in events if e["kind"] == "release"}
+    assert len(allocated) == 4 and released == allocated
+
+
+def test_failed_task_releases_its_lease(fake_gpu_run):
+    assert fake_gpu_run["failed_state"] == "FAILED"
+    events = fake_gpu_run["events"]
+    failing = [e for e in events if e["label"] == "failing_half_gpu"]
+    assert [e["kind"] for e in failing] == ["allocate", "release"]
+
+
+# -- b. a two-node Ray cluster on this machine, 2 fake GPUs per node ---------------------------
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LocalRayCluster:
+    """``ray start`` head + worker node as local processes; ``stop()`` kills exactly what it started."""
+
+    def __init__(self, nodes: int = 2, cpus: int = 1, gpus: int = 2):
+        self.temp_dir = tempfile.mkdtemp(prefix="gfrc-", dir="/tmp")  # short: Ray puts unix sockets here
+        self.port = _free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self._groups: list[int] = []
+        env = {**os.environ, **RAY_ENV}
+        env.pop("RAY_ADDRESS", None)
+        common = [f"--num-cpus={cpus}", f"--num-gpus={gpus}", f"--object-store-memory={200 * 2**20}",
+                  "--node-ip-address=127.0.0.1", f"--temp-dir={self.temp_dir}", "--disable-usage-stats"]
+        head = ["--head", f"--port={self.port}", "--include-dashboard=false",
+                f"--ray-client-server-port={_free_port()}"]
+        for i in range(nodes):
+            self._start((head if i == 0 else [f"--address={self.address}"]) + common, env)
+
+    def _start(self, args: list[str], env: dict[str, str]) -> None:
+        ports = [f"--{name}={_free_port()}" for name in (
+            "node-manager-port", "object-manager-port", "dashboard-agent-listen-port",
+            "dashboard-agent-grpc-port", "runtime-env-agent-port", "metrics-export-port")]
+        # A new session: every daemon `ray start` spawns stays in this process group.
+        proc = subprocess.Popen([RAY_BIN, "start", *args, *ports], env=env, start_new_session=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self._groups.append(proc.pid)
+        out, _ = proc.communicate(timeout=180)
+        if proc.returncode != 0:
+            raise RuntimeError(f"ray start {' '.join(args)} failed ({proc.returncode}):\n{out[-3000:]}")
+
+    def _pids(self) -> set[int]:
+        """Processes of this cluster: in its process groups, or naming its temp dir."""
+        pids = set()
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                pid = int(entry.name)
+                if os.getpgid(pid) in self._groups or self.temp_dir in (entry / "cmdline").read_text(errors="replace"):
+                    pids.add(pid)
+            except (OSError, ProcessLookupError):
+                continue
+        return pids - {os.getpid()}
+
+    def stop(self) -> None:
+        """SIGTERM what this cluster started, then SIGKILL whatever of it is still alive."""
+        started = self._pids()
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            for pid in started & self._alive():
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+            deadline = time.monotonic() + 3
+            while started & self._alive() and time.monotonic() < deadline:
+                time.sleep(0.2)
+        if not self._alive():
+            shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+    def _alive(self) -> set[int]:
+        alive = set()
+        for pid in self._pids():
+            try:
+                if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X"):
+                    alive.add(pid)
+            except OSError:
+                pass
+        return alive
+
+
+@pytest.fixture(scope="module")
+def two_node_run(prefect_server, fake_gpu_run):
+    """One flow of 4 one-GPU tasks on a two-node cluster (2 fake GPUs per node), all held at once.
+
+    Depends on ``fake_gpu_run`` only for ordering: that flow's Ray is shut down before this starts.
+    """
+    if ray.is_initialized():
+        ray.shutdown()
+    cluster = LocalRayCluster(nodes=2, cpus=1, gpus=2)
+    try:
+        pool = _pool()
+        barrier_name = f"barrier-{uuid.uuid4().hex[:8]}"
+
+        @flow(task_runner=GpuRayTaskRunner(pool=pool, address=cluster.address, tracking=False))
+        def four_at_once() -> dict:
+            barrier = Barrier.options(name=barrier_name, namespace=NAMESPACE).remote(4)
+            ray.get(barrier.__ray_ready__.remote())
+            futures = [rendezvous.submit(barrier_name) for _ in range(4)]
+            results = [f.result() for f in futures]
+            return {"results": results, "nodes": [n["NodeID"] for n in ray.nodes() if n["Alive"]],
+                    "leases": ray.get(_ledger_actor(pool).leases.remote())}
+
+        yield four_at_once()
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+        cluster.stop()
+        assert not cluster._alive(), f"Ray processes left running: {cluster._alive()}"
+
+
+def test_cluster_has_two_nodes(two_node_run):
+    assert len(two_node_run["nodes"]) == 2
+
+
+def test_four_one_gpu_tasks_run_at_the_same_time(two_node_run):
+    assert [r["met"] for r in two_node_run["results"]] == [True] * 4
+
+
+def test_placements_land_on_both_nodes(two_node_run):
+    results = two_node_run["results"]
+    assert {r["node"] for r in results} == set(two_node_run["nodes"])
+    assert all(r["node"] == r["ray_node"] for r in results), "task did not run on its placement's node"
+    slots = [(r["node"], r["devices"]) for r in results]
+    assert len(set(slots)) == 4 and all(r["fraction"] == 1.0 for r in results)
+
+
+def test_two_node_leases_are_released(two_node_run):
+    assert two_node_run["leases"] == []
