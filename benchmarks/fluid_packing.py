@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"fitted alpha = {curve.alpha:.3f}, t1 = {curve.t1 * 1e3:.2f} ms, c = {curve.c} (O_th = {curve.o_th})"
           f"   paper: O^p decreasing; one small trial uses 'at most 60%' of a GPU")
 
-    iterations = 300 if args.quick else 1500
+    iterations = 100 if args.quick else 1500
     packed = grid_makespan(ctx, device, max(curve.c, 1), args.hidden, iterations)
     alone = grid_makespan(ctx, device, 1, args.hidden, iterations)
     print(f"\nG5 16-trial grid, {iterations} iterations each: one at a time {alone:.1f} s, "
