@@ -95,7 +95,7 @@ def continuous_retraining(streams: int = 4, windows: int = 3, window_s: float = 
                           pool: GpuPool | str | None = None, seed: int = 0, mode: str = "process",
                           tracking: MlflowTarget | bool | None = None, a_min: float = 0.3, delta: float = 0.1,
                           full_rate_gpus: float = 0.5, frames: int = 1000, labelled: int = 600,
-                          uniform_config: str = "e15-all-d50", uniform_share: float = 0.5,
+                          uniform_config: str = "e5-all-d50", uniform_share: float = 0.5,
                           profile_gpus: float = 0.25, fail_stream: str | None = None, fail_window: int = 0,
                           registry_prefix: str = "ekya") -> dict:
     """Ekya continuous retraining of ``streams`` drifting digit streams over ``windows`` windows.

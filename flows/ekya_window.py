@@ -134,7 +134,8 @@ class _Window:
         self.infer: dict[str, float] = {}
         self.jobs: dict[str, _Job] = {}
         self.t = 0.0
-        self.segment_start = 0.0
+        self.open: dict[str, tuple[float, float, int | None]] = {}  # stream -> (start, gpus, model id)
+        self.models: dict[str, dict] = {}
         self.segments: list[tuple[str, float, float, float, PrefectFuture | SegmentResult]] = []
         self.events: list[dict] = []
 
@@ -157,6 +158,8 @@ class _Window:
             self.infer[d.stream] = got.get(infer_job(d.stream), 0.0)
             if d.config is not None and got.get(train_job(d.stream), 0.0) > 0:
                 self.start_job(d.stream, d.config, got[train_job(d.stream)])
+        self.close_segments(self.t)
+        self.open_segments()
         self.events.append({"t": round(self.t, 3), "event": kind, "allocation": {**got}})
 
     def start_job(self, name: str, config_name: str, gpus: float) -> None:
@@ -175,26 +178,41 @@ class _Window:
             job.future = retrain.submit(stream.spec, self.w, stream.model, self.profiles[name].golden_labels, cfg,
                                         self.run.settings, epochs=epochs, fail=fail)
 
-    def close_segment(self, t: float) -> None:
-        """Serve every stream's frames of [segment_start, t) with its current model and share."""
+    def close_segments(self, t: float, only_changed: bool = True) -> None:
+        """End the inference periods that change at ``t`` (all of them at the window end).
+
+        A stream's period lasts while its model and inference share stay the same; it is served
+        by one ``infer_segment`` task on that share, over the live frames of the period.
+        """
         n = self.run.settings.frames
-        first, last = round(self.segment_start / self.run.window_s * n), round(t / self.run.window_s * n)
-        if last > first:
-            for name, stream in self.streams.items():
-                gpus = self.infer.get(name, 0.0)
+        for name, stream in self.streams.items():
+            t0, gpus, model = self.open.get(name, (0.0, 0.0, None))
+            if only_changed and (gpus, model) == (self.infer.get(name, 0.0), id(stream.model)) or model is None:
+                continue
+            first, last = round(t0 / self.run.window_s * n), round(t / self.run.window_s * n)
+            if last > first:
                 rate = self.profile.frame_rate(gpus)
                 if rate <= 0:  # not served: every frame of the period counts as wrong
                     result: PrefectFuture | SegmentResult = SegmentResult(name, first, last - first, 0, 0)
                 else:
                     with gpu_options(gpus=gpus):
-                        result = infer_segment.submit(stream.spec, self.w, stream.model, first, last, rate,
+                        result = infer_segment.submit(stream.spec, self.w, self.models[name], first, last, rate,
                                                       self.run.settings)
-                self.segments.append((name, self.segment_start, t, gpus, result))
-        self.segment_start = t
+                self.segments.append((name, t0, t, gpus, result))
+            del self.open[name]
+
+    def open_segments(self) -> None:
+        """Start a period for every stream whose previous one was just closed."""
+        for name, stream in self.streams.items():
+            if name not in self.open:
+                self.open[name] = (self.t, self.infer.get(name, 0.0), id(stream.model))
+                self.models[name] = stream.model
 
     def replan(self, kind: str) -> None:
         """Re-invoke the scheduler for the rest of the window (uniform: freed GPUs stay with the stream)."""
         if self.run.policy != "thief" or self.t >= self.run.window_s:
+            self.close_segments(self.t)
+            self.open_segments()
             self.events.append({"t": round(self.t, 3), "event": kind, "allocation": dict(self.infer)})
             return
         states, start = [], {}
@@ -219,7 +237,6 @@ class _Window:
         """A retraining ended at virtual ``t``: deploy its model if better, free its GPUs, re-plan."""
         state = job.future.state
         self.t = max(self.t, t)
-        self.close_segment(self.t)
         job.outcome = state.type.value if not state.is_completed() else "COMPLETED"
         if job.outcome == "COMPLETED":
             job.result = state.result()
@@ -253,7 +270,7 @@ class _Window:
 
     def end(self) -> list[tuple[str, float, float, float, SegmentResult]]:
         """Close the last period, let jobs that cannot finish run out, collect the measurements."""
-        self.close_segment(self.run.window_s)
+        self.close_segments(self.run.window_s, only_changed=False)
         for job in self.running():
             if job.future is not None:
                 job.future.wait()

@@ -84,9 +84,9 @@ def make_streams(n: int, seed: int = 0) -> tuple[StreamSpec, ...]:
         order = rng.permutation(N_CLASSES)
         specs.append(StreamSpec(
             name=f"cam{i}", seed=int(rng.integers(2**31)), initial_classes=tuple(int(c) for c in sorted(order[:5])),
-            new_classes=tuple(int(c) for c in order[5:]), rotation_step=float(rng.choice([-1, 1]) * rng.uniform(8, 16)),
-            noise_step=float(rng.uniform(0.03, 0.08)),
-            brightness=tuple(float(b) for b in rng.uniform(0.6, 1.3, size=4))))
+            new_classes=tuple(int(c) for c in order[5:]), rotation_step=float(rng.choice([-1, 1]) * rng.uniform(6, 12)),
+            noise_step=float(rng.uniform(0.02, 0.05)),
+            brightness=tuple(float(b) for b in rng.uniform(0.75, 1.25, size=4))))
     return tuple(specs)
 
 

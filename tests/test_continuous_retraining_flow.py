@@ -1,0 +1,174 @@
+"""The Ekya continuous-retraining flow end to end on a tiny configuration (2 streams, 2 windows),
+its MLflow records read back, the failing-retraining fault case, bad input, and the pure pieces
+(drifting streams, frame sub-sampling) it is built on.
+
+The flow tests use the runner's thread mode: process-mode workers would each import torch and
+Prefect, which dominates a run this small (the CLI and ``gpuflows demo`` default to process mode).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gpu.errors import ConfigError
+from resource_blocks import GpuPool, MlflowTarget
+from tasks.streams import (conditions, inference_profile_points, make_streams, processed_mask, serve,
+                           window_frames)
+
+pytestmark = pytest.mark.usefixtures("prefect_server")
+
+TINY = dict(streams=2, windows=2, frames=300, labelled=200, mode="thread")
+
+
+def _pool(name: str) -> GpuPool:
+    return GpuPool(name=name, device_backend="simulated", simulated="2x16GiB")
+
+
+@pytest.fixture(scope="module")
+def module_state(tmp_path_factory):
+    """One state folder for this module's flow runs, so the golden model is trained only once."""
+    state = tmp_path_factory.mktemp("ekya-state")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("GPUFLOWS_STATE_DIR", str(state))
+        yield state
+
+
+@pytest.fixture(scope="module")
+def thief_run(module_state):
+    """One tracked thief run shared by the read-back tests."""
+    from flows.continuous_retraining import continuous_retraining
+
+    target = MlflowTarget(experiment="ekya-flow-test")
+    summary = continuous_retraining(**TINY, policy="thief", pool=_pool("ekya-thief"), tracking=target,
+                                    registry_prefix="ekya-test")
+    return summary, target.resolved_uri(), module_state
+
+
+def test_flow_returns_measured_accuracy_per_window_and_stream(thief_run):
+    summary, _, _ = thief_run
+    assert summary["policy"] == "thief" and summary["streams"] == ["cam0", "cam1"]
+    assert [w["window"] for w in summary["windows"]] == [0, 1]
+    for w in summary["windows"]:
+        assert set(w["accuracy"]) == {"cam0", "cam1"}
+        assert all(0.0 < a <= 1.0 for a in w["accuracy"].values())
+        assert w["mean"] == pytest.approx(np.mean(list(w["accuracy"].values())))
+    assert summary["mean_accuracy"] == pytest.approx(np.mean([w["mean"] for w in summary["windows"]]))
+
+
+def test_each_window_is_a_nested_mlflow_run_with_allocations_and_accuracies(thief_run):
+    from mlflow import MlflowClient
+
+    summary, uri, _ = thief_run
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("ekya-flow-test")
+    runs = client.search_runs([exp.experiment_id], f"tags.mlflow.parentRunId = '{summary['mlflow_run_id']}' "
+                                                   "and tags.policy = 'thief'")
+    by_window = {r.data.tags["window"]: r for r in runs}
+    assert set(by_window) == {"0", "1"}
+    for w, run in by_window.items():
+        for s in ("cam0", "cam1"):
+            assert {f"{s}.config", f"{s}.infer_gpus", f"{s}.retrain_state"} <= set(run.data.params)
+            measured = run.data.metrics[f"{s}.measured_accuracy"]
+            assert measured == pytest.approx(summary["windows"][int(w)]["accuracy"][s])
+            assert 0.0 <= run.data.metrics[f"{s}.predicted_accuracy"] <= 1.0
+        assert run.data.tags["failed_retrains"] == "none"
+        gpus = sum(float(v) for k, v in run.data.params.items() if k.startswith("cam") and k.endswith("_gpus"))
+        assert gpus <= 2.0 + 1e-6  # the window-start allocation fits the 2-GPU pool
+
+
+def test_completed_retrainings_are_registered_model_versions_with_config_and_window_tags(thief_run):
+    import mlflow.pytorch
+    import torch
+    from mlflow import MlflowClient
+
+    summary, uri, _ = thief_run
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("ekya-flow-test")
+    completed = {(int(r.data.tags["window"]), s)
+                 for r in client.search_runs([exp.experiment_id], "tags.policy = 'thief'")
+                 for s in summary["streams"] if r.data.params[f"{s}.retrain_state"] == "COMPLETED"}
+    assert completed, "the thief retrained no stream at all"
+    versions = {}
+    for s in summary["streams"]:
+        for v in client.search_model_versions(f"name = 'ekya-test-{s}'"):
+            versions[(int(v.tags["window"]), s)] = v
+            assert v.tags["policy"] == "thief" and v.tags["config"] and v.tags["deployed"] in ("true", "false")
+    assert set(versions) == completed  # one version per completed retraining, tagged with its window
+    window, stream = sorted(versions)[0]
+    model = mlflow.pytorch.load_model(f"models:/ekya-test-{stream}/{versions[(window, stream)].version}")
+    assert model(torch.zeros(3, 64)).shape == (3, 10)
+
+
+def test_accuracy_plot_is_an_artifact_of_the_flow_run(thief_run):
+    from mlflow import MlflowClient
+
+    summary, uri, _ = thief_run
+    names = [f.path for f in MlflowClient(uri).list_artifacts(summary["mlflow_run_id"])]
+    assert any(n.startswith("accuracy-thief") and n.endswith(".png") for n in names)
+
+
+def test_failed_retraining_keeps_the_old_model_records_the_failure_and_the_flow_goes_on(module_state):
+    from mlflow import MlflowClient
+
+    from flows.continuous_retraining import continuous_retraining
+
+    target = MlflowTarget(experiment="ekya-fault-test")
+    summary = continuous_retraining(**TINY, policy="uniform", pool=_pool("ekya-fault"), tracking=target,
+                                    fail_stream="cam1", fail_window=0, registry_prefix="ekya-fault")
+    assert summary["windows"][0]["failures"] == ["cam1"]
+    assert summary["windows"][1]["failures"] == []  # the next window proceeds normally
+    client = MlflowClient(target.resolved_uri())
+    exp = client.get_experiment_by_name("ekya-fault-test")
+    runs = {r.data.tags["window"]: r for r in client.search_runs(
+        [exp.experiment_id], f"tags.mlflow.parentRunId = '{summary['mlflow_run_id']}' and tags.policy = 'uniform'")}
+    assert runs["0"].data.tags["failed_retrains"] == "cam1"
+    assert runs["0"].data.params["cam1.retrain_state"] == "FAILED"
+    assert runs["0"].data.params["cam1.deployed_version"] == "bootstrap"  # still the previous model
+    assert runs["0"].data.params["cam0.retrain_state"] == "COMPLETED"
+    windows = {int(v.tags["window"]) for v in client.search_model_versions("name = 'ekya-fault-cam1'")}
+    assert 0 not in windows and 1 in windows
+    assert GpuPool(name="ekya-fault", device_backend="simulated").open_ledger().leases() == []
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    (dict(policy="fifo"), "policy"),
+    (dict(streams=0), "streams"),
+    (dict(streams=-2), "streams"),
+    (dict(windows=0), "windows"),
+    (dict(fail_stream="cam9"), "fail_stream"),
+])
+def test_bad_input_fails_with_one_error_naming_the_value(kwargs, field, state_dir):
+    from flows.continuous_retraining import continuous_retraining
+
+    with pytest.raises(ConfigError, match=rf"^{field}="):
+        continuous_retraining(**{**TINY, **kwargs, "tracking": False})
+
+
+def test_cli_rejects_an_unknown_policy_with_exit_code_2(capsys, state_dir):
+    from flows.continuous_retraining import main
+
+    assert main(["--policy", "nope", "--no-tracking", "--mode", "thread"]) == 2
+    assert "policy='nope'" in capsys.readouterr().err
+
+
+def test_streams_are_reproducible_and_drift_over_windows():
+    a, b = make_streams(3, seed=5), make_streams(3, seed=5)
+    assert a == b and make_streams(3, seed=6) != a
+    x1, y1 = window_frames(a[0], 1, 50)
+    x2, y2 = window_frames(b[0], 1, 50)
+    assert np.array_equal(x1, x2) and np.array_equal(y1, y2)
+    c0, c2 = conditions(a[0], 0), conditions(a[0], 2)
+    assert abs(c2.rotation) > abs(c0.rotation) and c2.noise > c0.noise
+    assert sum(w > 0 for w in c2.class_weights) > sum(w > 0 for w in conditions(a[0], -1).class_weights)
+
+
+def test_inference_serves_skipped_frames_with_the_last_prediction():
+    mask = processed_mask(6, 0.5)
+    assert mask.tolist() == [True, False, True, False, True, False]
+    assert serve(np.array([3, 9, 4, 9, 5, 9]), mask).tolist() == [3, 3, 4, 4, 5, 5]
+    assert not processed_mask(4, 0.0).any()
+    points = inference_profile_points(2.5)
+    rel = [q for _, q in points]
+    assert points[0] == (0.0, 0.0) and points[-1] == (1.0, 1.0)
+    assert all(b >= a for a, b in zip(rel, rel[1:])) and rel[5] > 0.5  # stale answers are often right
