@@ -43,7 +43,7 @@ def _pool(args: argparse.Namespace) -> int:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from flows.pool_demo import main as demo_main
+    from flows.demo import main as demo_main
 
     return demo_main(args.extra)
 
@@ -67,7 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
     pool.add_argument("--name", default="default", help="pool name (the ledger file under the state folder)")
     pool.set_defaults(func=_pool)
 
-    demo = sub.add_parser("demo", help="run the pool demo (make demo): mixed GPU requests placed on a simulated 2-GPU pool")
+    demo = sub.add_parser("demo", help="run the demo (make demo): the pool demo, then Ekya thief vs uniform on a simulated 2-GPU pool")
     demo.add_argument("extra", nargs=argparse.REMAINDER, help="arguments passed to the demo")
     demo.set_defaults(func=_demo)
     return parser

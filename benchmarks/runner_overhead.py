@@ -1,0 +1,229 @@
+"""Task-runner overhead: our GPU task runners against the Prefect runners they stand in for.
+
+One flow submits N trivial tasks (``noop(i) -> i``, no GPU request, so every task still takes
+and returns a lease) and waits for all results. The same flow runs through each pair, all in
+one process against one Prefect server (started once, its URL exported before Ray starts):
+
+- Prefect ``ThreadPoolTaskRunner``  vs ``GpuTaskRunner(mode="thread")``
+- Prefect ``ProcessPoolTaskRunner`` vs ``GpuTaskRunner(mode="process")`` (2 worker processes each)
+- prefect-ray ``RayTaskRunner``     vs ``GpuRayTaskRunner`` (one local Ray for both: 2 CPUs, 2 fake GPUs)
+
+Ours run with MLflow tracking off and on (SQLite store in a temporary state folder). The pool
+is a simulated 2 x 16 GiB pool shared through its SQLite ledger file (the default ``shared``).
+Tasks/s counts the whole flow call (runner start, all tasks, runner shutdown incl. draining
+the MLflow queue). ``*_vs_*_ratio`` is our time per task over theirs: <= 1.5 is the target.
+Last, the ledger alone: allocate+release pairs/s from 16 threads, in memory and file-backed.
+
+Usage: ``python benchmarks/runner_overhead.py [--quick] [--json OUT] [--tasks N] [--ray-tasks N]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+TARGET_RATIO = 1.5
+LEDGER_THREADS = 16
+
+
+def _isolated_env() -> Path:
+    """Fresh Prefect home and gpuflows state (ledger file, MLflow DB) unless the caller set them."""
+    root = Path(tempfile.mkdtemp(prefix="gpuflows-bench-"))
+    for key, value in {
+        "PREFECT_HOME": str(root / "prefect"),
+        "GPUFLOWS_STATE_DIR": str(root / "state"),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
+        "PREFECT_LOGGING_LEVEL": "WARNING",
+        "RAY_AUTH_MODE": "disabled",
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "RAY_worker_niceness": "0",  # Ray renices workers to 15: on a shared box that measures the neighbours
+        "MLFLOW_DISABLE_TELEMETRY": "true",
+    }.items():
+        os.environ.setdefault(key, value)
+    return root
+
+
+def _start_server() -> str:
+    """One Prefect server for every flow run; its URL in the environment before Ray starts (its
+    workers inherit it instead of starting servers of their own). Stopped at exit (atexit)."""
+    from prefect.server.api.server import SubprocessASGIServer
+
+    server = SubprocessASGIServer()
+    server.start(timeout=180)
+    os.environ["PREFECT_API_URL"] = server.api_url
+    return server.api_url
+
+
+def _overhead_flow():
+    from prefect import flow, task
+
+    @task
+    def noop(i: int) -> int:
+        return i
+
+    @flow(name="runner-overhead")
+    def overhead(n: int) -> int:
+        futures = [noop.submit(i) for i in range(n)]
+        results = [f.result() for f in futures]
+        if results != list(range(n)):
+            raise RuntimeError("wrong results")
+        return n
+
+    return overhead
+
+
+def time_flow(flow_fn, runner, n: int) -> float:
+    """Tasks per second of one whole flow call of ``n`` tasks through ``runner``."""
+    t0 = time.perf_counter()
+    flow_fn.with_options(task_runner=runner)(n)
+    return n / (time.perf_counter() - t0)
+
+
+def ledger_pairs_per_s(shared: bool, pairs_per_thread: int) -> float:
+    """allocate+release pairs per second from LEDGER_THREADS threads on a simulated 2 x 16 GiB pool."""
+    from gpu.devices import parse_simulated, PoolSpec
+    from gpu.ledger import PoolLedger
+    from gpu.placement import Request
+
+    path = Path(tempfile.mkdtemp(prefix="gpuflows-ledger-")) / "pool.sqlite" if shared else None
+    ledger = PoolLedger(PoolSpec((parse_simulated("2x16GiB", "bench"),)), path)
+    request = Request(gpus=0.05, label="bench")  # 40 slots: 16 threads never wait for each other
+    start = threading.Barrier(LEDGER_THREADS + 1)
+    errors: list[BaseException] = []
+
+    def worker() -> None:
+        start.wait()
+        try:
+            for _ in range(pairs_per_thread):
+                ledger.release(ledger.allocate(request).lease_id)
+        except BaseException as exc:  # reported below; a thread must not die silently
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker) for _ in range(LEDGER_THREADS)]
+    for t in threads:
+        t.start()
+    start.wait()
+    t0 = time.perf_counter()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - t0
+    left = ledger.leases()
+    ledger.close()
+    if errors:
+        raise errors[0]
+    if left:
+        raise RuntimeError(f"ledger kept {len(left)} lease(s)")
+    return LEDGER_THREADS * pairs_per_thread / elapsed
+
+
+def run(quick: bool, tasks: int | None, ray_tasks: int | None, skip_ray: bool = False,
+        log: Callable[[str], None] = print) -> dict[str, Any]:
+    n = tasks or (200 if quick else 500)
+    n_ray = ray_tasks or (60 if quick else 200)
+    t_start = time.perf_counter()
+    _start_server()
+    log(f"prefect server up ({time.perf_counter() - t_start:.1f}s)")
+
+    from prefect.task_runners import ProcessPoolTaskRunner, ThreadPoolTaskRunner
+
+    from resource_blocks import GpuPool
+    from tasks.runners import GpuTaskRunner
+
+    flow_fn = _overhead_flow()
+    pool = GpuPool(name=f"bench-{os.getpid()}", device_backend="simulated")
+    out: dict[str, Any] = {"tasks": n, "ray_tasks": n_ray, "quick": quick, "cpus": os.cpu_count()}
+
+    def measure(key: str, runner, count: int) -> None:
+        out[f"{key}_tasks_per_s"] = time_flow(flow_fn, runner, count)
+        log(f"  {key:<24} {out[f'{key}_tasks_per_s']:8.1f} tasks/s")
+
+    time_flow(flow_fn, ThreadPoolTaskRunner(), 5)  # warm-up: imports, client, flow registration
+    measure("thread", ThreadPoolTaskRunner(), n)
+    measure("gpu_thread", GpuTaskRunner(pool, mode="thread", tracking=False), n)
+    measure("gpu_thread_mlflow", GpuTaskRunner(pool, mode="thread", tracking=True), n)
+    measure("process", ProcessPoolTaskRunner(max_workers=2), n)
+    measure("gpu_process", GpuTaskRunner(pool, mode="process", workers_per_device_set=2, tracking=False), n)
+    measure("gpu_process_mlflow", GpuTaskRunner(pool, mode="process", workers_per_device_set=2, tracking=True), n)
+
+    if not skip_ray:
+        import ray
+        from prefect_ray import RayTaskRunner
+
+        from tasks.ray_runner import GpuRayTaskRunner
+
+        # One local Ray for both runners (each reuses an initialised Ray and leaves it running);
+        # its own temp dir so it never attaches to another Ray found in /tmp/ray.
+        ray.init(num_cpus=2, num_gpus=2, object_store_memory=200 * 2**20, include_dashboard=False,
+                 _temp_dir=tempfile.mkdtemp(prefix="gfb-", dir="/tmp"), log_to_driver=False)
+        try:
+            ray_pool = pool.model_copy(update={"name": f"bench-ray-{os.getpid()}"})
+            time_flow(flow_fn, RayTaskRunner(), 4)  # warm-up: start the Ray workers
+            time_flow(flow_fn, GpuRayTaskRunner(ray_pool, tracking=False), 4)
+            measure("ray", RayTaskRunner(), n_ray)
+            measure("gpu_ray", GpuRayTaskRunner(ray_pool, tracking=False), n_ray)
+            measure("gpu_ray_mlflow", GpuRayTaskRunner(ray_pool, tracking=True), n_ray)
+        finally:
+            ray.shutdown()
+
+    pairs = 100 if quick else 300
+    out["ledger_pairs_per_s_16_threads"] = ledger_pairs_per_s(False, pairs)
+    out["ledger_file_pairs_per_s_16_threads"] = ledger_pairs_per_s(True, pairs)
+
+    for ours, theirs in (("gpu_thread", "thread"), ("gpu_process", "process"), ("gpu_ray", "ray")):
+        for suffix in ("", "_mlflow"):
+            if f"{ours}{suffix}_tasks_per_s" in out:
+                out[f"{ours}{suffix}_vs_{theirs}_ratio"] = out[f"{theirs}_tasks_per_s"] / out[f"{ours}{suffix}_tasks_per_s"]
+    out["gpu_thread_vs_prefect_ratio"] = out["gpu_thread_vs_thread_ratio"]
+    out["wall_s"] = time.perf_counter() - t_start
+    return out
+
+
+def format_table(r: dict[str, Any]) -> str:
+    lines = [f"{'pair':<10} {'tasks':>5} {'Prefect tasks/s':>16} {'ours tasks/s':>13} {'ours+MLflow':>12} "
+             f"{'ratio':>6} {'ratio+MLflow':>12}"]
+    for ours, theirs, count in (("gpu_thread", "thread", "tasks"), ("gpu_process", "process", "tasks"),
+                                ("gpu_ray", "ray", "ray_tasks")):
+        if f"{theirs}_tasks_per_s" not in r:
+            continue
+        ratio = r[f"{ours}_vs_{theirs}_ratio"]
+        ratio_ml = r[f"{ours}_mlflow_vs_{theirs}_ratio"]
+        flag = "" if max(ratio, ratio_ml) <= TARGET_RATIO else f"  > {TARGET_RATIO}x"
+        lines.append(f"{theirs:<10} {r[count]:>5} {r[f'{theirs}_tasks_per_s']:>16.1f} {r[f'{ours}_tasks_per_s']:>13.1f} "
+                     f"{r[f'{ours}_mlflow_tasks_per_s']:>12.1f} {ratio:>6.2f} {ratio_ml:>12.2f}{flag}")
+    lines.append("ratio = our time per task / Prefect's (target <= 1.5)")
+    lines.append(f"ledger, {LEDGER_THREADS} threads: {r['ledger_pairs_per_s_16_threads']:.0f} allocate+release pairs/s "
+                 f"in memory, {r['ledger_file_pairs_per_s_16_threads']:.0f} file-backed")
+    lines.append(f"wall time {r['wall_s']:.0f}s on {r['cpus']} CPU(s)")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="200 tasks (60 on Ray), fewer ledger pairs")
+    ap.add_argument("--tasks", type=int, default=None, help="tasks per flow (default 500, quick 200)")
+    ap.add_argument("--ray-tasks", type=int, default=None, help="tasks per Ray flow (default 200, quick 60)")
+    ap.add_argument("--skip-ray", action="store_true", help="leave out the Ray pair")
+    ap.add_argument("--json", type=Path, default=None, help="write the results here")
+    args = ap.parse_args(argv)
+    for name in ("tasks", "ray_tasks"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be >= 1")
+    _isolated_env()
+    result = run(args.quick, args.tasks, args.ray_tasks, args.skip_ray, log=lambda m: print(m, flush=True))
+    print(format_table(result))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=1, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
