@@ -32,15 +32,17 @@ GPUs) because the pool grants fractions only within one device.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import math
 import os
 import re
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 from prefect import flow
@@ -123,6 +125,20 @@ def save_state(run_name: str, state: dict) -> Path:
     tmp.write_text(json.dumps(state))
     os.replace(tmp, path)
     return path
+
+
+@contextmanager
+def run_lock(run_name: str) -> Iterator[None]:
+    """Hold ``<run_name>.lock`` while rounds run, so two flow runs never interleave one run's state
+    (an ``flock``: the kernel drops it when the process dies, so a killed run leaves no stale lock)."""
+    path = state_path(run_name).with_suffix(".lock")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ConfigError("run_name", run_name, "another flow run is executing rounds of this run now") from None
+        yield
 
 
 class Allocator:
@@ -297,6 +313,11 @@ def _run_jobs(s: RoundSettings, alloc: dict[str, float], r: int, ckpt_dir: Path,
 @flow(name="cilantro-rounds")
 def cilantro_rounds(s: RoundSettings) -> dict:
     """The rounds themselves; runs as a subflow on the GPU task runner ``allocation_rounds`` builds."""
+    with run_lock(s.run_name):
+        return _rounds(s)
+
+
+def _rounds(s: RoundSettings) -> dict:
     saved = load_state(s.run_name) if s.resume else None
     alloc_state = Allocator(s, saved)
     parent = flow_mlflow_run_id() if s.tracking_uri else None

@@ -36,7 +36,7 @@ def round_runs(tgt: MlflowTarget, parent: str) -> list:
 def test_two_rounds_log_nested_round_runs_within_capacity(state_dir):
     tgt = target(state_dir)
     out = ar.allocation_rounds(rounds=2, policy="cilantro-njc", pool=sim_pool("cil-two"), capacity=1.0, unit=0.05,
-                               run_name="two", mode="process", tracking=tgt, **SMALL)
+                               run_name="two", mode="thread", tracking=tgt, **SMALL)
     assert [r["round"] for r in out["rounds"]] == [0, 1] and not out["resumed"]
     for row in out["rounds"]:
         assert not row["failed"]
@@ -120,3 +120,11 @@ def test_cli_help_lists_the_flow_options(capsys):
     text = capsys.readouterr().out
     for opt in ("--rounds", "--policy", "--capacity", "--unit", "--run-name", "--no-resume"):
         assert opt in text
+
+
+def test_a_second_flow_run_of_the_same_run_name_is_refused_while_one_runs(state_dir):
+    with ar.run_lock("busy"):
+        with pytest.raises(ConfigError, match="run_name='busy': another flow run"):
+            ar.allocation_rounds(rounds=1, run_name="busy", pool=sim_pool("cil-busy"), tracking=False, mode="thread",
+                                 **SMALL)
+    assert not ar.state_path("busy").exists()
