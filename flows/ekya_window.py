@@ -290,6 +290,7 @@ def run_window(run: RunSettings, w: int, streams: list[StreamRuntime], golden: s
         for s in streams:
             keep = {c.name for c in prune_configs(list(predicted[s.spec.name].values()))}
             s.configs = tuple(c for c in s.configs if c.name in keep)
+            predicted[s.spec.name] = {n: c for n, c in predicted[s.spec.name].items() if n in keep}
     profile = InferenceProfile(run.full_rate_gpus, inference_profile_points(streams[0].spec.persistence))
     states = [StreamState(s.spec.name, profiles[s.spec.name].current_accuracy,
                           tuple(predicted[s.spec.name].values()), profile) for s in streams]

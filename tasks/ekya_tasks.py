@@ -196,7 +196,7 @@ def _golden(path: str):
 # -- tasks ------------------------------------------------------------------------------------
 
 @task(cache_policy=NO_CACHE)
-def train_golden(seed: int = 0, samples: int = 6000, epochs: int = 6) -> str:
+def train_golden(seed: int = 0, samples: int = 4000, epochs: int = 8) -> str:
     """Train the golden model once (cached in the state folder); returns its checkpoint path."""
     import torch
 
