@@ -102,7 +102,8 @@ def _log_round(s: RoundSettings, parent: str | None, row: dict, results: dict[st
             "cilantro.failed": ",".join(row["failed"])}
     params = {"capacity": s.capacity, "unit": s.unit, "round_s": s.round_s, "report_s": s.report_s,
               "max_change": s.max_change, "policy": s.policy}
-    client.log_batch(run.info.run_id, metrics=[Metric(k, float(v), now, row["round"]) for k, v in values.items()],
+    client.log_batch(run.info.run_id, metrics=[Metric(k, float(v), now, row["round"]) for k, v in values.items()
+                                                      if math.isfinite(v)],
                      params=[Param(k, str(v)) for k, v in params.items()],
                      tags=[RunTag(k, v) for k, v in tags.items()])
     client.set_terminated(run.info.run_id, "FINISHED" if not row["failed"] else "FAILED")
