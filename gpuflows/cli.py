@@ -74,7 +74,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown and args.command != "demo":
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if args.command == "demo":
+        args.extra = [*args.extra, *unknown]  # demo options such as --skip-pool-demo pass through
     try:
         return args.func(args)
     except GpuflowsError as exc:
