@@ -204,6 +204,8 @@ class PoolLedger(LedgerClient):
         if self._shared:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.RLock()
+        self._parsed_requests: dict[int, Request] = {}
+        self._parsed_leases: dict[str, tuple[list[int], dict[str, float]]] = {}
         self._changed = threading.Condition(self._lock)
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=30)
         if self._shared:
@@ -282,14 +284,23 @@ class PoolLedger(LedgerClient):
     def _reclaim(self, db: sqlite3.Connection) -> int:
         """Drop leases and tickets whose holder died (same host) or stopped heartbeating."""
         now, host = time.time(), socket.gethostname()
+        alive: dict[tuple[int, int], bool] = {}  # one /proc read per holder, not per row
+
+        def died(row_host: str, pid: int, pstart: int) -> bool:
+            if row_host != host:
+                return False
+            if (pid, pstart) not in alive:
+                alive[(pid, pstart)] = _process_alive(pid, pstart)
+            return not alive[(pid, pstart)]
+
         dead = [r for r in db.execute("SELECT id, host, pid, pstart, expires_at, label, node, devices, fraction, memory FROM leases")
-                if r[4] < now or (r[1] == host and not _process_alive(r[2], r[3]))]
+                if r[4] < now or died(r[1], r[2], r[3])]
         for r in dead:
             db.execute("DELETE FROM leases WHERE id=?", (r[0],))
             db.execute("INSERT INTO events (t, kind, lease_id, label, node, devices, fraction, memory) VALUES (?,?,?,?,?,?,?,?)",
                        (now, "reclaim", r[0], r[5], r[6], r[7], r[8], r[9]))
         for tid, thost, pid, pstart, exp in db.execute("SELECT id, host, pid, pstart, expires_at FROM tickets").fetchall():
-            if exp < now or (thost == host and not _process_alive(pid, pstart)):
+            if exp < now or died(thost, pid, pstart):
                 db.execute("DELETE FROM tickets WHERE id=?", (tid,))
         return len(dead)
 
@@ -298,13 +309,15 @@ class PoolLedger(LedgerClient):
         used_m: dict[tuple[str, int], int] = {}
         used_cpu: dict[str, float] = {}
         used_res: dict[tuple[str, str], float] = {}
-        for node, devices, fraction, memory, cpus, res in db.execute(
-                "SELECT node, devices, fraction, memory, cpus, resources FROM leases"):
-            for i in json.loads(devices):
+        parsed, self._parsed_leases = self._parsed_leases, {}  # a lease's devices/resources never change
+        for lease_id, node, devices, fraction, memory, cpus, res in db.execute(
+                "SELECT id, node, devices, fraction, memory, cpus, resources FROM leases"):
+            devices, res = self._parsed_leases[lease_id] = parsed.get(lease_id) or (json.loads(devices), json.loads(res))
+            for i in devices:
                 used_c[(node, i)] = used_c.get((node, i), 0.0) + fraction
                 used_m[(node, i)] = used_m.get((node, i), 0) + memory
             used_cpu[node] = used_cpu.get(node, 0.0) + cpus
-            for k, v in json.loads(res).items():
+            for k, v in res.items():
                 used_res[(node, k)] = used_res.get((node, k), 0.0) + v
         caps: dict[str, dict[str, float]] = {}
         for node, name, cap in db.execute("SELECT node, name, capacity FROM resources"):
@@ -339,8 +352,11 @@ class PoolLedger(LedgerClient):
             rows = db.execute("SELECT id, request, priority FROM tickets").fetchall()
             if not any(r[0] == ticket for r in rows):
                 raise KeyError(f"ticket {ticket} is not waiting (cancelled, expired or already granted)")
-            waiting = [Waiting(r[0], Request.from_dict(json.loads(r[1])), r[2]) for r in rows]
-            grants = plan_grants(self.policy, waiting, self._free_state(db))
+            # A ticket's request never changes: parse each once (kept while the ticket waits).
+            parsed = self._parsed_requests
+            self._parsed_requests = {r[0]: parsed.get(r[0]) or Request.from_dict(json.loads(r[1])) for r in rows}
+            waiting = [Waiting(r[0], self._parsed_requests[r[0]], r[2]) for r in rows]
+            grants = plan_grants(self.policy, waiting, self._free_state(db), until=ticket)
             choice: Choice | None = grants.get(ticket)
             if choice is None:
                 db.execute("UPDATE tickets SET expires_at=? WHERE id=?", (now + self.lease_ttl, ticket))

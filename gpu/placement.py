@@ -198,17 +198,21 @@ def apply_choice(nodes: Sequence[NodeState], request: Request, choice: Choice) -
     return out
 
 
-def plan_grants(policy: PlacementPolicy, waiting: Sequence[Waiting], nodes: Sequence[NodeState]) -> dict[int, Choice]:
+def plan_grants(policy: PlacementPolicy, waiting: Sequence[Waiting], nodes: Sequence[NodeState],
+                until: int | None = None) -> dict[int, Choice]:
     """Which waiting tickets the policy grants now, in its order (stopping at the first misfit
-    unless the policy backfills)."""
+    unless the policy backfills). With ``until``, stop once that ticket is decided: tickets
+    after it in the order cannot change its grant."""
     grants: dict[int, Choice] = {}
     for w in policy.order(waiting):
         choice = policy.choose(w.request, nodes)
         if choice is None:
-            if policy.backfill:
+            if policy.backfill and w.ticket != until:
                 continue
             break
         grants[w.ticket] = choice
+        if w.ticket == until:
+            break
         nodes = apply_choice(nodes, w.request, choice)
     return grants
 

@@ -169,8 +169,6 @@ class GpuRayTaskRunner(PlacingTaskRunner):
 
     def _execute(self, task, task_run_id, parameters, wait_for, dependencies, placement, cancel_event):
         import ray
-        from prefect.context import serialize_context
-        from prefect.settings import get_current_settings
         from prefect.states import Crashed
         from prefect.utilities.engine import resolve_inputs_sync
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -178,17 +176,21 @@ class GpuRayTaskRunner(PlacingTaskRunner):
         placement = placement or Placement("", "", (), 0.0, 0)
         device = "cpu" if placement.simulated or not placement.devices else "cuda:0"
         tp = TaskPlacement(placement, device, placement.cuda_visible_devices)
-        options: dict[str, Any] = {"num_cpus": placement.cpus, "num_gpus": 0, "name": task.name}
+        # A CPU-only task that reserved no CPUs is bounded by nothing in the ledger; with num_cpus=0
+        # Ray would start one worker process per concurrent task. Such tasks take Ray's own default
+        # (1 CPU, as with prefect_ray); placed GPU tasks keep the ledger as the only authority.
+        cpus = placement.cpus if placement.cpus or placement.devices else 1
+        options: dict[str, Any] = {"num_cpus": cpus, "num_gpus": 0, "name": task.name}
         if placement.node:
             options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(placement.node, soft=False)
         if placement.devices:
             options["runtime_env"] = {"env_vars": {"CUDA_VISIBLE_DEVICES": placement.cuda_visible_devices,
                                                    "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}}
-        env = (get_current_settings().to_environment_variables(exclude_unset=True) | api_url_env()
-               | {PLACEMENT_ENV: tp.to_env()})
+        context, settings_env = self._worker_context()
+        env = settings_env | api_url_env() | {PLACEMENT_ENV: tp.to_env()}
         ref = self._remote.options(**options).remote(
             task, task_run_id, resolve_inputs_sync(parameters, return_data=True, max_depth=-1),
-            [f.state for f in wait_for or []], dependencies, serialize_context(), env)
+            [f.state for f in wait_for or []], dependencies, context, env)
         try:
             while True:
                 ready, _ = ray.wait([ref], timeout=0.5)

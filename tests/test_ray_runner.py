@@ -64,6 +64,11 @@ def failing_half_gpu() -> None:
     raise RuntimeError("boom")
 
 
+@task
+def cpu_only() -> dict:
+    return ray.get_runtime_context().get_assigned_resources()
+
+
 @ray.remote(num_cpus=0)
 class Barrier:
     """Releases its callers only once ``parties`` of them are waiting at the same time."""
@@ -117,10 +122,12 @@ def fake_gpu_run(prefect_server):
     def fake_gpus() -> dict:
         running = [half_gpu.submit(), half_gpu.submit(), whole_gpu.submit()]
         failing = failing_half_gpu.submit()
+        cpu = cpu_only.submit()
         results = [f.result() for f in running]
         failing.wait()
         ledger = _ledger_actor(pool)
-        return {"results": results, "failed_state": failing.state.type.value, "leases": ray.get(ledger.leases.remote()),
+        return {"results": results, "failed_state": failing.state.type.value, "cpu_only": cpu.result(),
+                "leases": ray.get(ledger.leases.remote()),
                 "events": ray.get(ledger.events.remote()), "ray_gpus": ray.cluster_resources().get("GPU")}
 
     with pytest.MonkeyPatch.context() as mp:
@@ -154,7 +161,20 @@ def test_every_lease_is_released_after_the_flow(fake_gpu_run):
     events = fake_gpu_run["events"]
     allocated = {e["lease_id"] for e in events if e["kind"] == "allocate"}
     released = {e["lease_id"] for e in events if e["kind"] == "release"}
-    assert len(allocated) == 4 and released == allocated
+    assert len(allocated) == 5 and released == allocated
+
+
+def test_cpu_only_task_takes_one_ray_cpu(fake_gpu_run):
+    """Nothing in the ledger bounds CPU-only tasks; with 0 CPUs Ray would start a worker per task."""
+    assert fake_gpu_run["cpu_only"] == {"CPU": 1.0}
+
+
+def test_entering_a_runner_copy_opens_no_ledger(monkeypatch):
+    """Prefect enters a copy of the flow's runner in every task worker: that must not open the ledger."""
+    monkeypatch.setattr(GpuRayTaskRunner, "_connect", lambda self: None)
+    monkeypatch.setattr(GpuRayTaskRunner, "_open_ledger", lambda self: pytest.fail("ledger opened on enter"))
+    with GpuRayTaskRunner(pool=_pool(), tracking=False).duplicate():
+        pass
 
 
 def test_failed_task_releases_its_lease(fake_gpu_run):
