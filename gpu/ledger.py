@@ -153,16 +153,24 @@ class LedgerClient:
     def _wait_for_change(self, timeout: float) -> None:
         time.sleep(timeout)
 
+    def submit_and_try(self, request: Request, priority: float = 0.0) -> tuple[int, Placement | None]:
+        """``submit`` then a first ``try_grant``; ledgers override it to do both in one step."""
+        ticket = self.submit(request, priority)
+        try:
+            return ticket, self.try_grant(ticket)
+        except BaseException:
+            self.cancel(ticket)
+            raise
+
     def allocate(self, request: Request, timeout: float | None = None,
                  cancel_event: threading.Event | None = None, priority: float = 0.0) -> Placement:
         """Wait (FIFO by default) until ``request`` is granted; raise AllocationTimeout after ``timeout``
         seconds, or InterruptedError when ``cancel_event`` is set. Never-fitting requests raise at once."""
-        ticket = self.submit(request, priority)
+        ticket, placement = self.submit_and_try(request, priority)
         deadline = None if timeout is None else time.monotonic() + timeout
         delay = 0.005
         try:
             while True:
-                placement = self.try_grant(ticket)
                 if placement is not None:
                     return placement
                 if cancel_event is not None and cancel_event.is_set():
@@ -174,6 +182,7 @@ class LedgerClient:
                     wait = max(0.0, min(wait, deadline - time.monotonic()))
                 self._wait_for_change(wait)
                 delay *= 2
+                placement = self.try_grant(ticket)
         except BaseException:
             self.cancel(ticket)
             raise
@@ -205,7 +214,6 @@ class PoolLedger(LedgerClient):
             Path(path).parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.RLock()
         self._parsed_requests: dict[int, Request] = {}
-        self._parsed_leases: dict[str, tuple[list[int], dict[str, float]]] = {}
         self._changed = threading.Condition(self._lock)
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=30)
         if self._shared:
@@ -273,10 +281,6 @@ class PoolLedger(LedgerClient):
         with self._changed:
             self._changed.wait(timeout)
 
-    def _notify(self) -> None:
-        with self._changed:
-            self._changed.notify_all()
-
     def _owner_row(self, owner: Owner | None) -> tuple:
         o = owner or self.owner
         return o.key, o.host, o.pid, o.pstart
@@ -284,24 +288,18 @@ class PoolLedger(LedgerClient):
     def _reclaim(self, db: sqlite3.Connection) -> int:
         """Drop leases and tickets whose holder died (same host) or stopped heartbeating."""
         now, host = time.time(), socket.gethostname()
-        alive: dict[tuple[int, int], bool] = {}  # one /proc read per holder, not per row
-
-        def died(row_host: str, pid: int, pstart: int) -> bool:
-            if row_host != host:
-                return False
-            if (pid, pstart) not in alive:
-                alive[(pid, pstart)] = _process_alive(pid, pstart)
-            return not alive[(pid, pstart)]
-
-        dead = [r for r in db.execute("SELECT id, host, pid, pstart, expires_at, label, node, devices, fraction, memory FROM leases")
-                if r[4] < now or died(r[1], r[2], r[3])]
+        # One liveness check per holder on this host (not per row); SQLite scans the rows.
+        holders = db.execute("SELECT pid, pstart FROM leases WHERE host=? UNION SELECT pid, pstart FROM tickets "
+                             "WHERE host=?", (host, host)).fetchall()
+        dead_holders = [(pid, pstart) for pid, pstart in holders if not _process_alive(pid, pstart)]
+        where = "expires_at < ?" + " OR (host=? AND pid=? AND pstart=?)" * len(dead_holders)
+        args = [now, *(x for pid, pstart in dead_holders for x in (host, pid, pstart))]
+        dead = db.execute(f"SELECT id, label, node, devices, fraction, memory FROM leases WHERE {where}", args).fetchall()
         for r in dead:
             db.execute("DELETE FROM leases WHERE id=?", (r[0],))
             db.execute("INSERT INTO events (t, kind, lease_id, label, node, devices, fraction, memory) VALUES (?,?,?,?,?,?,?,?)",
-                       (now, "reclaim", r[0], r[5], r[6], r[7], r[8], r[9]))
-        for tid, thost, pid, pstart, exp in db.execute("SELECT id, host, pid, pstart, expires_at FROM tickets").fetchall():
-            if exp < now or died(thost, pid, pstart):
-                db.execute("DELETE FROM tickets WHERE id=?", (tid,))
+                       (now, "reclaim", *r))
+        db.execute(f"DELETE FROM tickets WHERE {where}", args)
         return len(dead)
 
     def _free_state(self, db: sqlite3.Connection) -> list[NodeState]:
@@ -309,16 +307,16 @@ class PoolLedger(LedgerClient):
         used_m: dict[tuple[str, int], int] = {}
         used_cpu: dict[str, float] = {}
         used_res: dict[tuple[str, str], float] = {}
-        parsed, self._parsed_leases = self._parsed_leases, {}  # a lease's devices/resources never change
-        for lease_id, node, devices, fraction, memory, cpus, res in db.execute(
-                "SELECT id, node, devices, fraction, memory, cpus, resources FROM leases"):
-            devices, res = self._parsed_leases[lease_id] = parsed.get(lease_id) or (json.loads(devices), json.loads(res))
-            for i in devices:
+        # Summed per distinct (node, devices, resources) in SQLite: Python sees a few groups, not every lease.
+        for node, devices, res, fraction, memory, cpus, count in db.execute(
+                "SELECT node, devices, resources, SUM(fraction), SUM(memory), SUM(cpus), COUNT(*) FROM leases "
+                "GROUP BY node, devices, resources"):
+            for i in json.loads(devices):
                 used_c[(node, i)] = used_c.get((node, i), 0.0) + fraction
                 used_m[(node, i)] = used_m.get((node, i), 0) + memory
             used_cpu[node] = used_cpu.get(node, 0.0) + cpus
-            for k, v in res.items():
-                used_res[(node, k)] = used_res.get((node, k), 0.0) + v
+            for k, v in json.loads(res).items():
+                used_res[(node, k)] = used_res.get((node, k), 0.0) + v * count
         caps: dict[str, dict[str, float]] = {}
         for node, name, cap in db.execute("SELECT node, name, capacity FROM resources"):
             caps.setdefault(node, {})[name] = cap
@@ -331,53 +329,83 @@ class PoolLedger(LedgerClient):
         return out
 
     # -- requests ---------------------------------------------------------------------------
-    def submit(self, request: Request, priority: float = 0.0, owner: Owner | None = None) -> int:
-        """Queue ``request``; raise NeverFitsError at once if it can never fit this pool."""
+    def _check(self, request: Request) -> None:
         if request.node is not None and request.node not in {n.name for n in self._capacity}:
             raise ConfigError("node", request.node, f"not in this pool (nodes: {[n.name for n in self._capacity]})")
         check_ever_fits(request, self._capacity)
+
+    def _insert_ticket(self, db: sqlite3.Connection, request: Request, priority: float, owner: Owner | None) -> int:
         now = time.time()
-        with self._tx() as db:
-            cur = db.execute("INSERT INTO tickets (owner, host, pid, pstart, request, priority, created_at, expires_at) "
-                             "VALUES (?,?,?,?,?,?,?,?)",
-                             (*self._owner_row(owner), json.dumps(request.to_dict()), priority, now, now + self.lease_ttl))
-        self._ensure_heartbeat()
+        cur = db.execute("INSERT INTO tickets (owner, host, pid, pstart, request, priority, created_at, expires_at) "
+                         "VALUES (?,?,?,?,?,?,?,?)",
+                         (*self._owner_row(owner), json.dumps(request.to_dict()), priority, now, now + self.lease_ttl))
         return int(cur.lastrowid)
+
+    def submit(self, request: Request, priority: float = 0.0, owner: Owner | None = None) -> int:
+        """Queue ``request``; raise NeverFitsError at once if it can never fit this pool."""
+        self._check(request)
+        with self._tx() as db:
+            ticket = self._insert_ticket(db, request, priority, owner)
+        self._ensure_heartbeat()
+        return ticket
+
+    def submit_and_try(self, request: Request, priority: float = 0.0,
+                       owner: Owner | None = None) -> tuple[int, Placement | None]:
+        """``submit`` and a first ``try_grant`` in one transaction (most requests fit at once)."""
+        self._check(request)
+        with self._tx() as db:
+            ticket = self._insert_ticket(db, request, priority, owner)
+            placement = self._try_grant(db, ticket, owner)
+        self._ensure_heartbeat()
+        return ticket, placement
 
     def try_grant(self, ticket: int, owner: Owner | None = None) -> Placement | None:
         """Grant ``ticket`` now if the policy places it in this pass; otherwise None (keep waiting)."""
-        now = time.time()
         with self._tx() as db:
+            return self._try_grant(db, ticket, owner)
+
+    def _try_grant(self, db: sqlite3.Connection, ticket: int, owner: Owner | None) -> Placement | None:
+        # Slices of dead holders only make the pool look fuller, so a grant planned before reclaiming
+        # never over-commits; reclaim (scans and /proc reads) only when the ticket does not fit yet.
+        placement = self._plan_and_grant(db, ticket, owner)
+        if placement is None:
             self._reclaim(db)
-            rows = db.execute("SELECT id, request, priority FROM tickets").fetchall()
-            if not any(r[0] == ticket for r in rows):
-                raise KeyError(f"ticket {ticket} is not waiting (cancelled, expired or already granted)")
-            # A ticket's request never changes: parse each once (kept while the ticket waits).
-            parsed = self._parsed_requests
-            self._parsed_requests = {r[0]: parsed.get(r[0]) or Request.from_dict(json.loads(r[1])) for r in rows}
-            waiting = [Waiting(r[0], self._parsed_requests[r[0]], r[2]) for r in rows]
-            grants = plan_grants(self.policy, waiting, self._free_state(db), until=ticket)
-            choice: Choice | None = grants.get(ticket)
-            if choice is None:
-                db.execute("UPDATE tickets SET expires_at=? WHERE id=?", (now + self.lease_ttl, ticket))
-                return None
-            request = next(w.request for w in waiting if w.ticket == ticket)
-            placement = Placement(uuid.uuid4().hex, choice.node, choice.devices, choice.fraction, choice.memory,
-                                  request.cpus, dict(request.resources), request.label, self.spec.simulated, now)
-            key, host, pid, pstart = self._owner_row(owner)
-            db.execute("DELETE FROM tickets WHERE id=?", (ticket,))
-            db.execute("INSERT INTO leases VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                       (placement.lease_id, key, host, pid, pstart, placement.label, placement.node,
-                        json.dumps(list(placement.devices)), placement.fraction, placement.memory, placement.cpus,
-                        json.dumps(dict(placement.resources)), now, now + self.lease_ttl))
-            self._log(db, "allocate", placement)
-        self._notify()
+            placement = self._plan_and_grant(db, ticket, owner)
+        if placement is None:
+            db.execute("UPDATE tickets SET expires_at=? WHERE id=?", (time.time() + self.lease_ttl, ticket))
+        else:
+            self._changed.notify_all()  # we hold the ledger lock inside the transaction
+        return placement
+
+    def _plan_and_grant(self, db: sqlite3.Connection, ticket: int, owner: Owner | None) -> Placement | None:
+        now = time.time()
+        rows = db.execute("SELECT id, request, priority FROM tickets").fetchall()
+        if not any(r[0] == ticket for r in rows):
+            raise KeyError(f"ticket {ticket} is not waiting (cancelled, expired or already granted)")
+        # A ticket's request never changes: parse each once (kept while the ticket waits).
+        parsed = self._parsed_requests
+        self._parsed_requests = {r[0]: parsed.get(r[0]) or Request.from_dict(json.loads(r[1])) for r in rows}
+        waiting = [Waiting(r[0], self._parsed_requests[r[0]], r[2]) for r in rows]
+        grants = plan_grants(self.policy, waiting, self._free_state(db), until=ticket)
+        choice: Choice | None = grants.get(ticket)
+        if choice is None:
+            return None
+        request = self._parsed_requests[ticket]
+        placement = Placement(uuid.uuid4().hex, choice.node, choice.devices, choice.fraction, choice.memory,
+                              request.cpus, dict(request.resources), request.label, self.spec.simulated, now)
+        key, host, pid, pstart = self._owner_row(owner)
+        db.execute("DELETE FROM tickets WHERE id=?", (ticket,))
+        db.execute("INSERT INTO leases VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                   (placement.lease_id, key, host, pid, pstart, placement.label, placement.node,
+                    json.dumps(list(placement.devices)), placement.fraction, placement.memory, placement.cpus,
+                    json.dumps(dict(placement.resources)), now, now + self.lease_ttl))
+        self._log(db, "allocate", placement)
         return placement
 
     def cancel(self, ticket: int) -> None:
         with self._tx() as db:
             db.execute("DELETE FROM tickets WHERE id=?", (ticket,))
-        self._notify()
+            self._changed.notify_all()
 
     def release(self, lease_id: str) -> bool:
         """Return a lease's slice to the pool; False if it was already released or reclaimed."""
@@ -388,7 +416,7 @@ class PoolLedger(LedgerClient):
             db.execute("DELETE FROM leases WHERE id=?", (lease_id,))
             db.execute("INSERT INTO events (t, kind, lease_id, label, node, devices, fraction, memory) VALUES (?,?,?,?,?,?,?,?)",
                        (time.time(), "release", lease_id, *row))
-        self._notify()
+            self._changed.notify_all()
         return True
 
     def heartbeat(self, owner: Owner | None = None) -> None:
@@ -423,7 +451,7 @@ class PoolLedger(LedgerClient):
                     db.execute("DELETE FROM resources WHERE node=? AND name=?", (n, name))
                 else:
                     db.execute("INSERT OR REPLACE INTO resources VALUES (?,?,?)", (n, name, float(capacity)))
-        self._notify()
+            self._changed.notify_all()
 
     def delete_resource(self, name: str, node: str | None = None) -> None:
         self.set_resource(name, 0, node)

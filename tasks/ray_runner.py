@@ -77,6 +77,9 @@ class RayLedger(LedgerClient):
     def try_grant(self, ticket: int) -> Placement | None:
         return self._ray.get(self._actor.try_grant.remote(ticket, self.owner))
 
+    def submit_and_try(self, request: Request, priority: float = 0.0) -> tuple[int, Placement | None]:
+        return self._ray.get(self._actor.submit_and_try.remote(request, priority, self.owner))
+
     def cancel(self, ticket: int) -> None:
         self._ray.get(self._actor.cancel.remote(ticket))
 
