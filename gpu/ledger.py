@@ -3,7 +3,7 @@
 State lives in SQLite so that every flow run using the same pool, in any process on this
 machine, shares one ledger: each grant runs in a ``BEGIN IMMEDIATE`` transaction, so two
 deployments never over-commit a device. (On a Ray cluster the same class runs inside one
-named actor instead, see ``tasks.ray_ledger``.) ``path=None`` keeps the ledger in memory for
+named actor instead, see ``tasks.ray_runner``.) ``path=None`` keeps the ledger in memory for
 single-process use and for simulations.
 
 Requests wait in a queue of tickets; the ``PlacementPolicy`` orders them and picks devices
