@@ -23,8 +23,10 @@ Usage: ``python benchmarks/runner_overhead.py [--quick] [--json OUT] [--tasks N]
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
+import shutil
 import sys
 import tempfile
 import threading
@@ -39,6 +41,7 @@ LEDGER_THREADS = 16
 def _isolated_env() -> Path:
     """Fresh Prefect home and gpuflows state (ledger file, MLflow DB) unless the caller set them."""
     root = Path(tempfile.mkdtemp(prefix="gpuflows-bench-"))
+    atexit.register(shutil.rmtree, root, True)  # registered first, so it runs after the server's stop
     for key, value in {
         "PREFECT_HOME": str(root / "prefect"),
         "GPUFLOWS_STATE_DIR": str(root / "state"),
@@ -123,7 +126,8 @@ def ledger_pairs_per_s(shared: bool, pairs_per_thread: int) -> float:
     from gpu.ledger import PoolLedger
     from gpu.placement import Request
 
-    path = Path(tempfile.mkdtemp(prefix="gpuflows-ledger-")) / "pool.sqlite" if shared else None
+    folder = Path(tempfile.mkdtemp(prefix="gpuflows-ledger-"))
+    path = folder / "pool.sqlite" if shared else None
     ledger = PoolLedger(PoolSpec((parse_simulated("2x16GiB", "bench"),)), path)
     request = Request(gpus=0.05, label="bench")  # 40 slots: 16 threads never wait for each other
     start = threading.Barrier(LEDGER_THREADS + 1)
@@ -147,6 +151,7 @@ def ledger_pairs_per_s(shared: bool, pairs_per_thread: int) -> float:
     elapsed = time.perf_counter() - t0
     left = ledger.leases()
     ledger.close()
+    shutil.rmtree(folder, ignore_errors=True)
     if errors:
         raise errors[0]
     if left:
@@ -202,8 +207,9 @@ def run(quick: bool, tasks: int | None, ray_tasks: int | None, skip_ray: bool = 
 
         # One local Ray for both runners (each reuses an initialised Ray and leaves it running);
         # its own temp dir so it never attaches to another Ray found in /tmp/ray.
+        ray_temp = tempfile.mkdtemp(prefix="gfb-", dir="/tmp")  # short: Ray puts unix sockets here
         ray.init(num_cpus=2, num_gpus=2, object_store_memory=200 * 2**20, include_dashboard=False,
-                 _temp_dir=tempfile.mkdtemp(prefix="gfb-", dir="/tmp"), log_to_driver=False)
+                 _temp_dir=ray_temp, log_to_driver=False)
         try:
             ray_pool = pool.model_copy(update={"name": f"bench-ray-{os.getpid()}"})
             time_flow(flow_fn, RayTaskRunner(), 4)  # warm-up: start the Ray workers
@@ -212,6 +218,7 @@ def run(quick: bool, tasks: int | None, ray_tasks: int | None, skip_ray: bool = 
                      "gpu_ray_mlflow": GpuRayTaskRunner(ray_pool, tracking=True)}, n_ray, 1)
         finally:
             ray.shutdown()
+            shutil.rmtree(ray_temp, ignore_errors=True)
 
     pairs = 100 if quick else 300
     out["ledger_pairs_per_s_16_threads"] = ledger_pairs_per_s(False, pairs)

@@ -130,12 +130,14 @@ def fake_gpu_run(prefect_server):
                 "leases": ray.get(ledger.leases.remote()),
                 "events": ray.get(ledger.events.remote()), "ray_gpus": ray.cluster_resources().get("GPU")}
 
-    with pytest.MonkeyPatch.context() as mp:
-        for k, v in RAY_ENV.items():
-            mp.setenv(k, v)
-        mp.delenv("RAY_ADDRESS", raising=False)
-        out = fake_gpus()
-    shutil.rmtree(temp_dir, ignore_errors=True)
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            for k, v in RAY_ENV.items():
+                mp.setenv(k, v)
+            mp.delenv("RAY_ADDRESS", raising=False)
+            out = fake_gpus()
+    finally:
+        shutil.rmtree(temp_dir, ignore_errors=True)
     assert not ray.is_initialized(), "the runner started Ray, so it must shut it down at flow end"
     return out
 
