@@ -100,7 +100,7 @@ class LoadGenerator:
     Args:
         submit: ``frontend.submit(session_id, x) -> request id``.
         trace: the rates over time.
-        inputs: N×64 input images; request k carries row ``k mod N``.
+        inputs: N×64 input images; request k carries row ``k mod N`` (a 1×64 view).
         labels: their true classes (to measure the served models' accuracy).
     """
 
@@ -108,7 +108,7 @@ class LoadGenerator:
                  labels: torch.Tensor | Sequence[int] | None = None, seed: int = 0):
         self.submit = submit
         self.trace = trace
-        self.rows = list(inputs.unbind(0))
+        self.rows = list(inputs.split(1))  # 1×d views: each request is a batch of one, as a client sends it
         self.labels = [int(y) for y in labels] if labels is not None else None
         self.seed = seed
 

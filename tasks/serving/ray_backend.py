@@ -49,8 +49,7 @@ class _WorkerActor:
         self.worker.update(node)
 
     def collect(self) -> list:
-        out, self.recorder.outcomes = self.recorder.outcomes, []
-        return out
+        return self.recorder.take()
 
     def stop(self) -> list:
         self.worker.stop(drain=True)

@@ -1,7 +1,7 @@
 """What happened to every request the runtime received, and the per-window figures a flow logs.
 
-Workers and the frontend append one tuple per finished or dropped request (``list.append`` is atomic in
-CPython, so no lock sits on the request path); a flow turns a time window of them into throughput, SLO
+Workers and the frontend append one chunk per executed batch or dropped group (``list.append`` is atomic
+in CPython, so no lock sits on the request path); a flow turns a time window of them into throughput, SLO
 attainment and bad rate (Nexus §7: a request is *bad* if it is dropped or misses its deadline).
 """
 
@@ -9,9 +9,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import NamedTuple
+from itertools import repeat
+from typing import NamedTuple, Sequence
 
 import numpy as np
+
+from gpu.batching import Request
+
+_NAN = math.nan
 
 
 class Outcome(NamedTuple):
@@ -71,18 +76,47 @@ class WindowStats:
 
 
 class Recorder:
-    """Append-only log of request outcomes (one per request, finished or dropped)."""
+    """Append-only log of request outcomes, one chunk per executed batch or dropped group.
+
+    The worker hands a batch back as one tuple (its ``Request`` objects, node, finish time, batch size,
+    predictions) — no per-request object on the serving path; :attr:`outcomes` and :meth:`window` expand the
+    chunks when a flow reads them. ``list.append`` and ``del lst[:n]`` are atomic in CPython, so writers on
+    several threads need no lock.
+    """
 
     def __init__(self) -> None:
-        self.outcomes: list[Outcome] = []
+        self._chunks: list[tuple[Sequence[Request], int, float, int, Sequence[int] | None]] = []
 
-    def add(self, outcome: Outcome) -> None:
-        self.outcomes.append(outcome)
+    def served(self, reqs: Sequence[Request], preds: Sequence[int], node_id: int, finish_ms: float) -> None:
+        self._chunks.append((reqs, node_id, finish_ms, len(reqs), preds))
+
+    def dropped(self, reqs: Sequence[Request], node_id: int) -> None:
+        self._chunks.append((reqs, node_id, _NAN, 0, None))
+
+    @staticmethod
+    def _expand(chunks) -> list[Outcome]:
+        out: list[Outcome] = []
+        for reqs, node, finish, batch, preds in chunks:
+            out.extend(Outcome(r.request_id, r.app_id, node, r.arrival_ms, r.deadline_ms, finish, batch, p)
+                       for r, p in zip(reqs, repeat(-1) if preds is None else preds))
+        return out
+
+    @property
+    def outcomes(self) -> list[Outcome]:
+        """Every outcome so far, in the order batches finished (drops in the order they were decided)."""
+        return self._expand(self._chunks[:])
+
+    def take(self) -> list[Outcome]:
+        """The outcomes so far, removing them from the log (what a remote worker ships back)."""
+        n = len(self._chunks)
+        chunks = self._chunks[:n]
+        del self._chunks[:n]
+        return self._expand(chunks)
 
     def window(self, start_ms: float = -math.inf, end_ms: float = math.inf, session_id: str | None = None,
                labels: dict[int, int] | None = None) -> WindowStats:
         """Stats of the requests that arrived in the window (optionally one session's)."""
-        rows = [o for o in list(self.outcomes)
+        rows = [o for o in self.outcomes
                 if start_ms <= o.arrival_ms < end_ms and (session_id is None or o.session_id == session_id)]
         finish = np.array([o.finish_ms for o in rows], dtype=float)
         deadline = np.array([o.deadline_ms for o in rows], dtype=float)
