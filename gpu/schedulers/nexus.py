@@ -87,10 +87,17 @@ class Plan:
     preset: str
     nodes: tuple[GpuNode, ...]
     sessions: tuple[Session, ...]
+    unassigned: tuple[tuple[str, float], ...] = ()  # (session id, req/s) a capped cluster could not place
 
     @property
     def num_gpus(self) -> int:
         return len(self.nodes)
+
+    def served_fraction(self, session_id: str) -> float:
+        """Share of a session's requests the plan places on some GPU (the rest are dropped at the frontend)."""
+        placed = sum(p.rate for n in self.nodes for p in n.placements if p.session_id == session_id)
+        left = sum(r for s, r in self.unassigned if s == session_id)
+        return placed / (placed + left) if placed + left > 0 else 0.0
 
     def rate_shares(self) -> dict[str, dict[int, float]]:
         """Routing table: session id → {node id: fraction of its requests sent there}."""
@@ -120,6 +127,7 @@ class Plan:
                                      "rate": p.rate, "slo_ms": p.slo_ms} for p in n.placements]}
                       for n in self.nodes],
             "rate_shares": {s: {str(k): v for k, v in d.items()} for s, d in self.rate_shares().items()},
+            "unassigned": dict(self.unassigned),
         }
 
 
@@ -199,28 +207,94 @@ class SquishyPacker:
         b = acc.max_batch(p, session.slo_ms, session.session_id)
         return b, 1000.0 * b / acc.latency(p, b)
 
-    def plan(self, sessions: Sequence[Session]) -> Plan:
-        """SQUISHYBINPACKING: saturated nodes first, then best-fit merged residual nodes."""
+    def plan(self, sessions: Sequence[Session], max_gpus: int | None = None) -> Plan:
+        """SQUISHYBINPACKING: saturated nodes first, then best-fit merged residual nodes.
+
+        With ``max_gpus`` (a fixed cluster) the residual nodes beyond the cap are spilled, least occupied
+        first, into the remaining nodes, splitting a session's rate where only part of it fits — the
+        authors' ``FindBestBackend``/``AllocateUnassignedWorkloads`` greedy (spec §3.2 code notes); what
+        still does not fit is returned in ``Plan.unassigned`` (dropped at run time, as in the code).
+        """
         acc = self.accounting
         _check_unique(sessions)
+        if max_gpus is not None and (isinstance(max_gpus, bool) or not isinstance(max_gpus, int) or max_gpus < 1):
+            raise ConfigError("gpus", max_gpus, "must be an integer >= 1")
         nodes: list[GpuNode] = []
         residuals: list[_Member] = []
+        unassigned: dict[str, float] = {}
         for s in sessions:  # SCHEDULESATURATE
             p = _resolve(self.profiles, s)
             cap, tput = self.max_throughput(s)
             n = int(math.floor(s.rate / tput + _EPS))
             lat = acc.latency(p, cap)
             for _ in range(n):
+                if max_gpus is not None and len(nodes) >= max_gpus:
+                    unassigned[s.session_id] = unassigned.get(s.session_id, 0.0) + tput
+                    continue
                 nodes.append(GpuNode(len(nodes), lat, (Placement(s.session_id, s.model, s.slo_ms, cap, tput, lat,
                                                                   acc.worst_case(p, lat, cap)),),
                                      saturated=True, memory_bytes=p.memory(cap)))
             r = s.rate - n * tput
             if r > 1e-6 * max(1.0, s.rate):
-                b, d = acc.residual(p, s.slo_ms, r, cap)
-                residuals.append(_Member(s, p, r, cap, d))
-        for node in self._schedule_residue(residuals):
+                residuals.append(self._member(s, r))
+        packed = self._schedule_residue(residuals)
+        if max_gpus is not None:
+            packed = self._spill(packed, max_gpus - len(nodes), unassigned)
+        for node in packed:
             nodes.append(self._freeze(node, len(nodes)))
-        return Plan("squishy" if self.colocate else "no_colocation", acc.name, tuple(nodes), tuple(sessions))
+        return Plan("squishy" if self.colocate else "no_colocation", acc.name, tuple(nodes), tuple(sessions),
+                    tuple(sorted(unassigned.items())))
+
+    def _member(self, s: Session, rate: float) -> _Member:
+        p = _resolve(self.profiles, s)
+        cap = self.accounting.max_batch(p, s.slo_ms, s.session_id)
+        return _Member(s, p, rate, cap, self.accounting.residual(p, s.slo_ms, rate, cap)[1])
+
+    def _spill(self, nodes: list[_Node], budget: int, unassigned: dict[str, float]) -> list[_Node]:
+        """Evict the least-occupied residual nodes until ``budget`` remain; re-place their rates, split if need be."""
+        nodes = list(nodes)
+        while len(nodes) > max(budget, 0):
+            evicted = nodes.pop(min(range(len(nodes)), key=lambda j: nodes[j].occupancy))
+            for m in sorted(evicted.members, key=lambda m: -m.rate):
+                left = m.rate
+                while left > 1e-6 * max(1.0, m.rate):
+                    best: tuple[tuple[bool, float], int, _Node, float] | None = None
+                    for j, node in enumerate(nodes):
+                        x, merged = self._largest_share(node, m.session, left)
+                        if merged is None:
+                            continue
+                        # whole rate fits → best fit (highest occupancy); else the most rate (code rule)
+                        key = (x >= left - 1e-9, merged.occupancy if x >= left - 1e-9 else x)
+                        if best is None or key > best[0]:
+                            best = (key, j, merged, x)
+                    if best is None:
+                        break
+                    _, j, nodes[j], x = best
+                    left -= x
+                if left > 1e-6 * max(1.0, m.rate):
+                    sid = m.session.session_id
+                    unassigned[sid] = unassigned.get(sid, 0.0) + left
+        return nodes
+
+    def _largest_share(self, node: _Node, s: Session, left: float) -> tuple[float, _Node | None]:
+        """Most of ``left`` req/s of ``s`` that ``node`` can take (bisection), and the merged node."""
+        if not self.colocate:
+            return 0.0, None
+        have = sum(m.rate for m in node.members if m.session.session_id == s.session_id)
+        others = [m for m in node.members if m.session.session_id != s.session_id]
+
+        def merged(x: float) -> _Node | None:
+            return self._merge(others + [self._member(s, have + x)])
+
+        whole = merged(left)
+        if whole is not None:
+            return left, whole
+        lo, lo_node, hi = 0.0, None, left
+        for _ in range(20):
+            mid = (lo + hi) / 2
+            trial = merged(mid)
+            lo, lo_node, hi = (mid, trial, hi) if trial is not None else (lo, lo_node, mid)
+        return (lo, lo_node) if lo_node is not None and lo > 1e-3 * left else (0.0, None)
 
     def _schedule_residue(self, residuals: list[_Member]) -> list[_Node]:
         singles = [self._merge([m]) for m in residuals]

@@ -2,7 +2,7 @@
 
 A *policy* here is a whole serving configuration from the paper's evaluation (§7): a placement
 (squishy bin packing, batch-oblivious, no co-location), a dispatch batch policy (early drop, lazy drop,
-fixed batch) and a query split (DP or even). ``nexus`` is the full system; the others are its ablations
+fixed batch), a query split (DP or even) and prefix batching (on or off). ``nexus`` is the full system; the others are its ablations
 and the Clipper/TF-Serving-like baselines of §7.2. Scenario format: ``docs/nexus.md``.
 """
 
@@ -11,11 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+import numpy as np
+
 from gpu.batching import make_policy
 from gpu.errors import ConfigError
 from gpu.report import SimulationReport
 from gpu.scenario import choose, load_scenario, positive, require
 from gpu.schedulers.nexus import Plan, Session, SquishyPacker, batch_oblivious_plan
+from gpu.schedulers.nexus_prefix import PrefixGroup, merge_sessions, variant_profiles
 from gpu.schedulers.nexus_profiles import (PRESETS, BatchProfile, linear_profile, published_profiles,
                                            table_profile)
 from gpu.schedulers.nexus_query import Query, QueryStage, even_split, profile_throughput, split_slo
@@ -30,16 +33,18 @@ class Strategy:
     placement: str
     batch_policy: str
     query_split: str = "dp"
+    prefix_batching: bool = True
 
 
 STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
     Strategy("nexus", "squishy", "early_drop"),
     Strategy("nexus_lazy_drop", "squishy", "lazy_drop"),
     Strategy("nexus_even_split", "squishy", "early_drop", "even"),
+    Strategy("nexus_no_prefix_batching", "squishy", "early_drop", "dp", False),
     Strategy("no_colocation", "no_colocation", "early_drop"),
     Strategy("batch_oblivious", "batch_oblivious", "early_drop"),
-    Strategy("batch_oblivious_lazy_drop", "batch_oblivious", "lazy_drop", "even"),
-    Strategy("batch_oblivious_fixed_batch", "batch_oblivious", "fixed_batch", "even"),
+    Strategy("batch_oblivious_lazy_drop", "batch_oblivious", "lazy_drop", "even", False),
+    Strategy("batch_oblivious_fixed_batch", "batch_oblivious", "fixed_batch", "even", False),
 )}
 
 
@@ -58,6 +63,7 @@ class NexusScenario:
     seed: int = 0
     noise: bool = False
     epsilon_ms: float = 1.0
+    prefix_groups: tuple[PrefixGroup, ...] = ()
 
 
 def _models(raw: list[dict[str, Any]]) -> dict[str, BatchProfile]:
@@ -78,12 +84,14 @@ def _models(raw: list[dict[str, Any]]) -> dict[str, BatchProfile]:
 def load(path: str) -> NexusScenario:
     """Parse and validate a Nexus scenario file (JSON or YAML)."""
     raw = load_scenario(path)
-    known = {"name", "preset", "models", "sessions", "queries", "gpus", "simulation"}
+    known = {"name", "preset", "models", "sessions", "queries", "gpus", "simulation", "prefix_groups"}
     for key in raw:
         if key not in known:
             raise ConfigError(key, raw[key], f"unknown scenario field; expected one of {sorted(known)}")
     preset = choose(raw.get("preset", "paper"), "preset", list(PRESETS))
     profiles = {**published_profiles(), **_models(raw.get("models", []))}
+    groups = _prefix_groups(raw.get("prefix_groups", []) or [], profiles)
+    profiles.update(variant_profiles(groups, profiles))
     sessions = tuple(Session(str(require(s, "id", f"sessions[{i}].")), str(require(s, "model", f"sessions[{i}].")),
                              require(s, "slo_ms", f"sessions[{i}]."), require(s, "rate", f"sessions[{i}]."))
                      for i, s in enumerate(raw.get("sessions", [])))
@@ -114,51 +122,86 @@ def load(path: str) -> NexusScenario:
         gpus=gpus, duration_s=positive(sim.get("duration_s", 20.0), "simulation.duration_s"),
         arrivals=choose(sim.get("arrivals", "poisson"), "simulation.arrivals", ["poisson", "uniform"]),
         seed=int(sim.get("seed", 0)), noise=bool(sim.get("noise", False)),
-        epsilon_ms=positive(sim.get("epsilon_ms", 1.0), "simulation.epsilon_ms"))
+        epsilon_ms=positive(sim.get("epsilon_ms", 1.0), "simulation.epsilon_ms"), prefix_groups=groups)
 
 
-def scaled_sessions(sc: NexusScenario, strategy: Strategy, load: float = 1.0) -> list[Session]:
-    """The scenario's sessions plus its queries' stage sessions (split by DP or evenly), rates × ``load``."""
+def _prefix_groups(raw: list[dict[str, Any]], profiles: dict[str, BatchProfile]) -> tuple[PrefixGroup, ...]:
+    """``prefix_groups: [{name, prefix: <model>, suffix: {alpha_ms, beta_ms, memory_mb}, models: [...]}]``."""
+    out = []
+    for i, g in enumerate(raw):
+        where = f"prefix_groups[{i}]."
+        name = str(require(g, "name", where))
+        prefix = str(require(g, "prefix", where))
+        if prefix not in profiles:
+            raise ConfigError(f"{where}prefix", prefix, f"unknown model; choose one of {sorted(profiles)}")
+        suf = require(g, "suffix", where) or {}
+        base = profiles[prefix]
+        suffix = linear_profile(f"{name}.suffix", positive(suf.get("alpha_ms", 0.0), f"{where}suffix.alpha_ms",
+                                                           allow_zero=True),
+                                positive(require(suf, "beta_ms", f"{where}suffix."), f"{where}suffix.beta_ms"),
+                                base.max_batch,
+                                int(positive(suf.get("memory_mb", 0.0), f"{where}suffix.memory_mb",
+                                             allow_zero=True) * 1024**2))
+        models = require(g, "models", where)
+        if not isinstance(models, list):
+            raise ConfigError(f"{where}models", models, "must be a list of variant model names")
+        out.append(PrefixGroup(name, base, suffix, tuple(str(m) for m in models)))
+    return tuple(out)
+
+
+def scaled_sessions(sc: NexusScenario, strategy: Strategy, load: float = 1.0
+                    ) -> tuple[list[Session], dict[str, BatchProfile]]:
+    """The sessions to place and their profiles: the scenario's sessions plus its queries' stage sessions
+    (split by DP or evenly), rates × ``load``, then — with prefix batching — each prefix group's equal-SLO
+    sessions merged into one session of a prefix-batched model (epoch steps 1–2, §6.1)."""
     out = [replace(s, rate=s.rate * load) for s in sc.sessions]
     for q in sc.queries:
         q = replace(q, rate=q.rate * load)
         tput = {st.name: profile_throughput(sc.profiles[st.model], sc.preset) for st in q.stages}
         split = split_slo(q, tput, sc.epsilon_ms) if strategy.query_split == "dp" else even_split(q, tput)
         out += split.sessions(q)
-    return out
+    if not (strategy.prefix_batching and sc.prefix_groups):
+        return out, dict(sc.profiles)
+    merged, extra = merge_sessions(out, sc.prefix_groups)
+    return merged, {**sc.profiles, **extra}
 
 
 def build_plan(sc: NexusScenario, strategy: Strategy, load: float = 1.0, gpus: int | None = None) -> Plan:
     """The plan ``strategy`` makes for the scenario at ``load`` × its rates.
 
     With a fixed cluster of ``gpus`` GPUs every scheduler uses all of it: the batch-oblivious one scales its
-    shares to the cluster (§7.2); squishy packing plans for the largest rate headroom ``h ≥ 1`` (rates × h)
-    that still fits, so Poisson bursts meet spare capacity instead of GPUs at occupancy 1 (inferred).
+    shares to the cluster (§7.2); squishy packing plans for the largest rate headroom ``h ≥ 1`` (rates × h,
+    scanned on a grid because the GPU count of Algorithm 1 is not monotone in the rates) whose plan still
+    fits, so Poisson bursts meet spare capacity instead of GPUs at occupancy 1 (inferred).
+    When even ``h = 1`` does not fit, the capped plan splits residual rates into the cluster and leaves the
+    rest unassigned (dropped), as the authors' scheduler does (``SquishyPacker.plan(max_gpus=...)``).
     """
-    sessions = scaled_sessions(sc, strategy, load)
+    sessions, profiles = scaled_sessions(sc, strategy, load)
     if strategy.placement == "batch_oblivious":
-        return batch_oblivious_plan(sessions, sc.profiles, sc.preset, gpus)
-    packer = SquishyPacker(sc.profiles, sc.preset, colocate=strategy.placement == "squishy")
+        return batch_oblivious_plan(sessions, profiles, sc.preset, gpus)
+    packer = SquishyPacker(profiles, sc.preset, colocate=strategy.placement == "squishy")
     plan = packer.plan(sessions)
-    if gpus is None or plan.num_gpus > gpus:
+    if gpus is None:
         return plan
-    lo, hi = 1.0, 4.0
-    for _ in range(12):
-        mid = (lo + hi) / 2
-        trial = packer.plan([replace(s, rate=s.rate * mid) for s in sessions])
+    if plan.num_gpus > gpus:
+        return packer.plan(sessions, max_gpus=gpus)
+    for h in HEADROOM_GRID[::-1]:
+        trial = packer.plan([replace(s, rate=s.rate * h) for s in sessions])
         if trial.num_gpus <= gpus:
-            lo, plan = mid, trial
-        else:
-            hi = mid
+            return trial
     return plan
+
+
+HEADROOM_GRID = tuple(float(h) for h in np.geomspace(1.0, 4.0, 15)[1:])
 
 
 def evaluate(sc: NexusScenario, strategy: Strategy, load: float = 1.0, gpus: int | None = None,
              duration_s: float | None = None) -> tuple[Plan, SimResult]:
     """Plan at ``load`` and simulate the plan with the strategy's batch policy."""
     plan = build_plan(sc, strategy, load, gpus)
-    offered = {s.session_id: s.rate for s in scaled_sessions(sc, strategy, load)}
-    res = simulate_plan(plan, sc.profiles, make_policy(strategy.batch_policy), rates=offered,
+    sessions, profiles = scaled_sessions(sc, strategy, load)
+    res = simulate_plan(plan, profiles, make_policy(strategy.batch_policy),
+                        rates={s.session_id: s.rate for s in sessions},
                         duration_s=duration_s or sc.duration_s,
                         arrivals=sc.arrivals, noise=sc.noise, seed=sc.seed)
     return plan, res
@@ -168,9 +211,6 @@ def max_load(sc: NexusScenario, strategy: Strategy, gpus: int, *, target_bad: fl
              duration_s: float | None = None) -> float:
     """Largest load multiplier at which ``strategy`` fits ``gpus`` GPUs with bad rate ≤ ``target_bad`` (bisection)."""
     def ok(load: float) -> bool:
-        plan = build_plan(sc, strategy, load, gpus)
-        if plan.num_gpus > gpus:
-            return False
         _, res = evaluate(sc, strategy, load, gpus, duration_s)
         return res.bad_rate <= target_bad
 
@@ -202,7 +242,7 @@ def run(scenario_path: str, policies: list[str] | None = None) -> SimulationRepo
         plan, res = evaluate(sc, st, gpus=sc.gpus)
         offered = res.total("offered")
         rows.append({"policy": n, "placement": st.placement, "batch_policy": st.batch_policy,
-                     "query_split": st.query_split, "gpus": plan.num_gpus,
+                     "query_split": st.query_split, "prefix_batching": st.prefix_batching, "gpus": plan.num_gpus,
                      "offered_rps": offered / sc.duration_s, "good_rps": res.total("good") / sc.duration_s,
                      "bad_rate": res.bad_rate, "dropped": res.total("dropped"), "late": res.total("late"),
                      "mean_batch": res.mean_batch, "slo_violations_in_plan": len(plan.violations())})

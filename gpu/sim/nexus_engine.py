@@ -188,7 +188,10 @@ def simulate_plan(plan: Plan, profiles: Mapping[str, BatchProfile], policy: Batc
             stats.dropped += len(t)  # nothing hosts it: every request is dropped
             continue
         node_ids = np.array(sorted(share))
-        pick = rng.choice(len(node_ids), size=len(t), p=np.array([share[n] for n in node_ids]))
+        served = plan.served_fraction(sid)  # the rest was left unassigned by a capped plan: dropped
+        weights = np.array([share[n] * served for n in node_ids] + [1.0 - served])
+        pick = rng.choice(len(node_ids) + 1, size=len(t), p=weights / weights.sum())
+        stats.dropped += int(np.sum(pick == len(node_ids)))
         for j, nid in enumerate(node_ids):
             routed[(sid, int(nid))] = t[pick == j]
     loop = EventLoop()
