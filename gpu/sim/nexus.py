@@ -21,6 +21,7 @@ from gpu.schedulers.nexus import Plan, Session, SquishyPacker, batch_oblivious_p
 from gpu.schedulers.nexus_prefix import PrefixGroup, merge_sessions, variant_profiles
 from gpu.schedulers.nexus_profiles import (PRESETS, BatchProfile, linear_profile, published_profiles,
                                            table_profile)
+from gpu.schedulers.nexus_synthetic import MIB, synthetic_profiles
 from gpu.schedulers.nexus_query import Query, QueryStage, even_split, profile_throughput, split_slo
 from gpu.sim.nexus_engine import SimResult, simulate_plan
 
@@ -89,7 +90,7 @@ def load(path: str) -> NexusScenario:
         if key not in known:
             raise ConfigError(key, raw[key], f"unknown scenario field; expected one of {sorted(known)}")
     preset = choose(raw.get("preset", "paper"), "preset", list(PRESETS))
-    profiles = {**published_profiles(), **_models(raw.get("models", []))}
+    profiles = {**published_profiles(), **synthetic_profiles(), **_models(raw.get("models", []))}
     groups = _prefix_groups(raw.get("prefix_groups", []) or [], profiles)
     profiles.update(variant_profiles(groups, profiles))
     sessions = tuple(Session(str(require(s, "id", f"sessions[{i}].")), str(require(s, "model", f"sessions[{i}].")),
@@ -141,7 +142,7 @@ def _prefix_groups(raw: list[dict[str, Any]], profiles: dict[str, BatchProfile])
                                 positive(require(suf, "beta_ms", f"{where}suffix."), f"{where}suffix.beta_ms"),
                                 base.max_batch,
                                 int(positive(suf.get("memory_mb", 0.0), f"{where}suffix.memory_mb",
-                                             allow_zero=True) * 1024**2))
+                                             allow_zero=True) * MIB))
         models = require(g, "models", where)
         if not isinstance(models, list):
             raise ConfigError(f"{where}models", models, "must be a list of variant model names")
@@ -211,8 +212,10 @@ def max_load(sc: NexusScenario, strategy: Strategy, gpus: int, *, target_bad: fl
              duration_s: float | None = None) -> float:
     """Largest load multiplier at which ``strategy`` fits ``gpus`` GPUs with bad rate ≤ ``target_bad`` (bisection)."""
     def ok(load: float) -> bool:
-        _, res = evaluate(sc, strategy, load, gpus, duration_s)
-        return res.bad_rate <= target_bad
+        plan, res = evaluate(sc, strategy, load, gpus, duration_s)
+        # load a capped plan cannot place is lost at any rate, even where the sample is too small to show it
+        lost = sum(r for _, r in plan.unassigned) / max(sum(s.rate for s in plan.sessions), 1e-12)
+        return lost <= target_bad and res.bad_rate <= target_bad
 
     lo, hi = 0.0, 1.0
     while ok(hi) and hi < 1024:
