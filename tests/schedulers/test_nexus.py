@@ -6,6 +6,7 @@ import pytest
 from gpu.errors import ConfigError
 from gpu.schedulers.nexus import (Session, SquishyPacker, batch_oblivious_plan, ceil_batch, gpu_lower_bound)
 from gpu.schedulers.nexus_profiles import linear_profile, published_profiles, table_profile
+from gpu.schedulers.nexus_synthetic import synthetic_profiles
 
 TOY = {"A": table_profile("A", {4: 50, 8: 75, 16: 100}), "B": table_profile("B", {4: 50, 8: 90, 16: 125}),
        "C": table_profile("C", {4: 60, 8: 95, 16: 125})}
@@ -139,3 +140,51 @@ def test_negative_rate_is_a_config_error_naming_it():
 def test_unknown_preset_is_a_config_error():
     with pytest.raises(ConfigError, match="preset"):
         SquishyPacker(TOY, "fast")
+
+
+def test_batch_oblivious_runs_every_session_at_its_solo_max_batch_interleaved():
+    sessions = [Session(f"s{i}", "resnet50", slo, 300.0) for i, slo in enumerate((50, 80, 120, 200, 60, 90))]
+    profiles = synthetic_profiles()
+    plan = batch_oblivious_plan(sessions, profiles, gpus=2)
+    packer = SquishyPacker(profiles)
+    solo = {s.session_id: packer.max_throughput(s)[0] for s in sessions}
+    assert all(p.batch == solo[p.session_id] for n in plan.nodes for p in n.placements)
+    shared = [n for n in plan.nodes if len(n.placements) > 1]
+    assert shared  # co-located models interleave round-robin: the duty cycle is one solo max batch of each
+    for n in shared:
+        assert n.duty_cycle_ms == pytest.approx(sum(profiles["resnet50"].latency(p.batch) for p in n.placements))
+
+
+def mixed_slo(total):
+    return [Session(f"s{i}", "resnet50", float(slo), total / 16) for i, slo in enumerate(np.linspace(50, 200, 16))]
+
+
+def test_capped_plan_splits_residual_rates_into_the_cluster_instead_of_opening_a_gpu():
+    packer = SquishyPacker(synthetic_profiles())
+    assert packer.plan(mixed_slo(9000)).num_gpus == 9
+    plan = packer.plan(mixed_slo(9000), max_gpus=8)
+    assert plan.num_gpus == 8 and plan.unassigned == () and plan.violations() == []
+    assert any(len(shares) > 1 for shares in plan.rate_shares().values())
+    assert all(plan.served_fraction(s.session_id) == pytest.approx(1.0) for s in plan.sessions)
+
+
+def test_capped_plan_reports_the_load_it_cannot_place():
+    sessions = mixed_slo(10500)
+    plan = SquishyPacker(synthetic_profiles()).plan(sessions, max_gpus=8)
+    assert plan.num_gpus == 8 and plan.violations() == []
+    lost = dict(plan.unassigned)
+    assert lost and all(r > 0 for r in lost.values())
+    for s in sessions:
+        placed = sum(p.rate for n in plan.nodes for p in n.placements if p.session_id == s.session_id)
+        assert placed + lost.get(s.session_id, 0.0) == pytest.approx(s.rate)
+
+
+def test_capped_plan_with_fewer_gpus_than_saturated_nodes_leaves_the_rest_unassigned():
+    plan = SquishyPacker(TOY).plan(toy_sessions(400, 160, 300), max_gpus=2)
+    assert plan.num_gpus == 2 and all(n.saturated for n in plan.nodes)
+    assert sum(r for _, r in plan.unassigned) == pytest.approx(860 - 2 * 160)
+
+
+def test_max_gpus_below_one_is_a_config_error():
+    with pytest.raises(ConfigError, match="gpus=0"):
+        SquishyPacker(TOY).plan(toy_sessions(64, 32, 32), max_gpus=0)

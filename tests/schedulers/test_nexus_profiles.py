@@ -5,6 +5,7 @@ import pytest
 from gpu.errors import ConfigError
 from gpu.schedulers.nexus_profiles import (CODE, PAPER, fit_linear, load_published_profile, profile_from_measurements,
                                            published_profiles)
+from gpu.schedulers.nexus_synthetic import synthetic_profile
 
 
 @pytest.mark.parametrize("model,rows,pre_us,post_us", [("vgg16", 174, 3306.44, 1.4025), ("vgg_face", 173, 3165.01, 2.3435),
@@ -45,3 +46,16 @@ def test_unknown_published_model_is_a_config_error():
 def test_bad_measurements_are_a_config_error():
     with pytest.raises(ConfigError, match="samples"):
         profile_from_measurements("mine", [(0, 5.0)])
+
+
+@pytest.mark.parametrize("model,lat1,gain", [("resnet50", 6.2, 8.0), ("inception", 7.0, 8.0), ("ssd", 47.0, 4.7)])
+def test_synthetic_profiles_hit_the_paper_anchors(model, lat1, gain):
+    p = synthetic_profile(model)
+    assert p.latency(1) == pytest.approx(lat1)
+    assert (32 / p.latency(32)) / (1 / p.latency(1)) == pytest.approx(gain)
+    assert p.memory(1) > 0
+
+
+def test_unknown_synthetic_model_is_a_config_error():
+    with pytest.raises(ConfigError, match="model='alexnet'"):
+        synthetic_profile("alexnet")

@@ -9,6 +9,7 @@ from gpu.errors import ConfigError
 from gpu.schedulers.nexus_query import (Query, QueryStage, even_split, profile_throughput, split_slo,
                                         table_throughput)
 from gpu.schedulers.nexus_profiles import linear_profile
+from gpu.schedulers.nexus_synthetic import synthetic_profiles
 
 FIG3 = {"X": table_throughput({40: 200, 50: 250, 60: 300}), "Y": table_throughput({40: 300, 50: 400, 60: 500})}
 
@@ -79,3 +80,25 @@ def test_query_with_two_roots_is_a_config_error():
 def test_query_slo_too_tight_for_any_split_is_a_config_error():
     with pytest.raises(ConfigError, match=r"q\.slo_ms"):
         split_slo(Query("q", (QueryStage("X", "x"), QueryStage("Y", "y", "X")), 60, 1), FIG3, 10)
+
+
+def ssd_inception(slo, gamma):
+    q = Query("q", (QueryStage("det", "ssd"), QueryStage("rec", "inception", "det", gamma)), slo, 1.0)
+    profiles = synthetic_profiles()
+    return q, {st.name: profile_throughput(profiles[st.model]) for st in q.stages}
+
+
+@pytest.mark.parametrize("slo", [300, 400, 500])
+@pytest.mark.parametrize("gamma", [0.1, 1, 10])
+def test_dp_beats_even_split_on_the_synthetic_ssd_to_inception_query(slo, gamma):
+    q, tput = ssd_inception(slo, gamma)
+    dp, even = split_slo(q, tput), even_split(q, tput)
+    assert even.gpus / dp.gpus > 1.05
+    brute = min(1 / tput["det"](k) + gamma / tput["rec"](slo - k)
+                for k in range(1, slo) if tput["det"](k) > 0 and tput["rec"](slo - k) > 0)
+    assert dp.gpus == pytest.approx(brute)
+
+
+def test_dp_gives_ssd_most_of_a_400_ms_budget_as_in_the_traffic_study():
+    q, tput = ssd_inception(400, 1)
+    assert 300 < split_slo(q, tput).slo_ms["det"] < 400

@@ -9,7 +9,7 @@ from gpu.batching import make_policy
 from gpu.errors import ConfigError
 from gpu.schedulers.nexus import GpuNode, Placement, Plan, Session
 from gpu.schedulers.nexus_profiles import linear_profile
-from gpu.sim.nexus import run
+from gpu.sim.nexus import STRATEGIES, build_plan, load, run
 from gpu.sim.nexus_engine import simulate_plan
 from gpuflows.cli import main
 
@@ -82,3 +82,48 @@ def test_scenario_with_negative_rate_names_the_session(tmp_path):
 def test_scenario_with_slo_below_batch1_latency_names_the_session(tmp_path):
     with pytest.raises(ConfigError, match=r"a\.slo_ms=5"):
         run(write(tmp_path, "sessions: [{id: a, model: vgg16, slo_ms: 5, rate: 10}]\n"), ["nexus"])
+
+
+def test_cli_prefix_scenario_merges_variants_only_with_prefix_batching(tmp_path):
+    out = tmp_path / "pb.json"
+    assert main(["simulate", "nexus", str(SCENARIOS / "prefix_variants.yaml"), "--policy", "nexus",
+                 "--policy", "nexus_no_prefix_batching", "--json", str(out)]) == 0
+    rows = {r["policy"]: r for r in json.loads(out.read_text())["table"]}
+    assert rows["nexus"]["prefix_batching"] and not rows["nexus_no_prefix_batching"]["prefix_batching"]
+    assert rows["nexus"]["bad_rate"] == 0.0
+    assert rows["nexus_no_prefix_batching"]["bad_rate"] > 0.1  # six whole models do not fit one GPU
+
+
+def test_unassigned_load_of_a_capped_plan_is_dropped_in_simulation():
+    plan, profiles = one_gpu(200)
+    capped = Plan(plan.strategy, plan.preset, plan.nodes, plan.sessions, (("s", 200.0),))
+    res = simulate_plan(capped, profiles, make_policy("early_drop"), rates={"s": 400.0}, duration_s=10,
+                        arrivals="uniform", seed=2)
+    assert capped.served_fraction("s") == pytest.approx(0.5)
+    assert res.total("dropped") / res.total("offered") == pytest.approx(0.5, abs=0.03)
+
+
+def test_throughput_search_replans_nexus_at_each_load_within_the_cluster():
+    sc = load(str(SCENARIOS / "traffic_query.yaml"))
+    low, high = build_plan(sc, STRATEGIES["nexus"], 1.0, 6), build_plan(sc, STRATEGIES["nexus"], 5.0, 6)
+    assert low.num_gpus <= 6 and high.num_gpus <= 6
+    planned = {p.session_id: 0.0 for n in low.nodes for p in n.placements}
+    for n in low.nodes:
+        for p in n.placements:
+            planned[p.session_id] += p.rate
+    assert planned["cam_vgg16"] > 150.0  # spare GPUs at load 1 become headroom (rates × h > 1)
+    assert high.unassigned  # load 5 does not fit six GPUs: the capped plan says what it drops
+
+
+def test_prefix_group_with_unknown_prefix_model_names_it(tmp_path):
+    text = ("prefix_groups: [{name: g, prefix: alexnet, suffix: {beta_ms: 0.1}, models: [x, y]}]\n"
+            "sessions: [{id: a, model: x, slo_ms: 100, rate: 10}]\n")
+    with pytest.raises(ConfigError, match=r"prefix_groups\[0\]\.prefix='alexnet'"):
+        run(write(tmp_path, text), ["nexus"])
+
+
+def test_prefix_group_with_negative_suffix_cost_names_it(tmp_path):
+    text = ("prefix_groups: [{name: g, prefix: resnet50, suffix: {beta_ms: -1}, models: [x, y]}]\n"
+            "sessions: [{id: a, model: x, slo_ms: 100, rate: 10}]\n")
+    with pytest.raises(ConfigError, match=r"prefix_groups\[0\]\.suffix\.beta_ms"):
+        run(write(tmp_path, text), ["nexus"])
