@@ -127,8 +127,8 @@ def serving_rollout(spec: dict | str | None = None, duration_s: float | None = N
                 marks.append(EpochMark(t_s, planner.plan, new is not None))
             beacons.append({"t_s": t_s, "gpus": float(rt.plan.num_gpus), "gpu_share": rt.gpu_share})
 
-        load = LoadGenerator(rt.frontend.submit, trace, data.x_test, data.y_test, sp.seed).run(
-            on_beacon, sp.epoch.beacon_s)
+        load = LoadGenerator(rt.frontend.submit, trace, data.x_test, data.y_test, sp.seed,
+                             rt.frontend.submit_many).run(on_beacon, sp.epoch.beacon_s)
     result = _summarise(sp, rt, load, marks, beacons, profiles)
     parent = flow_mlflow_run_id() if tracking.enabled else None
     if tracking.enabled:

@@ -13,7 +13,6 @@ Example (spec T13): shares {1: 2/3, 2: 1/3} → DRR over 300 requests sends 200 
 
 from __future__ import annotations
 
-import itertools
 import time
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
@@ -90,9 +89,9 @@ class Frontend:
         self.recorder = recorder
         self.load_balancer = load_balancer
         self._rng = np.random.default_rng(seed)
-        # session → (SLO ms, enqueue of its only worker or None, picker among several workers or None)
-        self._routes: dict[str, tuple[float, Callable | None, Callable[[], Any] | None]] = {}
-        self._ids = itertools.count()
+        # session → (SLO ms, its only worker or None, picker among several workers or None)
+        self._routes: dict[str, tuple[float, Any, Callable[[], Any] | None]] = {}
+        self._next_id = 0
         self.counts: dict[str, int] = {}
         self.route_ns = 0
         self.submitted = 0
@@ -100,13 +99,13 @@ class Frontend:
     def set_plan(self, plan: Plan, workers: Mapping[int, Any]) -> None:
         """Install the routing table of ``plan``; ``workers`` maps node id → the worker running it."""
         shares = plan.rate_shares()
-        routes: dict[str, tuple[float, Callable | None, Callable[[], Any] | None]] = {}
+        routes: dict[str, tuple[float, Any, Callable[[], Any] | None]] = {}
         for s in plan.sessions:
             sid = s.session_id
             nodes = sorted(n for n, w in shares.get(sid, {}).items() if w > 0)
             one, pick = None, None
             if len(nodes) == 1:
-                one = workers[nodes[0]].enqueue
+                one = workers[nodes[0]]
             elif nodes:
                 targets, weights = [workers[n] for n in nodes], [shares[sid][n] for n in nodes]
                 pick = (DeficitRoundRobin(targets, weights) if self.load_balancer == "drr"
@@ -122,12 +121,13 @@ class Frontend:
         if route is None:
             raise ConfigError("session_id", session_id, f"not a session of the current plan ({sorted(self._routes)})")
         slo, one, pick = route
-        rid = next(self._ids)
+        rid = self._next_id
+        self._next_id = rid + 1
         now = t0 / 1e6
         req = Request(rid, session_id, now, now + slo)
         self.counts[session_id] += 1
         if one is not None:
-            one(req, x)
+            one.enqueue(req, x)
         elif pick is not None:
             pick().enqueue(req, x)
         else:
@@ -135,6 +135,41 @@ class Frontend:
         self.submitted += 1
         self.route_ns += time.perf_counter_ns() - t0
         return rid
+
+    def submit_many(self, session_id: str, xs: Sequence[Any]) -> range:
+        """Accept several requests of one session that arrived together (one read of a socket, one tick of a
+        load generator); returns their ids. Per-request work is one ``Request`` and list steps: the stamp,
+        the routing draw and the worker's enqueue (and its doorbell) happen once per target worker."""
+        t0 = time.perf_counter_ns()
+        route = self._routes.get(session_id)
+        if route is None:
+            raise ConfigError("session_id", session_id, f"not a session of the current plan ({sorted(self._routes)})")
+        slo, one, pick = route
+        first = self._next_id
+        ids = range(first, first + len(xs))
+        self._next_id = ids.stop
+        now = t0 / 1e6
+        deadline = now + slo
+        reqs = [Request(i, session_id, now, deadline) for i in ids]
+        self.counts[session_id] += len(reqs)
+        if one is not None:
+            one.enqueue_many(reqs, xs)
+        elif pick is not None:
+            groups: dict[int, tuple[Any, list, list]] = {}
+            for r, x in zip(reqs, xs):
+                target = pick()
+                g = groups.get(id(target))
+                if g is None:
+                    g = groups[id(target)] = (target, [], [])
+                g[1].append(r)
+                g[2].append(x)
+            for target, rs, gx in groups.values():
+                target.enqueue_many(rs, gx)
+        else:
+            self.recorder.dropped(reqs, -1)
+        self.submitted += len(reqs)
+        self.route_ns += time.perf_counter_ns() - t0
+        return ids
 
     def take_counts(self) -> dict[str, int]:
         """Arrivals per session since the last call (what a frontend reports every beacon)."""

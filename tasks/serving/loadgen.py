@@ -99,14 +99,18 @@ class LoadGenerator:
 
     Args:
         submit: ``frontend.submit(session_id, x) -> request id``.
+        submit_many: ``frontend.submit_many(session_id, xs) -> request ids``: when given, arrivals that are
+            due together (the generator fell behind, or they share a sleep tick) go over in one call.
         trace: the rates over time.
         inputs: N×64 input images; request k carries row ``k mod N`` (a 1×64 view).
         labels: their true classes (to measure the served models' accuracy).
     """
 
     def __init__(self, submit: Callable[[str, torch.Tensor], int], trace: RateTrace, inputs: torch.Tensor,
-                 labels: torch.Tensor | Sequence[int] | None = None, seed: int = 0):
+                 labels: torch.Tensor | Sequence[int] | None = None, seed: int = 0,
+                 submit_many: Callable[[str, list[torch.Tensor]], Sequence[int]] | None = None):
         self.submit = submit
+        self.submit_many = submit_many
         self.trace = trace
         self.rows = list(inputs.split(1))  # 1×d views: each request is a batch of one, as a client sends it
         self.labels = [int(y) for y in labels] if labels is not None else None
@@ -133,11 +137,21 @@ class LoadGenerator:
                 time.sleep(min(due, next_beacon) - now if on_beacon else due - now)
                 continue
             report.max_lag_ms = max(report.max_lag_ms, (now - due) * 1000.0)
-            while i < n and times[i] <= now:
-                k = i % len(rows)
-                rid = self.submit(who[i], rows[k])
-                if labels is not None:
-                    report.labels[rid] = labels[k]
-                i += 1
+            j = int(np.searchsorted(times, now, side="right"))
+            if j - i == 1 or self.submit_many is None:
+                for m in range(i, j):
+                    k = m % len(rows)
+                    rid = self.submit(who[m], rows[k])
+                    if labels is not None:
+                        report.labels[rid] = labels[k]
+            else:  # several are due at once: hand them over per session in one call, as a server reads a burst
+                by: dict[str, list[int]] = {}
+                for m in range(i, j):
+                    by.setdefault(who[m], []).append(m % len(rows))
+                for sid, ks in by.items():
+                    ids = self.submit_many(sid, [rows[k] for k in ks])
+                    if labels is not None:
+                        report.labels.update(zip(ids, [labels[k] for k in ks]))
+            i = j
         report.sent = n
         return report

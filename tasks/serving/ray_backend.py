@@ -45,6 +45,9 @@ class _WorkerActor:
     def enqueue(self, request: Request, x: torch.Tensor) -> None:
         self.worker.enqueue(request, x)
 
+    def enqueue_many(self, requests: list[Request], xs: list[torch.Tensor]) -> None:
+        self.worker.enqueue_many(requests, xs)
+
     def update(self, node: GpuNode) -> None:
         self.worker.update(node)
 
@@ -81,6 +84,9 @@ class RayWorkerHandle:
 
     def enqueue(self, request: Request, x: torch.Tensor) -> None:
         self.actor.enqueue.remote(request, x)
+
+    def enqueue_many(self, requests: list[Request], xs: list[torch.Tensor]) -> None:
+        self.actor.enqueue_many.remote(list(requests), list(xs))
 
     def update(self, node: GpuNode) -> None:
         self.actor.update.remote(node)

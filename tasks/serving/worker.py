@@ -24,7 +24,7 @@ import math
 import threading
 import time
 from collections import deque
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -64,11 +64,16 @@ class _Slot:
 
     def pull(self) -> None:
         """Move what the frontend queued into the worker's own queue (worker thread only)."""
-        inbox, reqs, inputs = self.inbox, self.reqs, self.inputs
-        while inbox:
+        inbox = self.inbox
+        n = len(inbox)
+        if n == 1:
             r, x = inbox.popleft()
-            reqs.append(r)
-            inputs.append(x)
+            self.reqs.append(r)
+            self.inputs.append(x)
+        elif n:
+            items = [inbox.popleft() for _ in range(n)]
+            self.reqs.extend([r for r, _ in items])
+            self.inputs.extend([x for _, x in items])
 
     def pending(self) -> bool:
         return bool(self.reqs or self.inbox)
@@ -202,6 +207,18 @@ class ServingWorker:
             self.recorder.dropped([request], self.node_id)
             return
         slot.inbox.append((request, x))
+        if self._idle:
+            self._idle = False
+            self._ring()
+
+    def enqueue_many(self, requests: Sequence[Request], xs: Sequence[torch.Tensor]) -> None:
+        """Queue requests of one session that arrived together: one ``deque.extend``, at most one ring."""
+        slot = self._by_session.get(requests[0].app_id) if requests else None
+        if slot is None:
+            if requests:
+                self.recorder.dropped(list(requests), self.node_id)
+            return
+        slot.inbox.extend(zip(requests, xs))
         if self._idle:
             self._idle = False
             self._ring()
