@@ -75,6 +75,27 @@ def test_real_model_meets_its_slo_at_low_load(served):
     assert w.offered == load.sent > 100
     assert w.slo_attainment >= 0.9 and w.p50_latency_ms < s.slo_ms
     assert w.accuracy > 0.8
+    o = rt.overhead()  # every request and the worker's busy time are accounted, the model's time apart
+    assert o["requests"] == load.sent and o["frontend_us_per_request"] > 0 and o["worker_us_per_request"] > 0
+    assert o["batch1_execute_us"] > 0
+
+
+def test_a_burst_submitted_together_is_served_in_batches_and_handed_back(served):
+    data, models, profiles = served
+    plan = one_node_plan(Session("mlp", "digits_mlp", 5000.0, 100.0), 16, profiles)
+    rec = Recorder()
+    worker = ServingWorker(plan.nodes[0], models, profiles, EarlyDropPolicy(), rec)
+    front = Frontend(rec)
+    front.set_plan(plan, {0: worker})
+    ids = front.submit_many("mlp", list(data.x_test[:64].split(1)))
+    worker.start()
+    wait_until_idle(worker)
+    worker.stop()
+    assert worker.batches == 4 and worker.served == 64
+    got = rec.take()
+    assert [o.request_id for o in got] == list(ids) and rec.outcomes == []
+    correct = sum(o.pred == int(y) for o, y in zip(got, data.y_test[:64]))
+    assert correct > 0.8 * 64
 
 
 def test_overload_is_dropped_early_and_every_request_is_accounted_for(served):
@@ -143,9 +164,16 @@ def test_worker_takes_any_batch_policy_object(served):
 class _Sink:
     def __init__(self):
         self.n = 0
+        self.ids: list[int] = []
 
     def enqueue(self, request, x):
         self.n += 1
+        self.ids.append(request.request_id)
+
+    def enqueue_many(self, requests, xs):
+        assert len(requests) == len(xs)
+        self.n += len(requests)
+        self.ids += [r.request_id for r in requests]
 
 
 def test_frontend_routes_by_rate_shares():
@@ -168,6 +196,21 @@ def test_frontend_routes_by_rate_shares():
     assert abs([wr.pick() for _ in range(10_000)].count("a") / 10_000 - 2 / 3) < 0.05
     with pytest.raises(ConfigError, match="session_id='nope'"):
         front.submit("nope", None)
+
+
+@pytest.mark.parametrize("balancer", ["drr", "weighted_random"])
+def test_frontend_submit_many_routes_a_burst_by_rate_shares(balancer):
+    s = Session("s", "m", 100.0, 150.0)
+    nodes = tuple(GpuNode(i, 10.0, (Placement("s", "m", 100.0, 1, r, 1.0, 11.0),)) for i, r in ((0, 100.0), (1, 50.0)))
+    sinks = {0: _Sink(), 1: _Sink()}
+    front = Frontend(Recorder(), balancer, seed=3)
+    front.set_plan(Plan("test", "paper", nodes, (s,)), sinks)
+    first = front.submit("s", None)
+    ids = front.submit_many("s", [None] * 3000)
+    assert list(ids) == list(range(first + 1, first + 3001))
+    assert sorted(sinks[0].ids + sinks[1].ids) == [first, *ids]
+    assert abs(sinks[0].n / 3001 - 2 / 3) < 0.03
+    assert front.take_counts() == {"s": 3001} and front.submitted == 3001
 
 
 def test_replan_keeps_kept_nodes_and_gives_removed_leases_back(served):
