@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 from typing import Any
 
 from prefect import flow
@@ -23,7 +24,7 @@ from prefect.futures import as_completed
 
 from gpu.devices import discover
 from gpu.errors import ConfigError
-from gpu.schedulers.fluid import FluidParams
+from gpu.schedulers.fluid import FluidParams, packing_limit
 from gpu.schedulers.fluid_baselines import FifoExecutor
 from gpu.schedulers.fluid_executor import FluidExecutor, Step
 from gpu.schedulers.fluid_session import TuningSession
@@ -98,11 +99,15 @@ class TrialLog:
         from mlflow.entities import Metric, RunTag
 
         rid = self.runs[out["trial_id"]]
-        metrics = [Metric("width", float(out["width"]), 0, step0)]
+        metrics = [Metric("width", float(out["width"]), 0, step0), Metric("gpu_fraction", out["fraction"], 0, step0),
+                   Metric("data_parallel_devices", out["data_parallel"], 0, step0)]
         for i, (loss, acc) in enumerate(zip(out["loss"], out["val_accuracy"])):
             metrics += [Metric("loss", loss, 0, step0 + i + 1), Metric("val_accuracy", acc, 0, step0 + i + 1)]
-        self.client.log_batch(rid, metrics=metrics, tags=[RunTag("devices", ",".join(map(str, out["devices"]))),
-                                                          RunTag("width", f"{out['width']:.3f}")])
+        devices = ",".join(map(str, out["devices"]))
+        tags = [RunTag("devices", devices), RunTag("width", f"{out['width']:.3f}"), RunTag("execution_note", out["note"]),
+                RunTag(f"placement.{step0:04d}", f"node={out['node']} devices={devices} fraction={out['fraction']:g} "
+                                                 f"width={out['width']:g} data_parallel={out['data_parallel']}")]
+        self.client.log_batch(rid, metrics=metrics, tags=tags)
 
     def close(self, trial_id: str, ok: bool, error: str | None = None) -> None:
         if self.client is None:
@@ -125,6 +130,16 @@ class TrialLog:
         return str(info.registered_model_version)
 
 
+def _finished(inflight: dict) -> list:
+    """Wait for a chunk to finish, then every finished chunk in submission order.
+
+    FIFO among finished chunks keeps a fast event (a failure freeing its slice) from waiting behind busy
+    neighbours, so DynamicFluid sees it while they still have iterations to resize.
+    """
+    first = next(as_completed(list(inflight)))
+    return [f for f in inflight if f is first or f.wrapped_future.done()]
+
+
 class Progress:
     """One ``\\r``-updated terminal line per search (tqdm is not installed here)."""
 
@@ -144,12 +159,12 @@ class Progress:
 
 @flow(name="fluid-trial-groups-search")
 def _search(algorithm: str, trials: int, iterations: int, seed: int, space: dict | None, min_iterations: int,
-            generations: int, execution: str, gpus: int, c: int, d: int, chunk: int, fail_trial: str | None,
-            tracking_uri: str, model_name: str, progress: bool) -> dict:
+            generations: int, execution: str, gpus: int, c: int, d: int, alpha: float, chunk: int,
+            fail_trial: str | None, tracking_uri: str, model_name: str, progress: bool) -> dict:
     algo = make_algorithm(algorithm, trials, iterations, seed, space, min_iterations, generations)
     ids = list(range(gpus))
     executor = FluidExecutor(ids, FluidParams(c=c, d=d), dynamic=True) if execution == "fluid" else FifoExecutor(ids)
-    session = TuningSession(algo, executor)
+    session = TuningSession(algo, executor, profile=lambda t: replace(t, alpha=alpha))
     parent = flow_mlflow_run_id()
     log = TrialLog(parent, tracking_uri)
     ckpt_dir = state_dir() / "trial_groups" / (parent or f"{algorithm}-{execution}-{seed}")
@@ -162,6 +177,7 @@ def _search(algorithm: str, trials: int, iterations: int, seed: int, space: dict
     errors: dict[str, str] = {}
     scores: dict[str, float] = {}
     widths_seen: dict[str, list[float]] = {}
+    placements: dict[str, list[dict[str, Any]]] = {}
     total_iters = 0
 
     def budget(tid: str) -> int:
@@ -176,7 +192,7 @@ def _search(algorithm: str, trials: int, iterations: int, seed: int, space: dict
         widths_seen.setdefault(tid, []).append(w)
         with gpu_options(gpus=w if w < 1 else float(int(w))):
             fut = train_chunk.submit(tid, dict(t.config), int(t.resume_from) + start, n, load, ckpt(tid), w, seed,
-                                     fail=tid == fail_trial)
+                                     fail=tid == fail_trial and (start > 0 or n >= budget(tid)))
         inflight[fut] = tid
 
     def apply(step: Step) -> None:
@@ -189,7 +205,7 @@ def _search(algorithm: str, trials: int, iterations: int, seed: int, space: dict
 
     apply(session.start())
     while inflight:
-        for fut in [next(as_completed(list(inflight)))]:  # react to the first completion
+        for fut in _finished(inflight):
             tid = inflight.pop(fut)
             try:
                 out = fut.result()
@@ -202,6 +218,8 @@ def _search(algorithm: str, trials: int, iterations: int, seed: int, space: dict
             if out is not None:
                 t = session.trial(tid)
                 log.chunk(out, int(t.resume_from) + done_iters[tid])
+                placements.setdefault(tid, []).append(
+                    {k: out[k] for k in ("start", "width", "devices", "fraction", "data_parallel", "loss")})
                 done_iters[tid] += out["iterations"]
                 total_iters += out["iterations"]
                 session.report_progress(tid, done_iters[tid])
@@ -226,7 +244,8 @@ def _search(algorithm: str, trials: int, iterations: int, seed: int, space: dict
     version = log.register(best.trial_id, load_model(best.config, ckpt(best.trial_id)), model_name)
     return {"algorithm": algorithm, "execution": execution, "trials": len(scores), "failures": failures, "errors": errors,
             "best_trial": best.trial_id, "best_config": best.config, "best_val_accuracy": 1.0 - best.score,
-            "iterations_trained": total_iters, "scores": scores, "widths": widths_seen, "mlflow_run_id": parent,
+            "iterations_trained": total_iters, "scores": scores, "widths": widths_seen, "placements": placements,
+            "mlflow_run_id": parent,
             "trial_runs": dict(log.runs), "registered_model": model_name if version else None,
             "model_version": version}
 
@@ -234,7 +253,8 @@ def _search(algorithm: str, trials: int, iterations: int, seed: int, space: dict
 @flow(name="fluid-trial-groups")
 def trial_groups(algorithm: str = "grid", trials: int = 4, iterations: int = 4, pool: GpuPool | str | None = None,
                  execution: str = "fluid", seed: int = 0, space: dict | None = None, min_iterations: int = 1,
-                 generations: int = 2, c: int = 2, d: int = 1, chunk: int = 2, mode: str = "process",
+                 generations: int = 2, c: int = 2, d: int = 1, alpha: float = 1.5, chunk: int = 2,
+                 mode: str = "process",
                  tracking: MlflowTarget | bool | None = None, fail_trial: str | None = None,
                  model_name: str | None = None, progress: bool = True) -> dict:
     """Tune a torch MLP on ``load_digits`` (lr, hidden size, batch size) with FLUID-placed TrialGroups.
@@ -247,8 +267,12 @@ def trial_groups(algorithm: str = "grid", trials: int = 4, iterations: int = 4, 
         execution: "fluid" (StaticFluid + DynamicFluid) or "fifo" (one whole GPU per trial).
         space: raw search space for ``gpu.tuning.parse_space`` (needs lr, hidden, batch_size).
         c, d: FLUID's packing and parallelism limits. chunk: iterations per task (resizes apply between chunks).
+        alpha: packing overhead FLUID assumes for a trial sharing a GPU (Eq. 3.2; measure it with
+            ``benchmarks/fluid_packing.py``). 1.5 is consistent with c = 2 (Eq. 3.1); at 1.0 DynamicFluid never
+            moves a packed trial to a whole GPU.
         mode: GpuTaskRunner mode. tracking: MlflowTarget, False for none, None for the default target.
-        fail_trial: fault injection - this trial id's training raises (e.g. "c0001@0").
+        fail_trial: fault injection - this trial id's training raises (e.g. "c0001@0") in its second chunk (its
+            first if it has only one), after it held a slice beside the others.
         model_name: registered model name (default ``trial-groups-<algorithm>``).
     """
     make_algorithm(algorithm, trials, iterations, seed, space, min_iterations, generations)
@@ -259,13 +283,14 @@ def trial_groups(algorithm: str = "grid", trials: int = 4, iterations: int = 4, 
     if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk <= 0:
         raise ConfigError("chunk", chunk, "must be a whole number of iterations > 0")
     FluidParams(c=c, d=d)
+    packing_limit(alpha)  # ConfigError naming alpha when < 1
     block = pool if isinstance(pool, GpuPool) else GpuPool.load_or_default(pool)
     target = tracking if isinstance(tracking, MlflowTarget) else MlflowTarget(enabled=tracking is not False)
     gpus = discover(block.simulated, block.device_backend).gpu_count
     runner = GpuTaskRunner(pool=block, mode=mode, tracking=target if target.enabled else False)
     return _search.with_options(task_runner=runner)(
-        algorithm, trials, iterations, seed, space, min_iterations, generations, execution, gpus, c, d, chunk,
-        fail_trial, target.resolved_uri(), model_name or f"trial-groups-{algorithm}", progress)
+        algorithm, trials, iterations, seed, space, min_iterations, generations, execution, gpus, c, d, float(alpha),
+        chunk, fail_trial, target.resolved_uri(), model_name or f"trial-groups-{algorithm}", progress)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -279,6 +304,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pool", default=None, help="saved GpuPool block name (default: simulated 2 x 16 GiB)")
     parser.add_argument("--mode", default="process", help=f"runner mode, one of {MODES} (default process)")
     parser.add_argument("--chunk", type=int, default=2, help="iterations per task (default 2)")
+    parser.add_argument("--c", type=int, default=2, help="FLUID packing limit, trials per GPU (default 2)")
+    parser.add_argument("--d", type=int, default=1, help="FLUID parallelism limit, GPUs per trial (default 1)")
+    parser.add_argument("--alpha", type=float, default=1.5, help="packing overhead (Eq. 3.2, default 1.5)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--fail-trial", default=None, help="inject a failure in this trial id (e.g. c0001@0)")
     parser.add_argument("--no-tracking", action="store_true", help="switch MLflow tracking off")
@@ -287,7 +315,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         summary = trial_groups(algorithm=args.algorithm, trials=args.trials, iterations=args.iterations,
                                min_iterations=args.min_iterations, execution=args.execution, pool=args.pool,
-                               mode=args.mode, chunk=args.chunk, seed=args.seed, fail_trial=args.fail_trial,
+                               mode=args.mode, chunk=args.chunk, c=args.c, d=args.d, alpha=args.alpha,
+                               seed=args.seed, fail_trial=args.fail_trial,
                                tracking=False if args.no_tracking else None)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)

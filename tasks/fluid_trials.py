@@ -5,6 +5,11 @@ effect at iteration boundaries (thesis §3.3.3): each chunk loads the trial's ch
 state), trains, validates after every iteration (= one epoch over the training split) and saves the checkpoint
 again; the next chunk is submitted at the trial's new width. A promoted trial (Hyperband/ASHA rung, PBT exploit)
 starts from the checkpoint of the trial it continues.
+
+A trial wider than one GPU trains with ``torch.nn.DataParallel`` across its devices when torch sees them (one
+process, each batch split over the GPUs: a tiny MLP does not warrant a DDP process group per chunk). Where it
+cannot (a simulated pool, or fewer CUDA devices than the placement), it runs on one device and says so: the
+chunk's result carries ``data_parallel`` (devices actually used) and a ``note`` the flow logs to MLflow.
 """
 
 from __future__ import annotations
@@ -42,6 +47,20 @@ def build_mlp(hidden: int):
     return nn.Sequential(nn.Linear(64, int(hidden)), nn.ReLU(), nn.Linear(int(hidden), 10))
 
 
+def data_parallel_ids(placed: Any) -> list[int]:
+    """CUDA device ids a wide trial trains across, or [] when it must run on one device.
+
+    Process mode sets ``CUDA_VISIBLE_DEVICES`` to the placement's GPUs (torch sees them as 0..k-1); thread
+    mode leaves every GPU visible and the placement's pool indices are the torch ids.
+    """
+    if placed is None or not placed.device.startswith("cuda") or len(placed.gpu_indices) < 2:
+        return []
+    import torch
+
+    ids = list(range(len(placed.gpu_indices))) if placed.visible_devices else list(placed.gpu_indices)
+    return ids if torch.cuda.device_count() > max(ids) else []
+
+
 def _model_and_optimizer(config: dict[str, Any], checkpoint: str | None):
     import torch
 
@@ -66,7 +85,8 @@ def train_chunk(trial_id: str, config: dict[str, Any], start: int, iterations: i
                 save_to: str, width: float, seed: int = 0, fail: bool = False) -> dict[str, Any]:
     """Train ``iterations`` epochs of one trial from ``load_from`` and save the state to ``save_to``.
 
-    Returns ``{"trial_id", "iterations", "loss": [...], "val_accuracy": [...], "devices", "device", "width"}``.
+    Returns ``{"trial_id", "start", "iterations", "loss": [...], "val_accuracy": [...], "devices", "device",
+    "width", "fraction", "node", "data_parallel", "note"}`` (placement as the runner granted it).
     """
     import torch
     import torch.nn.functional as F
@@ -74,12 +94,17 @@ def train_chunk(trial_id: str, config: dict[str, Any], start: int, iterations: i
     log = get_run_logger()
     placed = current_placement()
     device = placed.device if placed is not None else "cpu"
-    devices = placed.gpu_indices if placed is not None else ()
-    if width >= 1:
-        log.info("trial %s: width %.2f on devices %s; runs on one device (%s), no data parallelism",
-                 trial_id, width, list(devices), device)
+    devices = list(placed.gpu_indices) if placed is not None else []
+    fraction = placed.fraction if placed is not None else 0.0
+    parallel = data_parallel_ids(placed)
+    if parallel:
+        note = f"data-parallel (torch DataParallel) across cuda:{parallel}"
+    elif len(devices) > 1:
+        note = (f"width {width:g} on pool devices {devices}, but torch sees no CUDA devices for them: runs on one "
+                f"device ({device}), no data parallelism")
     else:
-        log.info("trial %s: %.2f of device %s (%s)", trial_id, width, list(devices), device)
+        note = f"{fraction:g} of device {devices} ({device})"
+    log.info("trial %s, iterations %d-%d: %s", trial_id, start, start + iterations, note)
     if fail:
         raise RuntimeError(f"trial {trial_id}: injected failure")
     torch.set_num_threads(1)
@@ -87,24 +112,27 @@ def train_chunk(trial_id: str, config: dict[str, Any], start: int, iterations: i
     xt, yt, xv, yv = digits_split(seed)
     model, optimizer = _model_and_optimizer(config, load_from)
     model.to(device)
+    net = torch.nn.DataParallel(model, device_ids=parallel) if parallel else model
     xt, yt, xv, yv = xt.to(device), yt.to(device), xv.to(device), yv.to(device)
     batch = int(config["batch_size"])
     losses, accuracies = [], []
     for _ in range(iterations):
-        model.train()
+        net.train()
         total = 0.0
         for idx in torch.randperm(len(xt)).split(batch):
             optimizer.zero_grad()
-            loss = F.cross_entropy(model(xt[idx]), yt[idx])
+            loss = F.cross_entropy(net(xt[idx]), yt[idx])
             loss.backward()
             optimizer.step()
             total += float(loss.detach()) * len(idx)
-        model.eval()
+        net.eval()
         with torch.no_grad():
-            accuracies.append(float((model(xv).argmax(1) == yv).float().mean()))
+            accuracies.append(float((net(xv).argmax(1) == yv).float().mean()))
         losses.append(total / len(xt))
     Path(save_to).parent.mkdir(parents=True, exist_ok=True)
     torch.save({"model": model.cpu().state_dict(), "optimizer": optimizer.state_dict(),
                 "iterations": start + iterations}, save_to)
     return {"trial_id": trial_id, "start": start, "iterations": iterations, "loss": losses,
-            "val_accuracy": accuracies, "devices": list(devices), "device": device, "width": width}
+            "val_accuracy": accuracies, "devices": devices, "device": device, "width": width, "fraction": fraction,
+            "node": placed.placement.node if placed is not None else "", "data_parallel": max(1, len(parallel)),
+            "note": note}

@@ -1,69 +1,188 @@
-"""The FLUID TrialGroups flow: real digit-MLP trials on a simulated pool, MLflow child runs, registry, failures."""
+"""The FLUID TrialGroups flow: real digit-MLP trials on a simulated pool, MLflow read back, resizes, failures.
+
+Two flow runs are shared by every assertion (module-scoped fixtures): a 3-config grid on 2 simulated GPUs with
+MLflow tracking and one injected failure, and a Hyperband search whose promoted trial runs 2 GPUs wide. The
+other tuning algorithms drive the same session/executor pair at engine level (no Prefect) below.
+"""
 
 from __future__ import annotations
 
 import pytest
 
-from flows.trial_groups import main, trial_groups
+from flows.trial_groups import SEARCHES, main, make_algorithm, trial_groups
 from gpu.errors import ConfigError
+from gpu.schedulers.fluid import FluidParams
+from gpu.schedulers.fluid_executor import FluidExecutor
+from gpu.schedulers.fluid_session import TuningSession
 from resource_blocks import GpuPool, MlflowTarget
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
+
+GRID = {"lr": {"grid": [0.05, 0.1, 0.2]}, "hidden": 32, "batch_size": 64}
+FAILING = "c0001@0"
 
 
 def sim_pool(name: str) -> GpuPool:
     return GpuPool(name=name, device_backend="simulated", simulated="2x16GiB")
 
 
-def test_grid_search_logs_child_runs_and_registers_the_best_model(state_dir):
+@pytest.fixture(scope="module")
+def grid(prefect_server, tmp_path_factory):
+    """3 configs x 4 iterations, one chunk per iteration, c = 2, alpha = 1.5; the second config fails."""
+    state = tmp_path_factory.mktemp("tg-grid")
+    target = MlflowTarget(tracking_uri=f"sqlite:///{state}/mlflow.db", experiment="tg-test")
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("GPUFLOWS_STATE_DIR", str(state))
+        s = trial_groups(algorithm="grid", space=GRID, iterations=4, chunk=1, c=2, d=1, alpha=1.5,
+                         pool=sim_pool("tg-grid"), mode="thread", tracking=target, fail_trial=FAILING,
+                         model_name="tg-grid-best", progress=False)
+        leases = sim_pool("tg-grid").open_ledger().leases()
     from mlflow import MlflowClient
 
-    target = MlflowTarget(tracking_uri=f"sqlite:///{state_dir}/mlflow.db", experiment="tg-test")
-    s = trial_groups(algorithm="grid", iterations=3, chunk=2, pool=sim_pool("tg-grid"), mode="thread",
-                     tracking=target, model_name="tg-grid-best", progress=False)
-    assert s["errors"] == {}, s["errors"]
-    assert s["trials"] == 4 and s["failures"] == [] and s["iterations_trained"] == 12
-    assert all(w < 1 for ws in s["widths"].values() for w in ws)  # 4 trials packed 2 per GPU
-    assert s["best_val_accuracy"] > 0.8
-    client = MlflowClient(target.resolved_uri())
+    return s, MlflowClient(target.resolved_uri()), leases
+
+
+@pytest.fixture(scope="module")
+def hyperband(prefect_server, tmp_path_factory):
+    """Hyperband (eta 3, budgets 1 and 3) on 2 GPUs with d = 2: the promoted trial starts alone, 2 GPUs wide."""
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("GPUFLOWS_STATE_DIR", str(tmp_path_factory.mktemp("tg-hb")))
+        return trial_groups(algorithm="hyperband", iterations=3, min_iterations=1, chunk=1, c=2, d=2,
+                            pool=sim_pool("tg-hb"), mode="thread", tracking=False, progress=False)
+
+
+def test_search_logs_a_child_run_per_trial_with_params_metrics_and_placement(grid):
+    s, client, _ = grid
+    parent = client.get_run(s["mlflow_run_id"])
+    assert set(s["trial_runs"]) == {"c0000@0", FAILING, "c0002@0"}
     for tid, rid in s["trial_runs"].items():
         run = client.get_run(rid)
-        assert run.data.tags["mlflow.parentRunId"] == s["mlflow_run_id"]
-        assert {"lr", "hidden", "batch_size", "budget"} <= set(run.data.params)
-        assert len(client.get_metric_history(rid, "val_accuracy")) == 3
-        assert len(client.get_metric_history(rid, "loss")) == 3
-        assert "devices" in run.data.tags and run.info.status == "FINISHED"
+        assert run.data.tags["mlflow.parentRunId"] == parent.info.run_id
+        assert run.data.params["lr"] in ("0.05", "0.1", "0.2") and run.data.params["budget"] == "4.0"
+        assert "placement.0000" in run.data.tags, run.data.tags
+        if tid == FAILING:
+            assert run.info.status == "FAILED" and "injected failure" in run.data.tags["error"]
+            continue
+        assert run.info.status == "FINISHED"
+        assert [m.step for m in client.get_metric_history(rid, "loss")] == [1, 2, 3, 4]
+        assert len(client.get_metric_history(rid, "val_accuracy")) == 4
+        assert len(client.get_metric_history(rid, "gpu_fraction")) == 4
+
+
+def test_best_model_is_registered_from_the_best_finished_trial(grid):
+    s, client, _ = grid
+    assert s["best_trial"] != FAILING and s["best_val_accuracy"] > 0.8
+    assert s["best_val_accuracy"] == pytest.approx(1 - min(v for k, v in s["scores"].items() if k != FAILING))
     versions = client.search_model_versions("name='tg-grid-best'")
     assert [v.run_id for v in versions] == [s["trial_runs"][s["best_trial"]]]
 
 
-def test_failed_trial_is_recorded_and_leaks_no_slice(state_dir):
-    pool = sim_pool("tg-fail")
-    s = trial_groups(algorithm="grid", iterations=2, chunk=1, pool=pool, mode="thread", tracking=False,
-                     fail_trial="c0001@0", progress=False)
-    assert s["failures"] == ["c0001@0"] and s["scores"]["c0001@0"] == 1.0
-    assert s["trials"] == 4 and s["best_trial"] != "c0001@0"
-    assert GpuPool(name="tg-fail", device_backend="simulated").open_ledger().leases() == []
+def test_trials_share_one_device_as_fractional_slices(grid):
+    """Three 0.5 slices on two devices at once: two trials hold halves of the same device (read from MLflow)."""
+    s, client, _ = grid
+    first = {}
+    for tid, rid in s["trial_runs"].items():
+        tag = dict(kv.split("=") for kv in client.get_run(rid).data.tags["placement.0000"].split())
+        assert float(tag["fraction"]) == 0.5 and tag["data_parallel"] == "1"
+        first.setdefault(tag["devices"], []).append(tid)
+    assert max(len(tids) for tids in first.values()) >= 2, first
 
 
-def test_asha_promotes_from_checkpoints_and_dynamic_fluid_resizes(state_dir):
-    s = trial_groups(algorithm="asha", trials=4, iterations=3, min_iterations=1, pool=sim_pool("tg-asha"),
-                     mode="thread", tracking=False, chunk=1, progress=False)
-    promoted = [t for t in s["scores"] if not t.endswith("@0")]
-    assert promoted, s["scores"]
-    assert s["best_trial"] in promoted
+def test_dynamic_fluid_widens_a_trial_at_a_chunk_boundary_and_training_continues(grid):
+    """When the failed trial frees its half, DynamicFluid (alpha 1.5) moves a neighbour to a whole device."""
+    s, _, _ = grid
+    resized = [t for t, chunks in s["placements"].items() if chunks[0]["width"] == 0.5 and chunks[-1]["width"] == 1]
+    assert resized, s["widths"]
+    chunks = s["placements"][resized[0]]
+    after = next(i for i, c in enumerate(chunks) if c["width"] == 1)
+    assert chunks[after]["fraction"] == 1.0 and chunks[after]["start"] == after  # the runner granted the width
+    losses = [c["loss"][0] for c in chunks]
+    assert losses[after] < 0.5 * losses[0], losses  # resumed from the checkpoint, not restarted
 
 
-@pytest.mark.parametrize("kwargs, field", [
-    ({"space": {}}, "space"),
-    ({"iterations": 0}, "iterations"),
-    ({"algorithm": "annealing"}, "algorithm"),
-    ({"execution": "gang"}, "execution"),
+def test_failed_trial_is_recorded_and_leaks_no_slice(grid):
+    s, _, leases = grid
+    assert s["failures"] == [FAILING] and s["scores"][FAILING] == 1.0
+    assert "injected failure" in s["errors"][FAILING]
+    assert s["trials"] == 3 and leases == []
+
+
+def test_hyperband_promotes_from_a_checkpoint_to_a_wide_trial_that_says_it_ran_on_one_device(hyperband):
+    s = hyperband
+    wide = [t for t, chunks in s["placements"].items() if chunks[0]["width"] == 2]
+    assert wide, s["widths"]
+    promoted = next(t for t in wide if t.endswith(".1"))
+    chunk = s["placements"][promoted][0]
+    assert len(chunk["devices"]) == 2 and chunk["data_parallel"] == 1  # simulated pool: no CUDA devices
+    parent = s["placements"][promoted.replace(".1", ".0")]
+    assert chunk["start"] == 1 and chunk["loss"][0] < parent[0]["loss"][0]  # continues its rung-0 checkpoint
+    assert s["failures"] == [] and s["iterations_trained"] == 3 * 1 + 2 + 2 * 3  # bracket 1: 3 configs, 1 promoted
+
+
+@pytest.mark.parametrize("device, visible, gpus, cuda_count, ids", [
+    ("cuda:0", "2,3", (2, 3), 2, [0, 1]),   # process mode: CUDA_VISIBLE_DEVICES renumbers the trial's GPUs
+    ("cuda:2", "", (2, 3), 4, [2, 3]),      # thread mode: every GPU visible, pool indices are torch ids
+    ("cuda:2", "", (2, 3), 3, []),          # torch sees fewer GPUs than the placement: one device
+    ("cpu", "", (0, 1), 0, []),             # simulated pool
+    ("cuda:0", "0", (0,), 1, []),           # not wide
 ])
-def test_bad_input_names_the_field(kwargs, field, state_dir):
+def test_wide_trials_go_data_parallel_only_on_gpus_torch_sees(monkeypatch, device, visible, gpus, cuda_count, ids):
+    import types
+
+    import torch
+
+    from tasks.fluid_trials import data_parallel_ids
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: cuda_count)
+    placed = types.SimpleNamespace(device=device, visible_devices=visible, gpu_indices=gpus)
+    assert data_parallel_ids(placed) == ids
+
+
+@pytest.mark.parametrize("algorithm", SEARCHES)
+def test_every_tuning_algorithm_drives_a_fluid_session(algorithm):
+    """Each algorithm the flow offers hands out TrialGroups that FluidExecutor places within c and d to the end."""
+    algo = make_algorithm(algorithm, trials=4, iterations=4, seed=0, space=None, min_iterations=1, generations=2)
+    session = TuningSession(algo, FluidExecutor([0, 1], FluidParams(c=2, d=2)))
+    running, seen, step = {}, set(), session.start()
+    while True:
+        for p in step.starts + step.resizes:
+            assert (p.width <= 0.5 and len(p.gpus) == 1) or (p.width == len(p.gpus) <= 2), p
+            running[p.trial_id] = p
+        loads = {}
+        for p in running.values():
+            for g in p.gpus:
+                loads[g] = loads.get(g, 0) + min(p.width, 1.0)
+        assert all(v <= 1 + 1e-9 for v in loads.values()), running
+        if not running:
+            break
+        tid = sorted(running)[0]
+        del running[tid]
+        seen.add(tid)
+        trial = session.trial(tid)
+        assert trial.checkpoint is None or trial.checkpoint in seen
+        step = session.report_complete(tid, 1.0 / (1 + trial.resume_from + trial.budget))
+    assert session.finished and seen == {r.trial_id for r in algo.results}
+    assert max(r.iterations for r in algo.results) <= 4
+    resumed = [t for t in seen if session.trial(t).checkpoint]
+    assert bool(resumed) == (algorithm not in ("grid", "random")), resumed  # promotions / exploits continue
+
+
+@pytest.mark.parametrize("kwargs, field, shown", [
+    ({"space": {}}, "space", "{}"),
+    ({"iterations": 0}, "iterations", "0"),
+    ({"trials": -1, "algorithm": "random"}, "trials", "-1"),
+    ({"c": 0}, "c", "0"),
+    ({"d": 0}, "d", "0"),
+    ({"alpha": 0.5}, "alpha", "0.5"),
+    ({"chunk": 0}, "chunk", "0"),
+    ({"algorithm": "annealing"}, "algorithm", "annealing"),
+    ({"execution": "gang"}, "execution", "gang"),
+])
+def test_bad_input_names_the_field_and_value(kwargs, field, shown):
+    """Validated before any flow run or lease (``.fn``: the flow body without a Prefect run)."""
     with pytest.raises(ConfigError) as err:
-        trial_groups(pool=sim_pool("tg-bad"), mode="thread", tracking=False, progress=False, **kwargs)
-    assert err.value.field.startswith(field)
+        trial_groups.fn(pool=sim_pool("tg-bad"), mode="thread", tracking=False, progress=False, **kwargs)
+    assert err.value.field == field and shown in str(err.value)
 
 
 def test_cli_help_and_bad_algorithm(capsys):
@@ -71,3 +190,4 @@ def test_cli_help_and_bad_algorithm(capsys):
         main(["--help"])
     assert exit_.value.code == 0 and "--algorithm" in capsys.readouterr().out
     assert main(["--algorithm", "nope", "--no-tracking"]) == 2
+    assert "nope" in capsys.readouterr().err
