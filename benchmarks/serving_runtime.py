@@ -60,10 +60,10 @@ def batch1_latency_us(model: torch.nn.Module, n: int) -> float:
     return samples[len(samples) // 2] / 1e3
 
 
-def batch1_path(models, profiles, plan, rows, n: int, block: int = 20) -> dict[str, float]:
+def batch1_path(models, profiles, plan, rows, n: int, block: int) -> dict[str, float]:
     """Frontend + worker, one request at a time in this thread: µs per request, medians over blocks.
 
-    Overhead and forward time are measured per block of ``block`` requests (a few ms, shorter than a
+    Overhead and forward time are measured per block of ``block`` requests (~1 ms, shorter than a
     scheduler time slice) and the median block is reported, so the blocks in which another process
     pre-empted us on a shared machine do not set the figure.
     """
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         b1 = batch1_latency_us(model, 2000)
         out[f"{name}_batch1_us"] = b1
         plan = SquishyPacker(profiles).plan([Session(name, name, 20.0, args.rate)])
-        p = batch1_path(models, profiles, plan, rows, n_path)
+        p = batch1_path(models, profiles, plan, rows, n_path, block=max(4, int(1000 / b1)))
         frac = p["overhead_us"] / p["forward_us"]
         out.update({f"{name}_batch1_path_overhead_us": p["overhead_us"], f"{name}_batch1_path_forward_us": p["forward_us"],
                     f"{name}_batch1_path_frac_of_batch1": frac, f"{name}_batch1_path_frontend_us": p["frontend_us"]})

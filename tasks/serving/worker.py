@@ -273,17 +273,23 @@ class ServingWorker:
             self._ended_ns = time.perf_counter_ns()
 
     def _serve(self) -> None:
-        perf_ns = time.perf_counter_ns
+        perf_ns, run_once = time.perf_counter_ns, self.run_once
         while True:
             slots = self._slots
-            ran, wake_at = self.run_once()
+            ran, wake_at = run_once()
             if ran:
                 continue
-            if any(s.retiring and not s.pending() for s in slots):
+            pending = retire = False
+            for s in slots:
+                if s.reqs or s.inbox:
+                    pending = True
+                elif s.retiring:
+                    retire = True
+            if retire:
                 self._retire_empty()
-            if self._stop and (not self._drain or not any(s.pending() for s in self._slots)):
+            if self._stop and (not self._drain or not pending):
                 return
-            self._idle = True
+            self._idle = True  # from here on the frontend rings; re-check the inboxes so no ring is missed
             if self._slots is slots and not self._stop and not any(s.inbox for s in slots):
                 t0 = perf_ns()
                 self._bell.acquire(timeout=min(_IDLE_POLL_S, max(0.0, (wake_at - t0 / 1e6) / 1000.0)))
