@@ -154,7 +154,7 @@ def _summarise(sp, rt, load, marks: list[EpochMark], beacons: list[dict], profil
     return {"spec": sp.name, "batch_policy": sp.batch_policy, "duration_s": sp.duration_s, "requests": load.sent,
             "epochs": epochs, "max_gpus": max(e["gpus"] for e in epochs), "replans": sum(m.replanned for m in marks[1:]),
             **total.metrics(), **overhead, "smallest_batch1_us": batch1_us,
-            "overhead_fraction_of_batch1": overhead["dispatch_overhead_us"] / batch1_us,
+            "dispatch_overhead_frac_of_batch1": overhead["dispatch_overhead_us"] / batch1_us,
             "loadgen_max_lag_ms": load.max_lag_ms}
 
 
@@ -255,7 +255,7 @@ def main(argv: list[str] | None = None) -> int:
               f"slo={e['slo_attainment']:.3f} bad={e['bad_rate']:.3f} p99={e['p99_latency_ms']:.2f}ms"
               + (" (re-planned)" if e["replanned"] and e["epoch"] else ""))
     print(f"dispatch overhead {result['dispatch_overhead_us']:.1f} us/request = "
-          f"{100 * result['overhead_fraction_of_batch1']:.1f}% of the smallest model's batch-1 latency "
+          f"{100 * result['dispatch_overhead_frac_of_batch1']:.1f}% of the smallest model's batch-1 latency "
           f"({result['smallest_batch1_us']:.1f} us); accuracy {result['accuracy']:.3f}")
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1, default=str))

@@ -86,9 +86,13 @@ def _take(slot: _Slot, dec: BatchDecision) -> tuple[list, list, list]:
     reqs, inputs = slot.reqs, slot.inputs
     if nr + nd <= 1024 and drop == _RANGES[nd] and run == _RANGES[nd + nr][nd:]:
         # drops then runs from the head: what every deadline-ordered policy decides
-        dropped = [reqs.popleft() for _ in drop]
-        for _ in drop:
-            inputs.popleft()
+        dropped = []
+        if nd:
+            dropped = [reqs.popleft() for _ in drop]
+            for _ in drop:
+                inputs.popleft()
+        if nr == 1:
+            return [reqs.popleft()], [inputs.popleft()], dropped
         return [reqs.popleft() for _ in run], [inputs.popleft() for _ in run], dropped
     both = set(run) | set(drop)
     if len(both) != nr + nd or not all(0 <= i < len(reqs) for i in both):
@@ -348,8 +352,8 @@ class ServingWorker:
         self.recorder.served(run, preds, self.node_id, t2 / 1e6)
         self.assemble_ns += t1 - t0
         self.execute_ns += t2 - t1
+        self.batches += 1
+        self.served += b
         if b == 1:
             self.execute1_ns += t2 - t1
             self.batches1 += 1
-        self.batches += 1
-        self.served += b
