@@ -178,6 +178,7 @@ class LocalServingRuntime:
                 "assemble_us_per_request": c["assemble_ns"] / max(1, c["served"]) / 1e3,
                 "execute_us_per_batch": c["execute_ns"] / max(1, c["batches"]) / 1e3,
                 "batch1_execute_us": c["execute1_ns"] / c["batches1"] / 1e3 if c["batches1"] else math.nan,
+                "batches_of_one": float(c["batches1"]),
                 "mean_batch": c["served"] / max(1, c["batches"])}
 
     def close(self) -> None:
