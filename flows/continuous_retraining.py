@@ -94,7 +94,7 @@ def _check(streams: int, windows: int, window_s: float, policy: str, mode: str, 
 def continuous_retraining(streams: int = 4, windows: int = 3, window_s: float = 200.0, policy: str = "thief",
                           pool: GpuPool | str | None = None, seed: int = 0, mode: str = "process",
                           tracking: MlflowTarget | bool | None = None, a_min: float = 0.3, delta: float = 0.1,
-                          full_rate_gpus: float = 0.5, frames: int = 1000, labelled: int = 600,
+                          full_rate_gpus: float = 0.5, frames: int = 1000, labelled: int = 1000,
                           uniform_config: str = "e5-all-d50", uniform_share: float = 0.5,
                           profile_gpus: float = 0.25, fail_stream: str | None = None, fail_window: int = 0,
                           registry_prefix: str = "ekya") -> dict:

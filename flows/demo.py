@@ -42,6 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--windows", type=int, default=3, help="retraining windows (default 3)")
     parser.add_argument("--mode", choices=MODES, default="thread", help="GPU task runner mode (default thread)")
     parser.add_argument("--simulated", default="2x16GiB", help="simulated pool (default 2x16GiB)")
+    parser.add_argument("--seed", type=int, default=0, help="drift, golden model and training seed (default 0)")
     parser.add_argument("--skip-pool-demo", action="store_true", help="run only the Ekya comparison")
     args = parser.parse_args(argv)
 
@@ -57,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n== Ekya continuous retraining, policy={policy}: {args.streams} streams, {args.windows} windows, "
               f"simulated {args.simulated} pool ==")
         summaries[policy] = continuous_retraining(streams=args.streams, windows=args.windows, policy=policy,
-                                                  pool=pool, mode=args.mode, registry_prefix=f"ekya-demo-{policy}")
+                                                  pool=pool, seed=args.seed, mode=args.mode, registry_prefix=f"ekya-demo-{policy}")
         print(format_summary(summaries[policy]))
         print(f"accuracy plot: {summaries[policy]['plot']}")
     print("\n" + comparison_table(summaries))

@@ -72,11 +72,11 @@ class WindowSettings:
     """Sizes and costs shared by every task of a flow run."""
 
     frames: int = 1000  # live frames per window (inference)
-    labelled: int = 600  # frames per window the golden model labels (80% train, 20% validation)
+    labelled: int = 1000  # frames per window the golden model labels (80% train, 20% validation)
     hidden: int = 32
-    profile_fraction: float = 0.2  # of each config's data (paper: 5-10%; our windows are small)
+    profile_fraction: float = 0.5  # of each config's data (paper: 5-10%; our windows are small)
     profile_epochs: int = 5
-    sample_gpu_s: float = 0.02  # virtual GPU-seconds per sample-epoch, all layers, whole GPU
+    sample_gpu_s: float = 0.012  # virtual GPU-seconds per sample-epoch, all layers, whole GPU
     batch: int = 32
     lr: float = 0.01
     golden_seed: int = 0

@@ -4,10 +4,15 @@ Ekya's streams (thesis §2.2) drift: the class mix changes, objects look differe
 camera angle, noise) and new classes appear, so a small model trained on old frames loses
 accuracy and must be retrained. Here every stream is a seeded sequence of digit "frames":
 
-- class mix: a Dirichlet draw per window over the classes seen so far; each stream starts with
-  ``initial_classes`` digits and one new digit appears in every window;
+- streams drift at different speeds (``drift``; the paper's Table 2.1 has one stream gaining 5%
+  from retraining and one 35%): ``make_streams`` spreads ``drift`` evenly from a nearly static
+  camera to a fast-changing one, so the value of retraining differs between streams;
+- class mix: a Dirichlet draw per window over the classes seen so far (the faster the drift, the
+  more the mix moves); each stream starts with ``initial_classes`` digits and
+  ``classes_per_window`` new digits appear in every window;
 - appearance: rotation (degrees, growing by ``rotation_step`` per window in a per-stream
-  direction), Gaussian pixel noise (growing) and brightness (a per-window factor);
+  direction), Gaussian pixel noise (growing) and brightness (a per-window factor), all scaled by
+  ``drift``;
 - temporal persistence: an object stays in view for a run of frames (geometric run length, mean
   ``persistence``), so a stale prediction is often still right - what makes frame sub-sampling
   cost less than its rate (``inference_profile_points``).
@@ -56,12 +61,19 @@ class StreamSpec:
     noise_step: float  # pixel noise std added per window (pixels in [0, 1])
     brightness: tuple[float, ...]  # brightness factor per window (cycled)
     persistence: float = 2.5  # mean frames an object stays in view
+    drift: float = 1.0  # how fast the stream changes (0: static camera); scales the class-mix churn
+    classes_per_window: int = 1  # new digits appearing per window
 
     def __post_init__(self) -> None:
         if not self.initial_classes:
             raise ConfigError(f"{self.name}.initial_classes", self.initial_classes, "needs at least one class")
         if self.persistence < 1:
             raise ConfigError(f"{self.name}.persistence", self.persistence, "must be >= 1 frame")
+        if not self.drift >= 0:
+            raise ConfigError(f"{self.name}.drift", self.drift, "must be >= 0")
+        if isinstance(self.classes_per_window, bool) or not isinstance(self.classes_per_window, int) \
+                or self.classes_per_window < 0:
+            raise ConfigError(f"{self.name}.classes_per_window", self.classes_per_window, "must be a whole number >= 0")
 
 
 @dataclass(frozen=True)
@@ -74,19 +86,30 @@ class Conditions:
     brightness: float
 
 
-def make_streams(n: int, seed: int = 0) -> tuple[StreamSpec, ...]:
-    """``n`` streams with different drift, reproducible from ``seed``."""
+def make_streams(n: int, seed: int = 0, drift: tuple[float, float] = (0.05, 1.5)) -> tuple[StreamSpec, ...]:
+    """``n`` streams with different drift, reproducible from ``seed``.
+
+    Drift speeds are spread evenly over ``drift`` (low, high) and handed to the streams in a
+    seeded order; rotation, noise and brightness changes scale with a stream's speed and it sees
+    ``round(speed)`` new digits per window.
+    """
     if isinstance(n, bool) or not isinstance(n, int) or n <= 0:
         raise ConfigError("streams", n, "must be a whole number > 0")
+    if len(drift) != 2 or not 0 <= drift[0] <= drift[1]:
+        raise ConfigError("drift", drift, "must be (low, high) with 0 <= low <= high")
     rng = np.random.default_rng(seed)
+    speeds = rng.permutation(np.linspace(drift[0], drift[1], n) if n > 1 else np.array([drift[1]]))
     specs = []
     for i in range(n):
         order = rng.permutation(N_CLASSES)
+        d = float(speeds[i])
         specs.append(StreamSpec(
             name=f"cam{i}", seed=int(rng.integers(2**31)), initial_classes=tuple(int(c) for c in sorted(order[:5])),
-            new_classes=tuple(int(c) for c in order[5:]), rotation_step=float(rng.choice([-1, 1]) * rng.uniform(6, 12)),
-            noise_step=float(rng.uniform(0.02, 0.05)),
-            brightness=tuple(float(b) for b in rng.uniform(0.75, 1.25, size=4))))
+            new_classes=tuple(int(c) for c in order[5:]),
+            rotation_step=float(rng.choice([-1, 1]) * d * rng.uniform(8, 12)),
+            noise_step=float(d * rng.uniform(0.02, 0.04)),
+            brightness=tuple(float(b) for b in 1.0 + d * rng.uniform(-0.25, 0.25, size=4)),
+            drift=d, classes_per_window=int(round(d))))
     return tuple(specs)
 
 
@@ -98,14 +121,16 @@ def conditions(spec: StreamSpec, window: int) -> Conditions:
     """The stream's class mix and appearance in ``window`` (-1: the undrifted history)."""
     if window < -1:
         raise ConfigError("window", window, "must be >= -1")
-    seen = list(spec.initial_classes) + list(spec.new_classes[:max(0, window + 1)])
+    seen = list(spec.initial_classes) + list(spec.new_classes[:spec.classes_per_window * max(0, window + 1)])
     weights = np.zeros(N_CLASSES)
     if window < 0:
         weights[seen] = 1.0
         return Conditions(tuple(float(w) for w in weights / weights.sum()), 0.0, 0.0, 1.0)
-    weights[seen] = _rng(spec, window, "mix").dirichlet(np.full(len(seen), 2.0))
-    if window < len(spec.new_classes):  # the newest class is clearly present
-        weights[spec.new_classes[window]] = max(weights[spec.new_classes[window]], 1.5 / len(seen))
+    # Concentration falls with the drift speed: a static camera keeps its mix, a fast one churns.
+    weights[seen] = _rng(spec, window, "mix").dirichlet(np.full(len(seen), 2.0 / max(spec.drift, 0.1)))
+    newest = spec.new_classes[spec.classes_per_window * window:spec.classes_per_window * (window + 1)]
+    for c in newest:  # the newest classes are clearly present
+        weights[c] = max(weights[c], 1.5 / len(seen))
     return Conditions(tuple(float(w) for w in weights / weights.sum()), spec.rotation_step * (window + 1),
                       spec.noise_step * (window + 1), spec.brightness[window % len(spec.brightness)])
 

@@ -12,7 +12,10 @@ follow spec §8:
   (``InferenceProfile``, §8.2).
 - When no inference config meets ``a_MIN`` the stream is scored with the graded penalty
   ``penalty * (a_MIN - lowest instantaneous accuracy)`` instead of being dropped, so greedy stealing
-  repairs it rather than starving it (§8.3).
+  repairs it rather than starving it (§8.3). a_MIN filters inference configs (frame rates), so it
+  binds only while the serving model can reach it at full rate: for a model already below a_MIN
+  no config qualifies and no allocation can remove the shortfall, and penalising it would drive
+  GPUs into that stream's inference instead of into the retraining that lifts it.
 - "No retraining" is always a candidate; a training share it leaves idle is stolen back (§8.4).
 - After a retraining completes its GPUs return to the stream's inference, in the estimate as in
   the simulator (the spec's §3.3 leaves this out; we include it so early completion is credited).
@@ -249,7 +252,9 @@ def estimate_accuracy(stream: StreamState, config: RetrainConfig | None, infer_g
     t = min(switch, window_s)
     accuracy = (t * before * q + (window_s - t) * after * q_after) / window_s
     lowest = min(before * q if t > 0 else math.inf, after * q_after if t < window_s else math.inf)
-    score = accuracy - params.penalty * max(0.0, params.a_min - lowest)
+    shortfall = max(params.a_min - before * q if t > 0 and before >= params.a_min else 0.0,
+                    params.a_min - after * q_after if t < window_s and after >= params.a_min else 0.0, 0.0)
+    score = accuracy - params.penalty * shortfall
     retrain_s = switch if config is not None and retrain_gpus > _EPS else None
     return StreamDecision(stream.name, config.name if retrain_s is not None else None,
                           retrain_gpus if retrain_s is not None else 0.0, infer_gpus,
@@ -307,17 +312,15 @@ def _job_ids(streams: Sequence[StreamState], jobs: list[tuple[int, str]]) -> lis
     return [infer_job(streams[i].name) if kind == "infer" else train_job(streams[i].name) for i, kind in jobs]
 
 
-START_SPLITS = tuple(k / 10 for k in range(1, 10))  # inference shares of the extra starting points
-
-
 def _start(streams: Sequence[StreamState], jobs: list[tuple[int, str]], gpus: float, params: EkyaParams,
            start: Mapping[str, float] | None) -> list[list[float]]:
-    """Candidate initial GPUs per job: ``start`` if given, else fair plus per-stream splits.
+    """Candidate initial GPUs per job: ``start`` if given, else fair plus per-stream Delta splits.
 
     Algorithm 1 starts from the fair allocation; when a fair share is below Delta no job can be a
-    victim and the thief is stuck there, so we also try giving each stream ``gpus/|V|`` split
-    10/90 ... 90/10 between inference and retraining (spec §8.5 extension; one PickConfigs call
-    each) and start from the best; the fair start wins ties.
+    victim and the thief is stuck there, so we also try giving every stream ``gpus/|V|`` with
+    ``k`` steps of Delta for inference and the rest for retraining, k = 1, 2, ... (spec §8.5
+    extension; one PickConfigs call each), and start from the best; the fair start wins ties.
+    Inference shares stay whole steps of Delta, so a coarse Delta also means coarse splits.
     """
     cap = math.inf if params.max_job_gpus is None else params.max_job_gpus
     ids = _job_ids(streams, jobs)
@@ -325,15 +328,16 @@ def _start(streams: Sequence[StreamState], jobs: list[tuple[int, str]], gpus: fl
         unknown = sorted(set(start) - set(ids))
         if unknown:
             raise ConfigError("start", unknown, f"not jobs of this invocation (jobs: {ids})")
-        if any(not v >= 0 for v in start.values()) or sum(start.values()) > gpus + 1e-6:
+        if any(not v >= -1e-6 for v in start.values()) or sum(start.values()) > gpus + 1e-6:
             raise ConfigError("start", dict(start), f"needs GPUs >= 0 that add up to at most {gpus}")
-        return [[min(cap, float(start.get(job, 0.0))) for job in ids]]
+        return [[min(cap, max(0.0, float(start.get(job, 0.0)))) for job in ids]]
     candidates = [[fair_allocation(len(jobs), gpus, params.max_job_gpus)] * len(jobs)]
     has_train = {i for i, kind in jobs if kind == "train"}
     per_stream = gpus / len(streams)
-    for share in START_SPLITS:
-        candidates.append([min(cap, per_stream * (1.0 if i not in has_train else share if kind == "infer" else 1 - share))
-                           for i, kind in jobs])
+    steps = [k * params.delta for k in range(1, int(math.floor(per_stream / params.delta + _EPS)) + 1)]
+    for infer in sorted({min(x, per_stream) for x in steps} | {max(0.0, per_stream - x) for x in steps}):
+        candidates.append([min(cap, per_stream if i not in has_train else infer if kind == "infer"
+                               else max(0.0, per_stream - infer)) for i, kind in jobs])
     return candidates
 
 

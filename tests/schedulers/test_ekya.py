@@ -59,6 +59,24 @@ def test_a_min_shortfall_is_penalised_not_dropped():
     assert est.score == pytest.approx(0.35 - 10 * (0.40 - 0.35))
 
 
+def test_a_model_already_below_a_min_is_not_penalised_for_its_frame_rate():
+    """No inference config can lift such a model to a_MIN, so its GPUs should go to retraining."""
+    weak = StreamState("W", 0.25, (RetrainConfig("cfg", 0.80, 40),))
+    d = estimate_accuracy(weak, weak.configs[0], infer_gpus=0.5, retrain_gpus=0.5, window_s=120, params=TOY)
+    assert d.min_accuracy < TOY.a_min and d.score == pytest.approx(d.expected_accuracy)
+    fast = thief_schedule([weak], gpus=1.0, window_s=120, params=TOY)
+    assert fast.stream("W").config == "cfg" and fast.stream("W").retrain_gpus >= 0.5
+
+
+def test_thief_start_splits_are_whole_steps_of_delta():
+    """A coarse Delta (one GPU) leaves the thief the fair start only, as in Algorithm 1 (Delta study)."""
+    streams = _random_streams(1, 10, 8.0)
+    coarse = thief_schedule(streams, gpus=8.0, window_s=200, params=EkyaParams(delta=1.0))
+    assert set(coarse.allocation().values()) <= {0.4}
+    fine = thief_schedule(streams, gpus=8.0, window_s=200, params=EkyaParams(delta=0.1))
+    assert fine.expected_accuracy > coarse.expected_accuracy
+
+
 def test_thief_stops_stealing_when_accuracy_stops_improving():
     streams = _table_2_1_window_1()
     d = thief_schedule(streams, 3, 120, TOY)
