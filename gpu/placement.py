@@ -20,7 +20,12 @@ _EPS = 1e-9
 @dataclass(frozen=True)
 class Request:
     """A task's demand: GPUs (a fraction < 1 shares one device; >= 1 means whole devices),
-    GPU memory per device, CPUs, named ephemeral resources, and an optional node."""
+    GPU memory per device, CPUs, named ephemeral resources, and an optional node.
+
+    ``devices`` restricts the request to those device indices (of ``node`` when given, of any node
+    otherwise): a scheduler that has already decided *where* a job runs (FLUID's GPU for a trial,
+    an affinity rule, a DAG placement) pins it there instead of letting best fit choose.
+    """
 
     gpus: float = 0.0
     memory: int = 0
@@ -28,9 +33,16 @@ class Request:
     resources: Mapping[str, float] = field(default_factory=dict)
     node: str | None = None
     label: str = ""
+    devices: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "memory", parse_memory(self.memory, "memory"))
+        if self.devices is not None:
+            pinned = tuple(self.devices)
+            if (not pinned or len(set(pinned)) != len(pinned)
+                    or any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in pinned)):
+                raise ConfigError("devices", self.devices, "must be distinct device indices >= 0")
+            object.__setattr__(self, "devices", pinned)
         if isinstance(self.gpus, bool) or not isinstance(self.gpus, (int, float)) or math.isnan(self.gpus):
             raise ConfigError("gpus", self.gpus, "must be a number")
         if self.gpus < 0:
@@ -64,11 +76,14 @@ class Request:
             parts.append(f"resources={dict(self.resources)}")
         if self.node:
             parts.append(f"node={self.node}")
+        if self.devices is not None:
+            parts.append(f"devices={list(self.devices)}")
         return (f"{self.label}(" if self.label else "(") + ", ".join(parts) + ")"
 
     def to_dict(self) -> dict:
         return {"gpus": self.gpus, "memory": self.memory, "cpus": self.cpus,
-                "resources": dict(self.resources), "node": self.node, "label": self.label}
+                "resources": dict(self.resources), "node": self.node, "label": self.label,
+                "devices": None if self.devices is None else list(self.devices)}
 
     @classmethod
     def from_dict(cls, d: Mapping) -> "Request":
@@ -148,13 +163,14 @@ def candidate_choices(request: Request, nodes: Sequence[NodeState]) -> Iterable[
         if not request.uses_gpu:
             yield node.cpus_free - request.cpus, Choice(node.name, (), 0.0, 0)
             continue
+        devices = [d for d in node.devices if request.devices is None or d.index in request.devices]
         if request.whole_devices:
-            idle = [d for d in node.devices if d.idle and d.memory_total >= request.memory]
+            idle = [d for d in devices if d.idle and d.memory_total >= request.memory]
             if len(idle) >= request.whole_devices:
                 picked = tuple(d.index for d in idle[: request.whole_devices])
                 yield float(len(idle) - request.whole_devices), Choice(node.name, picked, 1.0, request.memory or idle[0].memory_total)
             continue
-        for d in node.devices:
+        for d in devices:
             share = request.gpus if request.gpus > 0 else request.memory / d.memory_total
             if d.compute_free + _EPS >= share and d.memory_free >= request.memory:
                 leftover = (d.compute_free - share) + (d.memory_free - request.memory) / max(d.memory_total, 1) * 1e-3

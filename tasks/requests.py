@@ -19,7 +19,7 @@ import json
 import os
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator, Mapping, Sequence
 
 from gpu.ledger import Placement
 from gpu.placement import Request
@@ -31,9 +31,11 @@ PLACEMENT_ENV = "GPUFLOWS_PLACEMENT"
 
 
 def gpu_request(gpus: float = 0.0, memory: int | str = 0, cpus: float = 0.0,
-                resources: Mapping[str, float] | None = None, node: str | None = None):
+                resources: Mapping[str, float] | None = None, node: str | None = None,
+                devices: Sequence[int] | None = None):
     """Decorator that declares what a task needs from the pool (works above or below ``@task``)."""
-    spec = dict(gpus=gpus, memory=memory, cpus=cpus, resources=dict(resources or {}), node=node)
+    spec = dict(gpus=gpus, memory=memory, cpus=cpus, resources=dict(resources or {}), node=node,
+                devices=None if devices is None else tuple(devices))
     Request(**spec)  # validate now, at import time, with a clear error
 
     def wrap(obj):

@@ -63,6 +63,20 @@ def test_memory_request_places_by_memory_not_fraction():
         ledger.allocate(Request(memory="8GiB"), timeout=0.05)
 
 
+def test_pinned_request_lands_on_its_device_and_waits_for_it():
+    ledger = pool("2x16GiB")
+    first = ledger.allocate(Request(gpus=0.5, devices=(1,)))
+    assert first.devices == (1,)                      # best fit alone would take device 0
+    second = ledger.allocate(Request(gpus=0.5, devices=[1]))
+    assert second.devices == (1,)
+    with pytest.raises(AllocationTimeout):            # device 0 is idle, but the pin forbids it
+        ledger.allocate(Request(gpus=0.25, devices=(1,)), timeout=0.05)
+    with pytest.raises(NeverFitsError, match=r"devices=\[7\]"):
+        ledger.allocate(Request(gpus=0.5, devices=(7,)))
+    with pytest.raises(ConfigError, match="devices"):
+        Request(gpus=0.5, devices=(1, 1))
+
+
 def test_request_that_can_never_fit_fails_at_once_naming_request_and_totals():
     ledger = pool("2x16GiB")
     with pytest.raises(NeverFitsError) as err:

@@ -178,3 +178,5 @@ def test_request_precedence_default_then_task_then_block():
             r = resolve_request(where_am_i.with_options(name="renamed"))
     assert (r.gpus, r.memory, r.label) == (2.0, 2 * 2**30, "renamed")
     assert r == Request(gpus=2, memory=2 * 2**30, label="renamed")
+    with gpu_options(devices=[1]):
+        assert resolve_request(where_am_i).devices == (1,)
