@@ -160,6 +160,7 @@ class EkyaParams:
     max_job_gpus: float | None = 1.0  # per-job cap (§8.8); None = no cap
     max_passes: int = 3  # thief passes (§8.6)
     retrain_scaling: float = 1.0  # alpha in throughput(x) = x**alpha for x GPUs (§8.14)
+    start_splits: bool = True  # also try per-stream splits as starting points (§8.5 extension)
 
     def __post_init__(self) -> None:
         if isinstance(self.delta, bool) or not isinstance(self.delta, (int, float)) or not self.delta > 0:
@@ -173,6 +174,8 @@ class EkyaParams:
             raise ConfigError("max_passes", self.max_passes, "must be an integer >= 1")
         if not isinstance(self.retrain_scaling, (int, float)) or not 0 < self.retrain_scaling <= 1:
             raise ConfigError("retrain_scaling", self.retrain_scaling, "must be in (0, 1]")
+        if not isinstance(self.start_splits, bool):
+            raise ConfigError("start_splits", self.start_splits, "must be true or false")
 
 
 @dataclass(frozen=True)
@@ -312,15 +315,18 @@ def _job_ids(streams: Sequence[StreamState], jobs: list[tuple[int, str]]) -> lis
     return [infer_job(streams[i].name) if kind == "infer" else train_job(streams[i].name) for i, kind in jobs]
 
 
+START_SPLITS = tuple(k / 10 for k in range(1, 10))  # inference shares of the extra starting points
+
+
 def _start(streams: Sequence[StreamState], jobs: list[tuple[int, str]], gpus: float, params: EkyaParams,
            start: Mapping[str, float] | None) -> list[list[float]]:
-    """Candidate initial GPUs per job: ``start`` if given, else fair plus per-stream Delta splits.
+    """Candidate initial GPUs per job: ``start`` if given, else fair plus per-stream splits.
 
     Algorithm 1 starts from the fair allocation; when a fair share is below Delta no job can be a
-    victim and the thief is stuck there, so we also try giving every stream ``gpus/|V|`` with
-    ``k`` steps of Delta for inference and the rest for retraining, k = 1, 2, ... (spec §8.5
-    extension; one PickConfigs call each), and start from the best; the fair start wins ties.
-    Inference shares stay whole steps of Delta, so a coarse Delta also means coarse splits.
+    victim and the thief is stuck there, so we also try giving each stream ``gpus/|V|`` split
+    10/90 ... 90/10 between inference and retraining (spec §8.5 extension; one PickConfigs call
+    each) and start from the best; the fair start wins ties. The splits are finer than a coarse
+    Delta, so they hide most of the Delta effect; ``start_splits=False`` is Algorithm 1 as written.
     """
     cap = math.inf if params.max_job_gpus is None else params.max_job_gpus
     ids = _job_ids(streams, jobs)
@@ -332,12 +338,13 @@ def _start(streams: Sequence[StreamState], jobs: list[tuple[int, str]], gpus: fl
             raise ConfigError("start", dict(start), f"needs GPUs >= 0 that add up to at most {gpus}")
         return [[min(cap, max(0.0, float(start.get(job, 0.0)))) for job in ids]]
     candidates = [[fair_allocation(len(jobs), gpus, params.max_job_gpus)] * len(jobs)]
+    if not params.start_splits:  # Algorithm 1 as written
+        return candidates
     has_train = {i for i, kind in jobs if kind == "train"}
     per_stream = gpus / len(streams)
-    steps = [k * params.delta for k in range(1, int(math.floor(per_stream / params.delta + _EPS)) + 1)]
-    for infer in sorted({min(x, per_stream) for x in steps} | {max(0.0, per_stream - x) for x in steps}):
-        candidates.append([min(cap, per_stream if i not in has_train else infer if kind == "infer"
-                               else max(0.0, per_stream - infer)) for i, kind in jobs])
+    for share in START_SPLITS:
+        candidates.append([min(cap, per_stream * (1.0 if i not in has_train else share if kind == "infer" else 1 - share))
+                           for i, kind in jobs])
     return candidates
 
 

@@ -54,6 +54,7 @@ class EkyaScenario:
         return {
             "gpus": self.gpus, "window_s": self.window_s, "a_min": p.a_min, "delta": p.delta,
             "penalty": p.penalty, "max_job_gpus": p.max_job_gpus, "retrain_scaling": p.retrain_scaling,
+            "start_splits": p.start_splits,
             "max_passes": p.max_passes, "policies": list(self.policies),
             "streams": [{
                 "name": s.name,
@@ -113,7 +114,8 @@ def parse_scenario(raw: Mapping[str, Any]) -> EkyaScenario:
         delta=positive(raw.get("delta", 0.1), "delta"), a_min=fraction(raw.get("a_min", 0.0), "a_min"),
         penalty=positive(raw.get("penalty", 10.0), "penalty", allow_zero=True),
         max_job_gpus=None if cap is None else positive(cap, "max_job_gpus"),
-        max_passes=raw.get("max_passes", 3), retrain_scaling=raw.get("retrain_scaling", 1.0))
+        max_passes=raw.get("max_passes", 3), retrain_scaling=raw.get("retrain_scaling", 1.0),
+        start_splits=raw.get("start_splits", True))
     default_inf = _inference(raw.get("inference"), "inference", InferenceProfile())
     streams_raw = require(raw, "streams")
     if not isinstance(streams_raw, list) or not streams_raw:

@@ -68,15 +68,6 @@ def test_a_model_already_below_a_min_is_not_penalised_for_its_frame_rate():
     assert fast.stream("W").config == "cfg" and fast.stream("W").retrain_gpus >= 0.5
 
 
-def test_thief_start_splits_are_whole_steps_of_delta():
-    """A coarse Delta (one GPU) leaves the thief the fair start only, as in Algorithm 1 (Delta study)."""
-    streams = _random_streams(1, 10, 8.0)
-    coarse = thief_schedule(streams, gpus=8.0, window_s=200, params=EkyaParams(delta=1.0))
-    assert set(coarse.allocation().values()) <= {0.4}
-    fine = thief_schedule(streams, gpus=8.0, window_s=200, params=EkyaParams(delta=0.1))
-    assert fine.expected_accuracy > coarse.expected_accuracy
-
-
 def test_thief_stops_stealing_when_accuracy_stops_improving():
     streams = _table_2_1_window_1()
     d = thief_schedule(streams, 3, 120, TOY)
