@@ -1,10 +1,12 @@
 """G1 + G5 for real: the packing curve of small torch trainers on one device, and a packed 16-trial grid.
 
-G1 (thesis Eq. 3.1, §3.5): p = 1..8 identical MLP trainers on scikit-learn's digits run concurrently on one
-device, each for the same number of iterations; the per-trial time per iteration ``T^p`` gives ``O^p``, the
+G1 (thesis Eq. 3.1, §3.5): p = 1..8 identical trainers of the trial_groups flow's MLP on scikit-learn's digits
+(``tasks.fluid_packing``) run concurrently on one device, each for the same number of iterations; the per-trial time per iteration ``T^p`` gives ``O^p``, the
 fitted ``alpha`` and the packing limit ``c`` (``gpu.schedulers.fluid.fit_packing_curve``, scipy ``curve_fit``).
 G5 (StaticFluid on n = 1): a 16-trial grid (learning rate x hidden width) trained with ``c`` trials at a time
 (w = 1/c, launch on idle) vs one at a time; the makespan ratio is the speed-up (paper target >= 2x on a GPU).
+The curve is saved as the device's latest (``gpu.schedulers.fluid.save_packing_curve``, state folder): the
+flow takes its ``c`` and ``alpha`` from it instead of measuring a short curve at start-up.
 
 Work is bounded by iterations, never by wall time, so a busy machine makes the run slower but not longer in
 work. Trainers are 8 persistent worker processes (forked once from a ``forkserver`` that preloaded torch),
@@ -22,70 +24,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing as mp
 import os
-import queue
 import sys
 import time
 from pathlib import Path
 
-import numpy as np
-
-from gpu.schedulers.fluid import fit_packing_curve
+from gpu.schedulers.fluid import fit_packing_curve, save_packing_curve
+from tasks.fluid_packing import Trainers
 
 LEVELS = tuple(range(1, 9))
 GRID_LRS = (0.01, 0.03, 0.1, 0.3)
-
-
-def _worker(device: str, barriers: dict, jobs, results) -> None:
-    """A trainer process: runs ``(kind, key, p, hidden, lr, iterations)`` jobs until it receives None.
-
-    ``kind == "level"`` waits on ``barriers[p]`` with the p - 1 other trainers of the level and the parent,
-    so all p start together; ``"trial"`` trains one grid config. Replies ``(key, start, end)`` in
-    ``time.monotonic()`` seconds (one system-wide clock), the device synchronised at both ends.
-    """
-    import torch
-    from sklearn.datasets import load_digits
-
-    torch.set_num_threads(1)
-    x, y = load_digits(return_X_y=True)
-    xs = torch.tensor(x / 16.0, dtype=torch.float32, device=device)
-    ys = torch.tensor(y, device=device)
-    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
-
-    def trainer(hidden: int, lr: float, seed: int):
-        """A fresh MLP + SGD; returns its one-iteration step (batch of 128 drawn with a seeded generator)."""
-        gen = torch.Generator().manual_seed(seed)
-        model = torch.nn.Sequential(torch.nn.Linear(64, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, hidden),
-                                    torch.nn.ReLU(), torch.nn.Linear(hidden, 10)).to(device)
-        opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
-
-        def step() -> None:
-            idx = torch.randint(0, len(ys), (128,), generator=gen).to(device)
-            opt.zero_grad()
-            torch.nn.functional.cross_entropy(model(xs[idx]), ys[idx]).backward()
-            opt.step()
-
-        return step
-
-    warm = trainer(64, 0.05, 0)  # first use of autograd/optim/kernels costs seconds on a busy machine: not timed
-    for _ in range(5):
-        warm()
-    sync()
-    results.put(("ready", 0.0, 0.0))
-    while (job := jobs.get()) is not None:
-        kind, key, p, hidden, lr, iterations = job
-        step = trainer(hidden, lr, key)
-        if kind == "level":
-            for _ in range(5):  # warm-up (allocator, kernels) outside the timed region
-                step()
-            sync()
-            barriers[p].wait()
-        start = time.monotonic()
-        for _ in range(iterations):
-            step()
-        sync()
-        results.put((key, start, time.monotonic()))
 
 
 class _GpuMeter:
@@ -108,73 +56,6 @@ class _GpuMeter:
         return None if self._nvml is None else float(self._nvml.nvmlDeviceGetUtilizationRates(self._handle).gpu)
 
 
-class Trainers:
-    """Eight persistent trainer processes on one device, a job queue each and one result queue."""
-
-    def __init__(self, device: str, meter: _GpuMeter):
-        # forkserver: children fork from a clean single-threaded server that imported torch once (fast starts,
-        # no fork-after-OpenMP-threads hangs, no CUDA context inherited from this process).
-        ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(["torch", "sklearn.datasets"])
-        self.meter = meter
-        self.results = ctx.Queue()
-        self.jobs = [ctx.Queue() for _ in LEVELS]
-        barriers = {p: ctx.Barrier(p + 1) for p in LEVELS}
-        self.barriers = barriers
-        self.procs = [ctx.Process(target=_worker, args=(device, barriers, q, self.results), daemon=True)
-                      for q in self.jobs]
-        for proc in self.procs:
-            proc.start()
-        t0 = time.monotonic()
-        for _ in self.procs:  # every trainer has torch, the data and (on CUDA) its context before any timing
-            self._collect([])
-        self.startup_s = time.monotonic() - t0
-
-    def _collect(self, util: list[float]) -> tuple:
-        """Next result; samples GPU utilisation every 0.1 s while waiting (a dead worker is an error)."""
-        while True:
-            try:
-                return self.results.get(timeout=0.1)
-            except queue.Empty:
-                if not all(proc.is_alive() for proc in self.procs):
-                    raise RuntimeError("a trainer process died")
-                if (u := self.meter.sample()) is not None:
-                    util.append(u)
-
-    def level(self, p: int, hidden: int, iterations: int) -> tuple[float, float, float | None]:
-        """p trainers x ``iterations`` started together: (aggregate iterations/s, mean s/iteration/trial, util %)."""
-        for rank in range(p):
-            self.jobs[rank].put(("level", rank, p, hidden, 0.05, iterations))
-        self.barriers[p].wait()
-        util: list[float] = []
-        spans = [self._collect(util) for _ in range(p)]
-        wall = max(end for _, _, end in spans) - min(start for _, start, _ in spans)
-        per_trial = float(np.mean([end - start for _, start, end in spans])) / iterations
-        return p * iterations / wall, per_trial, (float(np.mean(util)) if util else None)
-
-    def grid(self, concurrent: int, hidden: int, iterations: int) -> tuple[float, float | None]:
-        """The 16-trial grid with ``concurrent`` trainers at a time, next trial on the first idle one: (s, util %)."""
-        pending = [(i, h, lr) for i, (h, lr) in enumerate(
-            (h, lr) for h in (hidden // 2, hidden, hidden * 3 // 2, hidden * 2) for lr in GRID_LRS)]
-        util: list[float] = []
-        idle, busy = list(range(concurrent)), {}
-        t0 = time.monotonic()
-        while pending or busy:
-            while pending and idle:
-                rank, (key, h, lr) = idle.pop(0), pending.pop(0)
-                busy[key] = rank
-                self.jobs[rank].put(("trial", key, 1, h, lr, iterations))
-            key, _, _ = self._collect(util)
-            idle.append(busy.pop(key))
-        return time.monotonic() - t0, (float(np.mean(util)) if util else None)
-
-    def close(self) -> None:
-        for q in self.jobs:
-            q.put(None)
-        for proc in self.procs:
-            proc.join(timeout=10)
-
-
 def _device_note(device: str, meter: _GpuMeter) -> str:
     if device == "cuda":
         return f"GPU 0 ({meter.name}); curve = GPU time-slicing between processes"
@@ -194,6 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", metavar="OUT")
     ap.add_argument("--plots", metavar="DIR", default=".state/benchmarks/fluid")
     ap.add_argument("--hidden", type=int, default=64)
+    ap.add_argument("--batch", type=int, default=64, help="batch size (the flow's grid uses 64)")
     args = ap.parse_args(argv)
     import torch
 
@@ -202,24 +84,30 @@ def main(argv: list[str] | None = None) -> int:
     meter = _GpuMeter()
     level_iters, grid_iters = (400, 300) if args.quick else (2000, 3000)
     print(f"device: {_device_note(device, meter)}")
-    pool = Trainers(device, meter)
+    pool = Trainers(device, workers=max(LEVELS), batch=args.batch, sample=meter.sample)
     print(f"{len(pool.procs)} trainer processes ready in {pool.startup_s:.1f} s (start-up is outside every timing)")
     try:
         levels = [pool.level(p, args.hidden, level_iters) for p in LEVELS]
         curve = fit_packing_curve(LEVELS, [x for x, _, _ in levels])
         c = max(curve.c, 1)
-        packed, packed_util = pool.grid(c, args.hidden, grid_iters)
-        alone, alone_util = pool.grid(1, args.hidden, grid_iters)
+        h = args.hidden
+        grid = [(hidden, lr) for hidden in (h // 2, h, h * 3 // 2, h * 2) for lr in GRID_LRS]
+        packed, packed_util = pool.run(grid, c, grid_iters)
+        alone, alone_util = pool.run(grid, 1, grid_iters)
     finally:
         pool.close()
+    name = "cpu" if device == "cpu" else (torch.cuda.get_device_name(0) if meter.name.startswith("no GPU") else meter.name)
+    saved = save_packing_curve(curve, name, iterations=level_iters, hidden=args.hidden, batch=args.batch,
+                               measured_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
 
-    print(f"\nG1 packing curve on {device}: p trainers x {level_iters} iterations (MLP {args.hidden} hidden, batch 128)")
+    print(f"\nG1 packing curve on {device}: p trainers x {level_iters} iterations (flow MLP, {args.hidden} hidden, batch {args.batch})")
     print(f"{'p':>3} {'iters/s total':>14} {'T^p ms/iter':>12} {'O^p':>7} {'util %':>7}")
     for i, (p, (x, per_trial, u)) in enumerate(zip(LEVELS, levels)):
         o = f"{curve.marginal_benefit[i - 1]:7.3f}" if i else "      -"
         print(f"{p:>3} {x:>14.1f} {per_trial * 1e3:>12.3f} {o} {_fmt(u, '7.0f'):>7}")
     print(f"fitted alpha = {curve.alpha:.3f}, t1 = {curve.t1 * 1e3:.3f} ms, c = {curve.c} (O_th = {curve.o_th})   "
           f"paper: O^p decreasing, one small trial uses 'at most 60%' of a GPU")
+    print(f"saved as the latest {name!r} curve: {saved}")
     print(f"\nG5 16-trial grid on {device}, {grid_iters} iterations per trial (StaticFluid, n = 1, w = 1/{c}):")
     print(f"{'execution':<22} {'makespan s':>10} {'util %':>7}")
     print(f"{'one at a time':<22} {alone:>10.2f} {_fmt(alone_util, '7.0f'):>7}")

@@ -2,10 +2,13 @@
 
 The tuning algorithm (``gpu.tuning``) hands out TrialGroups, FLUID (``FluidExecutor``: StaticFluid +
 DynamicFluid, thesis §3.3.3) or the FIFO baseline decides each trial's width, and the ``GpuTaskRunner`` runs
-every chunk of a trial's iterations as a real torch training task at that width (``gpu_options(gpus=width)``:
-widths < 1 share one device). Resizes apply at the next chunk boundary from the trial's checkpoint. Completions
-are read with ``prefect.futures.as_completed`` and fed back to the session; a failed trial is recorded (score 1.0 =
-accuracy 0) and the search goes on. MLflow: one child run per trial under the flow's run, the best model
+every chunk of a trial's iterations as a real torch training task at that width on the GPUs FLUID chose
+(``gpu_options(gpus=width, devices=gpus)``: widths < 1 share one device). Resizes apply at the next chunk
+boundary from the trial's checkpoint. Completions are read with the public Prefect future API
+(``as_completed``, ``future.state``) and fed back to the session; a failed trial is recorded (score 1.0 =
+accuracy 0) and the search goes on. FLUID's packing limit ``c`` (and ``alpha``) come from the device's
+measured packing curve (Eq. 3.1): the one ``benchmarks/fluid_packing.py`` saved, else a short measurement at
+start-up on a whole pool device. MLflow: one child run per trial under the flow's run, the best model
 registered.
 
     python -m flows.trial_groups --algorithm grid --iterations 4
@@ -24,14 +27,14 @@ from prefect.futures import as_completed
 
 from gpu.devices import discover
 from gpu.errors import ConfigError
-from gpu.schedulers.fluid import FluidParams, packing_limit
+from gpu.schedulers.fluid import FluidParams, PackingCurve, load_packing_curve, packing_curve_path, packing_limit
 from gpu.schedulers.fluid_baselines import FifoExecutor
 from gpu.schedulers.fluid_executor import FluidExecutor, Step
 from gpu.schedulers.fluid_session import TuningSession
 from gpu.state import state_dir
 from gpu.tuning import ALGORITHMS, Choice, Grid, LogUniform, parse_space
 from resource_blocks import GpuPool, MlflowTarget
-from tasks.fluid_trials import load_model, train_chunk
+from tasks.fluid_trials import load_model, packing_curve, train_chunk
 from tasks.requests import gpu_options
 from tasks.runners import GpuTaskRunner, flow_mlflow_run_id
 
@@ -40,6 +43,8 @@ EXECUTIONS = ("fluid", "fifo")
 MODES = ("process", "thread")
 GRID_SPACE = {"lr": Grid((0.01, 0.1)), "hidden": Grid((16, 64)), "batch_size": Choice((64,))}
 RANDOM_SPACE = {"lr": LogUniform(0.003, 0.3), "hidden": Choice((16, 32, 64, 128)), "batch_size": Choice((32, 64, 128))}
+DEFAULT_ALPHA = 1.5  # with an explicit c and no alpha: consistent with c = 2 by Eq. 3.1
+PACKING_MAX_P = 4  # levels of the start-up measurement (c is capped at the largest level measured)
 
 
 def make_algorithm(algorithm: str, trials: int, iterations: int, seed: int, space: dict | None,
@@ -129,15 +134,33 @@ class TrialLog:
         self.client.set_terminated(self.runs[trial_id], "FINISHED")
         return str(info.registered_model_version)
 
+    def search(self, c: int | None, d: int, alpha: float, source: str, curve: PackingCurve | None) -> None:
+        """FLUID's parameters on the parent run, and the packing curve they came from (metrics by p)."""
+        if self.client is None:
+            return
+        from mlflow.entities import Metric, Param
+
+        params = [Param("fluid.c", str(c)), Param("fluid.d", str(d)), Param("fluid.alpha", f"{alpha:.4g}"),
+                  Param("fluid.c_source", source[:500])]
+        metrics = []
+        if curve is not None:
+            params.append(Param("packing.o_th", str(curve.o_th)))
+            metrics = [Metric("packing_alpha", curve.alpha, 0, 0), Metric("packing_c", curve.c, 0, 0),
+                       Metric("packing_t1_s", curve.t1, 0, 0)]
+            metrics += [Metric("packing_iters_per_s", x, 0, p) for p, x in zip(curve.ps, curve.throughputs)]
+            metrics += [Metric("packing_marginal_benefit", o, 0, p) for p, o in zip(curve.ps[1:], curve.marginal_benefit)]
+        self.client.log_batch(self.parent, metrics=metrics, params=params)
+
 
 def _finished(inflight: dict) -> list:
     """Wait for a chunk to finish, then every finished chunk in submission order.
 
     FIFO among finished chunks keeps a fast event (a failure freeing its slice) from waiting behind busy
     neighbours, so DynamicFluid sees it while they still have iterations to resize.
+    Only public future API (``as_completed``, ``state.is_final()``), so any Prefect task runner's futures work.
     """
     first = next(as_completed(list(inflight)))
-    return [f for f in inflight if f is first or f.wrapped_future.done()]
+    return [f for f in inflight if f is first or f.state.is_final()]
 
 
 class Progress:
@@ -157,19 +180,44 @@ class Progress:
             print(file=sys.stderr, flush=True)
 
 
+def _packing_curve(device: str, gpu: int, iterations: int) -> tuple[PackingCurve, str]:
+    """The device's saved packing curve (``benchmarks/fluid_packing.py``), else a short one measured now.
+
+    The measurement runs as a task holding pool device ``gpu`` whole, so it sees that device alone (on a
+    simulated pool: this machine's CPU, where the trials will run too).
+    """
+    saved = load_packing_curve(device)
+    if saved is not None:
+        return saved, f"saved curve {packing_curve_path(device)}"
+    with gpu_options(gpus=1.0, devices=(gpu,)):
+        measured = packing_curve.submit(iterations, PACKING_MAX_P).result()
+    return measured, f"measured at start on {device} (device {gpu}, p = 1..{PACKING_MAX_P} x {iterations} iterations)"
+
+
 @flow(name="fluid-trial-groups-search")
 def _search(algorithm: str, trials: int, iterations: int, seed: int, space: dict | None, min_iterations: int,
-            generations: int, execution: str, gpus: int, c: int, d: int, alpha: float, chunk: int,
-            fail_trial: str | None, tracking_uri: str, model_name: str, progress: bool) -> dict:
+            generations: int, execution: str, gpus: list[int], device: str, c: int | None, d: int,
+            alpha: float | None, packing_iterations: int, chunk: int, fail_trial: str | None, tracking_uri: str,
+            model_name: str, progress: bool) -> dict:
     algo = make_algorithm(algorithm, trials, iterations, seed, space, min_iterations, generations)
-    ids = list(range(gpus))
-    executor = FluidExecutor(ids, FluidParams(c=c, d=d), dynamic=True) if execution == "fluid" else FifoExecutor(ids)
-    session = TuningSession(algo, executor, profile=lambda t: replace(t, alpha=alpha))
     parent = flow_mlflow_run_id()
     log = TrialLog(parent, tracking_uri)
+    curve, source = None, "given"
+    if c is None and execution == "fluid":
+        curve, source = _packing_curve(device, gpus[0], packing_iterations)
+        c, alpha = curve.c, curve.alpha if alpha is None else alpha
+    elif c is None:
+        source = "fifo: one trial per GPU, no packing"
+    alpha = DEFAULT_ALPHA if alpha is None else alpha
+    log.search(c, d, alpha, source, curve)
+    executor = (FluidExecutor(gpus, FluidParams(c=c, d=d), dynamic=True) if execution == "fluid"
+                else FifoExecutor(gpus))
+    session = TuningSession(algo, executor, profile=lambda t: replace(t, alpha=alpha))
     ckpt_dir = state_dir() / "trial_groups" / (parent or f"{algorithm}-{execution}-{seed}")
     ckpt = lambda tid: str(ckpt_dir / f"{tid.replace('@', '_')}.pt")  # noqa: E731
     width: dict[str, float] = {}
+    where: dict[str, tuple[int, ...]] = {}  # FLUID's GPUs for the trial's next chunk
+    pinned: dict[Any, tuple[int, ...]] = {}  # the GPUs each submitted chunk was pinned to
     done_iters: dict[str, int] = {}
     inflight: dict[Any, str] = {}
     bar = Progress(f"{algorithm}/{execution}", progress)
@@ -188,25 +236,25 @@ def _search(algorithm: str, trials: int, iterations: int, seed: int, space: dict
         start = done_iters[tid]
         n = min(chunk, budget(tid) - start)
         load = ckpt(tid) if start > 0 else (ckpt(t.checkpoint) if t.checkpoint else None)
-        w = width[tid]
+        w, gpus_ = width[tid], where[tid]
         widths_seen.setdefault(tid, []).append(w)
-        with gpu_options(gpus=w if w < 1 else float(int(w))):
+        with gpu_options(gpus=w if w < 1 else float(len(gpus_)), devices=gpus_):  # FLUID's GPUs, not best fit
             fut = train_chunk.submit(tid, dict(t.config), int(t.resume_from) + start, n, load, ckpt(tid), w, seed,
                                      fail=tid == fail_trial and (start > 0 or n >= budget(tid)))
-        inflight[fut] = tid
+        inflight[fut], pinned[fut] = tid, gpus_
 
     def apply(step: Step) -> None:
         for p in step.starts:
-            width[p.trial_id], done_iters[p.trial_id] = p.width, 0
+            width[p.trial_id], where[p.trial_id], done_iters[p.trial_id] = p.width, p.gpus, 0
             log.open(session.trial(p.trial_id), algorithm, execution)
             submit(p.trial_id)
         for p in step.resizes:
-            width[p.trial_id] = p.width  # applied when the trial's next chunk is submitted
+            width[p.trial_id], where[p.trial_id] = p.width, p.gpus  # applied when its next chunk is submitted
 
     apply(session.start())
     while inflight:
         for fut in _finished(inflight):
-            tid = inflight.pop(fut)
+            tid, asked = inflight.pop(fut), pinned.pop(fut)
             try:
                 out = fut.result()
             except Exception as exc:  # the trial's task failed: record it, free nothing (the runner did), go on
@@ -219,7 +267,8 @@ def _search(algorithm: str, trials: int, iterations: int, seed: int, space: dict
                 t = session.trial(tid)
                 log.chunk(out, int(t.resume_from) + done_iters[tid])
                 placements.setdefault(tid, []).append(
-                    {k: out[k] for k in ("start", "width", "devices", "fraction", "data_parallel", "loss")})
+                    {"fluid_devices": list(asked),
+                     **{k: out[k] for k in ("start", "width", "devices", "fraction", "data_parallel", "loss")}})
                 done_iters[tid] += out["iterations"]
                 total_iters += out["iterations"]
                 session.report_progress(tid, done_iters[tid])
@@ -242,7 +291,10 @@ def _search(algorithm: str, trials: int, iterations: int, seed: int, space: dict
     top = max(r.iterations for r in ok)
     best = min((r for r in ok if r.iterations == top), key=lambda r: r.score)
     version = log.register(best.trial_id, load_model(best.config, ckpt(best.trial_id)), model_name)
-    return {"algorithm": algorithm, "execution": execution, "trials": len(scores), "failures": failures, "errors": errors,
+    return {"algorithm": algorithm, "execution": execution, "c": c, "d": d, "alpha": alpha, "c_source": source,
+            "packing_curve": None if curve is None else {"ps": list(curve.ps), "iters_per_s": list(curve.throughputs),
+                                                         "alpha": curve.alpha, "c": curve.c},
+            "trials": len(scores), "failures": failures, "errors": errors,
             "best_trial": best.trial_id, "best_config": best.config, "best_val_accuracy": 1.0 - best.score,
             "iterations_trained": total_iters, "scores": scores, "widths": widths_seen, "placements": placements,
             "mlflow_run_id": parent,
@@ -253,8 +305,8 @@ def _search(algorithm: str, trials: int, iterations: int, seed: int, space: dict
 @flow(name="fluid-trial-groups")
 def trial_groups(algorithm: str = "grid", trials: int = 4, iterations: int = 4, pool: GpuPool | str | None = None,
                  execution: str = "fluid", seed: int = 0, space: dict | None = None, min_iterations: int = 1,
-                 generations: int = 2, c: int = 2, d: int = 1, alpha: float = 1.5, chunk: int = 2,
-                 mode: str = "process",
+                 generations: int = 2, c: int | None = None, d: int = 1, alpha: float | None = None,
+                 chunk: int = 2, mode: str = "process", packing_iterations: int = 300,
                  tracking: MlflowTarget | bool | None = None, fail_trial: str | None = None,
                  model_name: str | None = None, progress: bool = True) -> dict:
     """Tune a torch MLP on ``load_digits`` (lr, hidden size, batch size) with FLUID-placed TrialGroups.
@@ -266,10 +318,14 @@ def trial_groups(algorithm: str = "grid", trials: int = 4, iterations: int = 4, 
         pool: GpuPool block, saved block name, or None (saved default or simulated 2 x 16 GiB).
         execution: "fluid" (StaticFluid + DynamicFluid) or "fifo" (one whole GPU per trial).
         space: raw search space for ``gpu.tuning.parse_space`` (needs lr, hidden, batch_size).
-        c, d: FLUID's packing and parallelism limits. chunk: iterations per task (resizes apply between chunks).
-        alpha: packing overhead FLUID assumes for a trial sharing a GPU (Eq. 3.2; measure it with
-            ``benchmarks/fluid_packing.py``). 1.5 is consistent with c = 2 (Eq. 3.1); at 1.0 DynamicFluid never
-            moves a packed trial to a whole GPU.
+        c: FLUID's packing limit (trials per GPU). None derives it from the pool device's packing curve (Eq. 3.1):
+            the curve ``benchmarks/fluid_packing.py`` last saved for that device in the state folder, else one
+            measured at start-up (p = 1..4 trainers of this flow's MLP x ``packing_iterations`` iterations, a task
+            holding one pool device whole; a few seconds on CPU). Curve, alpha and c are logged on the parent run.
+        d: FLUID's parallelism limit (GPUs per trial). chunk: iterations per task (resizes apply between chunks).
+        alpha: packing overhead FLUID assumes for a trial sharing a GPU (Eq. 3.2). None: the curve's fitted alpha
+            when c is derived, else 1.5 (consistent with c = 2 by Eq. 3.1). At 1.0 DynamicFluid never moves a
+            packed trial to a whole GPU.
         mode: GpuTaskRunner mode. tracking: MlflowTarget, False for none, None for the default target.
         fail_trial: fault injection - this trial id's training raises (e.g. "c0001@0") in its second chunk (its
             first if it has only one), after it held a slice beside the others.
@@ -282,15 +338,24 @@ def trial_groups(algorithm: str = "grid", trials: int = 4, iterations: int = 4, 
         raise ConfigError("mode", mode, f"choose one of {MODES}")
     if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk <= 0:
         raise ConfigError("chunk", chunk, "must be a whole number of iterations > 0")
-    FluidParams(c=c, d=d)
-    packing_limit(alpha)  # ConfigError naming alpha when < 1
+    if isinstance(packing_iterations, bool) or not isinstance(packing_iterations, int) or packing_iterations <= 0:
+        raise ConfigError("packing_iterations", packing_iterations, "must be a whole number of iterations > 0")
+    FluidParams(c=2 if c is None else c, d=d)
+    if alpha is not None:
+        packing_limit(alpha)  # ConfigError naming alpha when < 1
     block = pool if isinstance(pool, GpuPool) else GpuPool.load_or_default(pool)
     target = tracking if isinstance(tracking, MlflowTarget) else MlflowTarget(enabled=tracking is not False)
-    gpus = discover(block.simulated, block.device_backend).gpu_count
+    node = discover(block.simulated, block.device_backend).nodes[0]
+    if not node.devices:
+        raise ConfigError("pool", block.name, "has no GPUs (simulated or NVML) to run trials on")
+    # the device model keys the saved packing curve: trials on a simulated pool train on this machine's CPU
+    device = "cpu" if node.devices[0].simulated else node.devices[0].name
     runner = GpuTaskRunner(pool=block, mode=mode, tracking=target if target.enabled else False)
     return _search.with_options(task_runner=runner)(
-        algorithm, trials, iterations, seed, space, min_iterations, generations, execution, gpus, c, d, float(alpha),
-        chunk, fail_trial, target.resolved_uri(), model_name or f"trial-groups-{algorithm}", progress)
+        algorithm, trials, iterations, seed, space, min_iterations, generations, execution,
+        [dev.index for dev in node.devices], device, c, d, None if alpha is None else float(alpha),
+        packing_iterations, chunk, fail_trial, target.resolved_uri(), model_name or f"trial-groups-{algorithm}",
+        progress)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -304,9 +369,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pool", default=None, help="saved GpuPool block name (default: simulated 2 x 16 GiB)")
     parser.add_argument("--mode", default="process", help=f"runner mode, one of {MODES} (default process)")
     parser.add_argument("--chunk", type=int, default=2, help="iterations per task (default 2)")
-    parser.add_argument("--c", type=int, default=2, help="FLUID packing limit, trials per GPU (default 2)")
+    parser.add_argument("--c", type=int, default=None,
+                        help="FLUID packing limit, trials per GPU (default: from the device's packing curve)")
     parser.add_argument("--d", type=int, default=1, help="FLUID parallelism limit, GPUs per trial (default 1)")
-    parser.add_argument("--alpha", type=float, default=1.5, help="packing overhead (Eq. 3.2, default 1.5)")
+    parser.add_argument("--alpha", type=float, default=None,
+                        help="packing overhead (Eq. 3.2; default: the curve's alpha, or 1.5 with --c)")
+    parser.add_argument("--packing-iterations", type=int, default=300,
+                        help="iterations per trainer of the start-up packing measurement (default 300)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--fail-trial", default=None, help="inject a failure in this trial id (e.g. c0001@0)")
     parser.add_argument("--no-tracking", action="store_true", help="switch MLflow tracking off")
@@ -316,11 +385,13 @@ def main(argv: list[str] | None = None) -> int:
         summary = trial_groups(algorithm=args.algorithm, trials=args.trials, iterations=args.iterations,
                                min_iterations=args.min_iterations, execution=args.execution, pool=args.pool,
                                mode=args.mode, chunk=args.chunk, c=args.c, d=args.d, alpha=args.alpha,
+                               packing_iterations=args.packing_iterations,
                                seed=args.seed, fail_trial=args.fail_trial,
                                tracking=False if args.no_tracking else None)
     except ConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    print(f"FLUID c = {summary['c']}, d = {summary['d']}, alpha = {summary['alpha']:.3f} ({summary['c_source']})")
     print(f"{summary['algorithm']}/{summary['execution']}: {summary['trials']} trials, "
           f"{summary['iterations_trained']} iterations, failed {summary['failures'] or 'none'}")
     print(f"best {summary['best_trial']} {summary['best_config']} val_accuracy {summary['best_val_accuracy']:.3f}"

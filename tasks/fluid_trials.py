@@ -14,37 +14,14 @@ chunk's result carries ``data_parallel`` (devices actually used) and a ``note`` 
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 from typing import Any
 
 from prefect import get_run_logger, task
 
+from gpu.schedulers.fluid import PackingCurve
+from tasks.fluid_packing import build_mlp, digits_split, measure_packing_curve
 from tasks.requests import current_placement
-
-
-@functools.lru_cache(maxsize=4)
-def digits_split(seed: int = 0):
-    """Standardised ``load_digits`` features, split 80/20 into train/validation tensors (seeded)."""
-    import numpy as np
-    import torch
-    from sklearn.datasets import load_digits
-
-    x, y = load_digits(return_X_y=True)
-    order = np.random.default_rng(seed).permutation(len(x))
-    x, y = x[order].astype("float32") / 16.0, y[order]
-    cut = int(0.8 * len(x))
-    mean, std = x[:cut].mean(0), x[:cut].std(0) + 1e-6
-    x = (x - mean) / std
-    t = torch.from_numpy
-    return t(x[:cut]), t(y[:cut]).long(), t(x[cut:]), t(y[cut:]).long()
-
-
-def build_mlp(hidden: int):
-    """64 pixels -> ``hidden`` -> 10 digits."""
-    import torch.nn as nn
-
-    return nn.Sequential(nn.Linear(64, int(hidden)), nn.ReLU(), nn.Linear(int(hidden), 10))
 
 
 def data_parallel_ids(placed: Any) -> list[int]:
@@ -78,6 +55,16 @@ def _model_and_optimizer(config: dict[str, Any], checkpoint: str | None):
 def load_model(config: dict[str, Any], checkpoint: str):
     """The trained model saved in ``checkpoint`` (for registering the best trial)."""
     return _model_and_optimizer(config, checkpoint)[0].eval()
+
+
+@task(name="fluid-packing-curve")
+def packing_curve(iterations: int, max_p: int = 4, hidden: int = 64, batch: int = 64) -> PackingCurve:
+    """Eq. 3.1 measured on the device this task was placed on (submit it holding a whole GPU), flow's MLP."""
+    placed = current_placement()
+    device = placed.device if placed is not None else "cpu"
+    get_run_logger().info("measuring the packing curve on %s: p = 1..%d x %d iterations", device, max_p,
+                          iterations)
+    return measure_packing_curve(device, max_p=max_p, iterations=iterations, hidden=hidden, batch=batch)
 
 
 @task(name="fluid-trial-chunk")

@@ -1,17 +1,18 @@
 """The FLUID TrialGroups flow: real digit-MLP trials on a simulated pool, MLflow read back, resizes, failures.
 
-Two flow runs are shared by every assertion (module-scoped fixtures): a 3-config grid on 2 simulated GPUs with
-MLflow tracking and one injected failure, and a Hyperband search whose promoted trial runs 2 GPUs wide. The
-other tuning algorithms drive the same session/executor pair at engine level (no Prefect) below.
+Three flow runs are shared by every assertion (module-scoped fixtures): a 3-config grid on 2 simulated GPUs with
+MLflow tracking and one injected failure, a Hyperband search whose promoted trial runs 2 GPUs wide (both with an
+explicit c), and a one-iteration grid whose c comes from a tiny packing measurement at start-up. The other tuning
+algorithms drive the same session/executor pair at engine level (no Prefect) below.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from flows.trial_groups import SEARCHES, main, make_algorithm, trial_groups
+from flows.trial_groups import SEARCHES, _packing_curve, main, make_algorithm, trial_groups
 from gpu.errors import ConfigError
-from gpu.schedulers.fluid import FluidParams
+from gpu.schedulers.fluid import FluidParams, fit_packing_curve, save_packing_curve
 from gpu.schedulers.fluid_executor import FluidExecutor
 from gpu.schedulers.fluid_session import TuningSession
 from resource_blocks import GpuPool, MlflowTarget
@@ -49,6 +50,52 @@ def hyperband(prefect_server, tmp_path_factory):
         env.setenv("GPUFLOWS_STATE_DIR", str(tmp_path_factory.mktemp("tg-hb")))
         return trial_groups(algorithm="hyperband", iterations=3, min_iterations=1, chunk=1, c=2, d=2,
                             pool=sim_pool("tg-hb"), mode="thread", tracking=False, progress=False)
+
+
+@pytest.fixture(scope="module")
+def derived(prefect_server, tmp_path_factory):
+    """c = None: a tiny packing measurement (p = 1..4 x 60 iterations) on simulated device 0 sets c and alpha."""
+    state = tmp_path_factory.mktemp("tg-derived")
+    target = MlflowTarget(tracking_uri=f"sqlite:///{state}/mlflow.db", experiment="tg-derived")
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("GPUFLOWS_STATE_DIR", str(state))
+        s = trial_groups(algorithm="grid", space={**GRID, "hidden": 16}, iterations=1, chunk=1, c=None,
+                         packing_iterations=60, pool=sim_pool("tg-derived"), mode="thread", tracking=target,
+                         model_name="tg-derived-best", progress=False)
+    from mlflow import MlflowClient
+
+    return s, MlflowClient(target.resolved_uri())
+
+
+def test_every_chunk_runs_on_the_gpus_fluid_chose(grid, hyperband, derived):
+    """The runner's placement read back inside the task equals FLUID's decision (Request.devices), resizes too."""
+    for s in (grid[0], hyperband, derived[0]):
+        chunks = [c for trial in s["placements"].values() for c in trial]
+        assert chunks and all(c["devices"] == c["fluid_devices"] for c in chunks), s["placements"]
+    assert any(len(c["devices"]) == 2 for t in hyperband["placements"].values() for c in t)
+
+
+def test_c_is_derived_from_a_packing_curve_measured_at_start_and_logged(derived):
+    s, client = derived
+    curve = s["packing_curve"]
+    assert s["c_source"].startswith("measured") and curve["ps"] == [1, 2, 3, 4]
+    refit = fit_packing_curve(curve["ps"], curve["iters_per_s"])
+    assert s["c"] == refit.c == curve["c"] and s["alpha"] == pytest.approx(refit.alpha)
+    fractions = {c["fraction"] for t in s["placements"].values() for c in t}
+    assert fractions == {1.0 / s["c"]}, (s["c"], fractions)  # three 1-chunk trials started at width 1/c
+    parent = client.get_run(s["mlflow_run_id"]).data
+    assert parent.params["fluid.c"] == str(s["c"]) and parent.params["fluid.c_source"] == s["c_source"]
+    assert float(parent.params["fluid.alpha"]) == pytest.approx(refit.alpha, rel=1e-3)
+    history = client.get_metric_history(s["mlflow_run_id"], "packing_iters_per_s")
+    assert [(m.step, m.value) for m in history] == list(zip(curve["ps"], curve["iters_per_s"]))
+
+
+def test_a_saved_packing_curve_is_used_without_measuring(state_dir):
+    """The benchmark's saved curve for the device wins (``_packing_curve`` returns before submitting a task)."""
+    saved = fit_packing_curve([1, 2, 3], [100.0, 190.0, 200.0])
+    save_packing_curve(saved, "NVIDIA Test GPU", iterations=2000)
+    curve, source = _packing_curve("NVIDIA Test GPU", 0, iterations=1)
+    assert curve == saved and "packing-nvidia-test-gpu.json" in source
 
 
 def test_search_logs_a_child_run_per_trial_with_params_metrics_and_placement(grid):
@@ -175,6 +222,7 @@ def test_every_tuning_algorithm_drives_a_fluid_session(algorithm):
     ({"d": 0}, "d", "0"),
     ({"alpha": 0.5}, "alpha", "0.5"),
     ({"chunk": 0}, "chunk", "0"),
+    ({"packing_iterations": 0}, "packing_iterations", "0"),
     ({"algorithm": "annealing"}, "algorithm", "annealing"),
     ({"execution": "gang"}, "execution", "gang"),
 ])

@@ -9,6 +9,8 @@
   overhead ``beta``.
 * ``fit_packing_curve`` — Eq. 3.1: marginal packing benefit ``O^p`` from a measured packing curve, the fitted
   ``alpha`` and the packing limit ``c`` (largest p with ``O^p > O_th``; spec Part IV items 13 and 26).
+* ``save_packing_curve``/``load_packing_curve`` — the last measured curve per device in the state folder, so a
+  flow can take ``c`` from the benchmark's measurement instead of re-measuring.
 * ``max_parallelism`` — ``d`` from a measured ``beta`` (spec Part IV item 14; the thesis uses Paleo).
 * ``lower_bound``/``theorem1_bound``/``theorem2_bound`` — Theorem 1 (additive form, spec item 23) and
   Theorem 2 / Eq. 3.3, used by tests and the benchmark to check StaticFluid on random instances.
@@ -19,14 +21,18 @@ number of GPUs for distributed training. Placement onto concrete GPUs is ``gpu.s
 
 from __future__ import annotations
 
+import json
 import math
+import re
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 from scipy.optimize import curve_fit
 
 from gpu.errors import ConfigError
+from gpu.state import state_dir
 
 _TOL = 1e-9
 
@@ -248,6 +254,32 @@ def fit_packing_curve(ps: Sequence[int], throughputs: Sequence[float], o_th: flo
     c = min(packing_limit(alpha, o_th), int(p[-1]))
     return PackingCurve(tuple(int(v) for v in p), tuple(float(v) for v in x), tuple(float(v) for v in benefit),
                         alpha, float(np.exp(log_t1)), c, o_th)
+
+
+def packing_curve_path(device: str) -> Path:
+    """``<state dir>/fluid/packing-<device>.json``: one file per device model (e.g. ``cpu``, a GPU's name)."""
+    slug = re.sub(r"[^a-z0-9]+", "-", device.lower()).strip("-")
+    if not slug:
+        raise ConfigError("device", device, "needs a name to key its packing curve")
+    return state_dir() / "fluid" / f"packing-{slug}.json"
+
+
+def save_packing_curve(curve: PackingCurve, device: str, **meta: object) -> Path:
+    """Store a measured curve (levels, throughputs, ``O_th``, plus ``meta``) as the device's latest."""
+    path = packing_curve_path(device)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"device": device, "ps": list(curve.ps), "throughputs": list(curve.throughputs),
+                                "o_th": curve.o_th, **meta}, indent=2, default=str))
+    return path
+
+
+def load_packing_curve(device: str) -> PackingCurve | None:
+    """The device's last saved curve, re-fitted (so ``alpha``/``c`` follow this code); None when none was saved."""
+    path = packing_curve_path(device)
+    if not path.exists():
+        return None
+    raw = json.loads(path.read_text())
+    return fit_packing_curve(raw["ps"], raw["throughputs"], raw.get("o_th", 0.05))
 
 
 def max_parallelism(beta: float, n: int) -> int:

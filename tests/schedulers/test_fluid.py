@@ -7,8 +7,8 @@ import pytest
 
 from gpu.errors import ConfigError
 from gpu.schedulers.fluid import (FluidParams, RunningTrial, Trial, TrialGroup, dynamic_fluid, fit_packing_curve,
-                                  max_parallelism, packing_limit, runtime, static_fluid,
-                                  theorem1_bound, theorem2_bound)
+                                  load_packing_curve, max_parallelism, packing_curve_path, packing_limit, runtime,
+                                  save_packing_curve, static_fluid, theorem1_bound, theorem2_bound)
 from gpu.schedulers.fluid_baselines import FifoExecutor
 from gpu.schedulers.fluid_executor import FluidExecutor, Placement, Step
 from gpu.sim.fluid_engine import simulate
@@ -128,6 +128,17 @@ def test_fit_packing_curve_caps_c_at_the_largest_measured_p():
     assert curve.alpha == pytest.approx(1.0) and curve.c == 3
 
 
+def test_a_saved_packing_curve_loads_back_per_device_and_refits(state_dir):
+    """The benchmark saves levels + throughputs per device model; loading re-fits alpha and c (Eq. 3.1)."""
+    ps = [1, 2, 3, 4, 5]
+    curve = fit_packing_curve(ps, [p / (0.1 * 1.25 ** (p - 1)) for p in ps], o_th=0.05)
+    assert load_packing_curve("cpu") is None
+    path = save_packing_curve(curve, "NVIDIA H100 80GB HBM3", iterations=2000)
+    assert path == packing_curve_path("nvidia h100 80gb hbm3") and path.parent == state_dir / "fluid"
+    assert load_packing_curve("NVIDIA H100 80GB HBM3") == curve and curve.c == 4
+    assert load_packing_curve("cpu") is None  # another device's curve is not used
+
+
 def test_packing_never_pays_gives_c_1():
     assert packing_limit(2.0) == 1
 
@@ -153,6 +164,7 @@ def test_theorem_bounds_use_the_e_limit_without_overheads():
     (lambda: fit_packing_curve([2, 3], [1, 1]), "ps"),
     (lambda: fit_packing_curve([1, 2], [1, -1]), "throughputs"),
     (lambda: FluidExecutor([], FluidParams()), "gpus"),
+    (lambda: packing_curve_path(" / "), "device"),
 ])
 def test_bad_input_raises_config_error_naming_the_field(make, field):
     with pytest.raises(ConfigError) as err:
