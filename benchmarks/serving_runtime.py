@@ -121,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     data = load_digits_tensors(args.seed)
-    rows = list(data.x_test.split(1))  # 1×64 requests, as the load generator sends them
+    x = data.x_test.numpy()
+    rows = [x[k:k + 1] for k in range(len(x))]  # 1×64 float32 requests, as the load generator sends them
     duration, n_path = (3.0, 5000) if args.quick else (15.0, 20000)
     out: dict[str, float | str] = {"load_average_1min": os.getloadavg()[0], "rate_rps": args.rate,
                                    "high_rate_rps": args.high_rate, "target_fraction": TARGET}

@@ -16,6 +16,10 @@ Implementations:
 * :class:`FixedBatchPolicy` — TF-Serving-style baseline: wait for the planned batch to fill (or until the
   head request must start), never drop.
 
+Every shipped policy decides over arrays (:class:`SpanPolicy`: the queue's deadline column → how many to
+drop from the head and how many to run next), which the real runtime calls on its ring buffers; its
+object API ``decide(queue, ctx)`` adapts a ``Request`` queue onto that one implementation.
+
 Example: with ℓ(b) = b + 10 ms, target 4 and deadlines {5, 12, 30, 45, 60, 95} ms at t = 0,
 ``EarlyDropPolicy().decide(q, ctx)`` → ``BatchDecision(run=(2, 3, 4, 5), drop=(0, 1))``.
 """
@@ -23,7 +27,9 @@ Example: with ℓ(b) = b + 10 ms, target 4 and deadlines {5, 12, 30, 45, 60, 95}
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Protocol, Sequence, runtime_checkable
+from typing import Callable, Iterator, Mapping, Protocol, Sequence, runtime_checkable
+
+import numpy as np
 
 from gpu.errors import ConfigError
 
@@ -86,79 +92,130 @@ class BatchPolicy(Protocol):
         ...
 
 
-def _window(ctx: BatchContext, n: int) -> int:
-    return max(1, min(ctx.target_batch, ctx.max_batch, n))
+Span = tuple[int, int, "float | int | None"]
+"""``(n_drop, n_run, wake_at)``: drop the first ``n_drop`` queued requests, run the next ``n_run`` as one
+batch; ``wake_at`` (only when ``n_run == 0``) asks to be called again at that time."""
+
+
+@runtime_checkable
+class SpanPolicy(Protocol):
+    """A batch policy that decides over arrays, for a runtime that keeps its queues as arrays.
+
+    ``decide_span(deadlines, now, latency, target_batch, max_batch, post, columns) -> Span``:
+    ``deadlines`` is the queue's deadline column (earliest first; any numeric dtype — the real runtime passes
+    int64 ns, the object API float ms — with ``now``, ``latency(b)`` = ℓ(b) and ``post`` in the same unit);
+    ``columns`` maps ``"arrival"``, ``"request_id"``, ``"app"`` to the other per-request columns, aligned with
+    ``deadlines``, for policies that decide from per-request metadata (ORLOJ: per-application execution-time
+    distributions); Nexus ignores them. The worker takes the span as one slice of its ring: no per-request
+    Python work. A policy that must pick positions out of order implements only ``decide``.
+    """
+
+    name: str
+
+    def decide_span(self, deadlines: np.ndarray, now: float, latency: Callable[[int], float], target_batch: int,
+                    max_batch: int, post: float = 0, columns: Mapping[str, np.ndarray] | None = None) -> Span:
+        ...
+
+
+class _RequestColumns(Mapping):
+    """The columns of a ``Request`` queue, built only when a policy reads one."""
+
+    _ATTR = {"arrival": "arrival_ms", "request_id": "request_id", "app": "app_id"}
+
+    def __init__(self, queue: Sequence[Request]):
+        self._queue = queue
+
+    def __getitem__(self, key: str) -> np.ndarray:
+        attr = self._ATTR[key]
+        return np.array([getattr(r, attr) for r in self._queue])
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._ATTR)
+
+    def __len__(self) -> int:
+        return len(self._ATTR)
+
+
+class _SpanAdapter:
+    """The object API (``decide(queue, ctx)``) of a span policy: one implementation of each rule."""
+
+    def decide(self, queue: Sequence[Request], ctx: BatchContext) -> BatchDecision:
+        deadlines = np.fromiter((r.deadline_ms for r in queue), float, len(queue))
+        n_drop, n_run, wake = self.decide_span(deadlines, ctx.now_ms, ctx.latency_ms,  # type: ignore[attr-defined]
+                                               ctx.target_batch, ctx.max_batch, ctx.post_ms, _RequestColumns(queue))
+        return BatchDecision(tuple(range(n_drop, n_drop + n_run)), tuple(range(n_drop)),
+                             None if wake is None else float(wake))
 
 
 @dataclass(frozen=True)
-class EarlyDropPolicy:
-    """Nexus sliding-window early drop (§6.3; authors' code ``backend_batch_policy = 0``)."""
+class EarlyDropPolicy(_SpanAdapter):
+    """Nexus sliding-window early drop (§6.3; authors' code ``backend_batch_policy = 0``).
+
+    The window of the planned batch b slides from the head; a request is dropped when it cannot wait for
+    the window's execution (deadline < now + ℓ(b)); the window shrinks when fewer than b requests are left.
+    Over a deadline-ordered queue that is a prefix: ``searchsorted`` finds it while the window is full.
+    """
 
     name: str = "early_drop"
 
-    def decide(self, queue: Sequence[Request], ctx: BatchContext) -> BatchDecision:
-        n = len(queue)
+    def decide_span(self, deadlines: np.ndarray, now: float, latency: Callable[[int], float], target_batch: int,
+                    max_batch: int, post: float = 0, columns: Mapping[str, np.ndarray] | None = None) -> Span:
+        n = len(deadlines)
+        if n == 1:  # the common decision at low load: a window of one
+            return (0, 1, None) if deadlines[0] >= now + latency(1) + post else (1, 0, None)
         if n == 0:
-            return BatchDecision()
-        b = _window(ctx, n)
-        finish = ctx.now_ms + ctx.latency_ms(b) + ctx.post_ms
-        run: list[int] = []
-        drop: list[int] = []
-        i = 0
-        while len(run) < b and i < n:
-            if queue[i].deadline_ms < finish:
-                drop.append(i)
-            else:
-                run.append(i)
-            i += 1
-            if b > len(run) + (n - i):  # fewer requests left than the window: shrink it
-                b = max(1, len(run) + (n - i))
-                finish = ctx.now_ms + ctx.latency_ms(b) + ctx.post_ms
-        return BatchDecision(tuple(run), tuple(drop))
+            return 0, 0, None
+        b = max(1, min(target_batch, max_batch, n))
+        finish = now + latency(b) + post
+        full = n - b + 1  # positions at which the window is still b wide
+        k = int(deadlines[:full].searchsorted(finish))  # first one that can wait for the window
+        if k < full:
+            return k, b, None
+        for i in range(full, n):  # the whole full-window part is hopeless: the window shrinks with the queue
+            if deadlines[i] >= now + latency(n - i) + post:
+                return i, n - i, None
+        return n, 0, None
 
 
 @dataclass(frozen=True)
-class LazyDropPolicy:
+class LazyDropPolicy(_SpanAdapter):
     """Clipper-style lazy drop: drop only the hopeless, batch by the earliest request's budget (§4.3)."""
 
     literal: bool = False
     name: str = "lazy_drop"
 
-    def decide(self, queue: Sequence[Request], ctx: BatchContext) -> BatchDecision:
-        n = len(queue)
-        horizon = ctx.now_ms + (0.0 if self.literal else ctx.latency_ms(1) + ctx.post_ms)
-        head = 0
-        while head < n and queue[head].deadline_ms < horizon:
-            head += 1
-        drop = tuple(range(head))
+    def decide_span(self, deadlines: np.ndarray, now: float, latency: Callable[[int], float], target_batch: int,
+                    max_batch: int, post: float = 0, columns: Mapping[str, np.ndarray] | None = None) -> Span:
+        n = len(deadlines)
+        horizon = now + (0 if self.literal else latency(1) + post)
+        head = int(deadlines.searchsorted(horizon))  # deadline < horizon: cannot finish even alone
         if head == n:
-            return BatchDecision((), drop)
-        budget = queue[head].deadline_ms - ctx.now_ms - ctx.post_ms
-        b = 1
-        for cand in range(_window(ctx, n - head), 1, -1):
-            if ctx.latency_ms(cand) < budget:
-                b = cand
-                break
-        return BatchDecision(tuple(range(head, head + b)), drop)
+            return n, 0, None
+        budget = deadlines[head] - now - post
+        for b in range(max(1, min(target_batch, max_batch, n - head)), 1, -1):
+            if latency(b) < budget:
+                return head, b, None
+        return head, 1, None
 
 
 @dataclass(frozen=True)
-class FixedBatchPolicy:
+class FixedBatchPolicy(_SpanAdapter):
     """TF-Serving-style fixed batch: wait until the planned batch is full or the head must start; never drop."""
 
     wait_for_full: bool = True
     name: str = "fixed_batch"
 
-    def decide(self, queue: Sequence[Request], ctx: BatchContext) -> BatchDecision:
-        n = len(queue)
+    def decide_span(self, deadlines: np.ndarray, now: float, latency: Callable[[int], float], target_batch: int,
+                    max_batch: int, post: float = 0, columns: Mapping[str, np.ndarray] | None = None) -> Span:
+        n = len(deadlines)
         if n == 0:
-            return BatchDecision()
-        b = max(1, min(ctx.target_batch, ctx.max_batch))
+            return 0, 0, None
+        b = max(1, min(target_batch, max_batch))
         if self.wait_for_full and n < b:
-            latest_start = queue[0].deadline_ms - ctx.latency_ms(b) - ctx.post_ms
-            if ctx.now_ms < latest_start:
-                return BatchDecision(wake_at_ms=latest_start)
-        return BatchDecision(tuple(range(min(b, n))))
+            latest_start = deadlines[0] - latency(b) - post
+            if now < latest_start:
+                return 0, 0, latest_start
+        return 0, min(b, n), None
 
 
 POLICIES: dict[str, Callable[[], BatchPolicy]] = {

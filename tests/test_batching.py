@@ -72,3 +72,18 @@ def test_every_registered_policy_satisfies_the_protocol():
 def test_unknown_batch_policy_is_a_config_error():
     with pytest.raises(ConfigError, match="batch_policy='fifo'"):
         make_policy("fifo")
+
+
+def test_span_api_decides_the_worked_example_over_int64_nanoseconds():
+    deadlines = np.array(T9, np.int64) * 1_000_000
+    lat_ns = [round(lat(b) * 1e6) for b in range(65)].__getitem__
+    assert EarlyDropPolicy().decide_span(deadlines, 0, lat_ns, 4, 64) == (2, 4, None)
+    assert LazyDropPolicy().decide_span(deadlines, 0, lat_ns, 4, 64) == (1, 1, None)
+    n_drop, n_run, wake = FixedBatchPolicy().decide_span(deadlines[:2] + 95_000_000, 0, lat_ns, 8, 64)
+    assert (n_drop, n_run, wake) == (0, 0, 100_000_000 - 18_000_000)
+
+
+def test_early_drop_window_shrinks_when_the_full_window_part_is_hopeless():
+    # ℓ(3) = 13 drops all but the last two; with two left ℓ(2) = 12 still drops one; ℓ(1) = 11 runs the last
+    assert EarlyDropPolicy().decide_span(np.array([1.0, 2.0, 11.5, 11.5]), 0.0, lat, 3, 64) == (3, 1, None)
+    assert EarlyDropPolicy().decide_span(np.array([1.0, 2.0]), 0.0, lat, 3, 64) == (2, 0, None)

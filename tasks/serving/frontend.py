@@ -14,13 +14,13 @@ Example (spec T13): shares {1: 2/3, 2: 1/3} → DRR over 300 requests sends 200 
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from gpu.batching import Request
 from gpu.errors import ConfigError
 from gpu.schedulers.nexus import Plan
+from tasks.serving.ring import as_rows
 from tasks.serving.stats import Recorder
 
 
@@ -36,22 +36,26 @@ class DeficitRoundRobin:
         self.deficit = [0.0] * len(targets)
         self.cur = len(targets) - 1
 
-    def pick(self) -> Any:
+    def pick_index(self) -> int:
         if len(self.targets) == 1:
-            return self.targets[0]
+            return 0
         while True:
             if self.deficit[self.cur] >= 1.0 - 1e-9:
                 self.deficit[self.cur] -= 1.0
-                return self.targets[self.cur]
+                return self.cur
             self.cur = (self.cur + 1) % len(self.targets)
             self.deficit[self.cur] += self.quantum[self.cur]
 
+    def pick_many(self, k: int) -> np.ndarray:
+        """Target positions of the next ``k`` requests (the same sequence as ``k`` picks)."""
+        return np.fromiter((self.pick_index() for _ in range(k)), np.int64, k)
+
 
 class WeightedRandom:
-    """Picks a target at random with probability ∝ its weight (seeded).
+    """Picks targets at random with probability ∝ their weights (seeded).
 
-    The choices are drawn ``block`` at a time with one vectorised numpy call and handed out one per
-    request, so a pick costs a list step (~0.05 µs) instead of a generator call and a search (~3 µs).
+    The choices are drawn ``block`` at a time with one vectorised numpy call and handed out as slices, so
+    routing a burst (or one request) costs a slice, not a generator call and a search per request.
     """
 
     def __init__(self, targets: Sequence[Any], weights: Sequence[float], rng: np.random.Generator,
@@ -62,15 +66,18 @@ class WeightedRandom:
         self.p = np.asarray(weights, float) / float(sum(weights))
         self.rng = rng
         self.block = block
-        self._drawn: Iterator[Any] = iter(())
+        self._drawn = np.empty(0, np.int64)
+        self._pos = 0
 
-    def pick(self) -> Any:
-        try:
-            return next(self._drawn)
-        except StopIteration:
-            idx = self.rng.choice(len(self.targets), size=self.block, p=self.p)
-            self._drawn = iter([self.targets[i] for i in idx.tolist()])
-            return next(self._drawn)
+    def pick_many(self, k: int) -> np.ndarray:
+        """Target positions of the next ``k`` requests."""
+        if self._pos + k > len(self._drawn):
+            rest = self._drawn[self._pos:]
+            self._drawn = np.concatenate([rest, self.rng.choice(len(self.targets), size=max(self.block, k), p=self.p)])
+            self._pos = 0
+        out = self._drawn[self._pos:self._pos + k]
+        self._pos += k
+        return out
 
 
 LOAD_BALANCERS = ("drr", "weighted_random")
@@ -79,8 +86,10 @@ LOAD_BALANCERS = ("drr", "weighted_random")
 class Frontend:
     """Routes requests by the current plan's rate shares; one thread submits (the load generator's).
 
-    ``route_ns`` accumulates the wall time spent inside :meth:`submit` (stamping, routing, enqueueing);
-    with the workers' busy time it makes the runtime's dispatch overhead per request.
+    A request is a row: ``submit_many`` stamps a burst once (``perf_counter_ns``), gives it consecutive ids
+    and writes it into the target workers' rings with array slices (``worker.push``) — no object per
+    request. ``route_ns`` accumulates the wall time spent inside ``submit``/``submit_many`` (stamping,
+    routing, enqueueing); with the workers' busy time it makes the runtime's dispatch overhead per request.
     """
 
     def __init__(self, recorder: Recorder, load_balancer: str = "drr", seed: int = 0):
@@ -89,8 +98,8 @@ class Frontend:
         self.recorder = recorder
         self.load_balancer = load_balancer
         self._rng = np.random.default_rng(seed)
-        # session → (SLO ms, its only worker or None, picker among several workers or None)
-        self._routes: dict[str, tuple[float, Any, Callable[[], Any] | None]] = {}
+        # session → (SLO ns, its only worker or None, picker among several workers or None)
+        self._routes: dict[str, tuple[int, Any, Any]] = {}
         self._next_id = 0
         self.counts: dict[str, int] = {}
         self.route_ns = 0
@@ -99,7 +108,7 @@ class Frontend:
     def set_plan(self, plan: Plan, workers: Mapping[int, Any]) -> None:
         """Install the routing table of ``plan``; ``workers`` maps node id → the worker running it."""
         shares = plan.rate_shares()
-        routes: dict[str, tuple[float, Any, Callable[[], Any] | None]] = {}
+        routes: dict[str, tuple[int, Any, Any]] = {}
         for s in plan.sessions:
             sid = s.session_id
             nodes = sorted(n for n, w in shares.get(sid, {}).items() if w > 0)
@@ -109,65 +118,53 @@ class Frontend:
             elif nodes:
                 targets, weights = [workers[n] for n in nodes], [shares[sid][n] for n in nodes]
                 pick = (DeficitRoundRobin(targets, weights) if self.load_balancer == "drr"
-                        else WeightedRandom(targets, weights, self._rng)).pick
-            routes[sid] = (float(s.slo_ms), one, pick)
+                        else WeightedRandom(targets, weights, self._rng))
+            routes[sid] = (round(float(s.slo_ms) * 1e6), one, pick)
             self.counts.setdefault(sid, 0)
         self._routes = routes
 
     def submit(self, session_id: str, x: Any) -> int:
-        """Accept one request now; returns its id. A planned session with no GPU (rate 0) is dropped."""
+        """Accept one request now (``x``: its input, a ``1×d`` or ``d`` array or CPU tensor); returns its id."""
         t0 = time.perf_counter_ns()
         route = self._routes.get(session_id)
-        if route is None:
-            raise ConfigError("session_id", session_id, f"not a session of the current plan ({sorted(self._routes)})")
-        slo, one, pick = route
+        if route is None or route[1] is None:  # unknown, or several workers (or none): the general path
+            return self.submit_many(session_id, x).start
         rid = self._next_id
         self._next_id = rid + 1
-        now = t0 / 1e6
-        req = Request(rid, session_id, now, now + slo)
+        route[1].push(session_id, rid, t0, t0 + route[0], x if type(x) is np.ndarray and x.ndim == 2 else as_rows(x))
         self.counts[session_id] += 1
-        if one is not None:
-            one.enqueue(req, x)
-        elif pick is not None:
-            pick().enqueue(req, x)
-        else:
-            self.recorder.dropped([req], -1)
         self.submitted += 1
         self.route_ns += time.perf_counter_ns() - t0
         return rid
 
-    def submit_many(self, session_id: str, xs: Sequence[Any]) -> range:
-        """Accept several requests of one session that arrived together (one read of a socket, one tick of a
-        load generator); returns their ids. Per-request work is one ``Request`` and list steps: the stamp,
-        the routing draw and the worker's enqueue (and its doorbell) happen once per target worker."""
+    def submit_many(self, session_id: str, xs: Any) -> range:
+        """Accept requests of one session that arrived together (one read of a socket, one tick of a load
+        generator): ``xs`` their inputs, a ``k×d`` array or CPU tensor (or a sequence of rows). Returns their
+        ids. One stamp, one routing draw and one ring write (and doorbell) per target worker; a planned
+        session with no GPU (rate 0) is dropped."""
         t0 = time.perf_counter_ns()
         route = self._routes.get(session_id)
         if route is None:
             raise ConfigError("session_id", session_id, f"not a session of the current plan ({sorted(self._routes)})")
         slo, one, pick = route
+        rows = as_rows(xs)
+        k = len(rows)
         first = self._next_id
-        ids = range(first, first + len(xs))
+        ids = range(first, first + k)
         self._next_id = ids.stop
-        now = t0 / 1e6
-        deadline = now + slo
-        reqs = [Request(i, session_id, now, deadline) for i in ids]
-        self.counts[session_id] += len(reqs)
+        deadline = t0 + slo
+        self.counts[session_id] += k
         if one is not None:
-            one.enqueue_many(reqs, xs)
+            one.push(session_id, first, t0, deadline, rows)
         elif pick is not None:
-            groups: dict[int, tuple[Any, list, list]] = {}
-            for r, x in zip(reqs, xs):
-                target = pick()
-                g = groups.get(id(target))
-                if g is None:
-                    g = groups[id(target)] = (target, [], [])
-                g[1].append(r)
-                g[2].append(x)
-            for target, rs, gx in groups.values():
-                target.enqueue_many(rs, gx)
+            to = pick.pick_many(k)
+            for j, target in enumerate(pick.targets):
+                mask = to == j
+                if mask.any():
+                    target.push(session_id, np.arange(first, first + k)[mask], t0, deadline, rows[mask])
         else:
-            self.recorder.dropped(reqs, -1)
-        self.submitted += len(reqs)
+            self.recorder.dropped(session_id, -1, np.arange(first, first + k), np.full(k, t0), np.full(k, deadline))
+        self.submitted += k
         self.route_ns += time.perf_counter_ns() - t0
         return ids
 

@@ -100,19 +100,21 @@ class LoadGenerator:
     Args:
         submit: ``frontend.submit(session_id, x) -> request id``.
         submit_many: ``frontend.submit_many(session_id, xs) -> request ids``: when given, arrivals that are
-            due together (the generator fell behind, or they share a sleep tick) go over in one call.
+            due together (the generator fell behind, or they share a sleep tick) go over in one call, their
+            inputs as one ``k×64`` array.
         trace: the rates over time.
-        inputs: N×64 input images; request k carries row ``k mod N`` (a 1×64 view).
+        inputs: N×64 input images; request k carries row ``k mod N`` (a 1×64 float32 array).
         labels: their true classes (to measure the served models' accuracy).
     """
 
-    def __init__(self, submit: Callable[[str, torch.Tensor], int], trace: RateTrace, inputs: torch.Tensor,
+    def __init__(self, submit: Callable[[str, np.ndarray], int], trace: RateTrace, inputs: torch.Tensor,
                  labels: torch.Tensor | Sequence[int] | None = None, seed: int = 0,
-                 submit_many: Callable[[str, list[torch.Tensor]], Sequence[int]] | None = None):
+                 submit_many: Callable[[str, np.ndarray], Sequence[int]] | None = None):
         self.submit = submit
         self.submit_many = submit_many
         self.trace = trace
-        self.rows = list(inputs.split(1))  # 1×d views: each request is a batch of one, as a client sends it
+        self.inputs = np.ascontiguousarray(inputs.numpy(), np.float32)
+        self.rows = [self.inputs[k:k + 1] for k in range(len(self.inputs))]  # 1×d: one request, as a client sends
         self.labels = [int(y) for y in labels] if labels is not None else None
         self.seed = seed
 
@@ -149,7 +151,7 @@ class LoadGenerator:
                 for m in range(i, j):
                     by.setdefault(who[m], []).append(m % len(rows))
                 for sid, ks in by.items():
-                    ids = self.submit_many(sid, [rows[k] for k in ks])
+                    ids = self.submit_many(sid, self.inputs[ks])
                     if labels is not None:
                         report.labels.update(zip(ids, [labels[k] for k in ks]))
             i = j

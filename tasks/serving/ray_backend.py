@@ -4,8 +4,8 @@ Each actor hosts a :class:`~tasks.serving.worker.ServingWorker` on its node (the
 state dicts; the lease is taken by the driver on the pool's ledger, whose ``Placement.node`` names the Ray
 node, and the actor is pinned there with ``NodeAffinitySchedulingStrategy``, the way ``tasks.ray_runner``
 places tasks). The local :class:`~tasks.serving.frontend.Frontend` routes to :class:`RayWorkerHandle`
-objects, which forward requests with ``actor.enqueue.remote``; each forward is a Ray call (hundreds of µs),
-so this backend is for capacity across machines, not for the µs dispatch path of the local runtime.
+objects, which forward each routed burst (ids, stamps, input rows) with ``actor.push.remote``; each
+forward is a Ray call (hundreds of µs), so this backend is for capacity across machines, not for the µs dispatch path of the local runtime.
 Outcomes are pulled back with :meth:`RayWorkerHandle.collect`. Lightly exercised (Ray start-up is slow);
 the local runtime carries the tests.
 """
@@ -14,9 +14,10 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+import numpy as np
 import torch
 
-from gpu.batching import BatchPolicy, Request
+from gpu.batching import BatchPolicy
 from gpu.ledger import Placement
 from gpu.schedulers.nexus import GpuNode
 from gpu.schedulers.nexus_profiles import BatchProfile
@@ -42,11 +43,8 @@ class _WorkerActor:
     def ready(self) -> bool:
         return True
 
-    def enqueue(self, request: Request, x: torch.Tensor) -> None:
-        self.worker.enqueue(request, x)
-
-    def enqueue_many(self, requests: list[Request], xs: list[torch.Tensor]) -> None:
-        self.worker.enqueue_many(requests, xs)
+    def push(self, session_id: str, ids: np.ndarray | int, arrival_ns: int, deadline_ns: int, xs: np.ndarray) -> None:
+        self.worker.push(session_id, ids, arrival_ns, deadline_ns, xs)
 
     def update(self, node: GpuNode) -> None:
         self.worker.update(node)
@@ -82,11 +80,8 @@ class RayWorkerHandle:
         # would sit in Ray's queue past their deadlines and all be dropped
         ray.get(self.actor.ready.remote())
 
-    def enqueue(self, request: Request, x: torch.Tensor) -> None:
-        self.actor.enqueue.remote(request, x)
-
-    def enqueue_many(self, requests: list[Request], xs: list[torch.Tensor]) -> None:
-        self.actor.enqueue_many.remote(list(requests), list(xs))
+    def push(self, session_id: str, ids: np.ndarray | int, arrival_ns: int, deadline_ns: int, xs: np.ndarray) -> None:
+        self.actor.push.remote(session_id, ids, arrival_ns, deadline_ns, xs)
 
     def update(self, node: GpuNode) -> None:
         self.actor.update.remote(node)

@@ -1,6 +1,6 @@
 """What happened to every request the runtime received, and the per-window figures a flow logs.
 
-Workers and the frontend append one chunk per executed batch or dropped group (``list.append`` is atomic
+Workers and the frontend append one chunk of arrays per executed batch or dropped group (``list.append`` is atomic
 in CPython, so no lock sits on the request path); a flow turns a time window of them into throughput, SLO
 attainment and bad rate (Nexus §7: a request is *bad* if it is dropped or misses its deadline).
 """
@@ -10,11 +10,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from itertools import repeat
-from typing import NamedTuple, Sequence
+from typing import NamedTuple
 
 import numpy as np
-
-from gpu.batching import Request
 
 _NAN = math.nan
 
@@ -76,29 +74,36 @@ class WindowStats:
 
 
 class Recorder:
-    """Append-only log of request outcomes, one chunk per executed batch or dropped group.
+    """Append-only log of request outcomes, one chunk of arrays per executed batch or dropped group.
 
-    The worker hands a batch back as one tuple (its ``Request`` objects, node, finish time, batch size,
-    predictions) — no per-request object on the serving path; :attr:`outcomes` and :meth:`window` expand the
-    chunks when a flow reads them. ``list.append`` and ``del lst[:n]`` are atomic in CPython, so writers on
-    several threads need no lock.
+    A chunk is ``(session, node, ids, arrival_ns, deadline_ns, finish_ns, batch, preds)`` — the columns of
+    a slice of a worker's ring (finish ``None`` when dropped; a batch of one's ids and times as ints): no
+    per-request object on the serving path.
+    :attr:`outcomes` and :meth:`take` expand chunks into :class:`Outcome` rows when a flow reads them;
+    :meth:`window` works on the columns. ``list.append`` and ``del lst[:n]`` are atomic in CPython, so
+    writers on several threads need no lock.
     """
 
     def __init__(self) -> None:
-        self._chunks: list[tuple[Sequence[Request], int, float, int, Sequence[int] | None]] = []
+        self._chunks: list[tuple[str, int, np.ndarray, np.ndarray, np.ndarray, int | None, int,
+                                 np.ndarray | None]] = []
 
-    def served(self, reqs: Sequence[Request], preds: Sequence[int], node_id: int, finish_ms: float) -> None:
-        self._chunks.append((reqs, node_id, finish_ms, len(reqs), preds))
+    def served(self, session_id: str, node_id: int, ids: np.ndarray | int, arrival_ns: np.ndarray | int,
+               deadline_ns: np.ndarray | int, finish_ns: int, preds: np.ndarray | list[int]) -> None:
+        self._chunks.append((session_id, node_id, ids, arrival_ns, deadline_ns, finish_ns, len(preds), preds))
 
-    def dropped(self, reqs: Sequence[Request], node_id: int) -> None:
-        self._chunks.append((reqs, node_id, _NAN, 0, None))
+    def dropped(self, session_id: str, node_id: int, ids: np.ndarray, arrival_ns: np.ndarray,
+                deadline_ns: np.ndarray) -> None:
+        self._chunks.append((session_id, node_id, ids, arrival_ns, deadline_ns, None, 0, None))
 
     @staticmethod
     def _expand(chunks) -> list[Outcome]:
         out: list[Outcome] = []
-        for reqs, node, finish, batch, preds in chunks:
-            out.extend(Outcome(r.request_id, r.app_id, node, r.arrival_ms, r.deadline_ms, finish, batch, p)
-                       for r, p in zip(reqs, repeat(-1) if preds is None else preds))
+        for sid, node, ids, arr, dl, finish, batch, preds in chunks:
+            f = _NAN if finish is None else finish / 1e6
+            cols = (np.atleast_1d(c).tolist() for c in (ids, arr, dl))
+            out.extend(Outcome(i, sid, node, a / 1e6, d / 1e6, f, batch, p) for i, a, d, p in
+                       zip(*cols, repeat(-1) if preds is None else np.asarray(preds).tolist()))
         return out
 
     @property
@@ -115,23 +120,31 @@ class Recorder:
 
     def window(self, start_ms: float = -math.inf, end_ms: float = math.inf, session_id: str | None = None,
                labels: dict[int, int] | None = None) -> WindowStats:
-        """Stats of the requests that arrived in the window (optionally one session's)."""
-        rows = [o for o in self.outcomes
-                if start_ms <= o.arrival_ms < end_ms and (session_id is None or o.session_id == session_id)]
-        finish = np.array([o.finish_ms for o in rows], dtype=float)
-        deadline = np.array([o.deadline_ms for o in rows], dtype=float)
-        arrival = np.array([o.arrival_ms for o in rows], dtype=float)
-        served = ~np.isnan(finish)
-        good = served & (finish <= deadline)
-        lat = (finish - arrival)[served]
-        batches = np.array([o.batch for o in rows], dtype=float)[served]
-        correct = [o.pred == labels[o.request_id] for o in rows
-                   if labels and o.request_id in labels and not math.isnan(o.finish_ms)]
-        lo = rows[0].arrival_ms if rows and not math.isfinite(start_ms) else start_ms
-        hi = max((o.arrival_ms for o in rows), default=lo) if not math.isfinite(end_ms) else end_ms
-        return WindowStats(lo if math.isfinite(lo) else 0.0, hi if math.isfinite(hi) else 0.0, len(rows),
-                           int(good.sum()), int((served & ~good).sum()), int((~served).sum()),
-                           float(batches.mean()) if len(batches) else 0.0,
+        """Stats of the requests that arrived in ``[start_ms, end_ms)`` (optionally one session's)."""
+        chunks = [c for c in self._chunks[:] if session_id is None or c[0] == session_id]
+        if not chunks:
+            lo, hi = (v if math.isfinite(v) else 0.0 for v in (start_ms, end_ms))
+            return WindowStats(lo, hi, 0, 0, 0, 0, 0.0, 0.0, 0.0, math.nan)
+        ids, arr, dl = (np.concatenate([np.atleast_1d(c[k]) for c in chunks]) for k in (2, 3, 4))
+        sizes = [np.size(c[2]) for c in chunks]
+        finish = np.repeat([-1 if c[5] is None else c[5] for c in chunks], sizes).astype(np.int64)
+        batch = np.repeat([c[6] for c in chunks], sizes)
+        preds = np.concatenate([np.full(k, -1) if c[7] is None else np.asarray(c[7]) for k, c in zip(sizes, chunks)])
+        arrival_ms = arr / 1e6
+        rows = (arrival_ms >= start_ms) & (arrival_ms < end_ms)
+        served = rows & (finish >= 0)
+        good = served & (finish <= dl)
+        lat = (finish - arr)[served] / 1e6  # per-request latency, completion − arrival
+        correct: list[bool] = []
+        if labels:
+            known = [(lab, p) for i, p in zip(ids[served].tolist(), preds[served].tolist())
+                     if (lab := labels.get(i)) is not None]
+            correct = [lab == p for lab, p in known]
+        lo = float(arrival_ms[rows].min()) if rows.any() and not math.isfinite(start_ms) else start_ms
+        hi = float(arrival_ms[rows].max()) if rows.any() and not math.isfinite(end_ms) else end_ms
+        return WindowStats(lo if math.isfinite(lo) else 0.0, hi if math.isfinite(hi) else 0.0, int(rows.sum()),
+                           int(good.sum()), int((served & ~good).sum()), int((rows & (finish < 0)).sum()),
+                           float(batch[served].mean()) if served.any() else 0.0,
                            float(np.percentile(lat, 50)) if len(lat) else 0.0,
                            float(np.percentile(lat, 99)) if len(lat) else 0.0,
                            float(np.mean(correct)) if correct else math.nan)

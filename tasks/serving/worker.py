@@ -11,11 +11,14 @@ Deadlines are ``arrival + SLO`` on ``time.perf_counter`` in ms. The policy is to
 the model's measured profile, the batch the plan gave the session and the profile's max batch.
 
 The request path is built to cost little per request (the issue's budget: dispatch overhead ≤ 5 % of the
-smallest model's batch-1 latency): the frontend's thread appends ``(request, input)`` to a per-session
-inbox (one atomic ``deque.append``, no lock) and rings the worker only when it is idle (a raw lock used as
-a doorbell, ~0.1 µs, instead of ``Event.set``'s condition variable); the worker moves its inboxes into
-queues only it touches (so policies may iterate them freely), runs under ``torch.inference_mode`` for its
-whole life, and hands each batch back to the recorder as one chunk, not one object per request.
+smallest model's batch-1 latency) and is a structure of arrays: the frontend's thread appends a burst of
+requests to the session's :class:`~tasks.serving.ring.RequestRing` (timestamps, ids and input rows written
+as array slices, no object per request) and rings the worker only when it is idle (a raw lock used as a
+doorbell); the worker hands a span policy (``gpu.batching.SpanPolicy``: the shipped ones) the deadline
+column and gets back ``(n_drop, n_run)``, runs the batch on a view of the input rows, and hands the
+batch's ids, timestamps and predictions to the recorder as arrays. A policy with only the object API
+(``decide(queue, ctx)``) still works: the worker builds ``Request`` objects for it (the slow path).
+The worker runs under ``torch.inference_mode`` for its whole life.
 """
 
 from __future__ import annotations
@@ -23,20 +26,21 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections import deque
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 import torch
 from torch import nn
 
-from gpu.batching import BatchContext, BatchDecision, BatchPolicy, Request
+import numpy as np
+
+from gpu.batching import BatchContext, BatchPolicy, Request, SpanPolicy
 from gpu.errors import ConfigError
 from gpu.schedulers.nexus import GpuNode, Placement
 from gpu.schedulers.nexus_profiles import PAPER, Accounting, BatchProfile
+from tasks.serving.ring import RequestRing
 from tasks.serving.stats import Recorder
 
 _IDLE_POLL_S = 0.05
-_RANGES = [tuple(range(n)) for n in range(1025)]  # prefix position tuples, to spot the common decision
 
 
 def check_policy(policy: Any) -> BatchPolicy:
@@ -47,64 +51,26 @@ def check_policy(policy: Any) -> BatchPolicy:
 
 
 class _Slot:
-    """One session on this worker: its inbox (frontend thread), its queue (worker thread) and planned batch."""
+    """One session on this worker: its ring of queued requests, the planned batch and ℓ(b) in ns and ms."""
 
-    __slots__ = ("placement", "model", "latency", "max_batch", "inbox", "reqs", "inputs", "retiring")
+    __slots__ = ("placement", "model", "latency_ns", "latency_ms", "max_batch", "ring", "retiring")
 
     def __init__(self, placement: Placement, model: nn.Module, profile: BatchProfile, accounting: Accounting):
         self.placement = placement
         self.model = model
-        table = [0.0] + [accounting.latency(profile, b) for b in range(1, profile.max_batch + 1)]
-        self.latency = table.__getitem__  # ℓ(b) as a C-level lookup: the policy calls it on every decision
+        ms = [0.0] + [accounting.latency(profile, b) for b in range(1, profile.max_batch + 1)]
+        self.latency_ms = ms.__getitem__
+        self.latency_ns = [round(v * 1e6) for v in ms].__getitem__  # a C-level lookup: called every decision
         self.max_batch = profile.max_batch
-        self.inbox: deque[tuple[Request, torch.Tensor]] = deque()
-        self.reqs: deque[Request] = deque()
-        self.inputs: deque[torch.Tensor] = deque()
+        self.ring = RequestRing()
         self.retiring = False
 
-    def pull(self) -> None:
-        """Move what the frontend queued into the worker's own queue (worker thread only)."""
-        inbox = self.inbox
-        n = len(inbox)
-        if n == 1:
-            r, x = inbox.popleft()
-            self.reqs.append(r)
-            self.inputs.append(x)
-        elif n:
-            items = [inbox.popleft() for _ in range(n)]
-            self.reqs.extend([r for r, _ in items])
-            self.inputs.extend([x for _, x in items])
-
-    def pending(self) -> bool:
-        return bool(self.reqs or self.inbox)
-
-
-def _take(slot: _Slot, dec: BatchDecision) -> tuple[list, list, list]:
-    """Remove the decision's positions from the slot's queue; returns (run requests, run inputs, dropped)."""
-    run, drop = dec.run, dec.drop
-    nr, nd = len(run), len(drop)
-    reqs, inputs = slot.reqs, slot.inputs
-    if nr + nd <= 1024 and drop == _RANGES[nd] and run == _RANGES[nd + nr][nd:]:
-        # drops then runs from the head: what every deadline-ordered policy decides
-        dropped = []
-        if nd:
-            dropped = [reqs.popleft() for _ in drop]
-            for _ in drop:
-                inputs.popleft()
-        if nr == 1:
-            return [reqs.popleft()], [inputs.popleft()], dropped
-        return [reqs.popleft() for _ in run], [inputs.popleft() for _ in run], dropped
-    both = set(run) | set(drop)
-    if len(both) != nr + nd or not all(0 <= i < len(reqs) for i in both):
-        raise RuntimeError(f"batch policy returned positions outside the queue or twice: {dec}")
-    run_r, run_x, dropped = [reqs[i] for i in run], [inputs[i] for i in run], [reqs[i] for i in drop]
-    rest = [(r, x) for i, (r, x) in enumerate(zip(reqs, inputs)) if i not in both]
-    reqs.clear()
-    inputs.clear()
-    for r, x in rest:
-        reqs.append(r)
-        inputs.append(x)
-    return run_r, run_x, dropped
+    def requests(self) -> list[Request]:
+        """The queue as ``Request`` objects (ms), for a policy with only the object API."""
+        r, h, t = self.ring, self.ring.head, self.ring.tail
+        sid = self.placement.session_id
+        return [Request(i, sid, a / 1e6, d / 1e6) for i, a, d in
+                zip(r.request_id[h:t].tolist(), r.arrival[h:t].tolist(), r.deadline[h:t].tolist())]
 
 
 class ServingWorker:
@@ -123,6 +89,7 @@ class ServingWorker:
     def __init__(self, node: GpuNode, models: Mapping[str, nn.Module], profiles: Mapping[str, BatchProfile],
                  policy: BatchPolicy, recorder: Recorder, device: str = "cpu", accounting: Accounting = PAPER):
         self.policy = check_policy(policy)
+        self._span = isinstance(policy, SpanPolicy)
         self.device = torch.device(device)
         self.recorder = recorder
         self.accounting = accounting
@@ -150,7 +117,7 @@ class ServingWorker:
         self._started_ns = 0
         self._ended_ns = 0
         self.wait_ns = 0          # blocked waiting for requests (idle)
-        self.assemble_ns = 0      # stacking inputs (and copying them to the device)
+        self.assemble_ns = 0      # the batch's input view and id/timestamp copies (and the copy to the device)
         self.execute_ns = 0       # the model: forward pass, argmax and reading the predictions back
         self.execute1_ns = 0      # ... of the batches of one (the model's batch-1 latency, in the same run)
         self.batches = 0
@@ -197,32 +164,24 @@ class ServingWorker:
         return [s.placement.session_id for s in self._slots if not s.retiring]
 
     def queued(self) -> int:
-        return sum(len(s.reqs) + len(s.inbox) for s in self._slots)
+        return sum(len(s.ring) for s in self._slots)
 
     # -- request path -------------------------------------------------------------------------
-    def enqueue(self, request: Request, x: torch.Tensor) -> None:
-        """Queue one request (called by the frontend's thread): one atomic append, a ring only when idle.
+    def push(self, session_id: str, ids: np.ndarray | int, arrival_ns: int, deadline_ns: int,
+             xs: np.ndarray) -> None:
+        """Queue requests of one session stamped together (the frontend's thread): array writes into the
+        session's ring, a ring of the doorbell only when the worker is idle.
 
-        ``x`` is one input: a ``1×d`` row (no copy is needed to run it alone) or a ``d``-vector; all inputs
-        of a session have the same shape.
+        ``ids``: their request ids (an array, or the first of consecutive ids); ``xs``: their inputs, a
+        float32 ``k×d`` array.
         """
-        slot = self._by_session.get(request.app_id)
+        slot = self._by_session.get(session_id)
         if slot is None:  # routed here by a plan this worker no longer runs
-            self.recorder.dropped([request], self.node_id)
+            ids = np.arange(ids, ids + len(xs)) if isinstance(ids, int) else np.asarray(ids)
+            self.recorder.dropped(session_id, self.node_id, ids, np.full(len(ids), arrival_ns),
+                                  np.full(len(ids), deadline_ns))
             return
-        slot.inbox.append((request, x))
-        if self._idle:
-            self._idle = False
-            self._ring()
-
-    def enqueue_many(self, requests: Sequence[Request], xs: Sequence[torch.Tensor]) -> None:
-        """Queue requests of one session that arrived together: one ``deque.extend``, at most one ring."""
-        slot = self._by_session.get(requests[0].app_id) if requests else None
-        if slot is None:
-            if requests:
-                self.recorder.dropped(list(requests), self.node_id)
-            return
-        slot.inbox.extend(zip(requests, xs))
+        slot.ring.push(ids, arrival_ns, deadline_ns, xs)
         if self._idle:
             self._idle = False
             self._ring()
@@ -256,10 +215,11 @@ class ServingWorker:
         if self._thread is not None:
             self._thread.join(timeout)
         for slot in list(self._slots):  # whatever is still queued was never served
-            slot.pull()
-            self.recorder.dropped(list(slot.reqs), self.node_id)
-            slot.reqs.clear()
-            slot.inputs.clear()
+            ring = slot.ring
+            with ring.lock:
+                if len(ring):
+                    self.recorder.dropped(slot.placement.session_id, self.node_id, *ring.rows(ring.head, ring.tail))
+                ring.head = ring.tail
         if self.error is not None:
             raise RuntimeError(f"worker {self.node_id} failed: {self.error!r}") from self.error
 
@@ -285,7 +245,7 @@ class ServingWorker:
                 continue
             pending = retire = False
             for s in slots:
-                if s.reqs or s.inbox:
+                if s.ring.tail != s.ring.head:
                     pending = True
                 elif s.retiring:
                     retire = True
@@ -294,16 +254,16 @@ class ServingWorker:
             if self._stop and (not self._drain or not pending):
                 return
             self._idle = True  # from here on the frontend rings; re-check the inboxes so no ring is missed
-            if self._slots is slots and not self._stop and not any(s.inbox for s in slots):
+            if self._slots is slots and not self._stop and not any(s.ring.tail != s.ring.head for s in slots):
                 t0 = perf_ns()
-                self._bell.acquire(timeout=min(_IDLE_POLL_S, max(0.0, (wake_at - t0 / 1e6) / 1000.0)))
+                self._bell.acquire(timeout=min(_IDLE_POLL_S, max(0.0, (wake_at - t0) / 1e9)))
                 self.wait_ns += perf_ns() - t0
             self._idle = False
 
     def run_once(self) -> tuple[bool, float]:
         """One round-robin pass: the first session whose policy returns a batch runs it.
 
-        Returns (whether a batch ran, the earliest ``wake_at_ms`` a policy asked for). The worker thread
+        Returns (whether a batch ran, the earliest wake-up time in ns a policy asked for). The worker thread
         calls it in a loop; a worker that was not started can be driven with it from the caller's thread
         (under ``torch.inference_mode()``), e.g. to measure the request path without a second thread.
         """
@@ -313,43 +273,80 @@ class ServingWorker:
         for k in range(n):
             i = (self._rr + k) % n
             slot = slots[i]
-            if slot.inbox:
-                slot.pull()
-            if not slot.reqs:
+            ring = slot.ring
+            t, h = ring.tail, ring.head  # tail first: rows below it are written
+            if h == t:
                 continue
-            dec = self.policy.decide(slot.reqs, BatchContext(time.perf_counter_ns() / 1e6, slot.latency,
-                                                             slot.placement.batch, slot.max_batch))
-            run, xs, dropped = _take(slot, dec)
-            if dropped:
-                self.recorder.dropped(dropped, self.node_id)
-            if run:
-                self._execute(slot, run, xs)
+            if h >= ring.capacity >> 1:
+                ring.compact()
+                t, h = ring.tail, ring.head
+            now = time.perf_counter_ns()
+            if self._span:
+                cols = ring.columns
+                cols.h, cols.t = h, t
+                n_drop, n_run, wake = self.policy.decide_span(  # type: ignore[attr-defined]
+                    ring.deadline[h:t], now, slot.latency_ns, slot.placement.batch, slot.max_batch, 0, cols)
+                if n_drop < 0 or n_run < 0 or n_drop + n_run > t - h:
+                    raise RuntimeError(f"batch policy returned a span outside the queue of {t - h}: "
+                                       f"drop {n_drop}, run {n_run}")
+            else:
+                n_drop, n_run, wake = self._decide_objects(slot, now)
+                if n_run < 0:  # an out-of-order pick, already run
+                    self._rr = (i + 1) % n
+                    return True, wake_at
+            if n_drop:
+                self.recorder.dropped(slot.placement.session_id, self.node_id, *ring.rows(h, h + n_drop))
+            s = h + n_drop
+            ring.head = e = s + n_run
+            if n_run:
+                t0 = time.perf_counter_ns()
+                self._execute(slot, ring.inputs(s, e), *ring.rows(s, e), t0=t0)
                 self._rr = (i + 1) % n
                 return True, wake_at
-            if dec.wake_at_ms is not None:
-                wake_at = min(wake_at, dec.wake_at_ms)
+            if wake is not None:
+                wake_at = min(wake_at, wake)
         return False, wake_at
+
+    def _decide_objects(self, slot: _Slot, now_ns: int) -> tuple[int, int, float | None]:
+        """Ask an object-API policy; a head span is returned as one, anything else is taken and run here."""
+        reqs = slot.requests()
+        dec = self.policy.decide(reqs, BatchContext(now_ns / 1e6, slot.latency_ms, slot.placement.batch,
+                                                    slot.max_batch))
+        run, drop, nd, nr = dec.run, dec.drop, len(dec.drop), len(dec.run)
+        wake = None if dec.wake_at_ms is None else dec.wake_at_ms * 1e6
+        if drop == tuple(range(nd)) and run == tuple(range(nd, nd + nr)):
+            return nd, nr, wake
+        both = set(run) | set(drop)
+        if len(both) != nr + nd or not all(0 <= p < len(reqs) for p in both):
+            raise RuntimeError(f"batch policy returned positions outside the queue or twice: {dec}")
+        sid = slot.placement.session_id
+        if drop:
+            _, ids, arr, dl = slot.ring.take(np.array(drop, np.int64))
+            self.recorder.dropped(sid, self.node_id, ids, arr, dl)
+            run = tuple(p - sum(d < p for d in drop) for p in run)  # positions after the drops left
+        if not run:
+            return 0, 0, wake
+        t0 = time.perf_counter_ns()
+        self._execute(slot, *slot.ring.take(np.array(run, np.int64)), t0=t0)
+        return 0, -1, None
 
     def _retire_empty(self) -> None:
         with self._cfg:
-            keep = [s for s in self._slots if not (s.retiring and not s.pending())]
+            keep = [s for s in self._slots if not (s.retiring and not len(s.ring))]
             self._by_session = {s.placement.session_id: s for s in keep}
             self._slots = keep
 
-    def _execute(self, slot: _Slot, run: list[Request], xs: list[torch.Tensor]) -> None:
-        t0 = time.perf_counter_ns()
-        b = len(xs)
-        first = xs[0]
-        if first.dim() == 2:  # 1×d rows, as a client sends a batch of one: a lone row needs no assembly
-            x = first if b == 1 else torch.cat(xs)
-        else:
-            x = first.unsqueeze(0) if b == 1 else torch.stack(xs)
+    def _execute(self, slot: _Slot, x: torch.Tensor, ids: np.ndarray | int, arrival: np.ndarray | int,
+                 deadline: np.ndarray | int, t0: int) -> None:
+        """Run one batch (``x``: its input rows) and hand its ids, timestamps and predictions back as arrays."""
         if self._to_device:
             x = x.to(self.device, non_blocking=True)
         t1 = time.perf_counter_ns()
-        preds = slot.model(x).argmax(1).tolist()
+        out = slot.model(x).argmax(1)
+        b = len(out)
+        preds = out.tolist() if b == 1 or self._to_device else out.numpy()  # a 1-list: a third of .numpy()'s cost
         t2 = time.perf_counter_ns()
-        self.recorder.served(run, preds, self.node_id, t2 / 1e6)
+        self.recorder.served(slot.placement.session_id, self.node_id, ids, arrival, deadline, t2, preds)
         self.assemble_ns += t1 - t0
         self.execute_ns += t2 - t1
         self.batches += 1
