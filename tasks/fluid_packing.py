@@ -17,11 +17,12 @@ import functools
 import multiprocessing as mp
 import queue
 import time
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
-from gpu.schedulers.fluid import PackingCurve, fit_packing_curve
+if TYPE_CHECKING:
+    from gpu.schedulers.fluid import PackingCurve
 
 
 @functools.lru_cache(maxsize=4)
@@ -47,7 +48,7 @@ def build_mlp(hidden: int):
     return nn.Sequential(nn.Linear(64, int(hidden)), nn.ReLU(), nn.Linear(int(hidden), 10))
 
 
-def _worker(device: str, batch: int, barriers: dict, jobs, results) -> None:
+def _worker(device: str, batch: int, data: tuple[np.ndarray, np.ndarray], barriers: dict, jobs, results) -> None:
     """A trainer process: runs ``(kind, key, p, hidden, lr, iterations)`` jobs until it receives None.
 
     ``kind == "level"`` waits on ``barriers[p]`` with the p - 1 other trainers of the level and the parent,
@@ -57,8 +58,7 @@ def _worker(device: str, batch: int, barriers: dict, jobs, results) -> None:
     import torch
 
     torch.set_num_threads(1)
-    xt, yt, _, _ = digits_split(0)
-    xs, ys = xt.to(device), yt.to(device)
+    xs, ys = (torch.from_numpy(a).to(device) for a in data)
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
 
     def trainer(hidden: int, lr: float, seed: int):
@@ -106,14 +106,17 @@ class Trainers:
         # forkserver: children fork from a clean single-threaded server that imported torch once (fast starts,
         # no fork-after-OpenMP-threads hangs, no CUDA context inherited from this process). torch._dynamo is
         # what a first optimizer imports (~800 modules, seconds per child on a busy machine): preloaded too.
+        # The training split comes from this process, so the server imports neither sklearn nor scipy.
         ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(["torch", "torch._dynamo", "sklearn.datasets", __name__])
+        ctx.set_forkserver_preload(["torch", "torch._dynamo", __name__])
+        xt, yt, _, _ = digits_split(0)
+        data = (xt.numpy(), yt.numpy())
         self.sample = sample
         self.results = ctx.Queue()
         self.jobs = [ctx.Queue() for _ in range(workers)]
         self.barriers = {p: ctx.Barrier(p + 1) for p in range(1, workers + 1)}
-        self.procs = [ctx.Process(target=_worker, args=(device, batch, self.barriers, q, self.results), daemon=True)
-                      for q in self.jobs]
+        self.procs = [ctx.Process(target=_worker, args=(device, batch, data, self.barriers, q, self.results),
+                                  daemon=True) for q in self.jobs]
         t0 = time.monotonic()
         for proc in self.procs:
             proc.start()
@@ -183,6 +186,8 @@ def measure_packing_curve(device: str = "cpu", max_p: int = 4, iterations: int =
 
     ``c`` is capped at ``max_p`` (the largest level measured). A few seconds on CPU, mostly process start-up.
     """
+    from gpu.schedulers.fluid import fit_packing_curve
+
     with Trainers(device, workers=max_p, batch=batch) as trainers:
         levels = range(1, max_p + 1)
         throughputs = [trainers.level(p, hidden, iterations)[0] for p in levels]

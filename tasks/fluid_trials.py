@@ -10,6 +10,9 @@ A trial wider than one GPU trains with ``torch.nn.DataParallel`` across its devi
 process, each batch split over the GPUs: a tiny MLP does not warrant a DDP process group per chunk). Where it
 cannot (a simulated pool, or fewer CUDA devices than the placement), it runs on one device and says so: the
 chunk's result carries ``data_parallel`` (devices actually used) and a ``note`` the flow logs to MLflow.
+
+``packing_curve`` measures Eq. 3.1 on the device it was placed on (``tasks.fluid_packing``), for a flow that
+derives FLUID's ``c`` at start-up.
 """
 
 from __future__ import annotations
