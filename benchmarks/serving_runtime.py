@@ -2,7 +2,7 @@
 
 Overhead per request = wall time the runtime spends on a request outside the model's forward pass:
 the frontend's ``submit`` (stamp, route, enqueue) plus the worker's busy time minus its forward passes
-(inbox → queue, batch-policy decision, queue removal, batch assembly, result hand-back, loop and wake-ups),
+(batch-policy decision over the session's ring, the batch's slice, result hand-back, loop and wake-ups),
 over the requests. Measured side by side in one run, per model:
 
 * ``batch1`` — the model's batch-1 forward latency (the worker's step: forward, argmax, read-back),

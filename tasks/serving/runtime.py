@@ -164,7 +164,7 @@ class LocalServingRuntime:
         """The runtime's dispatch overhead per request (µs of wall time), best read after ``close()``.
 
         Overhead = time in the frontend's ``submit`` (stamp, route, enqueue) plus the workers' busy time
-        outside the model (moving inboxes, policy decisions, queue removal, batch assembly, result hand-back,
+        outside the model (policy decisions over the rings, batch slices, result hand-back,
         loop and wake-ups) — i.e. busy time minus the forward passes — over the requests submitted. Wall
         time: pre-emption by other processes and GIL hand-offs count against the runtime, not for it.
         """

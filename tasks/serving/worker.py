@@ -253,7 +253,7 @@ class ServingWorker:
                 self._retire_empty()
             if self._stop and (not self._drain or not pending):
                 return
-            self._idle = True  # from here on the frontend rings; re-check the inboxes so no ring is missed
+            self._idle = True  # from here on the frontend rings; re-check the rings so no doorbell is missed
             if self._slots is slots and not self._stop and not any(s.ring.tail != s.ring.head for s in slots):
                 t0 = perf_ns()
                 self._bell.acquire(timeout=min(_IDLE_POLL_S, max(0.0, (wake_at - t0) / 1e9)))
@@ -276,6 +276,8 @@ class ServingWorker:
             ring = slot.ring
             t, h = ring.tail, ring.head  # tail first: rows below it are written
             if h == t:
+                if h:  # empty: start again at row 0, so a lightly loaded ring keeps reusing a few hot rows
+                    ring.compact()
                 continue
             if h >= ring.capacity >> 1:
                 ring.compact()
