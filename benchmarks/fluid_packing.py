@@ -1,15 +1,16 @@
 """G1 + G5 for real: the packing curve of small torch trainers on one device, and a packed 16-trial grid.
 
 G1 (thesis Eq. 3.1, §3.5): p = 1..8 identical trainers of the trial_groups flow's MLP on scikit-learn's digits
-(``tasks.fluid_packing``) run concurrently on one device, each for the same number of iterations; the per-trial time per iteration ``T^p`` gives ``O^p``, the
-fitted ``alpha`` and the packing limit ``c`` (``gpu.schedulers.fluid.fit_packing_curve``, scipy ``curve_fit``).
+(``tasks.fluid_packing``) run concurrently on one device, each for the same number of iterations; the per-trial
+time per iteration ``T^p`` gives ``O^p``, the fitted ``alpha`` and the packing limit ``c``
+(``gpu.schedulers.fluid.fit_packing_curve``, scipy ``curve_fit``).
 G5 (StaticFluid on n = 1): a 16-trial grid (learning rate x hidden width) trained with ``c`` trials at a time
 (w = 1/c, launch on idle) vs one at a time; the makespan ratio is the speed-up (paper target >= 2x on a GPU).
 The curve is saved as the device's latest (``gpu.schedulers.fluid.save_packing_curve``, state folder): the
 flow takes its ``c`` and ``alpha`` from it instead of measuring a short curve at start-up.
 
 Work is bounded by iterations, never by wall time, so a busy machine makes the run slower but not longer in
-work. Trainers are 8 persistent worker processes (forked once from a ``forkserver`` that preloaded torch),
+work. Trainers are 8 persistent worker processes (forked from a ``forkserver`` that preloaded torch),
 each with ``torch.set_num_threads(1)``: FLUID packs trials as separate processes sharing a device (§3.3.4),
 processes avoid the GIL, and one thread each makes "p trials on one device" mean p time-sliced trainers.
 Reusing the workers keeps process start-up (identical in both G5 arms) out of the measurement. On CPU the
@@ -96,11 +97,13 @@ def main(argv: list[str] | None = None) -> int:
         alone, alone_util = pool.run(grid, 1, grid_iters)
     finally:
         pool.close()
-    name = "cpu" if device == "cpu" else (torch.cuda.get_device_name(0) if meter.name.startswith("no GPU") else meter.name)
+    # the key the flow looks the curve up by: "cpu", else the GPU's NVML name (torch's where NVML is missing)
+    name = "cpu" if device == "cpu" else meter.name if meter.sample() is not None else torch.cuda.get_device_name(0)
     saved = save_packing_curve(curve, name, iterations=level_iters, hidden=args.hidden, batch=args.batch,
                                measured_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
 
-    print(f"\nG1 packing curve on {device}: p trainers x {level_iters} iterations (flow MLP, {args.hidden} hidden, batch {args.batch})")
+    print(f"\nG1 packing curve on {device}: p trainers x {level_iters} iterations "
+          f"(flow MLP, {args.hidden} hidden, batch {args.batch})")
     print(f"{'p':>3} {'iters/s total':>14} {'T^p ms/iter':>12} {'O^p':>7} {'util %':>7}")
     for i, (p, (x, per_trial, u)) in enumerate(zip(LEVELS, levels)):
         o = f"{curve.marginal_benefit[i - 1]:7.3f}" if i else "      -"

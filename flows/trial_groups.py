@@ -148,7 +148,8 @@ class TrialLog:
             metrics = [Metric("packing_alpha", curve.alpha, 0, 0), Metric("packing_c", curve.c, 0, 0),
                        Metric("packing_t1_s", curve.t1, 0, 0)]
             metrics += [Metric("packing_iters_per_s", x, 0, p) for p, x in zip(curve.ps, curve.throughputs)]
-            metrics += [Metric("packing_marginal_benefit", o, 0, p) for p, o in zip(curve.ps[1:], curve.marginal_benefit)]
+            metrics += [Metric("packing_marginal_benefit", o, 0, p)
+                        for p, o in zip(curve.ps[1:], curve.marginal_benefit)]
         self.client.log_batch(self.parent, metrics=metrics, params=params)
 
 
