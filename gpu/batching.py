@@ -27,6 +27,7 @@ Example: with ℓ(b) = b + 10 ms, target 4 and deadlines {5, 12, 30, 45, 60, 95}
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Callable, Iterator, Mapping, Protocol, Sequence, runtime_checkable
 
 import numpy as np
@@ -136,11 +137,14 @@ class _RequestColumns(Mapping):
         return len(self._ATTR)
 
 
+_DEADLINE = attrgetter("deadline_ms")
+
+
 class _SpanAdapter:
     """The object API (``decide(queue, ctx)``) of a span policy: one implementation of each rule."""
 
     def decide(self, queue: Sequence[Request], ctx: BatchContext) -> BatchDecision:
-        deadlines = np.fromiter((r.deadline_ms for r in queue), float, len(queue))
+        deadlines = np.fromiter(map(_DEADLINE, queue), float, len(queue))
         n_drop, n_run, wake = self.decide_span(deadlines, ctx.now_ms, ctx.latency_ms,  # type: ignore[attr-defined]
                                                ctx.target_batch, ctx.max_batch, ctx.post_ms, _RequestColumns(queue))
         return BatchDecision(tuple(range(n_drop, n_drop + n_run)), tuple(range(n_drop)),
