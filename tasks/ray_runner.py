@@ -154,7 +154,9 @@ class GpuRayTaskRunner(PlacingTaskRunner):
                 kwargs.setdefault("object_store_memory", 200 * 2**20)
             kwargs.setdefault("namespace", NAMESPACE)
             kwargs.setdefault("log_to_driver", True)
-            ray.init(address=address, **kwargs)
+            # "local" starts a private instance even when another Ray runs on this machine
+            # (plain None would join the last one started, whose GPUs are not this pool's).
+            ray.init(address=address or "local", **kwargs)
             self._owns_ray = True
         return address
 
