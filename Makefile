@@ -22,10 +22,13 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e '.[test]'
 	touch $(STAMP)
 
+# Prefect creates PREFECT_HOME but not its parents: a fresh clone has no .state yet.
 demo: $(STAMP)
+	mkdir -p "$(PREFECT_HOME)"
 	$(VENV)/bin/gpuflows demo
 
 test: $(STAMP)
+	mkdir -p "$(PREFECT_HOME)"
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 clean:
