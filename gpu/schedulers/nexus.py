@@ -94,7 +94,8 @@ class Plan:
         return len(self.nodes)
 
     def served_fraction(self, session_id: str) -> float:
-        """Share of a session's requests the plan places on some GPU (the rest are dropped at the frontend)."""
+        """Share of a session's requests the plan places within its SLO promise; the rest (``unassigned``) is
+        still routed to the session's GPUs at run time (``nexus_overflow.route_unassigned``), unpromised."""
         placed = sum(p.rate for n in self.nodes for p in n.placements if p.session_id == session_id)
         left = sum(r for s, r in self.unassigned if s == session_id)
         return placed / (placed + left) if placed + left > 0 else 0.0
@@ -213,7 +214,8 @@ class SquishyPacker:
         With ``max_gpus`` (a fixed cluster) the residual nodes beyond the cap are spilled, least occupied
         first, into the remaining nodes, splitting a session's rate where only part of it fits — the
         authors' ``FindBestBackend``/``AllocateUnassignedWorkloads`` greedy (spec §3.2 code notes); what
-        still does not fit is returned in ``Plan.unassigned`` (dropped at run time, as in the code).
+        still does not fit is returned in ``Plan.unassigned`` (the code drops it at the frontend; here it is
+        routed to the session's GPUs and left to the dispatcher, ``nexus_overflow.route_unassigned``).
         """
         acc = self.accounting
         _check_unique(sessions)

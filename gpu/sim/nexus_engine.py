@@ -2,7 +2,8 @@
 
 Spec §8 (inferred simulator design) on the shared ``EventLoop``. Each session's requests arrive as a
 Poisson (or uniform, random phase) process, are routed to the session's GPUs by the plan's rate shares
-(weighted random, the paper-time frontend), and wait in a deadline-ordered queue. Each GPU loops over its
+(weighted random, the paper-time frontend; a capped plan's unassigned rate is routed too, by
+``route_unassigned``), and wait in a deadline-ordered queue. Each GPU loops over its
 sessions round-robin (§6.3, the authors' ``gpu_executor``): for each it asks the batch policy for a batch,
 executes it for ℓ(b) from the profile, then moves on — it never waits for a batch to fill unless the
 policy asks to. A request is *bad* if it is dropped or finishes after its deadline (§7 "bad rate").
@@ -19,6 +20,7 @@ import numpy as np
 from gpu.batching import BatchContext, BatchPolicy, Request
 from gpu.errors import ConfigError
 from gpu.schedulers.nexus import Plan
+from gpu.schedulers.nexus_overflow import route_unassigned
 from gpu.schedulers.nexus_profiles import Accounting, BatchProfile
 from gpu.sim.events import EventLoop
 
@@ -165,6 +167,9 @@ def simulate_plan(plan: Plan, profiles: Mapping[str, BatchProfile], policy: Batc
                   noise: bool = False, seed: int = 0, planned: Accounting | None = None) -> SimResult:
     """Run ``plan`` against offered ``rates`` (default: the plan's session rates) and count bad requests.
 
+    All traffic is routed, as by the real frontend: a capped plan's ``unassigned`` rate goes onto GPUs by
+    ``route_unassigned`` and the batch policy decides what of it is served, dropped or late.
+
     Args:
         planned: the latency accounting the policy assumes (default: the plan's own preset).
     """
@@ -173,6 +178,7 @@ def simulate_plan(plan: Plan, profiles: Mapping[str, BatchProfile], policy: Batc
     rng = np.random.default_rng(seed)
     acc = planned or PRESETS[plan.preset]
     offered = dict(rates) if rates is not None else {s.session_id: s.rate for s in plan.sessions}
+    plan = route_unassigned(plan, profiles, acc)
     shares = plan.rate_shares()
     by_id = {s.session_id: s for s in plan.sessions}
     result = SimResult(duration_s)
@@ -188,10 +194,8 @@ def simulate_plan(plan: Plan, profiles: Mapping[str, BatchProfile], policy: Batc
             stats.dropped += len(t)  # nothing hosts it: every request is dropped
             continue
         node_ids = np.array(sorted(share))
-        served = plan.served_fraction(sid)  # the rest was left unassigned by a capped plan: dropped
-        weights = np.array([share[n] * served for n in node_ids] + [1.0 - served])
-        pick = rng.choice(len(node_ids) + 1, size=len(t), p=weights / weights.sum())
-        stats.dropped += int(np.sum(pick == len(node_ids)))
+        weights = np.array([share[n] for n in node_ids])
+        pick = rng.choice(len(node_ids), size=len(t), p=weights / weights.sum())
         for j, nid in enumerate(node_ids):
             routed[(sid, int(nid))] = t[pick == j]
     loop = EventLoop()
