@@ -9,7 +9,8 @@ the capped plan into the plan the cluster actually runs (spec §8 target 2, infe
 * a session that has GPUs gets its unassigned rate on those GPUs in proportion to its planned shares (the
   routing table ``Plan.rate_shares()`` is unchanged);
 * a session with no GPU at all goes, whole, onto the GPU with the most duty-cycle headroom ``d − Σℓ(b)``
-  (updated as sessions are added; memory is not checked — the plan only knows the models' batch memory);
+  (updated as sessions are added) among those where its model fits in memory at its max batch, as a merge
+  requires; where it fits nowhere it stays in ``unassigned`` and the frontend drops it;
 * each touched placement runs the batch its duty cycle collects at the routed rate, ``⌈d·r⌉``, but no more
   than the largest batch whose worst case ``d + ℓ(b)`` meets the SLO (the MERGENODES rule), and never
   less than its planned batch.
@@ -24,12 +25,13 @@ from dataclasses import replace
 from typing import Mapping
 
 from gpu.schedulers.nexus import GpuNode, Placement, Plan, ceil_batch
-from gpu.schedulers.nexus_profiles import PRESETS, Accounting, BatchProfile
+from gpu.schedulers.nexus_profiles import PRESETS, TITAN_X_MEMORY_BYTES, Accounting, BatchProfile
 
 
-def route_unassigned(plan: Plan, profiles: Mapping[str, BatchProfile], accounting: Accounting | None = None
-                     ) -> Plan:
-    """The plan with ``plan.unassigned`` routed onto GPUs (see the module docstring); ``unassigned`` becomes ()."""
+def route_unassigned(plan: Plan, profiles: Mapping[str, BatchProfile], accounting: Accounting | None = None,
+                     device_memory_bytes: int = TITAN_X_MEMORY_BYTES) -> Plan:
+    """The plan with ``plan.unassigned`` routed onto GPUs (see the module docstring); its ``unassigned`` keeps
+    only the sessions no GPU has memory for."""
     if not plan.unassigned or not plan.nodes:
         return plan
     acc = accounting or PRESETS[plan.preset]
@@ -49,14 +51,21 @@ def route_unassigned(plan: Plan, profiles: Mapping[str, BatchProfile], accountin
         nodes[nid] = replace(n, placements=tuple(
             _rerouted(p, p.rate + add, n.duty_cycle_ms, profiles[p.model], acc, p.batch) if p.session_id == sid
             else p for p in n.placements))
+    dropped = []
     for sid, rate in sorted(homeless, key=lambda x: -x[1]):
-        n = max(nodes.values(), key=lambda n: (n.duty_cycle_ms - n.busy_ms, -n.node_id))
         s, prof = by_id[sid], profiles[by_id[sid].model]
+        memory = prof.memory(acc.max_batch(prof, s.slo_ms, sid))
+        fits = [n for n in nodes.values() if n.memory_bytes + memory <= device_memory_bytes]
+        if not fits:
+            dropped.append((sid, rate))
+            continue
+        n = max(fits, key=lambda n: (n.duty_cycle_ms - n.busy_ms, -n.node_id))
         seed = Placement(sid, s.model, s.slo_ms, prof.batches[0], 0.0, 0.0, 0.0)
         placed = _rerouted(seed, rate, n.duty_cycle_ms, prof, acc, prof.batches[0])
         nodes[n.node_id] = replace(n, placements=n.placements + (placed,), saturated=False,
-                                   memory_bytes=n.memory_bytes + prof.memory(prof.max_batch))
-    return Plan(plan.strategy, plan.preset, tuple(nodes[n.node_id] for n in plan.nodes), plan.sessions)
+                                   memory_bytes=n.memory_bytes + memory)
+    return Plan(plan.strategy, plan.preset, tuple(nodes[n.node_id] for n in plan.nodes), plan.sessions,
+                tuple(sorted(dropped)))
 
 
 def _rerouted(p: Placement, rate: float, duty_ms: float, prof: BatchProfile, acc: Accounting, floor: int

@@ -18,6 +18,7 @@ from gpu.errors import ConfigError
 from gpu.report import SimulationReport
 from gpu.scenario import choose, load_scenario, positive, require
 from gpu.schedulers.nexus import Plan, Session, SquishyPacker, batch_oblivious_plan
+from gpu.schedulers.nexus_overflow import route_unassigned
 from gpu.schedulers.nexus_prefix import PrefixGroup, merge_sessions, variant_profiles
 from gpu.schedulers.nexus_profiles import (PRESETS, BatchProfile, linear_profile, published_profiles,
                                            table_profile)
@@ -215,10 +216,15 @@ def max_load(sc: NexusScenario, strategy: Strategy, gpus: int, *, target_bad: fl
 
     Every strategy is judged the same way, by the simulated bad rate: a capped plan's unassigned load is
     routed and measured like the batch-oblivious plan's SLO-violating placements, not rejected up front.
+    Only load that no GPU has memory for (``route_unassigned`` leaves it unassigned) is counted as lost
+    outright: the frontend drops all of it, even where a small sample at a tiny load shows no request.
     Bisection over the load multiplier.
     """
     def ok(load: float) -> bool:
-        return evaluate(sc, strategy, load, gpus, duration_s)[1].bad_rate <= target_bad
+        plan, res = evaluate(sc, strategy, load, gpus, duration_s)
+        nowhere = route_unassigned(plan, scaled_sessions(sc, strategy, load)[1]).unassigned
+        lost = sum(r for _, r in nowhere) / max(sum(s.rate for s in plan.sessions), 1e-12)
+        return lost <= target_bad and res.bad_rate <= target_bad
 
     lo, hi = 0.0, 1.0
     while ok(hi) and hi < 1024:

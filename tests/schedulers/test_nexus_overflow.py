@@ -58,3 +58,14 @@ def test_session_without_a_gpu_goes_whole_to_the_node_with_most_headroom():
 def test_plan_without_unassigned_load_is_returned_unchanged():
     plan = SquishyPacker(synthetic_profiles()).plan(mixed_slo(9000), max_gpus=8)
     assert route_unassigned(plan, synthetic_profiles()) is plan
+
+
+def test_session_without_a_gpu_that_fits_no_gpu_memory_stays_unassigned():
+    gib = 1 << 30
+    prof = linear_profile("m", 1.0, 10.0, 64, memory_bytes=gib)
+    node = GpuNode(0, 50.0, (Placement("a", "m", 100.0, 10, 200.0, 20.0, 70.0),), memory_bytes=gib)
+    sessions = (Session("a", "m", 100.0, 200.0), Session("c", "m", 100.0, 300.0))
+    plan = Plan("squishy", "paper", (node,), sessions, (("c", 300.0),))
+    assert route_unassigned(plan, {"m": prof}, device_memory_bytes=2 * gib).nodes[0].placements[-1].session_id == "c"
+    routed = route_unassigned(plan, {"m": prof}, device_memory_bytes=gib + gib // 2)
+    assert routed.nodes == plan.nodes and routed.unassigned == (("c", 300.0),)
