@@ -95,7 +95,7 @@ class Plan:
 
     def served_fraction(self, session_id: str) -> float:
         """Share of a session's requests the plan places within its SLO promise; the rest (``unassigned``) is
-        still routed to the session's GPUs at run time (``nexus_overflow.route_unassigned``), unpromised."""
+        still routed onto GPUs at run time (``nexus_overflow.route_unassigned``), where it fits or unpromised."""
         placed = sum(p.rate for n in self.nodes for p in n.placements if p.session_id == session_id)
         left = sum(r for s, r in self.unassigned if s == session_id)
         return placed / (placed + left) if placed + left > 0 else 0.0
@@ -215,7 +215,8 @@ class SquishyPacker:
         first, into the remaining nodes, splitting a session's rate where only part of it fits — the
         authors' ``FindBestBackend``/``AllocateUnassignedWorkloads`` greedy (spec §3.2 code notes); what
         still does not fit is returned in ``Plan.unassigned`` (the code drops it at the frontend; here it is
-        routed to the session's GPUs and left to the dispatcher, ``nexus_overflow.route_unassigned``).
+        spilled at run time onto GPUs where it fits its SLO, the rest left to the dispatcher,
+        ``nexus_overflow.route_unassigned``).
         """
         acc = self.accounting
         _check_unique(sessions)

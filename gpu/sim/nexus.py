@@ -177,7 +177,7 @@ def build_plan(sc: NexusScenario, strategy: Strategy, load: float = 1.0, gpus: i
     fits, so Poisson bursts meet spare capacity instead of GPUs at occupancy 1 (inferred).
     When even ``h = 1`` does not fit, the capped plan splits residual rates into the cluster and lists the
     rest in ``Plan.unassigned`` (``SquishyPacker.plan(max_gpus=...)``); that load is still offered, and the
-    simulator routes it onto the session's GPUs (``route_unassigned``) where the dispatcher serves or drops it.
+    simulator routes it onto GPUs (``route_unassigned``) where the dispatcher serves or drops it.
     """
     sessions, profiles = scaled_sessions(sc, strategy, load)
     if strategy.placement == "batch_oblivious":

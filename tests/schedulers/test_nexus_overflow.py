@@ -1,5 +1,7 @@
 """Routing a capped plan's unassigned load onto GPUs (frontend routes all traffic, §5–6; dispatcher absorbs it)."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -69,3 +71,50 @@ def test_session_without_a_gpu_that_fits_no_gpu_memory_stays_unassigned():
     assert route_unassigned(plan, {"m": prof}, device_memory_bytes=2 * gib).nodes[0].placements[-1].session_id == "c"
     routed = route_unassigned(plan, {"m": prof}, device_memory_bytes=gib + gib // 2)
     assert routed.nodes == plan.nodes and routed.unassigned == (("c", 300.0),)
+
+
+def full_and_idle_nodes(idle_duty_ms: float):
+    """Session a fills GPU 0 (SLO 80 ms, ℓ(b) = b + 10 ms); GPU 1 hosts b at duty 40 ms; GPU 2 hosts c, idler."""
+    a = Placement("a", "m", 80.0, 30, 750.0, 40.0, 80.0)
+    b = Placement("b", "m", 80.0, 8, 200.0, 18.0, 58.0)
+    c = Placement("c", "m", 200.0, 3, 100.0, 13.0, idle_duty_ms + 13.0)
+    sessions = (Session("a", "m", 80.0, 950.0), Session("b", "m", 80.0, 200.0), Session("c", "m", 200.0, 100.0))
+    nodes = (GpuNode(0, 40.0, (a,)), GpuNode(1, 40.0, (b,)), GpuNode(2, idle_duty_ms, (c,)))
+    return nodes, sessions
+
+
+def test_session_whose_gpu_is_full_spills_onto_a_gpu_that_did_not_host_it_within_its_slo():
+    prof = linear_profile("m", 1.0, 10.0, 64)
+    nodes, sessions = full_and_idle_nodes(60.0)  # GPU 2 idler, but 60 ms + ℓ(12) = 82 ms > a's 80 ms SLO
+    routed = route_unassigned(Plan("squishy", "paper", nodes, sessions, (("a", 200.0),)), {"m": prof})
+    assert routed.unassigned == () and routed.violations() == []
+    assert routed.nodes[0] == nodes[0] and routed.nodes[2] == nodes[2]
+    spilled = routed.nodes[1].placements[-1]
+    assert spilled.session_id == "a" and spilled.rate == pytest.approx(200.0)
+    assert spilled.batch == 8 and spilled.worst_case_ms == pytest.approx(40.0 + PAPER.latency(prof, 8))  # ⌈40 × 0.2⌉
+    assert routed.rate_shares()["a"] == pytest.approx({0: 750 / 950, 1: 200 / 950})
+
+
+def test_spilled_rate_splits_across_gpus_when_no_single_one_has_room_for_all_of_it():
+    prof = linear_profile("m", 1.0, 10.0, 64)
+    nodes, sessions = full_and_idle_nodes(30.0)
+    routed = route_unassigned(Plan("squishy", "paper", nodes, sessions, (("a", 500.0),)), {"m": prof})
+    assert routed.unassigned == () and routed.violations() == []
+    # GPU 1 has 22 ms of slack: batch 12 (ℓ 22 ms) every 40 ms = 300 req/s; GPU 2 takes the other 200
+    assert {n.node_id: routed_rate(Plan("x", "paper", (n,), sessions), "a") for n in routed.nodes} == \
+        pytest.approx({0: 750.0, 1: 300.0, 2: 200.0})
+
+
+@pytest.mark.parametrize("c_rate, c_batch, lands_on", [(100.0, 8, 2), (760.0, 57, 0)])
+def test_overflow_that_fits_no_gpu_within_its_slo_goes_where_it_overbooks_least(c_rate, c_batch, lands_on):
+    prof = linear_profile("m", 1.0, 10.0, 64)
+    nodes, sessions = full_and_idle_nodes(75.0)  # GPU 2's 75 ms duty + ℓ(1) > a's 80 ms SLO
+    b = replace(nodes[1].placements[0], rate=600.0, batch=24, latency_ms=34.0)  # GPU 1: 6 ms slack < ℓ(1)
+    c = replace(nodes[2].placements[0], rate=c_rate, batch=c_batch, latency_ms=c_batch + 10.0)
+    nodes = (nodes[0], GpuNode(1, 40.0, (b,)), GpuNode(2, 75.0, (c,)))
+    routed = route_unassigned(Plan("squishy", "paper", nodes, sessions, (("a", 40.0),)), {"m": prof})
+    # growing a on GPU 0 to batch 32 overbooks it by 2 ms; a new batch of 3 on GPU 2 costs ℓ(3) = 13 ms of its
+    # slack: 57 ms when c is light (→ GPU 2), 8 ms when c is heavy (→ GPU 0)
+    assert routed_rate(Plan("x", "paper", (routed.nodes[lands_on],), sessions), "a") == \
+        pytest.approx(40.0 + (750.0 if lands_on == 0 else 0.0))
+    assert routed.nodes[1] == nodes[1] and routed.nodes[2 - lands_on] == nodes[2 - lands_on]
