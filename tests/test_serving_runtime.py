@@ -109,8 +109,9 @@ def test_overload_is_dropped_early_and_every_request_is_accounted_for(served):
     worker = ServingWorker(plan.nodes[0], models, profiles, EarlyDropPolicy(), rec).start()
     front = Frontend(rec)
     front.set_plan(plan, {0: worker})
-    for i in range(n):  # a burst: submitting costs µs, serving one costs ~ℓ(1), so the queue outgrows the SLO
-        front.submit("cnn", data.x_test[i % len(data.x_test)])
+    arrived = time.perf_counter_ns()  # a burst arrives at once: the queue is 8x what the SLO lets batch 1 serve
+    for i in range(n):
+        front.submit("cnn", data.x_test[i % len(data.x_test)], arrived)
     wait_until_idle(worker)
     worker.stop()
     w = rec.window()

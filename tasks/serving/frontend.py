@@ -86,10 +86,11 @@ LOAD_BALANCERS = ("drr", "weighted_random")
 class Frontend:
     """Routes requests by the current plan's rate shares; one thread submits (the load generator's).
 
-    A request is a row: ``submit_many`` stamps a burst once (``perf_counter_ns``), gives it consecutive ids
-    and writes it into the target workers' rings with array slices (``worker.push``) — no object per
-    request. ``route_ns`` accumulates the wall time spent inside ``submit``/``submit_many`` (stamping,
-    routing, enqueueing); with the workers' busy time it makes the runtime's dispatch overhead per request.
+    A request is a row: ``submit_many`` stamps a burst once (``perf_counter_ns``, or the arrival times the
+    caller read them at), gives it consecutive ids and writes it into the target workers' rings with array
+    slices (``worker.push``) — no object per request. ``route_ns`` accumulates the wall time spent inside
+    ``submit``/``submit_many`` (stamping, routing, enqueueing, and the batches run here for idle workers);
+    with the workers' busy time, less every forward pass, it makes the runtime's dispatch overhead.
     """
 
     def __init__(self, recorder: Recorder, load_balancer: str = "drr", seed: int = 0):
@@ -123,25 +124,31 @@ class Frontend:
             self.counts.setdefault(sid, 0)
         self._routes = routes
 
-    def submit(self, session_id: str, x: Any) -> int:
-        """Accept one request now (``x``: its input, a ``1×d`` or ``d`` array or CPU tensor); returns its id."""
+    def submit(self, session_id: str, x: Any, arrival_ns: int | None = None) -> int:
+        """Accept one request (``x``: its input, a ``1×d`` or ``d`` array or CPU tensor); returns its id.
+
+        ``arrival_ns``: when it arrived (``perf_counter_ns``; default now). A caller that was busy when the
+        request was due — e.g. running a batch for an idle worker — passes the due time, so the wait counts
+        in the request's latency and against its deadline (no coordinated omission)."""
         t0 = time.perf_counter_ns()
         route = self._routes.get(session_id)
         if route is None or route[1] is None:  # unknown, or several workers (or none): the general path
-            return self.submit_many(session_id, x).start
+            return self.submit_many(session_id, x, arrival_ns).start
         rid = self._next_id
         self._next_id = rid + 1
-        route[1].push(session_id, rid, t0, t0 + route[0], x if type(x) is np.ndarray and x.ndim == 2 else as_rows(x))
+        a = t0 if arrival_ns is None else arrival_ns
+        route[1].push(session_id, rid, a, a + route[0], x if type(x) is np.ndarray and x.ndim == 2 else as_rows(x))
         self.counts[session_id] += 1
         self.submitted += 1
         self.route_ns += time.perf_counter_ns() - t0
         return rid
 
-    def submit_many(self, session_id: str, xs: Any) -> range:
-        """Accept requests of one session that arrived together (one read of a socket, one tick of a load
-        generator): ``xs`` their inputs, a ``k×d`` array or CPU tensor (or a sequence of rows). Returns their
-        ids. One stamp, one routing draw and one ring write (and doorbell) per target worker; a planned
-        session with no GPU (rate 0) is dropped."""
+    def submit_many(self, session_id: str, xs: Any, arrival_ns: np.ndarray | int | None = None) -> range:
+        """Accept requests of one session read together (one read of a socket, one turn of a load
+        generator): ``xs`` their inputs, a ``k×d`` array or CPU tensor (or a sequence of rows); ``arrival_ns``
+        one stamp for all, or their arrival times (int64, nondecreasing; default now). Returns their ids.
+        One routing draw and one ring write (and doorbell or batch) per target worker; a planned session
+        with no GPU (rate 0) is dropped."""
         t0 = time.perf_counter_ns()
         route = self._routes.get(session_id)
         if route is None:
@@ -152,18 +159,22 @@ class Frontend:
         first = self._next_id
         ids = range(first, first + k)
         self._next_id = ids.stop
-        deadline = t0 + slo
+        arrival = t0 if arrival_ns is None else arrival_ns
+        deadline = arrival + slo
         self.counts[session_id] += k
         if one is not None:
-            one.push(session_id, first, t0, deadline, rows)
+            one.push(session_id, first, arrival, deadline, rows)
         elif pick is not None:
             to = pick.pick_many(k)
+            each = isinstance(arrival, np.ndarray)
             for j, target in enumerate(pick.targets):
                 mask = to == j
                 if mask.any():
-                    target.push(session_id, np.arange(first, first + k)[mask], t0, deadline, rows[mask])
+                    target.push(session_id, np.arange(first, first + k)[mask], arrival[mask] if each else arrival,
+                                deadline[mask] if each else deadline, rows[mask])
         else:
-            self.recorder.dropped(session_id, -1, np.arange(first, first + k), np.full(k, t0), np.full(k, deadline))
+            self.recorder.dropped(session_id, -1, np.arange(first, first + k), np.full(k, arrival, np.int64),
+                                  np.full(k, deadline, np.int64))
         self.submitted += k
         self.route_ns += time.perf_counter_ns() - t0
         return ids

@@ -3,8 +3,11 @@
 A :class:`RateTrace` is piecewise constant: phase ``k`` sets every session's rate from ``start_s`` until
 the next phase. Arrivals within a phase are a Poisson process (``gpu.sim.nexus_engine.arrival_times``,
 the same generator the simulator uses), so a real run and a simulated run of the same trace and seed
-see the same arrival times. The generator submits each arrival when it is due (the frontend stamps it
-on receipt, as a server would) and calls ``on_beacon(t_s)`` every beacon, where a flow reads the
+see the same arrival times. Every turn, the generator hands over each arrival that is due — those of one
+session in one ``submit_many`` call, as a server's event loop reads every request that arrived during its
+last turn — stamped with its *scheduled* arrival time: when the frontend's thread was busy (it runs
+batches for idle workers), the requests that came due meanwhile wait, and that wait is part of their
+latency (no coordinated omission). It calls ``on_beacon(t_s)`` every beacon, where a flow reads the
 frontend's per-session counts and lets the epoch planner re-plan.
 """
 
@@ -86,30 +89,34 @@ class RateTrace:
 
 @dataclass
 class LoadReport:
-    """What the generator did: requests sent, the true label of each request id, and how late it ran."""
+    """What the generator did: requests sent, the true label of each request id, and how late it ran.
+
+    ``start_ms``: time 0 of the trace on ``perf_counter`` (arrival k is stamped ``start + times[k]``);
+    ``max_lag_ms``: the most an arrival waited to be handed over; ``bursts``: ``submit_many`` calls."""
 
     start_ms: float
     sent: int = 0
     labels: dict[int, int] = field(default_factory=dict)
     max_lag_ms: float = 0.0
+    bursts: int = 0
 
 
 class LoadGenerator:
     """Submits a trace's arrivals to a frontend in real time, cycling through input images.
 
     Args:
-        submit: ``frontend.submit(session_id, x) -> request id``.
-        submit_many: ``frontend.submit_many(session_id, xs) -> request ids``: when given, arrivals that are
-            due together (the generator fell behind, or they share a sleep tick) go over in one call, their
-            inputs as one ``k×64`` array.
+        submit: ``frontend.submit(session_id, x, arrival_ns) -> request id``.
+        submit_many: ``frontend.submit_many(session_id, xs, arrival_ns) -> request ids``: when given,
+            arrivals of a session that are due together (the frontend was busy, or they share a sleep) go
+            over in one call, their inputs as one ``k×64`` array and their scheduled times as an array.
         trace: the rates over time.
         inputs: N×64 input images; request k carries row ``k mod N`` (a 1×64 float32 array).
         labels: their true classes (to measure the served models' accuracy).
     """
 
-    def __init__(self, submit: Callable[[str, np.ndarray], int], trace: RateTrace, inputs: torch.Tensor,
+    def __init__(self, submit: Callable[[str, np.ndarray, int], int], trace: RateTrace, inputs: torch.Tensor,
                  labels: torch.Tensor | Sequence[int] | None = None, seed: int = 0,
-                 submit_many: Callable[[str, np.ndarray], Sequence[int]] | None = None):
+                 submit_many: Callable[[str, np.ndarray, np.ndarray], Sequence[int]] | None = None):
         self.submit = submit
         self.submit_many = submit_many
         self.trace = trace
@@ -121,39 +128,47 @@ class LoadGenerator:
     def run(self, on_beacon: Callable[[float], None] | None = None, beacon_s: float = 1.0) -> LoadReport:
         """Send every arrival at its time; call ``on_beacon(t_s)`` at each beacon (blocking the generator)."""
         times, who = self.trace.arrivals(self.seed)
-        t0 = time.perf_counter()
-        report = LoadReport(start_ms=t0 * 1000.0)
-        n, rows, labels = len(times), self.rows, self.labels
+        sids = sorted(set(who))
+        code = {sid: j for j, sid in enumerate(sids)}
+        codes = np.fromiter((code[w] for w in who), np.int64, len(who))
+        t0 = time.perf_counter_ns()
+        stamps = t0 + np.round(times * 1e9).astype(np.int64)  # scheduled arrivals on perf_counter_ns
+        report = LoadReport(start_ms=t0 / 1e6)
+        n, rows, labels, inputs = len(times), self.rows, self.labels, self.inputs
+        m_rows = len(rows)
+        end_s = self.trace.duration_s + 1e-9
         next_beacon = beacon_s
         i = 0
         while True:
-            now = time.perf_counter() - t0
-            while on_beacon is not None and now >= next_beacon and next_beacon <= self.trace.duration_s + 1e-9:
+            now = (time.perf_counter_ns() - t0) / 1e9
+            while on_beacon is not None and now >= next_beacon and next_beacon <= end_s:
                 on_beacon(next_beacon)
                 next_beacon += beacon_s
-                now = time.perf_counter() - t0
-            if i >= n and (on_beacon is None or next_beacon > self.trace.duration_s + 1e-9):
+                now = (time.perf_counter_ns() - t0) / 1e9
+            if i >= n and (on_beacon is None or next_beacon > end_s):
                 break
             due = times[i] if i < n else self.trace.duration_s
             if due > now:
                 time.sleep(min(due, next_beacon) - now if on_beacon else due - now)
                 continue
-            report.max_lag_ms = max(report.max_lag_ms, (now - due) * 1000.0)
-            j = int(np.searchsorted(times, now, side="right"))
+            report.max_lag_ms = max(report.max_lag_ms, float(now - due) * 1000.0)
+            j = int(times.searchsorted(now, side="right"))
             if j - i == 1 or self.submit_many is None:
                 for m in range(i, j):
-                    k = m % len(rows)
-                    rid = self.submit(who[m], rows[k])
+                    k = m % m_rows
+                    rid = self.submit(who[m], rows[k], int(stamps[m]))
                     if labels is not None:
                         report.labels[rid] = labels[k]
-            else:  # several are due at once: hand them over per session in one call, as a server reads a burst
-                by: dict[str, list[int]] = {}
-                for m in range(i, j):
-                    by.setdefault(who[m], []).append(m % len(rows))
-                for sid, ks in by.items():
-                    ids = self.submit_many(sid, self.inputs[ks])
+            else:  # everything due goes over now, one call per session, as a server reads a burst
+                span = np.arange(i, j)
+                burst = codes[i:j]
+                for c in np.unique(burst).tolist():
+                    idx = span if len(sids) == 1 else span[burst == c]
+                    ks = idx % m_rows
+                    ids = self.submit_many(sids[c], inputs[ks], stamps[idx])
+                    report.bursts += 1
                     if labels is not None:
-                        report.labels.update(zip(ids, [labels[k] for k in ks]))
+                        report.labels.update(zip(ids, [labels[k] for k in ks.tolist()]))
             i = j
         report.sent = n
         return report

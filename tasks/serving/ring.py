@@ -47,8 +47,10 @@ class RequestRing:
     def __len__(self) -> int:
         return self.tail - self.head
 
-    def push(self, ids: np.ndarray | int, arrival_ns: int, deadline_ns: int, xs: np.ndarray, app: int = 0) -> None:
-        """Append ``len(xs)`` requests stamped together (producer thread); ``ids`` an array or the first id."""
+    def push(self, ids: np.ndarray | int, arrival_ns: np.ndarray | int, deadline_ns: np.ndarray | int, xs: np.ndarray,
+             app: int = 0) -> None:
+        """Append ``len(xs)`` requests (producer thread); ``ids`` an array or the first id, the stamps one int for
+        all or an array with one per request."""
         k = len(xs)
         lock = self.lock
         lock.acquire()  # acquire/release: half the cost of ``with``
@@ -57,7 +59,7 @@ class RequestRing:
             e = t + k
             if e > self.capacity:
                 self._grow(k, xs.shape[1])
-            if k == 1:  # scalar stores: a third of a slice assignment's cost
+            if k == 1 and type(arrival_ns) is int and type(ids) is int:  # scalar stores: 1/3 of a slice write
                 self.deadline[t] = deadline_ns
                 self.arrival[t] = arrival_ns
                 self.request_id[t] = ids

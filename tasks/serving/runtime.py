@@ -90,7 +90,7 @@ class LocalServingRuntime:
         self.leases: dict[int, Placement] = {}
         self.plan: Plan | None = None
         self._retired = {"busy_ns": 0, "assemble_ns": 0, "execute_ns": 0, "execute1_ns": 0, "batches": 0,
-                         "batches1": 0, "served": 0}
+                         "batches1": 0, "served": 0, "inline_batches": 0, "inline_execute_ns": 0}
         if cpu_threads is not None:
             torch.set_num_threads(cpu_threads)
         self._gc_saved = None
@@ -163,23 +163,26 @@ class LocalServingRuntime:
     def overhead(self) -> dict[str, float]:
         """The runtime's dispatch overhead per request (µs of wall time), best read after ``close()``.
 
-        Overhead = time in the frontend's ``submit`` (stamp, route, enqueue) plus the workers' busy time
-        outside the model (policy decisions over the rings, batch slices, result hand-back,
-        loop and wake-ups) — i.e. busy time minus the forward passes — over the requests submitted. Wall
+        Overhead = time in the frontend's ``submit`` (stamp, route, enqueue, and the batches it ran for idle
+        workers) plus the workers' busy time (policy decisions over the rings, batch slices, result hand-back,
+        loop and wake-ups), less every forward pass (wherever it ran), over the requests submitted. Wall
         time: pre-emption by other processes and GIL hand-offs count against the runtime, not for it.
+        ``inline_share``: the fraction of batches the frontend's thread ran itself.
         """
         c = self.counters()
         n = max(1, self.frontend.submitted)
-        worker_ns = c["busy_ns"] - c["execute_ns"]
+        front_ns = self.frontend.route_ns - c["inline_execute_ns"]
+        worker_ns = c["busy_ns"] - (c["execute_ns"] - c["inline_execute_ns"])
         return {"requests": float(self.frontend.submitted),
-                "frontend_us_per_request": self.frontend.route_ns / n / 1e3,
+                "frontend_us_per_request": front_ns / n / 1e3,
                 "worker_us_per_request": worker_ns / n / 1e3,
-                "dispatch_overhead_us": (self.frontend.route_ns + worker_ns) / n / 1e3,
+                "dispatch_overhead_us": (front_ns + worker_ns) / n / 1e3,
                 "assemble_us_per_request": c["assemble_ns"] / max(1, c["served"]) / 1e3,
                 "execute_us_per_batch": c["execute_ns"] / max(1, c["batches"]) / 1e3,
                 "batch1_execute_us": c["execute1_ns"] / c["batches1"] / 1e3 if c["batches1"] else math.nan,
                 "batches_of_one": float(c["batches1"]),
-                "mean_batch": c["served"] / max(1, c["batches"])}
+                "mean_batch": c["served"] / max(1, c["batches"]),
+                "inline_share": c["inline_batches"] / max(1, c["batches"])}
 
     def close(self) -> None:
         """Stop every worker (draining its queue) and release every lease."""

@@ -13,16 +13,27 @@ the model's measured profile, the batch the plan gave the session and the profil
 The request path is built to cost little per request (the issue's budget: dispatch overhead ≤ 5 % of the
 smallest model's batch-1 latency) and is a structure of arrays: the frontend's thread appends a burst of
 requests to the session's :class:`~tasks.serving.ring.RequestRing` (timestamps, ids and input rows written
-as array slices, no object per request) and rings the worker only when it is idle (a raw lock used as a
-doorbell); the worker hands a span policy (``gpu.batching.SpanPolicy``: the shipped ones) the deadline
-column and gets back ``(n_drop, n_run)``, runs the batch on a view of the input rows, and hands the
-batch's ids, timestamps and predictions to the recorder as arrays. A policy with only the object API
+as array slices, no object per request) and, only when the worker is idle, runs the batch itself (below)
+or rings it (a raw lock used as a doorbell); the worker hands a span policy (``gpu.batching.SpanPolicy``:
+the shipped ones) the deadline column and gets back ``(n_drop, n_run)``, runs the batch on a view of the
+input rows, and hands the batch's ids, timestamps and predictions to the recorder as arrays. A policy with only the object API
 (``decide(queue, ctx)``) still works: the worker builds ``Request`` objects for it (the slow path).
-The worker runs under ``torch.inference_mode`` for its whole life.
+The worker runs under ``torch.inference_mode`` for its whole life; its model copies need no gradients, so a
+forward outside that mode builds no autograd graph either.
+
+Run to completion: waking an idle worker thread costs a futex wake-up and a GIL hand-off (20–35 µs on a
+loaded VM, most of a small model's per-request overhead at low load). So when the worker is idle, the
+frontend's thread runs the batch itself under the worker's execution lock (try-acquire, never blocking on
+it; if the worker thread holds it, the doorbell rings as before) and records it exactly as the worker
+would. The frontend is then busy for the batch; requests that arrive meanwhile are stamped with their
+arrival times (``tasks.serving.loadgen`` passes the scheduled ones), so that wait counts in their latency.
+``run_inline=False`` keeps every batch on the worker's thread (e.g. a GPU model whose forward would block
+the frontend for milliseconds while other workers wait for their requests).
 """
 
 from __future__ import annotations
 
+import copy
 import math
 import threading
 import time
@@ -41,6 +52,7 @@ from tasks.serving.ring import RequestRing
 from tasks.serving.stats import Recorder
 
 _IDLE_POLL_S = 0.05
+_now = time.perf_counter_ns
 
 
 def check_policy(policy: Any) -> BatchPolicy:
@@ -84,10 +96,12 @@ class ServingWorker:
         recorder: where outcomes go.
         device: torch device string of the placement (``"cpu"`` on a simulated pool).
         accounting: latency preset the plan used (``paper`` charges the bare mean ℓ(b)).
+        run_inline: when idle, let the pushing thread run the batch (run to completion, no thread wake-up).
     """
 
     def __init__(self, node: GpuNode, models: Mapping[str, nn.Module], profiles: Mapping[str, BatchProfile],
-                 policy: BatchPolicy, recorder: Recorder, device: str = "cpu", accounting: Accounting = PAPER):
+                 policy: BatchPolicy, recorder: Recorder, device: str = "cpu", accounting: Accounting = PAPER,
+                 run_inline: bool = True):
         self.policy = check_policy(policy)
         self._span = isinstance(policy, SpanPolicy)
         self.device = torch.device(device)
@@ -104,6 +118,8 @@ class ServingWorker:
         self._idle = False
         self._bell = threading.Lock()  # held while nobody rang: the idle worker blocks acquiring it
         self._bell.acquire()
+        self._exec = threading.Lock()  # held by whichever thread runs batches: the worker's, or a pusher's
+        self.run_inline = run_inline
         self._stop = False
         self._drain = True
         self._cfg = threading.Lock()   # update() (flow thread) vs retiring slots (worker thread)
@@ -122,6 +138,8 @@ class ServingWorker:
         self.execute1_ns = 0      # ... of the batches of one (the model's batch-1 latency, in the same run)
         self.batches = 0
         self.batches1 = 0
+        self.inline_batches = 0   # batches a pushing thread ran (run to completion) ...
+        self.inline_execute_ns = 0  # ... and their share of execute_ns (the pusher's time, not the worker's)
         self.served = 0
         self.update(node)
 
@@ -131,7 +149,11 @@ class ServingWorker:
             if name not in self._models_src or name not in self._profiles:
                 raise ConfigError("model", name, f"this runtime has no model/profile of that name "
                                                  f"(models: {sorted(self._models_src)})")
-            self._on_device[name] = self._models_src[name].to(self.device).eval()
+            src = self._models_src[name]
+            model = src.to(self.device)
+            if model is src:  # ``to`` is a no-op on the same device: our own copy, not the caller's module
+                model = copy.deepcopy(src)
+            self._on_device[name] = model.eval().requires_grad_(False)
         return self._on_device[name]
 
     def update(self, node: GpuNode) -> None:
@@ -169,20 +191,46 @@ class ServingWorker:
     # -- request path -------------------------------------------------------------------------
     def push(self, session_id: str, ids: np.ndarray | int, arrival_ns: int, deadline_ns: int,
              xs: np.ndarray) -> None:
-        """Queue requests of one session stamped together (the frontend's thread): array writes into the
-        session's ring, a ring of the doorbell only when the worker is idle.
+        """Queue requests of one session (the frontend's thread): array writes into the session's ring; when the
+        worker is idle, run the batch here (run to completion) or, if that is off or the worker thread holds
+        the execution lock, ring its doorbell.
 
-        ``ids``: their request ids (an array, or the first of consecutive ids); ``xs``: their inputs, a
-        float32 ``k×d`` array.
+        ``ids``: their request ids (an array, or the first of consecutive ids); ``arrival_ns``/``deadline_ns``:
+        one stamp for all, or one per request (nondecreasing); ``xs``: their inputs, a float32 ``k×d`` array.
         """
         slot = self._by_session.get(session_id)
         if slot is None:  # routed here by a plan this worker no longer runs
             ids = np.arange(ids, ids + len(xs)) if isinstance(ids, int) else np.asarray(ids)
-            self.recorder.dropped(session_id, self.node_id, ids, np.full(len(ids), arrival_ns),
-                                  np.full(len(ids), deadline_ns))
+            self.recorder.dropped(session_id, self.node_id, ids, np.full(len(ids), arrival_ns, np.int64),
+                                  np.full(len(ids), deadline_ns, np.int64))
             return
-        slot.ring.push(ids, arrival_ns, deadline_ns, xs)
+        ring = slot.ring
+        ring.push(ids, arrival_ns, deadline_ns, xs)
         if self._idle:
+            if self.run_inline and self._exec.acquire(False):
+                self._run_inline(ring)
+            else:
+                self._idle = False
+                self._ring()
+
+    def _run_inline(self, ring: RequestRing) -> None:
+        """Run one batch on the pushing thread (the worker is idle; the execution lock is held on entry).
+
+        The worker thread takes over (doorbell) when the policy ran nothing (it waits to fill a batch: the
+        worker keeps the time) or requests are left; a failure stops the worker as if its thread had failed.
+        """
+        before = self.execute_ns
+        try:
+            ran = self.run_once()[0]
+        except BaseException as exc:
+            self.error, self._drain, self._stop = exc, False, True
+            ran = False
+        finally:
+            self.inline_execute_ns += self.execute_ns - before
+            self._exec.release()
+        if ran:
+            self.inline_batches += 1
+        if not ran or ring.tail != ring.head:
             self._idle = False
             self._ring()
 
@@ -237,12 +285,20 @@ class ServingWorker:
             self._ended_ns = time.perf_counter_ns()
 
     def _serve(self) -> None:
-        perf_ns, run_once = time.perf_counter_ns, self.run_once
+        run_once, lock = self.run_once, self._exec
         while True:
             slots = self._slots
-            ran, wake_at = run_once()
-            if ran:
-                continue
+            seen = [s.ring.tail for s in slots]
+            if not lock.acquire(False):  # a pusher is running a batch: waiting for it is idle time
+                t0 = _now()
+                lock.acquire()
+                self.wait_ns += _now() - t0
+            try:
+                ran, wake_at = run_once()
+                while ran:
+                    ran, wake_at = run_once()
+            finally:
+                lock.release()
             pending = retire = False
             for s in slots:
                 if s.ring.tail != s.ring.head:
@@ -253,11 +309,13 @@ class ServingWorker:
                 self._retire_empty()
             if self._stop and (not self._drain or not pending):
                 return
-            self._idle = True  # from here on the frontend rings; re-check the rings so no doorbell is missed
-            if self._slots is slots and not self._stop and not any(s.ring.tail != s.ring.head for s in slots):
-                t0 = perf_ns()
+            # from here on a pusher runs the batch or rings; re-check the rings so no push is missed (rows the
+            # policy chose to leave queued were seen: sleep until its wake-up time)
+            self._idle = True
+            if self._slots is slots and not self._stop and [s.ring.tail for s in slots] == seen:
+                t0 = _now()
                 self._bell.acquire(timeout=min(_IDLE_POLL_S, max(0.0, (wake_at - t0) / 1e9)))
-                self.wait_ns += perf_ns() - t0
+                self.wait_ns += _now() - t0
             self._idle = False
 
     def run_once(self) -> tuple[bool, float]:
