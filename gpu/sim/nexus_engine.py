@@ -1,7 +1,8 @@
 """Request-level simulation of a Nexus plan: arrivals, routing, per-GPU round-robin, batch policy, drops.
 
 Spec §8 (inferred simulator design) on the shared ``EventLoop``. Each session's requests arrive as a
-Poisson (or uniform, random phase) process, are routed to the session's GPUs by the plan's rate shares
+Poisson (or uniform, random phase; or the superposition of several uniform streams, e.g. one per camera
+feeding a shared session) process, are routed to the session's GPUs by the plan's rate shares
 (weighted random, the paper-time frontend; a capped plan's unassigned rate is routed too, by
 ``route_unassigned``), and wait in a deadline-ordered queue. Each GPU loops over its
 sessions round-robin (§6.3, the authors' ``gpu_executor``): for each it asks the batch policy for a batch,
@@ -61,14 +62,22 @@ class SimResult:
         return self.total("batched") / max(1, self.total("batches"))
 
 
-def arrival_times(rate: float, duration_s: float, process: str, rng: np.random.Generator) -> np.ndarray:
-    """Arrival times (ms) in [0, duration): ``poisson`` or ``uniform`` (fixed gap, random phase)."""
+def arrival_times(rate: float, duration_s: float, process: str, rng: np.random.Generator,
+                  streams: int = 1) -> np.ndarray:
+    """Arrival times (ms) in [0, duration): ``poisson`` or ``uniform`` (fixed gap, random phase).
+
+    With ``streams`` > 1 a ``uniform`` session is fed by that many independent uniform sources of
+    ``rate / streams`` each (own random phase; e.g. 20 cameras sharing one model session, §7.3.2), merged in
+    time order; a superposition of Poisson sources is Poisson, so ``streams`` does not change ``poisson``.
+    """
     if rate <= 0:
         return np.empty(0)
     horizon = duration_s * 1000.0
     if process == "uniform":
-        gap = 1000.0 / rate
-        return np.arange(rng.uniform(0, gap), horizon, gap)
+        gap = 1000.0 * streams / rate
+        if streams == 1:
+            return np.arange(rng.uniform(0, gap), horizon, gap)
+        return np.sort(np.concatenate([np.arange(phase, horizon, gap) for phase in rng.uniform(0, gap, streams)]))
     if process == "poisson":
         n = int(rate * duration_s * 1.2 + 10 * np.sqrt(rate * duration_s) + 10)
         t = np.cumsum(rng.exponential(1000.0 / rate, size=n))
@@ -164,7 +173,8 @@ class _Gpu:
 
 def simulate_plan(plan: Plan, profiles: Mapping[str, BatchProfile], policy: BatchPolicy, *,
                   rates: Mapping[str, float] | None = None, duration_s: float = 20.0, arrivals: str = "poisson",
-                  noise: bool = False, seed: int = 0, planned: Accounting | None = None) -> SimResult:
+                  noise: bool = False, seed: int = 0, planned: Accounting | None = None,
+                  streams: Mapping[str, int] | None = None) -> SimResult:
     """Run ``plan`` against offered ``rates`` (default: the plan's session rates) and count bad requests.
 
     All traffic is routed, as by the real frontend: a capped plan's ``unassigned`` rate goes onto GPUs by
@@ -172,6 +182,7 @@ def simulate_plan(plan: Plan, profiles: Mapping[str, BatchProfile], policy: Batc
 
     Args:
         planned: the latency accounting the policy assumes (default: the plan's own preset).
+        streams: independent uniform sources per session id (default 1; see ``arrival_times``).
     """
     from gpu.schedulers.nexus_profiles import PRESETS
 
@@ -187,7 +198,7 @@ def simulate_plan(plan: Plan, profiles: Mapping[str, BatchProfile], policy: Batc
         if sid not in by_id:
             raise ConfigError("rates", sid, "not a session of the plan")
         stats = result.sessions.setdefault(sid, SessionStats())
-        t = arrival_times(rate, duration_s, arrivals, rng)
+        t = arrival_times(rate, duration_s, arrivals, rng, (streams or {}).get(sid, 1))
         stats.offered = len(t)
         share = shares.get(sid)
         if not share:

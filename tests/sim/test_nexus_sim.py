@@ -3,6 +3,7 @@
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from gpu.batching import make_policy
@@ -10,8 +11,10 @@ from gpu.errors import ConfigError
 from gpu.schedulers.nexus import GpuNode, Placement, Plan, Session
 from gpu.schedulers.nexus_profiles import linear_profile
 from gpu.schedulers.nexus_synthetic import synthetic_profiles
-from gpu.sim.nexus import STRATEGIES, NexusScenario, build_plan, evaluate, load, max_load, run
-from gpu.sim.nexus_engine import simulate_plan
+from gpu.schedulers.nexus_query import Query, QueryStage
+from gpu.sim.nexus import (STRATEGIES, NexusScenario, build_plan, evaluate, load, max_load, paper_bad_rate, run,
+                           scaled_sessions)
+from gpu.sim.nexus_engine import SessionStats, SimResult, arrival_times, simulate_plan
 from gpuflows.cli import main
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios" / "nexus"
@@ -150,3 +153,54 @@ def test_prefix_group_with_negative_suffix_cost_names_it(tmp_path):
             "sessions: [{id: a, model: x, slo_ms: 100, rate: 10}]\n")
     with pytest.raises(ConfigError, match=r"prefix_groups\[0\]\.suffix\.beta_ms"):
         run(write(tmp_path, text), ["nexus"])
+
+
+TRAFFIC = SCENARIOS / "traffic_case_study.yaml"
+
+
+def test_cli_runs_the_traffic_case_study_on_its_16_gpus(tmp_path):
+    out = tmp_path / "traffic.json"
+    assert main(["simulate", "nexus", str(TRAFFIC), "--json", str(out)]) == 0
+    rows = {r["policy"]: r for r in json.loads(out.read_text())["table"]}
+    assert set(rows) == set(STRATEGIES)
+    assert rows["nexus"]["gpus"] <= 16 and rows["nexus"]["query_bad_rate"] <= 0.01
+    assert rows["nexus"]["offered_rps"] == pytest.approx(400 * (1 + 1.0 + 0.5), rel=0.01)  # frames × (1 + Σγ)
+
+
+def test_traffic_dp_gives_ssd_more_of_the_400ms_than_the_even_split():
+    sc = load(str(TRAFFIC))
+    slo = {n: {s.model: s.slo_ms for s in scaled_sessions(sc, STRATEGIES[n])[0]}
+           for n in ("nexus", "nexus_even_split")}
+    assert slo["nexus_even_split"] == {"ssd": 200.0, "googlenet": 200.0, "vgg_face": 200.0}
+    assert slo["nexus"]["ssd"] > 300.0 and slo["nexus"]["ssd"] + slo["nexus"]["vgg_face"] <= 400.0
+
+
+def test_batch_oblivious_baseline_splits_a_query_slo_evenly():
+    plan = build_plan(load(str(TRAFFIC)), STRATEGIES["batch_oblivious"], gpus=16)
+    assert plan.strategy == "batch_oblivious" and plan.num_gpus == 16
+    assert {p.session_id: p.slo_ms for n in plan.nodes for p in n.placements} == {
+        "traffic/detect": 200.0, "traffic/car": 200.0, "traffic/face": 200.0}
+
+
+def test_twenty_uniform_streams_deliver_twenty_requests_per_stream_period():
+    t = arrival_times(400.0, 2.0, "uniform", np.random.default_rng(0), streams=20)
+    counts = np.histogram(t, bins=np.arange(0.0, 2000.0 + 1e-9, 50.0))[0]  # one camera every 50 ms
+    assert len(t) == 800 and (counts == 20).all()
+    assert np.diff(t).std() > 0.5  # unlike one uniform source, the merged gaps vary
+
+
+def test_query_streams_must_be_a_positive_integer(tmp_path):
+    text = ("queries: [{id: q, slo_ms: 400, rate: 10, streams: 0, stages: [{name: d, model: ssd}]}]\n")
+    with pytest.raises(ConfigError, match=r"queries\[0\]\.streams=0"):
+        run(write(tmp_path, text), ["nexus"])
+
+
+def test_a_query_counts_once_and_is_bad_when_any_of_its_stage_invocations_is():
+    q = Query("q", (QueryStage("d", "ssd"), QueryStage("r", "googlenet", "d", 2.0)), 400.0, 10.0)
+    sc = NexusScenario("q", "paper", synthetic_profiles(), (Session("s", "resnet50", 100.0, 10.0),), (q,))
+    res = SimResult(10.0, {"q/d": SessionStats(offered=100, good=100), "q/r": SessionStats(offered=200, good=180,
+                                                                                          dropped=20),
+                           "s": SessionStats(offered=100, good=95, late=5)})
+    query_bad = 1 - 0.9 ** 2  # two recognitions per frame, each 10 % bad
+    assert paper_bad_rate(sc, STRATEGIES["nexus"], res) == pytest.approx((query_bad * 100 + 5) / 200)
+    assert res.bad_rate == pytest.approx(25 / 400)  # per request, the recognitions outweigh the frames
