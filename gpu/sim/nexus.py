@@ -69,9 +69,13 @@ class NexusScenario:
     streams: dict[str, int] = field(default_factory=dict)  # query id -> independent uniform sources
 
     def session_streams(self) -> dict[str, int]:
-        """Uniform sources per stage session (``query_id/stage``) of every query with ``streams`` > 1."""
-        return {f"{q.query_id}/{st.name}": self.streams[q.query_id] for q in self.queries
-                if q.query_id in self.streams for st in q.stages}
+        """Uniform sources feeding each query's root stage session (``query_id/root``)."""
+        return {f"{q.query_id}/{q.root}": self.streams[q.query_id] for q in self.queries if q.query_id in self.streams}
+
+    def chains(self) -> dict[str, tuple[str, float]]:
+        """``{stage session: (parent stage session, γ)}`` for every non-root query stage (simulator chaining)."""
+        return {f"{q.query_id}/{st.name}": (f"{q.query_id}/{st.parent}", st.gamma)
+                for q in self.queries for st in q.stages if st.parent is not None}
 
 
 def _models(raw: list[dict[str, Any]]) -> dict[str, BatchProfile]:
@@ -123,6 +127,12 @@ def load(path: str) -> NexusScenario:
                                   f"unknown model; choose one of {sorted(profiles)}")
     streams = {q.query_id: _streams(raw["queries"][i].get("streams", 1), f"queries[{i}].streams")
                for i, q in enumerate(queries)}
+    grouped = {m for g in groups for m in g.models}
+    for q in queries:
+        for st in q.stages:
+            if st.model in grouped:
+                raise ConfigError(f"{q.query_id}.{st.name}.model", st.model, "query stages are chained request by "
+                                  "request and cannot be prefix-batched; use it in a standalone session")
     sim = raw.get("simulation", {}) or {}
     gpus = raw.get("gpus")
     if gpus is not None and (isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1):
@@ -221,37 +231,22 @@ def evaluate(sc: NexusScenario, strategy: Strategy, load: float = 1.0, gpus: int
     res = simulate_plan(plan, profiles, make_policy(strategy.batch_policy),
                         rates={s.session_id: s.rate for s in sessions},
                         duration_s=duration_s or sc.duration_s,
-                        arrivals=sc.arrivals, noise=sc.noise, seed=sc.seed, streams=sc.session_streams())
+                        arrivals=sc.arrivals, noise=sc.noise, seed=sc.seed, streams=sc.session_streams(),
+                        chains=sc.chains())
     return plan, res
 
 
-def paper_bad_rate(sc: NexusScenario, strategy: Strategy, res: SimResult, load: float = 1.0) -> float:
+def paper_bad_rate(sc: NexusScenario, res: SimResult) -> float:
     """Bad rate in the unit of the paper's throughput metric (§7: the rate of *queries* of which 99 % are
-    served within their SLOs): a standalone session's request counts once, and so does a query, which is bad
-    when any of its stage invocations is. Stages are simulated as separate sessions (no chaining), so a
-    query's bad probability is estimated from its stages' bad rates taken as independent:
-    ``1 − Π_v (1 − bad_v)^{m_v}``, ``m_v`` = expected invocations of stage v per query (Π of γ on its path).
-    A stage merged into a prefix-batched session takes that session's bad rate; the merged session's own
-    requests are then counted as standalone requests too.
-    """
-    unmerged = replace(sc, sessions=(), prefix_groups=())
-    split = {s.session_id: s for s in scaled_sessions(unmerged, strategy, load)[0]}
-    owner = {m: g.name for g in sc.prefix_groups for m in g.models}
-
-    def stage_bad(sid: str) -> float:
-        s = split[sid]
-        return res.sessions[sid if sid in res.sessions else f"{owner[s.model]}@{float(s.slo_ms):g}"].bad_rate
-
-    bad = units = 0.0
-    for q in sc.queries:
-        ids = {u: f"{q.query_id}/{u}" for u in q.stage_rates()}
-        per_query = {u: r / q.rate if q.rate else 0.0 for u, r in q.stage_rates().items()}
-        good = float(np.prod([(1.0 - stage_bad(ids[u])) ** m for u, m in per_query.items()]))
-        offered = q.rate * load * res.duration_s
-        bad += (1.0 - good) * offered
-        units += offered
+    served within their SLOs): a standalone session's request counts once, and so does a query (one root
+    request), which is bad when any of its chained stage requests is dropped or late."""
+    chained = [q for q in sc.queries if len(q.stages) > 1]  # a one-stage query is one request: standalone
+    stages = {f"{q.query_id}/{st.name}" for q in chained for st in q.stages}
+    roots = [f"{q.query_id}/{q.root}" for q in chained]
+    bad = sum(len(res.bad_queries.get(r, ())) for r in roots)
+    units = sum(res.sessions[r].offered for r in roots if r in res.sessions)
     for sid, st in res.sessions.items():
-        if sid not in split:
+        if sid not in stages:
             bad += st.late + st.dropped
             units += st.offered
     return bad / units if units else 0.0
@@ -272,7 +267,7 @@ def max_load(sc: NexusScenario, strategy: Strategy, gpus: int, *, target_bad: fl
         plan, res = evaluate(sc, strategy, load, gpus, duration_s)
         nowhere = route_unassigned(plan, scaled_sessions(sc, strategy, load)[1]).unassigned
         lost = sum(r for _, r in nowhere) / max(sum(s.rate for s in plan.sessions), 1e-12)
-        return lost <= target_bad and paper_bad_rate(sc, strategy, res, load) <= target_bad
+        return lost <= target_bad and paper_bad_rate(sc, res) <= target_bad
 
     lo, hi = 0.0, 1.0
     while ok(hi) and hi < 1024:
@@ -304,7 +299,7 @@ def run(scenario_path: str, policies: list[str] | None = None) -> SimulationRepo
         rows.append({"policy": n, "placement": st.placement, "batch_policy": st.batch_policy,
                      "query_split": st.query_split, "prefix_batching": st.prefix_batching, "gpus": plan.num_gpus,
                      "offered_rps": offered / sc.duration_s, "good_rps": res.total("good") / sc.duration_s,
-                     "bad_rate": res.bad_rate, "query_bad_rate": paper_bad_rate(sc, st, res),
+                     "bad_rate": res.bad_rate, "query_bad_rate": paper_bad_rate(sc, res),
                      "dropped": res.total("dropped"), "late": res.total("late"),
                      "mean_batch": res.mean_batch, "slo_violations_in_plan": len(plan.violations())})
         summary[f"{n}_gpus"] = float(plan.num_gpus)

@@ -8,10 +8,18 @@ feeding a shared session) process, are routed to the session's GPUs by the plan'
 sessions round-robin (§6.3, the authors' ``gpu_executor``): for each it asks the batch policy for a batch,
 executes it for ℓ(b) from the profile, then moves on — it never waits for a batch to fill unless the
 policy asks to. A request is *bad* if it is dropped or finishes after its deadline (§7 "bad rate").
+
+Query stages can be *chained* (``chains``): a child stage's requests are not drawn up front but issued when
+a parent request finishes on time, Poisson(γ) of them (γ = average fan-out, §6.2), each routed by the child's
+shares. A child's deadline is its parent's deadline plus the child's stage SLO, so the budget a parent did not
+use carries over (the authors' slack propagation, spec §3.4 ``request_context``); a root-to-leaf path thus
+ends by the query's arrival + its end-to-end SLO. A query is bad when any of its requests is
+(``SimResult.bad_queries``); a late or dropped parent issues no children (its query is lost already).
 """
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Mapping
@@ -23,7 +31,7 @@ from gpu.errors import ConfigError
 from gpu.schedulers.nexus import Plan
 from gpu.schedulers.nexus_overflow import route_unassigned
 from gpu.schedulers.nexus_profiles import Accounting, BatchProfile
-from gpu.sim.events import EventLoop
+from gpu.sim.events import EventHandle, EventLoop
 
 
 @dataclass
@@ -48,6 +56,7 @@ class SimResult:
 
     duration_s: float
     sessions: dict[str, SessionStats] = field(default_factory=dict)
+    bad_queries: dict[str, set[int]] = field(default_factory=dict)  # root session -> ids of its bad queries
 
     def total(self, name: str) -> int:
         return sum(getattr(s, name) for s in self.sessions.values())
@@ -90,24 +99,40 @@ def arrival_times(rate: float, duration_s: float, process: str, rng: np.random.G
 class _Slot:
     """One session on one GPU: its pending arrivals, its queue and the batch context inputs."""
 
-    def __init__(self, sid: str, arrivals: np.ndarray, slo_ms: float, batch: int, profile: BatchProfile,
-                 planned: Accounting, stats: SessionStats):
-        self.sid, self.arrivals, self.slo_ms, self.batch = sid, arrivals, slo_ms, batch
+    def __init__(self, sid: str, arrivals: np.ndarray, ids: np.ndarray, slo_ms: float, batch: int,
+                 profile: BatchProfile, planned: Accounting, stats: SessionStats):
+        self.sid, self.arrivals, self.ids, self.slo_ms, self.batch = sid, arrivals, ids, slo_ms, batch
         self.profile, self.stats = profile, stats
         self.next = 0
         self.queue: deque[Request] = deque()
+        self.issued: deque[Request] = deque()  # chained requests issued by parents, in arrival order
         self.planned_latency = lambda b: planned.latency(profile, b)
 
     def admit(self, now: float) -> None:
-        """Move arrivals up to ``now`` into the queue (deadline order = arrival order within a session)."""
+        """Move arrivals up to ``now`` into the deadline-ordered queue (drawn arrivals share one SLO, so their
+        arrival order is deadline order; issued ones inherit their parents' slack and are inserted)."""
         end = int(np.searchsorted(self.arrivals, now, side="right"))
         for i in range(self.next, end):
             t = float(self.arrivals[i])
-            self.queue.append(Request(i, self.sid, t, t + self.slo_ms))
+            self.queue.append(Request(int(self.ids[i]), self.sid, t, t + self.slo_ms))
         self.next = end
+        while self.issued and self.issued[0].arrival_ms <= now:
+            r = self.issued.popleft()
+            self.queue.insert(bisect_right(self.queue, r.deadline_ms, key=_deadline), r)
 
     def next_arrival(self) -> float:
-        return float(self.arrivals[self.next]) if self.next < len(self.arrivals) else np.inf
+        drawn = float(self.arrivals[self.next]) if self.next < len(self.arrivals) else np.inf
+        return min(drawn, self.issued[0].arrival_ms) if self.issued else drawn
+
+    def waiting(self) -> list[Request]:
+        """Everything not yet served: the queue, issued and drawn arrivals still to come."""
+        ahead = [Request(int(self.ids[i]), self.sid, float(t), float(t) + self.slo_ms)
+                 for i, t in enumerate(self.arrivals[self.next:], start=self.next)]
+        return [*self.queue, *self.issued, *ahead]
+
+
+def _deadline(r: Request) -> float:
+    return r.deadline_ms
 
 
 def _remove(queue: deque, positions: tuple[int, ...]) -> list[Request]:
@@ -128,11 +153,28 @@ class _Gpu:
     """Round-robin executor of one plan node."""
 
     def __init__(self, loop: EventLoop, slots: list[_Slot], policy: BatchPolicy, noise: bool,
-                 rng: np.random.Generator):
+                 rng: np.random.Generator, chains: _Chains):
         self.loop, self.slots, self.policy, self.noise, self.rng = loop, slots, policy, noise, rng
+        self.chains = chains
         self.rr = 0
+        self.busy_until = 0.0
+        self.pending: EventHandle | None = None
+
+    def schedule(self, t: float) -> None:
+        """Wake at ``t`` unless a wake-up at or before ``t`` is already pending (one live wake-up at most)."""
+        if self.pending is not None:
+            if self.pending.time <= t:
+                return
+            self.pending.cancel()
+        self.pending = self.loop.at(t, self.wake)
+
+    def poke(self) -> None:
+        """A chained request just arrived: an idle GPU looks at it now, a busy one when its batch ends."""
+        if self.loop.now >= self.busy_until:
+            self.schedule(self.loop.now)
 
     def wake(self) -> None:
+        self.pending = None
         now = self.loop.now
         wake_at = np.inf
         for step in range(len(self.slots)):
@@ -146,6 +188,7 @@ class _Gpu:
             both = tuple(sorted(dec.run + dec.drop))
             taken = dict(zip(both, _remove(slot.queue, both)))
             slot.stats.dropped += len(dec.drop)
+            self.chains.lost(slot.sid, [taken[p] for p in dec.drop])
             if dec.run:
                 self._execute(slot, [taken[p] for p in dec.run], now)
                 self.rr = (i + 1) % len(self.slots)
@@ -154,27 +197,78 @@ class _Gpu:
                 wake_at = min(wake_at, dec.wake_at_ms)
         nxt = min([wake_at] + [s.next_arrival() for s in self.slots])
         if np.isfinite(nxt):
-            self.loop.at(max(nxt, now), self.wake)
+            self.schedule(max(nxt, now))
 
     def _execute(self, slot: _Slot, batch: list[Request], now: float) -> None:
         dur = slot.profile.latency(len(batch))
         if self.noise:
             dur = max(0.0, self.rng.normal(dur, slot.profile.std(len(batch))))
         finish = now + dur
-        for r in batch:
-            if finish <= r.deadline_ms + 1e-9:
-                slot.stats.good += 1
-            else:
-                slot.stats.late += 1
+        on_time = [r for r in batch if finish <= r.deadline_ms + 1e-9]
+        slot.stats.good += len(on_time)
+        slot.stats.late += len(batch) - len(on_time)
+        self.chains.lost(slot.sid, [r for r in batch if finish > r.deadline_ms + 1e-9])
         slot.stats.batches += 1
         slot.stats.batched += len(batch)
-        self.loop.at(finish, self.wake)
+        self.chains.issue(slot.sid, on_time, finish)
+        self.busy_until = finish
+        self.schedule(finish)
+
+
+class _Chains:
+    """Query stages chained request by request: issue children of finished parents, record lost queries."""
+
+    def __init__(self, loop: EventLoop, rng: np.random.Generator, result: SimResult,
+                 chains: Mapping[str, tuple[str, float]], slo_ms: Mapping[str, float]):
+        self.loop, self.rng, self.result, self.slo_ms = loop, rng, result, slo_ms
+        self.children: dict[str, list[tuple[str, float]]] = {}
+        for child, (parent, gamma) in chains.items():
+            self.children.setdefault(parent, []).append((child, gamma))
+        self.root = {sid: sid for sid in self.children}
+        for child in chains:
+            top = child
+            while top in chains:
+                top = chains[top][0]
+            self.root[child] = top
+        self.routes: dict[str, tuple[np.ndarray, list[tuple[_Slot, _Gpu]]]] = {}
+
+    def route(self, sid: str, targets: list[tuple[float, _Slot, _Gpu]]) -> None:
+        """Where a chained session's requests go: its slots with their rate-share weights."""
+        w = np.array([x[0] for x in targets], dtype=float)
+        self.routes[sid] = (w / w.sum(), [(x[1], x[2]) for x in targets])
+
+    def lost(self, sid: str, requests: list[Request]) -> None:
+        if requests and sid in self.root:
+            self.result.bad_queries.setdefault(self.root[sid], set()).update(r.request_id for r in requests)
+
+    def issue(self, sid: str, done: list[Request], finish: float) -> None:
+        if done and sid in self.children:
+            self.loop.at(finish, lambda: self._arrive(sid, done))
+
+    def _arrive(self, parent: str, done: list[Request]) -> None:
+        now = self.loop.now
+        for child, gamma in self.children[parent]:
+            n = self.rng.poisson(gamma, size=len(done))
+            reqs = [Request(r.request_id, child, now, r.deadline_ms + self.slo_ms[child])
+                    for r, k in zip(done, n) for _ in range(k)]
+            stats = self.result.sessions.setdefault(child, SessionStats())
+            stats.offered += len(reqs)
+            if child not in self.routes:  # nothing hosts it
+                stats.dropped += len(reqs)
+                self.lost(child, reqs)
+                continue
+            weights, targets = self.routes[child]
+            for r, j in zip(reqs, self.rng.choice(len(targets), size=len(reqs), p=weights)):
+                slot, gpu = targets[j]
+                slot.issued.append(r)
+                gpu.poke()
 
 
 def simulate_plan(plan: Plan, profiles: Mapping[str, BatchProfile], policy: BatchPolicy, *,
                   rates: Mapping[str, float] | None = None, duration_s: float = 20.0, arrivals: str = "poisson",
                   noise: bool = False, seed: int = 0, planned: Accounting | None = None,
-                  streams: Mapping[str, int] | None = None) -> SimResult:
+                  streams: Mapping[str, int] | None = None,
+                  chains: Mapping[str, tuple[str, float]] | None = None) -> SimResult:
     """Run ``plan`` against offered ``rates`` (default: the plan's session rates) and count bad requests.
 
     All traffic is routed, as by the real frontend: a capped plan's ``unassigned`` rate goes onto GPUs by
@@ -183,6 +277,8 @@ def simulate_plan(plan: Plan, profiles: Mapping[str, BatchProfile], policy: Batc
     Args:
         planned: the latency accounting the policy assumes (default: the plan's own preset).
         streams: independent uniform sources per session id (default 1; see ``arrival_times``).
+        chains: ``{child session: (parent session, γ)}`` — the child's requests are issued by its parent's
+            finished requests instead of drawn at its offered rate (module docstring).
     """
     from gpu.schedulers.nexus_profiles import PRESETS
 
@@ -192,12 +288,18 @@ def simulate_plan(plan: Plan, profiles: Mapping[str, BatchProfile], policy: Batc
     plan = route_unassigned(plan, profiles, acc)
     shares = plan.rate_shares()
     by_id = {s.session_id: s for s in plan.sessions}
+    chains = dict(chains or {})
+    for child, (parent, _) in chains.items():
+        if child not in by_id or parent not in by_id:
+            raise ConfigError("chains", child, "child and parent must both be sessions of the plan")
     result = SimResult(duration_s)
-    routed: dict[tuple[str, int], np.ndarray] = {}
+    routed: dict[tuple[str, int], tuple[np.ndarray, np.ndarray]] = {}
     for sid, rate in offered.items():
         if sid not in by_id:
             raise ConfigError("rates", sid, "not a session of the plan")
         stats = result.sessions.setdefault(sid, SessionStats())
+        if sid in chains:
+            continue  # issued by its parent's requests
         t = arrival_times(rate, duration_s, arrivals, rng, (streams or {}).get(sid, 1))
         stats.offered = len(t)
         share = shares.get(sid)
@@ -207,20 +309,38 @@ def simulate_plan(plan: Plan, profiles: Mapping[str, BatchProfile], policy: Batc
         node_ids = np.array(sorted(share))
         weights = np.array([share[n] for n in node_ids])
         pick = rng.choice(len(node_ids), size=len(t), p=weights / weights.sum())
+        ids = np.arange(len(t))
         for j, nid in enumerate(node_ids):
-            routed[(sid, int(nid))] = t[pick == j]
+            routed[(sid, int(nid))] = t[pick == j], ids[pick == j]
     loop = EventLoop()
+    chained = _Chains(loop, rng, result, chains, {sid: s.slo_ms for sid, s in by_id.items()})
     gpus = []
+    targets: dict[str, list[tuple[float, _Slot, _Gpu]]] = {}
     for node in plan.nodes:
-        slots = [_Slot(p.session_id, routed.get((p.session_id, node.node_id), np.empty(0)), p.slo_ms, p.batch,
-                       profiles[p.model], acc, result.sessions.setdefault(p.session_id, SessionStats()))
+        slots = [_Slot(p.session_id, *routed.get((p.session_id, node.node_id), (np.empty(0), np.empty(0, int))),
+                       p.slo_ms, p.batch, profiles[p.model], acc,
+                       result.sessions.setdefault(p.session_id, SessionStats()))
                  for p in node.placements]
-        gpu = _Gpu(loop, slots, policy, noise, rng)
+        gpu = _Gpu(loop, slots, policy, noise, rng, chained)
         gpus.append(gpu)
-        loop.at(0.0, gpu.wake)
-    horizon = duration_s * 1000.0 + 20 * max((s.slo_ms for s in plan.sessions), default=0.0)
+        gpu.schedule(0.0)
+        for slot in slots:
+            weight = shares.get(slot.sid, {}).get(node.node_id, 0.0)
+            if slot.sid in chains and weight > 0:
+                targets.setdefault(slot.sid, []).append((weight, slot, gpu))
+    for sid, where in targets.items():
+        chained.route(sid, where)
+    depth = max((_depth(chains, sid) for sid in chains), default=0)
+    horizon = duration_s * 1000.0 + 20 * (1 + depth) * max((s.slo_ms for s in plan.sessions), default=0.0)
     loop.run(until=horizon)
     for gpu in gpus:  # anything still waiting after the drain horizon never got served
         for slot in gpu.slots:
-            slot.stats.dropped += len(slot.queue) + (len(slot.arrivals) - slot.next)
+            left = slot.waiting()
+            slot.stats.dropped += len(left)
+            chained.lost(slot.sid, left)
     return result
+
+
+def _depth(chains: Mapping[str, tuple[str, float]], sid: str) -> int:
+    """Number of parents above ``sid``."""
+    return 1 + _depth(chains, chains[sid][0]) if sid in chains else 0
