@@ -99,6 +99,58 @@ def test_a_burst_submitted_together_is_served_in_batches_and_handed_back(served)
     assert correct > 0.8 * 64
 
 
+class _Slow(torch.nn.Module):
+    """A model whose forward also busy-waits ``ms`` (a stand-in for a slow GPU kernel)."""
+
+    def __init__(self, inner: torch.nn.Module, ms: float):
+        super().__init__()
+        self.inner, self.ns = inner, int(ms * 1e6)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        end = time.perf_counter_ns() + self.ns
+        while time.perf_counter_ns() < end:
+            pass
+        return self.inner(x)
+
+
+def test_requests_due_while_the_frontend_runs_a_batch_count_that_wait(served):
+    data, models, profiles = served
+    plan = one_node_plan(Session("mlp", "digits_mlp", 5000.0, 2000.0), 8, profiles)
+    with LocalServingRuntime({"digits_mlp": _Slow(models["digits_mlp"], 3.0)}, profiles, ledger()) as rt:
+        rt.apply(plan)
+        worker, front = rt.workers[0], rt.frontend
+        end = time.monotonic() + 10
+        while not worker._idle and time.monotonic() < end:  # the worker thread is parked on its doorbell
+            time.sleep(0.001)
+        handed: dict[int, int] = {}  # request id → when the load generator handed it to the frontend
+
+        def submit(sid, x, arrival_ns):
+            now = time.perf_counter_ns()
+            rid = front.submit(sid, x, arrival_ns)
+            handed[rid] = now
+            return rid
+
+        def submit_many(sid, xs, arrival_ns):
+            now = time.perf_counter_ns()
+            ids = front.submit_many(sid, xs, arrival_ns)
+            handed.update(dict.fromkeys(ids, now))
+            return ids
+
+        trace = RateTrace.constant({"mlp": 2000.0}, 0.03)  # every 0.5 ms, while a batch takes 3 ms
+        load = LoadGenerator(submit, trace, data.x_test, data.y_test, 0, submit_many).run()
+    assert worker.inline_batches > 0  # the load generator's thread ran batches for the idle worker
+    got = {o.request_id: o for o in rt.recorder.outcomes}
+    assert len(got) == load.sent == len(handed) and all(o.batch for o in got.values())
+    scheduled = round(load.start_ms * 1e6) + np.round(trace.arrivals(0)[0] * 1e9).astype(np.int64)
+    ids = sorted(got)
+    arrival = np.array([round(got[i].arrival_ms * 1e6) for i in ids])
+    assert np.abs(arrival - scheduled).max() < 1000  # stamped with the schedule (ns, up to the ms float)
+    waited = np.array([handed[i] for i in ids]) - scheduled  # due, but the frontend was busy with a batch
+    assert waited.max() > 2e6 and load.bursts > 0
+    latency = np.array([(got[i].finish_ms - got[i].arrival_ms) * 1e6 for i in ids])
+    assert (latency >= waited - 1000).all()  # that wait is part of every request's latency
+
+
 def test_overload_is_dropped_early_and_every_request_is_accounted_for(served):
     data, models, profiles = served
     slo = 50.0

@@ -89,7 +89,7 @@ class LocalServingRuntime:
         self.workers: dict[int, ServingWorker] = {}
         self.leases: dict[int, Placement] = {}
         self.plan: Plan | None = None
-        self._retired = {"busy_ns": 0, "assemble_ns": 0, "execute_ns": 0, "execute1_ns": 0, "batches": 0,
+        self._retired = {"busy_ns": 0, "execute_ns": 0, "execute1_ns": 0, "batches": 0,
                          "batches1": 0, "served": 0, "inline_batches": 0, "inline_execute_ns": 0}
         if cpu_threads is not None:
             torch.set_num_threads(cpu_threads)
@@ -177,7 +177,6 @@ class LocalServingRuntime:
                 "frontend_us_per_request": front_ns / n / 1e3,
                 "worker_us_per_request": worker_ns / n / 1e3,
                 "dispatch_overhead_us": (front_ns + worker_ns) / n / 1e3,
-                "assemble_us_per_request": c["assemble_ns"] / max(1, c["served"]) / 1e3,
                 "execute_us_per_batch": c["execute_ns"] / max(1, c["batches"]) / 1e3,
                 "batch1_execute_us": c["execute1_ns"] / c["batches1"] / 1e3 if c["batches1"] else math.nan,
                 "batches_of_one": float(c["batches1"]),

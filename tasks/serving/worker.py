@@ -133,7 +133,6 @@ class ServingWorker:
         self._started_ns = 0
         self._ended_ns = 0
         self.wait_ns = 0          # blocked waiting for requests (idle)
-        self.assemble_ns = 0      # the batch's input view and id/timestamp copies (and the copy to the device)
         self.execute_ns = 0       # the model: forward pass, argmax and reading the predictions back
         self.execute1_ns = 0      # ... of the batches of one (the model's batch-1 latency, in the same run)
         self.batches = 0
@@ -340,7 +339,7 @@ class ServingWorker:
             if h >= ring.capacity >> 1:
                 ring.compact()
                 t, h = ring.tail, ring.head
-            now = time.perf_counter_ns()
+            now = _now()
             if self._span:
                 cols = ring.columns
                 cols.h, cols.t = h, t
@@ -359,8 +358,7 @@ class ServingWorker:
             s = h + n_drop
             ring.head = e = s + n_run
             if n_run:
-                t0 = time.perf_counter_ns()
-                self._execute(slot, ring.inputs(s, e), *ring.rows(s, e), t0=t0)
+                self._execute(slot, ring.inputs(s, e), *ring.rows(s, e))
                 self._rr = (i + 1) % n
                 return True, wake_at
             if wake is not None:
@@ -386,8 +384,7 @@ class ServingWorker:
             run = tuple(p - sum(d < p for d in drop) for p in run)  # positions after the drops left
         if not run:
             return 0, 0, wake
-        t0 = time.perf_counter_ns()
-        self._execute(slot, *slot.ring.take(np.array(run, np.int64)), t0=t0)
+        self._execute(slot, *slot.ring.take(np.array(run, np.int64)))
         return 0, -1, None
 
     def _retire_empty(self) -> None:
@@ -397,17 +394,16 @@ class ServingWorker:
             self._slots = keep
 
     def _execute(self, slot: _Slot, x: torch.Tensor, ids: np.ndarray | int, arrival: np.ndarray | int,
-                 deadline: np.ndarray | int, t0: int) -> None:
+                 deadline: np.ndarray | int) -> None:
         """Run one batch (``x``: its input rows) and hand its ids, timestamps and predictions back as arrays."""
         if self._to_device:
             x = x.to(self.device, non_blocking=True)
-        t1 = time.perf_counter_ns()
+        t1 = _now()
         out = slot.model(x).argmax(1)
         b = len(out)
         preds = out.tolist() if b == 1 or self._to_device else out.numpy()  # a 1-list: a third of .numpy()'s cost
-        t2 = time.perf_counter_ns()
+        t2 = _now()
         self.recorder.served(slot.placement.session_id, self.node_id, ids, arrival, deadline, t2, preds)
-        self.assemble_ns += t1 - t0
         self.execute_ns += t2 - t1
         self.batches += 1
         self.served += b
