@@ -146,7 +146,7 @@ def test_requests_due_while_the_frontend_runs_a_batch_count_that_wait(served):
     arrival = np.array([round(got[i].arrival_ms * 1e6) for i in ids])
     assert np.abs(arrival - scheduled).max() < 1000  # stamped with the schedule (ns, up to the ms float)
     waited = np.array([handed[i] for i in ids]) - scheduled  # due, but the frontend was busy with a batch
-    assert waited.max() > 2e6 and load.bursts > 0
+    assert waited.max() > 2e6 and load.calls < load.sent  # ... and they went over in bursts
     latency = np.array([(got[i].finish_ms - got[i].arrival_ms) * 1e6 for i in ids])
     assert (latency >= waited - 1000).all()  # that wait is part of every request's latency
 

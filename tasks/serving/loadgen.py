@@ -92,13 +92,13 @@ class LoadReport:
     """What the generator did: requests sent, the true label of each request id, and how late it ran.
 
     ``start_ms``: time 0 of the trace on ``perf_counter`` (arrival k is stamped ``start + times[k]``);
-    ``max_lag_ms``: the most an arrival waited to be handed over; ``bursts``: ``submit_many`` calls."""
+    ``max_lag_ms``: the most an arrival waited to be handed over; ``calls``: calls to the frontend."""
 
     start_ms: float
     sent: int = 0
     labels: dict[int, int] = field(default_factory=dict)
     max_lag_ms: float = 0.0
-    bursts: int = 0
+    calls: int = 0
 
 
 class LoadGenerator:
@@ -166,6 +166,7 @@ class LoadGenerator:
                 for m in range(i, j):
                     k = m % m_rows
                     rid = self.submit(who[m], rows[k], int(stamps[m]))
+                    report.calls += 1
                     if labels is not None:
                         report.labels[rid] = labels[k]
             else:  # everything due goes over now, one call per session, as a server reads a burst
@@ -175,7 +176,7 @@ class LoadGenerator:
                     idx = span if len(sids) == 1 else span[burst == c]
                     ks = idx % m_rows
                     ids = self.submit_many(sids[c], inputs[ks], stamps[idx])
-                    report.bursts += 1
+                    report.calls += 1
                     if labels is not None:
                         report.labels.update(zip(ids, [labels[k] for k in ks.tolist()]))
             i = j

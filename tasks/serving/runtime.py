@@ -69,13 +69,16 @@ class LocalServingRuntime:
             garbage collector (``gc.freeze``) and the young-generation threshold is raised to this value;
             every request allocates a few objects, and the default threshold (700) made collections a
             measured ~80 % of the frontend's per-request time. None leaves the collector alone.
+        run_inline: an idle worker's batch runs on the submitting thread (``ServingWorker``: run to
+            completion, no thread wake-up); False keeps every batch on the workers' threads.
     """
 
     def __init__(self, models: Mapping[str, nn.Module], profiles: Mapping[str, BatchProfile], ledger: LedgerClient,
                  policy: BatchPolicy | None = None, preset: str = "paper",
                  load_balancer: str = "drr", seed: int = 0, allocation_timeout: float = 30.0,
                  cpu_threads: int | None = 1, label: str = "nexus",
-                 policy_factory: Callable[[], BatchPolicy] | None = None, gc_threshold: int | None = 100_000):
+                 policy_factory: Callable[[], BatchPolicy] | None = None, gc_threshold: int | None = 100_000,
+                 run_inline: bool = True):
         self.models = dict(models)
         self.profiles = dict(profiles)
         self.ledger = ledger
@@ -86,6 +89,7 @@ class LocalServingRuntime:
         self.frontend = Frontend(self.recorder, load_balancer, seed)
         self.allocation_timeout = allocation_timeout
         self.label = label
+        self.run_inline = run_inline
         self.workers: dict[int, ServingWorker] = {}
         self.leases: dict[int, Placement] = {}
         self.plan: Plan | None = None
@@ -133,7 +137,7 @@ class LocalServingRuntime:
                 self._retire(nid)
             self.leases[nid] = lease
             self.workers[nid] = ServingWorker(node, self.models, self.profiles, self._new_policy(), self.recorder,
-                                              device, self.accounting).start()
+                                              device, self.accounting, self.run_inline).start()
         self.frontend.set_plan(plan, self.workers)
         for nid in [n for n in self.workers if n not in wanted]:
             self._retire(nid)

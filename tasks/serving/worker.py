@@ -395,17 +395,19 @@ class ServingWorker:
 
     def _execute(self, slot: _Slot, x: torch.Tensor, ids: np.ndarray | int, arrival: np.ndarray | int,
                  deadline: np.ndarray | int) -> None:
-        """Run one batch (``x``: its input rows) and hand its ids, timestamps and predictions back as arrays."""
+        """Run one batch (``x``: its input rows) and hand its ids, timestamps and predictions back as arrays
+        (a batch of one's as ints: ``type(ids) is int`` tells it apart without ``len`` of a tensor, ~0.5 µs)."""
         if self._to_device:
             x = x.to(self.device, non_blocking=True)
+        one = type(ids) is int
         t1 = _now()
         out = slot.model(x).argmax(1)
-        b = len(out)
-        preds = out.tolist() if b == 1 or self._to_device else out.numpy()  # a 1-list: a third of .numpy()'s cost
+        preds = out.tolist() if one or self._to_device else out.numpy()  # a 1-list: a third of .numpy()'s cost
         t2 = _now()
         self.recorder.served(slot.placement.session_id, self.node_id, ids, arrival, deadline, t2, preds)
         self.execute_ns += t2 - t1
         self.batches += 1
+        b = 1 if one else len(preds)
         self.served += b
         if b == 1:
             self.execute1_ns += t2 - t1
