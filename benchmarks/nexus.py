@@ -208,7 +208,7 @@ def decision_overhead_us(repeats: int = 2000) -> dict[str, float]:
     return out
 
 
-def plot(dir_: Path, thr: dict, drops: dict, pb: dict) -> list[str]:
+def plot(dir_: Path, thr: dict, drops: dict, pb: dict, tr: dict) -> list[str]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -247,8 +247,16 @@ def plot(dir_: Path, thr: dict, drops: dict, pb: dict) -> list[str]:
     ax4.legend()
     fig3.tight_layout()
     fig3.savefig(dir_ / "prefix_batching.png")
+    fig4, ax5 = plt.subplots(figsize=(7, 4))
+    for i, st in enumerate(TRAFFIC):
+        ax5.bar(np.arange(2) + i * 0.13, [tr[c][st] for c in ("nonrush", "rush")], 0.13, label=st)
+    ax5.set_xticks(np.arange(2) + 0.33, ["non-rush", "rush hour"])
+    ax5.set_ylabel("max frames/s at <= 1% bad (16 GPUs)")
+    ax5.legend(fontsize=7)
+    fig4.tight_layout()
+    fig4.savefig(dir_ / "traffic.png")
     plt.close("all")
-    return [str(dir_ / n) for n in ("throughput.png", "early_vs_lazy_drop.png", "prefix_batching.png")]
+    return [str(dir_ / n) for n in ("throughput.png", "early_vs_lazy_drop.png", "prefix_batching.png", "traffic.png")]
 
 
 def traffic_ratios(row: dict[str, float]) -> dict[str, float]:
@@ -390,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
     for m, row in pb.items():
         flat[f"prefix_batching_m{m}_max_throughput"] = row["pb"]
         flat[f"no_prefix_batching_m{m}_max_throughput"] = row["no_pb"]
-    files = plot(Path(args.plots), thr, drops, pb)
+    files = plot(Path(args.plots), thr, drops, pb, tr)
     print(f"\nplots: {', '.join(files)}\nruntime {time.perf_counter() - t0:.1f} s")
     if args.json:
         Path(args.json).write_text(json.dumps(flat, indent=2))
