@@ -4,7 +4,8 @@ The structure-of-arrays hot path of the serving runtime (issue 7: dispatch overh
 model's batch-1 latency): no Python object per request. The frontend's thread appends a burst of k
 requests as k rows — deadline, arrival (int64 ns on ``perf_counter_ns``), request id, app code and the input
 row in one float32 ``capacity×d`` block — and the worker's thread decides over the deadline column
-(``gpu.batching.SpanPolicy``) and runs a batch as one slice of rows: the inputs are a view, not a copy.
+(``gpu.batching.SpanPolicy``) and runs a batch as one slice of rows: the inputs are a view, not a copy
+(``torch.from_numpy`` of a numpy slice: half the cost of slicing a tensor, which also tracks the view).
 
 Concurrency (one producer thread, one consumer thread): rows ``[head, tail)`` are queued. The producer
 only writes at ``tail`` and, when full, grows into new arrays that keep every row's index (the consumer's
@@ -27,9 +28,9 @@ _COLUMNS = ("deadline", "arrival", "request_id", "app")
 
 class RequestRing:
     """Queued requests of one session: columns ``deadline``/``arrival`` (int64 ns), ``request_id``, ``app``
-    and the inputs ``x`` (float32 rows; ``tx`` is the same memory as a torch tensor)."""
+    and the inputs ``x`` (float32 rows)."""
 
-    __slots__ = ("lock", "head", "tail", "capacity", "deadline", "arrival", "request_id", "app", "x", "tx",
+    __slots__ = ("lock", "head", "tail", "capacity", "deadline", "arrival", "request_id", "app", "x",
                  "row_views", "columns", "_initial")
 
     def __init__(self, capacity: int = 4096):
@@ -39,8 +40,7 @@ class RequestRing:
         self.deadline = self.arrival = self.request_id = np.zeros(0, np.int64)
         self.app = np.zeros(0, np.int32)
         self.x = np.zeros((0, 0), np.float32)
-        self.tx = torch.from_numpy(self.x)
-        self.row_views: list[torch.Tensor | None] = []  # 1×d views of ``tx``, made once per row index
+        self.row_views: list[torch.Tensor | None] = []  # 1×d tensor views of ``x``, made once per row index
         self.columns = RingColumns(self)
         self._initial = capacity
 
@@ -89,17 +89,17 @@ class RequestRing:
         x = np.zeros((cap, dim), np.float32)
         if t:
             x[:t] = self.x[:t]
-        self.x, self.tx, self.capacity = x, torch.from_numpy(x), cap
+        self.x, self.capacity = x, cap
         self.row_views = [None] * cap
 
     def inputs(self, s: int, e: int) -> torch.Tensor:
         """Rows ``[s, e)`` of the inputs as a tensor view (a batch of one reuses its row's cached view: a torch
         slice costs µs, as much as the rest of a request's path)."""
         if e - s > 1:
-            return self.tx[s:e]
+            return torch.from_numpy(self.x[s:e])
         x = self.row_views[s]
         if x is None:
-            x = self.row_views[s] = self.tx[s:e]
+            x = self.row_views[s] = torch.from_numpy(self.x[s:e])
         return x
 
     def compact(self) -> None:
