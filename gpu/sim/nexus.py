@@ -8,10 +8,9 @@ and the Clipper/TF-Serving-like baselines of §7.2. Scenario format: ``docs/nexu
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from typing import Any
-
-import numpy as np
 
 from gpu.batching import make_policy
 from gpu.errors import ConfigError
@@ -198,8 +197,11 @@ def build_plan(sc: NexusScenario, strategy: Strategy, load: float = 1.0, gpus: i
 
     With a fixed cluster of ``gpus`` GPUs every scheduler uses all of it: the batch-oblivious one scales its
     shares to the cluster (§7.2); squishy packing plans for the largest rate headroom ``h ≥ 1`` (rates × h,
-    scanned on a grid because the GPU count of Algorithm 1 is not monotone in the rates) whose plan still
-    fits, so Poisson bursts meet spare capacity instead of GPUs at occupancy 1 (inferred).
+    bisected geometrically on [1, 4]) that the cluster holds with nothing unassigned, the capped plan
+    spilling residual rates into the cluster (the authors' ``FindBestBackend``, ``SquishyPacker.plan(
+    max_gpus=...)``), so Poisson bursts meet spare capacity instead of GPUs at occupancy 1 (inferred). A plan
+    that only fits Algorithm 1's whole GPUs left GPUs idle: Algorithm 1's count steps with h (its residual
+    nodes are not split), e.g. 15 of 16 GPUs at the largest fitting step of the traffic case study.
     When even ``h = 1`` does not fit, the capped plan splits residual rates into the cluster and lists the
     rest in ``Plan.unassigned`` (``SquishyPacker.plan(max_gpus=...)``); that load is still offered, and the
     simulator routes it onto GPUs (``route_unassigned``) where the dispatcher serves or drops it.
@@ -213,14 +215,24 @@ def build_plan(sc: NexusScenario, strategy: Strategy, load: float = 1.0, gpus: i
         return plan
     if plan.num_gpus > gpus:
         return packer.plan(sessions, max_gpus=gpus)
-    for h in HEADROOM_GRID[::-1]:
-        trial = packer.plan([replace(s, rate=s.rate * h) for s in sessions])
-        if trial.num_gpus <= gpus:
-            return trial
-    return plan
+
+    def held(h: float) -> Plan | None:
+        trial = packer.plan([replace(s, rate=s.rate * h) for s in sessions], max_gpus=gpus)
+        return None if trial.unassigned else trial
+
+    lo, hi = 1.0, MAX_HEADROOM
+    best = held(hi)
+    if best is not None:
+        return best
+    best = held(lo) or plan
+    for _ in range(HEADROOM_STEPS):
+        mid = math.sqrt(lo * hi)
+        trial = held(mid)
+        lo, hi, best = (mid, hi, trial) if trial is not None else (lo, mid, best)
+    return best
 
 
-HEADROOM_GRID = tuple(float(h) for h in np.geomspace(1.0, 4.0, 15)[1:])
+MAX_HEADROOM, HEADROOM_STEPS = 4.0, 10  # h resolved to (4)^(1/2^10) ≈ 0.14 %
 
 
 def evaluate(sc: NexusScenario, strategy: Strategy, load: float = 1.0, gpus: int | None = None,
