@@ -36,7 +36,7 @@ from gpu.schedulers.nexus_prefix import PrefixGroup, variant_profiles
 from gpu.schedulers.nexus_profiles import linear_profile, published_profiles
 from gpu.schedulers.nexus_synthetic import MIB, SUFFIX_FC_MEMORY_BYTES, synthetic_profile, synthetic_profiles
 from gpu.schedulers.nexus_query import Query, QueryStage, even_split, profile_throughput, split_slo
-from gpu.sim.nexus import STRATEGIES, NexusScenario, evaluate, load, max_load, scaled_sessions
+from gpu.sim.nexus import STRATEGIES, NexusScenario, evaluate, fewest_gpus, load, max_load, scaled_sessions
 from gpu.sim.nexus_engine import simulate_plan
 
 GPUS = 8
@@ -94,22 +94,12 @@ def gpus_needed(sc: NexusScenario) -> dict[str, float]:
     alike, the smallest cluster on which Nexus / the batch-oblivious scheduler measure ≤ 1 % bad."""
     nexus = SquishyPacker(sc.profiles).plan(list(sc.sessions))
     alone = SquishyPacker(sc.profiles, colocate=False).plan(list(sc.sessions))
-    bound = gpu_lower_bound(sc.sessions, sc.profiles)
     _, res = evaluate(sc, STRATEGIES["nexus"], 1.0, None)
+    measured = {st: fewest_gpus(sc, STRATEGIES[st], 4 * alone.num_gpus) for st in ("nexus", "batch_oblivious")}
     return {"nexus": nexus.num_gpus, "nexus_bad_rate": res.bad_rate, "no_colocation": alone.num_gpus,
-            "lower_bound": bound, "nexus_measured": smallest_cluster(sc, "nexus", bound, 4 * alone.num_gpus),
-            "batch_oblivious": smallest_cluster(sc, "batch_oblivious", bound, 4 * alone.num_gpus)}
-
-
-def smallest_cluster(sc: NexusScenario, strategy: str, lower_bound: float, upto: int) -> float:
-    """Fewest GPUs on which ``strategy`` (``build_plan`` for that cluster) measures ≤ 1 % bad at base load.
-
-    The scan starts at ``⌊0.99 · lower bound⌋``: fewer GPUs cannot serve 99 % of the load at any batch size.
-    """
-    for g in range(max(1, math.floor(0.99 * lower_bound)), upto + 1):
-        if evaluate(sc, STRATEGIES[strategy], 1.0, g)[1].bad_rate <= 0.01:
-            return float(g)
-    return math.nan
+            "lower_bound": gpu_lower_bound(sc.sessions, sc.profiles),
+            "nexus_measured": float(measured["nexus"] or math.nan),
+            "batch_oblivious": float(measured["batch_oblivious"] or math.nan)}
 
 
 def traffic(duration_s: float, seed: int, iters: int) -> dict[str, dict[str, float]]:

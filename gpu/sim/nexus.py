@@ -16,7 +16,7 @@ from gpu.batching import make_policy
 from gpu.errors import ConfigError
 from gpu.report import SimulationReport
 from gpu.scenario import choose, load_scenario, positive, require
-from gpu.schedulers.nexus import Plan, Session, SquishyPacker, batch_oblivious_plan
+from gpu.schedulers.nexus import Plan, Session, SquishyPacker, batch_oblivious_plan, gpu_lower_bound
 from gpu.schedulers.nexus_overflow import route_unassigned
 from gpu.schedulers.nexus_prefix import PrefixGroup, merge_sessions, variant_profiles
 from gpu.schedulers.nexus_profiles import (PRESETS, BatchProfile, linear_profile, published_profiles,
@@ -264,6 +264,28 @@ def paper_bad_rate(sc: NexusScenario, res: SimResult) -> float:
     return bad / units if units else 0.0
 
 
+def within_target(sc: NexusScenario, strategy: Strategy, load: float, gpus: int, target_bad: float = 0.01,
+                  duration_s: float | None = None) -> bool:
+    """Whether ``strategy`` on ``gpus`` GPUs serves ``load`` × the scenario's rates with a measured bad rate
+    (``paper_bad_rate``) ≤ ``target_bad``; load no GPU has memory for counts as lost outright (see ``max_load``)."""
+    plan, res = evaluate(sc, strategy, load, gpus, duration_s)
+    nowhere = route_unassigned(plan, scaled_sessions(sc, strategy, load)[1]).unassigned
+    lost = sum(r for _, r in nowhere) / max(sum(s.rate for s in plan.sessions), 1e-12)
+    return lost <= target_bad and paper_bad_rate(sc, res) <= target_bad
+
+
+def fewest_gpus(sc: NexusScenario, strategy: Strategy, upto: int, target_bad: float = 0.01) -> int | None:
+    """Fewest GPUs on which ``strategy`` (its plan for that cluster) measures ≤ ``target_bad`` at the base
+    load — every scheduler judged alike, by measurement; ``None`` if even ``upto`` GPUs do not.
+
+    The scan starts at ``⌊(1 − target_bad) · Σ R_i/T_i^opt⌋`` (§7.4 lower bound): fewer GPUs cannot serve the
+    good share of the load at any batch size.
+    """
+    sessions, profiles = scaled_sessions(sc, strategy)
+    start = max(1, math.floor((1 - target_bad) * gpu_lower_bound(sessions, profiles)))
+    return next((g for g in range(start, upto + 1) if within_target(sc, strategy, 1.0, g, target_bad)), None)
+
+
 def max_load(sc: NexusScenario, strategy: Strategy, gpus: int, *, target_bad: float = 0.01, iters: int = 8,
              duration_s: float | None = None) -> float:
     """Largest load multiplier at which ``strategy`` on ``gpus`` GPUs has a measured bad rate ≤ ``target_bad``.
@@ -276,10 +298,7 @@ def max_load(sc: NexusScenario, strategy: Strategy, gpus: int, *, target_bad: fl
     Bisection over the load multiplier.
     """
     def ok(load: float) -> bool:
-        plan, res = evaluate(sc, strategy, load, gpus, duration_s)
-        nowhere = route_unassigned(plan, scaled_sessions(sc, strategy, load)[1]).unassigned
-        lost = sum(r for _, r in nowhere) / max(sum(s.rate for s in plan.sessions), 1e-12)
-        return lost <= target_bad and paper_bad_rate(sc, res) <= target_bad
+        return within_target(sc, strategy, load, gpus, target_bad, duration_s)
 
     lo, hi = 0.0, 1.0
     while ok(hi) and hi < 1024:

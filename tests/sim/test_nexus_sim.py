@@ -8,12 +8,12 @@ import pytest
 
 from gpu.batching import make_policy
 from gpu.errors import ConfigError
-from gpu.schedulers.nexus import GpuNode, Placement, Plan, Session
+from gpu.schedulers.nexus import GpuNode, Placement, Plan, Session, SquishyPacker
 from gpu.schedulers.nexus_profiles import linear_profile
 from gpu.schedulers.nexus_synthetic import synthetic_profiles
 from gpu.schedulers.nexus_query import Query, QueryStage
-from gpu.sim.nexus import (STRATEGIES, NexusScenario, build_plan, evaluate, load, max_load, paper_bad_rate, run,
-                           scaled_sessions)
+from gpu.sim.nexus import (STRATEGIES, NexusScenario, build_plan, evaluate, fewest_gpus, load, max_load,
+                           paper_bad_rate, run, scaled_sessions)
 from gpu.sim.nexus_engine import SessionStats, SimResult, arrival_times, simulate_plan
 from gpuflows.cli import main
 
@@ -230,3 +230,20 @@ def test_a_dropped_parent_issues_no_children_and_loses_its_query():
     assert parents.dropped > 0.5 * parents.offered  # 100 frames/s on a GPU that runs 33 per second
     assert children.offered == pytest.approx(parents.good, rel=0.2)
     assert len(res.bad_queries["q/d"]) >= parents.dropped
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_nexus_needs_no_more_gpus_than_the_batch_oblivious_scheduler_both_measured(seed):
+    """Issue 7's plan invariant, judged by measurement for both (the batch-oblivious plan breaks worst-case SLOs
+    by construction, so its plan alone says nothing): the fewest GPUs on which each measures ≤ 1 % bad."""
+    rng = np.random.default_rng(seed)
+    profiles = synthetic_profiles()
+    models = ["resnet50", "inception", "googlenet", "vgg7"]
+    sessions = tuple(Session(f"s{i}", models[rng.integers(4)], float(rng.choice([50, 75, 100, 150, 200])),
+                             float(rng.uniform(100, 1500))) for i in range(int(rng.integers(4, 9))))
+    sc = NexusScenario("random", "paper", profiles, sessions, (), None, 2.0, "uniform", seed)
+    upto = 2 * SquishyPacker(profiles, colocate=False).plan(list(sessions)).num_gpus
+    nexus = fewest_gpus(sc, STRATEGIES["nexus"], upto)
+    oblivious = fewest_gpus(sc, STRATEGIES["batch_oblivious"], upto)
+    assert nexus is not None and oblivious is not None
+    assert nexus <= oblivious
