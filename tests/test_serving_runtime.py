@@ -151,6 +151,31 @@ def test_requests_due_while_the_frontend_runs_a_batch_count_that_wait(served):
     assert (latency >= waited - 1000).all()  # that wait is part of every request's latency
 
 
+class _Broken(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        raise ValueError("model failed")
+
+
+@pytest.mark.parametrize("inline", [True, False])
+def test_a_failing_model_stops_the_worker_and_its_requests_count_as_dropped(served, inline):
+    data, _, profiles = served
+    plan = one_node_plan(Session("mlp", "digits_mlp", 5000.0, 10.0), 2, profiles)
+    rec = Recorder()
+    worker = ServingWorker(plan.nodes[0], {"digits_mlp": _Broken()}, profiles, EarlyDropPolicy(), rec,
+                           run_inline=inline).start()
+    front = Frontend(rec)
+    front.set_plan(plan, {0: worker})
+    end = time.monotonic() + 10
+    while not worker._idle and time.monotonic() < end:  # parked: the first push runs inline (or rings)
+        time.sleep(0.001)
+    for i in range(5):
+        front.submit("mlp", data.x_test[i])
+    with pytest.raises(RuntimeError, match="model failed"):
+        worker.stop()
+    w = rec.window()
+    assert (w.offered, w.dropped, w.good) == (5, 5, 0) and worker.inline_batches == 0
+
+
 def test_overload_is_dropped_early_and_every_request_is_accounted_for(served):
     data, models, profiles = served
     slo = 50.0

@@ -7,28 +7,23 @@ round-robin. At each visit it asks the batch policy (``gpu.batching``: ``EarlyDr
 to drop, executes the batch on its torch device, and moves on; it never waits for a batch to fill unless
 the policy asks it to (``wake_at_ms``). Every request ends as one :class:`~tasks.serving.stats.Outcome`.
 
-Deadlines are ``arrival + SLO`` on ``time.perf_counter`` in ms. The policy is told the planned ℓ(b) from
+Deadlines are ``arrival + SLO`` on ``time.perf_counter_ns``. The policy is told the planned ℓ(b) from
 the model's measured profile, the batch the plan gave the session and the profile's max batch.
 
-The request path is built to cost little per request (the issue's budget: dispatch overhead ≤ 5 % of the
-smallest model's batch-1 latency) and is a structure of arrays: the frontend's thread appends a burst of
-requests to the session's :class:`~tasks.serving.ring.RequestRing` (timestamps, ids and input rows written
-as array slices, no object per request) and, only when the worker is idle, runs the batch itself (below)
-or rings it (a raw lock used as a doorbell); the worker hands a span policy (``gpu.batching.SpanPolicy``:
-the shipped ones) the deadline column and gets back ``(n_drop, n_run)``, runs the batch on a view of the
-input rows, and hands the batch's ids, timestamps and predictions to the recorder as arrays. A policy with only the object API
-(``decide(queue, ctx)``) still works: the worker builds ``Request`` objects for it (the slow path).
-The worker runs under ``torch.inference_mode`` for its whole life; its model copies need no gradients, so a
-forward outside that mode builds no autograd graph either.
+The request path is a structure of arrays (the issue's budget: dispatch overhead ≤ 5 % of the smallest
+model's batch-1 latency): the frontend's thread appends a burst to the session's
+:class:`~tasks.serving.ring.RequestRing` (array slices, no object per request); a span policy
+(``gpu.batching.SpanPolicy``) gets the deadline column and returns ``(n_drop, n_run)``; the batch runs on a
+view of the input rows and goes to the recorder as arrays. A policy with only the object API
+(``decide(queue, ctx)``) gets ``Request`` objects built from the ring (the slow path). The worker thread runs
+under ``torch.inference_mode``; its model copies need no gradients, so a forward outside it builds no graph.
 
-Run to completion: waking an idle worker thread costs a futex wake-up and a GIL hand-off (20–35 µs on a
-loaded VM, most of a small model's per-request overhead at low load). So when the worker is idle, the
-frontend's thread runs the batch itself under the worker's execution lock (try-acquire, never blocking on
-it; if the worker thread holds it, the doorbell rings as before) and records it exactly as the worker
-would. The frontend is then busy for the batch; requests that arrive meanwhile are stamped with their
-arrival times (``tasks.serving.loadgen`` passes the scheduled ones), so that wait counts in their latency.
-``run_inline=False`` keeps every batch on the worker's thread (e.g. a GPU model whose forward would block
-the frontend for milliseconds while other workers wait for their requests).
+Run to completion: when the worker is idle, the pushing (frontend) thread runs the batch itself under the
+worker's execution lock (try-acquire, never blocking; if the worker thread holds it, or ``run_inline`` is
+off, the doorbell — a raw lock — rings instead) and records it as the worker would: no futex wake-up and
+GIL hand-off per request at low load. Requests that come due meanwhile carry their arrival times
+(``tasks.serving.loadgen`` passes the scheduled ones), so the wait is in their latency. ``run_inline=False``
+suits a GPU model whose forward would block the frontend for milliseconds while other workers wait.
 """
 
 from __future__ import annotations
@@ -321,8 +316,8 @@ class ServingWorker:
         """One round-robin pass: the first session whose policy returns a batch runs it.
 
         Returns (whether a batch ran, the earliest wake-up time in ns a policy asked for). The worker thread
-        calls it in a loop; a worker that was not started can be driven with it from the caller's thread
-        (under ``torch.inference_mode()``), e.g. to measure the request path without a second thread.
+        calls it in a loop (holding the execution lock); a worker that was not started can be driven with it from
+        the caller's thread, e.g. to measure the request path without a second thread.
         """
         slots = self._slots
         n = len(slots)
@@ -358,7 +353,11 @@ class ServingWorker:
             s = h + n_drop
             ring.head = e = s + n_run
             if n_run:
-                self._execute(slot, ring.inputs(s, e), *ring.rows(s, e))
+                try:
+                    self._execute(slot, ring.inputs(s, e), *ring.rows(s, e))
+                except BaseException:  # the model failed: its batch is dropped, not lost
+                    self.recorder.dropped(slot.placement.session_id, self.node_id, *ring.rows(s, e))
+                    raise
                 self._rr = (i + 1) % n
                 return True, wake_at
             if wake is not None:
