@@ -8,12 +8,16 @@ One run, synthetic paper-anchored profiles and the published TITAN X VGG profile
 2. Traffic case study (Fig. 11/12, §7.3.2): the shipped ``scenarios/nexus/traffic_case_study*.yaml`` (16 GPUs,
    SSD → {GoogleNet-car, VGG-Face}, SLO 400 ms, non-rush and rush hour), Nexus and its −QA/−ED ablations vs
    the §7.2 batch-oblivious baselines (even query split), max frames/s at ≤ 1 % bad.
-3. GPUs needed per mix at the base load: Nexus's worst-case plan, no co-location, the §7.4 lower bound, and the
+3. Game case study (Fig. 10, §7.3.1): the shipped ``scenarios/nexus/game_case_study.yaml`` (16 GPUs, 20 games,
+   per frame one ResNet-50 icon variant + six per-game LeNet digit recognitions, SLO 50 ms, Zipf-0.9 frame
+   rates), the cumulative ablation −PB, −PB−SS, −PB−SS−ED and the §7.2 baselines, with all models and, as the
+   paper ran them, the baselines on the ResNet model alone; max frames/s at ≤ 1 % bad.
+4. GPUs needed per mix at the base load: Nexus's worst-case plan, no co-location, the §7.4 lower bound, and the
    smallest cluster on which Nexus (capped plan + overflow routing) and the batch-oblivious scheduler each
    *measure* ≤ 1 % bad.
-4. Early vs lazy drop on one GPU (Fig. 9; ℓ(b) = αb + 50 − 25α ms, SLO 100 ms, batch 25).
-5. Query split DP vs even split (Fig. 17; SSD → Inception × γ), GPUs per request/s and simulated.
-6. Prefix batching (Fig. 15) and batch-policy decision time per request.
+5. Early vs lazy drop on one GPU (Fig. 9; ℓ(b) = αb + 50 − 25α ms, SLO 100 ms, batch 25).
+6. Query split DP vs even split (Fig. 17; SSD → Inception × γ), GPUs per request/s and simulated.
+7. Prefix batching (Fig. 15) and batch-policy decision time per request.
 
 Usage: ``python benchmarks/nexus.py [--quick] [--json OUT] [--plots DIR] [--seed N]``.
 """
@@ -27,6 +31,7 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Callable, Iterable, Mapping
 
 import numpy as np
 
@@ -46,6 +51,13 @@ COMPARED = ("nexus", "batch_oblivious", "batch_oblivious_fixed_batch", "batch_ob
 TRAFFIC = {"nexus": "nexus", "nexus_even_split": "-QA", "nexus_lazy_drop": "-ED", "batch_oblivious": "b-o",
            "batch_oblivious_fixed_batch": "TF-like", "batch_oblivious_lazy_drop": "Clipper-like"}
 TRAFFIC_FILES = {"nonrush": "traffic_case_study.yaml", "rush": "traffic_case_study_rush.yaml"}
+GAME = {"nexus": "nexus", "nexus_no_prefix_batching": "-PB", "batch_oblivious_no_prefix_batching": "-PB-SS",
+        "batch_oblivious_lazy_drop": "-PB-SS-ED = Clipper-like", "batch_oblivious": "b-o",
+        "batch_oblivious_fixed_batch": "TF-like"}
+GAME_BASELINES = ("batch_oblivious_fixed_batch", "batch_oblivious_lazy_drop")  # also run on ResNet alone (§7.3.1)
+GAME_FILE = "game_case_study.yaml"
+CASE_HEADERS = {"nonrush": "non-rush", "rush": "rush", "all_models": "all models", "resnet_only": "ResNet only",
+                "game": "game"}
 SCENARIO_DIR = Path(__file__).resolve().parents[1] / "scenarios" / "nexus"
 
 
@@ -113,18 +125,49 @@ def gpus_needed(sc: NexusScenario) -> dict[str, float]:
             "batch_oblivious": float(measured["batch_oblivious"] or math.nan)}
 
 
+def case_scenarios(files: Mapping[str, str], duration_s: float, seed: int) -> dict[str, NexusScenario]:
+    """The shipped case-study scenarios (``{case: file in scenarios/nexus}``) with the run's duration and seed."""
+    return {case: replace(load(str(SCENARIO_DIR / f)), duration_s=duration_s, seed=seed) for case, f in files.items()}
+
+
+def query_frames(sc: NexusScenario) -> float:
+    """Frames/s of a case study whose frames are queries (one root request per frame)."""
+    return sum(q.rate for q in sc.queries)
+
+
+def case_throughput(cases: Mapping[str, NexusScenario], strategies: Iterable[str], iters: int,
+                    frames: Callable[[NexusScenario], float] = query_frames) -> dict[str, dict[str, float]]:
+    """Max frames/s at ≤ 1 % bad (``max_load`` on the case's own cluster × its base frame rate) per case and
+    configuration."""
+    return {case: {st: max_load(sc, STRATEGIES[st], sc.gpus, iters=iters) * frames(sc) for st in strategies}
+            for case, sc in cases.items()}
+
+
 def traffic(duration_s: float, seed: int, iters: int) -> dict[str, dict[str, float]]:
     """Fig. 11/12: max frames/s at ≤ 1 % bad on the shipped traffic scenarios, per configuration, and the SSD
     stage's SLO under the DP and the even split."""
-    out = {}
-    for case, fname in TRAFFIC_FILES.items():
-        sc = replace(load(str(SCENARIO_DIR / fname)), duration_s=duration_s, seed=seed)
-        base = sum(q.rate for q in sc.queries)
-        row = {st: max_load(sc, STRATEGIES[st], sc.gpus, iters=iters) * base for st in TRAFFIC}
+    cases = case_scenarios(TRAFFIC_FILES, duration_s, seed)
+    out = case_throughput(cases, TRAFFIC, iters)
+    for case, sc in cases.items():
         for st, key in (("nexus", "ssd_budget_ms"), ("nexus_even_split", "even_ssd_budget_ms")):
-            row[key] = next(s.slo_ms for s in scaled_sessions(sc, STRATEGIES[st])[0] if s.model == "ssd")
-        out[case] = row
+            out[case][key] = next(s.slo_ms for s in scaled_sessions(sc, STRATEGIES[st])[0] if s.model == "ssd")
     return out
+
+
+def icon_frames(sc: NexusScenario) -> float:
+    """Frames/s of the game case study: one icon recognition (a prefix-group variant) per frame."""
+    icons = {m for g in sc.prefix_groups for m in g.models}
+    return sum(s.rate for s in sc.sessions if s.model in icons)
+
+
+def game(duration_s: float, seed: int, iters: int) -> dict[str, dict[str, float]]:
+    """Fig. 10: max frames/s at ≤ 1 % bad requests on the shipped game scenario (7 requests per frame) per
+    configuration, and the §7.2 baselines on the ResNet icon sessions alone, as §7.3.1 ran them."""
+    sc = case_scenarios({"all_models": GAME_FILE}, duration_s, seed)["all_models"]
+    icons = {m for g in sc.prefix_groups for m in g.models}
+    resnet = replace(sc, sessions=tuple(s for s in sc.sessions if s.model in icons))
+    return {**case_throughput({"all_models": sc}, GAME, iters, icon_frames),
+            **case_throughput({"resnet_only": resnet}, GAME_BASELINES, iters, icon_frames)}
 
 
 def drop_policies(alphas: list[float], duration_s: float, seed: int, iters: int) -> dict[float, dict[str, float]]:
@@ -209,7 +252,7 @@ def decision_overhead_us(repeats: int = 2000) -> dict[str, float]:
     return out
 
 
-def plot(dir_: Path, thr: dict, drops: dict, pb: dict, tr: dict) -> list[str]:
+def plot(dir_: Path, thr: dict, drops: dict, pb: dict, tr: dict, gm: dict) -> list[str]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -256,8 +299,18 @@ def plot(dir_: Path, thr: dict, drops: dict, pb: dict, tr: dict) -> list[str]:
     ax5.legend(fontsize=7)
     fig4.tight_layout()
     fig4.savefig(dir_ / "traffic.png")
+    fig5, ax6 = plt.subplots(figsize=(7, 4))
+    row = game_row(gm)
+    bars = [*GAME, *(f"resnet_only_{st}" for st in GAME_BASELINES)]
+    ax6.bar(np.arange(len(bars)), [row[b] for b in bars], 0.6)
+    ax6.set_xticks(np.arange(len(bars)), [GAME.get(b, b.replace("resnet_only_", "ResNet only: "))
+                                          for b in bars], rotation=30, ha="right", fontsize=7)
+    ax6.set_ylabel("max frames/s at <= 1% bad (16 GPUs)")
+    fig5.tight_layout()
+    fig5.savefig(dir_ / "game.png")
     plt.close("all")
-    return [str(dir_ / n) for n in ("throughput.png", "early_vs_lazy_drop.png", "prefix_batching.png", "traffic.png")]
+    return [str(dir_ / n) for n in ("throughput.png", "early_vs_lazy_drop.png", "prefix_batching.png", "traffic.png",
+                                    "game.png")]
 
 
 def traffic_ratios(row: dict[str, float]) -> dict[str, float]:
@@ -269,22 +322,84 @@ def traffic_ratios(row: dict[str, float]) -> dict[str, float]:
             "ed_gain": row["nexus"] / max(row["nexus_lazy_drop"], 1e-9)}
 
 
+def print_cases(rows: Mapping[str, Mapping[str, float]], labels: Mapping[str, str]) -> None:
+    """One line per configuration, one column of max frames/s per case (``-`` where a case did not run it)."""
+    w = max(len(f"{st} ({label})") for st, label in labels.items()) + 2
+    print(f"{'configuration':{w}s}" + "".join(f"{CASE_HEADERS[c]:>13s}" for c in rows))
+    for st, label in labels.items():
+        print(f"{st + ' (' + label + ')':{w}s}" + "".join(f"{row[st]:13.1f}" if st in row else f"{'-':>13s}"
+                                                          for row in rows.values()))
+
+
+def print_ratios(ratios: Mapping[str, Mapping[str, float]], paper: Mapping[str, str], suffix: str = "x",
+                 title: str = "nexus / ...") -> None:
+    """One line per ratio: its value per case and the paper's number beside it."""
+    w = max(42, *(len(k) + 2 for k in paper))
+    print(f"{title:{w}s}" + "".join(f"{CASE_HEADERS[c]:>13s}" for c in ratios) + "   paper")
+    for k, ref in paper.items():
+        print(f"{k:{w}s}" + "".join(f"{r[k]:12.2f}{suffix}" for r in ratios.values()) + f"   {ref}")
+
+
 def print_traffic(tr: dict[str, dict[str, float]]) -> None:
     print("\n== Traffic case study (Fig. 11/12): 16 GPUs, 20 cameras, SSD -> {GoogleNet-car, VGG-Face}, "
           "SLO 400 ms ==")
     print("max frames/s at <= 1% bad (uniform arrivals); gamma car/face: non-rush 1/0.5, rush 7/3.5 (inferred)")
-    print(f"{'configuration':42s}{'non-rush':>10s}{'rush':>10s}")
-    for st, label in TRAFFIC.items():
-        print(f"{st + ' (' + label + ')':42s}{tr['nonrush'][st]:10.1f}{tr['rush'][st]:10.1f}")
-    ratios = {case: traffic_ratios(row) for case, row in tr.items()}
-    paper = {"speedup_vs_batch_oblivious": "-", "speedup_vs_tf": "534/227 = 2.4x, 264/146 = 1.8x",
-             "speedup_vs_clipper": "figure only (1.8-4.4x over both, §1)",
-             "qa_gain": "534/433 = 1.23x (-19%), smaller at rush", "ed_gain": "small"}
-    print(f"{'nexus / ...':42s}{'non-rush':>10s}{'rush':>10s}   paper (non-rush, rush)")
-    for k, ref in paper.items():
-        print(f"{k:42s}{ratios['nonrush'][k]:9.2f}x{ratios['rush'][k]:9.2f}x   {ref}")
+    print_cases(tr, TRAFFIC)
+    print_ratios({case: traffic_ratios(row) for case, row in tr.items()},
+                 {"speedup_vs_batch_oblivious": "-", "speedup_vs_tf": "534/227 = 2.4x, 264/146 = 1.8x (non-rush, rush)",
+                  "speedup_vs_clipper": "figure only (1.8-4.4x over both, §1)",
+                  "qa_gain": "534/433 = 1.23x (-19%), smaller at rush", "ed_gain": "small"})
     print(f"SSD stage SLO: DP {tr['nonrush']['ssd_budget_ms']:.0f} ms (non-rush), {tr['rush']['ssd_budget_ms']:.0f} ms"
           f" (rush) of 400 ms; even split {tr['nonrush']['even_ssd_budget_ms']:.0f} ms; paper: QA gives SSD 345 ms")
+
+
+def game_ratios(row: Mapping[str, float]) -> dict[str, float]:
+    """Nexus over the baselines (TF/Clipper-like as §7.3.1 ran them, on ResNet alone, and with all models) and
+    the cumulative ablation's falls (1 − configuration / the one before it; ``pb_ss_ed_drop`` from Nexus)."""
+    n = row["nexus"]
+    return {"speedup_vs_batch_oblivious": n / max(row["batch_oblivious"], 1e-9),
+            "speedup_vs_tf": n / max(row["resnet_only_batch_oblivious_fixed_batch"], 1e-9),
+            "speedup_vs_clipper": n / max(row["resnet_only_batch_oblivious_lazy_drop"], 1e-9),
+            "speedup_vs_tf_all_models": n / max(row["batch_oblivious_fixed_batch"], 1e-9),
+            "speedup_vs_clipper_all_models": n / max(row["batch_oblivious_lazy_drop"], 1e-9),
+            "pb_drop": 1 - row["nexus_no_prefix_batching"] / max(n, 1e-9),
+            "ss_drop": 1 - row["batch_oblivious_no_prefix_batching"] / max(row["nexus_no_prefix_batching"], 1e-9),
+            "ed_drop": 1 - row["batch_oblivious_lazy_drop"] / max(row["batch_oblivious_no_prefix_batching"], 1e-9),
+            "pb_ss_ed_drop": 1 - row["batch_oblivious_lazy_drop"] / max(n, 1e-9)}
+
+
+def game_row(gm: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
+    """The game cases as one row: all-models configurations by name, ResNet-only ones prefixed ``resnet_only_``."""
+    return {**gm["all_models"], **{f"resnet_only_{st}": v for st, v in gm["resnet_only"].items()}}
+
+
+def print_game(gm: dict[str, dict[str, float]]) -> None:
+    print("\n== Game case study (Fig. 10): 16 GPUs, 20 games (Zipf-0.9 frame rates), per frame 1 ResNet-50 icon "
+          "variant + 6 LeNet digits, SLO 50 ms ==")
+    print("max frames/s at <= 1% bad requests (7 per frame with all models; uniform arrivals); "
+          "no CPU pre-processing, so no OL")
+    print_cases(gm, GAME)
+    r = game_ratios(game_row(gm))
+    print_ratios({"game": {k: v for k, v in r.items() if k.startswith("speedup")}},
+                 {"speedup_vs_batch_oblivious": "-",
+                  "speedup_vs_tf": "12.7x (baselines on ResNet only; includes OL)",
+                  "speedup_vs_clipper": "9.4x (baselines on ResNet only; includes OL)",
+                  "speedup_vs_tf_all_models": "- (paper: baselines' LeNet throughput 'extremely poor')",
+                  "speedup_vs_clipper_all_models": "-"})
+    print_ratios({"game": {k: 100 * v for k, v in r.items() if k.endswith("drop")}},
+                 {"pb_drop": "figure only", "ss_drop": "figure only", "ed_drop": "3% (8.5% with Poisson arrivals)",
+                  "pb_ss_ed_drop": "48% (4120 -> 2143 req/s)"}, suffix="%",
+                 title="throughput fall (ablation)")
+    print("without OL (not modelled) the paper's comparable Nexus / (-PB-SS-ED) is 4120/2143 = 1.92x; "
+          "its 9.4x / 12.7x add OL (7.4x) and the real systems' own overheads")
+
+
+def game_summary(gm: dict[str, dict[str, float]]) -> dict[str, float]:
+    """Flat JSON keys of the game section: ``game_<configuration>_max_throughput`` (ResNet-only baselines as
+    ``game_resnet_only_<configuration>_...``) and ``game_<ratio>``."""
+    row = game_row(gm)
+    return {**{f"game_{st}_max_throughput": v for st, v in row.items()},
+            **{f"game_{k}": v for k, v in game_ratios(row).items()}}
 
 
 def traffic_summary(tr: dict[str, dict[str, float]]) -> dict[str, float]:
@@ -311,6 +426,7 @@ def main(argv: list[str] | None = None) -> int:
     scs = mixes(args.seed, duration, args.quick)
     thr, worst = throughput_table(scs, iters)
     tr = traffic(duration, args.seed, iters)
+    gm = game(duration / 5, args.seed, iters)  # ~100k requests/s at the limit: 1 s (quick) / 3 s simulations
     need = {name: gpus_needed(sc) for name, sc in scs.items()}
     drops = drop_policies([0.1, 0.5, 1.0, 1.5] if args.quick else [0.1, 0.25, 0.5, 1.0, 1.5, 1.9],
                           10.0 if args.quick else 30.0, args.seed, iters + 2)
@@ -330,6 +446,7 @@ def main(argv: list[str] | None = None) -> int:
     print("paper Fig. 16: squishy vs batch-oblivious +11% .. +64% (largest for Zipf rates); "
           "abstract: 1.8-12.7x vs Clipper / TF Serving (whole system)")
     print_traffic(tr)
+    print_game(gm)
     print("\n== GPUs needed at base load (plan = Nexus's worst-case plan; measured = smallest cluster "
           "with <= 1% bad) ==")
     print(f"{'mix':21s}{'nexus plan':>11s}{'bad':>7s}{'nexus measured':>16s}{'batch_obl measured':>20s}"
@@ -395,12 +512,13 @@ def main(argv: list[str] | None = None) -> int:
     for m, row in need.items():
         flat.update({f"{m}_gpus_{k}": float(v) for k, v in row.items()})
     flat.update(traffic_summary(tr))
+    flat.update(game_summary(gm))
     for k, row in qa.items():
         flat.update({f"query_split_{k}_{n}_gain": v for n, v in row.items() if n != "ssd_budget_ms"})
     for m, row in pb.items():
         flat[f"prefix_batching_m{m}_max_throughput"] = row["pb"]
         flat[f"no_prefix_batching_m{m}_max_throughput"] = row["no_pb"]
-    files = plot(Path(args.plots), thr, drops, pb, tr)
+    files = plot(Path(args.plots), thr, drops, pb, tr, gm)
     print(f"\nplots: {', '.join(files)}\nruntime {time.perf_counter() - t0:.1f} s")
     if args.json:
         Path(args.json).write_text(json.dumps(flat, indent=2))

@@ -44,6 +44,7 @@ STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
     Strategy("nexus_no_prefix_batching", "squishy", "early_drop", "dp", False),
     Strategy("no_colocation", "no_colocation", "early_drop"),
     Strategy("batch_oblivious", "batch_oblivious", "early_drop", "even"),
+    Strategy("batch_oblivious_no_prefix_batching", "batch_oblivious", "early_drop", "even", False),
     Strategy("batch_oblivious_lazy_drop", "batch_oblivious", "lazy_drop", "even", False),
     Strategy("batch_oblivious_fixed_batch", "batch_oblivious", "fixed_batch", "even", False),
 )}

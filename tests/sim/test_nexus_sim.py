@@ -247,3 +247,44 @@ def test_nexus_needs_no_more_gpus_than_the_batch_oblivious_scheduler_both_measur
     oblivious = fewest_gpus(sc, STRATEGIES["batch_oblivious"], upto)
     assert nexus is not None and oblivious is not None
     assert nexus <= oblivious
+
+
+GAME = SCENARIOS / "game_case_study.yaml"
+
+
+def test_cli_runs_the_game_case_study_on_its_16_gpus(tmp_path):
+    out = tmp_path / "game.json"
+    assert main(["simulate", "nexus", str(GAME), "--policy", "nexus", "--policy",
+                 "batch_oblivious_no_prefix_batching", "--json", str(out)]) == 0
+    rows = {r["policy"]: r for r in json.loads(out.read_text())["table"]}
+    assert rows["nexus"]["gpus"] == 16 and rows["nexus"]["query_bad_rate"] <= 0.01
+    assert rows["nexus"]["offered_rps"] == pytest.approx(15000 * 7, rel=0.01)  # icon + six digits per frame
+    assert not rows["batch_oblivious_no_prefix_batching"]["prefix_batching"]
+
+
+def test_game_frame_rates_are_zipf_09_with_six_digit_requests_per_frame():
+    rates = {s.session_id: s.rate for s in load(str(GAME)).sessions}
+    icons = np.array([rates[f"icon_g{k:02d}"] for k in range(1, 21)])
+    digits = np.array([rates[f"digits_g{k:02d}"] for k in range(1, 21)])
+    slope = np.polyfit(np.log(np.arange(1, 21)), np.log(icons), 1)[0]
+    assert slope == pytest.approx(-0.9, abs=0.01) and digits == pytest.approx(6 * icons)
+
+
+@pytest.mark.parametrize("policy,icon_sessions", [("nexus", 1), ("batch_oblivious", 1),
+                                                  ("nexus_no_prefix_batching", 20),
+                                                  ("batch_oblivious_no_prefix_batching", 20)])
+def test_game_icon_variants_merge_into_one_prefix_batched_session_only_with_prefix_batching(policy, icon_sessions):
+    sc = load(str(GAME))
+    sessions, profiles = scaled_sessions(sc, STRATEGIES[policy])
+    icons = [s for s in sessions if s.session_id.startswith("icon")]
+    digits = [s for s in sessions if s.session_id.startswith("digits")]
+    assert len(icons) == icon_sessions and len(digits) == 20  # the per-game LeNets share no prefix
+    assert sum(s.rate for s in icons) == pytest.approx(15000.0, abs=0.5)
+    if icon_sessions == 1:
+        assert icons[0].session_id == "icon@50" and profiles["icon@50"].max_batch == 128
+
+
+def test_every_policy_is_listed_in_the_docs_policy_list():
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "nexus.md").read_text()
+    listed = docs.split("Policies (rows of the report):", 1)[1].split("Columns:", 1)[0]
+    assert [n for n in STRATEGIES if f"`{n}`" not in listed] == []
