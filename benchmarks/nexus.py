@@ -10,8 +10,8 @@ One run, synthetic paper-anchored profiles and the published TITAN X VGG profile
    the §7.2 batch-oblivious baselines (even query split), max frames/s at ≤ 1 % bad.
 3. Game case study (Fig. 10, §7.3.1): the shipped ``scenarios/nexus/game_case_study.yaml`` (16 GPUs, 20 games,
    per frame one ResNet-50 icon variant + six per-game LeNet digit recognitions, SLO 50 ms, Zipf-0.9 frame
-   rates), the cumulative ablation −PB, −PB−SS, −PB−SS−ED and the §7.2 baselines, with all models and, as the
-   paper ran them, the baselines on the ResNet model alone; max frames/s at ≤ 1 % bad.
+   rates), the cumulative ablation −PB, −PB−SS, −PB−SS−ED and the §7.2 baselines, with all models and, as
+   the paper ran them, the baselines on the ResNet model alone; max frames/s at ≤ 1 % bad.
 4. GPUs needed per mix at the base load: Nexus's worst-case plan, no co-location, the §7.4 lower bound, and the
    smallest cluster on which Nexus (capped plan + overflow routing) and the batch-oblivious scheduler each
    *measure* ≤ 1 % bad.
@@ -356,21 +356,21 @@ def print_traffic(tr: dict[str, dict[str, float]]) -> None:
 
 def game_ratios(row: Mapping[str, float]) -> dict[str, float]:
     """Nexus over the baselines (TF/Clipper-like as §7.3.1 ran them, on ResNet alone, and with all models; and
-    like for like, everything on ResNet alone) and the cumulative ablation's falls (1 − configuration / the one before it; ``pb_ss_ed_drop`` from Nexus)."""
-    n = row["nexus"]
-    return {"speedup_vs_batch_oblivious": n / max(row["batch_oblivious"], 1e-9),
-            "speedup_vs_tf": n / max(row["resnet_only_batch_oblivious_fixed_batch"], 1e-9),
-            "speedup_vs_clipper": n / max(row["resnet_only_batch_oblivious_lazy_drop"], 1e-9),
-            "speedup_vs_tf_all_models": n / max(row["batch_oblivious_fixed_batch"], 1e-9),
-            "speedup_vs_clipper_all_models": n / max(row["batch_oblivious_lazy_drop"], 1e-9),
-            "resnet_only_speedup_vs_tf": row["resnet_only_nexus"] / max(row["resnet_only_batch_oblivious_fixed_batch"],
-                                                                        1e-9),
-            "resnet_only_speedup_vs_clipper": row["resnet_only_nexus"] / max(row["resnet_only_batch_oblivious_lazy_drop"],
-                                                                             1e-9),
-            "pb_drop": 1 - row["nexus_no_prefix_batching"] / max(n, 1e-9),
-            "ss_drop": 1 - row["batch_oblivious_no_prefix_batching"] / max(row["nexus_no_prefix_batching"], 1e-9),
-            "ed_drop": 1 - row["batch_oblivious_lazy_drop"] / max(row["batch_oblivious_no_prefix_batching"], 1e-9),
-            "pb_ss_ed_drop": 1 - row["batch_oblivious_lazy_drop"] / max(n, 1e-9)}
+    like for like, everything on ResNet alone) and the cumulative ablation's falls (1 − configuration / the one
+    before it; ``pb_ss_ed_drop`` from Nexus)."""
+    def over(a: str, b: str) -> float:
+        return row[a] / max(row[b], 1e-9)
+
+    tf, clipper, ro = "batch_oblivious_fixed_batch", "batch_oblivious_lazy_drop", "resnet_only_"
+    return {"speedup_vs_batch_oblivious": over("nexus", "batch_oblivious"),
+            "speedup_vs_tf": over("nexus", ro + tf), "speedup_vs_clipper": over("nexus", ro + clipper),
+            "speedup_vs_tf_all_models": over("nexus", tf), "speedup_vs_clipper_all_models": over("nexus", clipper),
+            "resnet_only_speedup_vs_tf": over(ro + "nexus", ro + tf),
+            "resnet_only_speedup_vs_clipper": over(ro + "nexus", ro + clipper),
+            "pb_drop": 1 - over("nexus_no_prefix_batching", "nexus"),
+            "ss_drop": 1 - over("batch_oblivious_no_prefix_batching", "nexus_no_prefix_batching"),
+            "ed_drop": 1 - over(clipper, "batch_oblivious_no_prefix_batching"),
+            "pb_ss_ed_drop": 1 - over(clipper, "nexus")}
 
 
 def game_row(gm: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
