@@ -29,9 +29,7 @@ import json
 import math
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
-from typing import Callable, Iterable, Mapping
 
 import numpy as np
 
@@ -41,24 +39,16 @@ from gpu.schedulers.nexus_prefix import PrefixGroup, variant_profiles
 from gpu.schedulers.nexus_profiles import linear_profile, published_profiles
 from gpu.schedulers.nexus_synthetic import MIB, SUFFIX_FC_MEMORY_BYTES, synthetic_profile, synthetic_profiles
 from gpu.schedulers.nexus_query import Query, QueryStage, even_split, profile_throughput, split_slo
-from gpu.sim.nexus import STRATEGIES, NexusScenario, evaluate, fewest_gpus, load, max_load, scaled_sessions
+from gpu.sim.nexus import STRATEGIES, NexusScenario, evaluate, fewest_gpus, max_load
 from gpu.sim.nexus_engine import simulate_plan
+
+from benchmarks.nexus_cases import (GAME, GAME_RESNET_ONLY, TRAFFIC, game, game_row, game_summary, print_game,
+                                    print_traffic, traffic, traffic_summary)
 
 GPUS = 8
 MODELS_E = ("lenet", "vgg7", "googlenet", "resnet50", "inception", "vgg16", "vgg_face", "vgg_s")
 FC_ALPHA_MS, FC_BETA_MS = 0.002, 0.05  # one FC suffix layer per input / per invocation (inferred)
 COMPARED = ("nexus", "batch_oblivious", "batch_oblivious_fixed_batch", "batch_oblivious_lazy_drop")
-TRAFFIC = {"nexus": "nexus", "nexus_even_split": "-QA", "nexus_lazy_drop": "-ED", "batch_oblivious": "b-o",
-           "batch_oblivious_fixed_batch": "TF-like", "batch_oblivious_lazy_drop": "Clipper-like"}
-TRAFFIC_FILES = {"nonrush": "traffic_case_study.yaml", "rush": "traffic_case_study_rush.yaml"}
-GAME = {"nexus": "nexus", "nexus_no_prefix_batching": "-PB", "batch_oblivious_no_prefix_batching": "-PB-SS",
-        "batch_oblivious_lazy_drop": "-PB-SS-ED = Clipper-like", "batch_oblivious": "b-o",
-        "batch_oblivious_fixed_batch": "TF-like"}
-GAME_RESNET_ONLY = ("nexus", "batch_oblivious_fixed_batch", "batch_oblivious_lazy_drop")  # §7.3.1's baseline runs
-GAME_FILE = "game_case_study.yaml"
-CASE_HEADERS = {"nonrush": "non-rush", "rush": "rush", "all_models": "all models", "resnet_only": "ResNet only",
-                "game": "game"}
-SCENARIO_DIR = Path(__file__).resolve().parents[1] / "scenarios" / "nexus"
 
 
 def mixes(seed: int, duration_s: float, quick: bool) -> dict[str, NexusScenario]:
@@ -123,52 +113,6 @@ def gpus_needed(sc: NexusScenario) -> dict[str, float]:
             "lower_bound": gpu_lower_bound(sc.sessions, sc.profiles),
             "nexus_measured": float(measured["nexus"] or math.nan),
             "batch_oblivious": float(measured["batch_oblivious"] or math.nan)}
-
-
-def case_scenarios(files: Mapping[str, str], duration_s: float, seed: int) -> dict[str, NexusScenario]:
-    """The shipped case-study scenarios (``{case: file in scenarios/nexus}``) with the run's duration and seed."""
-    return {case: replace(load(str(SCENARIO_DIR / f)), duration_s=duration_s, seed=seed) for case, f in files.items()}
-
-
-def query_frames(sc: NexusScenario) -> float:
-    """Frames/s of a case study whose frames are queries (one root request per frame)."""
-    return sum(q.rate for q in sc.queries)
-
-
-def case_throughput(cases: Mapping[str, NexusScenario], strategies: Iterable[str], iters: int,
-                    frames: Callable[[NexusScenario], float] = query_frames) -> dict[str, dict[str, float]]:
-    """Max frames/s at ≤ 1 % bad (``max_load`` on the case's own cluster × its base frame rate) per case and
-    configuration."""
-    return {case: {st: max_load(sc, STRATEGIES[st], sc.gpus, iters=iters) * frames(sc) for st in strategies}
-            for case, sc in cases.items()}
-
-
-def traffic(duration_s: float, seed: int, iters: int) -> dict[str, dict[str, float]]:
-    """Fig. 11/12: max frames/s at ≤ 1 % bad on the shipped traffic scenarios, per configuration, and the SSD
-    stage's SLO under the DP and the even split."""
-    cases = case_scenarios(TRAFFIC_FILES, duration_s, seed)
-    out = case_throughput(cases, TRAFFIC, iters)
-    for case, sc in cases.items():
-        for st, key in (("nexus", "ssd_budget_ms"), ("nexus_even_split", "even_ssd_budget_ms")):
-            out[case][key] = next(s.slo_ms for s in scaled_sessions(sc, STRATEGIES[st])[0] if s.model == "ssd")
-    return out
-
-
-def icon_frames(sc: NexusScenario) -> float:
-    """Frames/s of the game case study: one icon recognition (a prefix-group variant) per frame."""
-    icons = {m for g in sc.prefix_groups for m in g.models}
-    return sum(s.rate for s in sc.sessions if s.model in icons)
-
-
-def game(duration_s: float, seed: int, iters: int) -> dict[str, dict[str, float]]:
-    """Fig. 10: max frames/s at ≤ 1 % bad requests on the shipped game scenario (7 requests per frame) per
-    configuration, and on the ResNet icon sessions alone the §7.2 baselines, as §7.3.1 ran them, and Nexus
-    (like for like: with all models the cheap, plentiful LeNet requests dilute the bad rate)."""
-    sc = case_scenarios({"all_models": GAME_FILE}, duration_s, seed)["all_models"]
-    icons = {m for g in sc.prefix_groups for m in g.models}
-    resnet = replace(sc, sessions=tuple(s for s in sc.sessions if s.model in icons))
-    return {**case_throughput({"all_models": sc}, GAME, iters, icon_frames),
-            **case_throughput({"resnet_only": resnet}, GAME_RESNET_ONLY, iters, icon_frames)}
 
 
 def drop_policies(alphas: list[float], duration_s: float, seed: int, iters: int) -> dict[float, dict[str, float]]:
@@ -312,112 +256,6 @@ def plot(dir_: Path, thr: dict, drops: dict, pb: dict, tr: dict, gm: dict) -> li
     plt.close("all")
     return [str(dir_ / n) for n in ("throughput.png", "early_vs_lazy_drop.png", "prefix_batching.png", "traffic.png",
                                     "game.png")]
-
-
-def traffic_ratios(row: dict[str, float]) -> dict[str, float]:
-    """Nexus over each baseline / ablation (ratio of max frames/s)."""
-    return {"speedup_vs_batch_oblivious": row["nexus"] / max(row["batch_oblivious"], 1e-9),
-            "speedup_vs_tf": row["nexus"] / max(row["batch_oblivious_fixed_batch"], 1e-9),
-            "speedup_vs_clipper": row["nexus"] / max(row["batch_oblivious_lazy_drop"], 1e-9),
-            "qa_gain": row["nexus"] / max(row["nexus_even_split"], 1e-9),
-            "ed_gain": row["nexus"] / max(row["nexus_lazy_drop"], 1e-9)}
-
-
-def print_cases(rows: Mapping[str, Mapping[str, float]], labels: Mapping[str, str]) -> None:
-    """One line per configuration, one column of max frames/s per case (``-`` where a case did not run it)."""
-    w = max(len(f"{st} ({label})") for st, label in labels.items()) + 2
-    print(f"{'configuration':{w}s}" + "".join(f"{CASE_HEADERS[c]:>13s}" for c in rows))
-    for st, label in labels.items():
-        print(f"{st + ' (' + label + ')':{w}s}" + "".join(f"{row[st]:13.1f}" if st in row else f"{'-':>13s}"
-                                                          for row in rows.values()))
-
-
-def print_ratios(ratios: Mapping[str, Mapping[str, float]], paper: Mapping[str, str], suffix: str = "x",
-                 title: str = "nexus / ...") -> None:
-    """One line per ratio: its value per case and the paper's number beside it."""
-    w = max(42, *(len(k) + 2 for k in paper))
-    print(f"{title:{w}s}" + "".join(f"{CASE_HEADERS[c]:>13s}" for c in ratios) + "   paper")
-    for k, ref in paper.items():
-        print(f"{k:{w}s}" + "".join(f"{r[k]:12.2f}{suffix}" for r in ratios.values()) + f"   {ref}")
-
-
-def print_traffic(tr: dict[str, dict[str, float]]) -> None:
-    print("\n== Traffic case study (Fig. 11/12): 16 GPUs, 20 cameras, SSD -> {GoogleNet-car, VGG-Face}, "
-          "SLO 400 ms ==")
-    print("max frames/s at <= 1% bad (uniform arrivals); gamma car/face: non-rush 1/0.5, rush 7/3.5 (inferred)")
-    print_cases(tr, TRAFFIC)
-    print_ratios({case: traffic_ratios(row) for case, row in tr.items()},
-                 {"speedup_vs_batch_oblivious": "-", "speedup_vs_tf": "534/227 = 2.4x, 264/146 = 1.8x (non-rush, rush)",
-                  "speedup_vs_clipper": "figure only (1.8-4.4x over both, §1)",
-                  "qa_gain": "534/433 = 1.23x (-19%), smaller at rush", "ed_gain": "small"})
-    print(f"SSD stage SLO: DP {tr['nonrush']['ssd_budget_ms']:.0f} ms (non-rush), {tr['rush']['ssd_budget_ms']:.0f} ms"
-          f" (rush) of 400 ms; even split {tr['nonrush']['even_ssd_budget_ms']:.0f} ms; paper: QA gives SSD 345 ms")
-
-
-def game_ratios(row: Mapping[str, float]) -> dict[str, float]:
-    """Nexus over the baselines (TF/Clipper-like as §7.3.1 ran them, on ResNet alone, and with all models; and
-    like for like, everything on ResNet alone) and the cumulative ablation's falls (1 − configuration / the one
-    before it; ``pb_ss_ed_drop`` from Nexus)."""
-    def over(a: str, b: str) -> float:
-        return row[a] / max(row[b], 1e-9)
-
-    tf, clipper, ro = "batch_oblivious_fixed_batch", "batch_oblivious_lazy_drop", "resnet_only_"
-    return {"speedup_vs_batch_oblivious": over("nexus", "batch_oblivious"),
-            "speedup_vs_tf": over("nexus", ro + tf), "speedup_vs_clipper": over("nexus", ro + clipper),
-            "speedup_vs_tf_all_models": over("nexus", tf), "speedup_vs_clipper_all_models": over("nexus", clipper),
-            "resnet_only_speedup_vs_tf": over(ro + "nexus", ro + tf),
-            "resnet_only_speedup_vs_clipper": over(ro + "nexus", ro + clipper),
-            "pb_drop": 1 - over("nexus_no_prefix_batching", "nexus"),
-            "ss_drop": 1 - over("batch_oblivious_no_prefix_batching", "nexus_no_prefix_batching"),
-            "ed_drop": 1 - over(clipper, "batch_oblivious_no_prefix_batching"),
-            "pb_ss_ed_drop": 1 - over(clipper, "nexus")}
-
-
-def game_row(gm: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
-    """The game cases as one row: all-models configurations by name, ResNet-only ones prefixed ``resnet_only_``."""
-    return {**gm["all_models"], **{f"resnet_only_{st}": v for st, v in gm["resnet_only"].items()}}
-
-
-def print_game(gm: dict[str, dict[str, float]]) -> None:
-    print("\n== Game case study (Fig. 10): 16 GPUs, 20 games (Zipf-0.9 frame rates), per frame 1 ResNet-50 icon "
-          "variant + 6 LeNet digits, SLO 50 ms ==")
-    print("max frames/s at <= 1% bad requests (7 per frame with all models; uniform arrivals); "
-          "no CPU pre-processing, so no OL")
-    print_cases(gm, GAME)
-    r = game_ratios(game_row(gm))
-    print_ratios({"game": {k: v for k, v in r.items() if "speedup" in k}},
-                 {"speedup_vs_batch_oblivious": "-",
-                  "speedup_vs_tf": "12.7x (baselines on ResNet only; includes OL)",
-                  "speedup_vs_clipper": "9.4x (baselines on ResNet only; includes OL)",
-                  "speedup_vs_tf_all_models": "- (paper: baselines' LeNet throughput 'extremely poor')",
-                  "speedup_vs_clipper_all_models": "-", "resnet_only_speedup_vs_tf": "-",
-                  "resnet_only_speedup_vs_clipper": "-"})
-    print_ratios({"game": {k: 100 * v for k, v in r.items() if k.endswith("drop")}},
-                 {"pb_drop": "figure only", "ss_drop": "figure only", "ed_drop": "3% (8.5% with Poisson arrivals)",
-                  "pb_ss_ed_drop": "48% (4120 -> 2143 req/s)"}, suffix="%",
-                 title="throughput fall (ablation)")
-    print("without OL (not modelled) the paper's comparable Nexus / (-PB-SS-ED) is 4120/2143 = 1.92x; "
-          "its 9.4x / 12.7x add OL (7.4x) and the real systems' own overheads")
-
-
-def game_summary(gm: dict[str, dict[str, float]]) -> dict[str, float]:
-    """Flat JSON keys of the game section: ``game_<configuration>_max_throughput`` (ResNet-only baselines as
-    ``game_resnet_only_<configuration>_...``) and ``game_<ratio>``."""
-    row = game_row(gm)
-    return {**{f"game_{st}_max_throughput": v for st, v in row.items()},
-            **{f"game_{k}": v for k, v in game_ratios(row).items()}}
-
-
-def traffic_summary(tr: dict[str, dict[str, float]]) -> dict[str, float]:
-    """Flat JSON keys of the traffic section (``traffic_<case>_...``; the QA gain and SSD budget unprefixed
-    by case are the non-rush ones, the paper's Fig. 11)."""
-    flat = {"traffic_qa_gain": traffic_ratios(tr["nonrush"])["qa_gain"],
-            "traffic_ssd_budget_ms": tr["nonrush"]["ssd_budget_ms"]}
-    for case, row in tr.items():
-        flat.update({f"traffic_{case}_{st}_max_throughput": row[st] for st in TRAFFIC})
-        flat.update({f"traffic_{case}_{k}": v for k, v in traffic_ratios(row).items()})
-        flat[f"traffic_{case}_ssd_budget_ms"] = row["ssd_budget_ms"]
-    return flat
 
 
 def main(argv: list[str] | None = None) -> int:
