@@ -7,9 +7,11 @@ GPU node holding a lease for its duty share on the same pool ledger (``tasks/ser
 leases and not tasks); (4) drive the spec's rate trace with Poisson arrivals through the frontend; every
 beacon the measured rates go to the ``EpochPlanner``, whose new plans are rolled out incrementally;
 (5) log each epoch (plan, GPUs, throughput, SLO attainment, bad rate) as a nested MLflow run under the
-runner's flow run, with a time-series plot.
+runner's flow run, with a time-series plot. ``backend="ray"`` (under ``GpuRayTaskRunner``) runs the
+profiling tasks on Ray and each GPU node's worker as a Ray actor leasing from the runner's ledger.
 
     python -m flows.serving_rollout --duration-s 20
+    python -m flows.serving_rollout --duration-s 10 --backend ray
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from tasks.requests import current_placement, gpu_request
 from tasks.runners import GpuTaskRunner, PlacingTaskRunner, flow_mlflow_run_id
 
 DEFAULT_SPEC = Path(__file__).resolve().parent.parent / "scenarios" / "serving" / "digits.yaml"
+RAY_TICK_S = 0.002  # with Ray actors every routed burst is a remote call (~0.5 ms): hand arrivals over per 2 ms
 
 
 @gpu_request(gpus=1)
@@ -81,13 +84,15 @@ def _plan_summary(plan: Plan) -> str:
 @flow(name="serving-rollout", task_runner=GpuTaskRunner(pool=GpuPool(name="serving"), mode="process",
                                                          tracking=MlflowTarget(experiment="serving-rollout")))
 def serving_rollout(spec: dict | str | None = None, duration_s: float | None = None,
-                    batch_policy: str | None = None) -> dict[str, Any]:
+                    batch_policy: str | None = None, backend: str = "local") -> dict[str, Any]:
     """Profile, plan, roll out and serve the spec's trace, re-planning every epoch; returns the figures.
 
     Args:
         spec: a serving spec (mapping, or a YAML/JSON path; default ``scenarios/serving/digits.yaml``).
         duration_s: override the trace length (s).
         batch_policy: override the workers' batch policy (``early_drop``, ``lazy_drop``, ``fixed_batch``).
+        backend: ``local`` (worker threads in this process) or ``ray`` (a Ray actor per GPU node; run the
+            flow under ``GpuRayTaskRunner``, whose ledger the actors' leases then share with Ray tasks).
     """
     from prefect.context import FlowRunContext
 
@@ -100,6 +105,7 @@ def serving_rollout(spec: dict | str | None = None, duration_s: float | None = N
     runner = FlowRunContext.get().task_runner
     pool = runner.pool if isinstance(runner, PlacingTaskRunner) else GpuPool(name="serving")
     tracking = runner.tracking if isinstance(runner, PlacingTaskRunner) else MlflowTarget()
+    ledger = runner.ledger() if isinstance(runner, PlacingTaskRunner) else pool.open_ledger()
     futures, prev = {}, None
     for m in sp.models:  # one at a time: concurrent profiling on shared devices would skew the timings
         prev = futures[m] = profile_serving_model.submit(m, sp.training_steps, sp.seed, sp.profile_repeats,
@@ -113,8 +119,8 @@ def serving_rollout(spec: dict | str | None = None, duration_s: float | None = N
     data = load_digits_tensors(sp.seed)
     marks = [EpochMark(0.0, planner.plan, True)]
     beacons: list[dict[str, float]] = []
-    with LocalServingRuntime(models, profiles, pool.open_ledger(), make_policy(sp.batch_policy), sp.preset,
-                             sp.load_balancer, sp.seed) as rt:
+    with LocalServingRuntime(models, profiles, ledger, make_policy(sp.batch_policy), sp.preset,
+                             sp.load_balancer, sp.seed, backend=backend) as rt:
         rt.apply(planner.plan)
 
         def on_beacon(t_s: float) -> None:
@@ -127,8 +133,8 @@ def serving_rollout(spec: dict | str | None = None, duration_s: float | None = N
                 marks.append(EpochMark(t_s, planner.plan, new is not None))
             beacons.append({"t_s": t_s, "gpus": float(rt.plan.num_gpus), "gpu_share": rt.gpu_share})
 
-        load = LoadGenerator(rt.frontend.submit, trace, data.x_test, data.y_test, sp.seed,
-                             rt.frontend.submit_many).run(on_beacon, sp.epoch.beacon_s)
+        load = LoadGenerator(rt.frontend.submit, trace, data.x_test, data.y_test, sp.seed, rt.frontend.submit_many,
+                             RAY_TICK_S if backend == "ray" else 0.0).run(on_beacon, sp.epoch.beacon_s)
     result = _summarise(sp, rt, load, marks, beacons, profiles)
     parent = flow_mlflow_run_id() if tracking.enabled else None
     if tracking.enabled:
@@ -241,11 +247,20 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--experiment", default="serving-rollout", help="MLflow experiment")
     ap.add_argument("--no-tracking", action="store_true", help="do not log to MLflow")
     ap.add_argument("--json", default=None, help="write the result (figures per epoch) to this file")
+    ap.add_argument("--backend", choices=("local", "ray"), default="local",
+                    help="workers as threads here (local) or Ray actors (ray: the pool's ray_address, else a local Ray)")
     args = ap.parse_args(argv)
-    runner = GpuTaskRunner(pool=GpuPool(name=args.pool, simulated=args.simulated), mode=args.mode,
-                           tracking=MlflowTarget(experiment=args.experiment, enabled=not args.no_tracking))
+    pool = GpuPool(name=args.pool, simulated=args.simulated)
+    tracking = MlflowTarget(experiment=args.experiment, enabled=not args.no_tracking)
+    if args.backend == "ray":
+        from tasks.ray_runner import GpuRayTaskRunner
+
+        runner: PlacingTaskRunner = GpuRayTaskRunner(pool=pool, tracking=tracking)
+    else:
+        runner = GpuTaskRunner(pool=pool, mode=args.mode, tracking=tracking)
     try:
-        result = serving_rollout.with_options(task_runner=runner)(args.spec, args.duration_s, args.batch_policy)
+        result = serving_rollout.with_options(task_runner=runner)(args.spec, args.duration_s, args.batch_policy,
+                                                                  args.backend)
     except GpuflowsError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -131,6 +131,12 @@ class PlacingTaskRunner(TaskRunner[PrefectConcurrentFuture]):
         self._dispatcher = ThreadPoolExecutor(self.max_concurrency, thread_name_prefix="gpuflows-dispatch")
         return self
 
+    def ledger(self) -> LedgerClient:
+        """The pool's ledger this runner places tasks on (opened on first use), for work that leases slices
+        itself for longer than a task — the serving runtime's workers — so its leases and the tasks' share one
+        account (on Ray: the ledger actor)."""
+        return self._ensure_ledger()
+
     def _ensure_ledger(self) -> LedgerClient:
         """The pool's ledger, opened on the first submission rather than in ``__enter__``.
 

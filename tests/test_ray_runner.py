@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 import ray
 from prefect import flow, task
+from prefect.context import FlowRunContext
 
 from resource_blocks import GpuPool
 from tasks.ray_runner import NAMESPACE, GpuRayTaskRunner
@@ -100,6 +101,30 @@ def rendezvous(barrier_name: str) -> dict:
     return seen
 
 
+def _serve_on_ray_actors(ledger, ledger_actor) -> dict:
+    """The serving runtime with the Ray backend on the runner's ledger: a real digits MLP served from a Ray
+    actor for 1.5 s at a low rate (every request should be on time), and the leases during and after."""
+    from gpu.schedulers.nexus import Session, SquishyPacker
+    from tasks.serving.loadgen import LoadGenerator, RateTrace
+    from tasks.serving.models import load_digits_tensors, load_or_train, profile_model
+    from tasks.serving.runtime import LocalServingRuntime
+
+    data = load_digits_tensors(0)
+    model = load_or_train("digits_mlp", 150, 0)
+    models, profiles = {"digits_mlp": model}, {"digits_mlp": profile_model("digits_mlp", model, repeats=10)}
+    plan = SquishyPacker(profiles).plan([Session("a", "digits_mlp", 100.0, 150.0), Session("b", "digits_mlp", 100.0, 100.0)])
+    with LocalServingRuntime(models, profiles, ledger, backend="ray", gc_threshold=None) as rt:
+        rt.apply(plan)
+        kinds = sorted({type(w).__name__ for w in rt.workers.values()})
+        held = [p.label for p in ray.get(ledger_actor.leases.remote())]
+        load = LoadGenerator(rt.frontend.submit, RateTrace.constant({"a": 150.0, "b": 100.0}, 1.5), data.x_test,
+                             data.y_test, 0, rt.frontend.submit_many, 0.002).run()
+    w = rt.recorder.window(labels=load.labels)
+    return {"kinds": kinds, "held": held, "after": [p.label for p in ray.get(ledger_actor.leases.remote())],
+            "sent": load.sent, "offered": w.offered, "good": w.good, "accuracy": w.accuracy,
+            "p50_ms": w.p50_latency_ms, "p99_ms": w.p99_latency_ms, "served": rt.counters()["served"]}
+
+
 def _ledger_actor(pool: GpuPool):
     return ray.get_actor(f"gpuflows-ledger-{pool.name}", namespace=NAMESPACE)
 
@@ -126,8 +151,9 @@ def fake_gpu_run(prefect_server):
         results = [f.result() for f in running]
         failing.wait()
         ledger = _ledger_actor(pool)
+        serving = _serve_on_ray_actors(FlowRunContext.get().task_runner.ledger(), ledger)
         return {"results": results, "failed_state": failing.state.type.value, "cpu_only": cpu.result(),
-                "leases": ray.get(ledger.leases.remote()),
+                "serving": serving, "leases": ray.get(ledger.leases.remote()),
                 "events": ray.get(ledger.events.remote()), "ray_gpus": ray.cluster_resources().get("GPU")}
 
     try:
@@ -163,7 +189,7 @@ def test_every_lease_is_released_after_the_flow(fake_gpu_run):
     events = fake_gpu_run["events"]
     allocated = {e["lease_id"] for e in events if e["kind"] == "allocate"}
     released = {e["lease_id"] for e in events if e["kind"] == "release"}
-    assert len(allocated) == 5 and released == allocated
+    assert len(allocated) == 5 + 1 and released == allocated  # five tasks and the serving node's lease
 
 
 def test_cpu_only_task_takes_one_ray_cpu(fake_gpu_run):
@@ -184,6 +210,21 @@ def test_failed_task_releases_its_lease(fake_gpu_run):
     events = fake_gpu_run["events"]
     failing = [e for e in events if e["label"] == "failing_half_gpu"]
     assert [e["kind"] for e in failing] == ["allocate", "release"]
+
+
+def test_serving_workers_run_as_ray_actors_leasing_from_the_runners_ledger(fake_gpu_run):
+    sv = fake_gpu_run["serving"]
+    assert sv["kinds"] == ["RayWorkerHandle"]
+    assert sv["held"] and all(label.startswith("nexus-node-") for label in sv["held"])
+    assert not [label for label in sv["after"] if label.startswith("nexus-node-")]
+
+
+def test_ray_serving_accounts_for_every_request_and_serves_them_on_time(fake_gpu_run):
+    sv = fake_gpu_run["serving"]
+    assert sv["sent"] > 200 and sv["offered"] == sv["sent"]
+    assert sv["served"] == sv["good"] >= 0.95 * sv["sent"]  # the actor's counters match what came back
+    assert sv["accuracy"] > 0.85  # a trained model answered, in the actor's process
+    assert 0 < sv["p50_ms"] <= sv["p99_ms"] < 100.0  # stamps shifted between the two clocks consistently
 
 
 # -- b. a two-node Ray cluster on this machine, 2 fake GPUs per node ---------------------------

@@ -155,7 +155,24 @@ def split_slo(query: Query, throughput: Mapping[str, Throughput], epsilon_ms: fl
         k = int(choice[u][t])
         budgets[u] = k * epsilon_ms
         todo += [(v, t - k) for v in query.children(u)]
-    return SloSplit(budgets, float(f[query.root][segs]))
+    return SloSplit(_hand_out_slack(query, budgets), float(f[query.root][segs]))
+
+
+def _hand_out_slack(query: Query, budgets: dict[str, float]) -> dict[str, float]:
+    """Scale the budgets so the longest root-to-leaf path uses the whole SLO (inferred).
+
+    Where throughput is flat in the budget (small models: their best batch fits in a few ms) the DP's
+    smallest-budget tie-break leaves most of the SLO unused — e.g. 1 ms and 5 ms of a 40 ms query — and a
+    stage with 1 ms cannot absorb a burst or a network hop. A larger budget never costs more (f is
+    non-increasing), so scaling every stage by one factor keeps the DP's cost and every path within the SLO.
+    """
+    parent = {s.name: s.parent for s in query.stages}
+    path: dict[str, float] = {}
+    for u in query.order():  # parents before children
+        path[u] = budgets[u] + (path[parent[u]] if parent[u] else 0.0)
+    longest = max(path.values())
+    scale = query.slo_ms / longest if longest > 0 else 1.0
+    return {u: b * scale for u, b in budgets.items()}
 
 
 def even_split(query: Query, throughput: Mapping[str, Throughput]) -> SloSplit:

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from gpu.batching import BatchPolicy, EarlyDropPolicy
-from gpu.errors import AllocationTimeout
+from gpu.errors import AllocationTimeout, ConfigError
 from gpu.ledger import LedgerClient, Placement
 from gpu.placement import Request
 from gpu.schedulers.nexus import GpuNode, Plan
@@ -35,6 +35,7 @@ from tasks.serving.stats import Recorder
 from tasks.serving.worker import ServingWorker, check_policy
 
 SHARE_STEP = 0.05
+BACKENDS = ("local", "ray")
 
 
 def lease_share(node: GpuNode) -> float:
@@ -71,6 +72,9 @@ class LocalServingRuntime:
             measured ~80 % of the frontend's per-request time. None leaves the collector alone.
         run_inline: an idle worker's batch runs on the submitting thread (``ServingWorker``: run to
             completion, no thread wake-up); False keeps every batch on the workers' threads.
+        backend: ``local`` (worker threads in this process) or ``ray`` (one Ray actor per node,
+            ``tasks.serving.ray_backend``; Ray must be initialised, e.g. by ``GpuRayTaskRunner``, and the
+            ledger should be the one Ray tasks place on). Leases, routing and re-planning are the same.
     """
 
     def __init__(self, models: Mapping[str, nn.Module], profiles: Mapping[str, BatchProfile], ledger: LedgerClient,
@@ -78,7 +82,10 @@ class LocalServingRuntime:
                  load_balancer: str = "drr", seed: int = 0, allocation_timeout: float = 30.0,
                  cpu_threads: int | None = 1, label: str = "nexus",
                  policy_factory: Callable[[], BatchPolicy] | None = None, gc_threshold: int | None = 100_000,
-                 run_inline: bool = True):
+                 run_inline: bool = True, backend: str = "local"):
+        if backend not in BACKENDS:
+            raise ConfigError("backend", backend, f"unknown serving backend; choose one of {list(BACKENDS)}")
+        self.backend = backend
         self.models = dict(models)
         self.profiles = dict(profiles)
         self.ledger = ledger
@@ -136,12 +143,26 @@ class LocalServingRuntime:
             if old is not None:  # moved to another device: drain the old worker there
                 self._retire(nid)
             self.leases[nid] = lease
-            self.workers[nid] = ServingWorker(node, self.models, self.profiles, self._new_policy(), self.recorder,
-                                              device, self.accounting, self.run_inline).start()
+            self.workers[nid] = self._start_worker(node, lease, device)
         self.frontend.set_plan(plan, self.workers)
         for nid in [n for n in self.workers if n not in wanted]:
             self._retire(nid)
         self.plan = plan
+
+    def _start_worker(self, node: GpuNode, lease: Placement, device: str) -> Any:
+        if self.backend == "ray":
+            from tasks.serving.ray_backend import RayWorkerHandle
+
+            return RayWorkerHandle(node, self.models, self.profiles, self._new_policy(), lease, self.recorder,
+                                   self.accounting, device)
+        return ServingWorker(node, self.models, self.profiles, self._new_policy(), self.recorder, device,
+                             self.accounting, self.run_inline).start()
+
+    def sync(self) -> None:
+        """Bring remote workers' outcomes so far into ``recorder`` (local workers record directly)."""
+        for w in self.workers.values():
+            if hasattr(w, "collect"):
+                w.collect()
 
     def _retire(self, nid: int) -> None:
         worker = self.workers.pop(nid)

@@ -112,11 +112,20 @@ class Recorder:
         return self._expand(self._chunks[:])
 
     def take(self) -> list[Outcome]:
-        """The outcomes so far, removing them from the log (what a remote worker ships back)."""
+        """The outcomes so far, removing them from the log."""
+        return self._expand(self.take_chunks())
+
+    def take_chunks(self) -> list[tuple]:
+        """The raw chunks so far, removing them from the log (what a remote worker ships back: arrays, no
+        per-request objects)."""
         n = len(self._chunks)
         chunks = self._chunks[:n]
         del self._chunks[:n]
-        return self._expand(chunks)
+        return chunks
+
+    def extend(self, chunks: list[tuple]) -> None:
+        """Add chunks another recorder took (a remote worker's, on this recorder's clock)."""
+        self._chunks.extend(chunks)
 
     def window(self, start_ms: float = -math.inf, end_ms: float = math.inf, session_id: str | None = None,
                labels: dict[int, int] | None = None) -> WindowStats:
