@@ -372,3 +372,8 @@ def test_trace_changes_rates_between_phases():
     assert trace.rates_at(7.0) == {"a": 400.0}
     with pytest.raises(ConfigError, match=r"trace.rates.a"):
         RatePhase(0.0, {"a": -1.0})
+
+
+def test_unknown_serving_backend_is_a_config_error_naming_it():
+    with pytest.raises(ConfigError, match="backend='k8s'"):
+        LocalServingRuntime({}, {}, PoolLedger(discover("1x16GiB", "simulated")), backend="k8s")
