@@ -204,15 +204,19 @@ def plot(dir_: Path, thr: dict, drops: dict, pb: dict, tr: dict, gm: dict) -> li
     import matplotlib.pyplot as plt
 
     dir_.mkdir(parents=True, exist_ok=True)
-    fig, ax = plt.subplots(figsize=(8, 4))
-    x = np.arange(len(thr))
-    for i, st in enumerate(COMPARED):
-        ax.bar(x + i * 0.2, [thr[m][st] for m in thr], 0.2, label=st)
-    ax.set_xticks(x + 0.3, list(thr), fontsize=7)
-    ax.set_ylabel("max req/s at <= 1% bad (8 GPUs)")
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(dir_ / "throughput.png")
+    def grouped_bars(name: str, table: dict, series, ylabel: str, ticks: list[str] | None = None) -> None:
+        """One group of bars per row of ``table`` (``{group: {series: value}}``), one bar per series."""
+        fig, ax = plt.subplots(figsize=(8, 4))
+        x, width = np.arange(len(table)), 0.8 / len(series)
+        for i, st in enumerate(series):
+            ax.bar(x + i * width, [row[st] for row in table.values()], width, label=st)
+        ax.set_xticks(x + 0.4 - width / 2, ticks or list(table), fontsize=7)
+        ax.set_ylabel(ylabel)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(dir_ / name)
+
+    grouped_bars("throughput.png", thr, COMPARED, "max req/s at <= 1% bad (8 GPUs)")
     fig2, ax2 = plt.subplots(figsize=(5, 4))
     alphas = sorted(drops)
     for name in ("early_drop", "lazy_drop"):
@@ -236,14 +240,8 @@ def plot(dir_: Path, thr: dict, drops: dict, pb: dict, tr: dict, gm: dict) -> li
     ax4.legend()
     fig3.tight_layout()
     fig3.savefig(dir_ / "prefix_batching.png")
-    fig4, ax5 = plt.subplots(figsize=(7, 4))
-    for i, st in enumerate(TRAFFIC):
-        ax5.bar(np.arange(2) + i * 0.13, [tr[c][st] for c in ("nonrush", "rush")], 0.13, label=st)
-    ax5.set_xticks(np.arange(2) + 0.33, ["non-rush", "rush hour"])
-    ax5.set_ylabel("max frames/s at <= 1% bad (16 GPUs)")
-    ax5.legend(fontsize=7)
-    fig4.tight_layout()
-    fig4.savefig(dir_ / "traffic.png")
+    grouped_bars("traffic.png", {c: tr[c] for c in ("nonrush", "rush")}, list(TRAFFIC),
+                 "max frames/s at <= 1% bad (16 GPUs)", ["non-rush", "rush hour"])
     fig5, ax6 = plt.subplots(figsize=(7, 4))
     row = game_row(gm)
     bars = [*GAME, *(f"resnet_only_{st}" for st in GAME_RESNET_ONLY)]
