@@ -125,12 +125,13 @@ def serving_rollout(spec: dict | str | None = None, duration_s: float | None = N
 
         def on_beacon(t_s: float) -> None:
             counts = rt.frontend.take_counts()
-            before = len(planner.epochs)
-            new = planner.observe(t_s, {sid: c / sp.epoch.beacon_s for sid, c in counts.items()})
-            if new is not None:
-                rt.apply(new)
-            if len(planner.epochs) > before:
-                marks.append(EpochMark(t_s, planner.plan, new is not None))
+            if t_s < sp.duration_s:  # the trace's last beacon: nothing is left to serve on a new plan
+                before = len(planner.epochs)
+                new = planner.observe(t_s, {sid: c / sp.epoch.beacon_s for sid, c in counts.items()})
+                if new is not None:
+                    rt.apply(new)
+                if len(planner.epochs) > before:
+                    marks.append(EpochMark(t_s, planner.plan, new is not None))
             beacons.append({"t_s": t_s, "gpus": float(rt.plan.num_gpus), "gpu_share": rt.gpu_share})
 
         load = LoadGenerator(rt.frontend.submit, trace, data.x_test, data.y_test, sp.seed, rt.frontend.submit_many,

@@ -39,6 +39,7 @@ def test_rollout_logs_every_epoch_with_plan_and_slo_figures(state_dir):
     result = serving_rollout.with_options(task_runner=runner("rollout"))(tiny_spec())
     assert result["requests"] > 200 and result["slo_attainment"] > 0.5
     assert len(result["epochs"]) >= 3 and result["epochs"][0]["gpus"] >= 1
+    assert all(e["end_s"] > e["start_s"] for e in result["epochs"])  # no epoch opened by the trace's last beacon
     assert GpuPool(name="rollout", device_backend="simulated").open_ledger().leases() == []
     client = MlflowClient(MlflowTarget(experiment="serving-test").resolved_uri())
     exp = client.get_experiment_by_name("serving-test")
