@@ -2,8 +2,18 @@
 
 A *policy* here is a whole serving configuration from the paper's evaluation (§7): a placement
 (squishy bin packing, batch-oblivious, no co-location), a dispatch batch policy (early drop, lazy drop,
-fixed batch), a query split (DP or even) and prefix batching (on or off). ``nexus`` is the full system; the others are its ablations
-and the Clipper/TF-Serving-like baselines of §7.2. Scenario format: ``docs/nexus.md``.
+fixed batch), a query split (DP or even), prefix batching (on or off) and overlapped CPU pre-processing (OL, on
+or off). ``nexus`` is the full system; the others are its ablations and the Clipper/TF-Serving-like baselines of
+§7.2. Scenario format: ``docs/nexus.md``.
+
+CPU model (§6.3, §7.3.1; inferred, spec §8 item 6): a model may declare ``preprocess_ms`` per request. With OL
+the node's CPU pool pre-processes requests as they arrive, in parallel with the GPU, and is assumed to keep up
+(the paper provisions 4–5 cores per GPU "to saturate GPU throughput"): a request joins a batch ``p`` ms after it
+arrives, its deadline unchanged, so the planner plans the GPU with ``SLO − p`` (what the authors' code does with
+pre/post-processing, spec §3.1) and the engine delays each request by ``p`` (``ready_ms``). Without OL one
+thread per GPU worker pre-processes a batch before its forward: the planner and the engine both use
+``ℓ'(b) = b·p + ℓ(b)`` (``serial_preprocess``). Both are transforms of the sessions and profiles the planner
+and the engine already consume (``scaled_sessions``).
 """
 
 from __future__ import annotations
@@ -20,21 +30,23 @@ from gpu.schedulers.nexus import Plan, Session, SquishyPacker, batch_oblivious_p
 from gpu.schedulers.nexus_overflow import route_unassigned
 from gpu.schedulers.nexus_prefix import PrefixGroup, merge_sessions, variant_profiles
 from gpu.schedulers.nexus_profiles import (PRESETS, BatchProfile, linear_profile, published_profiles,
-                                           table_profile)
+                                           serial_preprocess, table_profile)
 from gpu.schedulers.nexus_synthetic import MIB, synthetic_profiles
-from gpu.schedulers.nexus_query import Query, QueryStage, even_split, profile_throughput, split_slo
+from gpu.schedulers.nexus_query import (Query, QueryStage, Throughput, even_split, profile_throughput,
+                                        split_slo)
 from gpu.sim.nexus_engine import SimResult, simulate_plan
 
 
 @dataclass(frozen=True)
 class Strategy:
-    """One serving configuration: placement × dispatch batch policy × query split."""
+    """One serving configuration: placement × dispatch batch policy × query split × PB × OL."""
 
     name: str
     placement: str
     batch_policy: str
     query_split: str = "dp"
     prefix_batching: bool = True
+    overlap: bool = True  # OL: CPU pre-processing overlapped with the GPU (module docstring)
 
 
 STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
@@ -45,8 +57,10 @@ STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
     Strategy("no_colocation", "no_colocation", "early_drop"),
     Strategy("batch_oblivious", "batch_oblivious", "early_drop", "even"),
     Strategy("batch_oblivious_no_prefix_batching", "batch_oblivious", "early_drop", "even", False),
-    Strategy("batch_oblivious_lazy_drop", "batch_oblivious", "lazy_drop", "even", False),
-    Strategy("batch_oblivious_fixed_batch", "batch_oblivious", "fixed_batch", "even", False),
+    Strategy("batch_oblivious_lazy_drop_overlap", "batch_oblivious", "lazy_drop", "even", False),
+    # §7.2 baselines: the real Clipper / TF Serving pre-process without OL (the paper's conjecture, §7.3.1)
+    Strategy("batch_oblivious_lazy_drop", "batch_oblivious", "lazy_drop", "even", False, False),
+    Strategy("batch_oblivious_fixed_batch", "batch_oblivious", "fixed_batch", "even", False, False),
 )}
 
 
@@ -67,6 +81,15 @@ class NexusScenario:
     epsilon_ms: float = 1.0
     prefix_groups: tuple[PrefixGroup, ...] = ()
     streams: dict[str, int] = field(default_factory=dict)  # query id -> independent uniform sources
+    preprocess_ms: dict[str, float] = field(default_factory=dict)  # model -> CPU pre-processing per request
+
+    def preprocess(self, model: str) -> float:
+        """CPU pre-processing per request of ``model`` (ms; 0 if none declared). A prefix-batched model
+        ``<group>@<slo>`` takes its group's (one value per group)."""
+        if model in self.preprocess_ms:
+            return self.preprocess_ms[model]
+        group = next((g for g in self.prefix_groups if model.rsplit("@", 1)[0] == g.name), None)
+        return self.preprocess_ms.get(group.models[0], 0.0) if group else 0.0
 
     def session_streams(self) -> dict[str, int]:
         """Uniform sources feeding each query's root stage session (``query_id/root``)."""
@@ -78,10 +101,17 @@ class NexusScenario:
                 for q in self.queries for st in q.stages if st.parent is not None}
 
 
-def _models(raw: list[dict[str, Any]]) -> dict[str, BatchProfile]:
-    out = {}
+def _models(raw: list[dict[str, Any]], builtin: dict[str, BatchProfile]
+            ) -> tuple[dict[str, BatchProfile], dict[str, float]]:
+    """Scenario models and their ``preprocess_ms``; an entry with only a built-in ``name`` (and
+    ``preprocess_ms``) keeps the built-in profile."""
+    out, pre = {}, {}
     for i, m in enumerate(raw or []):
         name = require(m, "name", f"models[{i}].")
+        if "preprocess_ms" in m:
+            pre[name] = positive(m["preprocess_ms"], f"models[{i}].preprocess_ms", allow_zero=True)
+        if "table" not in m and "alpha_ms" not in m and name in builtin:
+            continue
         if "table" in m:
             out[name] = table_profile(name, {int(b): positive(v, f"models[{i}].table.{b}") for b, v in m["table"].items()})
         else:
@@ -90,7 +120,7 @@ def _models(raw: list[dict[str, Any]]) -> dict[str, BatchProfile]:
                                        positive(require(m, "beta_ms", f"models[{i}]."), f"models[{i}].beta_ms",
                                                 allow_zero=True),
                                        int(positive(m.get("max_batch", 64), f"models[{i}].max_batch")))
-    return out
+    return out, pre
 
 
 def load(path: str) -> NexusScenario:
@@ -101,8 +131,14 @@ def load(path: str) -> NexusScenario:
         if key not in known:
             raise ConfigError(key, raw[key], f"unknown scenario field; expected one of {sorted(known)}")
     preset = choose(raw.get("preset", "paper"), "preset", list(PRESETS))
-    profiles = {**published_profiles(), **synthetic_profiles(), **_models(raw.get("models", []))}
+    builtin = {**published_profiles(), **synthetic_profiles()}
+    models, pre = _models(raw.get("models", []), builtin)
+    profiles = {**builtin, **models}
     groups = _prefix_groups(raw.get("prefix_groups", []) or [], profiles)
+    for i, g in enumerate(raw.get("prefix_groups", []) or []):
+        if "preprocess_ms" in g:
+            p = positive(g["preprocess_ms"], f"prefix_groups[{i}].preprocess_ms", allow_zero=True)
+            pre.update({m: p for m in groups[i].models})
     profiles.update(variant_profiles(groups, profiles))
     sessions = tuple(Session(str(require(s, "id", f"sessions[{i}].")), str(require(s, "model", f"sessions[{i}].")),
                              require(s, "slo_ms", f"sessions[{i}]."), require(s, "rate", f"sessions[{i}]."))
@@ -143,7 +179,7 @@ def load(path: str) -> NexusScenario:
         arrivals=choose(sim.get("arrivals", "poisson"), "simulation.arrivals", ["poisson", "uniform"]),
         seed=int(sim.get("seed", 0)), noise=bool(sim.get("noise", False)),
         epsilon_ms=positive(sim.get("epsilon_ms", 1.0), "simulation.epsilon_ms"), prefix_groups=groups,
-        streams={k: v for k, v in streams.items() if v > 1})
+        streams={k: v for k, v in streams.items() if v > 1}, preprocess_ms={m: p for m, p in pre.items() if p > 0})
 
 
 def _streams(value: Any, where: str) -> int:
@@ -153,7 +189,8 @@ def _streams(value: Any, where: str) -> int:
 
 
 def _prefix_groups(raw: list[dict[str, Any]], profiles: dict[str, BatchProfile]) -> tuple[PrefixGroup, ...]:
-    """``prefix_groups: [{name, prefix: <model>, suffix: {alpha_ms, beta_ms, memory_mb}, models: [...]}]``."""
+    """``prefix_groups: [{name, prefix: <model>, suffix: {alpha_ms, beta_ms, memory_mb}, models: [...],
+    preprocess_ms}]`` (``preprocess_ms`` is read by ``load``)."""
     out = []
     for i, g in enumerate(raw):
         where = f"prefix_groups[{i}]."
@@ -180,17 +217,52 @@ def scaled_sessions(sc: NexusScenario, strategy: Strategy, load: float = 1.0
                     ) -> tuple[list[Session], dict[str, BatchProfile]]:
     """The sessions to place and their profiles: the scenario's sessions plus its queries' stage sessions
     (split by DP or evenly), rates × ``load``, then — with prefix batching — each prefix group's equal-SLO
-    sessions merged into one session of a prefix-batched model (epoch steps 1–2, §6.1)."""
+    sessions merged into one session of a prefix-batched model (epoch steps 1–2, §6.1), then the CPU model
+    (module docstring): with OL every session's SLO becomes its GPU budget ``SLO − p``; without OL every
+    profile with ``p > 0`` becomes ``serial_preprocess``'s ``b·p + ℓ(b)``. A query's split divides the whole
+    SLO, pre-processing included: a stage's throughput at budget ``k`` is its GPU's at ``k − p`` (OL) or that of
+    the serialised profile (no OL)."""
+    profiles = dict(sc.profiles)
+    if not strategy.overlap:
+        profiles.update({m: serial_preprocess(profiles[m], p) for m, p in sc.preprocess_ms.items()})
     out = [replace(s, rate=s.rate * load) for s in sc.sessions]
     for q in sc.queries:
         q = replace(q, rate=q.rate * load)
-        tput = {st.name: profile_throughput(sc.profiles[st.model], sc.preset) for st in q.stages}
+        tput = {st.name: _stage_throughput(profiles[st.model], sc.preset,
+                                           sc.preprocess(st.model) if strategy.overlap else 0.0) for st in q.stages}
         split = split_slo(q, tput, sc.epsilon_ms) if strategy.query_split == "dp" else even_split(q, tput)
         out += split.sessions(q)
-    if not (strategy.prefix_batching and sc.prefix_groups):
-        return out, dict(sc.profiles)
-    merged, extra = merge_sessions(out, sc.prefix_groups)
-    return merged, {**sc.profiles, **extra}
+    if strategy.prefix_batching and sc.prefix_groups:
+        out, extra = merge_sessions(out, sc.prefix_groups)
+        if not strategy.overlap:
+            extra = {m: serial_preprocess(prof, sc.preprocess(m)) for m, prof in extra.items()}
+        profiles.update(extra)
+    if strategy.overlap:
+        out = [_gpu_budget(s, sc.preprocess(s.model)) for s in out]
+    return out, profiles
+
+
+def _stage_throughput(profile: BatchProfile, preset: str, preprocess_ms: float) -> Throughput:
+    """A query stage's best one-GPU req/s at a stage budget of ``k`` ms of which ``preprocess_ms`` is CPU work."""
+    gpu = profile_throughput(profile, preset)
+    return gpu if preprocess_ms == 0 else lambda k: gpu(k - preprocess_ms)
+
+
+def _gpu_budget(s: Session, preprocess_ms: float) -> Session:
+    """With OL: the session's SLO less its overlapped pre-processing, the budget the GPU is planned with."""
+    if preprocess_ms == 0:
+        return s
+    if s.slo_ms <= preprocess_ms:
+        raise ConfigError(f"{s.session_id}.slo_ms", s.slo_ms, f"must exceed its model's preprocess_ms "
+                          f"({preprocess_ms:g} ms)")
+    return replace(s, slo_ms=s.slo_ms - preprocess_ms)
+
+
+def ready_delays(sc: NexusScenario, strategy: Strategy, sessions: list[Session]) -> dict[str, float]:
+    """Per session id, the overlapped pre-processing before a request can join a batch (OL; none without)."""
+    if not strategy.overlap:
+        return {}
+    return {s.session_id: p for s in sessions if (p := sc.preprocess(s.model)) > 0}
 
 
 def build_plan(sc: NexusScenario, strategy: Strategy, load: float = 1.0, gpus: int | None = None) -> Plan:
@@ -237,15 +309,15 @@ MAX_HEADROOM, HEADROOM_STEPS = 4.0, 10  # h resolved to (4)^(1/2^10) ≈ 0.14 %
 
 
 def evaluate(sc: NexusScenario, strategy: Strategy, load: float = 1.0, gpus: int | None = None,
-             duration_s: float | None = None) -> tuple[Plan, SimResult]:
-    """Plan at ``load`` and simulate the plan with the strategy's batch policy."""
+             duration_s: float | None = None, log_batches: bool = False) -> tuple[Plan, SimResult]:
+    """Plan at ``load`` and simulate the plan with the strategy's batch policy (and CPU model)."""
     plan = build_plan(sc, strategy, load, gpus)
     sessions, profiles = scaled_sessions(sc, strategy, load)
     res = simulate_plan(plan, profiles, make_policy(strategy.batch_policy),
                         rates={s.session_id: s.rate for s in sessions},
                         duration_s=duration_s or sc.duration_s,
                         arrivals=sc.arrivals, noise=sc.noise, seed=sc.seed, streams=sc.session_streams(),
-                        chains=sc.chains())
+                        chains=sc.chains(), ready_ms=ready_delays(sc, strategy, sessions), log_batches=log_batches)
     return plan, res
 
 
@@ -329,7 +401,8 @@ def run(scenario_path: str, policies: list[str] | None = None) -> SimulationRepo
         plan, res = evaluate(sc, st, gpus=sc.gpus)
         offered = res.total("offered")
         rows.append({"policy": n, "placement": st.placement, "batch_policy": st.batch_policy,
-                     "query_split": st.query_split, "prefix_batching": st.prefix_batching, "gpus": plan.num_gpus,
+                     "query_split": st.query_split, "prefix_batching": st.prefix_batching, "overlap": st.overlap,
+                     "gpus": plan.num_gpus,
                      "offered_rps": offered / sc.duration_s, "good_rps": res.total("good") / sc.duration_s,
                      "bad_rate": res.bad_rate, "query_bad_rate": paper_bad_rate(sc, res),
                      "dropped": res.total("dropped"), "late": res.total("late"),

@@ -15,6 +15,12 @@ shares. A child's deadline is its parent's deadline plus the child's stage SLO, 
 use carries over (the authors' slack propagation, spec §3.4 ``request_context``); a root-to-leaf path thus
 ends by the query's arrival + its end-to-end SLO. A query is bad when any of its requests is
 (``SimResult.bad_queries``); a late or dropped parent issues no children (its query is lost already).
+
+CPU pre-processing overlapped with the GPU (OL, §6.3) enters as a per-session *ready delay* ``p``
+(``ready_ms``): a request arriving at ``t`` joins its GPU queue at ``t + p`` (the node's CPU pool has
+pre-processed it; the pool is assumed to keep up) and keeps its deadline ``t + SLO``, so the plan's session SLO
+is the GPU budget ``SLO − p``. Without OL the caller passes profiles with the pre-processing serialised into
+the batch time instead (``nexus_profiles.serial_preprocess``); the engine itself has no CPU stage.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Mapping
+from typing import Mapping, NamedTuple
 
 import numpy as np
 
@@ -50,6 +56,15 @@ class SessionStats:
         return (self.late + self.dropped) / self.offered if self.offered else 0.0
 
 
+class BatchRecord(NamedTuple):
+    """One executed batch (``simulate_plan(..., log_batches=True)``)."""
+
+    session: str
+    start_ms: float
+    finish_ms: float
+    size: int
+
+
 @dataclass
 class SimResult:
     """Totals and per-session counts of one run."""
@@ -57,6 +72,7 @@ class SimResult:
     duration_s: float
     sessions: dict[str, SessionStats] = field(default_factory=dict)
     bad_queries: dict[str, set[int]] = field(default_factory=dict)  # root session -> ids of its bad queries
+    batch_log: list[BatchRecord] | None = None  # every batch, when asked for
 
     def total(self, name: str) -> int:
         return sum(getattr(s, name) for s in self.sessions.values())
@@ -153,9 +169,9 @@ class _Gpu:
     """Round-robin executor of one plan node."""
 
     def __init__(self, loop: EventLoop, slots: list[_Slot], policy: BatchPolicy, noise: bool,
-                 rng: np.random.Generator, chains: _Chains):
+                 rng: np.random.Generator, chains: _Chains, log: list[BatchRecord] | None):
         self.loop, self.slots, self.policy, self.noise, self.rng = loop, slots, policy, noise, rng
-        self.chains = chains
+        self.chains, self.log = chains, log
         self.rr = 0
         self.busy_until = 0.0
         self.pending: EventHandle | None = None
@@ -210,6 +226,8 @@ class _Gpu:
         self.chains.lost(slot.sid, [r for r in batch if finish > r.deadline_ms + 1e-9])
         slot.stats.batches += 1
         slot.stats.batched += len(batch)
+        if self.log is not None:
+            self.log.append(BatchRecord(slot.sid, now, finish, len(batch)))
         self.chains.issue(slot.sid, on_time, finish)
         self.busy_until = finish
         self.schedule(finish)
@@ -219,8 +237,8 @@ class _Chains:
     """Query stages chained request by request: issue children of finished parents, record lost queries."""
 
     def __init__(self, loop: EventLoop, rng: np.random.Generator, result: SimResult,
-                 chains: Mapping[str, tuple[str, float]], slo_ms: Mapping[str, float]):
-        self.loop, self.rng, self.result, self.slo_ms = loop, rng, result, slo_ms
+                 chains: Mapping[str, tuple[str, float]], slo_ms: Mapping[str, float], ready_ms: Mapping[str, float]):
+        self.loop, self.rng, self.result, self.slo_ms, self.ready_ms = loop, rng, result, slo_ms, ready_ms
         self.children: dict[str, list[tuple[str, float]]] = {}
         for child, (parent, gamma) in chains.items():
             self.children.setdefault(parent, []).append((child, gamma))
@@ -249,7 +267,8 @@ class _Chains:
         now = self.loop.now
         for child, gamma in self.children[parent]:
             n = self.rng.poisson(gamma, size=len(done))
-            reqs = [Request(r.request_id, child, now, r.deadline_ms + self.slo_ms[child])
+            ready = self.ready_ms.get(child, 0.0)  # pre-processed by the CPU pool first (OL)
+            reqs = [Request(r.request_id, child, now + ready, r.deadline_ms + ready + self.slo_ms[child])
                     for r, k in zip(done, n) for _ in range(k)]
             stats = self.result.sessions.setdefault(child, SessionStats())
             stats.offered += len(reqs)
@@ -268,7 +287,8 @@ def simulate_plan(plan: Plan, profiles: Mapping[str, BatchProfile], policy: Batc
                   rates: Mapping[str, float] | None = None, duration_s: float = 20.0, arrivals: str = "poisson",
                   noise: bool = False, seed: int = 0, planned: Accounting | None = None,
                   streams: Mapping[str, int] | None = None,
-                  chains: Mapping[str, tuple[str, float]] | None = None) -> SimResult:
+                  chains: Mapping[str, tuple[str, float]] | None = None,
+                  ready_ms: Mapping[str, float] | None = None, log_batches: bool = False) -> SimResult:
     """Run ``plan`` against offered ``rates`` (default: the plan's session rates) and count bad requests.
 
     All traffic is routed, as by the real frontend: a capped plan's ``unassigned`` rate goes onto GPUs by
@@ -279,6 +299,10 @@ def simulate_plan(plan: Plan, profiles: Mapping[str, BatchProfile], policy: Batc
         streams: independent uniform sources per session id (default 1; see ``arrival_times``).
         chains: ``{child session: (parent session, γ)}`` — the child's requests are issued by its parent's
             finished requests instead of drawn at its offered rate (module docstring).
+        ready_ms: per session id, the CPU pre-processing (ms) overlapped with the GPU before a request can join
+            a batch (OL); the session's plan SLO is its GPU budget, the request's deadline stays arrival + the
+            SLO it was planned from (module docstring).
+        log_batches: record every batch in ``SimResult.batch_log``.
     """
     from gpu.schedulers.nexus_profiles import PRESETS
 
@@ -289,10 +313,14 @@ def simulate_plan(plan: Plan, profiles: Mapping[str, BatchProfile], policy: Batc
     shares = plan.rate_shares()
     by_id = {s.session_id: s for s in plan.sessions}
     chains = dict(chains or {})
+    ready = dict(ready_ms or {})
+    for sid, delay in ready.items():
+        if sid not in by_id or not (np.isfinite(delay) and delay >= 0):
+            raise ConfigError(f"ready_ms.{sid}", delay, "need a session of the plan and a finite delay >= 0")
     for child, (parent, _) in chains.items():
         if child not in by_id or parent not in by_id:
             raise ConfigError("chains", child, "child and parent must both be sessions of the plan")
-    result = SimResult(duration_s)
+    result = SimResult(duration_s, batch_log=[] if log_batches else None)
     routed: dict[tuple[str, int], tuple[np.ndarray, np.ndarray]] = {}
     for sid, rate in offered.items():
         if sid not in by_id:
@@ -300,7 +328,7 @@ def simulate_plan(plan: Plan, profiles: Mapping[str, BatchProfile], policy: Batc
         stats = result.sessions.setdefault(sid, SessionStats())
         if sid in chains:
             continue  # issued by its parent's requests
-        t = arrival_times(rate, duration_s, arrivals, rng, (streams or {}).get(sid, 1))
+        t = arrival_times(rate, duration_s, arrivals, rng, (streams or {}).get(sid, 1)) + ready.get(sid, 0.0)
         stats.offered = len(t)
         share = shares.get(sid)
         if not share:
@@ -313,7 +341,7 @@ def simulate_plan(plan: Plan, profiles: Mapping[str, BatchProfile], policy: Batc
         for j, nid in enumerate(node_ids):
             routed[(sid, int(nid))] = t[pick == j], ids[pick == j]
     loop = EventLoop()
-    chained = _Chains(loop, rng, result, chains, {sid: s.slo_ms for sid, s in by_id.items()})
+    chained = _Chains(loop, rng, result, chains, {sid: s.slo_ms for sid, s in by_id.items()}, ready)
     gpus = []
     targets: dict[str, list[tuple[float, _Slot, _Gpu]]] = {}
     for node in plan.nodes:
@@ -321,7 +349,7 @@ def simulate_plan(plan: Plan, profiles: Mapping[str, BatchProfile], policy: Batc
                        p.slo_ms, p.batch, profiles[p.model], acc,
                        result.sessions.setdefault(p.session_id, SessionStats()))
                  for p in node.placements]
-        gpu = _Gpu(loop, slots, policy, noise, rng, chained)
+        gpu = _Gpu(loop, slots, policy, noise, rng, chained, result.batch_log)
         gpus.append(gpu)
         gpu.schedule(0.0)
         for slot in slots:
@@ -331,7 +359,8 @@ def simulate_plan(plan: Plan, profiles: Mapping[str, BatchProfile], policy: Batc
     for sid, where in targets.items():
         chained.route(sid, where)
     depth = max((_depth(chains, sid) for sid in chains), default=0)
-    horizon = duration_s * 1000.0 + 20 * (1 + depth) * max((s.slo_ms for s in plan.sessions), default=0.0)
+    horizon = duration_s * 1000.0 + 20 * (1 + depth) * max((s.slo_ms + ready.get(s.session_id, 0.0)
+                                                             for s in plan.sessions), default=0.0)
     loop.run(until=horizon)
     for gpu in gpus:  # anything still waiting after the drain horizon never got served
         for slot in gpu.slots:
