@@ -15,6 +15,10 @@ over the requests. Measured side by side in one run, per model:
   the submitting thread; the default) and, beside it, every batch on the worker's thread (``thread``); at
   the high rate also with a load-generator tick (``--tick-ms``: bursts of rate × tick per frontend call).
 
+On a machine with an NVIDIA GPU (``--devices auto``, the default: the pool is what NVML finds) every model,
+forward and worker runs on ``cuda:0`` and the in-situ rows add the GPU's utilisation, sampled through NVML
+while the load runs; ``--devices simulated`` keeps everything on the CPU.
+
     python benchmarks/serving_runtime.py --quick --json out.json
 """
 
@@ -25,6 +29,7 @@ import gc
 import json
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -34,7 +39,7 @@ if __package__ in (None, ""):
 import torch  # noqa: E402
 
 from gpu.batching import EarlyDropPolicy  # noqa: E402
-from gpu.devices import discover  # noqa: E402
+from gpu.devices import PoolSpec, discover, nvml_utilization  # noqa: E402
 from gpu.ledger import PoolLedger  # noqa: E402
 from gpu.schedulers.nexus import Session, SquishyPacker  # noqa: E402
 from tasks.serving.frontend import Frontend  # noqa: E402
@@ -48,9 +53,10 @@ TARGET = 0.05
 MODELS = ("digits_mlp", "digits_cnn_small", "digits_cnn")
 
 
-def batch1_latency_us(model: torch.nn.Module, n: int) -> float:
-    """Median wall time of the worker's forward step on one input."""
-    x = torch.rand(1, 64)
+def batch1_latency_us(model: torch.nn.Module, n: int, device: str) -> float:
+    """Median wall time of the worker's forward step on one input (``.tolist()`` waits for the GPU)."""
+    model = model.to(device)
+    x = torch.rand(1, 64, device=device)
     samples = []
     with torch.inference_mode():
         for _ in range(50):
@@ -63,7 +69,7 @@ def batch1_latency_us(model: torch.nn.Module, n: int) -> float:
     return samples[len(samples) // 2] / 1e3
 
 
-def batch1_path(models, profiles, plan, rows, n: int, block: int) -> dict[str, float]:
+def batch1_path(models, profiles, plan, rows, n: int, block: int, device: str) -> dict[str, float]:
     """Frontend + worker, one request at a time in this thread: µs per request, medians over blocks.
 
     Overhead and forward time are measured per block of ``block`` requests (~1 ms, shorter than a
@@ -71,7 +77,7 @@ def batch1_path(models, profiles, plan, rows, n: int, block: int) -> dict[str, f
     pre-empted us on a shared machine do not set the figure.
     """
     rec = Recorder()
-    worker = ServingWorker(plan.nodes[0], models, profiles, EarlyDropPolicy(), rec)  # not started: driven here
+    worker = ServingWorker(plan.nodes[0], models, profiles, EarlyDropPolicy(), rec, device)  # not started: driven here
     front = Frontend(rec)
     front.set_plan(plan, {0: worker})
     sid = plan.sessions[0].session_id
@@ -101,19 +107,51 @@ def batch1_path(models, profiles, plan, rows, n: int, block: int) -> dict[str, f
     return {"overhead_us": med[0], "frontend_us": med[1], "forward_us": med[2]}
 
 
-def in_situ(models, profiles, plan, data, rate: float, duration: float, seed: int, run_inline: bool = True,
-            tick_s: float = 0.0) -> dict[str, float]:
-    """The runtime serving ``name`` under Poisson load: overhead per request and the service figures."""
+class UtilisationSampler:
+    """Mean NVML utilisation (percent) of the pool's GPUs while the block runs; NaN on a simulated pool."""
+
+    def __init__(self, pool: PoolSpec, period_s: float = 0.1):
+        self.enabled, self.period_s = not pool.simulated, period_s
+        self.samples: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        while not self._stop.wait(self.period_s):
+            util = nvml_utilization()
+            if util:
+                self.samples.append(max(util.values()))
+
+    def __enter__(self) -> "UtilisationSampler":
+        if self.enabled:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self.enabled:
+            self._thread.join()
+
+    @property
+    def mean(self) -> float:
+        return sum(self.samples) / len(self.samples) if self.samples else float("nan")
+
+
+def in_situ(models, profiles, plan, data, rate: float, duration: float, seed: int, pool: PoolSpec,
+            run_inline: bool = True, tick_s: float = 0.0) -> dict[str, float]:
+    """The runtime serving ``name`` under Poisson load on the pool's first device: overhead per request, the
+    service figures and (on a GPU) its utilisation."""
     sid = plan.sessions[0].session_id
-    with LocalServingRuntime(models, profiles, PoolLedger(discover("2x16GiB", "simulated")),
-                             run_inline=run_inline) as rt:
+    with LocalServingRuntime(models, profiles, PoolLedger(pool), run_inline=run_inline) as rt:
         rt.apply(plan)
-        load = LoadGenerator(rt.frontend.submit, RateTrace.constant({sid: rate}, duration), data.x_test,
-                             data.y_test, seed, rt.frontend.submit_many, tick_s).run()
+        with UtilisationSampler(pool) as util:
+            load = LoadGenerator(rt.frontend.submit, RateTrace.constant({sid: rate}, duration), data.x_test,
+                                 data.y_test, seed, rt.frontend.submit_many, tick_s).run()
     w = rt.recorder.window(labels=load.labels)
-    return {**rt.overhead(), "offered_rps": w.offered_rps, "slo_attainment": w.slo_attainment,
-            "p50_latency_ms": w.p50_latency_ms, "p99_latency_ms": w.p99_latency_ms,
-            "requests_per_call": load.sent / max(1, load.calls)}
+    return {**rt.overhead(), "offered_rps": w.offered_rps, "throughput_rps": w.throughput_rps,
+            "slo_attainment": w.slo_attainment, "p50_latency_ms": w.p50_latency_ms,
+            "p99_latency_ms": w.p99_latency_ms, "requests_per_call": load.sent / max(1, load.calls),
+            "gpu_utilisation_pct": util.mean}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -124,6 +162,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="a second in-situ rate for the smallest model, where batches form and amortise")
     ap.add_argument("--tick-ms", type=float, default=0.5,
                     help="load-generator tick of the extra high-rate run (bursts of rate x tick per frontend call)")
+    ap.add_argument("--devices", choices=("auto", "simulated"), default="auto",
+                    help="auto: the GPUs NVML finds, else the CPU; simulated: the CPU even on a GPU machine")
     ap.add_argument("--json", default=None)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
@@ -132,18 +172,21 @@ def main(argv: list[str] | None = None) -> int:
     x = data.x_test.numpy()
     rows = [x[k:k + 1] for k in range(len(x))]  # 1×64 float32 requests, as the load generator sends them
     duration, n_path = (3.0, 5000) if args.quick else (15.0, 20000)
-    out: dict[str, float | str] = {"load_average_1min": os.getloadavg()[0], "rate_rps": args.rate,
+    pool = discover("2x16GiB", args.devices)
+    device = "cpu" if pool.simulated or not torch.cuda.is_available() else "cuda:0"
+    out: dict[str, float | str] = {"load_average_1min": os.getloadavg()[0], "rate_rps": args.rate, "device": device,
                                    "high_rate_rps": args.high_rate, "tick_ms": args.tick_ms, "target_fraction": TARGET}
+    print(f"device: {device}" + ("" if pool.simulated else f" ({pool.nodes[0].devices[0].name})"))
     print("dispatch overhead per request / the model's batch-1 forward, both measured in the same loop (µs)")
     print(f"{'model':17s} {'run':>30s} | {'overhead':>8s} {'forward':>8s} {'ratio':>6s} | frontend  batch  req/call "
           f"inline   SLO  | vs standalone")
     for name in MODELS:
         model = load_or_train(name, 150, args.seed)
-        models, profiles = {name: model}, {name: profile_model(name, model, repeats=20)}
-        b1 = batch1_latency_us(model, 2000)
+        models, profiles = {name: model}, {name: profile_model(name, model, device, repeats=20)}
+        b1 = batch1_latency_us(model, 2000, device)
         out[f"{name}_batch1_us"] = b1
         plan = SquishyPacker(profiles).plan([Session(name, name, 20.0, args.rate)])
-        p = batch1_path(models, profiles, plan, rows, n_path, block=max(4, int(1000 / b1)))
+        p = batch1_path(models, profiles, plan, rows, n_path, max(4, int(1000 / b1)), device)
         frac = p["overhead_us"] / p["forward_us"]
         out.update({f"{name}_batch1_path_overhead_us": p["overhead_us"], f"{name}_batch1_path_forward_us": p["forward_us"],
                     f"{name}_batch1_path_frac_of_batch1": frac, f"{name}_batch1_path_frontend_us": p["frontend_us"]})
@@ -160,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
                       args.high_rate, True, args.tick_ms / 1e3)]
         for key, label, rate, inline, tick in runs:
             plan = SquishyPacker(profiles).plan([Session(name, name, 20.0, rate)])
-            r = in_situ(models, profiles, plan, data, rate, duration, args.seed, inline, tick)
+            r = in_situ(models, profiles, plan, data, rate, duration, args.seed, pool, inline, tick)
             # the batch-1 forwards of this run, if there are enough of them to stand for it (at a high rate the
             # few batches of one follow idle gaps: cold caches, not typical), else the standalone median
             fwd = r["batch1_execute_us"] if r["batches_of_one"] >= 100 else b1
@@ -172,11 +215,17 @@ def main(argv: list[str] | None = None) -> int:
                         f"{name}_{key}_worker_us": r["worker_us_per_request"],
                         f"{name}_{key}_mean_batch": r["mean_batch"], f"{name}_{key}_slo_attainment": r["slo_attainment"],
                         f"{name}_{key}_p50_latency_ms": r["p50_latency_ms"], f"{name}_{key}_inline_share": r["inline_share"],
-                        f"{name}_{key}_requests_per_call": r["requests_per_call"]})
+                        f"{name}_{key}_requests_per_call": r["requests_per_call"],
+                        f"{name}_{key}_throughput_rps": r["throughput_rps"],
+                        f"{name}_{key}_p99_latency_ms": r["p99_latency_ms"]})
+            if not pool.simulated:
+                out[f"{name}_{key}_gpu_utilisation_pct"] = r["gpu_utilisation_pct"]
             print(f"{name:17s} {label:>30s} | {r['dispatch_overhead_us']:8.2f} {fwd:8.1f} "
                   f"{100 * frac:5.1f}% | {r['frontend_us_per_request']:8.2f} {r['mean_batch']:6.1f} "
                   f"{r['requests_per_call']:8.1f} {r['inline_share']:6.2f} {r['slo_attainment']:.3f} | "
-                  f"{100 * r['dispatch_overhead_us'] / b1:5.1f}%")
+                  f"{100 * r['dispatch_overhead_us'] / b1:5.1f}%"
+                  + ("" if pool.simulated else f" | {r['throughput_rps']:.0f} req/s, p99 {r['p99_latency_ms']:.2f} ms, "
+                                               f"GPU {r['gpu_utilisation_pct']:.0f}%"))
         print(f"{'':17s} {'standalone batch-1 median':>30s} | {'':8s} {b1:8.1f}")
     mlp = MODELS[0]
     out["smallest_model"] = mlp
