@@ -25,6 +25,10 @@ GAME = {"nexus": "nexus", "nexus_no_prefix_batching": "-PB", "batch_oblivious_no
         "batch_oblivious": "b-o", "batch_oblivious_fixed_batch": "TF-like"}
 GAME_RESNET_ONLY = ("nexus", "batch_oblivious_fixed_batch", "batch_oblivious_lazy_drop")  # §7.3.1's baseline runs
 GAME_FILE = "game_case_study.yaml"
+# Sensitivity (fixed before running it): without OL a batch's pre-processing spread over the 4 cores the paper
+# provisions per GPU (§6.3 "4 to 5 CPU cores"), ⌈b/4⌉·p instead of the default one thread's b·p.
+THREADS = 4
+NO_OL = ("batch_oblivious_lazy_drop", "batch_oblivious_fixed_batch")
 CASE_HEADERS = {"nonrush": "non-rush", "rush": "rush", "all_models": "all models", "resnet_only": "ResNet only",
                 "game": "game"}
 SCENARIO_DIR = Path(__file__).resolve().parents[1] / "scenarios" / "nexus"
@@ -48,11 +52,22 @@ def case_throughput(cases: Mapping[str, NexusScenario], strategies: Iterable[str
             for case, sc in cases.items()}
 
 
+def threaded(cases: Mapping[str, NexusScenario], strategies: Iterable[str], iters: int,
+             frames: Callable[[NexusScenario], float] = query_frames) -> dict[str, dict[str, float]]:
+    """``case_throughput`` of the no-OL ``strategies`` with ``THREADS`` pre-processing threads per GPU worker,
+    keyed ``<strategy>_<THREADS>_threads``."""
+    rows = case_throughput({c: replace(sc, preprocess_threads=THREADS) for c, sc in cases.items()}, strategies,
+                           iters, frames)
+    return {c: {f"{st}_{THREADS}_threads": v for st, v in row.items()} for c, row in rows.items()}
+
+
 def traffic(duration_s: float, seed: int, iters: int) -> dict[str, dict[str, float]]:
-    """Fig. 11/12: max frames/s at ≤ 1 % bad on the shipped traffic scenarios, per configuration, and the SSD
-    stage's SLO under the DP and the even split."""
+    """Fig. 11/12: max frames/s at ≤ 1 % bad on the shipped traffic scenarios, per configuration (and the no-OL
+    ones with ``THREADS`` pre-processing threads), and the SSD stage's SLO under the DP and the even split."""
     cases = case_scenarios(TRAFFIC_FILES, duration_s, seed)
     out = case_throughput(cases, TRAFFIC, iters)
+    for case, row in threaded(cases, NO_OL, iters).items():
+        out[case].update(row)
     for case, sc in cases.items():
         for st, key in (("nexus", "ssd_budget_ms"), ("nexus_even_split", "even_ssd_budget_ms")):
             gpu = next(s.slo_ms for s in scaled_sessions(sc, STRATEGIES[st])[0] if s.model == "ssd")
@@ -73,21 +88,26 @@ def game(duration_s: float, seed: int, iters: int) -> dict[str, dict[str, float]
     sc = case_scenarios({"all_models": GAME_FILE}, duration_s, seed)["all_models"]
     icons = {m for g in sc.prefix_groups for m in g.models}
     resnet = replace(sc, sessions=tuple(s for s in sc.sessions if s.model in icons))
-    return {**case_throughput({"all_models": sc}, GAME, iters, icon_frames),
-            **case_throughput({"resnet_only": resnet}, GAME_RESNET_ONLY, iters, icon_frames)}
+    out = {**case_throughput({"all_models": sc}, GAME, iters, icon_frames),
+           **case_throughput({"resnet_only": resnet}, GAME_RESNET_ONLY, iters, icon_frames)}
+    out["all_models"].update(threaded({"all_models": sc}, NO_OL[:1], iters, icon_frames)["all_models"])
+    out["resnet_only"].update(threaded({"resnet_only": resnet}, NO_OL, iters, icon_frames)["resnet_only"])
+    return out
 
 
 def traffic_ratios(row: dict[str, float]) -> dict[str, float]:
     """Nexus over each baseline / ablation (ratio of max frames/s) and Fig. 11's cumulative falls: all but OL off
     (from Nexus), then OL off too (from all but OL off)."""
-    off = "batch_oblivious_lazy_drop_overlap"
-    return {"speedup_vs_batch_oblivious": row["nexus"] / max(row["batch_oblivious"], 1e-9),
-            "speedup_vs_tf": row["nexus"] / max(row["batch_oblivious_fixed_batch"], 1e-9),
-            "speedup_vs_clipper": row["nexus"] / max(row["batch_oblivious_lazy_drop"], 1e-9),
-            "qa_gain": row["nexus"] / max(row["nexus_even_split"], 1e-9),
-            "ed_gain": row["nexus"] / max(row["nexus_lazy_drop"], 1e-9),
-            "all_but_ol_drop": 1 - row[off] / max(row["nexus"], 1e-9),
-            "ol_drop": 1 - row["batch_oblivious_lazy_drop"] / max(row[off], 1e-9)}
+    off, t = "batch_oblivious_lazy_drop_overlap", f"_{THREADS}_threads"
+    out = {"speedup_vs_batch_oblivious": row["nexus"] / max(row["batch_oblivious"], 1e-9),
+           "qa_gain": row["nexus"] / max(row["nexus_even_split"], 1e-9),
+           "ed_gain": row["nexus"] / max(row["nexus_lazy_drop"], 1e-9),
+           "all_but_ol_drop": 1 - row[off] / max(row["nexus"], 1e-9)}
+    for sfx in ("", t):
+        out.update({f"speedup_vs_tf{sfx}": row["nexus"] / max(row["batch_oblivious_fixed_batch" + sfx], 1e-9),
+                    f"speedup_vs_clipper{sfx}": row["nexus"] / max(row["batch_oblivious_lazy_drop" + sfx], 1e-9),
+                    f"ol_drop{sfx}": 1 - row["batch_oblivious_lazy_drop" + sfx] / max(row[off], 1e-9)})
+    return out
 
 
 def print_cases(rows: Mapping[str, Mapping[str, float]], labels: Mapping[str, str]) -> None:
@@ -117,10 +137,15 @@ def print_traffic(tr: dict[str, dict[str, float]]) -> None:
     print_ratios({c: {k: v for k, v in r.items() if not k.endswith("drop")} for c, r in ratios.items()},
                  {"speedup_vs_batch_oblivious": "-", "speedup_vs_tf": "534/227 = 2.4x, 264/146 = 1.8x (non-rush, rush)",
                   "speedup_vs_clipper": "figure only (1.8-4.4x over both, §1)",
+                  f"speedup_vs_tf_{THREADS}_threads": "2.4x, 1.8x", f"speedup_vs_clipper_{THREADS}_threads": "-",
                   "qa_gain": "534/433 = 1.23x (-19%), smaller at rush", "ed_gain": "small"})
-    print_ratios({c: {k: 100 * v for k, v in r.items() if k.endswith("drop")} for c, r in ratios.items()},
-                 {"all_but_ol_drop": "39% (534 -> 326, non-rush)", "ol_drop": "a further 34% (326 -> 216, non-rush)"},
-                 suffix="%", title="throughput fall (Fig. 11 ablation)")
+    print_ratios({c: {k: 100 * v for k, v in r.items() if "drop" in k} for c, r in ratios.items()},
+                 {"all_but_ol_drop": "39% (534 -> 326, non-rush)", "ol_drop": "a further 34% (326 -> 216, non-rush)",
+                  f"ol_drop_{THREADS}_threads": "34%"}, suffix="%", title="throughput fall (Fig. 11 ablation)")
+    print(f"no-OL rows pre-process a batch on 1 thread (b*p); *_{THREADS}_threads: on {THREADS} (ceil(b/{THREADS})*p, "
+          f"sensitivity); max frames/s of those: " + ", ".join(
+              f"{CASE_HEADERS[c]} Clipper-like {row['batch_oblivious_lazy_drop_' + str(THREADS) + '_threads']:.1f} "
+              f"TF-like {row['batch_oblivious_fixed_batch_' + str(THREADS) + '_threads']:.1f}" for c, row in tr.items()))
     print(f"SSD stage SLO: DP {tr['nonrush']['ssd_budget_ms']:.0f} ms (non-rush), {tr['rush']['ssd_budget_ms']:.0f} ms"
           f" (rush) of 400 ms; even split {tr['nonrush']['even_ssd_budget_ms']:.0f} ms; paper: QA gives SSD 345 ms")
 
@@ -133,7 +158,7 @@ def game_ratios(row: Mapping[str, float]) -> dict[str, float]:
         return row[a] / max(row[b], 1e-9)
 
     tf, clipper, ro = "batch_oblivious_fixed_batch", "batch_oblivious_lazy_drop", "resnet_only_"
-    ed_off = "batch_oblivious_lazy_drop_overlap"
+    ed_off, t = "batch_oblivious_lazy_drop_overlap", f"_{THREADS}_threads"
     return {"speedup_vs_batch_oblivious": over("nexus", "batch_oblivious"),
             "speedup_vs_tf": over("nexus", ro + tf), "speedup_vs_clipper": over("nexus", ro + clipper),
             "speedup_vs_tf_all_models": over("nexus", tf), "speedup_vs_clipper_all_models": over("nexus", clipper),
@@ -143,12 +168,19 @@ def game_ratios(row: Mapping[str, float]) -> dict[str, float]:
             "ss_drop": 1 - over("batch_oblivious_no_prefix_batching", "nexus_no_prefix_batching"),
             "ed_drop": 1 - over(ed_off, "batch_oblivious_no_prefix_batching"),
             "pb_ss_ed_drop": 1 - over(ed_off, "nexus"),
-            "ol_drop": 1 - over(clipper, ed_off), "ol_factor": over(ed_off, clipper)}
+            "ol_drop": 1 - over(clipper, ed_off), "ol_factor": over(ed_off, clipper),
+            f"speedup_vs_tf{t}": over("nexus", ro + tf + t), f"speedup_vs_clipper{t}": over("nexus", ro + clipper + t),
+            f"ol_drop{t}": 1 - over(clipper + t, ed_off), f"ol_factor{t}": over(ed_off, clipper + t)}
 
 
 def game_row(gm: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
     """The game cases as one row: all-models configurations by name, ResNet-only ones prefixed ``resnet_only_``."""
     return {**gm["all_models"], **{f"resnet_only_{st}": v for st, v in gm["resnet_only"].items()}}
+
+
+def cpu_cores(gm: Mapping[str, Mapping[str, float]], gpus: int = 16, per_frame_ms: float = 7 * 10.0) -> float:
+    """CPU cores per GPU that Nexus's game throughput needs to pre-process every request (7 × 10 ms per frame)."""
+    return gm["all_models"]["nexus"] * per_frame_ms / 1000.0 / gpus
 
 
 def print_game(gm: dict[str, dict[str, float]]) -> None:
@@ -164,12 +196,21 @@ def print_game(gm: dict[str, dict[str, float]]) -> None:
                   "speedup_vs_clipper": "9.4x (baselines on ResNet only)",
                   "speedup_vs_tf_all_models": "- (paper: baselines' LeNet throughput 'extremely poor')",
                   "speedup_vs_clipper_all_models": "-", "resnet_only_speedup_vs_tf": "-",
-                  "resnet_only_speedup_vs_clipper": "-"})
-    print_ratios({"game": {k: 100 * v for k, v in r.items() if k.endswith("drop")}},
+                  "resnet_only_speedup_vs_clipper": "-", f"speedup_vs_tf_{THREADS}_threads": "12.7x",
+                  f"speedup_vs_clipper_{THREADS}_threads": "9.4x"})
+    print_ratios({"game": {k: 100 * v for k, v in r.items() if "drop" in k}},
                  {"pb_drop": "figure only", "ss_drop": "figure only", "ed_drop": "3% (8.5% with Poisson arrivals)",
-                  "pb_ss_ed_drop": "48% (4120 -> 2143 req/s)", "ol_drop": "86% (a further 7.4x)"}, suffix="%",
-                 title="throughput fall (ablation)")
-    print_ratios({"game": {"ol_factor": r["ol_factor"]}}, {"ol_factor": "7.4x"}, title="(-PB-SS-ED) / (-PB-SS-ED-OL)")
+                  "pb_ss_ed_drop": "48% (4120 -> 2143 req/s)", "ol_drop": "86% (a further 7.4x)",
+                  f"ol_drop_{THREADS}_threads": "86%"}, suffix="%", title="throughput fall (ablation)")
+    print_ratios({"game": {k: v for k, v in r.items() if k.startswith("ol_factor")}},
+                 {"ol_factor": "7.4x", f"ol_factor_{THREADS}_threads": "7.4x"}, title="(-PB-SS-ED) / (-PB-SS-ED-OL)")
+    row, t = game_row(gm), f"_{THREADS}_threads"
+    print(f"no-OL rows pre-process a batch on 1 thread (b*p); *_{THREADS}_threads: on {THREADS} (ceil(b/{THREADS})*p, "
+          f"sensitivity): -PB-SS-ED-OL {row['batch_oblivious_lazy_drop' + t]:.1f}, ResNet only: Clipper-like "
+          f"{row['resnet_only_batch_oblivious_lazy_drop' + t]:.1f}, TF-like {row['resnet_only_batch_oblivious_fixed_batch' + t]:.1f} "
+          f"frames/s")
+    print("CPU cores per GPU the OL rows imply (frames/s x pre-processing per frame / GPUs; the paper provisions 4-5, "
+          f"OL assumes the pool keeps up): nexus {cpu_cores(gm):.1f}")
 
 
 def game_summary(gm: dict[str, dict[str, float]]) -> dict[str, float]:
@@ -177,7 +218,7 @@ def game_summary(gm: dict[str, dict[str, float]]) -> dict[str, float]:
     ``game_resnet_only_<configuration>_...``) and ``game_<ratio>``."""
     row = game_row(gm)
     return {**{f"game_{st}_max_throughput": v for st, v in row.items()},
-            **{f"game_{k}": v for k, v in game_ratios(row).items()}}
+            **{f"game_{k}": v for k, v in game_ratios(row).items()}, "game_nexus_cpu_cores_per_gpu": cpu_cores(gm)}
 
 
 def traffic_summary(tr: dict[str, dict[str, float]]) -> dict[str, float]:
@@ -187,6 +228,8 @@ def traffic_summary(tr: dict[str, dict[str, float]]) -> dict[str, float]:
             "traffic_ssd_budget_ms": tr["nonrush"]["ssd_budget_ms"]}
     for case, row in tr.items():
         flat.update({f"traffic_{case}_{st}_max_throughput": row[st] for st in TRAFFIC})
+        flat.update({f"traffic_{case}_{st}_{THREADS}_threads_max_throughput": row[f"{st}_{THREADS}_threads"]
+                     for st in NO_OL})
         flat.update({f"traffic_{case}_{k}": v for k, v in traffic_ratios(row).items()})
         flat[f"traffic_{case}_ssd_budget_ms"] = row["ssd_budget_ms"]
     return flat

@@ -170,20 +170,23 @@ CODE = Accounting("code", add_std=True, overheads=True, network_ms=2.0, residual
 PRESETS: dict[str, Accounting] = {"paper": PAPER, "code": CODE}
 
 
-def serial_preprocess(profile: BatchProfile, preprocess_ms: float) -> BatchProfile:
-    """The profile of a worker that pre-processes a batch on one CPU thread before its forward (no OL).
+def serial_preprocess(profile: BatchProfile, preprocess_ms: float, threads: int = 1) -> BatchProfile:
+    """The profile of a worker that pre-processes a batch on the CPU before its forward (no OL).
 
     Nexus §6.3/§7.3.1: without overlapping CPU and GPU work, "serializing preprocessing with GPU execution for
-    each batch" makes a batch of ``b`` take ``ℓ'(b) = b·p + ℓ(b)`` (one thread per GPU worker, ``p`` ms per
-    request, inferred). The result is contiguous in ``b`` (a padded size still pre-processes only its ``b``
-    real inputs); std, memory and the code preset's pre/post overheads are the original's.
+    each batch" makes a batch of ``b`` take ``ℓ'(b) = ⌈b/k⌉·p + ℓ(b)``: ``p`` ms per request on ``k`` CPU threads
+    (default one per GPU worker: ``b·p + ℓ(b)``; inferred). The result is contiguous in ``b`` (a padded size still
+    pre-processes only its ``b`` real inputs); std, memory and the code preset's pre/post overheads are the
+    original's.
     """
     if not (math.isfinite(preprocess_ms) and preprocess_ms >= 0):
         raise ConfigError(f"{profile.model}.preprocess_ms", preprocess_ms, "must be a finite number >= 0")
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ConfigError("preprocess_threads", threads, "must be an integer >= 1")
     if preprocess_ms == 0:
         return profile
     bs = tuple(range(1, profile.max_batch + 1))
-    return BatchProfile(profile.model, bs, tuple(profile.latency(b) + b * preprocess_ms for b in bs),
+    return BatchProfile(profile.model, bs, tuple(profile.latency(b) + -(-b // threads) * preprocess_ms for b in bs),
                         std_ms=tuple(profile.std(b) for b in bs) if profile.std_ms else (),
                         memory_bytes=tuple(profile.memory(b) for b in bs) if profile.memory_bytes else (),
                         pre_ms=profile.pre_ms, post_ms=profile.post_ms)

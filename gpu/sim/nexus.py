@@ -10,9 +10,9 @@ CPU model (§6.3, §7.3.1; inferred, spec §8 item 6): a model may declare ``pre
 the node's CPU pool pre-processes requests as they arrive, in parallel with the GPU, and is assumed to keep up
 (the paper provisions 4–5 cores per GPU "to saturate GPU throughput"): a request joins a batch ``p`` ms after it
 arrives, its deadline unchanged, so the planner plans the GPU with ``SLO − p`` (what the authors' code does with
-pre/post-processing, spec §3.1) and the engine delays each request by ``p`` (``ready_ms``). Without OL one
-thread per GPU worker pre-processes a batch before its forward: the planner and the engine both use
-``ℓ'(b) = b·p + ℓ(b)`` (``serial_preprocess``). Both are transforms of the sessions and profiles the planner
+pre/post-processing, spec §3.1) and the engine delays each request by ``p`` (``ready_ms``). Without OL a
+GPU worker pre-processes a batch before its forward, by default on one thread: the planner and the engine both
+use ``ℓ'(b) = b·p + ℓ(b)`` (``serial_preprocess``; ``preprocess_threads: k`` spreads it, ``⌈b/k⌉·p``). Both are transforms of the sessions and profiles the planner
 and the engine already consume (``scaled_sessions``).
 """
 
@@ -82,6 +82,7 @@ class NexusScenario:
     prefix_groups: tuple[PrefixGroup, ...] = ()
     streams: dict[str, int] = field(default_factory=dict)  # query id -> independent uniform sources
     preprocess_ms: dict[str, float] = field(default_factory=dict)  # model -> CPU pre-processing per request
+    preprocess_threads: int = 1  # CPU threads pre-processing one batch without OL (serial_preprocess)
 
     def preprocess(self, model: str) -> float:
         """CPU pre-processing per request of ``model`` (ms; 0 if none declared). A prefix-batched model
@@ -126,7 +127,8 @@ def _models(raw: list[dict[str, Any]], builtin: dict[str, BatchProfile]
 def load(path: str) -> NexusScenario:
     """Parse and validate a Nexus scenario file (JSON or YAML)."""
     raw = load_scenario(path)
-    known = {"name", "preset", "models", "sessions", "queries", "gpus", "simulation", "prefix_groups"}
+    known = {"name", "preset", "models", "sessions", "queries", "gpus", "simulation", "prefix_groups",
+             "preprocess_threads"}
     for key in raw:
         if key not in known:
             raise ConfigError(key, raw[key], f"unknown scenario field; expected one of {sorted(known)}")
@@ -179,7 +181,14 @@ def load(path: str) -> NexusScenario:
         arrivals=choose(sim.get("arrivals", "poisson"), "simulation.arrivals", ["poisson", "uniform"]),
         seed=int(sim.get("seed", 0)), noise=bool(sim.get("noise", False)),
         epsilon_ms=positive(sim.get("epsilon_ms", 1.0), "simulation.epsilon_ms"), prefix_groups=groups,
-        streams={k: v for k, v in streams.items() if v > 1}, preprocess_ms={m: p for m, p in pre.items() if p > 0})
+        streams={k: v for k, v in streams.items() if v > 1}, preprocess_ms={m: p for m, p in pre.items() if p > 0},
+        preprocess_threads=_threads(raw.get("preprocess_threads", 1)))
+
+
+def _threads(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError("preprocess_threads", value, "must be an integer >= 1 (CPU threads per GPU worker)")
+    return value
 
 
 def _streams(value: Any, where: str) -> int:
@@ -219,12 +228,13 @@ def scaled_sessions(sc: NexusScenario, strategy: Strategy, load: float = 1.0
     (split by DP or evenly), rates × ``load``, then — with prefix batching — each prefix group's equal-SLO
     sessions merged into one session of a prefix-batched model (epoch steps 1–2, §6.1), then the CPU model
     (module docstring): with OL every session's SLO becomes its GPU budget ``SLO − p``; without OL every
-    profile with ``p > 0`` becomes ``serial_preprocess``'s ``b·p + ℓ(b)``. A query's split divides the whole
+    profile with ``p > 0`` becomes ``serial_preprocess``'s ``⌈b/k⌉·p + ℓ(b)`` (``k = preprocess_threads``). A query's split divides the whole
     SLO, pre-processing included: a stage's throughput at budget ``k`` is its GPU's at ``k − p`` (OL) or that of
     the serialised profile (no OL)."""
     profiles = dict(sc.profiles)
     if not strategy.overlap:
-        profiles.update({m: serial_preprocess(profiles[m], p) for m, p in sc.preprocess_ms.items()})
+        profiles.update({m: serial_preprocess(profiles[m], p, sc.preprocess_threads)
+                         for m, p in sc.preprocess_ms.items()})
     out = [replace(s, rate=s.rate * load) for s in sc.sessions]
     for q in sc.queries:
         q = replace(q, rate=q.rate * load)
@@ -235,7 +245,7 @@ def scaled_sessions(sc: NexusScenario, strategy: Strategy, load: float = 1.0
     if strategy.prefix_batching and sc.prefix_groups:
         out, extra = merge_sessions(out, sc.prefix_groups)
         if not strategy.overlap:
-            extra = {m: serial_preprocess(prof, sc.preprocess(m)) for m, prof in extra.items()}
+            extra = {m: serial_preprocess(prof, sc.preprocess(m), sc.preprocess_threads) for m, prof in extra.items()}
         profiles.update(extra)
     if strategy.overlap:
         out = [_gpu_budget(s, sc.preprocess(s.model)) for s in out]

@@ -106,3 +106,15 @@ def test_a_builtin_model_takes_preprocessing_and_an_slo_must_leave_room_for_it(t
     text = text.replace("preprocess_ms: 60", "preprocess_ms: 10")
     row = run(write(tmp_path, text), [policy]).table[0]
     assert row["overlap"] is (policy == "nexus") and row["bad_rate"] == 0.0
+
+
+def test_preprocessing_spread_over_k_threads_costs_ceil_b_over_k_times_p():
+    prof = linear_profile("m", 1.0, 5.0, 9)
+    spread = serial_preprocess(prof, 10.0, threads=4)
+    assert [spread.latency(b) - prof.latency(b) for b in (1, 4, 5, 9)] == [10.0, 10.0, 20.0, 30.0]
+
+
+def test_preprocess_threads_must_be_a_positive_integer(tmp_path):
+    text = "preprocess_threads: 0\nsessions: [{id: s, model: resnet50, slo_ms: 50, rate: 1}]\n"
+    with pytest.raises(ConfigError, match=r"preprocess_threads=0"):
+        run(write(tmp_path, text), ["nexus"])
