@@ -163,7 +163,8 @@ def load(path: str) -> NexusScenario:
             if st.model not in profiles:
                 raise ConfigError(f"{q.query_id}.{st.name}.model", st.model,
                                   f"unknown model; choose one of {sorted(profiles)}")
-    streams = {q.query_id: _streams(raw["queries"][i].get("streams", 1), f"queries[{i}].streams")
+    streams = {q.query_id: _count(raw["queries"][i].get("streams", 1), f"queries[{i}].streams",
+                                  "independent uniform sources, e.g. cameras")
                for i, q in enumerate(queries)}
     grouped = {m for g in groups for m in g.models}
     for q in queries:
@@ -182,18 +183,13 @@ def load(path: str) -> NexusScenario:
         seed=int(sim.get("seed", 0)), noise=bool(sim.get("noise", False)),
         epsilon_ms=positive(sim.get("epsilon_ms", 1.0), "simulation.epsilon_ms"), prefix_groups=groups,
         streams={k: v for k, v in streams.items() if v > 1}, preprocess_ms={m: p for m, p in pre.items() if p > 0},
-        preprocess_threads=_threads(raw.get("preprocess_threads", 1)))
+        preprocess_threads=_count(raw.get("preprocess_threads", 1), "preprocess_threads",
+                                  "CPU threads per GPU worker"))
 
 
-def _threads(value: Any) -> int:
+def _count(value: Any, where: str, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError("preprocess_threads", value, "must be an integer >= 1 (CPU threads per GPU worker)")
-    return value
-
-
-def _streams(value: Any, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(where, value, "must be an integer >= 1 (independent uniform sources, e.g. cameras)")
+        raise ConfigError(where, value, f"must be an integer >= 1 ({what})")
     return value
 
 
