@@ -6,15 +6,17 @@ One run, synthetic paper-anchored profiles and the published TITAN X VGG profile
    batch-oblivious placement with the same early-drop dispatcher (Fig. 16 baseline), with a TF-Serving-like
    fixed max batch, and with Clipper-like lazy drop (§7.2 baselines).
 2. Traffic case study (Fig. 11/12, §7.3.2): the shipped ``scenarios/nexus/traffic_case_study*.yaml`` (16 GPUs,
-   SSD → {GoogleNet-car, VGG-Face}, SLO 400 ms, non-rush and rush hour), Nexus and its −QA/−ED ablations vs
-   the §7.2 batch-oblivious baselines (even query split), max frames/s at ≤ 1 % bad.
+   SSD → {GoogleNet-car, VGG-Face}, SLO 400 ms, non-rush and rush hour), Nexus and its −QA/−ED ablations, "all
+   but OL off" and then OL off, vs the §7.2 batch-oblivious baselines (even query split, pre-processing not
+   overlapped with the GPU), max frames/s at ≤ 1 % bad.
 3. Game case study (Fig. 10, §7.3.1): the shipped ``scenarios/nexus/game_case_study.yaml`` (16 GPUs, 20 games,
    per frame one ResNet-50 icon variant + six per-game LeNet digit recognitions, SLO 50 ms, Zipf-0.9 frame
-   rates), the cumulative ablation −PB, −PB−SS, −PB−SS−ED and the §7.2 baselines, with all models and, as
-   the paper ran them, the baselines on the ResNet model alone; max frames/s at ≤ 1 % bad.
+   rates, 10 ms CPU pre-processing per request), the cumulative ablation −PB, −PB−SS, −PB−SS−ED, −PB−SS−ED−OL
+   and the §7.2 baselines, with all models and, as the paper ran them, the baselines on the ResNet model
+   alone; max frames/s at ≤ 1 % bad.
 4. GPUs needed per mix at the base load: Nexus's worst-case plan, no co-location, the §7.4 lower bound, and the
    smallest cluster on which Nexus (capped plan + overflow routing) and the batch-oblivious scheduler each
-   *measure* ≤ 1 % bad.
+   *measure* ≤ 1 % bad; then the epoch reaction to a 1.5× load step (Fig. 13, ``benchmarks/nexus_epochs.py``).
 5. Early vs lazy drop on one GPU (Fig. 9; ℓ(b) = αb + 50 − 25α ms, SLO 100 ms, batch 25).
 6. Query split DP vs even split (Fig. 17; SSD → Inception × γ), GPUs per request/s and simulated.
 7. Prefix batching (Fig. 15) and batch-policy decision time per request.
@@ -44,6 +46,7 @@ from gpu.sim.nexus_engine import simulate_plan
 
 from benchmarks.nexus_cases import (GAME, GAME_RESNET_ONLY, TRAFFIC, game, game_row, game_summary, print_game,
                                     print_traffic, traffic, traffic_summary)
+from benchmarks.nexus_epochs import epoch_reaction, epochs_summary, print_epochs, save_plot
 
 GPUS = 8
 MODELS_E = ("lenet", "vgg7", "googlenet", "resnet50", "inception", "vgg16", "vgg_face", "vgg_s")
@@ -274,6 +277,7 @@ def main(argv: list[str] | None = None) -> int:
                           10.0 if args.quick else 30.0, args.seed, iters + 2)
     qa = query_split(args.quick, iters + 1, args.seed)
     pb = prefix_batching((1, 2, 4, 8, 12, 16), iters + 1, args.seed)
+    ep = epoch_reaction(scs["zipf_rates"], args.seed)
     over = decision_overhead_us()
     smallest = min(p.latency(1) for p in published_profiles().values())
 
@@ -297,6 +301,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{m:21s}{row['nexus']:11d}{row['nexus_bad_rate']:7.3f}{row['nexus_measured']:16.0f}"
               f"{row['batch_oblivious']:20.0f}{row['no_colocation']:10d}{row['lower_bound']:10.2f}")
     print("paper §7.4: Nexus 11.7 GPUs vs lower bound 9.8 (84% efficiency)")
+    print_epochs(ep, "zipf_rates")
     print("\n== Early vs lazy drop, 1 GPU, SLO 100 ms, batch 25 (req/s at 99% good, Poisson) ==")
     for a, row in drops.items():
         print(f"alpha {a:4.2f}: early {row['early_drop']:6.1f}  lazy {row['lazy_drop']:6.1f}  "
@@ -355,12 +360,13 @@ def main(argv: list[str] | None = None) -> int:
         flat.update({f"{m}_gpus_{k}": float(v) for k, v in row.items()})
     flat.update(traffic_summary(tr))
     flat.update(game_summary(gm))
+    flat.update(epochs_summary(ep))
     for k, row in qa.items():
         flat.update({f"query_split_{k}_{n}_gain": v for n, v in row.items() if n != "ssd_budget_ms"})
     for m, row in pb.items():
         flat[f"prefix_batching_m{m}_max_throughput"] = row["pb"]
         flat[f"no_prefix_batching_m{m}_max_throughput"] = row["no_pb"]
-    files = plot(Path(args.plots), thr, drops, pb, tr, gm)
+    files = plot(Path(args.plots), thr, drops, pb, tr, gm) + [str(save_plot(Path(args.plots), ep))]
     print(f"\nplots: {', '.join(files)}\nruntime {time.perf_counter() - t0:.1f} s")
     if args.json:
         Path(args.json).write_text(json.dumps(flat, indent=2))
