@@ -365,6 +365,13 @@ def main(argv: list[str] | None = None) -> int:
     flat.update(traffic_summary(tr))
     flat.update(game_summary(gm))
     flat.update(epochs_summary(ep))
+    pairs = [f"{case}_speedup_vs_{base}" for case in ("traffic_nonrush", "traffic_rush", "game")
+             for base in ("tf", "clipper")]
+    flat["case_study_speedup_vs_baselines_min"] = min(flat[k] for k in pairs)
+    flat["case_study_speedup_vs_baselines_4_threads_min"] = min(flat[f"{k}_4_threads"] for k in pairs)
+    print(f"\nheadline: Nexus / the §7.2 batch-oblivious systems (TF-like, Clipper-like) over both case studies: "
+          f"at least {flat['case_study_speedup_vs_baselines_min']:.2f}x (no-OL pre-processing on 1 thread), "
+          f"{flat['case_study_speedup_vs_baselines_4_threads_min']:.2f}x (on 4); paper 1.8-12.7x")
     for k, row in qa.items():
         flat.update({f"query_split_{k}_{n}_gain": v for n, v in row.items() if n != "ssd_budget_ms"})
     for m, row in pb.items():
