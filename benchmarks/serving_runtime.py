@@ -31,11 +31,13 @@ import os
 import sys
 import threading
 import time
+from collections import deque
 from pathlib import Path
 
 if __package__ in (None, ""):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from gpu.batching import EarlyDropPolicy  # noqa: E402
@@ -67,6 +69,39 @@ def batch1_latency_us(model: torch.nn.Module, n: int, device: str) -> float:
             samples.append(time.perf_counter_ns() - t0)
     samples.sort()
     return samples[len(samples) // 2] / 1e3
+
+
+def python_floor_us(n: int = 200_000) -> float:
+    """µs per request of the least a Python request path can do, whatever sits below it in native code.
+
+    A skeleton of the batch-1 path with every data structure a C builtin: the frontend's call (route lookup,
+    request id, stamp arithmetic, a deque push standing in for a native ring), the worker's pop, the
+    deadline check against ℓ(1) and one record append; no numpy, no lock, no counters, no model. What it
+    costs is the floor under any runtime whose request path passes through the interpreter.
+    """
+    queue: deque = deque()
+    log: list = []
+    now = time.perf_counter_ns
+    routes = {"s": (20_000_000, queue.append)}
+    x = np.zeros((1, 64), np.float32)
+
+    def submit(sid: str, row: np.ndarray, arrival: int, rid: int) -> int:
+        slo, push = routes[sid]
+        push((rid, arrival, arrival + slo, row))
+        return rid
+
+    def run_once() -> bool:
+        if not queue:
+            return False
+        rid, arrival, deadline, row = queue.popleft()
+        log.append((rid, arrival, deadline, now() if deadline >= now() + 35_000 else None))
+        return True
+
+    t0 = now()
+    for i in range(n):
+        submit("s", x, now(), i)
+        run_once()
+    return (now() - t0) / n / 1e3
 
 
 def batch1_path(models, profiles, plan, rows, n: int, block: int, device: str) -> dict[str, float]:
@@ -227,6 +262,12 @@ def main(argv: list[str] | None = None) -> int:
                   + ("" if pool.simulated else f" | {r['throughput_rps']:.0f} req/s, p99 {r['p99_latency_ms']:.2f} ms, "
                                                f"GPU {r['gpu_utilisation_pct']:.0f}%"))
         print(f"{'':17s} {'standalone batch-1 median':>30s} | {'':8s} {b1:8.1f}")
+    floor = python_floor_us()
+    out["python_floor_us"] = floor
+    out["python_floor_frac_of_batch1"] = floor / out[f"{MODELS[0]}_batch1_us"]
+    b1 = out[f"{MODELS[0]}_batch1_us"]
+    print(f"{'python floor':17s} {'skeleton, C builtins only':>30s} | {floor:8.2f} {b1:8.1f} "
+          f"{100 * floor / b1:5.1f}% | the least any request path through the interpreter costs")
     mlp = MODELS[0]
     out["smallest_model"] = mlp
     out["smallest_batch1_us"] = out[f"{mlp}_batch1_us"]
