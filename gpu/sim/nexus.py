@@ -105,22 +105,28 @@ class NexusScenario:
 def _models(raw: list[dict[str, Any]], builtin: dict[str, BatchProfile]
             ) -> tuple[dict[str, BatchProfile], dict[str, float]]:
     """Scenario models and their ``preprocess_ms``; an entry with only a built-in ``name`` (and
-    ``preprocess_ms``) keeps the built-in profile."""
+    ``preprocess_ms``) keeps the built-in profile; ``memory_mb`` is the GPU memory a placement holds."""
     out, pre = {}, {}
     for i, m in enumerate(raw or []):
         name = require(m, "name", f"models[{i}].")
         if "preprocess_ms" in m:
             pre[name] = positive(m["preprocess_ms"], f"models[{i}].preprocess_ms", allow_zero=True)
-        if "table" not in m and "alpha_ms" not in m and name in builtin:
-            continue
         if "table" in m:
-            out[name] = table_profile(name, {int(b): positive(v, f"models[{i}].table.{b}") for b, v in m["table"].items()})
+            prof = table_profile(name, {int(b): positive(v, f"models[{i}].table.{b}") for b, v in m["table"].items()})
+        elif "alpha_ms" in m or name not in builtin:
+            prof = linear_profile(name, positive(require(m, "alpha_ms", f"models[{i}]."), f"models[{i}].alpha_ms",
+                                                 allow_zero=True),
+                                  positive(require(m, "beta_ms", f"models[{i}]."), f"models[{i}].beta_ms",
+                                           allow_zero=True),
+                                  int(positive(m.get("max_batch", 64), f"models[{i}].max_batch")))
         else:
-            out[name] = linear_profile(name, positive(require(m, "alpha_ms", f"models[{i}]."), f"models[{i}].alpha_ms",
-                                                      allow_zero=True),
-                                       positive(require(m, "beta_ms", f"models[{i}]."), f"models[{i}].beta_ms",
-                                                allow_zero=True),
-                                       int(positive(m.get("max_batch", 64), f"models[{i}].max_batch")))
+            prof = None  # a built-in model keeps its profile
+        if "memory_mb" in m:
+            mem = int(positive(m["memory_mb"], f"models[{i}].memory_mb", allow_zero=True) * MIB)
+            base = prof or builtin[name]
+            prof = replace(base, memory_bytes=tuple(mem for _ in base.batches))
+        if prof is not None:
+            out[name] = prof
     return out, pre
 
 

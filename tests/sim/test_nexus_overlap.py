@@ -118,3 +118,4 @@ def test_preprocess_threads_must_be_a_positive_integer(tmp_path):
     text = "preprocess_threads: 0\nsessions: [{id: s, model: resnet50, slo_ms: 50, rate: 1}]\n"
     with pytest.raises(ConfigError, match=r"preprocess_threads=0"):
         run(write(tmp_path, text), ["nexus"])
+

@@ -141,6 +141,16 @@ def test_throughput_search_replans_nexus_at_each_load_within_the_cluster():
     assert high.unassigned  # load 5 does not fit six GPUs: the capped plan says what it cannot promise
 
 
+def test_a_declared_model_memory_is_charged_and_a_negative_one_is_named(tmp_path):
+    text = ("models: [{name: m, alpha_ms: 1, beta_ms: 1, memory_mb: 64}, {name: resnet50, memory_mb: 2048}]\n"
+            "sessions: [{id: s, model: m, slo_ms: 50, rate: 1}]\n")
+    sc = load(write(tmp_path, text))
+    assert sc.profiles["m"].memory(1) == sc.profiles["m"].memory(64) == 64 * 1024**2
+    assert sc.profiles["resnet50"].memory(8) == 2048 * 1024**2
+    with pytest.raises(ConfigError, match=r"models\[0\]\.memory_mb=-1"):
+        load(write(tmp_path, text.replace("memory_mb: 64", "memory_mb: -1")))
+
+
 def test_prefix_group_with_unknown_prefix_model_names_it(tmp_path):
     text = ("prefix_groups: [{name: g, prefix: alexnet, suffix: {beta_ms: 0.1}, models: [x, y]}]\n"
             "sessions: [{id: a, model: x, slo_ms: 100, rate: 10}]\n")
