@@ -114,7 +114,8 @@ def serving_rollout(spec: dict | str | None = None, duration_s: float | None = N
     sessions = sp.planned_sessions(profiles)
     check_slos(sessions, profiles, sp.preset)
     models = {m: load_or_train(m, sp.training_steps, sp.seed) for m in sp.models}
-    planner = EpochPlanner(SquishyPacker(profiles, sp.preset), sessions, sp.epoch)
+    pool_gpus = sum(len(n.devices) for n in ledger.capacity)  # a surge is planned within the pool, not beyond it
+    planner = EpochPlanner(SquishyPacker(profiles, sp.preset), sessions, sp.epoch, max_gpus=pool_gpus)
     trace = sp.trace(sessions)
     data = load_digits_tensors(sp.seed)
     marks = [EpochMark(0.0, planner.plan, True)]
@@ -154,7 +155,8 @@ def _summarise(sp, rt, load, marks: list[EpochMark], beacons: list[dict], profil
         end = marks[i + 1].t_s if i + 1 < len(marks) else sp.duration_s
         w = rec.window(t0 + m.t_s * 1000, t0 + end * 1000, labels=load.labels)
         epochs.append({"epoch": i, "start_s": m.t_s, "end_s": end, "replanned": m.replanned,
-                       "gpus": m.plan.num_gpus, "plan": m.plan.to_dict(), **w.metrics()})
+                       "gpus": m.plan.num_gpus, "unassigned_rps": sum(r for _, r in m.plan.unassigned),
+                       "plan": m.plan.to_dict(), **w.metrics()})
     total = rec.window(labels=load.labels)
     overhead = rt.overhead()
     batch1_us = min(p.latency(1) for p in profiles.values()) * 1000
@@ -221,8 +223,8 @@ def _log_mlflow(tracking: MlflowTarget, parent: str | None, sp, result: dict, ma
     for e, m in zip(result["epochs"], marks):
         run = client.create_run(exp_id, run_name=f"epoch-{e['epoch']}", tags={"mlflow.parentRunId": parent,
                                                                             "nexus.replanned": str(e["replanned"])})
-        keys = ("gpus", "offered_rps", "throughput_rps", "slo_attainment", "bad_rate", "dropped", "late",
-                "mean_batch", "p50_latency_ms", "p99_latency_ms", "start_s", "end_s")
+        keys = ("gpus", "unassigned_rps", "offered_rps", "throughput_rps", "slo_attainment", "bad_rate", "dropped",
+                "late", "mean_batch", "p50_latency_ms", "p99_latency_ms", "start_s", "end_s")
         client.log_batch(run.info.run_id, metrics=[Metric(k, float(e[k]), now, e["epoch"]) for k in keys],
                          params=[Param("plan", _plan_summary(m.plan)[:6000]), Param("epoch", str(e["epoch"]))])
         client.log_text(run.info.run_id, json.dumps(e["plan"], indent=1), "plan.json")

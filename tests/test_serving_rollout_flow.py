@@ -48,7 +48,8 @@ def test_rollout_logs_every_epoch_with_plan_and_slo_figures(state_dir):
                                                      "attributes.run_name LIKE 'epoch-%'")
     assert len(epochs) == len(result["epochs"])
     for run in epochs:
-        assert {"gpus", "throughput_rps", "slo_attainment", "bad_rate"} <= set(run.data.metrics)
+        assert {"gpus", "unassigned_rps", "throughput_rps", "slo_attainment", "bad_rate"} <= set(run.data.metrics)
+        assert run.data.metrics["gpus"] <= 2  # planned within the simulated 2-GPU pool
         assert run.data.params["plan"].startswith("gpu")
     paths = [a.path for a in client.list_artifacts(parent, "serving")]
     assert "serving/serving_rollout.png" in paths and "serving/summary.json" in paths

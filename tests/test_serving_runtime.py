@@ -377,3 +377,23 @@ def test_trace_changes_rates_between_phases():
 def test_unknown_serving_backend_is_a_config_error_naming_it():
     with pytest.raises(ConfigError, match="backend='k8s'"):
         LocalServingRuntime({}, {}, PoolLedger(discover("1x16GiB", "simulated")), backend="k8s")
+
+
+def test_a_plan_capped_at_the_pool_serves_its_unassigned_load_on_the_gpus_it_has(served):
+    data, models, _ = served
+    # the planner believes the MLP is a slow model (5 ms + 1 ms per input): 2 sessions need 3 GPUs, the pool has 1
+    from gpu.schedulers.nexus_profiles import linear_profile
+
+    slow = {"digits_mlp": linear_profile("digits_mlp", 1.0, 5.0, 64)}
+    sessions = [Session("a", "digits_mlp", 100.0, 1500.0), Session("b", "digits_mlp", 100.0, 600.0)]
+    plan = SquishyPacker(slow).plan(sessions, max_gpus=1)
+    assert plan.num_gpus == 1 and plan.unassigned
+    pool = PoolLedger(discover("1x16GiB", "simulated"))
+    with LocalServingRuntime(models, slow, pool, allocation_timeout=2.0) as rt:
+        rt.apply(plan)  # one lease; the unassigned load is routed onto it, not dropped at the frontend
+        assert len(pool.leases()) == 1 and {p.session_id for n in rt.plan.nodes for p in n.placements} == {"a", "b"}
+        load = LoadGenerator(rt.frontend.submit, RateTrace.constant({"a": 150.0, "b": 60.0}, 1.0), data.x_test,
+                             data.y_test).run()
+    assert pool.leases() == []
+    w = rt.recorder.window(labels=load.labels)
+    assert w.offered == load.sent and w.throughput_rps > 0.9 * w.offered_rps  # the real MLP keeps up at this rate

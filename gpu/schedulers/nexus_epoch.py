@@ -53,14 +53,19 @@ class EpochPlanner:
 
     A flow calls :meth:`observe` once per beacon with the measured requests/s of every session; a returned
     plan replaces the previous one (push its nodes and ``rate_shares()`` to the runtime).
+
+    ``max_gpus`` is the cluster: a plan that would need more GPUs is capped at it — residual rates spilled into
+    the nodes it has, what does not fit in ``Plan.unassigned`` (``SquishyPacker.plan(max_gpus=...)``, the
+    authors' FindBestBackend) — rather than asking the pool for GPUs it does not have.
     """
 
     def __init__(self, packer: SquishyPacker, sessions: Sequence[Session], config: EpochConfig | None = None,
-                 start_s: float = 0.0):
+                 start_s: float = 0.0, max_gpus: int | None = None):
         self.packer = packer
         self.config = config or EpochConfig()
+        self.max_gpus = max_gpus
         self._planned = {s.session_id: s for s in sessions}
-        self.plan: Plan = packer.plan(list(sessions))
+        self.plan: Plan = packer.plan(list(sessions), max_gpus)
         self.last_epoch_s = float(start_s)
         self.epochs: list[float] = []
         self.moves = 0
@@ -110,7 +115,7 @@ class EpochPlanner:
                 changed = True
         if not changed:
             return None
-        new = self.packer.plan(list(self._planned.values()))
+        new = self.packer.plan(list(self._planned.values()), self.max_gpus)
         self.plan = self._match_ids(new)
         return self.plan
 

@@ -29,6 +29,7 @@ from gpu.errors import AllocationTimeout, ConfigError
 from gpu.ledger import LedgerClient, Placement
 from gpu.placement import Request
 from gpu.schedulers.nexus import GpuNode, Plan
+from gpu.schedulers.nexus_overflow import route_unassigned
 from gpu.schedulers.nexus_profiles import PRESETS, BatchProfile
 from tasks.serving.frontend import Frontend
 from tasks.serving.stats import Recorder
@@ -125,7 +126,14 @@ class LocalServingRuntime:
                 f"(gpus={share:g}) got no slice of the pool within {self.allocation_timeout}s") from exc
 
     def apply(self, plan: Plan) -> None:
-        """Roll ``plan`` out: lease and start new nodes, update kept ones, drain and release removed ones."""
+        """Roll ``plan`` out: lease and start new nodes, update kept ones, drain and release removed ones.
+
+        A plan capped at the pool's size (``SquishyPacker.plan(max_gpus=...)``) may list load in
+        ``Plan.unassigned``; it is routed onto the plan's nodes first — where it fits its SLO, else where it
+        overbooks least (``route_unassigned``, as the simulator serves it) — so the batch policy serves or drops
+        it; only load no GPU has memory for stays unrouted, and the frontend drops that.
+        """
+        plan = route_unassigned(plan, self.profiles, self.accounting)
         wanted = {n.node_id: n for n in plan.nodes}
         for nid, node in wanted.items():
             old = self.workers.get(nid)

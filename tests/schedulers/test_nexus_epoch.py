@@ -49,3 +49,13 @@ def test_epoch_config_rejects_min_epoch_longer_than_epoch():
 def test_observing_an_unknown_session_is_a_config_error():
     with pytest.raises(ConfigError, match="session_id"):
         planner().observe(1.0, {"other": 1.0})
+
+
+def test_a_planner_on_a_fixed_cluster_caps_every_plan_and_lists_what_does_not_fit():
+    # T = 40 / 50 ms = 800 req/s per GPU: 2000 req/s needs 3 GPUs, the cluster has 2
+    p = EpochPlanner(SquishyPacker(PROFILES), [Session("s", "m", 100, 2000.0)], max_gpus=2)
+    assert p.plan.num_gpus == 2 and sum(r for _, r in p.plan.unassigned) > 0
+    assert feed(p, lambda t: 2000.0 if t <= 30 else 4000.0, 50)  # the surge re-plans ...
+    assert p.plan.num_gpus == 2 and sum(r for _, r in p.plan.unassigned) > 2000  # ... within the cluster
+    uncapped = EpochPlanner(SquishyPacker(PROFILES), [Session("s", "m", 100, 2000.0)])
+    assert uncapped.plan.num_gpus == 3 and not uncapped.plan.unassigned
