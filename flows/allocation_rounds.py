@@ -58,6 +58,7 @@ from resource_blocks import GpuPool, MlflowTarget
 from tasks.cilantro_jobs import JobConfig, RoundWindow, run_service, run_trainer
 from tasks.requests import gpu_options
 from tasks.runners import GpuTaskRunner, flow_mlflow_run_id
+from tasks.ui import publish_table
 
 MODES = ("process", "thread")
 _SLO_FREE = (ResourceFair,)  # the only policy whose decision never reads a performance or an SLO
@@ -168,6 +169,11 @@ def _rounds(s: RoundSettings) -> dict:
         for p in stale:  # only once the state no longer points at them
             Path(p).unlink(missing_ok=True)
         rows.append(row)
+    publish_table(f"cilantro-rounds-{s.run_name}", [
+        {k: row[k] for k in ("round", "allocation", "utilities", "social_welfare", "egalitarian_welfare",
+                             "njc_fairness", "decision_s", "failed") if k in row} for row in rows],
+        f"Cilantro {s.policy}: GPU units allotted per job, the utilities they measured and the welfare/fairness "
+        "of each round")
     return {"run_name": s.run_name, "policy": s.policy, "start_round": start, "next_round": alloc_state.next_round,
             "resumed": saved is not None, "rounds": rows, "state_path": str(state_path(s.run_name)),
             "mlflow_run_id": parent}

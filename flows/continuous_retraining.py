@@ -41,6 +41,7 @@ from gpu.errors import ConfigError
 from resource_blocks import GpuPool, MlflowTarget
 from tasks.ekya_tasks import WindowSettings, config_grid
 from tasks.runners import GpuTaskRunner, flow_mlflow_run_id
+from tasks.ui import publish_table
 
 POLICIES = ("thief", "uniform")
 MODES = ("process", "thread")
@@ -59,6 +60,12 @@ def retraining_windows(run: RunSettings) -> dict:
         logger.log_window(result, streams)
         results.append(result)
     plot = logger.log_plot(results)
+    publish_table(f"ekya-windows-{run.policy}", [
+        {"window": r.window, "mean_accuracy": r.mean_measured, "accuracy": r.measured,
+         "predicted": r.predicted, "retraining_config": r.configs, "gpus_at_start": r.start_alloc,
+         "failures": r.failures} for r in results],
+        f"Ekya {run.policy}: per window and stream, measured and predicted inference accuracy, the retraining "
+        "configuration chosen and the GPUs allotted at the window's start")
     return summarise(run, results, plot, logger.parent_run_id)
 
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from prefect import flow, task
+from prefect import flow, get_run_logger, task
 
 from gpu.batching import make_policy
 from gpu.errors import GpuflowsError
@@ -34,6 +34,7 @@ from gpu.schedulers.nexus_profiles import BatchProfile
 from resource_blocks import GpuPool, MlflowTarget
 from tasks.requests import current_placement, gpu_request
 from tasks.runners import GpuTaskRunner, PlacingTaskRunner, flow_mlflow_run_id
+from tasks.ui import publish_table
 
 DEFAULT_SPEC = Path(__file__).resolve().parent.parent / "scenarios" / "serving" / "digits.yaml"
 RAY_TICK_S = 0.002  # with Ray actors every routed burst is a remote call (~0.5 ms): hand arrivals over per 2 ms
@@ -133,11 +134,18 @@ def serving_rollout(spec: dict | str | None = None, duration_s: float | None = N
                     rt.apply(new)
                 if len(planner.epochs) > before:
                     marks.append(EpochMark(t_s, planner.plan, new is not None))
+                if new is not None:
+                    get_run_logger().info("epoch at %.0f s: re-planned onto %d GPU(s), %.0f req/s unassigned: %s",
+                                          t_s, new.num_gpus, sum(r for _, r in new.unassigned), _plan_summary(new))
             beacons.append({"t_s": t_s, "gpus": float(rt.plan.num_gpus), "gpu_share": rt.gpu_share})
 
         load = LoadGenerator(rt.frontend.submit, trace, data.x_test, data.y_test, sp.seed, rt.frontend.submit_many,
                              RAY_TICK_S if backend == "ray" else 0.0).run(on_beacon, sp.epoch.beacon_s)
     result = _summarise(sp, rt, load, marks, beacons, profiles)
+    columns = ("epoch", "start_s", "end_s", "replanned", "gpus", "unassigned_rps", "offered_rps", "throughput_rps",
+               "slo_attainment", "bad_rate", "p99_latency_ms")
+    publish_table("serving-rollout-epochs", [{k: e[k] for k in columns} for e in result["epochs"]],
+                  f"Nexus epochs of {sp.name}: GPUs planned, load and SLO figures per epoch")
     parent = flow_mlflow_run_id() if tracking.enabled else None
     if tracking.enabled:
         result["mlflow_run_id"] = _log_mlflow(tracking, parent, sp, result, marks, beacons, profiles)

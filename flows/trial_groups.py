@@ -37,6 +37,7 @@ from resource_blocks import GpuPool, MlflowTarget
 from tasks.fluid_trials import load_model, packing_curve, train_chunk
 from tasks.requests import gpu_options
 from tasks.runners import GpuTaskRunner, flow_mlflow_run_id
+from tasks.ui import publish_table
 
 SEARCHES = ("grid", "random", "hyperband", "asha", "bohb", "pbt")
 EXECUTIONS = ("fluid", "fifo")
@@ -292,6 +293,12 @@ def _search(algorithm: str, trials: int, iterations: int, seed: int, space: dict
     top = max(r.iterations for r in ok)
     best = min((r for r in ok if r.iterations == top), key=lambda r: r.score)
     version = log.register(best.trial_id, load_model(best.config, ckpt(best.trial_id)), model_name)
+    publish_table(f"fluid-trials-{algorithm}", [
+        {"trial": r.trial_id, "config": r.config, "iterations": r.iterations,
+         "val_accuracy": None if r.trial_id in failures else 1.0 - r.score, "failed": r.trial_id in failures,
+         "gpu_widths": widths_seen.get(r.trial_id, []), "chunks": len(placements.get(r.trial_id, [])),
+         "best": r.trial_id == best.trial_id} for r in algo.results],
+        f"FLUID {execution} / {algorithm}: every trial's configuration, result and the GPU widths it was given")
     return {"algorithm": algorithm, "execution": execution, "c": c, "d": d, "alpha": alpha, "c_source": source,
             "packing_curve": None if curve is None else {"ps": list(curve.ps), "iters_per_s": list(curve.throughputs),
                                                          "alpha": curve.alpha, "c": curve.c},

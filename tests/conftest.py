@@ -42,3 +42,22 @@ def state_dir(tmp_path, monkeypatch) -> Path:
     """A fresh state folder (pool ledgers, MLflow database) for one test."""
     monkeypatch.setenv("GPUFLOWS_STATE_DIR", str(tmp_path / "state"))
     return tmp_path / "state"
+
+
+
+@pytest.fixture
+def table_artifacts():
+    """Reads the table artifacts published under a key on the test Prefect server: their rows, newest first."""
+    import json
+
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+    from prefect.client.schemas.sorting import ArtifactSort
+
+    def read(key: str) -> list[list[dict]]:
+        with get_client(sync_client=True) as client:
+            found = client.read_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])),
+                                          sort=ArtifactSort.CREATED_DESC)
+        return [json.loads(a.data) for a in found]
+
+    return read

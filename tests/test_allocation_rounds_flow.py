@@ -33,7 +33,7 @@ def round_runs(tgt: MlflowTarget, parent: str) -> list:
     return sorted((r for r in runs if "cilantro.round" in r.data.tags), key=lambda r: int(r.data.tags["cilantro.round"]))
 
 
-def test_two_rounds_log_nested_round_runs_within_capacity(state_dir):
+def test_two_rounds_log_nested_round_runs_within_capacity(state_dir, table_artifacts):
     tgt = target(state_dir)
     out = ar.allocation_rounds(rounds=2, policy="cilantro-njc", pool=sim_pool("cil-two"), capacity=1.0, unit=0.05,
                                run_name="two", mode="thread", tracking=tgt, **SMALL)
@@ -53,6 +53,11 @@ def test_two_rounds_log_nested_round_runs_within_capacity(state_dir):
         assert allocs == pytest.approx(row["allocation"]) and sum(allocs.values()) <= 1.0 + 1e-9
         assert 0.0 <= m["egalitarian_welfare"] <= m["social_welfare"] <= 1.0
         assert {f"utility_{j}" for j in allocs} <= set(m)
+    ui = table_artifacts("cilantro-rounds-two")[0]  # the rounds as the Prefect UI shows them
+    assert [r["round"] for r in ui] == [0, 1]
+    for shown, row in zip(ui, out["rounds"]):
+        assert shown["allocation.svc-a"] == pytest.approx(row["allocation"]["svc-a"], rel=1e-3)
+        assert shown["njc_fairness"] == pytest.approx(row["njc_fairness"], rel=1e-3)
 
 
 def test_resume_after_crash_continues_at_round_3_with_learned_state(state_dir, monkeypatch):

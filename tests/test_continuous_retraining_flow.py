@@ -112,6 +112,15 @@ def test_accuracy_plot_is_an_artifact_of_the_flow_run(thief_run):
     assert any(n.startswith("accuracy-thief") and n.endswith(".png") for n in names)
 
 
+def test_the_prefect_ui_shows_each_window_with_its_decision_and_accuracy(thief_run, table_artifacts):
+    summary, _, _ = thief_run
+    means = [pytest.approx(w["mean"], rel=1e-3) for w in summary["windows"]]
+    table = next(t for t in table_artifacts("ekya-windows-thief") if [r["mean_accuracy"] for r in t] == means)
+    for row, w in zip(table, summary["windows"]):
+        assert row["window"] == w["window"] and row["accuracy.cam0"] == pytest.approx(w["accuracy"]["cam0"], rel=1e-3)
+        assert {"retraining_config.cam0", "gpus_at_start.cam0/infer", "predicted.cam0"} <= set(row), sorted(row)
+
+
 def test_failed_retraining_keeps_the_old_model_records_the_failure_and_the_flow_goes_on(module_state):
     from mlflow import MlflowClient
 

@@ -31,7 +31,7 @@ def runner(name: str, experiment: str = "serving-test") -> GpuTaskRunner:
                          tracking=MlflowTarget(experiment=experiment))
 
 
-def test_rollout_logs_every_epoch_with_plan_and_slo_figures(state_dir):
+def test_rollout_logs_every_epoch_with_plan_and_slo_figures(state_dir, table_artifacts):
     from mlflow import MlflowClient
 
     from flows.serving_rollout import serving_rollout
@@ -55,6 +55,9 @@ def test_rollout_logs_every_epoch_with_plan_and_slo_figures(state_dir):
     assert "serving/serving_rollout.png" in paths and "serving/summary.json" in paths
     series = client.get_metric_history(parent, "series_offered_rps")
     assert len(series) >= 5
+    ui = table_artifacts("serving-rollout-epochs")[0]  # the epochs as the Prefect UI shows them
+    assert [r["epoch"] for r in ui] == [e["epoch"] for e in result["epochs"]]
+    assert [r["gpus"] for r in ui] == [e["gpus"] for e in result["epochs"]]
 
 
 def test_slo_below_batch_one_latency_fails_naming_the_session(state_dir):

@@ -124,6 +124,17 @@ def test_best_model_is_registered_from_the_best_finished_trial(grid):
     assert [v.run_id for v in versions] == [s["trial_runs"][s["best_trial"]]]
 
 
+def test_the_prefect_ui_lists_every_trial_with_its_result_and_gpu_widths(grid, table_artifacts):
+    s = grid[0]
+    table = next(t for t in table_artifacts("fluid-trials-grid") if any(r["trial"] == FAILING for r in t))
+    assert {r["trial"] for r in table} == set(s["scores"])
+    failed = next(r for r in table if r["trial"] == FAILING)
+    assert failed["failed"] and failed["val_accuracy"] is None
+    best = next(r for r in table if r["best"])
+    assert best["trial"] == s["best_trial"] and best["val_accuracy"] == pytest.approx(s["best_val_accuracy"], rel=1e-3)
+    assert all(r["gpu_widths"] for r in table if not r["failed"])
+
+
 def test_trials_share_one_device_as_fractional_slices(grid):
     """Three 0.5 slices on two devices at once: two trials hold halves of the same device (read from MLflow)."""
     s, client, _ = grid
