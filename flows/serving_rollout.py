@@ -117,12 +117,13 @@ def serving_rollout(spec: dict | str | None = None, duration_s: float | None = N
     models = {m: load_or_train(m, sp.training_steps, sp.seed) for m in sp.models}
     pool_gpus = sum(len(n.devices) for n in ledger.capacity)  # a surge is planned within the pool, not beyond it
     planner = EpochPlanner(SquishyPacker(profiles, sp.preset), sessions, sp.epoch, max_gpus=pool_gpus)
-    trace = sp.trace(sessions)
+    chains = sp.chains() if backend == "local" else {}  # a query as a DAG (local backend; see tasks.serving.spec)
+    trace = sp.trace(sessions, issued=set(chains))
     data = load_digits_tensors(sp.seed)
     marks = [EpochMark(0.0, planner.plan, True)]
     beacons: list[dict[str, float]] = []
     with LocalServingRuntime(models, profiles, ledger, make_policy(sp.batch_policy), sp.preset,
-                             sp.load_balancer, sp.seed, backend=backend) as rt:
+                             sp.load_balancer, sp.seed, backend=backend, chains=chains) as rt:
         rt.apply(planner.plan)
 
         def on_beacon(t_s: float) -> None:
@@ -168,11 +169,31 @@ def _summarise(sp, rt, load, marks: list[EpochMark], beacons: list[dict], profil
     total = rec.window(labels=load.labels)
     overhead = rt.overhead()
     batch1_us = min(p.latency(1) for p in profiles.values()) * 1000
+    queries = _query_figures(sp, rt)
+    served = sum(q["queries"] for q in queries.values())
     return {"spec": sp.name, "batch_policy": sp.batch_policy, "duration_s": sp.duration_s, "requests": load.sent,
             "epochs": epochs, "max_gpus": max(e["gpus"] for e in epochs), "replans": sum(m.replanned for m in marks[1:]),
             **total.metrics(), **overhead, "smallest_batch1_us": batch1_us,
             "dispatch_overhead_frac_of_batch1": overhead["dispatch_overhead_us"] / batch1_us,
-            "loadgen_max_lag_ms": load.max_lag_ms}
+            "loadgen_max_lag_ms": load.max_lag_ms, "queries": queries,
+            **({"query_bad_rate": sum(q["queries"] * q["bad_rate"] for q in queries.values()) / served}
+               if served else {})}
+
+
+def _query_figures(sp, rt) -> dict[str, dict[str, float]]:
+    """Per query served as a DAG: how many (root requests) and the share that were bad (Nexus §7's unit)."""
+    from tasks.serving.chaining import query_bad_rate
+
+    out: dict[str, dict[str, float]] = {}
+    if not rt.chainer.parents:
+        return out
+    outcomes = rt.recorder.outcomes
+    for q in sp.queries:
+        stages = [f"{q.query_id}/{st.name}" for st in q.stages if st.parent is not None]
+        if stages:
+            n, bad = query_bad_rate(outcomes, f"{q.query_id}/{q.root}", stages, rt.chainer.root_of)
+            out[q.query_id] = {"queries": n, "bad_rate": bad}
+    return out
 
 
 def _plot(result: dict, beacons: list[dict], marks: list[EpochMark], path: Path) -> Path:
@@ -283,6 +304,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"dispatch overhead {result['dispatch_overhead_us']:.1f} us/request = "
           f"{100 * result['dispatch_overhead_frac_of_batch1']:.1f}% of the smallest model's batch-1 latency "
           f"({result['smallest_batch1_us']:.1f} us); accuracy {result['accuracy']:.3f}")
+    for qid, q in result["queries"].items():
+        print(f"query {qid} (served as a DAG): {q['queries']} queries, {100 * q['bad_rate']:.2f}% bad")
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1, default=str))
     return 0

@@ -36,8 +36,13 @@ def test_rollout_logs_every_epoch_with_plan_and_slo_figures(state_dir, table_art
 
     from flows.serving_rollout import serving_rollout
 
-    result = serving_rollout.with_options(task_runner=runner("rollout"))(tiny_spec())
+    pipe = {"id": "pipe", "slo_ms": 100, "rate": 20, "stages": [{"name": "a", "model": "digits_cnn_small"},
+                                                                  {"name": "b", "model": "digits_mlp", "parent": "a",
+                                                                   "gamma": 2}]}
+    result = serving_rollout.with_options(task_runner=runner("rollout"))(tiny_spec(queries=[pipe]))
     assert result["requests"] > 200 and result["slo_attainment"] > 0.5
+    # the query is served as a DAG: stage b's requests come from a's finished ones (the trace drives only a)
+    assert result["queries"]["pipe"]["queries"] > 50 and result["query_bad_rate"] < 0.2
     assert len(result["epochs"]) >= 3 and result["epochs"][0]["gpus"] >= 1
     assert all(e["end_s"] > e["start_s"] for e in result["epochs"])  # no epoch opened by the trace's last beacon
     assert GpuPool(name="rollout", device_backend="simulated").open_ledger().leases() == []
@@ -53,6 +58,7 @@ def test_rollout_logs_every_epoch_with_plan_and_slo_figures(state_dir, table_art
         assert run.data.params["plan"].startswith("gpu")
     paths = [a.path for a in client.list_artifacts(parent, "serving")]
     assert "serving/serving_rollout.png" in paths and "serving/summary.json" in paths
+    assert client.get_run(parent).data.metrics["query_bad_rate"] == pytest.approx(result["query_bad_rate"])
     series = client.get_metric_history(parent, "series_offered_rps")
     assert len(series) >= 5
     ui = table_artifacts("serving-rollout-epochs")[0]  # the epochs as the Prefect UI shows them

@@ -300,7 +300,7 @@ class _Sink:
         self.n = 0
         self.ids: list[int] = []
 
-    def push(self, session_id, ids, arrival_ns, deadline_ns, xs):
+    def push(self, session_id, ids, arrival_ns, deadline_ns, xs, run_inline=True):
         ids = list(range(ids, ids + len(xs))) if isinstance(ids, int) else ids.tolist()
         assert len(ids) == len(xs) and deadline_ns - arrival_ns == 100_000_000  # the session's SLO, in ns
         self.n += len(ids)
@@ -397,3 +397,34 @@ def test_a_plan_capped_at_the_pool_serves_its_unassigned_load_on_the_gpus_it_has
     assert pool.leases() == []
     w = rt.recorder.window(labels=load.labels)
     assert w.offered == load.sent and w.throughput_rps > 0.9 * w.offered_rps  # the real MLP keeps up at this rate
+
+
+def test_a_query_is_served_as_a_dag_children_issued_by_finished_parents_with_their_slack(served):
+    from tasks.serving.chaining import query_bad_rate
+
+    data, models, profiles = served
+    sessions = [Session("q/a", "digits_mlp", 100.0, 100.0), Session("q/b", "digits_mlp", 60.0, 200.0)]
+    pool = ledger()
+    with LocalServingRuntime(models, profiles, pool, chains={"q/b": ("q/a", 2.0)}, seed=3) as rt:
+        rt.apply(SquishyPacker(profiles).plan(sessions))
+        load = LoadGenerator(rt.frontend.submit, RateTrace.constant({"q/a": 100.0}, 1.5), data.x_test,
+                             data.y_test).run()  # load on the root stage only
+    assert pool.leases() == []
+    by = {}
+    for o in rt.recorder.outcomes:
+        by.setdefault(o.session_id, {})[o.request_id] = o
+    roots, kids = by["q/a"], by["q/b"]
+    assert len(roots) == load.sent and 1.5 * len(roots) < len(kids) < 2.5 * len(roots)  # Poisson(2) per parent
+    for o in kids.values():
+        parent = roots[rt.chainer.root_of[o.request_id]]
+        assert o.arrival_ms == pytest.approx(parent.finish_ms, abs=1e-6)  # issued when the parent's batch finished
+        assert o.deadline_ms == pytest.approx(parent.deadline_ms + 60.0, abs=1e-6)  # its slack carried over
+    n, bad = query_bad_rate(rt.recorder.outcomes, "q/a", ["q/b"], rt.chainer.root_of)
+    assert n == len(roots) and bad <= 0.05
+    assert rt.overhead()["requests"] == len(roots) + len(kids)
+
+
+def test_query_chaining_needs_the_local_backend(served):
+    _, models, profiles = served
+    with pytest.raises(ConfigError, match=r"chains=\['q/b'\]"):
+        LocalServingRuntime(models, profiles, ledger(), chains={"q/b": ("q/a", 2.0)}, backend="ray")

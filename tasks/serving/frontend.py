@@ -13,6 +13,7 @@ Example (spec T13): shares {1: 2/3, 2: 1/3} → DRR over 300 requests sends 200 
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any, Mapping, Sequence
 
@@ -81,6 +82,7 @@ class WeightedRandom:
 
 
 LOAD_BALANCERS = ("drr", "weighted_random")
+CHAINED_IDS = 1 << 40  # first id of requests issued by query stages (``Frontend.chain``)
 
 
 class Frontend:
@@ -105,6 +107,11 @@ class Frontend:
         self.counts: dict[str, int] = {}
         self.route_ns = 0
         self.submitted = 0
+        # requests a finished query stage issues to the next (``chain``, from worker threads): their own lock
+        # and id space, so the load generator's path stays lock-free
+        self._chain_lock = threading.Lock()
+        self._next_chained = CHAINED_IDS
+        self.chained = 0
 
     def set_plan(self, plan: Plan, workers: Mapping[int, Any]) -> None:
         """Install the routing table of ``plan``; ``workers`` maps node id → the worker running it."""
@@ -162,26 +169,54 @@ class Frontend:
         arrival = t0 if arrival_ns is None else arrival_ns
         deadline = arrival + slo
         self.counts[session_id] += k
-        if one is not None:
-            one.push(session_id, first, arrival, deadline, rows)
-        elif pick is not None:
-            to = pick.pick_many(k)
-            each = isinstance(arrival, np.ndarray)
-            for j, target in enumerate(pick.targets):
-                mask = to == j
-                if mask.any():
-                    target.push(session_id, np.arange(first, first + k)[mask], arrival[mask] if each else arrival,
-                                deadline[mask] if each else deadline, rows[mask])
-        else:
-            self.recorder.dropped(session_id, -1, np.arange(first, first + k), np.full(k, arrival, np.int64),
-                                  np.full(k, deadline, np.int64))
+        self._dispatch(session_id, one, pick, first, k, arrival, deadline, rows, True)
         self.submitted += k
         self.route_ns += time.perf_counter_ns() - t0
         return ids
 
+    def chain(self, session_id: str, xs: np.ndarray, arrival_ns: int, deadline_ns: np.ndarray) -> np.ndarray:
+        """Requests of a query stage issued by its parent stage's finished requests (a worker's thread, while it
+        records the parent batch): ``xs`` their inputs, ``arrival_ns`` the parent batch's finish, ``deadline_ns``
+        one per request (the parent's deadline plus this stage's budget: unused slack carries over). They never
+        run inline on the issuing thread. Returns their ids (a range apart from the load generator's)."""
+        k = len(xs)
+        if k == 1:  # a request alone takes the rings' scalar path, which wants plain ints
+            deadline_ns = int(deadline_ns[0])
+        with self._chain_lock:
+            first = self._next_chained
+            self._next_chained = first + k
+            self.counts[session_id] = self.counts.get(session_id, 0) + k
+            self.chained += k
+            _, one, pick = self._routes.get(session_id, (0, None, None))
+            self._dispatch(session_id, one, pick, first, k, arrival_ns, deadline_ns, xs, False)
+        return np.arange(first, first + k)
+
+    def _dispatch(self, session_id: str, one: Any, pick: Any, first: int, k: int, arrival: np.ndarray | int,
+                  deadline: np.ndarray | int, rows: np.ndarray, inline: bool) -> None:
+        """Requests ``first .. first + k`` into the ring of their worker (or of each picked one); dropped when
+        the plan gives the session no GPU."""
+        if one is not None:
+            one.push(session_id, first, arrival, deadline, rows, inline)
+        elif pick is not None:
+            to = pick.pick_many(k)
+            for j, target in enumerate(pick.targets):
+                mask = to == j
+                if mask.any():
+                    target.push(session_id, np.arange(first, first + k)[mask], _part(arrival, mask),
+                                _part(deadline, mask), rows[mask], inline)
+        else:
+            self.recorder.dropped(session_id, -1, np.arange(first, first + k), np.full(k, arrival, np.int64),
+                                  np.full(k, deadline, np.int64))
+
     def take_counts(self) -> dict[str, int]:
         """Arrivals per session since the last call (what a frontend reports every beacon)."""
-        out = dict(self.counts)
-        for sid in out:
-            self.counts[sid] = 0
+        with self._chain_lock:
+            out = dict(self.counts)
+            for sid in out:
+                self.counts[sid] = 0
         return out
+
+
+def _part(stamps: np.ndarray | int, mask: np.ndarray) -> np.ndarray | int:
+    """The masked requests' stamps: one stamp for all stays one."""
+    return stamps[mask] if isinstance(stamps, np.ndarray) else stamps

@@ -31,6 +31,7 @@ from gpu.placement import Request
 from gpu.schedulers.nexus import GpuNode, Plan
 from gpu.schedulers.nexus_overflow import route_unassigned
 from gpu.schedulers.nexus_profiles import PRESETS, BatchProfile
+from tasks.serving.chaining import QueryChainer
 from tasks.serving.frontend import Frontend
 from tasks.serving.stats import Recorder
 from tasks.serving.worker import ServingWorker, check_policy
@@ -76,6 +77,9 @@ class LocalServingRuntime:
         backend: ``local`` (worker threads in this process) or ``ray`` (one Ray actor per node,
             ``tasks.serving.ray_backend``; Ray must be initialised, e.g. by ``GpuRayTaskRunner``, and the
             ledger should be the one Ray tasks place on). Leases, routing and re-planning are the same.
+        chains: ``{child stage session: (parent stage session, γ)}`` — serve queries as DAGs (local backend):
+            a finished stage request issues the next stage's (``tasks.serving.chaining``); feed load to the
+            root stages only. ``chainer.root_of`` maps every issued request to its query's root request.
     """
 
     def __init__(self, models: Mapping[str, nn.Module], profiles: Mapping[str, BatchProfile], ledger: LedgerClient,
@@ -83,9 +87,13 @@ class LocalServingRuntime:
                  load_balancer: str = "drr", seed: int = 0, allocation_timeout: float = 30.0,
                  cpu_threads: int | None = 1, label: str = "nexus",
                  policy_factory: Callable[[], BatchPolicy] | None = None, gc_threshold: int | None = 100_000,
-                 run_inline: bool = True, backend: str = "local"):
+                 run_inline: bool = True, backend: str = "local",
+                 chains: Mapping[str, tuple[str, float]] | None = None):
         if backend not in BACKENDS:
             raise ConfigError("backend", backend, f"unknown serving backend; choose one of {list(BACKENDS)}")
+        if chains and backend != "local":
+            raise ConfigError("chains", sorted(chains), "query chaining needs the local backend (the ray backend "
+                                                        "serves query stages independently)")
         self.backend = backend
         self.models = dict(models)
         self.profiles = dict(profiles)
@@ -95,6 +103,7 @@ class LocalServingRuntime:
         self.accounting = PRESETS[preset]
         self.recorder = Recorder()
         self.frontend = Frontend(self.recorder, load_balancer, seed)
+        self.chainer = QueryChainer(chains or {}, self.frontend, seed)
         self.allocation_timeout = allocation_timeout
         self.label = label
         self.run_inline = run_inline
@@ -134,6 +143,7 @@ class LocalServingRuntime:
         it; only load no GPU has memory for stays unrouted, and the frontend drops that.
         """
         plan = route_unassigned(plan, self.profiles, self.accounting)
+        self.chainer.set_budgets({s.session_id: s.slo_ms for s in plan.sessions})
         wanted = {n.node_id: n for n in plan.nodes}
         for nid, node in wanted.items():
             old = self.workers.get(nid)
@@ -164,7 +174,7 @@ class LocalServingRuntime:
             return RayWorkerHandle(node, self.models, self.profiles, self._new_policy(), lease, self.recorder,
                                    self.accounting, device)
         return ServingWorker(node, self.models, self.profiles, self._new_policy(), self.recorder, device,
-                             self.accounting, self.run_inline).start()
+                             self.accounting, self.run_inline, self.chainer.parent_done, self.chainer.parents).start()
 
     def sync(self) -> None:
         """Bring remote workers' outcomes so far into ``recorder`` (local workers record directly)."""
@@ -198,15 +208,17 @@ class LocalServingRuntime:
 
         Overhead = time in the frontend's ``submit`` (stamp, route, enqueue, and the batches it ran for idle
         workers) plus the workers' busy time (policy decisions over the rings, batch slices, result hand-back,
-        loop and wake-ups), less every forward pass (wherever it ran), over the requests submitted. Wall
+        loop and wake-ups, issuing query stages' children), less every forward pass (wherever it ran), over the
+        requests submitted and chained. Wall
         time: pre-emption by other processes and GIL hand-offs count against the runtime, not for it.
         ``inline_share``: the fraction of batches the frontend's thread ran itself.
         """
         c = self.counters()
-        n = max(1, self.frontend.submitted)
+        requests = self.frontend.submitted + self.frontend.chained
+        n = max(1, requests)
         front_ns = self.frontend.route_ns - c["inline_execute_ns"]
         worker_ns = c["busy_ns"] - (c["execute_ns"] - c["inline_execute_ns"])
-        return {"requests": float(self.frontend.submitted),
+        return {"requests": float(requests),
                 "frontend_us_per_request": front_ns / n / 1e3,
                 "worker_us_per_request": worker_ns / n / 1e3,
                 "dispatch_overhead_us": (front_ns + worker_ns) / n / 1e3,

@@ -12,14 +12,16 @@ Format (YAML or JSON; ``docs/serving.md``)::
     runtime: {batch_policy: early_drop, load_balancer: drr, training_steps: 300}
 
 Queries are split into one session per stage (``query/stage``) by the DP of Nexus §6.2 once the models
-are profiled; stages are served as independent sessions at their stage rates (as in ``gpu.sim.nexus``).
+are profiled. With the local backend a query is served as a DAG (``tasks.serving.chaining``: the trace drives
+its root stage, finished stage requests issue the next stage's); the Ray backend serves its stages as
+independent sessions at their stage rates.
 A phase's ``scale`` multiplies every base rate (sessions and queries); its ``rates`` set some absolutely.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Mapping
+from typing import Any, Collection, Mapping
 
 from gpu.batching import POLICIES
 from gpu.errors import ConfigError
@@ -65,10 +67,16 @@ class ServingSpec:
             out += split_slo(q, tput, epsilon_ms).sessions(q)
         return out
 
-    def trace(self, sessions: list[Session]) -> RateTrace:
-        """The rate trace over the planned sessions (query scales and rates apply to their stages)."""
+    def chains(self) -> dict[str, tuple[str, float]]:
+        """``{stage session: (parent stage session, γ)}`` for every non-root query stage."""
+        return {f"{q.query_id}/{st.name}": (f"{q.query_id}/{st.parent}", st.gamma)
+                for q in self.queries for st in q.stages if st.parent is not None}
+
+    def trace(self, sessions: list[Session], issued: Collection[str] = ()) -> RateTrace:
+        """The rate trace over the planned sessions (query scales and rates apply to their stages), less the
+        ``issued`` ones: stages whose requests their parent stage issues (``chains()``, served as a DAG)."""
         stage_of = {f"{q.query_id}/{u}": (q, u) for q in self.queries for u in q.order()}
-        base = {s.session_id: s.rate for s in sessions}
+        base = {s.session_id: s.rate for s in sessions if s.session_id not in issued}
         phases = []
         for p in self.phases:
             rates = {sid: r * p["scale"] for sid, r in base.items()}

@@ -32,7 +32,7 @@ import copy
 import math
 import threading
 import time
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 from torch import nn
@@ -60,7 +60,7 @@ def check_policy(policy: Any) -> BatchPolicy:
 class _Slot:
     """One session on this worker: its ring of queued requests, the planned batch and ℓ(b) in ns and ms."""
 
-    __slots__ = ("placement", "model", "latency_ns", "latency_ms", "max_batch", "ring", "retiring")
+    __slots__ = ("placement", "model", "latency_ns", "latency_ms", "max_batch", "ring", "retiring", "on_done")
 
     def __init__(self, placement: Placement, model: nn.Module, profile: BatchProfile, accounting: Accounting):
         self.placement = placement
@@ -71,6 +71,7 @@ class _Slot:
         self.max_batch = profile.max_batch
         self.ring = RequestRing()
         self.retiring = False
+        self.on_done: Callable[..., None] | None = None  # a query stage with children: issue them
 
     def requests(self) -> list[Request]:
         """The queue as ``Request`` objects (ms), for a policy with only the object API."""
@@ -92,11 +93,15 @@ class ServingWorker:
         device: torch device string of the placement (``"cpu"`` on a simulated pool).
         accounting: latency preset the plan used (``paper`` charges the bare mean ℓ(b)).
         run_inline: when idle, let the pushing thread run the batch (run to completion, no thread wake-up).
+        on_done: called as ``on_done(session_id, ids, deadlines, finish_ns, inputs)`` after each served batch of
+            a session in ``parents`` (query stages whose finished requests issue the next stage's,
+            ``tasks.serving.chaining``).
     """
 
     def __init__(self, node: GpuNode, models: Mapping[str, nn.Module], profiles: Mapping[str, BatchProfile],
                  policy: BatchPolicy, recorder: Recorder, device: str = "cpu", accounting: Accounting = PAPER,
-                 run_inline: bool = True):
+                 run_inline: bool = True, on_done: Callable[..., None] | None = None,
+                 parents: frozenset[str] = frozenset()):
         self.policy = check_policy(policy)
         self._span = isinstance(policy, SpanPolicy)
         self.device = torch.device(device)
@@ -115,6 +120,7 @@ class ServingWorker:
         self._bell.acquire()
         self._exec = threading.Lock()  # held by whichever thread runs batches: the worker's, or a pusher's
         self.run_inline = run_inline
+        self._on_done, self._parents = on_done, parents
         self._stop = False
         self._drain = True
         self._cfg = threading.Lock()   # update() (flow thread) vs retiring slots (worker thread)
@@ -165,6 +171,7 @@ class ServingWorker:
             if slot is None or slot.placement.model != p.model:
                 slot = _Slot(p, self._model(p.model), self._profiles[p.model], self.accounting)
             slot.placement, slot.retiring = p, False
+            slot.on_done = self._on_done if p.session_id in self._parents else None
             slots.append(slot)
         wanted = {p.session_id for p in node.placements}
         for sid, old in self._by_session.items():
@@ -184,13 +191,14 @@ class ServingWorker:
 
     # -- request path -------------------------------------------------------------------------
     def push(self, session_id: str, ids: np.ndarray | int, arrival_ns: int, deadline_ns: int,
-             xs: np.ndarray) -> None:
+             xs: np.ndarray, run_inline: bool = True) -> None:
         """Queue requests of one session (the frontend's thread): array writes into the session's ring; when the
         worker is idle, run the batch here (run to completion) or, if that is off or the worker thread holds
         the execution lock, ring its doorbell.
 
         ``ids``: their request ids (an array, or the first of consecutive ids); ``arrival_ns``/``deadline_ns``:
-        one stamp for all, or one per request (nondecreasing); ``xs``: their inputs, a float32 ``k×d`` array.
+        one stamp for all, or one per request (nondecreasing); ``xs``: their inputs, a float32 ``k×d`` array;
+        ``run_inline=False``: never run the batch on this thread (a worker issuing a query's next stage).
         """
         slot = self._by_session.get(session_id)
         if slot is None:  # routed here by a plan this worker no longer runs
@@ -201,7 +209,7 @@ class ServingWorker:
         ring = slot.ring
         ring.push(ids, arrival_ns, deadline_ns, xs)
         if self._idle:
-            if self.run_inline and self._exec.acquire(False):
+            if run_inline and self.run_inline and self._exec.acquire(False):
                 self._run_inline(ring)
             else:
                 self._idle = False
@@ -396,6 +404,7 @@ class ServingWorker:
                  deadline: np.ndarray | int) -> None:
         """Run one batch (``x``: its input rows) and hand its ids, timestamps and predictions back as arrays
         (a batch of one's as ints: ``type(ids) is int`` tells it apart without ``len`` of a tensor, ~0.5 µs)."""
+        rows = x
         if self._to_device:
             x = x.to(self.device, non_blocking=True)
         one = type(ids) is int
@@ -404,6 +413,8 @@ class ServingWorker:
         preds = out.tolist() if one or self._to_device else out.numpy()  # a 1-list: a third of .numpy()'s cost
         t2 = _now()
         self.recorder.served(slot.placement.session_id, self.node_id, ids, arrival, deadline, t2, preds)
+        if slot.on_done is not None:
+            slot.on_done(slot.placement.session_id, ids, deadline, t2, rows)
         self.execute_ns += t2 - t1
         self.batches += 1
         b = 1 if one else len(preds)

@@ -1,0 +1,91 @@
+"""Query DAGs served as DAGs: a finished stage request issues the next stage's requests (local backend).
+
+Nexus §6.2 splits a query's latency SLO across its stages; at run time a stage's request is issued by its
+parent's finished request and inherits its unused slack (the authors' ``request_context``, spec §3.4): the
+child arrives when the parent's batch finishes and must finish by the parent's deadline plus its own stage
+budget, so a root-to-leaf path ends by the query's arrival + its end-to-end SLO. Each finished, on-time
+parent issues Poisson(γ) children (γ: the stage's fan-out, e.g. faces per frame), with the parent's input as
+theirs (a crop of it, in a real pipeline); a dropped or late parent issues none — its query is bad already.
+This is what ``gpu.sim.nexus_engine`` simulates; here real requests flow through the workers.
+
+The chainer is the workers' ``on_done`` hook (``ServingWorker``), so children are issued on the worker's
+thread while it records the parent batch (``Frontend.chain``: own lock and id range, never run inline).
+The Ray backend records in its actors and ships outcomes back later, so it serves stages independently.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from typing import Iterable, Mapping
+
+import numpy as np
+
+from gpu.errors import ConfigError
+from tasks.serving.frontend import Frontend
+from tasks.serving.stats import Outcome
+
+
+class QueryChainer:
+    """Issues query stages' children and remembers each issued request's root (the query's first request).
+
+    Args:
+        chains: ``{child stage session: (parent stage session, γ)}`` (``ServingSpec.chains()``).
+        frontend: routes the children (``Frontend.chain``).
+        seed: the fan-out draws.
+    """
+
+    def __init__(self, chains: Mapping[str, tuple[str, float]], frontend: Frontend, seed: int = 0):
+        self.children: dict[str, list[tuple[str, float]]] = {}
+        for child, (parent, gamma) in chains.items():
+            if not (math.isfinite(gamma) and gamma >= 0):
+                raise ConfigError(f"{child}.gamma", gamma, "must be a finite fan-out >= 0")
+            self.children.setdefault(parent, []).append((child, float(gamma)))
+        self.parents = frozenset(self.children)
+        self.frontend = frontend
+        self.root_of: dict[int, int] = {}
+        self._budget_ns: dict[str, int] = {}
+        self._rng = np.random.default_rng(seed)
+        self._lock = threading.Lock()
+
+    def set_budgets(self, slo_ms: Mapping[str, float]) -> None:
+        """The stages' budgets of the plan in force (its sessions' SLOs, ms)."""
+        self._budget_ns = {c: round(slo_ms[c] * 1e6) for kids in self.children.values() for c, _ in kids
+                           if c in slo_ms}
+
+    def parent_done(self, session_id: str, ids: np.ndarray | int, deadline_ns: np.ndarray | int, finish_ns: int,
+                    inputs) -> None:
+        """A worker served a batch of stage ``session_id``: issue its on-time requests' children."""
+        ids, deadline = np.atleast_1d(ids), np.atleast_1d(deadline_ns)
+        on_time = deadline >= finish_ns
+        if not on_time.any():
+            return
+        rows = inputs.numpy() if hasattr(inputs, "numpy") else np.asarray(inputs)
+        with self._lock:
+            for child, gamma in self.children[session_id]:
+                idx = np.repeat(np.arange(len(ids)), self._rng.poisson(gamma, len(ids)) * on_time)
+                if not len(idx):
+                    continue
+                issued = self.frontend.chain(child, rows[idx], finish_ns, deadline[idx] + self._budget_ns.get(child, 0))
+                root = self.root_of
+                root.update(zip(issued.tolist(), (root.get(i, i) for i in ids[idx].tolist())))
+
+
+def query_bad_rate(outcomes: Iterable[Outcome], root_session: str, stage_sessions: Iterable[str],
+                   root_of: Mapping[int, int]) -> tuple[int, float]:
+    """(queries, bad rate) of one query over ``outcomes``: a query — one request of its root stage — is bad
+    when that request or any request its stages issued for it was dropped or late (Nexus §7's unit)."""
+    stages = set(stage_sessions)
+    roots: set[int] = set()
+    bad: set[int] = set()
+    for o in outcomes:
+        if o.session_id == root_session:
+            roots.add(o.request_id)
+            query = o.request_id
+        elif o.session_id in stages:
+            query = root_of.get(o.request_id, o.request_id)
+        else:
+            continue
+        if not o.finish_ms <= o.deadline_ms:  # dropped (NaN) or late
+            bad.add(query)
+    return len(roots), len(bad & roots) / len(roots) if roots else 0.0
