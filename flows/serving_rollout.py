@@ -191,7 +191,7 @@ def _query_figures(sp, rt) -> dict[str, dict[str, float]]:
     for q in sp.queries:
         stages = [f"{q.query_id}/{st.name}" for st in q.stages if st.parent is not None]
         if stages:
-            n, bad = query_bad_rate(outcomes, f"{q.query_id}/{q.root}", stages, rt.chainer.root_of)
+            n, bad = query_bad_rate(outcomes, f"{q.query_id}/{q.root}", stages, rt.chainer.root)
             out[q.query_id] = {"queries": n, "bad_rate": bad}
     return out
 

@@ -300,7 +300,7 @@ class _Sink:
         self.n = 0
         self.ids: list[int] = []
 
-    def push(self, session_id, ids, arrival_ns, deadline_ns, xs, run_inline=True):
+    def push(self, session_id, ids, arrival_ns, deadline_ns, xs):
         ids = list(range(ids, ids + len(xs))) if isinstance(ids, int) else ids.tolist()
         assert len(ids) == len(xs) and deadline_ns - arrival_ns == 100_000_000  # the session's SLO, in ns
         self.n += len(ids)
@@ -416,12 +416,28 @@ def test_a_query_is_served_as_a_dag_children_issued_by_finished_parents_with_the
     roots, kids = by["q/a"], by["q/b"]
     assert len(roots) == load.sent and 1.5 * len(roots) < len(kids) < 2.5 * len(roots)  # Poisson(2) per parent
     for o in kids.values():
-        parent = roots[rt.chainer.root_of[o.request_id]]
+        parent = roots[rt.chainer.root(o.request_id)]
         assert o.arrival_ms == pytest.approx(parent.finish_ms, abs=1e-6)  # issued when the parent's batch finished
         assert o.deadline_ms == pytest.approx(parent.deadline_ms + 60.0, abs=1e-6)  # its slack carried over
-    n, bad = query_bad_rate(rt.recorder.outcomes, "q/a", ["q/b"], rt.chainer.root_of)
+    n, bad = query_bad_rate(rt.recorder.outcomes, "q/a", ["q/b"], rt.chainer.root)
     assert n == len(roots) and bad <= 0.05
     assert rt.overhead()["requests"] == len(roots) + len(kids)
+
+
+def test_a_three_stage_query_resolves_every_request_to_its_root_and_sums_the_stage_budgets(served):
+    data, models, profiles = served
+    sessions = [Session("q/a", "digits_mlp", 100.0, 80.0), Session("q/b", "digits_cnn_small", 40.0, 80.0),
+                Session("q/c", "digits_mlp", 30.0, 80.0)]
+    with LocalServingRuntime(models, profiles, ledger(), chains={"q/b": ("q/a", 1.0), "q/c": ("q/b", 1.0)}) as rt:
+        rt.apply(SquishyPacker(profiles).plan(sessions))
+        LoadGenerator(rt.frontend.submit, RateTrace.constant({"q/a": 80.0}, 1.0), data.x_test, data.y_test).run()
+    by = {}
+    for o in rt.recorder.outcomes:
+        by.setdefault(o.session_id, {})[o.request_id] = o
+    assert len(by["q/c"]) > 20  # grandchildren, issued by children that were issued by roots
+    for o in by["q/c"].values():
+        root = by["q/a"][rt.chainer.root(o.request_id)]
+        assert o.deadline_ms == pytest.approx(root.deadline_ms + 40.0 + 30.0, abs=1e-6)
 
 
 def test_query_chaining_needs_the_local_backend(served):

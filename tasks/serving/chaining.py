@@ -8,8 +8,10 @@ parent issues Poisson(γ) children (γ: the stage's fan-out, e.g. faces per fram
 theirs (a crop of it, in a real pipeline); a dropped or late parent issues none — its query is bad already.
 This is what ``gpu.sim.nexus_engine`` simulates; here real requests flow through the workers.
 
-The chainer is the workers' ``on_done`` hook (``ServingWorker``), so children are issued on the worker's
-thread while it records the parent batch (``Frontend.chain``: own lock and id range, never run inline).
+The chainer is the workers' ``on_done`` hook (``ServingWorker``), so children are issued on the thread that
+ran the parent batch (``Frontend.chain``: its own id range); an idle worker runs them right there, and a
+batch running inline serves what it issued to its own worker before it returns (no thread wake-up). No lock
+is held while a child is pushed: that push may run a batch whose stage issues the next.
 The Ray backend records in its actors and ships outcomes back later, so it serves stages independently.
 """
 
@@ -17,7 +19,7 @@ from __future__ import annotations
 
 import math
 import threading
-from typing import Iterable, Mapping
+from typing import Callable, Iterable, Mapping
 
 import numpy as np
 
@@ -27,7 +29,9 @@ from tasks.serving.stats import Outcome
 
 
 class QueryChainer:
-    """Issues query stages' children and remembers each issued request's root (the query's first request).
+    """Issues query stages' children and remembers each issued request's parent (``root``: its query's first
+    request; parents, not roots, are stored because a child's own children may be issued before its push
+    returns).
 
     Args:
         chains: ``{child stage session: (parent stage session, γ)}`` (``ServingSpec.chains()``).
@@ -43,9 +47,10 @@ class QueryChainer:
             self.children.setdefault(parent, []).append((child, float(gamma)))
         self.parents = frozenset(self.children)
         self.frontend = frontend
-        self.root_of: dict[int, int] = {}
+        self.parent_of: dict[int, int] = {}
         self._budget_ns: dict[str, int] = {}
         self._rng = np.random.default_rng(seed)
+        self._fanouts: dict[str, tuple[np.ndarray, int]] = {}  # child -> (pre-drawn Poisson(γ) fan-outs, next)
         self._lock = threading.Lock()
 
     def set_budgets(self, slo_ms: Mapping[str, float]) -> None:
@@ -53,26 +58,48 @@ class QueryChainer:
         self._budget_ns = {c: round(slo_ms[c] * 1e6) for kids in self.children.values() for c, _ in kids
                            if c in slo_ms}
 
+    def _fanout(self, child: str, gamma: float, k: int) -> np.ndarray:
+        """The next ``k`` Poisson(γ) fan-outs of ``child`` (drawn 4096 at a time: a draw per request costs µs)."""
+        with self._lock:
+            block, at = self._fanouts.get(child, (np.empty(0, np.int64), 0))
+            if at + k > len(block):
+                block, at = np.concatenate([block[at:], self._rng.poisson(gamma, max(4096, k))]), 0
+            self._fanouts[child] = block, at + k
+        return block[at:at + k]
+
     def parent_done(self, session_id: str, ids: np.ndarray | int, deadline_ns: np.ndarray | int, finish_ns: int,
                     inputs) -> None:
         """A worker served a batch of stage ``session_id``: issue its on-time requests' children."""
-        ids, deadline = np.atleast_1d(ids), np.atleast_1d(deadline_ns)
-        on_time = deadline >= finish_ns
+        rows = inputs.numpy() if hasattr(inputs, "numpy") else np.asarray(inputs)
+        if type(ids) is int:  # a batch of one, the common case at low load: no per-request arrays
+            if deadline_ns < finish_ns:
+                return
+            for child, gamma in self.children[session_id]:
+                n = int(self._fanout(child, gamma, 1)[0])
+                if n:
+                    issued = self.frontend.chain(child, rows if n == 1 else np.repeat(rows, n, 0), finish_ns,
+                                                 deadline_ns + self._budget_ns.get(child, 0))
+                    self.parent_of.update(dict.fromkeys(issued, ids))
+            return
+        on_time = deadline_ns >= finish_ns
         if not on_time.any():
             return
-        rows = inputs.numpy() if hasattr(inputs, "numpy") else np.asarray(inputs)
-        with self._lock:
-            for child, gamma in self.children[session_id]:
-                idx = np.repeat(np.arange(len(ids)), self._rng.poisson(gamma, len(ids)) * on_time)
-                if not len(idx):
-                    continue
-                issued = self.frontend.chain(child, rows[idx], finish_ns, deadline[idx] + self._budget_ns.get(child, 0))
-                root = self.root_of
-                root.update(zip(issued.tolist(), (root.get(i, i) for i in ids[idx].tolist())))
+        for child, gamma in self.children[session_id]:
+            idx = np.repeat(np.arange(len(ids)), self._fanout(child, gamma, len(ids)) * on_time)
+            if len(idx):
+                budget = self._budget_ns.get(child, 0)
+                issued = self.frontend.chain(child, rows[idx], finish_ns, deadline_ns[idx] + budget)
+                self.parent_of.update(zip(issued, ids[idx].tolist()))
+
+    def root(self, request_id: int) -> int:
+        """The first request of the query ``request_id`` belongs to (itself for a root stage's request)."""
+        while request_id in self.parent_of:
+            request_id = self.parent_of[request_id]
+        return request_id
 
 
 def query_bad_rate(outcomes: Iterable[Outcome], root_session: str, stage_sessions: Iterable[str],
-                   root_of: Mapping[int, int]) -> tuple[int, float]:
+                   root: Callable[[int], int]) -> tuple[int, float]:
     """(queries, bad rate) of one query over ``outcomes``: a query — one request of its root stage — is bad
     when that request or any request its stages issued for it was dropped or late (Nexus §7's unit)."""
     stages = set(stage_sessions)
@@ -83,7 +110,7 @@ def query_bad_rate(outcomes: Iterable[Outcome], root_session: str, stage_session
             roots.add(o.request_id)
             query = o.request_id
         elif o.session_id in stages:
-            query = root_of.get(o.request_id, o.request_id)
+            query = root(o.request_id)
         else:
             continue
         if not o.finish_ms <= o.deadline_ms:  # dropped (NaN) or late

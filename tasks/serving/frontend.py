@@ -169,41 +169,42 @@ class Frontend:
         arrival = t0 if arrival_ns is None else arrival_ns
         deadline = arrival + slo
         self.counts[session_id] += k
-        self._dispatch(session_id, one, pick, first, k, arrival, deadline, rows, True)
+        self._dispatch(session_id, one, pick, pick.pick_many(k) if one is None and pick else None, first, k,
+                       arrival, deadline, rows)
         self.submitted += k
         self.route_ns += time.perf_counter_ns() - t0
         return ids
 
-    def chain(self, session_id: str, xs: np.ndarray, arrival_ns: int, deadline_ns: np.ndarray) -> np.ndarray:
+    def chain(self, session_id: str, xs: np.ndarray, arrival_ns: int, deadline_ns: np.ndarray | int) -> range:
         """Requests of a query stage issued by its parent stage's finished requests (a worker's thread, while it
         records the parent batch): ``xs`` their inputs, ``arrival_ns`` the parent batch's finish, ``deadline_ns``
-        one per request (the parent's deadline plus this stage's budget: unused slack carries over). They never
-        run inline on the issuing thread. Returns their ids (a range apart from the load generator's)."""
+        one for all or one per request (the parent's deadline plus this stage's budget: unused slack carries
+        over). Returns their ids (a range apart from the load generator's)."""
         k = len(xs)
-        if k == 1:  # a request alone takes the rings' scalar path, which wants plain ints
+        if k == 1 and not isinstance(deadline_ns, int):  # a request alone takes the rings' scalar path: ints
             deadline_ns = int(deadline_ns[0])
-        with self._chain_lock:
+        with self._chain_lock:  # ids, counts and the routing draw; the push goes outside (it may run the batch)
             first = self._next_chained
             self._next_chained = first + k
             self.counts[session_id] = self.counts.get(session_id, 0) + k
             self.chained += k
             _, one, pick = self._routes.get(session_id, (0, None, None))
-            self._dispatch(session_id, one, pick, first, k, arrival_ns, deadline_ns, xs, False)
-        return np.arange(first, first + k)
+            to = pick.pick_many(k) if one is None and pick else None
+        self._dispatch(session_id, one, pick, to, first, k, arrival_ns, deadline_ns, xs)
+        return range(first, first + k)
 
-    def _dispatch(self, session_id: str, one: Any, pick: Any, first: int, k: int, arrival: np.ndarray | int,
-                  deadline: np.ndarray | int, rows: np.ndarray, inline: bool) -> None:
-        """Requests ``first .. first + k`` into the ring of their worker (or of each picked one); dropped when
-        the plan gives the session no GPU."""
+    def _dispatch(self, session_id: str, one: Any, pick: Any, to: np.ndarray | None, first: int, k: int,
+                  arrival: np.ndarray | int, deadline: np.ndarray | int, rows: np.ndarray) -> None:
+        """Requests ``first .. first + k`` into the ring of their worker (or of the workers ``to`` picked for
+        each); dropped when the plan gives the session no GPU."""
         if one is not None:
-            one.push(session_id, first, arrival, deadline, rows, inline)
-        elif pick is not None:
-            to = pick.pick_many(k)
+            one.push(session_id, first, arrival, deadline, rows)
+        elif to is not None:
             for j, target in enumerate(pick.targets):
                 mask = to == j
                 if mask.any():
                     target.push(session_id, np.arange(first, first + k)[mask], _part(arrival, mask),
-                                _part(deadline, mask), rows[mask], inline)
+                                _part(deadline, mask), rows[mask])
         else:
             self.recorder.dropped(session_id, -1, np.arange(first, first + k), np.full(k, arrival, np.int64),
                                   np.full(k, deadline, np.int64))

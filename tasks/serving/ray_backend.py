@@ -111,9 +111,7 @@ class RayWorkerHandle:
         t1 = time.perf_counter_ns()
         self.offset = remote - (t0 + t1) // 2  # actor clock − frontend clock
 
-    def push(self, session_id: str, ids: np.ndarray | int, arrival_ns: Any, deadline_ns: Any, xs: np.ndarray,
-             run_inline: bool = True) -> None:
-        """Queue requests on the actor (``run_inline`` is moot: the actor's thread runs every batch)."""
+    def push(self, session_id: str, ids: np.ndarray | int, arrival_ns: Any, deadline_ns: Any, xs: np.ndarray) -> None:
         self.actor.push.remote(session_id, ids, arrival_ns + self.offset, deadline_ns + self.offset, xs)
 
     def update(self, node: GpuNode) -> None:

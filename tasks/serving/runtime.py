@@ -79,7 +79,7 @@ class LocalServingRuntime:
             ledger should be the one Ray tasks place on). Leases, routing and re-planning are the same.
         chains: ``{child stage session: (parent stage session, γ)}`` — serve queries as DAGs (local backend):
             a finished stage request issues the next stage's (``tasks.serving.chaining``); feed load to the
-            root stages only. ``chainer.root_of`` maps every issued request to its query's root request.
+            root stages only. ``chainer.root(id)`` is the first request of the query a request belongs to.
     """
 
     def __init__(self, models: Mapping[str, nn.Module], profiles: Mapping[str, BatchProfile], ledger: LedgerClient,

@@ -121,6 +121,8 @@ class ServingWorker:
         self._exec = threading.Lock()  # held by whichever thread runs batches: the worker's, or a pusher's
         self.run_inline = run_inline
         self._on_done, self._parents = on_done, parents
+        self._inline_thread: int | None = None  # the thread running a batch inline (holding ``_exec``)
+        self._issued_inline = False  # that batch issued requests to this worker (query stages)
         self._stop = False
         self._drain = True
         self._cfg = threading.Lock()   # update() (flow thread) vs retiring slots (worker thread)
@@ -191,14 +193,15 @@ class ServingWorker:
 
     # -- request path -------------------------------------------------------------------------
     def push(self, session_id: str, ids: np.ndarray | int, arrival_ns: int, deadline_ns: int,
-             xs: np.ndarray, run_inline: bool = True) -> None:
+             xs: np.ndarray) -> None:
         """Queue requests of one session (the frontend's thread): array writes into the session's ring; when the
         worker is idle, run the batch here (run to completion) or, if that is off or the worker thread holds
         the execution lock, ring its doorbell.
 
         ``ids``: their request ids (an array, or the first of consecutive ids); ``arrival_ns``/``deadline_ns``:
-        one stamp for all, or one per request (nondecreasing); ``xs``: their inputs, a float32 ``k×d`` array;
-        ``run_inline=False``: never run the batch on this thread (a worker issuing a query's next stage).
+        one stamp for all, or one per request (nondecreasing); ``xs``: their inputs, a float32 ``k×d`` array.
+        Requests that a batch this thread is running inline for this worker issues here (a query stage's next
+        stage on the same GPU) are served by that inline run before it returns.
         """
         slot = self._by_session.get(session_id)
         if slot is None:  # routed here by a plan this worker no longer runs
@@ -209,30 +212,40 @@ class ServingWorker:
         ring = slot.ring
         ring.push(ids, arrival_ns, deadline_ns, xs)
         if self._idle:
-            if run_inline and self.run_inline and self._exec.acquire(False):
+            if self._inline_thread == threading.get_ident():
+                self._issued_inline = True
+            elif self.run_inline and self._exec.acquire(False):
                 self._run_inline(ring)
             else:
                 self._idle = False
                 self._ring()
 
     def _run_inline(self, ring: RequestRing) -> None:
-        """Run one batch on the pushing thread (the worker is idle; the execution lock is held on entry).
+        """Run one batch on the pushing thread (the worker is idle; the execution lock is held on entry), and
+        whatever its batches issued to this worker (query stages), without a thread wake-up.
 
         The worker thread takes over (doorbell) when the policy ran nothing (it waits to fill a batch: the
         worker keeps the time) or requests are left; a failure stops the worker as if its thread had failed.
         """
-        before = self.execute_ns
+        before, batches = self.execute_ns, self.batches
+        left = False
+        self._inline_thread = threading.get_ident()
         try:
             ran = self.run_once()[0]
+            while self._issued_inline:
+                self._issued_inline = False
+                while self.run_once()[0]:
+                    pass
+                left = any(s.ring.tail != s.ring.head for s in self._slots)
         except BaseException as exc:
             self.error, self._drain, self._stop = exc, False, True
             ran = False
         finally:
+            self._inline_thread = None
             self.inline_execute_ns += self.execute_ns - before
+            self.inline_batches += self.batches - batches
             self._exec.release()
-        if ran:
-            self.inline_batches += 1
-        if not ran or ring.tail != ring.head:
+        if not ran or left or ring.tail != ring.head:
             self._idle = False
             self._ring()
 
