@@ -13,7 +13,9 @@ over the requests. Measured side by side in one run, per model:
 * ``in situ`` — the real runtime (worker thread, lease, Poisson load from the load generator's thread,
   requests stamped with their scheduled arrival times): run to completion (an idle worker's batch runs on
   the submitting thread; the default) and, beside it, every batch on the worker's thread (``thread``); at
-  the high rate also with a load-generator tick (``--tick-ms``: bursts of rate × tick per frontend call).
+  the high rate also with a load-generator tick (``--tick-ms``: bursts of rate × tick per frontend call);
+* ``python floor`` — a skeleton of the batch-1 path on C builtins only: back to back, and with each request
+  after the idle gap of the in-situ rate, its batch-1 forward timed the same way (both start cold there).
 
 On a machine with an NVIDIA GPU (``--devices auto``, the default: the pool is what NVML finds) every model,
 forward and worker runs on ``cuda:0`` and the in-situ rows add the GPU's utilisation, sampled through NVML
@@ -71,19 +73,17 @@ def batch1_latency_us(model: torch.nn.Module, n: int, device: str) -> float:
     return samples[len(samples) // 2] / 1e3
 
 
-def python_floor_us(n: int = 200_000) -> float:
-    """µs per request of the least a Python request path can do, whatever sits below it in native code.
+def _floor_skeleton():
+    """``(submit, run_once)``: a skeleton of the batch-1 path with every data structure a C builtin.
 
-    A skeleton of the batch-1 path with every data structure a C builtin: the frontend's call (route lookup,
-    request id, stamp arithmetic, a deque push standing in for a native ring), the worker's pop, the
-    deadline check against ℓ(1) and one record append; no numpy, no lock, no counters, no model. What it
-    costs is the floor under any runtime whose request path passes through the interpreter.
+    The frontend's call (route lookup, stamp arithmetic, a deque push standing in for a native ring), the
+    worker's pop, the deadline check against ℓ(1) and one record append; no numpy, no lock, no counters, no
+    model. What it costs is the floor under any runtime whose request path passes through the interpreter.
     """
     queue: deque = deque()
     log: list = []
     now = time.perf_counter_ns
     routes = {"s": (20_000_000, queue.append)}
-    x = np.zeros((1, 64), np.float32)
 
     def submit(sid: str, row: np.ndarray, arrival: int, rid: int) -> int:
         slo, push = routes[sid]
@@ -97,11 +97,40 @@ def python_floor_us(n: int = 200_000) -> float:
         log.append((rid, arrival, deadline, now() if deadline >= now() + 35_000 else None))
         return True
 
+    return submit, run_once
+
+
+def python_floor_us(n: int = 200_000) -> float:
+    """µs per request of the floor skeleton run back to back (hot caches: the batch-1 path's setting)."""
+    submit, run_once = _floor_skeleton()
+    x = np.zeros((1, 64), np.float32)
+    now = time.perf_counter_ns
     t0 = now()
     for i in range(n):
         submit("s", x, now(), i)
         run_once()
     return (now() - t0) / n / 1e3
+
+
+def python_floor_after_idle_us(model: torch.nn.Module, row: torch.Tensor, gap_s: float,
+                               n: int = 2000) -> tuple[float, float]:
+    """(floor µs, batch-1 forward µs), medians, when each request follows ``gap_s`` of idle — the in-situ
+    setting at a low rate, where the skeleton and the forward both start with cold caches."""
+    submit, run_once = _floor_skeleton()
+    now = time.perf_counter_ns
+    floor, fwd = [], []
+    with torch.inference_mode():
+        for i in range(n):
+            time.sleep(gap_s)
+            t0 = now()
+            submit("s", row, t0, i)
+            run_once()
+            t1 = now()
+            model(row).argmax(1).tolist()
+            t2 = now()
+            floor.append(t1 - t0)
+            fwd.append(t2 - t1)
+    return float(np.median(floor)) / 1e3, float(np.median(fwd)) / 1e3
 
 
 def batch1_path(models, profiles, plan, rows, n: int, block: int, device: str) -> dict[str, float]:
@@ -268,6 +297,13 @@ def main(argv: list[str] | None = None) -> int:
     b1 = out[f"{MODELS[0]}_batch1_us"]
     print(f"{'python floor':17s} {'skeleton, C builtins only':>30s} | {floor:8.2f} {b1:8.1f} "
           f"{100 * floor / b1:5.1f}% | the least any request path through the interpreter costs")
+    gap = 1.0 / args.rate
+    cold, cold_fwd = python_floor_after_idle_us(load_or_train(MODELS[0], 150, args.seed).to(device),
+                                                torch.from_numpy(rows[0]).to(device), gap, 500 if args.quick else 2000)
+    out.update({"python_floor_after_idle_us": cold, "python_floor_after_idle_forward_us": cold_fwd,
+                "python_floor_after_idle_frac_of_batch1": cold / cold_fwd})
+    print(f"{'python floor':17s} {f'after {1e3 * gap:g} ms idle, + forward':>30s} | {cold:8.2f} {cold_fwd:8.1f} "
+          f"{100 * cold / cold_fwd:5.1f}% | the same, each request after the idle gap of {args.rate:.0f} req/s")
     mlp = MODELS[0]
     out["smallest_model"] = mlp
     out["smallest_batch1_us"] = out[f"{mlp}_batch1_us"]
