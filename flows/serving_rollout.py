@@ -117,7 +117,7 @@ def serving_rollout(spec: dict | str | None = None, duration_s: float | None = N
     models = {m: load_or_train(m, sp.training_steps, sp.seed) for m in sp.models}
     pool_gpus = sum(len(n.devices) for n in ledger.capacity)  # a surge is planned within the pool, not beyond it
     planner = EpochPlanner(SquishyPacker(profiles, sp.preset), sessions, sp.epoch, max_gpus=pool_gpus)
-    chains = sp.chains() if backend == "local" else {}  # a query as a DAG (local backend; see tasks.serving.spec)
+    chains = sp.chains()  # a query as a DAG (see tasks.serving.spec)
     trace = sp.trace(sessions, issued=set(chains))
     data = load_digits_tensors(sp.seed)
     marks = [EpochMark(0.0, planner.plan, True)]
@@ -127,7 +127,7 @@ def serving_rollout(spec: dict | str | None = None, duration_s: float | None = N
         rt.apply(planner.plan)
 
         def on_beacon(t_s: float) -> None:
-            counts = rt.frontend.take_counts()
+            counts = rt.take_counts()
             if t_s < sp.duration_s:  # the trace's last beacon: nothing is left to serve on a new plan
                 before = len(planner.epochs)
                 new = planner.observe(t_s, {sid: c / sp.epoch.beacon_s for sid, c in counts.items()})

@@ -125,6 +125,44 @@ def _serve_on_ray_actors(ledger, ledger_actor) -> dict:
             "p50_ms": w.p50_latency_ms, "p99_ms": w.p99_latency_ms, "served": rt.counters()["served"]}
 
 
+def _serve_query_on_ray_actors(ledger) -> dict:
+    """A two-stage query served as a DAG across two Ray actors: stage ``q/a`` on node 0 issues Poisson(2)
+    requests of ``q/b``, which the plan places on node 1 (so every child crosses from one actor to the other)."""
+    import dataclasses
+
+    from gpu.schedulers.nexus import Session, SquishyPacker
+    from tasks.serving.chaining import query_bad_rate
+    from tasks.serving.loadgen import LoadGenerator, RateTrace
+    from tasks.serving.models import load_digits_tensors, load_or_train, profile_model
+    from tasks.serving.runtime import LocalServingRuntime
+
+    data = load_digits_tensors(0)
+    model = load_or_train("digits_mlp", 150, 0)
+    models, profiles = {"digits_mlp": model}, {"digits_mlp": profile_model("digits_mlp", model, repeats=10)}
+    packer = SquishyPacker(profiles)
+    a = packer.plan([Session("q/a", "digits_mlp", 100.0, 100.0)])
+    b = packer.plan([Session("q/b", "digits_mlp", 60.0, 200.0)])
+    plan = dataclasses.replace(a, nodes=(a.nodes[0], dataclasses.replace(b.nodes[0], node_id=1)),
+                               sessions=a.sessions + b.sessions)
+    with LocalServingRuntime(models, profiles, ledger, backend="ray", gc_threshold=None,
+                             chains={"q/b": ("q/a", 2.0)}, seed=3) as rt:
+        rt.apply(plan)
+        load = LoadGenerator(rt.frontend.submit, RateTrace.constant({"q/a": 100.0}, 1.5), data.x_test,
+                             data.y_test, 0, rt.frontend.submit_many, 0.002).run()
+        counts = rt.take_counts()  # what the actors issued so far, as the flow reads it every beacon
+    by: dict[str, dict] = {}
+    for o in rt.recorder.outcomes:
+        by.setdefault(o.session_id, {})[o.request_id] = o
+    roots, kids = by.get("q/a", {}), by.get("q/b", {})
+    parents = [roots[rt.chainer.root(o.request_id)] for o in kids.values()]
+    return {"sent": load.sent, "roots": len(roots), "kids": len(kids), "counts": counts,
+            "kid_nodes": sorted({o.node_id for o in kids.values()}),
+            "arrival_gap_ms": max(abs(o.arrival_ms - p.finish_ms) for o, p in zip(kids.values(), parents)),
+            "slack_gap_ms": max(abs(o.deadline_ms - p.deadline_ms - 60.0) for o, p in zip(kids.values(), parents)),
+            "query_bad_rate": query_bad_rate(rt.recorder.outcomes, "q/a", ["q/b"], rt.chainer.root),
+            "requests": rt.overhead()["requests"]}
+
+
 def _ledger_actor(pool: GpuPool):
     return ray.get_actor(f"gpuflows-ledger-{pool.name}", namespace=NAMESPACE)
 
@@ -152,7 +190,8 @@ def fake_gpu_run(prefect_server):
         failing.wait()
         ledger = _ledger_actor(pool)
         serving = _serve_on_ray_actors(FlowRunContext.get().task_runner.ledger(), ledger)
-        return {"results": results, "failed_state": failing.state.type.value, "cpu_only": cpu.result(),
+        query = _serve_query_on_ray_actors(FlowRunContext.get().task_runner.ledger())
+        return {"query": query, "results": results, "failed_state": failing.state.type.value, "cpu_only": cpu.result(),
                 "serving": serving, "leases": ray.get(ledger.leases.remote()),
                 "events": ray.get(ledger.events.remote()), "ray_gpus": ray.cluster_resources().get("GPU")}
 
@@ -189,7 +228,8 @@ def test_every_lease_is_released_after_the_flow(fake_gpu_run):
     events = fake_gpu_run["events"]
     allocated = {e["lease_id"] for e in events if e["kind"] == "allocate"}
     released = {e["lease_id"] for e in events if e["kind"] == "release"}
-    assert len(allocated) == 5 + 1 and released == allocated  # five tasks and the serving node's lease
+    # five tasks, the serving node's lease and the query's two nodes
+    assert len(allocated) == 5 + 1 + 2 and released == allocated
 
 
 def test_cpu_only_task_takes_one_ray_cpu(fake_gpu_run):
@@ -225,6 +265,19 @@ def test_ray_serving_accounts_for_every_request_and_serves_them_on_time(fake_gpu
     assert sv["served"] == sv["good"] >= 0.95 * sv["sent"]  # the actor's counters match what came back
     assert sv["accuracy"] > 0.85  # a trained model answered, in the actor's process
     assert 0 < sv["p50_ms"] <= sv["p99_ms"] < 100.0  # stamps shifted between the two clocks consistently
+
+
+def test_ray_actors_serve_a_query_as_a_dag_children_crossing_actors_with_their_slack(fake_gpu_run):
+    q = fake_gpu_run["query"]
+    assert q["roots"] == q["sent"] > 100
+    assert 1.5 * q["roots"] < q["kids"] < 2.5 * q["roots"]  # Poisson(2) children per parent, all brought back
+    assert q["kid_nodes"] == [1]  # issued on node 0's actor, served on node 1's
+    assert q["arrival_gap_ms"] < 1e-6  # a child arrives at its parent's finish, across the two actors' clocks
+    assert q["slack_gap_ms"] < 1e-6  # with the parent's deadline + its stage budget
+    n, bad = q["query_bad_rate"]
+    assert n == q["roots"] and bad <= 0.05
+    # the planner's counts include what the actors issued; every request is in the overhead accounting
+    assert q["counts"]["q/b"] > 0 and q["requests"] == q["roots"] + q["kids"]
 
 
 # -- b. a two-node Ray cluster on this machine, 2 fake GPUs per node ---------------------------

@@ -438,9 +438,3 @@ def test_a_three_stage_query_resolves_every_request_to_its_root_and_sums_the_sta
     for o in by["q/c"].values():
         root = by["q/a"][rt.chainer.root(o.request_id)]
         assert o.deadline_ms == pytest.approx(root.deadline_ms + 40.0 + 30.0, abs=1e-6)
-
-
-def test_query_chaining_needs_the_local_backend(served):
-    _, models, profiles = served
-    with pytest.raises(ConfigError, match=r"chains=\['q/b'\]"):
-        LocalServingRuntime(models, profiles, ledger(), chains={"q/b": ("q/a", 2.0)}, backend="ray")

@@ -1,4 +1,4 @@
-"""Query DAGs served as DAGs: a finished stage request issues the next stage's requests (local backend).
+"""Query DAGs served as DAGs: a finished stage request issues the next stage's requests.
 
 Nexus §6.2 splits a query's latency SLO across its stages; at run time a stage's request is issued by its
 parent's finished request and inherits its unused slack (the authors' ``request_context``, spec §3.4): the
@@ -12,7 +12,8 @@ The chainer is the workers' ``on_done`` hook (``ServingWorker``), so children ar
 ran the parent batch (``Frontend.chain``: its own id range); an idle worker runs them right there, and a
 batch running inline serves what it issued to its own worker before it returns (no thread wake-up). No lock
 is held while a child is pushed: that push may run a batch whose stage issues the next.
-The Ray backend records in its actors and ships outcomes back later, so it serves stages independently.
+With the Ray backend each actor runs a chainer of its own (``tasks.serving.ray_backend``) and ships its parent
+links back with its outcomes.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ class QueryChainer:
     """
 
     def __init__(self, chains: Mapping[str, tuple[str, float]], frontend: Frontend, seed: int = 0):
+        self.chains = dict(chains)
         self.children: dict[str, list[tuple[str, float]]] = {}
         for child, (parent, gamma) in chains.items():
             if not (math.isfinite(gamma) and gamma >= 0):

@@ -95,7 +95,7 @@ class Frontend:
     with the workers' busy time, less every forward pass, it makes the runtime's dispatch overhead.
     """
 
-    def __init__(self, recorder: Recorder, load_balancer: str = "drr", seed: int = 0):
+    def __init__(self, recorder: Recorder, load_balancer: str = "drr", seed: int = 0, chained_ids: int = CHAINED_IDS):
         if load_balancer not in LOAD_BALANCERS:
             raise ConfigError("load_balancer", load_balancer, f"unknown; choose one of {list(LOAD_BALANCERS)}")
         self.recorder = recorder
@@ -110,7 +110,7 @@ class Frontend:
         # requests a finished query stage issues to the next (``chain``, from worker threads): their own lock
         # and id space, so the load generator's path stays lock-free
         self._chain_lock = threading.Lock()
-        self._next_chained = CHAINED_IDS
+        self._next_chained = chained_ids
         self.chained = 0
 
     def set_plan(self, plan: Plan, workers: Mapping[int, Any]) -> None:
@@ -208,6 +208,13 @@ class Frontend:
         else:
             self.recorder.dropped(session_id, -1, np.arange(first, first + k), np.full(k, arrival, np.int64),
                                   np.full(k, deadline, np.int64))
+
+    def add_chained(self, counts: Mapping[str, int]) -> None:
+        """Count requests that query stages issued elsewhere (a Ray actor's frontend), per session."""
+        with self._chain_lock:
+            for sid, k in counts.items():
+                self.counts[sid] = self.counts.get(sid, 0) + k
+                self.chained += k
 
     def take_counts(self) -> dict[str, int]:
         """Arrivals per session since the last call (what a frontend reports every beacon)."""

@@ -13,6 +13,15 @@ against its own (the midpoint of one round trip, as NTP does; error ≤ half the
 arrival/deadline stamps into the actor's clock on the way out and finish/arrival/deadline back on the way
 in, so deadlines are judged on the machine that runs the batch and latencies on the frontend's clock.
 Outcomes come back as the worker recorder's raw chunks (``collect`` while serving, all of them on ``stop``).
+
+Queries as DAGs (``chains``): each actor runs its own :class:`~tasks.serving.chaining.QueryChainer` as its
+worker's ``on_done`` hook, so a finished stage request issues the next stage's where it finished, as the local
+backend does: to its own worker directly, to another node's actor with one ``push.remote`` (stamps moved into
+that actor's clock: the difference of the two actors' offsets to the frontend). The runtime gives every actor
+the plan's routing table and the other actors' handles (``set_routes``) at each re-plan; each actor issues ids
+from its own range (``CHAINED_IDS`` + (node + 1)·2³⁶). The parent links and per-session counts of what an actor
+issued come back with its outcomes and go to the runtime's chainer (``root``) and frontend (the planner's
+measured rates).
 """
 
 from __future__ import annotations
@@ -25,19 +34,34 @@ import torch
 
 from gpu.batching import BatchPolicy
 from gpu.ledger import Placement
-from gpu.schedulers.nexus import GpuNode
+from gpu.schedulers.nexus import GpuNode, Plan
 from gpu.schedulers.nexus_profiles import Accounting, BatchProfile
+from tasks.serving.chaining import QueryChainer
+from tasks.serving.frontend import CHAINED_IDS, Frontend
 from tasks.serving.stats import Recorder
 
 COUNTERS = ("busy_ns", "execute_ns", "execute1_ns", "batches", "batches1", "served", "inline_batches",
             "inline_execute_ns")
 
 
+class _Peer:
+    """A node's actor as a push target, on that actor's clock (``offset``: its clock − the pusher's)."""
+
+    __slots__ = ("actor", "offset")
+
+    def __init__(self, actor: Any, offset: int):
+        self.actor, self.offset = actor, offset
+
+    def push(self, session_id: str, ids: np.ndarray | int, arrival_ns: Any, deadline_ns: Any, xs: np.ndarray) -> None:
+        self.actor.push.remote(session_id, ids, arrival_ns + self.offset, deadline_ns + self.offset, xs)
+
+
 class _WorkerActor:
     """The actor body: builds the models from state dicts and runs a ServingWorker in the actor's process."""
 
     def __init__(self, node: GpuNode, states: Mapping[str, dict], profiles: Mapping[str, BatchProfile],
-                 policy: BatchPolicy, device: str, accounting: Accounting, threads: int = 1):
+                 policy: BatchPolicy, device: str, accounting: Accounting, threads: int = 1,
+                 chains: Mapping[str, tuple[str, float]] | None = None, load_balancer: str = "drr", seed: int = 0):
         from tasks.serving.models import ARCHITECTURES
         from tasks.serving.worker import ServingWorker
 
@@ -47,7 +71,12 @@ class _WorkerActor:
             models[name] = ARCHITECTURES[name]()
             models[name].load_state_dict(state)
         self.recorder = Recorder()
-        self.worker = ServingWorker(node, models, profiles, policy, self.recorder, device, accounting).start()
+        # routes what this node's query stages issue; its ids apart from the frontend's and every other node's
+        self.frontend = Frontend(self.recorder, load_balancer, seed + node.node_id,
+                                 CHAINED_IDS + ((node.node_id + 1) << 36))
+        self.chainer = QueryChainer(chains or {}, self.frontend, seed + node.node_id)
+        self.worker = ServingWorker(node, models, profiles, policy, self.recorder, device, accounting,
+                                    on_done=self.chainer.parent_done, parents=self.chainer.parents).start()
 
     def clock(self) -> int:
         return time.perf_counter_ns()
@@ -59,15 +88,28 @@ class _WorkerActor:
     def update(self, node: GpuNode) -> None:
         self.worker.update(node)
 
-    def collect(self) -> list[tuple]:
-        return self.recorder.take_chunks()
+    def set_routes(self, plan: Plan, peers: Mapping[int, tuple[Any, int]], offset: int) -> None:
+        """Where this node's query stages send what they issue: the plan's routing table over ``peers`` (node
+        id → (actor, its clock offset to the frontend)); ``offset``: this actor's."""
+        me = self.worker.node_id
+        self.frontend.set_plan(plan, {nid: self.worker if nid == me else _Peer(actor, off - offset)
+                                      for nid, (actor, off) in peers.items()})
+        self.chainer.set_budgets({s.session_id: s.slo_ms for s in plan.sessions})
 
-    def stop(self, drain: bool) -> tuple[list[tuple], dict[str, int]]:
+    def collect(self) -> tuple[list[tuple], dict[int, int], dict[str, int]]:
+        """The outcomes, parent links and per-session counts of issued requests since the last call."""
+        links = self.chainer.parent_of
+        taken = dict(links)  # one C-level copy: links the worker thread adds meanwhile stay for the next call
+        for k in taken:
+            del links[k]
+        return self.recorder.take_chunks(), taken, self.frontend.take_counts()
+
+    def stop(self, drain: bool) -> tuple[tuple[list[tuple], dict[int, int], dict[str, int]], dict[str, int]]:
         try:
             self.worker.stop(drain=drain)
         finally:
             counters = {k: getattr(self.worker, k) for k in COUNTERS}
-        return self.recorder.take_chunks(), counters
+        return self.collect(), counters
 
 
 def _shift(chunks: list[tuple], offset: int) -> list[tuple]:
@@ -84,7 +126,8 @@ class RayWorkerHandle:
 
     def __init__(self, node: GpuNode, models: Mapping[str, torch.nn.Module], profiles: Mapping[str, BatchProfile],
                  policy: BatchPolicy, lease: Placement, recorder: Recorder, accounting: Accounting,
-                 device: str = "cpu", ray_node_id: str | None = None):
+                 device: str = "cpu", ray_node_id: str | None = None, chainer: QueryChainer | None = None,
+                 seed: int = 0):
         import ray
 
         options: dict[str, Any] = {"num_cpus": 0, "num_gpus": 0}  # the ledger, not Ray, accounts GPU slices
@@ -99,10 +142,12 @@ class RayWorkerHandle:
         self.node_id = node.node_id
         self.device = torch.device(device)
         self.recorder = recorder
+        self.chainer = chainer
         for k in COUNTERS:
             setattr(self, k, 0)
-        self.actor = ray.remote(_WorkerActor).options(**options).remote(node, states, dict(profiles), policy, device,
-                                                                         accounting)
+        self.actor = ray.remote(_WorkerActor).options(**options).remote(
+            node, states, dict(profiles), policy, device, accounting, 1, chainer.chains if chainer else None,
+            chainer.frontend.load_balancer if chainer else "drr", seed)
         # wait for the actor (a fresh process importing torch takes seconds): requests routed before it is up
         # would sit in Ray's queue past their deadlines and all be dropped
         ray.get(self.actor.clock.remote())
@@ -110,26 +155,35 @@ class RayWorkerHandle:
         remote = ray.get(self.actor.clock.remote())
         t1 = time.perf_counter_ns()
         self.offset = remote - (t0 + t1) // 2  # actor clock − frontend clock
-
-    def push(self, session_id: str, ids: np.ndarray | int, arrival_ns: Any, deadline_ns: Any, xs: np.ndarray) -> None:
-        self.actor.push.remote(session_id, ids, arrival_ns + self.offset, deadline_ns + self.offset, xs)
+        self.push = _Peer(self.actor, self.offset).push  # what the frontend calls: one Ray call per routed burst
 
     def update(self, node: GpuNode) -> None:
         self.actor.update.remote(node)
 
+    def set_routes(self, plan: Plan, peers: Mapping[int, "RayWorkerHandle"]) -> None:
+        """Tell the actor where its query stages' requests go (the plan's nodes' actors)."""
+        self.actor.set_routes.remote(plan, {nid: (h.actor, h.offset) for nid, h in peers.items()}, self.offset)
+
     def collect(self) -> None:
-        """Pull the outcomes recorded so far into the runtime's recorder."""
+        """Pull the outcomes recorded so far into the runtime's recorder (and what the actor's query stages
+        issued into its chainer and frontend)."""
         import ray
 
-        self.recorder.extend(_shift(ray.get(self.actor.collect.remote()), -self.offset))
+        self._merge(*ray.get(self.actor.collect.remote()))
+
+    def _merge(self, chunks: list[tuple], links: dict[int, int], counts: dict[str, int]) -> None:
+        self.recorder.extend(_shift(chunks, -self.offset))
+        if self.chainer is not None:
+            self.chainer.parent_of.update(links)
+            self.chainer.frontend.add_chained(counts)
 
     def stop(self, drain: bool = True) -> None:
         """Stop the actor's worker (serving or dropping its queue), pull every outcome and counter, end it."""
         import ray
 
         try:
-            chunks, counters = ray.get(self.actor.stop.remote(drain))
-            self.recorder.extend(_shift(chunks, -self.offset))
+            collected, counters = ray.get(self.actor.stop.remote(drain))
+            self._merge(*collected)
             for k, v in counters.items():
                 setattr(self, k, v)
         finally:

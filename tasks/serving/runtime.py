@@ -77,9 +77,10 @@ class LocalServingRuntime:
         backend: ``local`` (worker threads in this process) or ``ray`` (one Ray actor per node,
             ``tasks.serving.ray_backend``; Ray must be initialised, e.g. by ``GpuRayTaskRunner``, and the
             ledger should be the one Ray tasks place on). Leases, routing and re-planning are the same.
-        chains: ``{child stage session: (parent stage session, γ)}`` — serve queries as DAGs (local backend):
-            a finished stage request issues the next stage's (``tasks.serving.chaining``); feed load to the
-            root stages only. ``chainer.root(id)`` is the first request of the query a request belongs to.
+        chains: ``{child stage session: (parent stage session, γ)}`` — serve queries as DAGs: a finished stage
+            request issues the next stage's (``tasks.serving.chaining``; with Ray, from the actor that ran it);
+            feed load to the root stages only. ``chainer.root(id)`` is the first request of the query a request
+            belongs to (with Ray, of the requests ``sync``/``take_counts``/``close`` brought back).
     """
 
     def __init__(self, models: Mapping[str, nn.Module], profiles: Mapping[str, BatchProfile], ledger: LedgerClient,
@@ -91,9 +92,6 @@ class LocalServingRuntime:
                  chains: Mapping[str, tuple[str, float]] | None = None):
         if backend not in BACKENDS:
             raise ConfigError("backend", backend, f"unknown serving backend; choose one of {list(BACKENDS)}")
-        if chains and backend != "local":
-            raise ConfigError("chains", sorted(chains), "query chaining needs the local backend (the ray backend "
-                                                        "serves query stages independently)")
         self.backend = backend
         self.models = dict(models)
         self.profiles = dict(profiles)
@@ -104,6 +102,7 @@ class LocalServingRuntime:
         self.recorder = Recorder()
         self.frontend = Frontend(self.recorder, load_balancer, seed)
         self.chainer = QueryChainer(chains or {}, self.frontend, seed)
+        self.seed = seed
         self.allocation_timeout = allocation_timeout
         self.label = label
         self.run_inline = run_inline
@@ -163,6 +162,10 @@ class LocalServingRuntime:
             self.leases[nid] = lease
             self.workers[nid] = self._start_worker(node, lease, device)
         self.frontend.set_plan(plan, self.workers)
+        if self.backend == "ray" and self.chainer.parents:  # actors issue query stages: give them the routes,
+            peers = {nid: self.workers[nid] for nid in wanted}  # the retiring ones too (they drain first)
+            for w in self.workers.values():
+                w.set_routes(plan, peers)
         for nid in [n for n in self.workers if n not in wanted]:
             self._retire(nid)
         self.plan = plan
@@ -172,15 +175,22 @@ class LocalServingRuntime:
             from tasks.serving.ray_backend import RayWorkerHandle
 
             return RayWorkerHandle(node, self.models, self.profiles, self._new_policy(), lease, self.recorder,
-                                   self.accounting, device)
+                                   self.accounting, device, chainer=self.chainer, seed=self.seed)
         return ServingWorker(node, self.models, self.profiles, self._new_policy(), self.recorder, device,
                              self.accounting, self.run_inline, self.chainer.parent_done, self.chainer.parents).start()
 
     def sync(self) -> None:
-        """Bring remote workers' outcomes so far into ``recorder`` (local workers record directly)."""
+        """Bring remote workers' outcomes so far into ``recorder`` (local workers record directly), with what
+        their query stages issued."""
         for w in self.workers.values():
             if hasattr(w, "collect"):
                 w.collect()
+
+    def take_counts(self) -> dict[str, int]:
+        """Arrivals per session since the last call, the requests query stages issued included (what the epoch
+        planner observes every beacon; with Ray this pulls the actors' outcomes so far)."""
+        self.sync()
+        return self.frontend.take_counts()
 
     def _retire(self, nid: int) -> None:
         worker = self.workers.pop(nid)

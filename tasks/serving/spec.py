@@ -12,9 +12,8 @@ Format (YAML or JSON; ``docs/serving.md``)::
     runtime: {batch_policy: early_drop, load_balancer: drr, training_steps: 300}
 
 Queries are split into one session per stage (``query/stage``) by the DP of Nexus §6.2 once the models
-are profiled. With the local backend a query is served as a DAG (``tasks.serving.chaining``: the trace drives
-its root stage, finished stage requests issue the next stage's); the Ray backend serves its stages as
-independent sessions at their stage rates.
+are profiled. A query is served as a DAG (``tasks.serving.chaining``: the trace drives its root stage,
+finished stage requests issue the next stage's — with the Ray backend, from the actor that ran them).
 A phase's ``scale`` multiplies every base rate (sessions and queries); its ``rates`` set some absolutely.
 """
 
