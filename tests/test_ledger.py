@@ -8,6 +8,7 @@ import random
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
@@ -93,8 +94,10 @@ def test_request_that_fits_later_waits_then_is_placed():
     got = []
     waiter = threading.Thread(target=lambda: got.append(ledger.allocate(Request(gpus=0.5), timeout=30)))
     waiter.start()
-    waiter.join(0.2)
-    assert not got and ledger.waiting() == 1
+    deadline = time.monotonic() + 10
+    while ledger.waiting() != 1 and time.monotonic() < deadline:  # the waiter's ticket is queued
+        waiter.join(0.01)
+    assert ledger.waiting() == 1 and not got
     ledger.release(held.lease_id)
     waiter.join(10)
     assert got and got[0].devices == (0,)

@@ -386,17 +386,13 @@ def two_node_run(prefect_server, fake_gpu_run):
         assert not cluster._alive(), f"Ray processes left running: {cluster._alive()}"
 
 
-def test_cluster_has_two_nodes(two_node_run):
-    assert len(two_node_run["nodes"]) == 2
-
-
 def test_four_one_gpu_tasks_run_at_the_same_time(two_node_run):
     assert [r["met"] for r in two_node_run["results"]] == [True] * 4
 
 
 def test_placements_land_on_both_nodes(two_node_run):
     results = two_node_run["results"]
-    assert {r["node"] for r in results} == set(two_node_run["nodes"])
+    assert {r["node"] for r in results} == set(two_node_run["nodes"]) and len(two_node_run["nodes"]) == 2
     assert all(r["node"] == r["ray_node"] for r in results), "task did not run on its placement's node"
     slots = [(r["node"], r["devices"]) for r in results]
     assert len(set(slots)) == 4 and all(r["fraction"] == 1.0 for r in results)

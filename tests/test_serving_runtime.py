@@ -61,6 +61,18 @@ def test_profiles_of_our_models_are_contiguous_and_plannable(served):
     assert plan.violations() == [] and {p.session_id for n in plan.nodes for p in n.placements} == {"a", "b"}
 
 
+@pytest.mark.parametrize("busy_ms,duty_ms,saturated,share", [
+    (3.1, 10.0, False, 0.35),   # occupancy 0.31 rounds up to the next 0.05
+    (0.1, 10.0, False, 0.05),   # a nearly idle node still takes the smallest slice
+    (5.0, 10.0, False, 0.50),   # on the grid: no extra step
+    (9.9, 10.0, False, 1.00),
+    (3.0, 10.0, True, 1.00),    # a saturated node takes the whole GPU whatever its occupancy
+])
+def test_a_node_leases_its_occupancy_rounded_up_to_the_share_step(busy_ms, duty_ms, saturated, share):
+    node = GpuNode(0, duty_ms, (Placement("s", "m", 100.0, 1, 10.0, busy_ms, 100.0),), saturated)
+    assert lease_share(node) == pytest.approx(share)
+
+
 def test_real_model_meets_its_slo_at_low_load(served):
     data, models, profiles = served
     s = Session("mlp", "digits_mlp", 100.0, 100.0)

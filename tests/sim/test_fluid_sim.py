@@ -22,7 +22,7 @@ def test_cli_round_trip_writes_the_toy_example_summary(tmp_path):
     assert data["summary"]["fifo_makespan_s"] == pytest.approx(30.0)
     assert data["summary"]["static_fluid_makespan_s"] == pytest.approx(12.0)
     assert data["summary"]["lower_bound_s"] == pytest.approx(10.0)
-    assert data["summary"]["lower_bound_s"] <= data["summary"]["fluid_makespan_s"] < 12.0
+    assert data["summary"]["fluid_makespan_s"] == pytest.approx(10.4)  # the worked example: a3 scales out at 10 s
 
 
 def test_fluid_beats_fifo_on_the_8_gpu_hyperband_scenario():
@@ -31,7 +31,9 @@ def test_fluid_beats_fifo_on_the_8_gpu_hyperband_scenario():
     assert rows["fluid"]["makespan_s"] < rows["static_fluid"]["makespan_s"] < rows["fifo"]["makespan_s"]
     assert rows["fluid"]["utilisation"] > rows["fifo"]["utilisation"]
     assert len({r["best_loss"] for r in rows.values()}) == 1  # same configs, same decisions: only timing differs
-    assert report.summary["c"] == report.summary["fitted_c"]
+    # c from the packing curve: each extra packed trial still adds > o_th = 5 % (0.375, 0.167, 0.063), so the
+    # largest measured packing, 4, is the limit
+    assert report.summary["c"] == report.summary["fitted_c"] == 4
 
 
 def test_one_policy_can_be_selected():

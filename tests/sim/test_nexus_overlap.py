@@ -39,16 +39,17 @@ def test_serial_preprocess_pads_the_forward_but_charges_only_the_real_inputs():
     assert [table.latency(b) for b in (1, 2, 4, 5)] == [8.0, 13.0, 17.0, 23.0]  # ℓ(padded size) + b·p
 
 
-@pytest.mark.parametrize("preprocess_ms,good", [(40.0, True), (44.5, False)])
-def test_an_overlapped_request_joins_a_batch_only_after_its_preprocessing(preprocess_ms, good):
-    # GPU budget SLO − p of a 50 ms SLO, ℓ(1) = 6 ms: ready at t + p, done at t + p + 6, deadline still t + 50
-    slo = 50.0 - preprocess_ms
+def test_an_overlapped_request_joins_a_batch_only_after_its_preprocessing():
+    # GPU budget SLO − p = 10 ms of a 50 ms SLO, ℓ(1) = 6 ms: ready at t + p, done at t + p + 6 ≤ t + 50
+    p, slo = 40.0, 10.0
     plan = Plan("fixed", "paper", (GpuNode(0, slo, (Placement("s", "m", slo, 1, 10.0, 6.0, slo),)),),
                 (Session("s", "m", slo, 10.0),))
-    res = simulate_plan(plan, {"m": linear_profile("m", 0.0, 6.0, 1)}, make_policy("early_drop"), duration_s=2.0,
-                        arrivals="uniform", ready_ms={"s": preprocess_ms}, log_batches=True)
-    assert res.total("offered") == 20
-    assert res.total("good") == (20 if good else 0)
+    runs = [simulate_plan(plan, {"m": linear_profile("m", 0.0, 6.0, 1)}, make_policy("early_drop"), duration_s=2.0,
+                          arrivals="uniform", ready_ms=ready, log_batches=True) for ready in (None, {"s": p})]
+    at_arrival, after_p = ([b.start_ms for b in r.batch_log] for r in runs)
+    assert len(at_arrival) == len(after_p) == 20  # the same 20 requests, each a batch of one
+    assert [b - a for a, b in zip(at_arrival, after_p)] == pytest.approx([p] * 20)  # each waits exactly p
+    assert runs[1].total("good") == 20  # and still finishes within the full 50 ms
 
 
 def test_at_low_load_overlapped_requests_start_after_preprocessing_and_meet_their_slo():
@@ -71,8 +72,18 @@ def test_overlap_is_worth_most_at_a_tight_slo():
     assert max_load(tight, NEXUS, 1, iters=4) > 4 * max_load(tight, NO_OL, 1, iters=4)
 
 
-def test_baselines_serialise_preprocessing_and_nexus_overlaps_it():
-    assert not STRATEGIES["batch_oblivious_fixed_batch"].overlap and not STRATEGIES["batch_oblivious_lazy_drop"].overlap
+@pytest.mark.parametrize("baseline", ["batch_oblivious_fixed_batch", "batch_oblivious_lazy_drop"])
+def test_the_batch_oblivious_baselines_serialise_preprocessing(baseline):
+    """§7.2's TF-like and Clipper-like systems: each batch takes b·p + ℓ(b) (no OL)."""
+    sc = replace(one_session(200.0, 60.0), arrivals="poisson")
+    _, res = evaluate(sc, STRATEGIES[baseline], gpus=1, log_batches=True)
+    prof = sc.profiles["resnet50"]
+    assert res.batch_log and max(r.size for r in res.batch_log) > 1
+    for r in res.batch_log:
+        assert r.finish_ms - r.start_ms == pytest.approx(r.size * 10.0 + prof.latency(r.size))
+
+
+def test_nexus_and_its_ablations_overlap_preprocessing():
     assert all(STRATEGIES[n].overlap for n in ("nexus", "batch_oblivious", "batch_oblivious_lazy_drop_overlap"))
 
 
