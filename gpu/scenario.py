@@ -7,6 +7,7 @@ Every system's simulator reads its scenario through these helpers, so the format
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -18,15 +19,17 @@ def load_scenario(path: str | Path) -> dict[str, Any]:
     p = Path(path)
     if not p.is_file():
         raise ConfigError("scenario", str(p), "no such file")
-    text = p.read_text()
-    if p.suffix.lower() in (".yaml", ".yml"):
-        import yaml
-
-        data = yaml.safe_load(text)
-    elif p.suffix.lower() == ".json":
-        data = json.loads(text)
-    else:
+    suffix = p.suffix.lower()
+    if suffix not in (".yaml", ".yml", ".json"):
         raise ConfigError("scenario", str(p), "expected a .json, .yaml or .yml file")
+    import yaml
+
+    try:
+        text = p.read_text(encoding="utf-8")
+        data = json.loads(text) if suffix == ".json" else yaml.safe_load(text)
+    except (UnicodeDecodeError, json.JSONDecodeError, yaml.YAMLError) as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError("scenario", str(p), f"not valid {'JSON' if suffix == '.json' else 'YAML'}: {first}") from exc
     if not isinstance(data, dict):
         raise ConfigError("scenario", str(p), "the top level must be a mapping")
     return data
@@ -39,13 +42,55 @@ def require(mapping: Mapping[str, Any], key: str, where: str = "") -> Any:
     return mapping[key]
 
 
-def positive(value: Any, field: str, *, allow_zero: bool = False) -> float:
-    """Check that ``value`` is a number > 0 (or >= 0) and return it as float."""
+def number(value: Any, field: str) -> float:
+    """Check that ``value`` is a finite number (not a bool, a string or NaN/inf) and return it as float."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigError(field, value, "must be a number")
+    if not math.isfinite(value):
+        raise ConfigError(field, value, "must be a finite number")
+    return float(value)
+
+
+def positive(value: Any, field: str, *, allow_zero: bool = False) -> float:
+    """Check that ``value`` is a finite number > 0 (or >= 0) and return it as float."""
+    value = number(value, field)
     if value < 0 or (value == 0 and not allow_zero):
         raise ConfigError(field, value, "must be >= 0" if allow_zero else "must be > 0")
     return float(value)
+
+
+def integer(value: Any, field: str, minimum: int | None = None) -> int:
+    """Check that ``value`` is a whole number (``3`` or ``3.0``, not ``3.5``, ``"3"`` or a bool), at least
+    ``minimum`` if given, and return it as int."""
+    v = number(value, field)
+    if not v.is_integer():
+        raise ConfigError(field, value, "must be a whole number")
+    if minimum is not None and v < minimum:
+        raise ConfigError(field, value, f"must be >= {minimum}")
+    return int(v)
+
+
+def mapping(value: Any, field: str, *, optional: bool = True) -> dict[str, Any]:
+    """Check that ``value`` is a mapping (a missing/None section is ``{}`` when ``optional``) and return a copy."""
+    if value is None and optional:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ConfigError(field, value, "must be a mapping (key: value entries)")
+    return dict(value)
+
+
+def flag(value: Any, field: str) -> bool:
+    """Check that ``value`` is a boolean (``true``/``false``; the string ``'false'`` is not) and return it."""
+    if not isinstance(value, bool):
+        raise ConfigError(field, value, "must be true or false")
+    return value
+
+
+def names(value: Any, field: str) -> list[str]:
+    """Check that ``value`` is a list of strings (a lone string is a mistake, not a list of letters)."""
+    if isinstance(value, str) or not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(field, value, "must be a list of names, e.g. [a, b]")
+    return list(value)
 
 
 def fraction(value: Any, field: str) -> float:
