@@ -25,7 +25,7 @@ from typing import Any
 from gpu.batching import make_policy
 from gpu.errors import ConfigError
 from gpu.report import SimulationReport
-from gpu.scenario import choose, load_scenario, positive, require
+from gpu.scenario import choose, flag, integer, load_scenario, mapping, names, number, positive, require
 from gpu.schedulers.nexus import Plan, Session, SquishyPacker, batch_oblivious_plan, gpu_lower_bound
 from gpu.schedulers.nexus_overflow import route_unassigned
 from gpu.schedulers.nexus_prefix import PrefixGroup, merge_sessions, variant_profiles
@@ -102,32 +102,107 @@ class NexusScenario:
                 for q in self.queries for st in q.stages if st.parent is not None}
 
 
+_MODEL_FIELDS = {"name", "alpha_ms", "beta_ms", "max_batch", "table", "preprocess_ms", "memory_mb"}
+_SESSION_FIELDS = {"id", "model", "slo_ms", "rate"}
+_QUERY_FIELDS = {"id", "slo_ms", "rate", "streams", "stages"}
+_STAGE_FIELDS = {"name", "model", "parent", "gamma"}
+_GROUP_FIELDS = {"name", "prefix", "suffix", "models", "preprocess_ms"}
+_SUFFIX_FIELDS = {"alpha_ms", "beta_ms", "memory_mb"}
+_SIMULATION_FIELDS = {"duration_s", "arrivals", "seed", "noise", "epsilon_ms"}
+
+
+def _entries(value: Any, field: str, allowed: set[str]) -> list[dict[str, Any]]:
+    """A list section (``sessions``, ``models``, ...) as its mappings (missing/None: empty), each with only
+    ``allowed`` fields. Checked here because a string or a mapping would otherwise be iterated as letters or
+    keys, and a misspelt field silently ignored."""
+    if value is None:
+        return []
+    if isinstance(value, str) or not isinstance(value, (list, tuple)):
+        raise ConfigError(field, value, "must be a list of entries, e.g. [{...}, {...}]")
+    return [_section(e, f"{field}[{i}]", allowed, optional=False) for i, e in enumerate(value)]
+
+
+def _section(value: Any, field: str, allowed: set[str], *, optional: bool = True) -> dict[str, Any]:
+    """A mapping (``simulation``, a list entry) whose fields must all be ``allowed``."""
+    out = mapping(value, field, optional=optional)
+    for key in out:
+        if key not in allowed:
+            raise ConfigError(f"{field}.{key}", out[key], f"unknown field; expected one of {sorted(allowed)}")
+    return out
+
+
+def _label(value: Any, field: str) -> str:
+    """An id or a name as text (YAML reads ``id: 1`` as a number, which is fine; a list or null is not)."""
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise ConfigError(field, value, "must be a name (text)")
+    return str(value)
+
+
+def _batch_size(key: Any, field: str) -> int:
+    """A ``table`` key: a batch size >= 1 (a YAML number, or its digits as JSON object keys are text)."""
+    if isinstance(key, str) and key.isascii() and key.isdigit():
+        key = int(key)
+    if isinstance(key, bool) or not isinstance(key, int) or key < 1:
+        raise ConfigError(field, key, "batch sizes (the table's keys) must be whole numbers >= 1")
+    return key
+
+
 def _models(raw: list[dict[str, Any]], builtin: dict[str, BatchProfile]
             ) -> tuple[dict[str, BatchProfile], dict[str, float]]:
     """Scenario models and their ``preprocess_ms``; an entry with only a built-in ``name`` (and
     ``preprocess_ms``) keeps the built-in profile; ``memory_mb`` is the GPU memory a placement holds."""
     out, pre = {}, {}
-    for i, m in enumerate(raw or []):
-        name = require(m, "name", f"models[{i}].")
+    for i, m in enumerate(raw):
+        where = f"models[{i}]."
+        name = _label(require(m, "name", where), f"{where}name")
         if "preprocess_ms" in m:
-            pre[name] = positive(m["preprocess_ms"], f"models[{i}].preprocess_ms", allow_zero=True)
+            pre[name] = positive(m["preprocess_ms"], f"{where}preprocess_ms", allow_zero=True)
         if "table" in m:
-            prof = table_profile(name, {int(b): positive(v, f"models[{i}].table.{b}") for b, v in m["table"].items()})
+            table = mapping(m["table"], f"{where}table", optional=False)
+            prof = table_profile(name, {_batch_size(b, f"{where}table"): positive(v, f"{where}table.{b}")
+                                        for b, v in table.items()})
         elif "alpha_ms" in m or name not in builtin:
-            prof = linear_profile(name, positive(require(m, "alpha_ms", f"models[{i}]."), f"models[{i}].alpha_ms",
-                                                 allow_zero=True),
-                                  positive(require(m, "beta_ms", f"models[{i}]."), f"models[{i}].beta_ms",
-                                           allow_zero=True),
-                                  int(positive(m.get("max_batch", 64), f"models[{i}].max_batch")))
+            prof = linear_profile(name, positive(require(m, "alpha_ms", where), f"{where}alpha_ms", allow_zero=True),
+                                  positive(require(m, "beta_ms", where), f"{where}beta_ms", allow_zero=True),
+                                  integer(m.get("max_batch", 64), f"{where}max_batch", minimum=1))
         else:
             prof = None  # a built-in model keeps its profile
         if "memory_mb" in m:
-            mem = int(positive(m["memory_mb"], f"models[{i}].memory_mb", allow_zero=True) * MIB)
+            mem = int(positive(m["memory_mb"], f"{where}memory_mb", allow_zero=True) * MIB)
             base = prof or builtin[name]
             prof = replace(base, memory_bytes=tuple(mem for _ in base.batches))
         if prof is not None:
             out[name] = prof
     return out, pre
+
+
+def _sessions(raw: list[dict[str, Any]]) -> tuple[Session, ...]:
+    """``sessions: [{id, model, slo_ms, rate}]``; types here, ranges in ``Session`` (named by its id)."""
+    return tuple(Session(_label(require(s, "id", f"sessions[{i}]."), f"sessions[{i}].id"),
+                         _label(require(s, "model", f"sessions[{i}]."), f"sessions[{i}].model"),
+                         number(require(s, "slo_ms", f"sessions[{i}]."), f"sessions[{i}].slo_ms"),
+                         number(require(s, "rate", f"sessions[{i}]."), f"sessions[{i}].rate"))
+                 for i, s in enumerate(raw))
+
+
+def _queries(raw: list[dict[str, Any]]) -> tuple[Query, ...]:
+    """``queries: [{id, slo_ms, rate, stages: [{name, model, parent, gamma}]}]``; types here, the tree and
+    the ranges in ``Query``."""
+    out = []
+    for i, q in enumerate(raw):
+        where = f"queries[{i}]."
+        stages = []
+        for j, st in enumerate(_entries(require(q, "stages", where), f"{where}stages", _STAGE_FIELDS)):
+            at = f"{where}stages[{j}]."
+            parent = st.get("parent")
+            stages.append(QueryStage(_label(require(st, "name", at), f"{at}name"),
+                                     _label(require(st, "model", at), f"{at}model"),
+                                     None if parent is None else _label(parent, f"{at}parent"),
+                                     number(st.get("gamma", 1.0), f"{at}gamma")))
+        out.append(Query(_label(require(q, "id", where), f"{where}id"), tuple(stages),
+                         number(require(q, "slo_ms", where), f"{where}slo_ms"),
+                         number(require(q, "rate", where), f"{where}rate")))
+    return tuple(out)
 
 
 def load(path: str) -> NexusScenario:
@@ -140,27 +215,23 @@ def load(path: str) -> NexusScenario:
             raise ConfigError(key, raw[key], f"unknown scenario field; expected one of {sorted(known)}")
     preset = choose(raw.get("preset", "paper"), "preset", list(PRESETS))
     builtin = {**published_profiles(), **synthetic_profiles()}
-    models, pre = _models(raw.get("models", []), builtin)
+    models, pre = _models(_entries(raw.get("models"), "models", _MODEL_FIELDS), builtin)
     profiles = {**builtin, **models}
-    groups = _prefix_groups(raw.get("prefix_groups", []) or [], profiles)
-    for i, g in enumerate(raw.get("prefix_groups", []) or []):
+    raw_groups = _entries(raw.get("prefix_groups"), "prefix_groups", _GROUP_FIELDS)
+    groups = _prefix_groups(raw_groups, profiles)
+    for i, g in enumerate(raw_groups):
         if "preprocess_ms" in g:
             p = positive(g["preprocess_ms"], f"prefix_groups[{i}].preprocess_ms", allow_zero=True)
             pre.update({m: p for m in groups[i].models})
     profiles.update(variant_profiles(groups, profiles))
-    sessions = tuple(Session(str(require(s, "id", f"sessions[{i}].")), str(require(s, "model", f"sessions[{i}].")),
-                             require(s, "slo_ms", f"sessions[{i}]."), require(s, "rate", f"sessions[{i}]."))
-                     for i, s in enumerate(raw.get("sessions", [])))
-    queries = tuple(
-        Query(str(require(q, "id", f"queries[{i}].")),
-              tuple(QueryStage(str(require(st, "name", f"queries[{i}].stages[{j}].")),
-                               str(require(st, "model", f"queries[{i}].stages[{j}].")),
-                               st.get("parent"), float(st.get("gamma", 1.0)))
-                    for j, st in enumerate(require(q, "stages", f"queries[{i}]."))),
-              require(q, "slo_ms", f"queries[{i}]."), require(q, "rate", f"queries[{i}]."))
-        for i, q in enumerate(raw.get("queries", [])))
+    sessions = _sessions(_entries(raw.get("sessions"), "sessions", _SESSION_FIELDS))
+    raw_queries = _entries(raw.get("queries"), "queries", _QUERY_FIELDS)
+    queries = _queries(raw_queries)
     if not sessions and not queries:
         raise ConfigError("sessions", [], "a scenario needs at least one session or query")
+    ids = [s.session_id for s in sessions] + [q.query_id for q in queries]
+    if len(set(ids)) != len(ids):
+        raise ConfigError("sessions", ids, "session and query ids must be unique")
     for s in sessions:
         if s.model not in profiles:
             raise ConfigError(f"{s.session_id}.model", s.model, f"unknown model; choose one of {sorted(profiles)}")
@@ -169,7 +240,7 @@ def load(path: str) -> NexusScenario:
             if st.model not in profiles:
                 raise ConfigError(f"{q.query_id}.{st.name}.model", st.model,
                                   f"unknown model; choose one of {sorted(profiles)}")
-    streams = {q.query_id: _count(raw["queries"][i].get("streams", 1), f"queries[{i}].streams",
+    streams = {q.query_id: _count(raw_queries[i].get("streams", 1), f"queries[{i}].streams",
                                   "independent uniform sources, e.g. cameras")
                for i, q in enumerate(queries)}
     grouped = {m for g in groups for m in g.models}
@@ -178,7 +249,7 @@ def load(path: str) -> NexusScenario:
             if st.model in grouped:
                 raise ConfigError(f"{q.query_id}.{st.name}.model", st.model, "query stages are chained request by "
                                   "request and cannot be prefix-batched; use it in a standalone session")
-    sim = raw.get("simulation", {}) or {}
+    sim = _section(raw.get("simulation"), "simulation", _SIMULATION_FIELDS)
     gpus = raw.get("gpus")
     if gpus is not None and (isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1):
         raise ConfigError("gpus", gpus, "must be an integer >= 1")
@@ -186,7 +257,8 @@ def load(path: str) -> NexusScenario:
         name=str(raw.get("name", path)), preset=preset, profiles=profiles, sessions=sessions, queries=queries,
         gpus=gpus, duration_s=positive(sim.get("duration_s", 20.0), "simulation.duration_s"),
         arrivals=choose(sim.get("arrivals", "poisson"), "simulation.arrivals", ["poisson", "uniform"]),
-        seed=int(sim.get("seed", 0)), noise=bool(sim.get("noise", False)),
+        seed=integer(sim.get("seed", 0), "simulation.seed", minimum=0),
+        noise=flag(sim.get("noise", False), "simulation.noise"),
         epsilon_ms=positive(sim.get("epsilon_ms", 1.0), "simulation.epsilon_ms"), prefix_groups=groups,
         streams={k: v for k, v in streams.items() if v > 1}, preprocess_ms={m: p for m, p in pre.items() if p > 0},
         preprocess_threads=_count(raw.get("preprocess_threads", 1), "preprocess_threads",
@@ -205,11 +277,11 @@ def _prefix_groups(raw: list[dict[str, Any]], profiles: dict[str, BatchProfile])
     out = []
     for i, g in enumerate(raw):
         where = f"prefix_groups[{i}]."
-        name = str(require(g, "name", where))
-        prefix = str(require(g, "prefix", where))
+        name = _label(require(g, "name", where), f"{where}name")
+        prefix = _label(require(g, "prefix", where), f"{where}prefix")
         if prefix not in profiles:
             raise ConfigError(f"{where}prefix", prefix, f"unknown model; choose one of {sorted(profiles)}")
-        suf = require(g, "suffix", where) or {}
+        suf = _section(require(g, "suffix", where), f"{where}suffix", _SUFFIX_FIELDS)
         base = profiles[prefix]
         suffix = linear_profile(f"{name}.suffix", positive(suf.get("alpha_ms", 0.0), f"{where}suffix.alpha_ms",
                                                            allow_zero=True),
@@ -217,10 +289,7 @@ def _prefix_groups(raw: list[dict[str, Any]], profiles: dict[str, BatchProfile])
                                 base.max_batch,
                                 int(positive(suf.get("memory_mb", 0.0), f"{where}suffix.memory_mb",
                                              allow_zero=True) * MIB))
-        models = require(g, "models", where)
-        if not isinstance(models, list):
-            raise ConfigError(f"{where}models", models, "must be a list of variant model names")
-        out.append(PrefixGroup(name, base, suffix, tuple(str(m) for m in models)))
+        out.append(PrefixGroup(name, base, suffix, tuple(names(require(g, "models", where), f"{where}models"))))
     return tuple(out)
 
 

@@ -19,12 +19,12 @@ A phase's ``scale`` multiplies every base rate (sessions and queries); its ``rat
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Collection, Mapping
 
 from gpu.batching import POLICIES
 from gpu.errors import ConfigError
-from gpu.scenario import choose, load_scenario, positive, require
+from gpu.scenario import choose, integer, load_scenario, mapping, number, positive, require
 from gpu.schedulers.nexus import Session
 from gpu.schedulers.nexus_epoch import EpochConfig
 from gpu.schedulers.nexus_profiles import PRESETS, BatchProfile
@@ -34,7 +34,15 @@ from tasks.serving.loadgen import RatePhase, RateTrace
 from tasks.serving.models import check_model
 
 _TOP = {"name", "preset", "sessions", "queries", "trace", "epoch", "runtime"}
-_RUNTIME = {"batch_policy", "load_balancer", "training_steps", "profile_repeats", "seed"}
+_SESSION = {"id", "model", "slo_ms", "rate"}
+_QUERY = {"id", "slo_ms", "rate", "stages"}
+_STAGE = {"name", "model", "parent", "gamma"}
+_TRACE = {"duration_s", "seed", "phases"}
+_PHASE = {"at_s", "scale", "rates"}
+_RUNTIME = {"batch_policy", "load_balancer", "training_steps", "profile_repeats"}
+# epoch fields and their defaults: EpochConfig's, its timers scaled down for short runs (docs/serving.md)
+_EPOCH = {f.name: f.default for f in fields(EpochConfig)} | {"epoch_s": 10.0, "min_epoch_s": 5.0, "beacon_s": 1.0,
+                                                              "avg_interval_s": 2.0}
 
 
 @dataclass(frozen=True)
@@ -90,18 +98,92 @@ class ServingSpec:
         return RateTrace(tuple(phases), self.duration_s)
 
 
-def _phase(raw: Mapping[str, Any], i: int, ids: set[str]) -> dict:
-    where = f"trace.phases[{i}]."
-    for key in raw:
-        if key not in ("at_s", "scale", "rates"):
-            raise ConfigError(f"{where}{key}", raw[key], "unknown field; expected at_s, scale, rates")
-    rates = dict(raw.get("rates") or {})
-    for sid, r in rates.items():
-        if sid not in ids:
-            raise ConfigError(f"{where}rates", sid, f"unknown session or query; choose one of {sorted(ids)}")
-        positive(r, f"{where}rates.{sid}", allow_zero=True)
-    return {"at_s": positive(require(raw, "at_s", where), f"{where}at_s", allow_zero=True),
-            "scale": positive(raw.get("scale", 1.0), f"{where}scale", allow_zero=True), "rates": rates}
+def _entries(value: Any, field: str, allowed: set[str]) -> list[dict[str, Any]]:
+    """A list section (``sessions``, ``trace.phases``, ...) as its mappings (missing/None: empty), each with
+    only ``allowed`` fields: a string or a mapping would otherwise be iterated as letters or keys."""
+    if value is None:
+        return []
+    if isinstance(value, str) or not isinstance(value, (list, tuple)):
+        raise ConfigError(field, value, "must be a list of entries, e.g. [{...}, {...}]")
+    return [_section(e, f"{field}[{i}]", allowed, optional=False) for i, e in enumerate(value)]
+
+
+def _section(value: Any, field: str, allowed: Collection[str], *, optional: bool = True) -> dict[str, Any]:
+    """A mapping (``trace``, ``epoch``, ``runtime``, a list entry) whose fields must all be ``allowed``."""
+    out = mapping(value, field, optional=optional)
+    for key in out:
+        if key not in allowed:
+            raise ConfigError(f"{field}.{key}", out[key], f"unknown field; expected one of {sorted(allowed)}")
+    return out
+
+
+def _label(value: Any, field: str) -> str:
+    """An id or a name as text (YAML reads ``id: 1`` as a number, which is fine; a list or null is not)."""
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise ConfigError(field, value, "must be a name (text)")
+    return str(value)
+
+
+def _sessions(raw: list[dict[str, Any]]) -> list[Session]:
+    """``sessions: [{id, model, slo_ms, rate}]``; types here, ranges in ``Session`` (named by its id)."""
+    out = []
+    for i, s in enumerate(raw):
+        where = f"sessions[{i}]."
+        sid = _label(require(s, "id", where), f"{where}id")
+        model = check_model(_label(require(s, "model", where), f"{where}model"), f"{sid}.model")
+        out.append(Session(sid, model, number(require(s, "slo_ms", where), f"{where}slo_ms"),
+                           number(require(s, "rate", where), f"{where}rate")))
+    return out
+
+
+def _queries(raw: list[dict[str, Any]]) -> list[Query]:
+    """``queries: [{id, slo_ms, rate, stages: [{name, model, parent, gamma}]}]``; types here, the tree and
+    the ranges in ``Query``."""
+    out = []
+    for i, q in enumerate(raw):
+        where = f"queries[{i}]."
+        qid = _label(require(q, "id", where), f"{where}id")
+        stages = []
+        for j, st in enumerate(_entries(require(q, "stages", where), f"{where}stages", _STAGE)):
+            at = f"{where}stages[{j}]."
+            name = _label(require(st, "name", at), f"{at}name")
+            parent = st.get("parent")
+            stages.append(QueryStage(name, check_model(_label(require(st, "model", at), f"{at}model"),
+                                                       f"{qid}.{name}.model"),
+                                     None if parent is None else _label(parent, f"{at}parent"),
+                                     number(st.get("gamma", 1.0), f"{at}gamma")))
+        out.append(Query(qid, tuple(stages), number(require(q, "slo_ms", where), f"{where}slo_ms"),
+                         number(require(q, "rate", where), f"{where}rate")))
+    return out
+
+
+def _phases(raw: Any, ids: set[str]) -> tuple[dict, ...]:
+    """``trace.phases: [{at_s, scale, rates: {id: req/s}}]``, the first at 0 s, then strictly later."""
+    phases = []
+    for i, p in enumerate(_entries(raw, "trace.phases", _PHASE) or [{"at_s": 0}]):
+        where = f"trace.phases[{i}]."
+        rates = mapping(p.get("rates"), f"{where}rates")
+        for sid, r in rates.items():
+            if sid not in ids:
+                raise ConfigError(f"{where}rates", sid, f"unknown session or query; choose one of {sorted(ids)}")
+            positive(r, f"{where}rates.{sid}", allow_zero=True)
+        at_s = positive(require(p, "at_s", where), f"{where}at_s", allow_zero=True)
+        if i == 0 and at_s != 0:
+            raise ConfigError(f"{where}at_s", p["at_s"], "the first phase must start at 0")
+        if i > 0 and at_s <= phases[-1]["at_s"]:
+            raise ConfigError(f"{where}at_s", p["at_s"], f"must be after the previous phase's {phases[-1]['at_s']:g} s")
+        phases.append({"at_s": at_s, "scale": positive(p.get("scale", 1.0), f"{where}scale", allow_zero=True),
+                       "rates": rates})
+    return tuple(phases)
+
+
+def _epoch(raw: Any) -> EpochConfig:
+    """``epoch: {epoch_s, min_epoch_s, beacon_s, avg_interval_s, low, high, shrink}`` (seconds, fractions)."""
+    ep = _section(raw, "epoch", _EPOCH)
+    values = {k: positive(ep.get(k, default), f"epoch.{k}") for k, default in _EPOCH.items()}
+    if values["min_epoch_s"] > values["epoch_s"]:
+        raise ConfigError("epoch.min_epoch_s", ep["min_epoch_s"], f"must be <= epoch_s={values['epoch_s']:g}")
+    return EpochConfig(**values)
 
 
 def parse_spec(raw: Mapping[str, Any], name: str = "serving") -> ServingSpec:
@@ -110,51 +192,25 @@ def parse_spec(raw: Mapping[str, Any], name: str = "serving") -> ServingSpec:
         if key not in _TOP:
             raise ConfigError(key, raw[key], f"unknown spec field; expected one of {sorted(_TOP)}")
     preset = choose(raw.get("preset", "paper"), "preset", list(PRESETS))
-    sessions = []
-    for i, s in enumerate(raw.get("sessions") or []):
-        sid = str(require(s, "id", f"sessions[{i}]."))
-        check_model(str(require(s, "model", f"sessions[{i}].")), f"{sid}.model")
-        sessions.append(Session(sid, str(s["model"]), require(s, "slo_ms", f"sessions[{i}]."),
-                                require(s, "rate", f"sessions[{i}].")))
-    queries = []
-    for i, q in enumerate(raw.get("queries") or []):
-        qid = str(require(q, "id", f"queries[{i}]."))
-        stages = []
-        for j, st in enumerate(require(q, "stages", f"queries[{i}].")):
-            stage = str(require(st, "name", f"queries[{i}].stages[{j}]."))
-            check_model(str(require(st, "model", f"queries[{i}].stages[{j}].")), f"{qid}.{stage}.model")
-            stages.append(QueryStage(stage, str(st["model"]), st.get("parent"), float(st.get("gamma", 1.0))))
-        queries.append(Query(qid, tuple(stages), require(q, "slo_ms", f"queries[{i}]."),
-                             require(q, "rate", f"queries[{i}].")))
+    sessions = _sessions(_entries(raw.get("sessions"), "sessions", _SESSION))
+    queries = _queries(_entries(raw.get("queries"), "queries", _QUERY))
     if not sessions and not queries:
         raise ConfigError("sessions", [], "a serving spec needs at least one session or query")
     ids = [s.session_id for s in sessions] + [q.query_id for q in queries]
     if len(set(ids)) != len(ids):
         raise ConfigError("sessions", ids, "session and query ids must be unique")
-    trace = raw.get("trace") or {}
-    for key in trace:
-        if key not in ("duration_s", "seed", "phases"):
-            raise ConfigError(f"trace.{key}", trace[key], "unknown field; expected duration_s, seed, phases")
-    phases = tuple(_phase(p, i, set(ids)) for i, p in enumerate(trace.get("phases") or [{"at_s": 0}]))
-    if phases[0]["at_s"] != 0:
-        raise ConfigError("trace.phases[0].at_s", phases[0]["at_s"], "the first phase must start at 0")
-    ep = raw.get("epoch") or {}
-    try:
-        epoch = EpochConfig(**{"epoch_s": 10.0, "min_epoch_s": 5.0, "beacon_s": 1.0, "avg_interval_s": 2.0, **ep})
-    except TypeError as exc:
-        raise ConfigError("epoch", dict(ep), f"unknown field ({exc})") from None
-    rt = raw.get("runtime") or {}
-    for key in rt:
-        if key not in _RUNTIME:
-            raise ConfigError(f"runtime.{key}", rt[key], f"unknown field; expected one of {sorted(_RUNTIME)}")
+    trace = _section(raw.get("trace"), "trace", _TRACE)
+    phases = _phases(trace.get("phases"), set(ids))
+    epoch = _epoch(raw.get("epoch"))
+    rt = _section(raw.get("runtime"), "runtime", _RUNTIME)
     return ServingSpec(
         name=str(raw.get("name", name)), sessions=tuple(sessions), queries=tuple(queries), phases=phases,
-        duration_s=positive(trace.get("duration_s", 30.0), "trace.duration_s"), seed=int(trace.get("seed", 0)),
-        preset=preset, epoch=epoch,
+        duration_s=positive(trace.get("duration_s", 30.0), "trace.duration_s"),
+        seed=integer(trace.get("seed", 0), "trace.seed", minimum=0), preset=preset, epoch=epoch,
         batch_policy=choose(rt.get("batch_policy", "early_drop"), "runtime.batch_policy", list(POLICIES)),
         load_balancer=choose(rt.get("load_balancer", "drr"), "runtime.load_balancer", list(LOAD_BALANCERS)),
-        training_steps=int(positive(rt.get("training_steps", 300), "runtime.training_steps")),
-        profile_repeats=int(positive(rt.get("profile_repeats", 10), "runtime.profile_repeats")))
+        training_steps=integer(rt.get("training_steps", 300), "runtime.training_steps", minimum=1),
+        profile_repeats=integer(rt.get("profile_repeats", 10), "runtime.profile_repeats", minimum=1))
 
 
 def load_spec(path: str) -> ServingSpec:

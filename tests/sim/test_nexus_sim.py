@@ -298,3 +298,62 @@ def test_every_policy_is_listed_in_the_docs_policy_list():
     docs = (Path(__file__).resolve().parents[2] / "docs" / "nexus.md").read_text()
     listed = docs.split("Policies (rows of the report):", 1)[1].split("Columns:", 1)[0]
     assert [n for n in STRATEGIES if f"`{n}`" not in listed] == []
+
+
+def edited(tmp_path, name, path, value):
+    """A shipped scenario with the field at ``path`` (keys and list indices) set to ``value``, as a file."""
+    import yaml
+
+    raw = yaml.safe_load((SCENARIOS / name).read_text())
+    node = raw
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    return write(tmp_path, yaml.safe_dump(raw))
+
+
+@pytest.mark.parametrize("name,path,value,message", [
+    ("table2_toy.yaml", ("simulation", "duration_s"), float("nan"), r"simulation\.duration_s=nan"),
+    ("table2_toy.yaml", ("simulation", "duration_s"), float("inf"), r"simulation\.duration_s=inf"),
+    ("table2_toy.yaml", ("simulation",), "fast", r"simulation='fast': must be a mapping"),
+    ("table2_toy.yaml", ("simulation", "noise"), "false", r"simulation\.noise='false': must be true or false"),
+    ("table2_toy.yaml", ("simulation", "seed"), 1.5, r"simulation\.seed=1\.5: must be a whole number"),
+    ("table2_toy.yaml", ("simulation", "seed"), "x", r"simulation\.seed='x': must be a number"),
+    ("table2_toy.yaml", ("simulation", "epsilon_ms"), "1", r"simulation\.epsilon_ms='1'"),
+    ("table2_toy.yaml", ("simulation", "duraton_s"), 5, r"simulation\.duraton_s=5: unknown field"),
+    ("table2_toy.yaml", ("models", 0, "table"), {"four": 50}, r"models\[0\]\.table='four': batch sizes"),
+    ("table2_toy.yaml", ("models", 0, "table"), [50, 75], r"models\[0\]\.table=\[50, 75\]: must be a mapping"),
+    ("table2_toy.yaml", ("models", 0, "table", 0), 40, r"models\[0\]\.table=0: batch sizes"),
+    ("table2_toy.yaml", ("models", 0, "table", 4), "50", r"models\[0\]\.table\.4='50': must be a number"),
+    ("table2_toy.yaml", ("models",), "A", r"models='A': must be a list"),
+    ("table2_toy.yaml", ("models", 0, "name"), ["A"], r"models\[0\]\.name=\['A'\]: must be a name"),
+    ("table2_toy.yaml", ("sessions",), "fast", r"sessions='fast': must be a list"),
+    ("table2_toy.yaml", ("sessions", 0), 5, r"sessions\[0\]=5: must be a mapping"),
+    ("table2_toy.yaml", ("sessions", 0, "rate"), "40", r"sessions\[0\]\.rate='40': must be a number"),
+    ("table2_toy.yaml", ("sessions", 0, "slo_ms"), float("inf"), r"sessions\[0\]\.slo_ms=inf"),
+    ("table2_toy.yaml", ("sessions", 0, "id"), None, r"sessions\[0\]\.id=None: must be a name"),
+    ("table2_toy.yaml", ("sessions", 0, "sla_ms"), 5, r"sessions\[0\]\.sla_ms=5: unknown field"),
+    ("table2_toy.yaml", ("sessions", 1, "id"), "A", r"sessions=\['A', 'A', 'C'\]: session and query ids"),
+    ("traffic_query.yaml", ("queries", 0, "stages", 1, "gamma"), "two",
+     r"queries\[0\]\.stages\[1\]\.gamma='two': must be a number"),
+    ("traffic_query.yaml", ("queries", 0, "slo_ms"), "400", r"queries\[0\]\.slo_ms='400': must be a number"),
+    ("traffic_query.yaml", ("queries", 0, "rate"), float("nan"), r"queries\[0\]\.rate=nan"),
+    ("traffic_query.yaml", ("queries", 0, "stages"), "detect", r"queries\[0\]\.stages='detect': must be a list"),
+    ("traffic_query.yaml", ("queries", 0, "stages", 1, "parent"), ["detect"],
+     r"queries\[0\]\.stages\[1\]\.parent=\['detect'\]: must be a name"),
+    ("prefix_variants.yaml", ("prefix_groups", 0, "suffix"), "fc", r"prefix_groups\[0\]\.suffix='fc': must be a map"),
+    ("prefix_variants.yaml", ("prefix_groups", 0, "models"), "icon_a",
+     r"prefix_groups\[0\]\.models='icon_a': must be a list of names"),
+    ("prefix_variants.yaml", ("prefix_groups", 0, "suffix", "beta"), 1, r"prefix_groups\[0\]\.suffix\.beta=1: unknown"),
+])
+def test_a_mistyped_scenario_field_is_one_config_error_naming_it(tmp_path, name, path, value, message):
+    with pytest.raises(ConfigError, match=message):
+        load(edited(tmp_path, name, path, value))
+
+
+def test_a_json_table_with_text_batch_keys_and_a_boolean_noise_flag_load(tmp_path):
+    p = tmp_path / "s.json"
+    p.write_text(json.dumps({"models": [{"name": "m", "table": {"4": 50, "8": 75}}], "simulation": {"noise": True},
+                             "sessions": [{"id": "s", "model": "m", "slo_ms": 200, "rate": 10}]}))
+    sc = load(str(p))
+    assert sc.profiles["m"].batches == (4, 8) and sc.noise is True
