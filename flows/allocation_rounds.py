@@ -54,6 +54,7 @@ from gpu.errors import ConfigError
 from gpu.schedulers.cilantro import POLICIES, make_policy
 from gpu.schedulers.cilantro.fair import ResourceFair
 from gpu.schedulers.cilantro.types import JobSpec
+from gpuflows.args import output_file
 from resource_blocks import GpuPool, MlflowTarget
 from tasks.cilantro_jobs import JobConfig, RoundWindow, run_service, run_trainer
 from tasks.requests import gpu_options
@@ -318,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mode", default="process", help=f"runner mode, one of {MODES} (default process)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-tracking", action="store_true", help="switch MLflow tracking off")
-    parser.add_argument("--json", metavar="OUT", help="also write the summary as JSON")
+    parser.add_argument("--json", type=output_file, metavar="OUT", help="also write the summary as JSON")
     args = parser.parse_args(argv)
     pool = args.pool or GpuPool(name="cilantro", device_backend="auto", simulated=args.simulated)
     try:

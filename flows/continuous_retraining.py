@@ -37,7 +37,8 @@ from prefect import flow
 
 from flows.ekya_window import RunSettings, WindowResult, run_window, start_streams
 from gpu.devices import discover
-from gpu.errors import ConfigError
+from gpu.errors import ConfigError, GpuflowsError
+from gpuflows.args import output_file
 from resource_blocks import GpuPool, MlflowTarget
 from tasks.ekya_tasks import WindowSettings, config_grid
 from tasks.runners import GpuTaskRunner, flow_mlflow_run_id
@@ -79,7 +80,7 @@ def summarise(run: RunSettings, results: list[WindowResult], plot: str | None, p
 
 
 def _check(streams: int, windows: int, window_s: float, policy: str, mode: str, fail_stream: str | None,
-           uniform_config: str) -> None:
+           uniform_config: str, fail_window: int = 0) -> None:
     for name, value in (("streams", streams), ("windows", windows)):
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise ConfigError(name, value, "must be a whole number > 0")
@@ -92,6 +93,8 @@ def _check(streams: int, windows: int, window_s: float, policy: str, mode: str, 
     names = [f"cam{i}" for i in range(streams)]
     if fail_stream is not None and fail_stream not in names:
         raise ConfigError("fail_stream", fail_stream, f"not one of the streams {names}")
+    if fail_stream is not None and not (isinstance(fail_window, int) and 0 <= fail_window < windows):
+        raise ConfigError("fail_window", fail_window, f"not one of the windows 0..{windows - 1}")
     grid = [c.name for c in config_grid()]
     if uniform_config not in grid:
         raise ConfigError("uniform_config", uniform_config, f"choose one of {grid}")
@@ -125,10 +128,13 @@ def continuous_retraining(streams: int = 4, windows: int = 3, window_s: float = 
         ``{"policy", "streams", "windows": [{"window", "accuracy": {stream: measured}, "predicted",
         "configs", "failures", "mean"}], "mean_accuracy", "mlflow_run_id", "plot"}``.
     """
-    _check(streams, windows, window_s, policy, mode, fail_stream, uniform_config)
+    _check(streams, windows, window_s, policy, mode, fail_stream, uniform_config, fail_window)
     block = pool if isinstance(pool, GpuPool) else GpuPool.load_or_default(pool)
     target = tracking if isinstance(tracking, MlflowTarget) else MlflowTarget(enabled=tracking is not False)
     gpus = discover(block.simulated, block.device_backend).gpu_count
+    if gpus == 0:
+        raise ConfigError("pool", block.name, "has no GPUs (simulated or NVML) to split between retraining and "
+                                              "inference")
     settings = WindowSettings(frames=frames, labelled=labelled, golden_seed=seed)
     run = RunSettings(policy=policy, streams=streams, windows=windows, window_s=float(window_s), seed=seed,
                       pool_gpus=gpus, a_min=a_min, delta=delta, full_rate_gpus=full_rate_gpus,
@@ -166,15 +172,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fail-stream", default=None, help="inject a retraining failure in this stream (e.g. cam1)")
     parser.add_argument("--fail-window", type=int, default=0, help="window of the injected failure (default 0)")
     parser.add_argument("--no-tracking", action="store_true", help="switch MLflow tracking off")
-    parser.add_argument("--json", metavar="OUT", help="also write the summary as JSON")
+    parser.add_argument("--json", type=output_file, metavar="OUT", help="also write the summary as JSON")
     args = parser.parse_args(argv)
-    pool = args.pool or GpuPool(name="ekya", device_backend="auto", simulated=args.simulated)
-    try:
+    try:  # bad arguments fail here, before a Prefect server starts and the flow run fails with a traceback
+        _check(args.streams, args.windows, args.window_s, args.policy, args.mode, args.fail_stream,
+               "e5-all-d50", args.fail_window)
+        pool = GpuPool.load_or_default(args.pool) if args.pool else GpuPool(
+            name="ekya", device_backend="auto", simulated=args.simulated)
         summary = continuous_retraining(streams=args.streams, windows=args.windows, window_s=args.window_s,
                                         policy=args.policy, pool=pool, seed=args.seed, mode=args.mode,
                                         tracking=False if args.no_tracking else None,
                                         fail_stream=args.fail_stream, fail_window=args.fail_window)
-    except ConfigError as exc:
+    except GpuflowsError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(format_summary(summary))

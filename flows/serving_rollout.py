@@ -31,6 +31,7 @@ from gpu.errors import GpuflowsError
 from gpu.schedulers.nexus import Plan, SquishyPacker
 from gpu.schedulers.nexus_epoch import EpochPlanner
 from gpu.schedulers.nexus_profiles import BatchProfile
+from gpuflows.args import output_file
 from resource_blocks import GpuPool, MlflowTarget
 from tasks.requests import current_placement, gpu_request
 from tasks.runners import GpuTaskRunner, PlacingTaskRunner, flow_mlflow_run_id
@@ -278,10 +279,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mode", choices=("process", "thread"), default="process", help="profiling task mode")
     ap.add_argument("--experiment", default="serving-rollout", help="MLflow experiment")
     ap.add_argument("--no-tracking", action="store_true", help="do not log to MLflow")
-    ap.add_argument("--json", default=None, help="write the result (figures per epoch) to this file")
+    ap.add_argument("--json", type=output_file, default=None, help="write the result (figures per epoch) to this file")
     ap.add_argument("--backend", choices=("local", "ray"), default="local",
                     help="workers as threads here (local) or Ray actors (ray: the pool's ray_address, else a local Ray)")
     args = ap.parse_args(argv)
+    try:  # a bad spec, duration or policy fails here, before a Prefect server starts
+        _spec(args.spec, args.duration_s, args.batch_policy)
+    except GpuflowsError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     pool = GpuPool(name=args.pool, simulated=args.simulated)
     tracking = MlflowTarget(experiment=args.experiment, enabled=not args.no_tracking)
     if args.backend == "ray":

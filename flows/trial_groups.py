@@ -33,6 +33,7 @@ from gpu.schedulers.fluid_executor import FluidExecutor, Step
 from gpu.schedulers.fluid_session import TuningSession
 from gpu.state import state_dir
 from gpu.tuning import ALGORITHMS, Choice, Grid, LogUniform, parse_space
+from gpuflows.args import output_file
 from resource_blocks import GpuPool, MlflowTarget
 from tasks.fluid_trials import load_model, packing_curve, train_chunk
 from tasks.requests import gpu_options
@@ -387,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--fail-trial", default=None, help="inject a failure in this trial id (e.g. c0001@0)")
     parser.add_argument("--no-tracking", action="store_true", help="switch MLflow tracking off")
-    parser.add_argument("--json", metavar="OUT", help="also write the summary as JSON")
+    parser.add_argument("--json", type=output_file, metavar="OUT", help="also write the summary as JSON")
     args = parser.parse_args(argv)
     try:
         summary = trial_groups(algorithm=args.algorithm, trials=args.trials, iterations=args.iterations,

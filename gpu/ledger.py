@@ -32,6 +32,7 @@ from gpu.placement import (
     Choice, DeviceState, FifoBestFit, NodeState, PlacementPolicy, Request, Waiting,
     check_ever_fits, plan_grants,
 )
+from gpu.scenario import positive
 from gpu.units import format_memory
 
 _SCHEMA = """
@@ -202,8 +203,7 @@ class PoolLedger(LedgerClient):
 
     def __init__(self, spec: PoolSpec, path: str | Path | None = None, policy: PlacementPolicy | None = None,
                  lease_ttl: float = 30.0, heartbeat: bool = True):
-        if lease_ttl <= 0:
-            raise ConfigError("lease_ttl", lease_ttl, "must be > 0 seconds")
+        positive(lease_ttl, "lease_ttl")  # finite too: the heartbeat sleeps a third of it
         self.spec = spec
         self.path = str(path) if path else ":memory:"
         self.policy: PlacementPolicy = policy or FifoBestFit()
@@ -440,8 +440,7 @@ class PoolLedger(LedgerClient):
         Shrinking below what tasks hold never revokes them: nothing new is granted until usage
         falls under the new capacity.
         """
-        if capacity < 0:
-            raise ConfigError(f"resources[{name!r}].capacity", capacity, "must be >= 0")
+        positive(capacity, f"resources[{name!r}].capacity", allow_zero=True)  # NaN would be NULL in SQLite
         nodes = [n.name for n in self._capacity] if node is None else [node]
         if node is not None and node not in {n.name for n in self._capacity}:
             raise ConfigError("node", node, "not in this pool")

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Protocol, Sequence
 
 from gpu.errors import ConfigError, NeverFitsError
+from gpu.scenario import positive
 from gpu.units import format_memory, parse_memory
 
 _EPS = 1e-9
@@ -43,19 +44,20 @@ class Request:
                     or any(isinstance(i, bool) or not isinstance(i, int) or i < 0 for i in pinned)):
                 raise ConfigError("devices", self.devices, "must be distinct device indices >= 0")
             object.__setattr__(self, "devices", pinned)
-        if isinstance(self.gpus, bool) or not isinstance(self.gpus, (int, float)) or math.isnan(self.gpus):
-            raise ConfigError("gpus", self.gpus, "must be a number")
-        if self.gpus < 0:
-            raise ConfigError("gpus", self.gpus, "must be >= 0")
-        if self.gpus > 1 and self.gpus != int(self.gpus):
+        # the ledger stores these in SQLite, where NaN becomes NULL and breaks every later grant on the pool
+        gpus = positive(self.gpus, "gpus", allow_zero=True)
+        if gpus > 1 and not gpus.is_integer():
             raise ConfigError("gpus", self.gpus, "a request of more than one GPU must be a whole number")
-        if self.cpus < 0:
-            raise ConfigError("cpus", self.cpus, "must be >= 0")
+        object.__setattr__(self, "gpus", gpus)
+        object.__setattr__(self, "cpus", positive(self.cpus, "cpus", allow_zero=True))
+        if not isinstance(self.resources, Mapping):
+            raise ConfigError("resources", self.resources, "must map resource names to amounts")
+        resources = {}
         for name, amount in self.resources.items():
-            if amount <= 0:
-                raise ConfigError(f"resources[{name!r}]", amount, "must be > 0")
-        object.__setattr__(self, "gpus", float(self.gpus))
-        object.__setattr__(self, "resources", dict(self.resources))
+            if not isinstance(name, str) or not name:
+                raise ConfigError("resources", dict(self.resources), "resource names must be non-empty strings")
+            resources[name] = positive(amount, f"resources[{name!r}]")
+        object.__setattr__(self, "resources", resources)
 
     @property
     def whole_devices(self) -> int:

@@ -53,10 +53,10 @@ def number(value: Any, field: str) -> float:
 
 def positive(value: Any, field: str, *, allow_zero: bool = False) -> float:
     """Check that ``value`` is a finite number > 0 (or >= 0) and return it as float."""
-    value = number(value, field)
-    if value < 0 or (value == 0 and not allow_zero):
+    v = number(value, field)
+    if v < 0 or (v == 0 and not allow_zero):
         raise ConfigError(field, value, "must be >= 0" if allow_zero else "must be > 0")
-    return float(value)
+    return v
 
 
 def integer(value: Any, field: str, minimum: int | None = None) -> int:

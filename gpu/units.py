@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import re
 
 from gpu.errors import ConfigError
@@ -21,8 +23,8 @@ def parse_memory(value: int | float | str | None, field: str = "memory") -> int:
     if isinstance(value, bool):
         raise ConfigError(field, value, "expected bytes or a size such as '4GiB'")
     if isinstance(value, (int, float)):
-        if value < 0:
-            raise ConfigError(field, value, "must be >= 0")
+        if not math.isfinite(value) or value < 0:
+            raise ConfigError(field, value, "must be a finite number of bytes >= 0")
         return int(value)
     m = _PATTERN.match(str(value))
     if not m or m.group(2).lower() not in _UNITS:

@@ -11,6 +11,7 @@ import sys
 
 from gpu.errors import GpuflowsError
 from gpu.sim.registry import SIMULATORS
+from gpuflows.args import output_file
 
 
 def _simulate(args: argparse.Namespace) -> int:
@@ -27,9 +28,13 @@ def _simulate(args: argparse.Namespace) -> int:
 def _devices(args: argparse.Namespace) -> int:
     from gpu.devices import discover
 
-    for node in discover(args.simulate).nodes:
+    pool = discover(args.simulate)
+    for node in pool.nodes:
         for d in node.devices:
             print(f"{node.name}  {d.describe()}")
+    if not pool.gpu_count:
+        print("no NVIDIA GPU visible through NVML on this machine (flows then use simulated devices; "
+              "`gpuflows devices --simulate 2x16GiB` lists those)")
     return 0
 
 
@@ -54,9 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     sim = sub.add_parser("simulate", help="run a system's simulator on a scenario file and print a table")
     sim.add_argument("system", choices=sorted(SIMULATORS), help="which system's simulator")
-    sim.add_argument("scenario", help="scenario file (JSON or YAML; formats in docs/scenarios.md)")
+    sim.add_argument("scenario", help="scenario file (JSON or YAML; format in docs/<system>.md, examples in scenarios/<system>/)")
     sim.add_argument("--policy", action="append", help="policy to run (repeatable); default: all the system's policies")
-    sim.add_argument("--json", metavar="OUT", help="also write the figures as JSON to OUT")
+    sim.add_argument("--json", type=output_file, metavar="OUT", help="also write the figures as JSON to OUT")
     sim.set_defaults(func=_simulate)
 
     dev = sub.add_parser("devices", help="list the GPUs found through NVML (or the simulated ones)")

@@ -26,7 +26,8 @@ class GpuPool(Block):
     simulated: str = Field(default="2x16GiB", description="Simulated devices as COUNT x MEMORY.")
     shared: bool = Field(default=True, description="Share the ledger across processes (else private, in memory).")
     ray_address: str | None = Field(default=None, description="Ray cluster address for the Ray backend (None: local Ray).")
-    lease_ttl_s: float = Field(default=30.0, gt=0, description="Seconds without heartbeat before a lease is reclaimed.")
+    lease_ttl_s: float = Field(default=30.0, gt=0, allow_inf_nan=False,
+                               description="Seconds without heartbeat before a lease is reclaimed.")
 
     @classmethod
     def load_or_default(cls, name: str | None = None) -> "GpuPool":

@@ -30,3 +30,35 @@ def test_devices_and_pool_commands(state_dir, capsys):
 def test_bad_input_is_one_clear_error(state_dir, capsys):
     assert main(["pool", "--name", "no/slashes"]) == 2
     assert "pool name='no/slashes'" in capsys.readouterr().err
+
+
+def test_devices_lists_the_nvml_gpus_or_says_there_are_none(state_dir, capsys):
+    from gpu.devices import discover
+
+    assert main(["devices"]) == 0  # no NVIDIA driver: NVML finds nothing, which is not an error
+    out = capsys.readouterr().out
+    if discover(None).gpu_count:
+        assert "gpu0" in out
+    else:
+        assert "no NVIDIA GPU visible through NVML" in out
+
+
+def test_an_output_file_in_a_missing_folder_fails_before_the_work(state_dir, capsys, tmp_path):
+    import pytest
+
+    with pytest.raises(SystemExit) as exc:
+        main(["simulate", "fluid", "scenarios/fluid/toy.yaml", "--json", str(tmp_path / "nope" / "out.json")])
+    assert exc.value.code == 2
+    err = capsys.readouterr()
+    assert "argument --json" in err.err and "does not exist" in err.err and "makespan" not in err.out
+
+
+def test_a_pool_name_with_no_saved_block_is_an_error_not_the_defaults(prefect_server):
+    import pytest
+
+    from gpu.errors import ConfigError
+    from resource_blocks import GpuPool
+
+    with pytest.raises(ConfigError, match="gpuflows-gpu-pool='no-such-pool': no saved block"):
+        GpuPool.load_or_default("no-such-pool")
+    assert GpuPool.load_or_default(None).name == "default"

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
+import re
 import subprocess
 import sys
 import threading
@@ -240,6 +242,31 @@ def test_no_nvml_falls_back_to_simulated_devices(monkeypatch, caplog):
 def test_bad_simulated_spec_names_the_value():
     with pytest.raises(ConfigError, match="simulated='four gpus'"):
         parse_simulated("four gpus")
+
+
+@pytest.mark.parametrize("kwargs,named", [
+    (dict(gpus=0.5, cpus=math.nan), "cpus=nan"),
+    (dict(gpus=math.inf), "gpus=inf"),
+    (dict(gpus=math.nan), "gpus=nan"),
+    (dict(memory=math.nan), "memory=nan"),
+    (dict(cpus="2"), "cpus='2'"),
+    (dict(resources={"bw": "1"}), "resources['bw']='1'"),
+    (dict(resources={"bw": math.nan}), "resources['bw']=nan"),
+    (dict(resources=["bw"]), "resources=['bw']"),
+])
+def test_a_request_with_a_non_finite_or_non_numeric_amount_is_refused_naming_it(kwargs, named):
+    with pytest.raises(ConfigError, match=re.escape(named)):
+        Request(**kwargs)
+
+
+def test_a_refused_request_leaves_a_shared_pool_usable(tmp_path):
+    # NaN would be stored as NULL by SQLite and break every later grant on the pool, in every process
+    ledger = pool("1x16GiB", path=tmp_path / "p.sqlite")
+    with pytest.raises(ConfigError):
+        ledger.allocate(Request(gpus=0.5, cpus=math.nan))
+    assert ledger.allocate(Request(gpus=0.5)).devices == (0,)
+    with pytest.raises(ConfigError, match=r"lease_ttl=inf"):
+        pool("1x16GiB", lease_ttl=math.inf)
 
 
 def test_reopening_a_pool_with_other_devices_while_leased_is_refused(tmp_path):

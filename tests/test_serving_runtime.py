@@ -450,3 +450,29 @@ def test_a_three_stage_query_resolves_every_request_to_its_root_and_sums_the_sta
     for o in by["q/c"].values():
         root = by["q/a"][rt.chainer.root(o.request_id)]
         assert o.deadline_ms == pytest.approx(root.deadline_ms + 40.0 + 30.0, abs=1e-6)
+
+
+def test_a_worker_that_cannot_start_gives_its_gpu_slice_back(served):
+    _, models, profiles = served
+    plan = SquishyPacker(profiles).plan([Session("a", "digits_mlp", 100.0, 100.0)])
+    pool = ledger()
+    with LocalServingRuntime({}, profiles, pool) as rt:  # no models: the worker cannot load digits_mlp
+        with pytest.raises(ConfigError, match="model='digits_mlp'"):
+            rt.apply(plan)
+        assert pool.leases() == []  # released at once, not held by the heartbeat until the process exits
+    with pytest.raises(ConfigError, match="preset='bogus'"):
+        LocalServingRuntime(models, profiles, pool, preset="bogus")
+
+
+def test_a_request_of_the_wrong_width_is_refused_and_the_session_keeps_serving(served):
+    data, models, profiles = served
+    plan = SquishyPacker(profiles).plan([Session("a", "digits_mlp", 100.0, 100.0)])
+    with LocalServingRuntime(models, profiles, ledger()) as rt:
+        rt.apply(plan)
+        row = data.x_test[:1].numpy()
+        first = rt.frontend.submit("a", row)
+        with pytest.raises(ConfigError, match=r"inputs='1 rows of 3 values': this session's requests have 64"):
+            rt.frontend.submit("a", np.zeros(3, np.float32))
+        last = rt.frontend.submit("a", row)
+    served_ids = {o.request_id for o in rt.recorder.outcomes if o.finish_ms == o.finish_ms}
+    assert {first, last} <= served_ids

@@ -23,6 +23,8 @@ from typing import Iterator, Mapping
 import numpy as np
 import torch
 
+from gpu.errors import ConfigError
+
 _COLUMNS = ("deadline", "arrival", "request_id", "app")
 
 
@@ -57,6 +59,9 @@ class RequestRing:
         try:
             t = self.tail
             e = t + k
+            if xs.shape[1] != self.x.shape[1] and self.capacity:
+                raise ConfigError("inputs", f"{k} rows of {xs.shape[1]} values",
+                                  f"this session's requests have {self.x.shape[1]} values each")
             if e > self.capacity:
                 self._grow(k, xs.shape[1])
             if k == 1 and type(arrival_ns) is int and type(ids) is int:  # scalar stores: 1/3 of a slice write

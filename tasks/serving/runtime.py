@@ -28,6 +28,7 @@ from gpu.batching import BatchPolicy, EarlyDropPolicy
 from gpu.errors import AllocationTimeout, ConfigError
 from gpu.ledger import LedgerClient, Placement
 from gpu.placement import Request
+from gpu.scenario import choose
 from gpu.schedulers.nexus import GpuNode, Plan
 from gpu.schedulers.nexus_overflow import route_unassigned
 from gpu.schedulers.nexus_profiles import PRESETS, BatchProfile
@@ -98,7 +99,7 @@ class LocalServingRuntime:
         self.ledger = ledger
         self._policy_factory = policy_factory
         self._policy = check_policy(policy_factory() if policy_factory else (policy or EarlyDropPolicy()))
-        self.accounting = PRESETS[preset]
+        self.accounting = choose(preset, "preset", PRESETS)
         self.recorder = Recorder()
         self.frontend = Frontend(self.recorder, load_balancer, seed)
         self.chainer = QueryChainer(chains or {}, self.frontend, seed)
@@ -159,8 +160,13 @@ class LocalServingRuntime:
                 continue
             if old is not None:  # moved to another device: drain the old worker there
                 self._retire(nid)
+            try:
+                worker = self._start_worker(node, lease, device)
+            except BaseException:  # e.g. a model this runtime does not have: the slice goes back at once
+                self.ledger.release(lease.lease_id)
+                raise
             self.leases[nid] = lease
-            self.workers[nid] = self._start_worker(node, lease, device)
+            self.workers[nid] = worker
         self.frontend.set_plan(plan, self.workers)
         if self.backend == "ray" and self.chainer.parents:  # actors issue query stages: give them the routes,
             peers = {nid: self.workers[nid] for nid in wanted}  # the retiring ones too (they drain first)
