@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Collection, Mapping
 
 from gpu.errors import ConfigError
 
@@ -77,6 +77,33 @@ def mapping(value: Any, field: str, *, optional: bool = True) -> dict[str, Any]:
     if not isinstance(value, Mapping):
         raise ConfigError(field, value, "must be a mapping (key: value entries)")
     return dict(value)
+
+
+def section(value: Any, field: str, allowed: Collection[str], *, optional: bool = True) -> dict[str, Any]:
+    """A mapping (a section, a list entry) whose fields must all be ``allowed``: a misspelt field is an error,
+    not silently ignored."""
+    out = mapping(value, field, optional=optional)
+    for key in out:
+        if key not in allowed:
+            raise ConfigError(f"{field}.{key}", out[key], f"unknown field; expected one of {sorted(allowed)}")
+    return out
+
+
+def entries(value: Any, field: str, allowed: Collection[str]) -> list[dict[str, Any]]:
+    """A list section (``sessions``, ``trace.phases``, ...) as its mappings (missing/None: empty), each with only
+    ``allowed`` fields: a string or a mapping would otherwise be iterated as letters or keys."""
+    if value is None:
+        return []
+    if isinstance(value, str) or not isinstance(value, (list, tuple)):
+        raise ConfigError(field, value, "must be a list of entries, e.g. [{...}, {...}]")
+    return [section(e, f"{field}[{i}]", allowed, optional=False) for i, e in enumerate(value)]
+
+
+def label(value: Any, field: str) -> str:
+    """An id or a name as text (YAML reads ``id: 1`` as a number, which is fine; a list or null is not)."""
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise ConfigError(field, value, "must be a name (text)")
+    return str(value)
 
 
 def flag(value: Any, field: str) -> bool:

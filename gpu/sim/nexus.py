@@ -25,7 +25,8 @@ from typing import Any
 from gpu.batching import make_policy
 from gpu.errors import ConfigError
 from gpu.report import SimulationReport
-from gpu.scenario import choose, flag, integer, load_scenario, mapping, names, number, positive, require
+from gpu.scenario import (choose, entries, flag, integer, label, load_scenario, mapping,
+                          names, number, positive, require, section)
 from gpu.schedulers.nexus import Plan, Session, SquishyPacker, batch_oblivious_plan, gpu_lower_bound
 from gpu.schedulers.nexus_overflow import route_unassigned
 from gpu.schedulers.nexus_prefix import PrefixGroup, merge_sessions, variant_profiles
@@ -111,31 +112,10 @@ _SUFFIX_FIELDS = {"alpha_ms", "beta_ms", "memory_mb"}
 _SIMULATION_FIELDS = {"duration_s", "arrivals", "seed", "noise", "epsilon_ms"}
 
 
-def _entries(value: Any, field: str, allowed: set[str]) -> list[dict[str, Any]]:
-    """A list section (``sessions``, ``models``, ...) as its mappings (missing/None: empty), each with only
-    ``allowed`` fields. Checked here because a string or a mapping would otherwise be iterated as letters or
-    keys, and a misspelt field silently ignored."""
-    if value is None:
-        return []
-    if isinstance(value, str) or not isinstance(value, (list, tuple)):
-        raise ConfigError(field, value, "must be a list of entries, e.g. [{...}, {...}]")
-    return [_section(e, f"{field}[{i}]", allowed, optional=False) for i, e in enumerate(value)]
 
 
-def _section(value: Any, field: str, allowed: set[str], *, optional: bool = True) -> dict[str, Any]:
-    """A mapping (``simulation``, a list entry) whose fields must all be ``allowed``."""
-    out = mapping(value, field, optional=optional)
-    for key in out:
-        if key not in allowed:
-            raise ConfigError(f"{field}.{key}", out[key], f"unknown field; expected one of {sorted(allowed)}")
-    return out
 
 
-def _label(value: Any, field: str) -> str:
-    """An id or a name as text (YAML reads ``id: 1`` as a number, which is fine; a list or null is not)."""
-    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-        raise ConfigError(field, value, "must be a name (text)")
-    return str(value)
 
 
 def _batch_size(key: Any, field: str) -> int:
@@ -154,7 +134,7 @@ def _models(raw: list[dict[str, Any]], builtin: dict[str, BatchProfile]
     out, pre = {}, {}
     for i, m in enumerate(raw):
         where = f"models[{i}]."
-        name = _label(require(m, "name", where), f"{where}name")
+        name = label(require(m, "name", where), f"{where}name")
         if "preprocess_ms" in m:
             pre[name] = positive(m["preprocess_ms"], f"{where}preprocess_ms", allow_zero=True)
         if "table" in m:
@@ -178,8 +158,8 @@ def _models(raw: list[dict[str, Any]], builtin: dict[str, BatchProfile]
 
 def _sessions(raw: list[dict[str, Any]]) -> tuple[Session, ...]:
     """``sessions: [{id, model, slo_ms, rate}]``; types here, ranges in ``Session`` (named by its id)."""
-    return tuple(Session(_label(require(s, "id", f"sessions[{i}]."), f"sessions[{i}].id"),
-                         _label(require(s, "model", f"sessions[{i}]."), f"sessions[{i}].model"),
+    return tuple(Session(label(require(s, "id", f"sessions[{i}]."), f"sessions[{i}].id"),
+                         label(require(s, "model", f"sessions[{i}]."), f"sessions[{i}].model"),
                          number(require(s, "slo_ms", f"sessions[{i}]."), f"sessions[{i}].slo_ms"),
                          number(require(s, "rate", f"sessions[{i}]."), f"sessions[{i}].rate"))
                  for i, s in enumerate(raw))
@@ -192,14 +172,14 @@ def _queries(raw: list[dict[str, Any]]) -> tuple[Query, ...]:
     for i, q in enumerate(raw):
         where = f"queries[{i}]."
         stages = []
-        for j, st in enumerate(_entries(require(q, "stages", where), f"{where}stages", _STAGE_FIELDS)):
+        for j, st in enumerate(entries(require(q, "stages", where), f"{where}stages", _STAGE_FIELDS)):
             at = f"{where}stages[{j}]."
             parent = st.get("parent")
-            stages.append(QueryStage(_label(require(st, "name", at), f"{at}name"),
-                                     _label(require(st, "model", at), f"{at}model"),
-                                     None if parent is None else _label(parent, f"{at}parent"),
+            stages.append(QueryStage(label(require(st, "name", at), f"{at}name"),
+                                     label(require(st, "model", at), f"{at}model"),
+                                     None if parent is None else label(parent, f"{at}parent"),
                                      number(st.get("gamma", 1.0), f"{at}gamma")))
-        out.append(Query(_label(require(q, "id", where), f"{where}id"), tuple(stages),
+        out.append(Query(label(require(q, "id", where), f"{where}id"), tuple(stages),
                          number(require(q, "slo_ms", where), f"{where}slo_ms"),
                          number(require(q, "rate", where), f"{where}rate")))
     return tuple(out)
@@ -215,17 +195,17 @@ def load(path: str) -> NexusScenario:
             raise ConfigError(key, raw[key], f"unknown scenario field; expected one of {sorted(known)}")
     preset = choose(raw.get("preset", "paper"), "preset", list(PRESETS))
     builtin = {**published_profiles(), **synthetic_profiles()}
-    models, pre = _models(_entries(raw.get("models"), "models", _MODEL_FIELDS), builtin)
+    models, pre = _models(entries(raw.get("models"), "models", _MODEL_FIELDS), builtin)
     profiles = {**builtin, **models}
-    raw_groups = _entries(raw.get("prefix_groups"), "prefix_groups", _GROUP_FIELDS)
+    raw_groups = entries(raw.get("prefix_groups"), "prefix_groups", _GROUP_FIELDS)
     groups = _prefix_groups(raw_groups, profiles)
     for i, g in enumerate(raw_groups):
         if "preprocess_ms" in g:
             p = positive(g["preprocess_ms"], f"prefix_groups[{i}].preprocess_ms", allow_zero=True)
             pre.update({m: p for m in groups[i].models})
     profiles.update(variant_profiles(groups, profiles))
-    sessions = _sessions(_entries(raw.get("sessions"), "sessions", _SESSION_FIELDS))
-    raw_queries = _entries(raw.get("queries"), "queries", _QUERY_FIELDS)
+    sessions = _sessions(entries(raw.get("sessions"), "sessions", _SESSION_FIELDS))
+    raw_queries = entries(raw.get("queries"), "queries", _QUERY_FIELDS)
     queries = _queries(raw_queries)
     if not sessions and not queries:
         raise ConfigError("sessions", [], "a scenario needs at least one session or query")
@@ -249,7 +229,7 @@ def load(path: str) -> NexusScenario:
             if st.model in grouped:
                 raise ConfigError(f"{q.query_id}.{st.name}.model", st.model, "query stages are chained request by "
                                   "request and cannot be prefix-batched; use it in a standalone session")
-    sim = _section(raw.get("simulation"), "simulation", _SIMULATION_FIELDS)
+    sim = section(raw.get("simulation"), "simulation", _SIMULATION_FIELDS)
     gpus = raw.get("gpus")
     if gpus is not None and (isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1):
         raise ConfigError("gpus", gpus, "must be an integer >= 1")
@@ -277,11 +257,11 @@ def _prefix_groups(raw: list[dict[str, Any]], profiles: dict[str, BatchProfile])
     out = []
     for i, g in enumerate(raw):
         where = f"prefix_groups[{i}]."
-        name = _label(require(g, "name", where), f"{where}name")
-        prefix = _label(require(g, "prefix", where), f"{where}prefix")
+        name = label(require(g, "name", where), f"{where}name")
+        prefix = label(require(g, "prefix", where), f"{where}prefix")
         if prefix not in profiles:
             raise ConfigError(f"{where}prefix", prefix, f"unknown model; choose one of {sorted(profiles)}")
-        suf = _section(require(g, "suffix", where), f"{where}suffix", _SUFFIX_FIELDS)
+        suf = section(require(g, "suffix", where), f"{where}suffix", _SUFFIX_FIELDS)
         base = profiles[prefix]
         suffix = linear_profile(f"{name}.suffix", positive(suf.get("alpha_ms", 0.0), f"{where}suffix.alpha_ms",
                                                            allow_zero=True),

@@ -24,7 +24,7 @@ from typing import Any, Collection, Mapping
 
 from gpu.batching import POLICIES
 from gpu.errors import ConfigError
-from gpu.scenario import choose, integer, load_scenario, mapping, number, positive, require
+from gpu.scenario import choose, entries, integer, label, load_scenario, mapping, number, positive, require, section
 from gpu.schedulers.nexus import Session
 from gpu.schedulers.nexus_epoch import EpochConfig
 from gpu.schedulers.nexus_profiles import PRESETS, BatchProfile
@@ -98,30 +98,10 @@ class ServingSpec:
         return RateTrace(tuple(phases), self.duration_s)
 
 
-def _entries(value: Any, field: str, allowed: set[str]) -> list[dict[str, Any]]:
-    """A list section (``sessions``, ``trace.phases``, ...) as its mappings (missing/None: empty), each with
-    only ``allowed`` fields: a string or a mapping would otherwise be iterated as letters or keys."""
-    if value is None:
-        return []
-    if isinstance(value, str) or not isinstance(value, (list, tuple)):
-        raise ConfigError(field, value, "must be a list of entries, e.g. [{...}, {...}]")
-    return [_section(e, f"{field}[{i}]", allowed, optional=False) for i, e in enumerate(value)]
 
 
-def _section(value: Any, field: str, allowed: Collection[str], *, optional: bool = True) -> dict[str, Any]:
-    """A mapping (``trace``, ``epoch``, ``runtime``, a list entry) whose fields must all be ``allowed``."""
-    out = mapping(value, field, optional=optional)
-    for key in out:
-        if key not in allowed:
-            raise ConfigError(f"{field}.{key}", out[key], f"unknown field; expected one of {sorted(allowed)}")
-    return out
 
 
-def _label(value: Any, field: str) -> str:
-    """An id or a name as text (YAML reads ``id: 1`` as a number, which is fine; a list or null is not)."""
-    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-        raise ConfigError(field, value, "must be a name (text)")
-    return str(value)
 
 
 def _sessions(raw: list[dict[str, Any]]) -> list[Session]:
@@ -129,8 +109,8 @@ def _sessions(raw: list[dict[str, Any]]) -> list[Session]:
     out = []
     for i, s in enumerate(raw):
         where = f"sessions[{i}]."
-        sid = _label(require(s, "id", where), f"{where}id")
-        model = check_model(_label(require(s, "model", where), f"{where}model"), f"{sid}.model")
+        sid = label(require(s, "id", where), f"{where}id")
+        model = check_model(label(require(s, "model", where), f"{where}model"), f"{sid}.model")
         out.append(Session(sid, model, number(require(s, "slo_ms", where), f"{where}slo_ms"),
                            number(require(s, "rate", where), f"{where}rate")))
     return out
@@ -142,15 +122,15 @@ def _queries(raw: list[dict[str, Any]]) -> list[Query]:
     out = []
     for i, q in enumerate(raw):
         where = f"queries[{i}]."
-        qid = _label(require(q, "id", where), f"{where}id")
+        qid = label(require(q, "id", where), f"{where}id")
         stages = []
-        for j, st in enumerate(_entries(require(q, "stages", where), f"{where}stages", _STAGE)):
+        for j, st in enumerate(entries(require(q, "stages", where), f"{where}stages", _STAGE)):
             at = f"{where}stages[{j}]."
-            name = _label(require(st, "name", at), f"{at}name")
+            name = label(require(st, "name", at), f"{at}name")
             parent = st.get("parent")
-            stages.append(QueryStage(name, check_model(_label(require(st, "model", at), f"{at}model"),
+            stages.append(QueryStage(name, check_model(label(require(st, "model", at), f"{at}model"),
                                                        f"{qid}.{name}.model"),
-                                     None if parent is None else _label(parent, f"{at}parent"),
+                                     None if parent is None else label(parent, f"{at}parent"),
                                      number(st.get("gamma", 1.0), f"{at}gamma")))
         out.append(Query(qid, tuple(stages), number(require(q, "slo_ms", where), f"{where}slo_ms"),
                          number(require(q, "rate", where), f"{where}rate")))
@@ -160,7 +140,7 @@ def _queries(raw: list[dict[str, Any]]) -> list[Query]:
 def _phases(raw: Any, ids: set[str]) -> tuple[dict, ...]:
     """``trace.phases: [{at_s, scale, rates: {id: req/s}}]``, the first at 0 s, then strictly later."""
     phases = []
-    for i, p in enumerate(_entries(raw, "trace.phases", _PHASE) or [{"at_s": 0}]):
+    for i, p in enumerate(entries(raw, "trace.phases", _PHASE) or [{"at_s": 0}]):
         where = f"trace.phases[{i}]."
         rates = mapping(p.get("rates"), f"{where}rates")
         for sid, r in rates.items():
@@ -179,7 +159,7 @@ def _phases(raw: Any, ids: set[str]) -> tuple[dict, ...]:
 
 def _epoch(raw: Any) -> EpochConfig:
     """``epoch: {epoch_s, min_epoch_s, beacon_s, avg_interval_s, low, high, shrink}`` (seconds, fractions)."""
-    ep = _section(raw, "epoch", _EPOCH)
+    ep = section(raw, "epoch", _EPOCH)
     values = {k: positive(ep.get(k, default), f"epoch.{k}") for k, default in _EPOCH.items()}
     if values["min_epoch_s"] > values["epoch_s"]:
         raise ConfigError("epoch.min_epoch_s", ep["min_epoch_s"], f"must be <= epoch_s={values['epoch_s']:g}")
@@ -192,17 +172,17 @@ def parse_spec(raw: Mapping[str, Any], name: str = "serving") -> ServingSpec:
         if key not in _TOP:
             raise ConfigError(key, raw[key], f"unknown spec field; expected one of {sorted(_TOP)}")
     preset = choose(raw.get("preset", "paper"), "preset", list(PRESETS))
-    sessions = _sessions(_entries(raw.get("sessions"), "sessions", _SESSION))
-    queries = _queries(_entries(raw.get("queries"), "queries", _QUERY))
+    sessions = _sessions(entries(raw.get("sessions"), "sessions", _SESSION))
+    queries = _queries(entries(raw.get("queries"), "queries", _QUERY))
     if not sessions and not queries:
         raise ConfigError("sessions", [], "a serving spec needs at least one session or query")
     ids = [s.session_id for s in sessions] + [q.query_id for q in queries]
     if len(set(ids)) != len(ids):
         raise ConfigError("sessions", ids, "session and query ids must be unique")
-    trace = _section(raw.get("trace"), "trace", _TRACE)
+    trace = section(raw.get("trace"), "trace", _TRACE)
     phases = _phases(trace.get("phases"), set(ids))
     epoch = _epoch(raw.get("epoch"))
-    rt = _section(raw.get("runtime"), "runtime", _RUNTIME)
+    rt = section(raw.get("runtime"), "runtime", _RUNTIME)
     return ServingSpec(
         name=str(raw.get("name", name)), sessions=tuple(sessions), queries=tuple(queries), phases=phases,
         duration_s=positive(trace.get("duration_s", 30.0), "trace.duration_s"),
