@@ -29,7 +29,7 @@ from gpu.schedulers.cilantro.forecasters import ArimaForecaster, EwmaForecaster
 from gpu.schedulers.cilantro.learners import IntervalBinaryTree, SaturatingLearner
 from gpu.schedulers.cilantro.metrics import njc_fairness, njc_fairness_resource, useful_usage
 from gpu.schedulers.cilantro.types import Feedback, JobView, Policy, Snapshot
-from gpu.sim.cilantro_scenario import MultiTenantConfig, SimJob, parse_multitenant, run_static
+from gpu.sim.cilantro_scenario import MultiTenantConfig, SimJob, parse_multitenant, policy_names, run_static
 
 METRICS = ("social_welfare", "egalitarian_welfare", "njc_fairness", "njc_fairness_resource", "useful_usage")
 
@@ -55,7 +55,8 @@ def load_ucbs(cfg: MultiTenantConfig, loads: np.ndarray) -> np.ndarray:
     for j, job in enumerate(cfg.jobs):
         if job.profile.throughput:
             continue
-        fc = ArimaForecaster(d=cfg.arima_d, window=cfg.forecast_window) if cfg.forecaster == "arima" else EwmaForecaster()
+        fc = (ArimaForecaster(d=cfg.arima_d, confidence=cfg.forecast_confidence, window=cfg.forecast_window)
+              if cfg.forecaster == "arima" else EwmaForecaster(confidence=cfg.forecast_confidence))
         for r in range(cfg.rounds):
             for v in loads[j, max(0, (r - 1) * k): r * k]:
                 fc.update(v)
@@ -212,7 +213,7 @@ def run(scenario_path: str, policies: list[str] | None = None) -> SimulationRepo
     if kind != "multitenant":
         raise ConfigError("kind", kind, "unknown; choose one of ['microservices', 'multitenant', 'static']")
     cfg = parse_multitenant(raw)
-    names = policies or raw.get("policies") or list(POLICIES)
+    names = policy_names(raw, policies, list(POLICIES))
     for name in names:
         make_policy(name)
-    return summarize(simulate_all(cfg, list(names)), cfg.round_s)
+    return summarize(simulate_all(cfg, names), cfg.round_s)

@@ -15,10 +15,14 @@ import numpy as np
 
 from gpu.errors import ConfigError
 from gpu.report import SimulationReport
-from gpu.scenario import positive
-from gpu.schedulers.cilantro.microservices import (MaternGP, MicroservicePolicy, MicroserviceSnapshot,
+from gpu.scenario import integer, positive
+from gpu.schedulers.cilantro.microservices import (HOTEL_SERVICES, MaternGP, MicroservicePolicy, MicroserviceSnapshot,
                                                    hotel_reservation)
+from gpu.sim.cilantro_scenario import MAX_UNITS, known_keys, policy_names, seed_list
 from gpu.sim.cilantro_workloads import TRACE_MEDIAN, load_series, load_profile
+
+MIN_CPUS_PER_SERVICE = 4  # the policies' random splits give each service 4 CPUs first; fewer would go negative
+MAX_ROUNDS = 2_000  # the GP refits on every past round, so time and memory grow with rounds squared
 
 
 def simulate_microservices(capacity: int, rounds: int, mean_load: float, policy: MicroservicePolicy, seed: int,
@@ -52,17 +56,20 @@ def simulate_microservices(capacity: int, rounds: int, mean_load: float, policy:
 
 def run_microservices(raw: Mapping[str, Any], policies: list[str] | None) -> SimulationReport:
     """``kind: microservices`` scenarios: one row per policy with its mean P99 and the ratios of Fig. 3.12."""
-    capacity = int(positive(raw.get("capacity", 160), "capacity"))
-    rounds = int(positive(raw.get("rounds", 180), "rounds"))
+    known_keys(raw, ("kind", "capacity", "rounds", "mean_load", "seeds", "policies"))
+    capacity = integer(raw.get("capacity", 160), "capacity", minimum=MIN_CPUS_PER_SERVICE * len(HOTEL_SERVICES))
+    if capacity > MAX_UNITS:
+        raise ConfigError("capacity", capacity, f"at most {MAX_UNITS:,} CPUs")
+    rounds = integer(raw.get("rounds", 180), "rounds", minimum=1)
+    if rounds > MAX_ROUNDS:
+        raise ConfigError("rounds", rounds, f"at most {MAX_ROUNDS:,} (ms-cilantro's GP keeps every round)")
     mean_load = positive(raw.get("mean_load", 1800.0), "mean_load")
-    seeds = raw.get("seeds", [0])
-    if not isinstance(seeds, list) or not seeds:
-        raise ConfigError("seeds", seeds, "must be a non-empty list of integers")
-    names = policies or raw.get("policies") or list(MicroservicePolicy.KINDS)
+    seeds = seed_list(raw.get("seeds", [0]))
+    names = policy_names(raw, policies, MicroservicePolicy.KINDS)
     made = [MicroservicePolicy(nm) for nm in names]
     rows, summary = [], {}
     for pol in made:
-        res = [simulate_microservices(capacity, rounds, mean_load, MicroservicePolicy(pol.name), int(s)) for s in seeds]
+        res = [simulate_microservices(capacity, rounds, mean_load, MicroservicePolicy(pol.name), s) for s in seeds]
         row = {"policy": pol.name, "mean_p99_ms": float(np.mean([x["p99_ms"].mean() for x in res])),
                "last_third_p99_ms": float(np.mean([x["p99_ms"][2 * rounds // 3:].mean() for x in res])),
                "decision_ms": float(np.mean([x["decision_s"].mean() for x in res]) * 1e3)}

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from gpu.errors import ConfigError
-from gpu.scenario import fraction, load_scenario, positive, require
+from gpu.scenario import fraction, flag, integer, load_scenario, mapping, names, number, positive, require
 from gpu.schedulers.ekya import EkyaParams, InferenceProfile, RetrainConfig
 
 DEFAULT_POLICIES = ("thief", "uniform_cfg1_50")
@@ -67,23 +67,45 @@ class EkyaScenario:
         }
 
 
+SCENARIO_KEYS = ("gpus", "window_s", "a_min", "delta", "penalty", "max_job_gpus", "retrain_scaling", "start_splits",
+                 "max_passes", "policies", "inference", "streams")
+
+
+def _known(section: Mapping[str, Any], keys: tuple[str, ...], where: str) -> None:
+    """Refuse keys the format does not have, so a misspelt field fails instead of silently using its default."""
+    for key in section:
+        if key not in keys:
+            raise ConfigError(f"{where}{key}", section[key], f"unknown; use {sorted(keys)}")
+
+
+def _points(raw: Any, where: str) -> tuple[tuple[float, float], ...]:
+    """``[[rate, relative_accuracy], ...]`` with finite numbers (the ordering rules are InferenceProfile's)."""
+    if not isinstance(raw, list):
+        raise ConfigError(where, raw, "must be a list of [rate, relative_accuracy]")
+    out = []
+    for k, pt in enumerate(raw):
+        if not isinstance(pt, list) or len(pt) != 2:
+            raise ConfigError(f"{where}[{k}]", pt, "must be a pair [rate, relative_accuracy]")
+        out.append((number(pt[0], f"{where}[{k}][0]"), number(pt[1], f"{where}[{k}][1]")))
+    return tuple(out)
+
+
 def _inference(raw: Any, where: str, default: InferenceProfile) -> InferenceProfile:
     if raw is None:
         return default
-    if not isinstance(raw, Mapping):
-        raise ConfigError(where, raw, "must be a mapping with full_rate_gpus and points")
+    raw = mapping(raw, where, optional=False)
+    _known(raw, ("full_rate_gpus", "points"), f"{where}.")
     full = positive(raw.get("full_rate_gpus", default.full_rate_gpus), f"{where}.full_rate_gpus")
+    points = _points(raw["points"], f"{where}.points") if "points" in raw else default.points
     try:
-        return InferenceProfile(full, tuple(tuple(pt) for pt in raw.get("points", default.points)))
-    except (TypeError, ValueError) as exc:
-        if isinstance(exc, ConfigError):
-            raise ConfigError(f"{where}.points", raw.get("points"), str(exc).split(": ", 1)[-1]) from None
-        raise ConfigError(f"{where}.points", raw.get("points"), "must be a list of [rate, relative_accuracy]") from None
+        return InferenceProfile(full, points)
+    except ConfigError as exc:  # InferenceProfile names "inference.points"; say which stream's profile it is
+        raise ConfigError(f"{where}.points", raw.get("points"), str(exc).split(": ", 1)[-1]) from None
 
 
 def _window(raw: Any, where: str) -> WindowSpec:
-    if not isinstance(raw, Mapping):
-        raise ConfigError(where, raw, "must be a mapping")
+    raw = mapping(raw, where, optional=False)
+    _known(raw, ("start_accuracy", "drift", "configs"), f"{where}.")
     start = fraction(require(raw, "start_accuracy", f"{where}."), f"{where}.start_accuracy")
     drift = fraction(raw.get("drift", 0.0), f"{where}.drift")
     configs_raw = raw.get("configs", [])
@@ -92,21 +114,36 @@ def _window(raw: Any, where: str) -> WindowSpec:
     configs = []
     for k, c in enumerate(configs_raw):
         cw = f"{where}.configs[{k}]"
-        if not isinstance(c, Mapping):
-            raise ConfigError(cw, c, "must be a mapping with name, accuracy, gpu_seconds")
+        c = mapping(c, cw, optional=False)
+        _known(c, ("name", "accuracy", "gpu_seconds"), f"{cw}.")
         name = require(c, "name", f"{cw}.")
         if not isinstance(name, str) or not name:
             raise ConfigError(f"{cw}.name", name, "must be a non-empty string")
         configs.append(RetrainConfig(name, fraction(require(c, "accuracy", f"{cw}."), f"{cw}.accuracy"),
                                      positive(require(c, "gpu_seconds", f"{cw}."), f"{cw}.gpu_seconds")))
-    names = [c.name for c in configs]
-    if len(set(names)) != len(names):
-        raise ConfigError(f"{where}.configs", names, "config names must be unique")
+    config_names = [c.name for c in configs]
+    if len(set(config_names)) != len(config_names):
+        raise ConfigError(f"{where}.configs", config_names, "config names must be unique")
     return WindowSpec(start, tuple(configs), drift)
+
+
+def _stream(raw: Any, i: int, default_inf: InferenceProfile) -> ScenarioStream:
+    where = f"streams[{i}]"
+    raw = mapping(raw, where, optional=False)
+    _known(raw, ("name", "inference", "windows"), f"{where}.")
+    name = raw.get("name", f"s{i}")
+    if not isinstance(name, str) or not name or "/" in name:
+        raise ConfigError(f"{where}.name", name, "must be a non-empty string without '/'")
+    windows_raw = require(raw, "windows", f"{where}.")
+    if not isinstance(windows_raw, list) or not windows_raw:
+        raise ConfigError(f"{where}.windows", windows_raw, "must be a non-empty list")
+    windows = tuple(_window(w, f"{where}.windows[{k}]") for k, w in enumerate(windows_raw))
+    return ScenarioStream(name, _inference(raw.get("inference"), f"{where}.inference", default_inf), windows)
 
 
 def parse_scenario(raw: Mapping[str, Any]) -> EkyaScenario:
     """Validate a scenario mapping; every error names the offending field."""
+    _known(raw, SCENARIO_KEYS, "")
     gpus = positive(require(raw, "gpus"), "gpus")
     window_s = positive(require(raw, "window_s"), "window_s")
     cap = raw.get("max_job_gpus", 1.0)
@@ -114,32 +151,23 @@ def parse_scenario(raw: Mapping[str, Any]) -> EkyaScenario:
         delta=positive(raw.get("delta", 0.1), "delta"), a_min=fraction(raw.get("a_min", 0.0), "a_min"),
         penalty=positive(raw.get("penalty", 10.0), "penalty", allow_zero=True),
         max_job_gpus=None if cap is None else positive(cap, "max_job_gpus"),
-        max_passes=raw.get("max_passes", 3), retrain_scaling=raw.get("retrain_scaling", 1.0),
-        start_splits=raw.get("start_splits", True))
+        max_passes=integer(raw.get("max_passes", 3), "max_passes", minimum=1),
+        retrain_scaling=positive(raw.get("retrain_scaling", 1.0), "retrain_scaling"),
+        start_splits=flag(raw.get("start_splits", True), "start_splits"))
     default_inf = _inference(raw.get("inference"), "inference", InferenceProfile())
     streams_raw = require(raw, "streams")
     if not isinstance(streams_raw, list) or not streams_raw:
         raise ConfigError("streams", streams_raw, "must be a non-empty list")
-    streams = []
-    for i, s in enumerate(streams_raw):
-        where = f"streams[{i}]"
-        if not isinstance(s, Mapping):
-            raise ConfigError(where, s, "must be a mapping")
-        name = str(s.get("name", f"s{i}"))
-        windows_raw = require(s, "windows", f"{where}.")
-        if not isinstance(windows_raw, list) or not windows_raw:
-            raise ConfigError(f"{where}.windows", windows_raw, "must be a non-empty list")
-        windows = tuple(_window(w, f"{where}.windows[{k}]") for k, w in enumerate(windows_raw))
-        streams.append(ScenarioStream(name, _inference(s.get("inference"), f"{where}.inference", default_inf), windows))
+    streams = [_stream(s, i, default_inf) for i, s in enumerate(streams_raw)]
     lengths = {len(s.windows) for s in streams}
     if len(lengths) != 1:
         raise ConfigError("streams[].windows", sorted(lengths), "every stream needs the same number of windows")
-    names = [s.name for s in streams]
-    if len(set(names)) != len(names) or any(not n or "/" in n for n in names):
-        raise ConfigError("streams[].name", names, "names must be unique, non-empty and without '/'")
-    policies = raw.get("policies", list(DEFAULT_POLICIES))
-    if not isinstance(policies, list) or not policies or not all(isinstance(p, str) for p in policies):
-        raise ConfigError("policies", policies, "must be a non-empty list of policy names")
+    stream_names = [s.name for s in streams]
+    if len(set(stream_names)) != len(stream_names):
+        raise ConfigError("streams[].name", stream_names, "names must be unique")
+    policies = names(raw.get("policies", list(DEFAULT_POLICIES)), "policies")
+    if not policies:
+        raise ConfigError("policies", policies, "must name at least one policy")
     return EkyaScenario(gpus, window_s, params, tuple(streams), tuple(policies))
 
 

@@ -12,13 +12,15 @@ Scenario format: ``docs/fluid.md``. Policies (thesis §3.6.1 baselines):
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from typing import Any, Callable, Mapping
 
 from gpu.errors import ConfigError
 from gpu.report import SimulationReport
-from gpu.scenario import choose, load_scenario, positive, require
-from gpu.schedulers.fluid import FluidParams, Trial, fit_packing_curve, lower_bound, max_parallelism, packing_limit
+from gpu.scenario import choose, integer, load_scenario, mapping, names, positive, require
+from gpu.schedulers.fluid import (FluidParams, PackingCurve, Trial, fit_packing_curve, lower_bound, max_parallelism,
+                                  packing_limit)
 from gpu.schedulers.fluid_baselines import FifoExecutor
 from gpu.schedulers.fluid_executor import FluidExecutor
 from gpu.sim.fluid_engine import RunResult, simulate
@@ -36,16 +38,45 @@ def build_executor(policy: str, gpus: int, params: FluidParams, concurrency: int
     return FluidExecutor(list(range(gpus)), params, dynamic=policy == "fluid", concurrency=concurrency)
 
 
+MAX_GPUS = 100_000  # the executors keep per-GPU state: a typo like 1e9 would exhaust memory, not simulate
+SCENARIO_KEYS = ("name", "gpus", "seed", "policies", "fluid", "workload", "trials", "algorithm")
+FLUID_KEYS = ("c", "d", "epsilon", "o_th", "concurrency")
+WORKLOAD_KEYS = ("iter_time_s", "runtime_cv", "alpha", "beta", "tau", "packing_curve")
+
+
+def _known(section: Mapping[str, Any], keys: tuple[str, ...], where: str) -> None:
+    """Refuse keys the format does not have, so a misspelt field fails instead of silently using its default."""
+    for key in section:
+        if key not in keys:
+            raise ConfigError(f"{where}{key}", section[key], f"unknown; use {sorted(keys)}")
+
+
+def _trials(rows: Any) -> list[tuple[str, float, dict[str, Any]]]:
+    """The explicit one-group job: ``[{id, budget, config?}]`` with unique ids."""
+    if not isinstance(rows, list) or not rows:
+        raise ConfigError("trials", rows, "must be a non-empty list of {id, budget}")
+    trials, seen = [], set()
+    for i, row in enumerate(rows):
+        where = f"trials[{i}]"
+        row = mapping(row, where, optional=False)
+        _known(row, ("id", "budget", "config"), f"{where}.")
+        tid = require(row, "id", f"{where}.")
+        if isinstance(tid, bool) or not isinstance(tid, (str, int)) or str(tid) in seen or not str(tid):
+            raise ConfigError(f"{where}.id", tid, "must be a unique, non-empty name")
+        seen.add(str(tid))
+        trials.append((str(tid), positive(require(row, "budget", f"{where}."), f"{where}.budget"),
+                       mapping(row.get("config"), f"{where}.config")))
+    return trials
+
+
 def _algorithm_factory(data: Mapping[str, Any], seed: int) -> tuple[Callable[[], TuningAlgorithm], dict | None]:
     """A fresh algorithm per policy (same seed, so every policy tunes the same configs)."""
     if "trials" in data:
-        rows = data["trials"]
-        if not isinstance(rows, list) or not rows:
-            raise ConfigError("trials", rows, "must be a non-empty list of {id, budget}")
-        trials = [(str(require(r, "id", "trials.")), positive(require(r, "budget", "trials."), f"trials.{r['id']}.budget"),
-                   dict(r.get("config", {}))) for r in rows]
+        if "algorithm" in data:
+            raise ConfigError("algorithm", data["algorithm"], "give trials or algorithm, not both")
+        trials = _trials(data["trials"])
         return (lambda: FixedTrials(trials)), None
-    algo = dict(require(data, "algorithm"))
+    algo = mapping(require(data, "algorithm"), "algorithm", optional=False)
     cls = choose(algo.pop("name", None), "algorithm.name", ALGORITHMS)
     space = parse_space(require(algo, "space", "algorithm."), "algorithm.space")
     algo.pop("space")
@@ -56,44 +87,83 @@ def _algorithm_factory(data: Mapping[str, Any], seed: int) -> tuple[Callable[[],
     return (lambda: cls(space, seed=seed, **algo)), space
 
 
-def _params(data: Mapping[str, Any], gpus: int) -> tuple[FluidParams, Workload, dict[str, Any], int | None]:
-    fl = dict(data.get("fluid", {}))
-    wl = dict(data.get("workload", {}))
+def _packing_curve(raw: Any, o_th: float) -> PackingCurve:
+    """Fit ``workload.packing_curve``: levels are distinct whole numbers including 1, one throughput each."""
+    where = "workload.packing_curve"
+    curve = mapping(raw, where, optional=False)
+    _known(curve, ("ps", "throughputs"), f"{where}.")
+    ps, xs = require(curve, "ps", f"{where}."), require(curve, "throughputs", f"{where}.")
+    for name, values in (("ps", ps), ("throughputs", xs)):
+        if not isinstance(values, list) or len(values) < 2:
+            raise ConfigError(f"{where}.{name}", values, "must be a list of at least 2 numbers")
+    levels = [integer(p, f"{where}.ps[{i}]", minimum=1) for i, p in enumerate(ps)]
+    if len(set(levels)) != len(levels) or 1 not in levels:
+        raise ConfigError(f"{where}.ps", ps, "packing levels must be distinct and include 1")
+    rates = [positive(x, f"{where}.throughputs[{i}]") for i, x in enumerate(xs)]
+    if len(rates) != len(levels):
+        raise ConfigError(f"{where}.throughputs", xs, f"need one throughput per packing level ({len(levels)})")
+    return fit_packing_curve(levels, rates, o_th)
+
+
+def _params(data: Mapping[str, Any], gpus: int, seed: int) -> tuple[FluidParams, Workload, dict[str, Any], int | None]:
+    """FLUID's knobs and the synthetic workload, every field checked under its dotted name."""
+    fl = mapping(data.get("fluid"), "fluid")
+    _known(fl, FLUID_KEYS, "fluid.")
+    wl = mapping(data.get("workload"), "workload")
+    _known(wl, WORKLOAD_KEYS, "workload.")
     info: dict[str, Any] = {}
-    o_th = float(fl.get("o_th", 0.05))
+    o_th = positive(fl.get("o_th", 0.05), "fluid.o_th", allow_zero=True)
+    if o_th >= 1:
+        raise ConfigError("fluid.o_th", o_th, "threshold must be in [0, 1)")
+    fit = None
     if "packing_curve" in wl:
         if "alpha" in wl:
             raise ConfigError("workload.alpha", wl["alpha"], "give alpha or packing_curve, not both")
-        curve = wl.pop("packing_curve")
-        fit = fit_packing_curve(require(curve, "ps", "workload.packing_curve."),
-                                require(curve, "throughputs", "workload.packing_curve."), o_th)
+        fit = _packing_curve(wl.pop("packing_curve"), o_th)
         wl["alpha"] = fit.alpha
         info.update(fitted_alpha=fit.alpha, fitted_c=fit.c)
-        c_default = fit.c
+    workload = Workload(seed=seed, **wl)
+    if "c" in fl:
+        c = integer(fl["c"], "fluid.c", minimum=1)
     else:
-        c_default = packing_limit(float(wl.get("alpha", 1.0)), o_th)
-    known = {"iter_time_s", "runtime_cv", "alpha", "beta", "tau"}
-    for key in wl:
-        if key not in known:
-            raise ConfigError(f"workload.{key}", wl[key], f"unknown; use {sorted(known | {'packing_curve'})}")
-    beta = float(wl.get("beta", 1.0))
-    d = fl.get("d", max_parallelism(beta, gpus) if beta >= 1 else 1)
-    params = FluidParams(c=fl.get("c", c_default), d=d, epsilon=fl.get("epsilon", 0.0))
+        c = fit.c if fit else packing_limit(workload.alpha, o_th)
+    d = integer(fl["d"], "fluid.d", minimum=1) if "d" in fl else max_parallelism(workload.beta, gpus)
+    epsilon = positive(fl.get("epsilon", 0.0), "fluid.epsilon", allow_zero=True)
+    concurrency = fl.get("concurrency")
+    if concurrency is not None:
+        concurrency = integer(concurrency, "fluid.concurrency", minimum=1)
+    params = FluidParams(c=c, d=d, epsilon=epsilon)
     info.update(c=params.c, d=params.d, epsilon=params.epsilon)
-    return params, wl, info, fl.get("concurrency")
+    return params, workload, info, concurrency
+
+
+def _policies(data: Mapping[str, Any], policies: list[str] | None) -> list[str]:
+    """The CLI's policies, else the scenario's ``policies`` list (a list of names, not one string), else all."""
+    if policies:
+        chosen = list(policies)
+    elif "policies" in data:
+        chosen = names(data["policies"], "policies")
+        if not chosen:
+            raise ConfigError("policies", data["policies"], f"must name at least one of {list(POLICIES)}")
+    else:
+        chosen = list(POLICIES)
+    for p in chosen:
+        choose(p, "policy", list(POLICIES))
+    return chosen
 
 
 def run(scenario_path: str, policies: list[str] | None = None) -> SimulationReport:
     """Simulate the scenario's tuning job under each policy (None = all) and compare makespans."""
     data = load_scenario(scenario_path)
-    gpus = int(positive(require(data, "gpus"), "gpus"))
-    seed = int(data.get("seed", 0))
-    chosen = list(policies or data.get("policies") or POLICIES)
-    for p in chosen:
-        choose(p, "policy", list(POLICIES))
-    params, wl, info, concurrency = _params(data, gpus)
+    _known(data, SCENARIO_KEYS, "")
+    gpus = integer(require(data, "gpus"), "gpus", minimum=1)
+    if gpus > MAX_GPUS:
+        raise ConfigError("gpus", gpus, f"at most {MAX_GPUS:,} GPUs")
+    seed = integer(data.get("seed", 0), "seed", minimum=0)
+    chosen = _policies(data, policies)
+    params, workload, info, concurrency = _params(data, gpus, seed)
     make_algorithm, space = _algorithm_factory(data, seed)
-    workload = Workload(space=space, seed=seed, **wl)
+    workload = dataclasses.replace(workload, space=space)
     results = {p: simulate(p, make_algorithm(), build_executor(p, gpus, params, concurrency), workload, gpus,
                            params.epsilon) for p in chosen}
     return report(str(data.get("name", scenario_path)), results, info, gpus, make_algorithm, workload)

@@ -20,6 +20,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from gpu.errors import ConfigError
+from gpu.scenario import number, positive
 from gpu.schedulers.fluid import Trial
 from gpu.tuning.space import dimensions, encode
 
@@ -37,14 +38,13 @@ class Workload:
     tau: float = 10.0
 
     def __post_init__(self) -> None:
+        """Refuse non-numbers, NaN and inf here: the runtime model divides and exponentiates these values."""
         for name in ("iter_time_s", "tau"):
-            if not getattr(self, name) > 0:
-                raise ConfigError(f"workload.{name}", getattr(self, name), "must be > 0")
-        if not self.runtime_cv >= 0:
-            raise ConfigError("workload.runtime_cv", self.runtime_cv, "must be >= 0")
-        if not self.alpha >= 1:
+            positive(getattr(self, name), f"workload.{name}")
+        positive(self.runtime_cv, "workload.runtime_cv", allow_zero=True)
+        if not number(self.alpha, "workload.alpha") >= 1:
             raise ConfigError("workload.alpha", self.alpha, "packing overhead must be >= 1")
-        if not self.beta >= 1:
+        if not number(self.beta, "workload.beta") >= 1:
             raise ConfigError("workload.beta", self.beta, "scaling overhead must be >= 1")
 
     def _rng(self, config: Mapping[str, Any], salt: int) -> np.random.Generator:

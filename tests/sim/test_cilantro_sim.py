@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -65,7 +66,7 @@ def run_cfg(cfg, names):
 
 @pytest.mark.parametrize("field,raw", [
     ("capacity", {"capacity": -5}),
-    ("b.slo", {"jobs": [{"name": "b", "workload": "craydb1"}]}),
+    ("jobs[0].slo", {"jobs": [{"name": "b", "workload": "craydb1"}]}),
     ("workload", {"jobs": [{"name": "b", "workload": "nosuch", "slo": 0.9}]}),
     ("utility", {"jobs": [{"name": "b", "workload": "craydb1", "slo": 0.9, "utility": "cubic"}]}),
     ("learner.kind", {"learner": {"kind": "gp"}}),
@@ -74,7 +75,7 @@ def run_cfg(cfg, names):
 def test_bad_scenario_fields_are_config_errors_naming_the_field(field, raw):
     base = {"capacity": 100, "jobs": [{"name": "a", "workload": "craydb0", "slo": 0.9}]}
     base.update(raw)
-    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+    with pytest.raises(ConfigError, match=re.escape(field)):
         parse_multitenant(base)
 
 
@@ -99,3 +100,57 @@ def test_microservices_scenario_runs_every_baseline(tmp_path):
     report = run(str(path))
     assert {r["policy"] for r in report.table} == {"ms-cilantro", "ms-evoalg", "ms-egreedy", "ms-resource-fair"}
     assert all(r["mean_p99_ms"] > 0 for r in report.table)
+
+
+JOB = {"name": "a", "workload": "craydb0", "slo": 0.9}
+
+
+@pytest.mark.parametrize("raw, field, value", [
+    ({"capacity": float("nan")}, "capacity", "nan"),
+    ({"capacity": 1e9}, "capacity", "1000000000.0"),
+    ({"unit": 0.001}, "capacity", "100.0"),
+    ({"capacity": 200, "unit": 500}, "unit", "500.0"),
+    ({"horizon_s": 1}, "horizon_s", "1.0"),
+    ({"horizon_s": 1e12}, "horizon_s", "1000000000000.0"),
+    ({"report_s": 1e-9}, "report_s", "1e-09"),
+    ({"learner": "ibtree"}, "learner", "'ibtree'"),
+    ({"learner": {"kind": "ibtree", "beat": 2}}, "learner.beat", "2"),
+    ({"forecaster": {"d": True}}, "forecaster.d", "True"),
+    ({"forecaster": {"window": 2.5}}, "forecaster.window", "2.5"),
+    ({"forecaster": {"confidence": 1}}, "forecaster.confidence", "1.0"),
+    ({"seeds": [True]}, "seeds[0]", "True"),
+    ({"seeds": [-1]}, "seeds[0]", "-1"),
+    ({"warmup_reports": 2.5}, "warmup_reports", "2.5"),
+    ({"jobs": [5]}, "jobs[0]", "5"),
+    ({"jobs": [JOB | {"name": ["a"]}]}, "jobs[0].name", "['a']"),
+    ({"jobs": [JOB | {"utility": ["x"]}]}, "jobs[0].utility", "['x']"),
+    ({"jobs": [JOB | {"workload": ["x"]}]}, "jobs[0].workload", "['x']"),
+    ({"jobs": [JOB, JOB]}, "jobs[1].name", "'a'"),
+    ({"roster": "paper"}, "jobs", repr([JOB])),
+    ({"capacty": 100}, "capacty", "100"),
+])
+def test_multitenant_field_errors_name_the_field_and_value(raw, field, value):
+    base = {"capacity": 100, "jobs": [JOB]}
+    with pytest.raises(ConfigError) as err:
+        parse_multitenant(base | raw)
+    assert err.value.field == field and str(err.value).startswith(f"{field}={value}: ")
+
+
+@pytest.mark.parametrize("text, field, value", [
+    ("kind: static\ncapacity: 1.0e+9\ndemands: [10]", "capacity", "1000000000"),
+    ("kind: static\ncapacity: 0.5\ndemands: [10]", "capacity", "0.5"),
+    ("kind: static\ncapacity: 60\nunit: 500\ndemands: [10]", "unit", "500"),
+    ("kind: static\ncapacity: 60\ndemands: [10]\npolicies: oracle-sw", "policies", "'oracle-sw'"),
+    ("kind: multitenant\nroster: paper\npolicies: fifo", "policies", "'fifo'"),
+    ("kind: microservices\nseeds: [a]", "seeds[0]", "'a'"),
+    ("kind: microservices\nrounds: 0.5", "rounds", "0.5"),
+    ("kind: microservices\nrounds: 1.0e+6", "rounds", "1000000"),
+    ("kind: microservices\ncapacity: 20", "capacity", "20"),
+    ("kind: microservices\npolicies: ms-cilantro", "policies", "'ms-cilantro'"),
+])
+def test_scenario_kinds_reject_bad_fields_by_name_and_value(tmp_path, text, field, value):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text + "\n")
+    with pytest.raises(ConfigError) as err:
+        run(str(path))
+    assert err.value.field == field and str(err.value).startswith(f"{field}={value}: ")

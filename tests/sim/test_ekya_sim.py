@@ -78,6 +78,42 @@ def test_negative_gpu_count_names_the_field():
         parse_scenario(raw)
 
 
+def _set(raw: dict, dotted: str, value) -> dict:
+    """``raw`` with ``a.0.b`` (list indices as numbers) set to ``value``."""
+    *path, last = dotted.split(".")
+    node = raw
+    for key in path:
+        node = node[int(key)] if isinstance(node, list) else node[key]
+    node[int(last) if isinstance(node, list) else last] = value
+    return raw
+
+
+@pytest.mark.parametrize("dotted, value, field, shown", [
+    ("window_s", float("nan"), "window_s", "nan"),
+    ("gpus", float("nan"), "gpus", "nan"),
+    ("gpus", float("inf"), "gpus", "inf"),
+    ("inference.full_rate_gpus", float("nan"), "inference.full_rate_gpus", "nan"),
+    ("inference.points", [[0, "a"], [1, 1]], "inference.points[0][1]", "'a'"),
+    ("inference.points", [[0, 0], [1]], "inference.points[1]", "[1]"),
+    ("inference.points", [[0, 0], [0.5, 1], [1, 0.5]], "inference.points", "[[0, 0], [0.5, 1], [1, 0.5]]"),
+    ("streams.1.inference", {"points": [[0, 1], [1, 0]]}, "streams[1].inference.points", "[[0, 1], [1, 0]]"),
+    ("max_passes", True, "max_passes", "True"),
+    ("max_passes", 2.5, "max_passes", "2.5"),
+    ("retrain_scaling", True, "retrain_scaling", "True"),
+    ("start_splits", "false", "start_splits", "'false'"),
+    ("policies", "thief", "policies", "'thief'"),
+    ("streams.0.name", [1], "streams[0].name", "[1]"),
+    ("streams.0", "A", "streams[0]", "'A'"),
+    ("streams.0.windows.0.drfit", 0.1, "streams[0].windows[0].drfit", "0.1"),
+    ("streams.0.windows.0.configs.0.gpu_seconds", float("inf"), "streams[0].windows[0].configs[0].gpu_seconds", "inf"),
+    ("window", 100, "window", "100"),
+])
+def test_bad_field_is_one_config_error_naming_field_and_value(dotted, value, field, shown):
+    with pytest.raises(ConfigError) as err:
+        parse_scenario(_set(_toy(), dotted, value))
+    assert err.value.field == field and str(err.value).startswith(f"{field}={shown}: ")
+
+
 def test_config_without_accuracy_names_the_field():
     raw = _toy()
     del raw["streams"][0]["windows"][0]["configs"][1]["accuracy"]

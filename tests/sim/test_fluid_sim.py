@@ -41,8 +41,8 @@ def test_one_policy_can_be_selected():
     assert [r["policy"] for r in report.table] == ["fifo"] and "speedup_vs_fifo" not in report.summary
 
 
-def _scenario(tmp_path, **changes):
-    data = yaml.safe_load(HYPERBAND.read_text())
+def _scenario(tmp_path, base=HYPERBAND, **changes):
+    data = yaml.safe_load(base.read_text())
     for dotted, value in changes.items():
         node, *path, last = [data, *dotted.split("__")]
         for key in path:
@@ -55,8 +55,8 @@ def _scenario(tmp_path, **changes):
 
 @pytest.mark.parametrize("changes, field", [
     ({"gpus": 0}, "gpus"),
-    ({"fluid__c": 0}, "c"),
-    ({"fluid__d": 0}, "d"),
+    ({"fluid__c": 0}, "fluid.c"),
+    ({"fluid__d": 0}, "fluid.d"),
     ({"algorithm__name": "bayes"}, "algorithm.name"),
     ({"algorithm__space": {}}, "algorithm.space"),
     ({"algorithm__max_budget": 0}, "max_budget"),
@@ -67,6 +67,42 @@ def test_bad_scenario_raises_config_error_naming_the_field(tmp_path, changes, fi
     with pytest.raises(ConfigError) as err:
         run(_scenario(tmp_path, **changes))
     assert err.value.field == field
+
+
+@pytest.mark.parametrize("base, changes, field, value", [
+    (TOY, {"gpus": float("nan")}, "gpus", "nan"),
+    (TOY, {"gpus": 0.5}, "gpus", "0.5"),
+    (TOY, {"gpus": 10**9}, "gpus", "1000000000"),
+    (TOY, {"seed": "abc"}, "seed", "'abc'"),
+    (TOY, {"seed": -1}, "seed", "-1"),
+    (TOY, {"policies": "fifo"}, "policies", "'fifo'"),
+    (TOY, {"fluid": [1, 2]}, "fluid", "[1, 2]"),
+    (TOY, {"fluid__o_th": "x"}, "fluid.o_th", "'x'"),
+    (TOY, {"fluid__c": 1.5}, "fluid.c", "1.5"),
+    (TOY, {"fluid__epsilon": "x"}, "fluid.epsilon", "'x'"),
+    (TOY, {"fluid__concurrency": "x"}, "fluid.concurrency", "'x'"),
+    (TOY, {"fluid__bogus": 1}, "fluid.bogus", "1"),
+    (TOY, {"workload": [1]}, "workload", "[1]"),
+    (TOY, {"workload__iter_time_s": "fast"}, "workload.iter_time_s", "'fast'"),
+    (TOY, {"workload__iter_time_s": float("inf")}, "workload.iter_time_s", "inf"),
+    (TOY, {"workload__beta": float("inf")}, "workload.beta", "inf"),
+    (TOY, {"workload__runtime_cv": True}, "workload.runtime_cv", "True"),
+    (TOY, {"trials": [5]}, "trials[0]", "5"),
+    (TOY, {"trials": [{"id": "a", "budget": 1, "config": [1]}]}, "trials[0].config", "[1]"),
+    (TOY, {"trials": [{"id": "a", "budget": 1}, {"id": "a", "budget": 2}]}, "trials[1].id", "'a'"),
+    (TOY, {"algorithm": {"name": "grid"}}, "algorithm", "{'name': 'grid'}"),
+    (TOY, {"gpu": 5}, "gpu", "5"),
+    (HYPERBAND, {"algorithm": "x"}, "algorithm", "'x'"),
+    (HYPERBAND, {"workload__packing_curve__ps": "ab"}, "workload.packing_curve.ps", "'ab'"),
+    (HYPERBAND, {"workload__packing_curve__ps": [1, 2.5, 3, 4]}, "workload.packing_curve.ps[1]", "2.5"),
+    (HYPERBAND, {"workload__packing_curve__throughputs": [0.1, 0.2]}, "workload.packing_curve.throughputs",
+     "[0.1, 0.2]"),
+])
+def test_bad_field_is_one_config_error_naming_field_and_value(tmp_path, base, changes, field, value):
+    with pytest.raises(ConfigError) as err:
+        run(_scenario(tmp_path, base, **changes))
+    assert err.value.field == field
+    assert str(err.value).startswith(f"{field}={value}: ")
 
 
 def test_unknown_policy_is_rejected_by_name():
