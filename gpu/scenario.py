@@ -83,10 +83,16 @@ def section(value: Any, field: str, allowed: Collection[str], *, optional: bool 
     """A mapping (a section, a list entry) whose fields must all be ``allowed``: a misspelt field is an error,
     not silently ignored."""
     out = mapping(value, field, optional=optional)
-    for key in out:
-        if key not in allowed:
-            raise ConfigError(f"{field}.{key}", out[key], f"unknown field; expected one of {sorted(allowed)}")
+    known_fields(out, allowed, f"{field}.")
     return out
+
+
+def known_fields(fields: Mapping[str, Any], allowed: Collection[str], where: str = "") -> None:
+    """Refuse keys the format does not have (``where``: the dotted prefix of their names, "" at the top level),
+    so a misspelt field fails instead of silently leaving its default in place."""
+    for key in fields:
+        if key not in allowed:
+            raise ConfigError(f"{where}{key}", fields[key], f"unknown field; expected one of {sorted(allowed)}")
 
 
 def entries(value: Any, field: str, allowed: Collection[str]) -> list[dict[str, Any]]:

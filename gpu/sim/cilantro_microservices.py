@@ -15,10 +15,10 @@ import numpy as np
 
 from gpu.errors import ConfigError
 from gpu.report import SimulationReport
-from gpu.scenario import integer, positive
+from gpu.scenario import integer, known_fields, positive
 from gpu.schedulers.cilantro.microservices import (HOTEL_SERVICES, MaternGP, MicroservicePolicy, MicroserviceSnapshot,
                                                    hotel_reservation)
-from gpu.sim.cilantro_scenario import MAX_UNITS, known_keys, policy_names, seed_list
+from gpu.sim.cilantro_scenario import MAX_UNITS, policy_names, seed_list
 from gpu.sim.cilantro_workloads import TRACE_MEDIAN, load_series, load_profile
 
 MIN_CPUS_PER_SERVICE = 4  # the policies' random splits give each service 4 CPUs first; fewer would go negative
@@ -56,7 +56,7 @@ def simulate_microservices(capacity: int, rounds: int, mean_load: float, policy:
 
 def run_microservices(raw: Mapping[str, Any], policies: list[str] | None) -> SimulationReport:
     """``kind: microservices`` scenarios: one row per policy with its mean P99 and the ratios of Fig. 3.12."""
-    known_keys(raw, ("kind", "capacity", "rounds", "mean_load", "seeds", "policies"))
+    known_fields(raw, ("kind", "capacity", "rounds", "mean_load", "seeds", "policies"))
     capacity = integer(raw.get("capacity", 160), "capacity", minimum=MIN_CPUS_PER_SERVICE * len(HOTEL_SERVICES))
     if capacity > MAX_UNITS:
         raise ConfigError("capacity", capacity, f"at most {MAX_UNITS:,} CPUs")

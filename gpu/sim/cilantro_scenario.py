@@ -13,7 +13,7 @@ import numpy as np
 
 from gpu.errors import ConfigError
 from gpu.report import SimulationReport
-from gpu.scenario import choose, integer, mapping, names, positive, require
+from gpu.scenario import choose, integer, known_fields, mapping, names, positive, require
 from gpu.schedulers.cilantro import make_policy
 from gpu.schedulers.cilantro.metrics import (UTILITY_EXPONENTS, egalitarian_welfare, njc_fairness,
                                              njc_fairness_resource, social_welfare, useful_usage)
@@ -72,11 +72,6 @@ JOB_KEYS = ("name", "workload", "slo", "utility", "weight")
 WORKLOADS = [*PROFILES, *SYNTHETIC]
 
 
-def known_keys(section: Mapping[str, Any], keys: tuple[str, ...], where: str = "") -> None:
-    """Refuse keys the format does not have, so a misspelt field fails instead of silently using its default."""
-    for key in section:
-        if key not in keys:
-            raise ConfigError(f"{where}{key}", section[key], f"unknown; use {sorted(keys)}")
 
 
 def seed_list(value: Any, field: str = "seeds") -> tuple[int, ...]:
@@ -101,7 +96,7 @@ def policy_names(raw: Mapping[str, Any], policies: list[str] | None, default: Se
 def _job(raw: Any, i: int) -> SimJob:
     where = f"jobs[{i}]"
     raw = mapping(raw, where, optional=False)
-    known_keys(raw, JOB_KEYS, f"{where}.")
+    known_fields(raw, JOB_KEYS, f"{where}.")
     name = require(raw, "name", f"{where}.")
     if not isinstance(name, str) or not name:
         raise ConfigError(f"{where}.name", name, "must be a non-empty string")
@@ -164,12 +159,12 @@ def _timing(raw: Mapping[str, Any]) -> tuple[float, float, float]:
 
 def parse_multitenant(raw: Mapping[str, Any]) -> MultiTenantConfig:
     """Validate a ``multitenant`` scenario mapping; every bad field raises ConfigError naming it."""
-    known_keys(raw, MULTITENANT_KEYS)
+    known_fields(raw, MULTITENANT_KEYS)
     jobs = _jobs(raw)
     learner = mapping(raw.get("learner"), "learner")
-    known_keys(learner, ("kind", "beta", "lipschitz"), "learner.")
+    known_fields(learner, ("kind", "beta", "lipschitz"), "learner.")
     fc = mapping(raw.get("forecaster"), "forecaster")
-    known_keys(fc, ("kind", "d", "window", "confidence"), "forecaster.")
+    known_fields(fc, ("kind", "d", "window", "confidence"), "forecaster.")
     confidence = positive(fc.get("confidence", 0.9), "forecaster.confidence")
     if confidence >= 1:
         raise ConfigError("forecaster.confidence", confidence, "must be in (0, 1)")
@@ -217,7 +212,7 @@ def static_example(capacity: float, demands: list[float], policies: list[str] | 
 
 def run_static(raw: Mapping[str, Any], policies: list[str] | None) -> SimulationReport:
     """``kind: static``: whole CPUs (``capacity`` <= MAX_UNITS) shared by jobs of the given ``demands``."""
-    known_keys(raw, ("kind", "capacity", "demands", "policies"))
+    known_fields(raw, ("kind", "capacity", "demands", "policies"))
     capacity = integer(require(raw, "capacity"), "capacity", minimum=1)
     if capacity > MAX_UNITS:
         raise ConfigError("capacity", capacity, f"at most {MAX_UNITS:,} CPUs")

@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from gpu.errors import ConfigError
-from gpu.scenario import fraction, flag, integer, load_scenario, mapping, names, number, positive, require
+from gpu.scenario import (flag, fraction, integer, known_fields, load_scenario, mapping, names, number, positive,
+                          require)
 from gpu.schedulers.ekya import EkyaParams, InferenceProfile, RetrainConfig
 
 DEFAULT_POLICIES = ("thief", "uniform_cfg1_50")
@@ -71,11 +72,6 @@ SCENARIO_KEYS = ("gpus", "window_s", "a_min", "delta", "penalty", "max_job_gpus"
                  "max_passes", "policies", "inference", "streams")
 
 
-def _known(section: Mapping[str, Any], keys: tuple[str, ...], where: str) -> None:
-    """Refuse keys the format does not have, so a misspelt field fails instead of silently using its default."""
-    for key in section:
-        if key not in keys:
-            raise ConfigError(f"{where}{key}", section[key], f"unknown; use {sorted(keys)}")
 
 
 def _points(raw: Any, where: str) -> tuple[tuple[float, float], ...]:
@@ -94,7 +90,7 @@ def _inference(raw: Any, where: str, default: InferenceProfile) -> InferenceProf
     if raw is None:
         return default
     raw = mapping(raw, where, optional=False)
-    _known(raw, ("full_rate_gpus", "points"), f"{where}.")
+    known_fields(raw, ("full_rate_gpus", "points"), f"{where}.")
     full = positive(raw.get("full_rate_gpus", default.full_rate_gpus), f"{where}.full_rate_gpus")
     points = _points(raw["points"], f"{where}.points") if "points" in raw else default.points
     try:
@@ -105,7 +101,7 @@ def _inference(raw: Any, where: str, default: InferenceProfile) -> InferenceProf
 
 def _window(raw: Any, where: str) -> WindowSpec:
     raw = mapping(raw, where, optional=False)
-    _known(raw, ("start_accuracy", "drift", "configs"), f"{where}.")
+    known_fields(raw, ("start_accuracy", "drift", "configs"), f"{where}.")
     start = fraction(require(raw, "start_accuracy", f"{where}."), f"{where}.start_accuracy")
     drift = fraction(raw.get("drift", 0.0), f"{where}.drift")
     configs_raw = raw.get("configs", [])
@@ -115,7 +111,7 @@ def _window(raw: Any, where: str) -> WindowSpec:
     for k, c in enumerate(configs_raw):
         cw = f"{where}.configs[{k}]"
         c = mapping(c, cw, optional=False)
-        _known(c, ("name", "accuracy", "gpu_seconds"), f"{cw}.")
+        known_fields(c, ("name", "accuracy", "gpu_seconds"), f"{cw}.")
         name = require(c, "name", f"{cw}.")
         if not isinstance(name, str) or not name:
             raise ConfigError(f"{cw}.name", name, "must be a non-empty string")
@@ -130,7 +126,7 @@ def _window(raw: Any, where: str) -> WindowSpec:
 def _stream(raw: Any, i: int, default_inf: InferenceProfile) -> ScenarioStream:
     where = f"streams[{i}]"
     raw = mapping(raw, where, optional=False)
-    _known(raw, ("name", "inference", "windows"), f"{where}.")
+    known_fields(raw, ("name", "inference", "windows"), f"{where}.")
     name = raw.get("name", f"s{i}")
     if not isinstance(name, str) or not name or "/" in name:
         raise ConfigError(f"{where}.name", name, "must be a non-empty string without '/'")
@@ -143,7 +139,7 @@ def _stream(raw: Any, i: int, default_inf: InferenceProfile) -> ScenarioStream:
 
 def parse_scenario(raw: Mapping[str, Any]) -> EkyaScenario:
     """Validate a scenario mapping; every error names the offending field."""
-    _known(raw, SCENARIO_KEYS, "")
+    known_fields(raw, SCENARIO_KEYS, "")
     gpus = positive(require(raw, "gpus"), "gpus")
     window_s = positive(require(raw, "window_s"), "window_s")
     cap = raw.get("max_job_gpus", 1.0)

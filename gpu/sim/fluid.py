@@ -18,7 +18,7 @@ from typing import Any, Callable, Mapping
 
 from gpu.errors import ConfigError
 from gpu.report import SimulationReport
-from gpu.scenario import choose, integer, load_scenario, mapping, names, positive, require
+from gpu.scenario import choose, integer, known_fields, load_scenario, mapping, names, positive, require
 from gpu.schedulers.fluid import (FluidParams, PackingCurve, Trial, fit_packing_curve, lower_bound, max_parallelism,
                                   packing_limit)
 from gpu.schedulers.fluid_baselines import FifoExecutor
@@ -44,11 +44,6 @@ FLUID_KEYS = ("c", "d", "epsilon", "o_th", "concurrency")
 WORKLOAD_KEYS = ("iter_time_s", "runtime_cv", "alpha", "beta", "tau", "packing_curve")
 
 
-def _known(section: Mapping[str, Any], keys: tuple[str, ...], where: str) -> None:
-    """Refuse keys the format does not have, so a misspelt field fails instead of silently using its default."""
-    for key in section:
-        if key not in keys:
-            raise ConfigError(f"{where}{key}", section[key], f"unknown; use {sorted(keys)}")
 
 
 def _trials(rows: Any) -> list[tuple[str, float, dict[str, Any]]]:
@@ -59,7 +54,7 @@ def _trials(rows: Any) -> list[tuple[str, float, dict[str, Any]]]:
     for i, row in enumerate(rows):
         where = f"trials[{i}]"
         row = mapping(row, where, optional=False)
-        _known(row, ("id", "budget", "config"), f"{where}.")
+        known_fields(row, ("id", "budget", "config"), f"{where}.")
         tid = require(row, "id", f"{where}.")
         if isinstance(tid, bool) or not isinstance(tid, (str, int)) or str(tid) in seen or not str(tid):
             raise ConfigError(f"{where}.id", tid, "must be a unique, non-empty name")
@@ -91,7 +86,7 @@ def _packing_curve(raw: Any, o_th: float) -> PackingCurve:
     """Fit ``workload.packing_curve``: levels are distinct whole numbers including 1, one throughput each."""
     where = "workload.packing_curve"
     curve = mapping(raw, where, optional=False)
-    _known(curve, ("ps", "throughputs"), f"{where}.")
+    known_fields(curve, ("ps", "throughputs"), f"{where}.")
     ps, xs = require(curve, "ps", f"{where}."), require(curve, "throughputs", f"{where}.")
     for name, values in (("ps", ps), ("throughputs", xs)):
         if not isinstance(values, list) or len(values) < 2:
@@ -108,9 +103,9 @@ def _packing_curve(raw: Any, o_th: float) -> PackingCurve:
 def _params(data: Mapping[str, Any], gpus: int, seed: int) -> tuple[FluidParams, Workload, dict[str, Any], int | None]:
     """FLUID's knobs and the synthetic workload, every field checked under its dotted name."""
     fl = mapping(data.get("fluid"), "fluid")
-    _known(fl, FLUID_KEYS, "fluid.")
+    known_fields(fl, FLUID_KEYS, "fluid.")
     wl = mapping(data.get("workload"), "workload")
-    _known(wl, WORKLOAD_KEYS, "workload.")
+    known_fields(wl, WORKLOAD_KEYS, "workload.")
     info: dict[str, Any] = {}
     o_th = positive(fl.get("o_th", 0.05), "fluid.o_th", allow_zero=True)
     if o_th >= 1:
@@ -155,7 +150,7 @@ def _policies(data: Mapping[str, Any], policies: list[str] | None) -> list[str]:
 def run(scenario_path: str, policies: list[str] | None = None) -> SimulationReport:
     """Simulate the scenario's tuning job under each policy (None = all) and compare makespans."""
     data = load_scenario(scenario_path)
-    _known(data, SCENARIO_KEYS, "")
+    known_fields(data, SCENARIO_KEYS, "")
     gpus = integer(require(data, "gpus"), "gpus", minimum=1)
     if gpus > MAX_GPUS:
         raise ConfigError("gpus", gpus, f"at most {MAX_GPUS:,} GPUs")
