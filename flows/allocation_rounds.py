@@ -26,7 +26,7 @@ Allocations are in GPU units. With ``capacity <= 1`` every job holds a fraction 
 (``unit`` is the fraction granularity, e.g. 0.05); a larger capacity needs a whole ``unit`` (whole
 GPUs) because the pool grants fractions only within one device.
 
-Learners, forecasters and the JSON state live in ``flows.cilantro_allocator``; the jobs in
+Learners, forecasters and the JSON state live in ``tasks.cilantro_allocator``; the jobs in
 ``tasks.cilantro_jobs``.
 
     python -m flows.allocation_rounds --rounds 3 --policy cilantro-njc
@@ -47,8 +47,6 @@ from typing import Any
 import numpy as np
 from prefect import flow
 
-from flows.cilantro_allocator import (Allocator, RoundSettings, load_state, round_metrics, run_lock, save_state,
-                                      state_path)
 from gpu.devices import discover
 from gpu.errors import ConfigError
 from gpu.schedulers.cilantro import POLICIES, make_policy
@@ -56,6 +54,8 @@ from gpu.schedulers.cilantro.fair import ResourceFair
 from gpu.schedulers.cilantro.types import JobSpec
 from gpuflows.args import output_file
 from resource_blocks import GpuPool, MlflowTarget
+from tasks.cilantro_allocator import (Allocator, RoundSettings, load_state, round_metrics, run_lock, save_state,
+                                      state_path)
 from tasks.cilantro_jobs import JobConfig, RoundWindow, run_service, run_trainer
 from tasks.requests import gpu_options
 from tasks.runners import GpuTaskRunner, flow_mlflow_run_id

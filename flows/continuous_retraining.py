@@ -35,12 +35,12 @@ import sys
 
 from prefect import flow
 
-from flows.ekya_window import RunSettings, WindowResult, run_window, start_streams
 from gpu.devices import discover
 from gpu.errors import ConfigError, GpuflowsError
 from gpuflows.args import output_file
 from resource_blocks import GpuPool, MlflowTarget
 from tasks.ekya_tasks import WindowSettings, config_grid
+from tasks.ekya_window import RunSettings, WindowResult, run_window, start_streams
 from tasks.runners import GpuTaskRunner, flow_mlflow_run_id
 from tasks.ui import publish_table
 
@@ -51,7 +51,7 @@ MODES = ("process", "thread")
 @flow(name="ekya-retraining-windows")
 def retraining_windows(run: RunSettings) -> dict:
     """The windows themselves; runs as a subflow on the GPU task runner ``continuous_retraining`` builds."""
-    from flows.ekya_tracking import WindowLogger
+    from tasks.ekya_tracking import WindowLogger
 
     logger = WindowLogger.for_flow(run, flow_mlflow_run_id())
     golden, streams = start_streams(run)

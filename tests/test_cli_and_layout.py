@@ -62,3 +62,23 @@ def test_a_pool_name_with_no_saved_block_is_an_error_not_the_defaults(prefect_se
     with pytest.raises(ConfigError, match="gpuflows-gpu-pool='no-such-pool': no saved block"):
         GpuPool.load_or_default("no-such-pool")
     assert GpuPool.load_or_default(None).name == "default"
+
+
+def test_every_module_in_flows_is_a_flow_with_a_command_line(capsys):
+    """The layout's promise: `python -m flows.<name> --help` for every module in flows/ (helpers live in tasks/)."""
+    import importlib
+    import pkgutil
+
+    import pytest
+    from prefect import Flow
+
+    import flows
+
+    for info in pkgutil.iter_modules(flows.__path__):
+        module = importlib.import_module(f"flows.{info.name}")
+        assert hasattr(module, "main"), f"flows.{info.name} has no main(argv)"
+        if info.name != "demo":  # the demo runs the other flows
+            assert any(isinstance(v, Flow) for v in vars(module).values()), f"flows.{info.name} defines no flow"
+        with pytest.raises(SystemExit) as done:
+            module.main(["--help"])
+        assert done.value.code == 0 and "usage:" in capsys.readouterr().out, info.name

@@ -21,8 +21,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from flows.ekya_window import RunSettings, StreamRuntime, WindowResult
 from gpu.state import state_dir
+from tasks.ekya_window import RunSettings, StreamRuntime, WindowResult
 
 
 class WindowLogger:
