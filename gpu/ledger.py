@@ -216,10 +216,15 @@ class PoolLedger(LedgerClient):
         self._parsed_requests: dict[int, Request] = {}
         self._changed = threading.Condition(self._lock)
         self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=30)
-        if self._shared:
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.executescript(_SCHEMA)
+        try:
+            if self._shared:
+                self._db.execute("PRAGMA journal_mode=WAL")
+                self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.executescript(_SCHEMA)
+        except sqlite3.DatabaseError as exc:
+            self._db.close()
+            raise ConfigError("pool", self.path, f"is not a pool ledger this version can open ({exc}); "
+                                                 "move it away to start the pool afresh") from exc
         self._capacity = self._capacity_from_spec(spec)
         with self._tx() as db:
             self._sync_spec(db)

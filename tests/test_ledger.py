@@ -275,3 +275,10 @@ def test_reopening_a_pool_with_other_devices_while_leased_is_refused(tmp_path):
     first.allocate(Request(gpus=1))
     with pytest.raises(ConfigError, match="different device set"):
         pool("4x16GiB", path=path)
+
+
+def test_a_file_that_is_not_a_ledger_is_named_not_a_sqlite_traceback(tmp_path):
+    path = tmp_path / "p.sqlite"
+    path.write_bytes(b"this is not a database" * 100)
+    with pytest.raises(ConfigError, match=rf"pool='{re.escape(str(path))}': is not a pool ledger"):
+        pool("1x16GiB", path=path)
