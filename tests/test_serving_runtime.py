@@ -470,9 +470,12 @@ def test_a_request_of_the_wrong_width_is_refused_and_the_session_keeps_serving(s
     with LocalServingRuntime(models, profiles, ledger()) as rt:
         rt.apply(plan)
         row = data.x_test[:1].numpy()
-        first = rt.frontend.submit("a", row)
+        # the session's first request: refused at the ring, never reaching (and stopping) the worker's model
         with pytest.raises(ConfigError, match=r"inputs='1 rows of 3 values': this session's requests have 64"):
             rt.frontend.submit("a", np.zeros(3, np.float32))
+        first = rt.frontend.submit("a", row)
+        with pytest.raises(ConfigError, match=r"inputs='2 rows of 65 values'"):
+            rt.frontend.submit_many("a", np.zeros((2, 65), np.float32))
         last = rt.frontend.submit("a", row)
     served_ids = {o.request_id for o in rt.recorder.outcomes if o.finish_ms == o.finish_ms}
     assert {first, last} <= served_ids

@@ -26,6 +26,7 @@ from gpu.schedulers.nexus_profiles import BatchProfile, profile_from_measurement
 from gpu.state import state_dir
 
 PROFILE_BATCHES = (1, 2, 4, 8, 16, 32, 64)
+INPUT_FEATURES = 64  # every served model takes one digits image, 8×8 values in a row
 
 
 def _mlp() -> nn.Module:
@@ -133,7 +134,7 @@ def measure(model: nn.Module, device: str = "cpu", batches: Sequence[int] = PROF
     samples: list[tuple[int, float]] = []
     with torch.inference_mode():
         for b in batches:
-            x = torch.rand(int(b), 64, device=dev)
+            x = torch.rand(int(b), INPUT_FEATURES, device=dev)
             for _ in range(warmup):
                 model(x).argmax(1).tolist()
             for _ in range(repeats):

@@ -33,9 +33,10 @@ class RequestRing:
     and the inputs ``x`` (float32 rows)."""
 
     __slots__ = ("lock", "head", "tail", "capacity", "deadline", "arrival", "request_id", "app", "x",
-                 "row_views", "columns", "_initial")
+                 "row_views", "columns", "width", "_initial")
 
-    def __init__(self, capacity: int = 4096):
+    def __init__(self, capacity: int = 4096, width: int | None = None):
+        """``width``: values per input row (the served model's input); None takes the first push's."""
         self.lock = threading.Lock()
         self.head = self.tail = 0
         self.capacity = 0  # the arrays are allocated at the first push, when the input width is known
@@ -44,6 +45,7 @@ class RequestRing:
         self.x = np.zeros((0, 0), np.float32)
         self.row_views: list[torch.Tensor | None] = []  # 1×d tensor views of ``x``, made once per row index
         self.columns = RingColumns(self)
+        self.width = width
         self._initial = capacity
 
     def __len__(self) -> int:
@@ -59,9 +61,11 @@ class RequestRing:
         try:
             t = self.tail
             e = t + k
-            if xs.shape[1] != self.x.shape[1] and self.capacity:
-                raise ConfigError("inputs", f"{k} rows of {xs.shape[1]} values",
-                                  f"this session's requests have {self.x.shape[1]} values each")
+            if xs.shape[1] != self.width:
+                if self.width is not None:
+                    raise ConfigError("inputs", f"{k} rows of {xs.shape[1]} values",
+                                      f"this session's requests have {self.width} values each")
+                self.width = xs.shape[1]
             if e > self.capacity:
                 self._grow(k, xs.shape[1])
             if k == 1 and type(arrival_ns) is int and type(ids) is int:  # scalar stores: 1/3 of a slice write

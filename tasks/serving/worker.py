@@ -43,6 +43,7 @@ from gpu.batching import BatchContext, BatchPolicy, Request, SpanPolicy
 from gpu.errors import ConfigError
 from gpu.schedulers.nexus import GpuNode, Placement
 from gpu.schedulers.nexus_profiles import PAPER, Accounting, BatchProfile
+from tasks.serving.models import INPUT_FEATURES
 from tasks.serving.ring import RequestRing
 from tasks.serving.stats import Recorder
 
@@ -62,14 +63,15 @@ class _Slot:
 
     __slots__ = ("placement", "model", "latency_ns", "latency_ms", "max_batch", "ring", "retiring", "on_done")
 
-    def __init__(self, placement: Placement, model: nn.Module, profile: BatchProfile, accounting: Accounting):
+    def __init__(self, placement: Placement, model: nn.Module, profile: BatchProfile, accounting: Accounting,
+                 width: int | None):
         self.placement = placement
         self.model = model
         ms = [0.0] + [accounting.latency(profile, b) for b in range(1, profile.max_batch + 1)]
         self.latency_ms = ms.__getitem__
         self.latency_ns = [round(v * 1e6) for v in ms].__getitem__  # a C-level lookup: called every decision
         self.max_batch = profile.max_batch
-        self.ring = RequestRing()
+        self.ring = RequestRing(width=width)
         self.retiring = False
         self.on_done: Callable[..., None] | None = None  # a query stage with children: issue them
 
@@ -96,12 +98,14 @@ class ServingWorker:
         on_done: called as ``on_done(session_id, ids, deadlines, finish_ns, inputs)`` after each served batch of
             a session in ``parents`` (query stages whose finished requests issue the next stage's,
             ``tasks.serving.chaining``).
+        input_width: values per request the models take (a digits image; None: whatever the first request
+            has). A request of another width is refused at ``push``, before it can reach the model.
     """
 
     def __init__(self, node: GpuNode, models: Mapping[str, nn.Module], profiles: Mapping[str, BatchProfile],
                  policy: BatchPolicy, recorder: Recorder, device: str = "cpu", accounting: Accounting = PAPER,
                  run_inline: bool = True, on_done: Callable[..., None] | None = None,
-                 parents: frozenset[str] = frozenset()):
+                 parents: frozenset[str] = frozenset(), input_width: int | None = INPUT_FEATURES):
         self.policy = check_policy(policy)
         self._span = isinstance(policy, SpanPolicy)
         self.device = torch.device(device)
@@ -120,6 +124,7 @@ class ServingWorker:
         self._bell.acquire()
         self._exec = threading.Lock()  # held by whichever thread runs batches: the worker's, or a pusher's
         self.run_inline = run_inline
+        self.input_width = input_width
         self._on_done, self._parents = on_done, parents
         self._inline_thread: int | None = None  # the thread running a batch inline (holding ``_exec``)
         self._issued_inline = False  # that batch issued requests to this worker (query stages)
@@ -171,7 +176,7 @@ class ServingWorker:
         for p in node.placements:
             slot = self._by_session.get(p.session_id)
             if slot is None or slot.placement.model != p.model:
-                slot = _Slot(p, self._model(p.model), self._profiles[p.model], self.accounting)
+                slot = _Slot(p, self._model(p.model), self._profiles[p.model], self.accounting, self.input_width)
             slot.placement, slot.retiring = p, False
             slot.on_done = self._on_done if p.session_id in self._parents else None
             slots.append(slot)
