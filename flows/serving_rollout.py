@@ -141,8 +141,10 @@ def serving_rollout(spec: dict | str | None = None, duration_s: float | None = N
                                           t_s, new.num_gpus, sum(r for _, r in new.unassigned), _plan_summary(new))
             beacons.append({"t_s": t_s, "gpus": float(rt.plan.num_gpus), "gpu_share": rt.gpu_share})
 
+        ray = backend == "ray"  # a turn's bursts to one actor as one Ray call, a turn per 2 ms
         load = LoadGenerator(rt.frontend.submit, trace, data.x_test, data.y_test, sp.seed, rt.frontend.submit_many,
-                             RAY_TICK_S if backend == "ray" else 0.0).run(on_beacon, sp.epoch.beacon_s)
+                             RAY_TICK_S if ray else 0.0, rt.frontend.turn if ray else None).run(on_beacon,
+                                                                                               sp.epoch.beacon_s)
     result = _summarise(sp, rt, load, marks, beacons, profiles)
     columns = ("epoch", "start_s", "end_s", "replanned", "gpus", "unassigned_rps", "offered_rps", "throughput_rps",
                "slo_attainment", "bad_rate", "p99_latency_ms")

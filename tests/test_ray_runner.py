@@ -118,7 +118,7 @@ def _serve_on_ray_actors(ledger, ledger_actor) -> dict:
         kinds = sorted({type(w).__name__ for w in rt.workers.values()})
         held = [p.label for p in ray.get(ledger_actor.leases.remote())]
         load = LoadGenerator(rt.frontend.submit, RateTrace.constant({"a": 150.0, "b": 100.0}, 1.5), data.x_test,
-                             data.y_test, 0, rt.frontend.submit_many, 0.002).run()
+                             data.y_test, 0, rt.frontend.submit_many, 0.002, rt.frontend.turn).run()
     w = rt.recorder.window(labels=load.labels)
     return {"kinds": kinds, "held": held, "after": [p.label for p in ray.get(ledger_actor.leases.remote())],
             "sent": load.sent, "offered": w.offered, "good": w.good, "accuracy": w.accuracy,
@@ -160,7 +160,8 @@ def _serve_query_on_ray_actors(ledger) -> dict:
             "arrival_gap_ms": max(abs(o.arrival_ms - p.finish_ms) for o, p in zip(kids.values(), parents)),
             "slack_gap_ms": max(abs(o.deadline_ms - p.deadline_ms - 60.0) for o, p in zip(kids.values(), parents)),
             "query_bad_rate": query_bad_rate(rt.recorder.outcomes, "q/a", ["q/b"], rt.chainer.root),
-            "requests": rt.overhead()["requests"]}
+            "requests": rt.overhead()["requests"], "overhead_us": rt.overhead()["dispatch_overhead_us"],
+            "frontend_us": rt.overhead()["frontend_us_per_request"]}
 
 
 def _ledger_actor(pool: GpuPool):
@@ -278,6 +279,8 @@ def test_ray_actors_serve_a_query_as_a_dag_children_crossing_actors_with_their_s
     assert n == q["roots"] and bad <= 0.05
     # the planner's counts include what the actors issued; every request is in the overhead accounting
     assert q["counts"]["q/b"] > 0 and q["requests"] == q["roots"] + q["kids"]
+    # the actors' push handlers count as the frontend's side (the batches they ran inline are taken out)
+    assert q["frontend_us"] > 0 and q["overhead_us"] > q["frontend_us"]
 
 
 # -- b. a two-node Ray cluster on this machine, 2 fake GPUs per node ---------------------------

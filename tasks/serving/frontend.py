@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -110,6 +111,7 @@ class Frontend:
         # requests a finished query stage issues to the next (``chain``, from worker threads): their own lock
         # and id space, so the load generator's path stays lock-free
         self._chain_lock = threading.Lock()
+        self._holding: list[Any] = []  # workers that can hold a turn's pushes (Ray handles)
         self._next_chained = chained_ids
         self.chained = 0
 
@@ -130,6 +132,22 @@ class Frontend:
             routes[sid] = (round(float(s.slo_ms) * 1e6), one, pick)
             self.counts.setdefault(sid, 0)
         self._routes = routes
+        self._holding = [w for w in dict.fromkeys(workers.values()) if hasattr(w, "flush")]
+
+    @contextmanager
+    def turn(self) -> Iterator[None]:
+        """Hand what is submitted inside to each remote worker in one call, at the end (one load-generator
+        turn: its sessions' bursts to a Ray actor as one ``push_many`` instead of one Ray call each)."""
+        held = self._holding
+        for w in held:
+            w.hold()
+        try:
+            yield
+        finally:
+            t0 = time.perf_counter_ns()
+            for w in held:
+                w.flush()
+            self.route_ns += time.perf_counter_ns() - t0
 
     def submit(self, session_id: str, x: Any, arrival_ns: int | None = None) -> int:
         """Accept one request (``x``: its input, a ``1×d`` or ``d`` array or CPU tensor); returns its id.

@@ -14,6 +14,7 @@ frontend's per-session counts and lets the epoch planner re-plan.
 from __future__ import annotations
 
 import time
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
@@ -115,12 +116,14 @@ class LoadGenerator:
         tick_s: the shortest time between two turns (0: wake for each next arrival). A frontend's event loop
             reads whatever arrived during its last turn; a tick of 0.1–1 ms models one that polls, so bursts
             of ``rate × tick`` amortise its per-call cost (the wait for the tick is in their latency).
+        turn: a context manager factory wrapped around each turn's submissions (``frontend.turn``: a
+            turn's bursts to one Ray actor go as one call).
     """
 
     def __init__(self, submit: Callable[[str, np.ndarray, int], int], trace: RateTrace, inputs: torch.Tensor,
                  labels: torch.Tensor | Sequence[int] | None = None, seed: int = 0,
                  submit_many: Callable[[str, np.ndarray, np.ndarray], Sequence[int]] | None = None,
-                 tick_s: float = 0.0):
+                 tick_s: float = 0.0, turn: Callable[[], AbstractContextManager] | None = None):
         if not tick_s >= 0:
             raise ConfigError("tick_s", tick_s, "must be >= 0 seconds")
         self.submit = submit
@@ -131,6 +134,7 @@ class LoadGenerator:
         self.labels = [int(y) for y in labels] if labels is not None else None
         self.seed = seed
         self.tick_s = float(tick_s)
+        self.turn = turn or nullcontext
 
     def run(self, on_beacon: Callable[[float], None] | None = None, beacon_s: float = 1.0) -> LoadReport:
         """Send every arrival at its time; call ``on_beacon(t_s)`` at each beacon (blocking the generator)."""
@@ -162,23 +166,24 @@ class LoadGenerator:
             report.max_lag_ms = max(report.max_lag_ms, float(now - times[i]) * 1000.0)
             next_turn = now + self.tick_s
             j = int(times.searchsorted(now, side="right"))
-            if j - i == 1 or self.submit_many is None:
-                for m in range(i, j):
-                    k = m % m_rows
-                    rid = self.submit(who[m], rows[k], int(stamps[m]))
-                    report.calls += 1
-                    if labels is not None:
-                        report.labels[rid] = labels[k]
-            else:  # everything due goes over now, one call per session, as a server reads a burst
-                span = np.arange(i, j)
-                burst = codes[i:j]
-                for c in np.unique(burst).tolist():
-                    idx = span if len(sids) == 1 else span[burst == c]
-                    ks = idx % m_rows
-                    ids = self.submit_many(sids[c], inputs[ks], stamps[idx])
-                    report.calls += 1
-                    if labels is not None:
-                        report.labels.update(zip(ids, [labels[k] for k in ks.tolist()]))
+            with self.turn():
+                if j - i == 1 or self.submit_many is None:
+                    for m in range(i, j):
+                        k = m % m_rows
+                        rid = self.submit(who[m], rows[k], int(stamps[m]))
+                        report.calls += 1
+                        if labels is not None:
+                            report.labels[rid] = labels[k]
+                else:  # everything due goes over now, one call per session, as a server reads a burst
+                    span = np.arange(i, j)
+                    burst = codes[i:j]
+                    for c in np.unique(burst).tolist():
+                        idx = span if len(sids) == 1 else span[burst == c]
+                        ks = idx % m_rows
+                        ids = self.submit_many(sids[c], inputs[ks], stamps[idx])
+                        report.calls += 1
+                        if labels is not None:
+                            report.labels.update(zip(ids, [labels[k] for k in ks.tolist()]))
             i = j
         report.sent = n
         return report

@@ -42,6 +42,9 @@ from tasks.serving.stats import Recorder
 
 COUNTERS = ("busy_ns", "execute_ns", "execute1_ns", "batches", "batches1", "served", "inline_batches",
             "inline_execute_ns")
+# the actor's wall time in ``push``: the ring writes and the batches run inline there, which a local worker's
+# frontend times in ``route_ns``
+PUSH_NS = "push_ns"
 
 
 class _Peer:
@@ -77,13 +80,23 @@ class _WorkerActor:
         self.chainer = QueryChainer(chains or {}, self.frontend, seed + node.node_id)
         self.worker = ServingWorker(node, models, profiles, policy, self.recorder, device, accounting,
                                     on_done=self.chainer.parent_done, parents=self.chainer.parents).start()
+        self.push_ns = 0
 
     def clock(self) -> int:
         return time.perf_counter_ns()
 
     def push(self, session_id: str, ids: np.ndarray | int, arrival_ns: Any, deadline_ns: Any,
              xs: np.ndarray) -> None:
+        t0 = time.perf_counter_ns()
         self.worker.push(session_id, ids, arrival_ns, deadline_ns, xs)
+        self.push_ns += time.perf_counter_ns() - t0
+
+    def push_many(self, pushes: list[tuple]) -> None:
+        """The pushes of one frontend turn (``RayWorkerHandle.flush``), in order."""
+        t0 = time.perf_counter_ns()
+        for p in pushes:
+            self.worker.push(*p)
+        self.push_ns += time.perf_counter_ns() - t0
 
     def update(self, node: GpuNode) -> None:
         self.worker.update(node)
@@ -109,6 +122,7 @@ class _WorkerActor:
             self.worker.stop(drain=drain)
         finally:
             counters = {k: getattr(self.worker, k) for k in COUNTERS}
+            counters[PUSH_NS] = self.push_ns
         return self.collect(), counters
 
 
@@ -143,7 +157,7 @@ class RayWorkerHandle:
         self.device = torch.device(device)
         self.recorder = recorder
         self.chainer = chainer
-        for k in COUNTERS:
+        for k in (*COUNTERS, PUSH_NS):
             setattr(self, k, 0)
         self.actor = ray.remote(_WorkerActor).options(**options).remote(
             node, states, dict(profiles), policy, device, accounting, 1, chainer.chains if chainer else None,
@@ -155,7 +169,23 @@ class RayWorkerHandle:
         remote = ray.get(self.actor.clock.remote())
         t1 = time.perf_counter_ns()
         self.offset = remote - (t0 + t1) // 2  # actor clock − frontend clock
-        self.push = _Peer(self.actor, self.offset).push  # what the frontend calls: one Ray call per routed burst
+        self._peer = _Peer(self.actor, self.offset)
+        self._held: list[tuple] | None = None
+
+    def push(self, session_id: str, ids: np.ndarray | int, arrival_ns: Any, deadline_ns: Any, xs: np.ndarray) -> None:
+        """One Ray call per routed burst, or, inside a frontend turn (``hold``), one per turn (``flush``)."""
+        if self._held is None:
+            self._peer.push(session_id, ids, arrival_ns, deadline_ns, xs)
+        else:
+            self._held.append((session_id, ids, arrival_ns + self.offset, deadline_ns + self.offset, xs))
+
+    def hold(self) -> None:
+        self._held = []
+
+    def flush(self) -> None:
+        held, self._held = self._held, None
+        if held:
+            self.actor.push_many.remote(held)
 
     def update(self, node: GpuNode) -> None:
         self.actor.update.remote(node)

@@ -111,7 +111,7 @@ class LocalServingRuntime:
         self.leases: dict[int, Placement] = {}
         self.plan: Plan | None = None
         self._retired = {"busy_ns": 0, "execute_ns": 0, "execute1_ns": 0, "batches": 0,
-                         "batches1": 0, "served": 0, "inline_batches": 0, "inline_execute_ns": 0}
+                         "batches1": 0, "served": 0, "inline_batches": 0, "inline_execute_ns": 0, "push_ns": 0}
         if cpu_threads is not None:
             torch.set_num_threads(cpu_threads)
         self._gc_saved = None
@@ -203,7 +203,7 @@ class LocalServingRuntime:
         try:
             worker.stop(drain=True)
             for k in self._retired:
-                self._retired[k] += getattr(worker, k)
+                self._retired[k] += getattr(worker, k, 0)  # push_ns: remote workers only
         finally:
             self.ledger.release(self.leases.pop(nid).lease_id)
 
@@ -216,14 +216,14 @@ class LocalServingRuntime:
         out = dict(self._retired)
         for w in self.workers.values():
             for k in out:
-                out[k] += getattr(w, k)
+                out[k] += getattr(w, k, 0)  # push_ns: remote workers only
         return out
 
     def overhead(self) -> dict[str, float]:
         """The runtime's dispatch overhead per request (µs of wall time), best read after ``close()``.
 
         Overhead = time in the frontend's ``submit`` (stamp, route, enqueue, and the batches it ran for idle
-        workers) plus the workers' busy time (policy decisions over the rings, batch slices, result hand-back,
+        workers; with Ray, the calls to the actors and the actors' ``push`` handlers) plus the workers' busy time (policy decisions over the rings, batch slices, result hand-back,
         loop and wake-ups, issuing query stages' children), less every forward pass (wherever it ran), over the
         requests submitted and chained. Wall
         time: pre-emption by other processes and GIL hand-offs count against the runtime, not for it.
@@ -232,7 +232,7 @@ class LocalServingRuntime:
         c = self.counters()
         requests = self.frontend.submitted + self.frontend.chained
         n = max(1, requests)
-        front_ns = self.frontend.route_ns - c["inline_execute_ns"]
+        front_ns = self.frontend.route_ns + c["push_ns"] - c["inline_execute_ns"]
         worker_ns = c["busy_ns"] - (c["execute_ns"] - c["inline_execute_ns"])
         return {"requests": float(requests),
                 "frontend_us_per_request": front_ns / n / 1e3,
