@@ -284,10 +284,21 @@ def test_ray_actors_serve_a_query_as_a_dag_children_crossing_actors_with_their_s
 
 
 # -- b. a two-node Ray cluster on this machine, 2 fake GPUs per node ---------------------------
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _free_ports(n: int) -> list[int]:
+    """``n`` distinct free ports: all held open while they are picked (one at a time, the OS may hand the same
+    port out twice, and Ray refuses two components on one port)."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+_NODE_PORTS = ("node-manager-port", "object-manager-port", "dashboard-agent-listen-port",
+               "dashboard-agent-grpc-port", "runtime-env-agent-port", "metrics-export-port")
 
 
 class LocalRayCluster:
@@ -295,7 +306,8 @@ class LocalRayCluster:
 
     def __init__(self, nodes: int = 2, cpus: int = 1, gpus: int = 2):
         self.temp_dir = tempfile.mkdtemp(prefix="gfrc-", dir="/tmp")  # short: Ray puts unix sockets here
-        self.port = _free_port()
+        ports = _free_ports(2 + len(_NODE_PORTS) * nodes)  # at once: distinct across both nodes too
+        self.port, client_port = ports[:2]
         self.address = f"127.0.0.1:{self.port}"
         self._groups: list[int] = []
         env = {**os.environ, **RAY_ENV}
@@ -303,14 +315,13 @@ class LocalRayCluster:
         common = [f"--num-cpus={cpus}", f"--num-gpus={gpus}", f"--object-store-memory={200 * 2**20}",
                   "--node-ip-address=127.0.0.1", f"--temp-dir={self.temp_dir}", "--disable-usage-stats"]
         head = ["--head", f"--port={self.port}", "--include-dashboard=false",
-                f"--ray-client-server-port={_free_port()}"]
+                f"--ray-client-server-port={client_port}"]
         for i in range(nodes):
-            self._start((head if i == 0 else [f"--address={self.address}"]) + common, env)
+            mine = ports[2 + i * len(_NODE_PORTS):2 + (i + 1) * len(_NODE_PORTS)]
+            self._start((head if i == 0 else [f"--address={self.address}"]) + common, env, mine)
 
-    def _start(self, args: list[str], env: dict[str, str]) -> None:
-        ports = [f"--{name}={_free_port()}" for name in (
-            "node-manager-port", "object-manager-port", "dashboard-agent-listen-port",
-            "dashboard-agent-grpc-port", "runtime-env-agent-port", "metrics-export-port")]
+    def _start(self, args: list[str], env: dict[str, str], node_ports: list[int]) -> None:
+        ports = [f"--{name}={port}" for name, port in zip(_NODE_PORTS, node_ports)]
         # A new session: every daemon `ray start` spawns stays in this process group.
         proc = subprocess.Popen([RAY_BIN, "start", *args, *ports], env=env, start_new_session=True,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
