@@ -21,11 +21,13 @@ import time
 import uuid
 from pathlib import Path
 
+import numpy as np
 import pytest
 import ray
 from prefect import flow, task
 from prefect.context import FlowRunContext
 
+from gpu.errors import ConfigError
 from resource_blocks import GpuPool
 from tasks.ray_runner import NAMESPACE, GpuRayTaskRunner
 from tasks.requests import current_placement, gpu_request
@@ -119,10 +121,16 @@ def _serve_on_ray_actors(ledger, ledger_actor) -> dict:
         held = [p.label for p in ray.get(ledger_actor.leases.remote())]
         load = LoadGenerator(rt.frontend.submit, RateTrace.constant({"a": 150.0, "b": 100.0}, 1.5), data.x_test,
                              data.y_test, 0, rt.frontend.submit_many, 0.002, rt.frontend.turn).run()
+        try:  # refused here: raised in the actor, the error would reach nobody and the request vanish
+            rt.frontend.submit("a", np.zeros(3, np.float32))
+            refused = ""
+        except ConfigError as exc:
+            refused = str(exc)
     w = rt.recorder.window(labels=load.labels)
     return {"kinds": kinds, "held": held, "after": [p.label for p in ray.get(ledger_actor.leases.remote())],
             "sent": load.sent, "offered": w.offered, "good": w.good, "accuracy": w.accuracy,
-            "p50_ms": w.p50_latency_ms, "p99_ms": w.p99_latency_ms, "served": rt.counters()["served"]}
+            "p50_ms": w.p50_latency_ms, "p99_ms": w.p99_latency_ms, "served": rt.counters()["served"],
+            "refused": refused}
 
 
 def _serve_query_on_ray_actors(ledger) -> dict:
@@ -266,6 +274,7 @@ def test_ray_serving_accounts_for_every_request_and_serves_them_on_time(fake_gpu
     assert sv["served"] == sv["good"] >= 0.95 * sv["sent"]  # the actor's counters match what came back
     assert sv["accuracy"] > 0.85  # a trained model answered, in the actor's process
     assert 0 < sv["p50_ms"] <= sv["p99_ms"] < 100.0  # stamps shifted between the two clocks consistently
+    assert sv["refused"].startswith("inputs='1 rows of 3 values'")  # a malformed request never leaves the driver
 
 
 def test_ray_actors_serve_a_query_as_a_dag_children_crossing_actors_with_their_slack(fake_gpu_run):

@@ -38,6 +38,8 @@ from gpu.schedulers.nexus import GpuNode, Plan
 from gpu.schedulers.nexus_profiles import Accounting, BatchProfile
 from tasks.serving.chaining import QueryChainer
 from tasks.serving.frontend import CHAINED_IDS, Frontend
+from tasks.serving.models import ARCHITECTURES, INPUT_FEATURES
+from tasks.serving.ring import check_width
 from tasks.serving.stats import Recorder
 
 COUNTERS = ("busy_ns", "execute_ns", "execute1_ns", "batches", "batches1", "served", "inline_batches",
@@ -65,7 +67,6 @@ class _WorkerActor:
     def __init__(self, node: GpuNode, states: Mapping[str, dict], profiles: Mapping[str, BatchProfile],
                  policy: BatchPolicy, device: str, accounting: Accounting, threads: int = 1,
                  chains: Mapping[str, tuple[str, float]] | None = None, load_balancer: str = "drr", seed: int = 0):
-        from tasks.serving.models import ARCHITECTURES
         from tasks.serving.worker import ServingWorker
 
         torch.set_num_threads(threads)
@@ -174,6 +175,7 @@ class RayWorkerHandle:
 
     def push(self, session_id: str, ids: np.ndarray | int, arrival_ns: Any, deadline_ns: Any, xs: np.ndarray) -> None:
         """One Ray call per routed burst, or, inside a frontend turn (``hold``), one per turn (``flush``)."""
+        check_width(xs, INPUT_FEATURES)
         if self._held is None:
             self._peer.push(session_id, ids, arrival_ns, deadline_ns, xs)
         else:

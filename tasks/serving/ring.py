@@ -63,8 +63,7 @@ class RequestRing:
             e = t + k
             if xs.shape[1] != self.width:
                 if self.width is not None:
-                    raise ConfigError("inputs", f"{k} rows of {xs.shape[1]} values",
-                                      f"this session's requests have {self.width} values each")
+                    check_width(xs, self.width)
                 self.width = xs.shape[1]
             if e > self.capacity:
                 self._grow(k, xs.shape[1])
@@ -168,6 +167,14 @@ class RingColumns(Mapping):
 
     def __len__(self) -> int:
         return len(_COLUMNS)
+
+
+def check_width(xs: np.ndarray, width: int) -> None:
+    """Refuse ``k×d`` inputs whose ``d`` is not the served models' ``width``, naming them (a remote worker's
+    handle checks before sending: an error raised in the actor would reach nobody)."""
+    if xs.shape[1] != width:
+        raise ConfigError("inputs", f"{len(xs)} rows of {xs.shape[1]} values",
+                          f"this session's requests have {width} values each")
 
 
 def as_rows(xs: object) -> np.ndarray:
