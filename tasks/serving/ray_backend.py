@@ -8,10 +8,12 @@ local :class:`~tasks.serving.frontend.Frontend` routes to the handles as to loca
 (ids, stamps, input rows) is one ``actor.push.remote`` — a Ray call of hundreds of µs, so this backend buys
 capacity across machines, not the µs dispatch path of local workers.
 
-Clocks: stamps are ``perf_counter_ns``, which is per machine. At start the handle measures the actor's clock
-against its own (the midpoint of one round trip, as NTP does; error ≤ half the round trip) and shifts
-arrival/deadline stamps into the actor's clock on the way out and finish/arrival/deadline back on the way
-in, so deadlines are judged on the machine that runs the batch and latencies on the frontend's clock.
+Clocks: stamps are ``perf_counter_ns`` (``CLOCK_MONOTONIC``), one clock per machine. An actor on the
+frontend's own Ray node shares it (offset 0, exactly); for one on another node the handle measures the
+actor's clock against its own as NTP does — the midpoint of the fastest of several round trips, error ≤ half
+that trip (one slow, lopsided trip had put the offset ~1 ms off, and measured latencies below zero) — and
+shifts arrival/deadline stamps into the actor's clock on the way out and finish/arrival/deadline back on the
+way in, so deadlines are judged on the machine that runs the batch and latencies on the frontend's clock.
 Outcomes come back as the worker recorder's raw chunks (``collect`` while serving, all of them on ``stop``).
 
 Queries as DAGs (``chains``): each actor runs its own :class:`~tasks.serving.chaining.QueryChainer` as its
@@ -85,6 +87,11 @@ class _WorkerActor:
 
     def clock(self) -> int:
         return time.perf_counter_ns()
+
+    def ray_node(self) -> str:
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
 
     def push(self, session_id: str, ids: np.ndarray | int, arrival_ns: Any, deadline_ns: Any,
              xs: np.ndarray) -> None:
@@ -165,11 +172,8 @@ class RayWorkerHandle:
             chainer.frontend.load_balancer if chainer else "drr", seed)
         # wait for the actor (a fresh process importing torch takes seconds): requests routed before it is up
         # would sit in Ray's queue past their deadlines and all be dropped
-        ray.get(self.actor.clock.remote())
-        t0 = time.perf_counter_ns()  # the first call included the actor's start-up: measure on a warm one
-        remote = ray.get(self.actor.clock.remote())
-        t1 = time.perf_counter_ns()
-        self.offset = remote - (t0 + t1) // 2  # actor clock − frontend clock
+        same_machine = ray.get(self.actor.ray_node.remote()) == ray.get_runtime_context().get_node_id()
+        self.offset = 0 if same_machine else self._clock_offset()  # actor clock − frontend clock
         self._peer = _Peer(self.actor, self.offset)
         self._held: list[tuple] | None = None
 
@@ -188,6 +192,19 @@ class RayWorkerHandle:
         held, self._held = self._held, None
         if held:
             self.actor.push_many.remote(held)
+
+    def _clock_offset(self, trips: int = 7) -> int:
+        """The actor's clock minus ours, from the round trip with the least time for asymmetry to hide in."""
+        import ray
+
+        best = None
+        for _ in range(trips):
+            t0 = time.perf_counter_ns()
+            remote = ray.get(self.actor.clock.remote())
+            t1 = time.perf_counter_ns()
+            if best is None or t1 - t0 < best[0]:
+                best = (t1 - t0, remote - (t0 + t1) // 2)
+        return best[1]
 
     def update(self, node: GpuNode) -> None:
         self.actor.update.remote(node)
