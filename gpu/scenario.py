@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Any, Collection, Mapping
+from typing import Any, Collection, Mapping, Sequence
 
 from gpu.errors import ConfigError
 
@@ -139,3 +139,14 @@ def choose(value: Any, field: str, options: Mapping[str, Any] | list[str]) -> An
     if value not in options:
         raise ConfigError(field, value, f"unknown; choose one of {sorted(options)}")
     return options[value] if isinstance(options, Mapping) else value
+
+def policy_names(raw: Mapping[str, Any], policies: list[str] | None, default: Sequence[str]) -> list[str]:
+    """The CLI's policies, else the scenario's ``policies`` (a list: a lone string is not read letter by letter)."""
+    if policies:
+        return list(policies)
+    if "policies" not in raw:
+        return list(default)
+    chosen = names(raw["policies"], "policies")
+    if not chosen:
+        raise ConfigError("policies", chosen, "must name at least one policy")
+    return chosen

@@ -23,13 +23,13 @@ import numpy as np
 
 from gpu.errors import ConfigError
 from gpu.report import SimulationReport
-from gpu.scenario import load_scenario
+from gpu.scenario import load_scenario, policy_names
 from gpu.schedulers.cilantro import POLICIES, make_policy
 from gpu.schedulers.cilantro.forecasters import ArimaForecaster, EwmaForecaster
 from gpu.schedulers.cilantro.learners import IntervalBinaryTree, SaturatingLearner
 from gpu.schedulers.cilantro.metrics import njc_fairness, njc_fairness_resource, useful_usage
 from gpu.schedulers.cilantro.types import Feedback, JobView, Policy, Snapshot
-from gpu.sim.cilantro_scenario import MultiTenantConfig, SimJob, parse_multitenant, policy_names, run_static
+from gpu.sim.cilantro_scenario import MultiTenantConfig, SimJob, parse_multitenant, run_static
 
 METRICS = ("social_welfare", "egalitarian_welfare", "njc_fairness", "njc_fairness_resource", "useful_usage")
 

@@ -15,10 +15,10 @@ import numpy as np
 
 from gpu.errors import ConfigError
 from gpu.report import SimulationReport
-from gpu.scenario import integer, known_fields, positive
+from gpu.scenario import integer, known_fields, policy_names, positive
 from gpu.schedulers.cilantro.microservices import (HOTEL_SERVICES, MaternGP, MicroservicePolicy, MicroserviceSnapshot,
                                                    hotel_reservation)
-from gpu.sim.cilantro_scenario import MAX_UNITS, policy_names, seed_list
+from gpu.sim.cilantro_scenario import MAX_UNITS, seed_list
 from gpu.sim.cilantro_workloads import TRACE_MEDIAN, load_series, load_profile
 
 MIN_CPUS_PER_SERVICE = 4  # the policies' random splits give each service 4 CPUs first; fewer would go negative

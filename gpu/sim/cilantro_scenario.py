@@ -7,13 +7,13 @@ with utility ``min(1, a/d_j)``, thesis Fig. 3.4 / spec §11 A3) are evaluated on
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 import numpy as np
 
 from gpu.errors import ConfigError
 from gpu.report import SimulationReport
-from gpu.scenario import choose, integer, known_fields, mapping, names, positive, require
+from gpu.scenario import choose, integer, known_fields, mapping, policy_names, positive, require
 from gpu.schedulers.cilantro import make_policy
 from gpu.schedulers.cilantro.metrics import (UTILITY_EXPONENTS, egalitarian_welfare, njc_fairness,
                                              njc_fairness_resource, social_welfare, useful_usage)
@@ -81,16 +81,6 @@ def seed_list(value: Any, field: str = "seeds") -> tuple[int, ...]:
     return tuple(integer(s, f"{field}[{i}]", minimum=0) for i, s in enumerate(value))
 
 
-def policy_names(raw: Mapping[str, Any], policies: list[str] | None, default: Sequence[str]) -> list[str]:
-    """The CLI's policies, else the scenario's ``policies`` (a list: a lone string is not read letter by letter)."""
-    if policies:
-        return list(policies)
-    if "policies" not in raw:
-        return list(default)
-    chosen = names(raw["policies"], "policies")
-    if not chosen:
-        raise ConfigError("policies", chosen, "must name at least one policy")
-    return chosen
 
 
 def _job(raw: Any, i: int) -> SimJob:

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from gpu.errors import ConfigError
-from gpu.scenario import (flag, fraction, integer, known_fields, load_scenario, mapping, names, number, positive,
-                          require)
+from gpu.scenario import (flag, fraction, integer, known_fields, load_scenario, mapping, number,
+                          policy_names, positive, require)
 from gpu.schedulers.ekya import EkyaParams, InferenceProfile, RetrainConfig
 
 DEFAULT_POLICIES = ("thief", "uniform_cfg1_50")
@@ -161,9 +161,7 @@ def parse_scenario(raw: Mapping[str, Any]) -> EkyaScenario:
     stream_names = [s.name for s in streams]
     if len(set(stream_names)) != len(stream_names):
         raise ConfigError("streams[].name", stream_names, "names must be unique")
-    policies = names(raw.get("policies", list(DEFAULT_POLICIES)), "policies")
-    if not policies:
-        raise ConfigError("policies", policies, "must name at least one policy")
+    policies = policy_names(raw, None, DEFAULT_POLICIES)
     return EkyaScenario(gpus, window_s, params, tuple(streams), tuple(policies))
 
 

@@ -18,7 +18,8 @@ from typing import Any, Callable, Mapping
 
 from gpu.errors import ConfigError
 from gpu.report import SimulationReport
-from gpu.scenario import choose, integer, known_fields, load_scenario, mapping, names, positive, require
+from gpu.scenario import (choose, integer, known_fields, load_scenario, mapping, policy_names, positive,
+                          require)
 from gpu.schedulers.fluid import (FluidParams, PackingCurve, Trial, fit_packing_curve, lower_bound, max_parallelism,
                                   packing_limit)
 from gpu.schedulers.fluid_baselines import FifoExecutor
@@ -134,14 +135,7 @@ def _params(data: Mapping[str, Any], gpus: int, seed: int) -> tuple[FluidParams,
 
 def _policies(data: Mapping[str, Any], policies: list[str] | None) -> list[str]:
     """The CLI's policies, else the scenario's ``policies`` list (a list of names, not one string), else all."""
-    if policies:
-        chosen = list(policies)
-    elif "policies" in data:
-        chosen = names(data["policies"], "policies")
-        if not chosen:
-            raise ConfigError("policies", data["policies"], f"must name at least one of {list(POLICIES)}")
-    else:
-        chosen = list(POLICIES)
+    chosen = policy_names(data, policies, list(POLICIES))
     for p in chosen:
         choose(p, "policy", list(POLICIES))
     return chosen

@@ -220,9 +220,8 @@ def load(path: str) -> NexusScenario:
             if st.model not in profiles:
                 raise ConfigError(f"{q.query_id}.{st.name}.model", st.model,
                                   f"unknown model; choose one of {sorted(profiles)}")
-    streams = {q.query_id: _count(raw_queries[i].get("streams", 1), f"queries[{i}].streams",
-                                  "independent uniform sources, e.g. cameras")
-               for i, q in enumerate(queries)}
+    streams = {q.query_id: integer(raw_queries[i].get("streams", 1), f"queries[{i}].streams", minimum=1)
+               for i, q in enumerate(queries)}  # independent uniform sources, e.g. cameras
     grouped = {m for g in groups for m in g.models}
     for q in queries:
         for st in q.stages:
@@ -230,9 +229,7 @@ def load(path: str) -> NexusScenario:
                 raise ConfigError(f"{q.query_id}.{st.name}.model", st.model, "query stages are chained request by "
                                   "request and cannot be prefix-batched; use it in a standalone session")
     sim = section(raw.get("simulation"), "simulation", _SIMULATION_FIELDS)
-    gpus = raw.get("gpus")
-    if gpus is not None and (isinstance(gpus, bool) or not isinstance(gpus, int) or gpus < 1):
-        raise ConfigError("gpus", gpus, "must be an integer >= 1")
+    gpus = None if raw.get("gpus") is None else integer(raw["gpus"], "gpus", minimum=1)
     return NexusScenario(
         name=str(raw.get("name", path)), preset=preset, profiles=profiles, sessions=sessions, queries=queries,
         gpus=gpus, duration_s=positive(sim.get("duration_s", 20.0), "simulation.duration_s"),
@@ -241,14 +238,9 @@ def load(path: str) -> NexusScenario:
         noise=flag(sim.get("noise", False), "simulation.noise"),
         epsilon_ms=positive(sim.get("epsilon_ms", 1.0), "simulation.epsilon_ms"), prefix_groups=groups,
         streams={k: v for k, v in streams.items() if v > 1}, preprocess_ms={m: p for m, p in pre.items() if p > 0},
-        preprocess_threads=_count(raw.get("preprocess_threads", 1), "preprocess_threads",
-                                  "CPU threads per GPU worker"))
+        preprocess_threads=integer(raw.get("preprocess_threads", 1), "preprocess_threads", minimum=1))
 
 
-def _count(value: Any, where: str, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(where, value, f"must be an integer >= 1 ({what})")
-    return value
 
 
 def _prefix_groups(raw: list[dict[str, Any]], profiles: dict[str, BatchProfile]) -> tuple[PrefixGroup, ...]:
