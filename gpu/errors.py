@@ -20,3 +20,19 @@ class NeverFitsError(GpuflowsError, ValueError):
 
 class AllocationTimeout(GpuflowsError, TimeoutError):
     """A request that could fit later did not get a placement within its timeout."""
+
+
+class LedgerError(GpuflowsError, RuntimeError):
+    """The pool ledger's file could not be read or written (disk full, locked, replaced); nothing was changed."""
+
+
+class LedgerBusy(LedgerError):
+    """Another process held the pool ledger's write lock for longer than this call could wait."""
+
+
+class LedgerReplaced(LedgerError):
+    """The pool ledger's file was deleted, truncated or replaced while processes still held the pool."""
+
+
+class LeaseLost(GpuflowsError, RuntimeError):
+    """A lease this process believed it held is no longer in the ledger (reclaimed or the pool was wiped)."""

@@ -1,106 +1,100 @@
 """The pool ledger: the one owner of who holds which slice of which GPU.
 
 State lives in SQLite so that every flow run using the same pool, in any process on this
-machine, shares one ledger: each grant runs in a ``BEGIN IMMEDIATE`` transaction, so two
-deployments never over-commit a device. (On a Ray cluster the same class runs inside one
-named actor instead, see ``tasks.ray_runner``.) ``path=None`` keeps the ledger in memory for
-single-process use and for simulations.
+machine, shares one ledger (on a Ray cluster the same class runs inside one named actor, see
+``tasks.ray_runner``); ``path=None`` keeps it in memory for one process and for simulations.
 
-Requests wait in a queue of tickets; the ``PlacementPolicy`` orders them and picks devices
-(default FIFO + best fit). A request that can never fit fails at once with an error naming it
-and the pool's totals. Leases carry their holder's host, pid and an expiry refreshed by a
-heartbeat, so a crashed holder's slices are reclaimed instead of stranded.
+What it guarantees (``docs/architecture.md`` says how each is tested):
+
+* **No over-commit.** Every change runs in one ``BEGIN IMMEDIATE`` transaction that ends by
+  planning the whole queue (``plan_grants``) and granting what the policy grants, to whichever
+  owner waits: FIFO holds across processes by construction, and what a waiter receives is the
+  committed lease row, never a process-local cache.
+* **No slice held by two live processes.** On this host a holder's slices are freed only once the
+  holder *and every worker process registered under it* are dead (``/proc``, pid + start time):
+  a stopped (SIGSTOP) or starved holder keeps them, whatever its heartbeat. A heartbeat expiry
+  frees slices only of holders on other hosts, and those learn it on their next heartbeat
+  (``watch``), each lease carrying a fencing ``generation``.
+* **A wiped file never becomes an empty pool** (``gpu.ledger_file``), and SQLite failures (disk
+  full, a write lock held elsewhere) are ``LedgerError``s that say so.
+
+Waiting is cheap: one watcher thread per process polls SQLite's ``data_version`` (no lock) and
+reads its tickets' fate when another process committed; dead holders are looked for once per
+``reclaim_interval`` across all processes.
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import logging
 import os
-import socket
 import sqlite3
 import threading
 import time
 import uuid
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import Iterator, Mapping
+from typing import Callable, Iterator, Mapping
 
 from gpu.devices import PoolSpec
-from gpu.errors import AllocationTimeout, ConfigError
-from gpu.placement import (
-    Choice, DeviceState, FifoBestFit, NodeState, PlacementPolicy, Request, Waiting,
-    check_ever_fits, plan_grants,
-)
+from gpu.errors import AllocationTimeout, ConfigError, LeaseLost, LedgerBusy, LedgerError, LedgerReplaced
+from gpu.ledger_file import LOCK_TIMEOUT_S, LedgerFile, describe_error
+from gpu.liveness import HOST, Owner, process_alive, process_start, process_state
+from gpu.placement import DeviceState, FifoBestFit, NodeState, PlacementPolicy, Request, Waiting, check_ever_fits, plan_grants
 from gpu.scenario import positive
 from gpu.units import format_memory
+
+log = logging.getLogger("gpuflows.ledger")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
 CREATE TABLE IF NOT EXISTS leases (
   id TEXT PRIMARY KEY, owner TEXT, host TEXT, pid INTEGER, pstart INTEGER, label TEXT,
   node TEXT, devices TEXT, fraction REAL, memory INTEGER, cpus REAL, resources TEXT,
-  granted_at REAL, expires_at REAL);
+  granted_at REAL, expires_at REAL, generation INTEGER, ticket INTEGER);
 CREATE TABLE IF NOT EXISTS tickets (
   id INTEGER PRIMARY KEY AUTOINCREMENT, owner TEXT, host TEXT, pid INTEGER, pstart INTEGER,
   request TEXT, priority REAL, created_at REAL, expires_at REAL);
 CREATE TABLE IF NOT EXISTS resources (node TEXT, name TEXT, capacity REAL, PRIMARY KEY (node, name));
+CREATE TABLE IF NOT EXISTS workers (owner TEXT, host TEXT, pid INTEGER, pstart INTEGER, PRIMARY KEY (owner, host, pid));
 CREATE TABLE IF NOT EXISTS events (
   id INTEGER PRIMARY KEY AUTOINCREMENT, t REAL, kind TEXT, lease_id TEXT, label TEXT,
-  node TEXT, devices TEXT, fraction REAL, memory INTEGER);
+  node TEXT, devices TEXT, fraction REAL, memory INTEGER, reason TEXT);
 """
+_ADDED_COLUMNS = {"leases": ("generation INTEGER", "ticket INTEGER"), "events": ("reason TEXT",)}
 _KEEP_EVENTS = 20_000
+_LEASE_COLS = "id, node, devices, fraction, memory, cpus, resources, label, granted_at, generation"
+_EVENT_COLS = "t, kind, lease_id, label, node, devices, fraction, memory, reason"
 
 
-def _process_start(pid: int) -> int:
-    """Kernel start time of ``pid`` (guards against pid reuse); 0 where /proc is unavailable."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return int(stat.rsplit(")", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
-        return 0
+def _create_schema(db: sqlite3.Connection) -> None:
+    """Create the tables, adding the columns older ledgers lack."""
+    for statement in _SCHEMA.split(";"):
+        if statement.strip():
+            db.execute(statement)
+    for table, columns in _ADDED_COLUMNS.items():
+        have = {r[1] for r in db.execute(f"PRAGMA table_info({table})")}
+        for column in columns:
+            if column.split()[0] not in have:
+                db.execute(f"ALTER TABLE {table} ADD COLUMN {column}")
+    db.execute("CREATE INDEX IF NOT EXISTS leases_by_ticket ON leases(ticket)")
+    db.execute("CREATE INDEX IF NOT EXISTS leases_by_owner ON leases(owner)")
 
 
-def _process_alive(pid: int, pstart: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    except OSError:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            pass
-        return True
-    fields = stat.rsplit(")", 1)[1].split()
-    if fields[0] in ("Z", "X"):  # killed but not yet reaped
-        return False
-    return not pstart or int(fields[19]) == pstart
-
-
-@dataclass(frozen=True)
-class Owner:
-    """Who holds a lease or a ticket: a process on a host (plus a token per ledger client)."""
-
-    host: str
-    pid: int
-    pstart: int
-    token: str
-
-    @classmethod
-    def this_process(cls) -> "Owner":
-        return cls(socket.gethostname(), os.getpid(), _process_start(os.getpid()), uuid.uuid4().hex[:8])
-
-    @property
-    def key(self) -> str:
-        return f"{self.host}:{self.pid}:{self.token}"
+@functools.lru_cache(maxsize=8192)
+def _parse_request(text: str) -> Request:
+    """A ticket's request from its committed row text (keyed by content, never by ticket id)."""
+    return Request.from_dict(json.loads(text))
 
 
 @dataclass(frozen=True)
 class Placement:
-    """A granted slice: what the task may use and how to point CUDA at it."""
+    """A granted slice: what the task may use and how to point CUDA at it.
+
+    ``generation`` is the lease's fencing token: it grows with every grant of the pool, so work
+    stamped with it can be told apart from work of a later holder of the same slice.
+    """
 
     lease_id: str
     node: str
@@ -112,6 +106,7 @@ class Placement:
     label: str = ""
     simulated: bool = True
     granted_at: float = 0.0
+    generation: int = 0
 
     @property
     def cuda_visible_devices(self) -> str:
@@ -135,7 +130,7 @@ class Placement:
 
 
 class LedgerClient:
-    """Blocking allocation on top of submit/try_grant/cancel; shared by the local and Ray ledgers."""
+    """Blocking allocation on top of submit/try_grant/cancel; the Ray ledger's client polls with it."""
 
     poll_interval: float = 0.2
 
@@ -150,9 +145,6 @@ class LedgerClient:
 
     def release(self, lease_id: str) -> bool:
         raise NotImplementedError
-
-    def _wait_for_change(self, timeout: float) -> None:
-        time.sleep(timeout)
 
     def submit_and_try(self, request: Request, priority: float = 0.0) -> tuple[int, Placement | None]:
         """``submit`` then a first ``try_grant``; ledgers override it to do both in one step."""
@@ -171,19 +163,15 @@ class LedgerClient:
         deadline = None if timeout is None else time.monotonic() + timeout
         delay = 0.005
         try:
-            while True:
-                if placement is not None:
-                    return placement
-                if cancel_event is not None and cancel_event.is_set():
-                    raise InterruptedError(f"request {request.describe()} was cancelled while waiting")
-                if deadline is not None and time.monotonic() >= deadline:
-                    raise AllocationTimeout(f"request {request.describe()} got no placement within {timeout}s")
+            while placement is None:
+                _raise_if_done(request, timeout, deadline, cancel_event)
                 wait = min(delay, self.poll_interval)
                 if deadline is not None:
                     wait = max(0.0, min(wait, deadline - time.monotonic()))
-                self._wait_for_change(wait)
+                (cancel_event or threading.Event()).wait(wait)
                 delay *= 2
                 placement = self.try_grant(ticket)
+            return placement
         except BaseException:
             self.cancel(ticket)
             raise
@@ -198,39 +186,47 @@ class LedgerClient:
             self.release(placement.lease_id)
 
 
+def _raise_if_done(request: Request, timeout: float | None, deadline: float | None,
+                   cancel_event: threading.Event | None) -> None:
+    if cancel_event is not None and cancel_event.is_set():
+        raise InterruptedError(f"request {request.describe()} was cancelled while waiting")
+    if deadline is not None and time.monotonic() >= deadline:
+        raise AllocationTimeout(f"request {request.describe()} got no placement within {timeout}s")
+
+
 class PoolLedger(LedgerClient):
     """SQLite-backed ledger of one pool, shared by every process that opens the same ``path``."""
 
-    def __init__(self, spec: PoolSpec, path: str | Path | None = None, policy: PlacementPolicy | None = None,
-                 lease_ttl: float = 30.0, heartbeat: bool = True):
+    def __init__(self, spec: PoolSpec, path: str | os.PathLike | None = None, policy: PlacementPolicy | None = None,
+                 lease_ttl: float = 30.0, heartbeat: bool = True, reclaim_interval: float = 0.25):
         positive(lease_ttl, "lease_ttl")  # finite too: the heartbeat sleeps a third of it
+        positive(reclaim_interval, "reclaim_interval")
         self.spec = spec
-        self.path = str(path) if path else ":memory:"
         self.policy: PlacementPolicy = policy or FifoBestFit()
         self.lease_ttl = lease_ttl
+        self.reclaim_interval = reclaim_interval
         self.owner = Owner.this_process()
-        self._shared = path is not None
-        if self._shared:
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        self._file = LedgerFile(os.path.abspath(path)) if path else None
+        self.path = self._file.path if self._file else ":memory:"
         self._lock = threading.RLock()
-        self._parsed_requests: dict[int, Request] = {}
-        self._changed = threading.Condition(self._lock)
-        self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=30)
-        try:
-            if self._shared:
-                self._db.execute("PRAGMA journal_mode=WAL")
-                self._db.execute("PRAGMA synchronous=NORMAL")
-            self._db.executescript(_SCHEMA)
-        except sqlite3.DatabaseError as exc:
-            self._db.close()
-            raise ConfigError("pool", self.path, f"is not a pool ledger this version can open ({exc}); "
-                                                 "move it away to start the pool afresh") from exc
-        self._capacity = self._capacity_from_spec(spec)
-        with self._tx() as db:
-            self._sync_spec(db)
-        self._heartbeat_stop = threading.Event()
-        self._heartbeat_thread: threading.Thread | None = None
+        self._cv = threading.Condition(self._lock)
+        if self._file:
+            self._db = self._file.open(_create_schema)
+        else:
+            self._db = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
+            _create_schema(self._db)
+        self._capacity = [NodeState(n.name, tuple(DeviceState(d.index, d.memory_total, uuid=d.uuid) for d in n.devices),
+                                    n.cpus, n.cpus) for n in spec.nodes]
+        self._held: dict[str, Placement] = {}
+        self._watchers: dict[str, Callable[[str], None]] = {}
+        self._outcomes: dict[int, Placement | BaseException | None] = {}
+        self._abandoned: set[int] = set()
+        self._poked = False
+        self._closed = threading.Event()
         self._want_heartbeat = heartbeat
+        self._threads: list[threading.Thread] = []
+        with self._tx("open the pool") as db:
+            self._sync_spec(db)
 
     @property
     def capacity(self) -> list[NodeState]:
@@ -238,75 +234,87 @@ class PoolLedger(LedgerClient):
         return self._capacity
 
     # -- plumbing -------------------------------------------------------------------------
-    @contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                yield self._db
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
+    def _connect(self) -> sqlite3.Connection | None:
+        """A connection of a background thread's own (None in memory, where only one exists)."""
+        if self._file is None:
+            return None
+        return sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=LOCK_TIMEOUT_S)
 
-    @staticmethod
-    def _capacity_from_spec(spec: PoolSpec) -> list[NodeState]:
-        return [NodeState(n.name, tuple(DeviceState(d.index, d.memory_total, uuid=d.uuid) for d in n.devices),
-                          n.cpus, n.cpus) for n in spec.nodes]
+    @contextmanager
+    def _tx(self, action: str, db: sqlite3.Connection | None = None) -> Iterator[sqlite3.Connection]:
+        """One write transaction; SQLite failures become LedgerErrors naming the file and ``action``."""
+        own = db is None
+        db = self._db if own else db
+        with self._lock if own else _nothing():
+            try:
+                db.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error as exc:
+                raise describe_error(exc, self.path, action) from exc
+            try:
+                if self._file:
+                    self._file.verify(db)
+                yield db
+                db.execute("COMMIT")
+            except BaseException as exc:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                if isinstance(exc, sqlite3.Error):
+                    raise describe_error(exc, self.path, action) from exc
+                raise
+            if own:
+                self._poked = True
+                self._cv.notify_all()
 
     def _sync_spec(self, db: sqlite3.Connection) -> None:
         wanted = json.dumps([[n.name, n.cpus, [[d.index, d.memory_total] for d in n.devices]] for n in self.spec.nodes])
         row = db.execute("SELECT value FROM meta WHERE key='spec'").fetchone()
         if row and row[0] != wanted:
-            self._reclaim(db)
+            self._reclaim(db, force=True)
             if db.execute("SELECT COUNT(*) FROM leases").fetchone()[0]:
                 raise ConfigError("pool", self.path, "is in use by leases on a different device set; release them first")
         db.execute("INSERT OR REPLACE INTO meta VALUES ('spec', ?)", (wanted,))
 
-    def _ensure_heartbeat(self) -> None:
-        if not self._want_heartbeat or (self._heartbeat_thread and self._heartbeat_thread.is_alive()):
+    def _start_threads(self) -> None:
+        """Heartbeat and watcher threads, started with the first request."""
+        if self._threads or self._closed.is_set():
             return
-        self._heartbeat_thread = threading.Thread(target=self._heartbeat_loop, name="gpuflows-ledger-heartbeat",
-                                                  daemon=True)
-        self._heartbeat_thread.start()
-
-    def _heartbeat_loop(self) -> None:
-        while not self._heartbeat_stop.wait(self.lease_ttl / 3):
-            try:
-                self.heartbeat()
-            except sqlite3.Error:
-                pass
+        with self._lock:
+            if self._threads:
+                return
+            loops = [self._watch_loop] + ([self._heartbeat_loop] if self._want_heartbeat else [])
+            self._threads = [threading.Thread(target=f, daemon=True, name=f"gpuflows-ledger{f.__name__}") for f in loops]
+            for t in self._threads:
+                t.start()
 
     def close(self) -> None:
-        self._heartbeat_stop.set()
+        """Stop the background threads and drop the file lock (leases stay until released or reclaimed)."""
+        self._closed.set()
+        with self._cv:
+            self._cv.notify_all()
+        for t in self._threads:
+            if t is not threading.current_thread():
+                t.join(timeout=5)
         with self._lock:
             self._db.close()
-
-    def _wait_for_change(self, timeout: float) -> None:
-        with self._changed:
-            self._changed.wait(timeout)
+        if self._file:
+            self._file.close()
 
     def _owner_row(self, owner: Owner | None) -> tuple:
         o = owner or self.owner
         return o.key, o.host, o.pid, o.pstart
 
-    def _reclaim(self, db: sqlite3.Connection) -> int:
-        """Drop leases and tickets whose holder died (same host) or stopped heartbeating."""
-        now, host = time.time(), socket.gethostname()
-        # One liveness check per holder on this host (not per row); SQLite scans the rows.
-        holders = db.execute("SELECT pid, pstart FROM leases WHERE host=? UNION SELECT pid, pstart FROM tickets "
-                             "WHERE host=?", (host, host)).fetchall()
-        dead_holders = [(pid, pstart) for pid, pstart in holders if not _process_alive(pid, pstart)]
-        where = "expires_at < ?" + " OR (host=? AND pid=? AND pstart=?)" * len(dead_holders)
-        args = [now, *(x for pid, pstart in dead_holders for x in (host, pid, pstart))]
-        dead = db.execute(f"SELECT id, label, node, devices, fraction, memory FROM leases WHERE {where}", args).fetchall()
-        for r in dead:
-            db.execute("DELETE FROM leases WHERE id=?", (r[0],))
-            db.execute("INSERT INTO events (t, kind, lease_id, label, node, devices, fraction, memory) VALUES (?,?,?,?,?,?,?,?)",
-                       (now, "reclaim", *r))
-        db.execute(f"DELETE FROM tickets WHERE {where}", args)
-        return len(dead)
+    def _placement(self, row) -> Placement:
+        return Placement(row[0], row[1], tuple(json.loads(row[2])), row[3], row[4], row[5], json.loads(row[6]),
+                         row[7], self.spec.simulated, row[8], row[9] or 0)
 
+    def _event(self, db: sqlite3.Connection, kind: str, lease_row, reason: str = "") -> None:
+        """Log ``kind`` for a lease row (id, label, node, devices, fraction, memory)."""
+        cur = db.execute(f"INSERT INTO events ({_EVENT_COLS}) VALUES (?,?,?,?,?,?,?,?,?)",
+                         (time.time(), kind, *lease_row, reason))
+        if cur.lastrowid % 1000 == 0:
+            db.execute("DELETE FROM events WHERE id <= ?", (cur.lastrowid - _KEEP_EVENTS,))
+
+    # -- the state of the pool ----------------------------------------------------------------
     def _free_state(self, db: sqlite3.Connection) -> list[NodeState]:
         used_c: dict[tuple[str, int], float] = {}
         used_m: dict[tuple[str, int], int] = {}
@@ -333,6 +341,77 @@ class PoolLedger(LedgerClient):
             out.append(NodeState(n.name, devices, n.cpus_total, n.cpus_total - used_cpu.get(n.name, 0.0), res))
         return out
 
+    def _plan(self, db: sqlite3.Connection) -> None:
+        """Grant every waiting ticket the policy grants now, whoever waits for it, in the policy's order."""
+        rows = db.execute("SELECT id, request, priority, owner, host, pid, pstart FROM tickets").fetchall()
+        if not rows:
+            return
+        waiting = [Waiting(r[0], _parse_request(r[1]), r[2]) for r in rows]
+        grants = plan_grants(self.policy, waiting, self._free_state(db))
+        if not grants:
+            return
+        owners = {r[0]: r[3:] for r in rows}
+        row = db.execute("SELECT value FROM meta WHERE key='generation'").fetchone()
+        generation = int(row[0]) if row else 0
+        now = time.time()
+        for w in waiting:
+            choice = grants.get(w.ticket)
+            if choice is None:
+                continue
+            generation += 1
+            lease = (uuid.uuid4().hex, *owners[w.ticket], w.request.label, choice.node, json.dumps(list(choice.devices)),
+                     choice.fraction, choice.memory, w.request.cpus, json.dumps(dict(w.request.resources)), now,
+                     now + self.lease_ttl, generation, w.ticket)
+            db.execute("INSERT INTO leases VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", lease)
+            db.execute("DELETE FROM tickets WHERE id=?", (w.ticket,))
+            self._event(db, "allocate", (lease[0], lease[5], lease[6], lease[7], lease[8], lease[9]))
+        db.execute("INSERT OR REPLACE INTO meta VALUES ('generation', ?)", (str(generation),))
+
+    def _granted(self, db: sqlite3.Connection, ticket: int) -> Placement | None:
+        row = db.execute(f"SELECT {_LEASE_COLS} FROM leases WHERE ticket=?", (ticket,)).fetchone()
+        return self._placement(row) if row else None
+
+    def _reclaim(self, db: sqlite3.Connection, force: bool = False) -> int:
+        """Free what dead holders hold (at most once per ``reclaim_interval`` across processes unless ``force``).
+
+        A holder on this host is dead when its process and every worker registered under it are gone;
+        one on another host when its heartbeat expired. Tickets of dead holders go too.
+        """
+        now = time.time()
+        if not force:
+            row = db.execute("SELECT value FROM meta WHERE key='last_reclaim'").fetchone()
+            if row and now - float(row[0]) < self.reclaim_interval:
+                return 0
+        db.execute("INSERT OR REPLACE INTO meta VALUES ('last_reclaim', ?)", (repr(now),))
+        workers: dict[str, list[tuple[int, int]]] = {}
+        for owner, pid, pstart in db.execute("SELECT owner, pid, pstart FROM workers WHERE host=?", (HOST,)):
+            if process_alive(pid, pstart):
+                workers.setdefault(owner, []).append((pid, pstart))
+            else:
+                db.execute("DELETE FROM workers WHERE owner=? AND host=? AND pid=?", (owner, HOST, pid))
+        dead: dict[str, str] = {}
+        for owner, host, pid, pstart, expires in db.execute(
+                "SELECT owner, host, pid, pstart, MIN(expires_at) FROM (SELECT owner, host, pid, pstart, expires_at "
+                "FROM leases UNION ALL SELECT owner, host, pid, pstart, expires_at FROM tickets) GROUP BY owner"
+        ).fetchall():
+            if host == HOST:
+                if not process_alive(pid, pstart) and not workers.get(owner):
+                    dead[owner] = f"its holder (pid {pid}) died"
+            elif expires < now:
+                dead[owner] = f"its holder (pid {pid} on {host}) sent no heartbeat for {self.lease_ttl:g} s"
+        freed = 0
+        for owner, reason in dead.items():
+            for r in db.execute("SELECT id, label, node, devices, fraction, memory FROM leases WHERE owner=?",
+                                (owner,)).fetchall():
+                db.execute("DELETE FROM leases WHERE id=?", (r[0],))
+                self._event(db, "reclaim", r, reason)
+                freed += 1
+            db.execute("DELETE FROM tickets WHERE owner=?", (owner,))
+            db.execute("DELETE FROM workers WHERE owner=?", (owner,))
+        if dead:
+            self._plan(db)
+        return freed
+
     # -- requests ---------------------------------------------------------------------------
     def _check(self, request: Request) -> None:
         if request.node is not None and request.node not in {n.name for n in self._capacity}:
@@ -346,97 +425,247 @@ class PoolLedger(LedgerClient):
                          (*self._owner_row(owner), json.dumps(request.to_dict()), priority, now, now + self.lease_ttl))
         return int(cur.lastrowid)
 
+    def _hold(self, placement: Placement | None, owner: Owner | None) -> Placement | None:
+        if placement is not None and owner is None:
+            self._held[placement.lease_id] = placement
+        return placement
+
     def submit(self, request: Request, priority: float = 0.0, owner: Owner | None = None) -> int:
-        """Queue ``request``; raise NeverFitsError at once if it can never fit this pool."""
-        self._check(request)
-        with self._tx() as db:
-            ticket = self._insert_ticket(db, request, priority, owner)
-        self._ensure_heartbeat()
-        return ticket
+        """Queue ``request`` (granted as soon as the policy places it); NeverFitsError if it never can."""
+        return self.submit_and_try(request, priority, owner)[0]
 
     def submit_and_try(self, request: Request, priority: float = 0.0,
                        owner: Owner | None = None) -> tuple[int, Placement | None]:
-        """``submit`` and a first ``try_grant`` in one transaction (most requests fit at once)."""
+        """Queue ``request`` and plan the queue in one transaction (most requests fit at once)."""
         self._check(request)
-        with self._tx() as db:
+        self._start_threads()
+        with self._tx("queue a request") as db:
             ticket = self._insert_ticket(db, request, priority, owner)
-            placement = self._try_grant(db, ticket, owner)
-        self._ensure_heartbeat()
-        return ticket, placement
+            self._plan(db)
+            placement = self._granted(db, ticket)
+            if placement is None and self._reclaim(db):
+                placement = self._granted(db, ticket)
+        return ticket, self._hold(placement, owner)
 
     def try_grant(self, ticket: int, owner: Owner | None = None) -> Placement | None:
-        """Grant ``ticket`` now if the policy places it in this pass; otherwise None (keep waiting)."""
-        with self._tx() as db:
-            return self._try_grant(db, ticket, owner)
+        """The lease ``ticket`` was granted, or None while it waits (looking for dead holders if due)."""
+        with self._tx("check a request") as db:
+            placement = self._granted(db, ticket)
+            if placement is None:
+                if db.execute("SELECT 1 FROM tickets WHERE id=?", (ticket,)).fetchone() is None:
+                    raise KeyError(f"ticket {ticket} is not waiting (cancelled, expired or already granted)")
+                if self._reclaim(db):
+                    placement = self._granted(db, ticket)
+        return self._hold(placement, owner)
 
-    def _try_grant(self, db: sqlite3.Connection, ticket: int, owner: Owner | None) -> Placement | None:
-        # Slices of dead holders only make the pool look fuller, so a grant planned before reclaiming
-        # never over-commits; reclaim (scans and /proc reads) only when the ticket does not fit yet.
-        placement = self._plan_and_grant(db, ticket, owner)
-        if placement is None:
-            self._reclaim(db)
-            placement = self._plan_and_grant(db, ticket, owner)
-        if placement is None:
-            db.execute("UPDATE tickets SET expires_at=? WHERE id=?", (time.time() + self.lease_ttl, ticket))
-        else:
-            self._changed.notify_all()  # we hold the ledger lock inside the transaction
-        return placement
+    def allocate(self, request: Request, timeout: float | None = None,
+                 cancel_event: threading.Event | None = None, priority: float = 0.0) -> Placement:
+        """Wait (FIFO by default) until ``request`` is granted; AllocationTimeout after ``timeout`` s,
+        InterruptedError once ``cancel_event`` is set; a never-fitting request raises at once.
 
-    def _plan_and_grant(self, db: sqlite3.Connection, ticket: int, owner: Owner | None) -> Placement | None:
-        now = time.time()
-        rows = db.execute("SELECT id, request, priority FROM tickets").fetchall()
-        if not any(r[0] == ticket for r in rows):
-            raise KeyError(f"ticket {ticket} is not waiting (cancelled, expired or already granted)")
-        # A ticket's request never changes: parse each once (kept while the ticket waits).
-        parsed = self._parsed_requests
-        self._parsed_requests = {r[0]: parsed.get(r[0]) or Request.from_dict(json.loads(r[1])) for r in rows}
-        waiting = [Waiting(r[0], self._parsed_requests[r[0]], r[2]) for r in rows]
-        grants = plan_grants(self.policy, waiting, self._free_state(db), until=ticket)
-        choice: Choice | None = grants.get(ticket)
-        if choice is None:
-            return None
-        request = self._parsed_requests[ticket]
-        placement = Placement(uuid.uuid4().hex, choice.node, choice.devices, choice.fraction, choice.memory,
-                              request.cpus, dict(request.resources), request.label, self.spec.simulated, now)
-        key, host, pid, pstart = self._owner_row(owner)
-        db.execute("DELETE FROM tickets WHERE id=?", (ticket,))
-        db.execute("INSERT INTO leases VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                   (placement.lease_id, key, host, pid, pstart, placement.label, placement.node,
-                    json.dumps(list(placement.devices)), placement.fraction, placement.memory, placement.cpus,
-                    json.dumps(dict(placement.resources)), now, now + self.lease_ttl))
-        self._log(db, "allocate", placement)
-        return placement
+        The waiting thread only sleeps: this process's watcher thread learns the ticket's fate.
+        A ticket given up (timeout, cancel) is withdrawn by the watcher, so the timeout is kept
+        even while another process holds the ledger's write lock.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            wait = LOCK_TIMEOUT_S if timeout is None else min(LOCK_TIMEOUT_S, timeout)
+            self._db.execute(f"PRAGMA busy_timeout={int(1000 * wait)}")
+            try:
+                ticket, placement = self.submit_and_try(request, priority)
+            except LedgerBusy as exc:
+                raise AllocationTimeout(f"request {request.describe()} got no placement within {timeout}s: "
+                                        f"{exc}") from exc
+            finally:
+                self._db.execute(f"PRAGMA busy_timeout={int(1000 * LOCK_TIMEOUT_S)}")
+        if placement is not None:
+            return placement
+        with self._cv:
+            self._outcomes[ticket] = None
+            self._cv.notify_all()
+            try:
+                while True:
+                    outcome = self._outcomes[ticket]
+                    if isinstance(outcome, Placement):
+                        return self._hold(outcome, None)
+                    if isinstance(outcome, BaseException):
+                        raise outcome
+                    _raise_if_done(request, timeout, deadline, cancel_event)
+                    wait = 0.05 if cancel_event is not None else 1.0
+                    if deadline is not None:
+                        wait = min(wait, max(0.0, deadline - time.monotonic()))
+                    self._cv.wait(wait)
+            except BaseException:
+                self._abandoned.add(ticket)
+                self._cv.notify_all()
+                raise
+            finally:
+                self._outcomes.pop(ticket, None)
 
     def cancel(self, ticket: int) -> None:
-        with self._tx() as db:
+        """Withdraw ``ticket``; if it was granted meanwhile and not taken up, release that lease."""
+        with self._tx("withdraw a request") as db:
             db.execute("DELETE FROM tickets WHERE id=?", (ticket,))
-            self._changed.notify_all()
+            row = db.execute("SELECT id, label, node, devices, fraction, memory FROM leases WHERE ticket=?",
+                             (ticket,)).fetchone()
+            if row is not None and row[0] not in self._held:
+                db.execute("DELETE FROM leases WHERE id=?", (row[0],))
+                self._event(db, "release", row, "request withdrawn")
+            self._plan(db)
 
     def release(self, lease_id: str) -> bool:
-        """Return a lease's slice to the pool; False if it was already released or reclaimed."""
-        with self._tx() as db:
-            row = db.execute("SELECT label, node, devices, fraction, memory FROM leases WHERE id=?", (lease_id,)).fetchone()
-            if row is None:
-                return False
-            db.execute("DELETE FROM leases WHERE id=?", (lease_id,))
-            db.execute("INSERT INTO events (t, kind, lease_id, label, node, devices, fraction, memory) VALUES (?,?,?,?,?,?,?,?)",
-                       (time.time(), "release", lease_id, *row))
-            self._changed.notify_all()
-        return True
+        """Return a lease's slice to the pool; False if it was no longer held (reclaimed or released)."""
+        held = self._held.pop(lease_id, None)
+        try:
+            with self._tx("release a lease") as db:
+                row = db.execute("SELECT id, label, node, devices, fraction, memory FROM leases WHERE id=?",
+                                 (lease_id,)).fetchone()
+                if row is not None:
+                    db.execute("DELETE FROM leases WHERE id=?", (lease_id,))
+                    self._event(db, "release", row)
+                    self._plan(db)
+        except BaseException:
+            if held is not None:
+                self._held[lease_id] = held  # still ours: the caller may retry
+            raise
+        self._watchers.pop(lease_id, None)
+        return row is not None
 
-    def heartbeat(self, owner: Owner | None = None) -> None:
-        """Extend the expiry of everything ``owner`` holds or waits for."""
+    def heartbeat(self, owner: Owner | None = None) -> set[str]:
+        """Extend the expiry of everything ``owner`` holds or waits for; the lease ids it still holds."""
+        return self._renew(owner)
+
+    def _renew(self, owner: Owner | None = None, db: sqlite3.Connection | None = None) -> set[str]:
         key = (owner or self.owner).key
-        with self._tx() as db:
-            exp = time.time() + self.lease_ttl
-            db.execute("UPDATE leases SET expires_at=? WHERE owner=?", (exp, key))
-            db.execute("UPDATE tickets SET expires_at=? WHERE owner=?", (exp, key))
+        with self._tx("renew leases", db) as tx:
+            expires = time.time() + self.lease_ttl
+            tx.execute("UPDATE leases SET expires_at=? WHERE owner=?", (expires, key))
+            tx.execute("UPDATE tickets SET expires_at=? WHERE owner=?", (expires, key))
+            return {r[0] for r in tx.execute("SELECT id FROM leases WHERE owner=?", (key,))}
 
-    def _log(self, db: sqlite3.Connection, kind: str, p: Placement) -> None:
-        cur = db.execute("INSERT INTO events (t, kind, lease_id, label, node, devices, fraction, memory) VALUES (?,?,?,?,?,?,?,?)",
-                         (time.time(), kind, p.lease_id, p.label, p.node, json.dumps(list(p.devices)), p.fraction, p.memory))
-        if cur.lastrowid % 1000 == 0:
-            db.execute("DELETE FROM events WHERE id <= ?", (cur.lastrowid - _KEEP_EVENTS,))
+    def check(self, placement: Placement) -> None:
+        """Raise LeaseLost unless this exact lease (id and generation) is still held: a fencing check."""
+        with self._tx("check a lease") as db:
+            row = db.execute("SELECT generation FROM leases WHERE id=?", (placement.lease_id,)).fetchone()
+        if row is None or (row[0] or 0) != placement.generation:
+            raise LeaseLost(f"lease {placement.describe()} (generation {placement.generation}) is no longer held: "
+                            f"{self._loss_reason(placement.lease_id)}")
+
+    def watch(self, lease_id: str, on_lost: Callable[[str], None]) -> None:
+        """Call ``on_lost(reason)`` (from the heartbeat thread) if the ledger takes ``lease_id`` away."""
+        self._watchers[lease_id] = on_lost
+
+    def _loss_reason(self, lease_id: str, db: sqlite3.Connection | None = None) -> str:
+        with self._lock if db is None else _nothing():
+            row = (db or self._db).execute("SELECT reason, t FROM events WHERE lease_id=? AND kind='reclaim'",
+                                           (lease_id,)).fetchone()
+        if row is None:
+            return "it is no longer in the ledger"
+        return f"reclaimed at {time.strftime('%H:%M:%S', time.localtime(row[1]))}: {row[0]}"
+
+    # -- background threads ---------------------------------------------------------------------
+    def _heartbeat_loop(self) -> None:
+        """Renew this process's leases on a connection of its own, and notice the ones taken away."""
+        db = self._connect()
+        failing = False
+        while not self._closed.wait(self.lease_ttl / 3):
+            held = list(self._held)
+            try:
+                alive = self._renew(None, db)
+            except LedgerReplaced as exc:
+                self._lose(held, str(exc))
+                continue
+            except LedgerError as exc:
+                if not failing:
+                    log.warning("pool %s: heartbeat failed, retrying: %s", self.path, exc)
+                failing = True
+                continue
+            failing = False
+            lost = [i for i in held if i not in alive and i in self._held]
+            for lease_id in lost:
+                self._lose([lease_id], self._loss_reason(lease_id, db))
+        if db is not None:
+            db.close()
+
+    def _lose(self, lease_ids: list[str], reason: str) -> None:
+        for lease_id in lease_ids:
+            placement = self._held.pop(lease_id, None)
+            if placement is None:
+                continue
+            log.error("pool %s: lease %s was taken from this process: %s", self.path, placement.describe(), reason)
+            callback = self._watchers.pop(lease_id, None)
+            if callback is not None:
+                callback(reason)
+
+    def _watch_loop(self) -> None:
+        """Learn the fate of this process's waiting tickets; withdraw the abandoned ones."""
+        db = self._connect()
+        seen, idle, next_reclaim = None, 0.001, 0.0
+        while not self._closed.is_set():
+            with self._cv:
+                waiting = [t for t, o in self._outcomes.items() if o is None]
+                abandoned = list(self._abandoned)
+                if not waiting and not abandoned:
+                    self._cv.wait(1.0)
+                    continue
+            try:
+                for ticket in abandoned:
+                    self.cancel(ticket)
+                    self._abandoned.discard(ticket)
+                if waiting and time.monotonic() >= next_reclaim:
+                    next_reclaim = time.monotonic() + self.reclaim_interval
+                    if self._reclaim_due(db):
+                        with self._tx("free the slices of dead holders") as tx:
+                            self._reclaim(tx)
+                version = db.execute("PRAGMA data_version").fetchone()[0] if db else None
+                if self._poked or version != seen:
+                    seen, self._poked, idle = version, False, 0.001
+                    self._collect(db, waiting)
+                else:
+                    idle = min(idle * 1.5, 0.01)
+            except LedgerReplaced as exc:
+                self._deliver({t: exc for t in waiting})
+            except LedgerError as exc:
+                log.warning("pool %s: waiting for a grant: %s", self.path, exc)
+                idle = 0.1
+            with self._cv:
+                if not self._poked:
+                    self._cv.wait(idle)
+        if db is not None:
+            db.close()
+
+    def _reclaim_due(self, db: sqlite3.Connection | None) -> bool:
+        with self._lock if db is None else _nothing():
+            row = (db or self._db).execute("SELECT value FROM meta WHERE key='last_reclaim'").fetchone()
+        return row is None or time.time() - float(row[0]) >= self.reclaim_interval
+
+    def _collect(self, db: sqlite3.Connection | None, waiting: list[int]) -> None:
+        """Read, in one snapshot, which of ``waiting`` were granted or dropped."""
+        if not waiting:
+            return
+        marks = ",".join("?" * len(waiting))
+        with self._lock if db is None else _nothing():
+            conn = db or self._db
+            conn.execute("BEGIN")
+            try:
+                granted = conn.execute(f"SELECT ticket, {_LEASE_COLS} FROM leases WHERE ticket IN ({marks})",
+                                       waiting).fetchall()
+                queued = {r[0] for r in conn.execute(f"SELECT id FROM tickets WHERE id IN ({marks})", waiting)}
+            finally:
+                conn.execute("COMMIT")
+        outcomes: dict[int, Placement | BaseException] = {r[0]: self._placement(r[1:]) for r in granted}
+        for ticket in waiting:
+            if ticket not in outcomes and ticket not in queued:
+                outcomes[ticket] = LedgerError(f"pool {self.path}: request ticket {ticket} was dropped from the queue "
+                                               "(this process looked dead or stopped heartbeating)")
+        self._deliver(outcomes)
+
+    def _deliver(self, outcomes: Mapping[int, Placement | BaseException]) -> None:
+        with self._cv:
+            for ticket, outcome in outcomes.items():
+                if ticket in self._outcomes and ticket not in self._abandoned:
+                    self._outcomes[ticket] = outcome
+            self._cv.notify_all()
 
     # -- ephemeral resources (ESCHER §2) ------------------------------------------------------
     def set_resource(self, name: str, capacity: float, node: str | None = None) -> None:
@@ -445,24 +674,26 @@ class PoolLedger(LedgerClient):
         Shrinking below what tasks hold never revokes them: nothing new is granted until usage
         falls under the new capacity.
         """
+        if not isinstance(name, str) or not name:
+            raise ConfigError("resource name", name, "must be a non-empty string")
         positive(capacity, f"resources[{name!r}].capacity", allow_zero=True)  # NaN would be NULL in SQLite
-        nodes = [n.name for n in self._capacity] if node is None else [node]
         if node is not None and node not in {n.name for n in self._capacity}:
-            raise ConfigError("node", node, "not in this pool")
-        with self._tx() as db:
+            raise ConfigError("node", node, f"not in this pool (nodes: {[n.name for n in self._capacity]})")
+        nodes = [n.name for n in self._capacity] if node is None else [node]
+        with self._tx("set a resource") as db:
             for n in nodes:
                 if capacity == 0:
                     db.execute("DELETE FROM resources WHERE node=? AND name=?", (n, name))
                 else:
                     db.execute("INSERT OR REPLACE INTO resources VALUES (?,?,?)", (n, name, float(capacity)))
-            self._changed.notify_all()
+            self._plan(db)
 
     def delete_resource(self, name: str, node: str | None = None) -> None:
         self.set_resource(name, 0, node)
 
     def resources(self) -> dict[str, dict[str, tuple[float, float]]]:
         """node -> resource -> (capacity, available)."""
-        with self._tx() as db:
+        with self._tx("read the resources") as db:
             caps = db.execute("SELECT node, name, capacity FROM resources").fetchall()
             free = {n.name: n.resources_free for n in self._free_state(db)}
         out: dict[str, dict[str, tuple[float, float]]] = {}
@@ -472,28 +703,27 @@ class PoolLedger(LedgerClient):
 
     # -- inspection ---------------------------------------------------------------------------
     def free_state(self) -> list[NodeState]:
-        with self._tx() as db:
+        with self._tx("read the pool") as db:
             self._reclaim(db)
             return self._free_state(db)
 
     def leases(self) -> list[Placement]:
-        with self._tx() as db:
-            rows = db.execute("SELECT id, node, devices, fraction, memory, cpus, resources, label, granted_at FROM leases").fetchall()
-        return [Placement(r[0], r[1], tuple(json.loads(r[2])), r[3], r[4], r[5], json.loads(r[6]), r[7],
-                          self.spec.simulated, r[8]) for r in rows]
+        with self._tx("read the leases") as db:
+            rows = db.execute(f"SELECT {_LEASE_COLS} FROM leases").fetchall()
+        return [self._placement(r) for r in rows]
 
     def waiting(self) -> int:
-        with self._tx() as db:
+        with self._tx("read the queue") as db:
             return db.execute("SELECT COUNT(*) FROM tickets").fetchone()[0]
 
     def events(self, since_id: int = 0) -> list[dict]:
-        with self._tx() as db:
-            rows = db.execute("SELECT id, t, kind, lease_id, label, node, devices, fraction, memory FROM events "
-                              "WHERE id > ? ORDER BY id", (since_id,)).fetchall()
-        keys = ("id", "t", "kind", "lease_id", "label", "node", "devices", "fraction", "memory")
+        with self._tx("read the events") as db:
+            rows = db.execute(f"SELECT id, {_EVENT_COLS} FROM events WHERE id > ? ORDER BY id", (since_id,)).fetchall()
+        keys = ("id", *_EVENT_COLS.split(", "))
         return [dict(zip(keys, r)) for r in rows]
 
     def describe(self) -> list[str]:
+        """Lines for ``gpuflows pool``: free capacity, resources, each lease with its holder's state."""
         lines = []
         for n in self.free_state():
             lines.append(f"node {n.name}: {n.cpus_free:g}/{n.cpus_total:g} CPUs free")
@@ -503,6 +733,41 @@ class PoolLedger(LedgerClient):
         for node, res in self.resources().items():
             for name, (cap, avail) in res.items():
                 lines.append(f"  resource {name}@{node}: {avail:g}/{cap:g} available")
-        lines += [f"lease {p.describe()}" for p in self.leases()]
-        lines.append(f"{self.waiting()} request(s) waiting")
+        with self._tx("read the leases") as db:
+            rows = db.execute(f"SELECT {_LEASE_COLS}, host, pid, expires_at FROM leases").fetchall()
+            waiting = db.execute("SELECT COUNT(*) FROM tickets").fetchone()[0]
+        now = time.time()
+        for r in rows:
+            host, pid, expires = r[-3:]
+            holder = f"pid {pid}" + ("" if host == HOST else f" on {host}")
+            if host == HOST and process_state(pid) == "T":
+                holder += " (stopped: keeps its slices until it resumes or dies)"
+            elif expires < now:
+                holder += f" (no heartbeat for {now - expires + self.lease_ttl:.0f} s)"
+            lines.append(f"lease {self._placement(r[:-3]).describe()} held by {holder}")
+        lines.append(f"{waiting} request(s) waiting")
         return lines
+
+
+@contextmanager
+def _nothing() -> Iterator[None]:
+    yield
+
+
+def register_worker(path: str, owner_key: str) -> None:
+    """Record this process as one that may run on the slices of ``owner_key`` in pool file ``path``.
+
+    Called by a task runner's worker process at start-up: the ledger then keeps the owner's slices
+    until this process has died too, so an orphaned worker never shares a GPU with a new holder.
+    """
+    pid = os.getpid()
+    try:
+        db = sqlite3.connect(f"file:{path}?mode=rw", uri=True, timeout=LOCK_TIMEOUT_S, isolation_level=None)
+    except sqlite3.Error as exc:
+        raise describe_error(exc, path, "register a worker process") from exc
+    try:
+        db.execute("INSERT OR REPLACE INTO workers VALUES (?,?,?,?)", (owner_key, HOST, pid, process_start(pid)))
+    except sqlite3.Error as exc:
+        raise describe_error(exc, path, "register a worker process") from exc
+    finally:
+        db.close()

@@ -37,6 +37,11 @@ class Request:
     devices: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
+        # the ledger stores label and node in SQLite rows that every process plans from
+        if not isinstance(self.label, str):
+            raise ConfigError("label", self.label, "must be a string")
+        if self.node is not None and (not isinstance(self.node, str) or not self.node):
+            raise ConfigError("node", self.node, "must be a node name (a non-empty string) or None")
         object.__setattr__(self, "memory", parse_memory(self.memory, "memory"))
         if self.devices is not None:
             pinned = tuple(self.devices)
@@ -216,13 +221,29 @@ def apply_choice(nodes: Sequence[NodeState], request: Request, choice: Choice) -
     return out
 
 
+def awaits_missing_resource(request: Request, nodes: Sequence[NodeState]) -> bool:
+    """Whether ``request`` names an ephemeral resource that exists on none of the nodes it may use.
+
+    Such a request waits for another task to create the resource (ESCHER's task signalling,
+    primitive P2): it keeps its place in the queue but does not hold the head, or a signal's
+    consumer queued before its producer would deadlock the pool.
+    """
+    usable = [n for n in nodes if request.node is None or n.name == request.node]
+    return any(all(k not in n.resources_free for n in usable) for k in request.resources)
+
+
 def plan_grants(policy: PlacementPolicy, waiting: Sequence[Waiting], nodes: Sequence[NodeState],
                 until: int | None = None) -> dict[int, Choice]:
     """Which waiting tickets the policy grants now, in its order (stopping at the first misfit
-    unless the policy backfills). With ``until``, stop once that ticket is decided: tickets
-    after it in the order cannot change its grant."""
+    unless the policy backfills; a request waiting for a resource nobody has created yet is
+    passed over, see ``awaits_missing_resource``). With ``until``, stop once that ticket is
+    decided: tickets after it in the order cannot change its grant."""
     grants: dict[int, Choice] = {}
     for w in policy.order(waiting):
+        if w.request.resources and awaits_missing_resource(w.request, nodes):
+            if w.ticket == until:
+                break
+            continue
         choice = policy.choose(w.request, nodes)
         if choice is None:
             if policy.backfill and w.ticket != until:

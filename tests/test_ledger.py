@@ -217,12 +217,6 @@ def test_lease_of_a_killed_process_is_reclaimed(tmp_path):
     holder.wait()
 
 
-def test_expired_lease_is_reclaimed_without_heartbeat():
-    ledger = pool("1x16GiB", lease_ttl=0.2, heartbeat=False)
-    ledger.allocate(Request(gpus=1))
-    assert ledger.allocate(Request(gpus=1), timeout=5).devices == (0,)
-
-
 def test_no_nvml_falls_back_to_simulated_devices(monkeypatch, caplog):
     import pynvml
 

@@ -1,0 +1,169 @@
+"""The pool ledger's file: its identity, the lock every client holds, and what SQLite errors mean.
+
+A pool file that is deleted, truncated or replaced under live clients must never come back as an
+empty pool that grants their GPUs again. Three things guard it:
+
+* every open client holds a shared ``flock`` on ``<pool>.lock`` for its whole life, so a process
+  that finds the pool file missing or empty while that lock is held knows live clients lost it;
+* a pool id (random, written once into the file) and the file's (device, inode) identity are
+  remembered by every client and checked at the start of each transaction;
+* when the lock file itself is gone too, ``/proc`` shows live processes still holding the deleted
+  pool file open.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import sqlite3
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpu.errors import ConfigError, LedgerBusy, LedgerError, LedgerReplaced
+from gpu.liveness import processes_holding
+
+LOCK_TIMEOUT_S = 30.0
+
+
+def describe_error(exc: sqlite3.Error, path: str, action: str) -> LedgerError:
+    """One sentence for a SQLite failure: what happened to the pool file and what to do."""
+    text = str(exc).lower()
+    if "full" in text:
+        why = f"the disk holding it is full (free space in {os.path.dirname(path) or '.'}); nothing was changed"
+    elif "locked" in text or "busy" in text:
+        return LedgerBusy(f"pool ledger {path}: could not {action}: another process held its write lock "
+                          "for longer than this call could wait; nothing was changed")
+    elif "readonly" in text or "read-only" in text:
+        why = "it is read-only for this process"
+    elif "malformed" in text or "not a database" in text or "no such table" in text:
+        return LedgerReplaced(f"pool ledger {path}: the file was truncated or overwritten while in use ({exc})")
+    else:
+        why = str(exc)
+    return LedgerError(f"pool ledger {path}: could not {action}: {why}")
+
+
+@dataclass
+class LedgerFile:
+    """The lock and identity of one pool file, held by one ``PoolLedger`` for its whole life."""
+
+    path: str
+    pool_id: str = ""
+    identity: tuple[int, int] = (0, 0)
+    _lock_fd: int = -1
+
+    @property
+    def lock_path(self) -> str:
+        return self.path + ".lock"
+
+    def open(self, create_schema) -> sqlite3.Connection:
+        """Open the file, creating the pool only if no live client holds a pool at this path.
+
+        ``create_schema(db)`` creates the tables (idempotent) inside the opening transaction.
+        """
+        Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+        self._lock_fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            if self._looks_new():
+                self._take_fresh_lock()
+            else:
+                fcntl.flock(self._lock_fd, fcntl.LOCK_SH)
+            db = self._connect_and_adopt(create_schema)
+            fcntl.flock(self._lock_fd, fcntl.LOCK_SH)  # downgrade after creating; no-op otherwise
+            return db
+        except BaseException:
+            self.close()
+            raise
+
+    def _looks_new(self) -> bool:
+        try:
+            return os.stat(self.path).st_size == 0
+        except FileNotFoundError:
+            return True
+
+    def _take_fresh_lock(self) -> None:
+        """Exclusive lock to create the pool; refuse if live clients still hold the one that vanished."""
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            # Either another process is creating the pool right now (it holds the exclusive lock
+            # for a moment), or live clients hold a pool whose file is gone. Wait for a shared
+            # lock, then look again.
+            fcntl.flock(self._lock_fd, fcntl.LOCK_SH)
+            if self._looks_new():
+                self._refuse(processes_holding([self.lock_path]))
+            return
+        stale = [pid for pid in processes_holding([self.path, self.lock_path]) if self._holds_deleted(pid)]
+        if stale:
+            self._refuse(stale)
+
+    def _holds_deleted(self, pid: int) -> bool:
+        """Whether ``pid`` holds this path's *old* file (deleted, or another inode)."""
+        try:
+            here = os.stat(self.path)
+        except FileNotFoundError:
+            here = None
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            try:
+                target = os.readlink(fd)
+                if target.endswith(" (deleted)") and target[:-10] in (self.path, self.lock_path):
+                    return True
+                if target == self.path and here is not None:
+                    st = os.stat(fd)
+                    if (st.st_dev, st.st_ino) != (here.st_dev, here.st_ino):
+                        return True
+            except OSError:
+                continue
+        return False
+
+    def _refuse(self, pids: list[int]) -> None:
+        who = f" (pids {', '.join(map(str, pids[:8]))})" if pids else ""
+        raise LedgerReplaced(
+            f"pool ledger {self.path} is missing or empty, but live processes{who} still hold the pool it held: "
+            "the file was deleted or truncated under them. Starting an empty pool would grant their GPUs again; "
+            "stop those processes (or restore the file) first")
+
+    def _connect_and_adopt(self, create_schema) -> sqlite3.Connection:
+        db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=LOCK_TIMEOUT_S)
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                create_schema(db)
+                row = db.execute("SELECT value FROM meta WHERE key='pool_id'").fetchone()
+                if row is None:
+                    self.pool_id = uuid.uuid4().hex
+                    db.execute("INSERT INTO meta VALUES ('pool_id', ?)", (self.pool_id,))
+                else:
+                    self.pool_id = row[0]
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+        except sqlite3.DatabaseError as exc:
+            db.close()
+            if isinstance(exc, sqlite3.OperationalError) and "no such table" not in str(exc):
+                raise describe_error(exc, self.path, "open the pool") from exc
+            raise ConfigError("pool", self.path, f"is not a pool ledger this version can open ({exc}); "
+                                                 "move it away to start the pool afresh") from exc
+        st = os.stat(self.path)
+        self.identity = (st.st_dev, st.st_ino)
+        return db
+
+    def verify(self, db: sqlite3.Connection) -> None:
+        """Raise LedgerReplaced unless the path is still our file and it still holds our pool."""
+        try:
+            st = os.stat(self.path)
+            same_file = (st.st_dev, st.st_ino) == self.identity and st.st_size > 0
+        except FileNotFoundError:
+            same_file = False
+        row = db.execute("SELECT value FROM meta WHERE key='pool_id'").fetchone() if same_file else None
+        if row is None or row[0] != self.pool_id:
+            raise LedgerReplaced(f"pool ledger {self.path} was deleted, truncated or replaced while this process "
+                                 f"(pid {os.getpid()}) held the pool open; its leases can no longer be trusted")
+
+    def close(self) -> None:
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)  # drops the flock
+            self._lock_fd = -1

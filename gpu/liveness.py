@@ -1,0 +1,105 @@
+"""Who may still be using a slice: processes, their liveness, and open handles to a file.
+
+The ledger frees a slice only when no process that may run on it is alive. On one host that is
+decided from ``/proc`` (pid plus the kernel's start time, so a reused pid is not mistaken for the
+holder); a heartbeat expiry is only trusted for holders on other hosts, whose processes this host
+cannot see.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+HOST = socket.gethostname()
+
+
+def process_start(pid: int) -> int:
+    """Kernel start time of ``pid`` (guards against pid reuse); 0 where /proc is unavailable."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return int(stat.rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def process_alive(pid: int, pstart: int) -> bool:
+    """True while ``pid`` (started at ``pstart``) exists and is not a zombie.
+
+    A stopped process (SIGSTOP) is alive: it may resume on its GPU at any moment.
+    """
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass
+        return True
+    fields = stat.rsplit(")", 1)[1].split()
+    if fields[0] in ("Z", "X"):  # killed but not yet reaped
+        return False
+    return not pstart or int(fields[19]) == pstart
+
+
+def process_state(pid: int) -> str:
+    """One-letter state of ``pid`` from /proc (R, S, T for stopped, Z, ...), '' if unknown."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
+
+
+@dataclass(frozen=True)
+class Owner:
+    """Who holds a lease or a ticket: a process on a host (plus a token per ledger client)."""
+
+    host: str
+    pid: int
+    pstart: int
+    token: str
+
+    @classmethod
+    def this_process(cls) -> "Owner":
+        pid = os.getpid()
+        return cls(HOST, pid, process_start(pid), uuid.uuid4().hex[:8])
+
+    @property
+    def key(self) -> str:
+        return f"{self.host}:{self.pid}:{self.token}"
+
+
+def processes_holding(paths: Iterable[str | Path]) -> list[int]:
+    """Pids of other live processes with one of ``paths`` open, also when the file was deleted.
+
+    Used only when a pool file looks new: a live client still holding the old (deleted) file proves
+    the pool was wiped under it. Only processes this user may inspect are seen.
+    """
+    wanted = set()
+    for p in paths:
+        p = os.path.abspath(p)
+        wanted |= {p, f"{p} (deleted)"}
+    me, found = os.getpid(), []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == me:
+            continue
+        try:
+            fds = list((entry / "fd").iterdir())
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                if os.readlink(fd) in wanted:
+                    found.append(int(entry.name))
+                    break
+            except OSError:
+                continue
+    return sorted(found)

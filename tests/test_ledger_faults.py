@@ -1,0 +1,228 @@
+"""The shared pool under real faults: kill -9, SIGSTOP, a held write lock, a wiped file, a full disk.
+
+Holders run in their own processes (``_HOLDER``): the faults are injected into real processes
+and a real SQLite file, the way etcd and Kubernetes test leases.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gpu.devices import PoolSpec, parse_simulated
+from gpu.errors import AllocationTimeout, LeaseLost, LedgerError, LedgerReplaced
+from gpu.ledger import PoolLedger, register_worker
+from gpu.placement import Request
+
+_HOLDER = """
+import sys, threading
+import gpu.liveness
+if sys.argv[3] != "-":                        # stand in for a process on another machine
+    gpu.liveness.HOST = sys.argv[3]
+    import gpu.ledger; gpu.ledger.HOST = sys.argv[3]
+from gpu.devices import PoolSpec, parse_simulated
+from gpu.ledger import PoolLedger
+from gpu.placement import Request
+ledger = PoolLedger(PoolSpec((parse_simulated("2x16GiB", "n0", cpus=8),)), sys.argv[1], lease_ttl=float(sys.argv[2]))
+p = ledger.allocate(Request(gpus=1, label="held"))
+ledger.watch(p.lease_id, lambda reason: print("LOST", reason, flush=True))
+print(p.lease_id, ledger.owner.key, flush=True)
+for line in sys.stdin:                        # commands from the test
+    if line.strip() == "release":
+        print("released", ledger.release(p.lease_id), flush=True)
+    elif line.strip() == "check":
+        try:
+            ledger.check(p)
+            print("held", flush=True)
+        except Exception as exc:
+            print(type(exc).__name__, exc, flush=True)
+"""
+
+
+class Holder:
+    """A process holding one whole GPU of the pool at ``path``, driven over stdin/stdout."""
+
+    def __init__(self, path: Path, ttl: float = 30.0, host: str = "-"):
+        self.proc = subprocess.Popen([sys.executable, "-c", _HOLDER, str(path), str(ttl), host],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        self.lease_id, self.owner_key = self.proc.stdout.readline().split()
+
+    def say(self, command: str) -> str:
+        self.proc.stdin.write(command + "\n")
+        self.proc.stdin.flush()
+        return self.proc.stdout.readline().strip()
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+def pool(path: Path | None, **kw) -> PoolLedger:
+    return PoolLedger(PoolSpec((parse_simulated("2x16GiB", "n0", cpus=8),)), path, **kw)
+
+
+def waiter(path: Path, **kw) -> PoolLedger:
+    """This process's client of the pool, already holding the GPU the holder left free."""
+    ledger = pool(path, **kw)
+    ledger.allocate(Request(gpus=1), timeout=1)
+    return ledger
+
+
+def take_holders_gpu(ledger: PoolLedger, timeout: float) -> float:
+    """Seconds until this process gets the holder's GPU, or AllocationTimeout."""
+    start = time.monotonic()
+    ledger.allocate(Request(gpus=1), timeout=timeout)
+    return time.monotonic() - start
+
+
+@pytest.fixture
+def path(tmp_path) -> Path:
+    return tmp_path / "pool.sqlite"
+
+
+def test_a_failed_grant_never_leaks_into_the_next_request(path):
+    """Disk full mid-grant (SQLite's page limit: a real SQLITE_FULL): the next request gets exactly itself."""
+    ledger = pool(path)
+    pages = ledger._db.execute("PRAGMA page_count").fetchone()[0]
+    ledger._db.execute(f"PRAGMA max_page_count={pages}")
+    with pytest.raises(LedgerError, match="disk holding it is full") as err:
+        ledger.allocate(Request(gpus=0.25, label="x" * 9000), timeout=1)
+    assert "Traceback" not in str(err.value) and str(path) in str(err.value)
+    ledger._db.execute("PRAGMA max_page_count=1073741823")
+    whole = ledger.allocate(Request(gpus=1, label="whole"), timeout=1)
+    other = ledger.allocate(Request(gpus=1, label="other"), timeout=1)
+    assert (whole.fraction, whole.label, other.label) == (1.0, "whole", "other")
+    assert whole.devices != other.devices
+    assert sorted(p.label for p in pool(path).leases()) == ["other", "whole"]
+
+
+def test_a_stopped_holder_keeps_its_gpu_until_it_dies(path):
+    """SIGSTOP past the lease TTL: the stopped process may resume on its GPU, so nobody else gets it."""
+    holder = Holder(path, ttl=0.3)
+    ledger = waiter(path, lease_ttl=0.3)
+    os.kill(holder.proc.pid, signal.SIGSTOP)
+    try:
+        with pytest.raises(AllocationTimeout):
+            take_holders_gpu(ledger, timeout=1.5)          # 5 TTLs without a heartbeat
+        assert any("stopped" in line for line in ledger.describe())
+        holder.proc.kill()                          # dies while stopped
+        holder.proc.wait()
+        assert take_holders_gpu(ledger, timeout=5) < 1.0   # reclaimed within 1 s of its death
+    finally:
+        holder.kill()
+
+
+def test_a_held_write_lock_reclaims_nothing_and_timeouts_still_hold(path):
+    """Another connection holding the write lock stalls every heartbeat; no live lease is lost, and
+    a waiter's timeout is kept while the lock is held."""
+    holder = Holder(path, ttl=0.3)
+    ledger = waiter(path, lease_ttl=0.3)
+    blocker = sqlite3.connect(path, isolation_level=None)
+    blocker.execute("BEGIN IMMEDIATE")
+    start = time.monotonic()
+    with pytest.raises(AllocationTimeout):
+        ledger.allocate(Request(gpus=0.5), timeout=0.4)
+    assert time.monotonic() - start < 0.5
+    deadline = time.monotonic() + 1.0                # three TTLs of stalled heartbeats
+    while time.monotonic() < deadline:
+        blocker.execute("SELECT 1")
+    blocker.execute("ROLLBACK")
+    assert holder.lease_id in {p.lease_id for p in ledger.leases()}
+    assert holder.say("check") == "held"
+    with pytest.raises(AllocationTimeout):
+        ledger.allocate(Request(gpus=0.5), timeout=0.5)
+    holder.kill()
+
+
+def test_a_remote_holder_that_stops_heartbeating_is_fenced_and_told(path):
+    """A holder on another host is judged by its heartbeat: once it expires the slice is re-granted,
+    and the holder learns it when it resumes: its watcher fires, release is refused, check raises."""
+    holder = Holder(path, ttl=0.6, host="elsewhere")
+    ledger = waiter(path, lease_ttl=0.6)
+    os.kill(holder.proc.pid, signal.SIGSTOP)
+    try:
+        assert take_holders_gpu(ledger, timeout=5) < 2.0
+        os.kill(holder.proc.pid, signal.SIGCONT)
+        lost = holder.proc.stdout.readline()
+        assert lost.startswith("LOST") and "no heartbeat" in lost
+        assert holder.say("release") == "released False"
+        assert holder.say("check").startswith("LeaseLost")
+    finally:
+        holder.kill()
+
+
+def test_an_orphaned_worker_keeps_its_dead_flows_slices(path):
+    """The flow process dies but a worker registered under it runs on: its slices stay held until the
+    worker is gone too."""
+    holder = Holder(path)
+    worker = subprocess.Popen([sys.executable, "-c", "import sys; from gpu.ledger import register_worker; "
+                               "register_worker(sys.argv[1], sys.argv[2]); print('up', flush=True); sys.stdin.read()",
+                               str(path), holder.owner_key], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert worker.stdout.readline().strip() == "up"
+    ledger = waiter(path)
+    holder.kill()
+    with pytest.raises(AllocationTimeout):
+        take_holders_gpu(ledger, timeout=1.0)
+    worker.kill()
+    worker.wait()
+    assert take_holders_gpu(ledger, timeout=5) < 1.0
+
+
+@pytest.mark.parametrize("wipe", ["truncate", "delete", "delete-with-lock"])
+def test_a_wiped_pool_file_is_refused_while_its_holders_live(path, wipe):
+    """Deleting or truncating the pool file under a live holder must not start an empty pool."""
+    holder = Holder(path)
+    try:
+        if wipe == "truncate":
+            path.write_bytes(b"")
+        else:
+            path.unlink()
+            if wipe == "delete-with-lock":
+                Path(f"{path}.lock").unlink()
+        with pytest.raises(LedgerReplaced, match=str(path)) as err:
+            pool(path)
+        assert str(holder.proc.pid) in str(err.value) or wipe == "truncate"
+        assert holder.say("check").startswith(("LedgerReplaced", "LeaseLost"))
+    finally:
+        holder.kill()
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
+    assert pool(path).allocate(Request(gpus=1), timeout=1).devices == (0,)   # no holder left: a fresh pool
+
+
+def test_a_request_for_a_resource_nobody_created_waits_off_the_head(path):
+    """ESCHER's signalling (P2): the consumer queued before the producer does not block the pool."""
+    ledger = pool(path)
+    consumer = ledger.submit(Request(resources={"signal-t1": 1}, label="t2"))
+    producer = ledger.allocate(Request(gpus=0.5, label="t1"), timeout=1)        # behind it in the queue
+    assert producer.label == "t1" and ledger.try_grant(consumer) is None
+    ledger.set_resource("signal-t1", 1)
+    assert ledger.try_grant(consumer).label == "t2"
+
+
+def test_resource_names_must_be_non_empty_strings():
+    ledger = pool(None)
+    for bad in ("", None, 3):
+        with pytest.raises(ValueError, match="resource name"):
+            ledger.set_resource(bad, 1)
+
+
+def test_a_worker_registers_only_in_an_existing_pool(tmp_path):
+    with pytest.raises(LedgerError, match="register a worker"):
+        register_worker(str(tmp_path / "missing.sqlite"), "host:1:tok")
+
+
+def test_fencing_check_names_the_lease_and_the_reason(path):
+    ledger = pool(path)
+    placement = ledger.allocate(Request(gpus=0.5, label="fenced"), timeout=1)
+    ledger.check(placement)
+    assert ledger.release(placement.lease_id)
+    with pytest.raises(LeaseLost, match="fenced"):
+        ledger.check(placement)
