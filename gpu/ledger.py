@@ -130,9 +130,35 @@ class Placement:
 
 
 class LedgerClient:
-    """Blocking allocation on top of submit/try_grant/cancel; the Ray ledger's client polls with it."""
+    """What every ledger client shares: blocking allocation on top of submit/try_grant/cancel (the Ray
+    ledger's client polls with it), and the leases this client holds, so that one taken away by
+    the ledger is reported to whoever ``watch``es it."""
 
     poll_interval: float = 0.2
+
+    def __init__(self) -> None:
+        self._held: dict[str, Placement] = {}
+        self._watchers: dict[str, Callable[[str], None]] = {}
+
+    def _hold(self, placement: Placement | None) -> Placement | None:
+        if placement is not None:
+            self._held[placement.lease_id] = placement
+        return placement
+
+    def watch(self, lease_id: str, on_lost: Callable[[str], None]) -> None:
+        """Call ``on_lost(reason)`` (from the heartbeat thread) if the ledger takes ``lease_id`` away."""
+        self._watchers[lease_id] = on_lost
+
+    def _lose(self, lease_ids: list[str], reason: str) -> None:
+        """Report leases this client held that the ledger no longer has."""
+        for lease_id in lease_ids:
+            placement = self._held.pop(lease_id, None)
+            if placement is None:
+                continue
+            log.error("lease %s was taken from this process: %s", placement.describe(), reason)
+            callback = self._watchers.pop(lease_id, None)
+            if callback is not None:
+                callback(reason)
 
     def submit(self, request: Request, priority: float = 0.0) -> int:
         raise NotImplementedError
@@ -217,8 +243,7 @@ class PoolLedger(LedgerClient):
             _create_schema(self._db)
         self._capacity = [NodeState(n.name, tuple(DeviceState(d.index, d.memory_total, uuid=d.uuid) for d in n.devices),
                                     n.cpus, n.cpus) for n in spec.nodes]
-        self._held: dict[str, Placement] = {}
-        self._watchers: dict[str, Callable[[str], None]] = {}
+        super().__init__()
         self._outcomes: dict[int, Placement | BaseException | None] = {}
         self._abandoned: set[int] = set()
         self._poked = False
@@ -425,11 +450,6 @@ class PoolLedger(LedgerClient):
                          (*self._owner_row(owner), json.dumps(request.to_dict()), priority, now, now + self.lease_ttl))
         return int(cur.lastrowid)
 
-    def _hold(self, placement: Placement | None, owner: Owner | None) -> Placement | None:
-        if placement is not None and owner is None:
-            self._held[placement.lease_id] = placement
-        return placement
-
     def submit(self, request: Request, priority: float = 0.0, owner: Owner | None = None) -> int:
         """Queue ``request`` (granted as soon as the policy places it); NeverFitsError if it never can."""
         return self.submit_and_try(request, priority, owner)[0]
@@ -445,7 +465,7 @@ class PoolLedger(LedgerClient):
             placement = self._granted(db, ticket)
             if placement is None and self._reclaim(db):
                 placement = self._granted(db, ticket)
-        return ticket, self._hold(placement, owner)
+        return ticket, placement if owner else self._hold(placement)
 
     def try_grant(self, ticket: int, owner: Owner | None = None) -> Placement | None:
         """The lease ``ticket`` was granted, or None while it waits (looking for dead holders if due)."""
@@ -456,7 +476,7 @@ class PoolLedger(LedgerClient):
                     raise KeyError(f"ticket {ticket} is not waiting (cancelled, expired or already granted)")
                 if self._reclaim(db):
                     placement = self._granted(db, ticket)
-        return self._hold(placement, owner)
+        return placement if owner else self._hold(placement)
 
     def allocate(self, request: Request, timeout: float | None = None,
                  cancel_event: threading.Event | None = None, priority: float = 0.0) -> Placement:
@@ -487,7 +507,7 @@ class PoolLedger(LedgerClient):
                 while True:
                     outcome = self._outcomes[ticket]
                     if isinstance(outcome, Placement):
-                        return self._hold(outcome, None)
+                        return self._hold(outcome)
                     if isinstance(outcome, BaseException):
                         raise outcome
                     _raise_if_done(request, timeout, deadline, cancel_event)
@@ -551,10 +571,6 @@ class PoolLedger(LedgerClient):
             raise LeaseLost(f"lease {placement.describe()} (generation {placement.generation}) is no longer held: "
                             f"{self._loss_reason(placement.lease_id)}")
 
-    def watch(self, lease_id: str, on_lost: Callable[[str], None]) -> None:
-        """Call ``on_lost(reason)`` (from the heartbeat thread) if the ledger takes ``lease_id`` away."""
-        self._watchers[lease_id] = on_lost
-
     def _loss_reason(self, lease_id: str, db: sqlite3.Connection | None = None) -> str:
         with self._lock if db is None else _nothing():
             row = (db or self._db).execute("SELECT reason, t FROM events WHERE lease_id=? AND kind='reclaim'",
@@ -586,16 +602,6 @@ class PoolLedger(LedgerClient):
                 self._lose([lease_id], self._loss_reason(lease_id, db))
         if db is not None:
             db.close()
-
-    def _lose(self, lease_ids: list[str], reason: str) -> None:
-        for lease_id in lease_ids:
-            placement = self._held.pop(lease_id, None)
-            if placement is None:
-                continue
-            log.error("pool %s: lease %s was taken from this process: %s", self.path, placement.describe(), reason)
-            callback = self._watchers.pop(lease_id, None)
-            if callback is not None:
-                callback(reason)
 
     def _watch_loop(self) -> None:
         """Learn the fate of this process's waiting tickets; withdraw the abandoned ones."""

@@ -11,17 +11,20 @@ memory-aware and ephemeral-resource placement behave the same locally and on Ray
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from typing import Any
 
 from gpu.devices import Device, Node, PoolSpec, nvml_devices, parse_simulated
-from gpu.ledger import LedgerClient, Owner, Placement, PoolLedger
+from gpu.ledger import LedgerClient, Placement, PoolLedger
+from gpu.liveness import Owner
 from gpu.placement import NodeState, Request
 from tasks.requests import PLACEMENT_ENV, TaskPlacement
 from tasks.runners import PlacingTaskRunner, api_url_env
 
 NAMESPACE = "gpuflows"
+log = logging.getLogger("gpuflows.ray")
 
 
 def _node_devices() -> list[dict]:
@@ -51,40 +54,61 @@ def cluster_spec(simulated: str) -> PoolSpec:
 
 
 class RayLedger(LedgerClient):
-    """Client of the pool's ledger actor; heartbeats keep this driver's leases alive."""
+    """Client of the pool's ledger actor; its heartbeat keeps this driver's leases alive and notices
+    the ones the actor took away (a driver on another host that stopped heartbeating)."""
 
     poll_interval = 0.1
 
     def __init__(self, actor: Any, lease_ttl: float):
         import ray
 
+        super().__init__()
         self._ray = ray
         self._actor = actor
         self.owner = Owner.this_process()
         self.capacity: list[NodeState] = ray.get(actor.get_capacity.remote())
+        self._every = lease_ttl / 3
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._beat, args=(lease_ttl / 3,), daemon=True,
-                                        name="gpuflows-ray-ledger-heartbeat")
+        self._thread = threading.Thread(target=self._beat_loop, daemon=True, name="gpuflows-ray-ledger-heartbeat")
         self._thread.start()
 
-    def _beat(self, every: float) -> None:
-        while not self._stop.wait(every):
-            self._actor.heartbeat.remote(self.owner)
+    def _beat_loop(self) -> None:
+        while not self._stop.wait(self._every):
+            self.beat()
+
+    def beat(self) -> None:
+        """Renew this driver's leases; report those the actor no longer has."""
+        held = list(self._held)
+        try:
+            alive = self._ray.get(self._actor.heartbeat.remote(self.owner), timeout=max(self._every, 1.0))
+        except (self._ray.exceptions.RayError, TimeoutError) as exc:
+            log.warning("heartbeat to the pool's ledger actor failed, retrying: %r", exc)
+            return
+        for lease_id in held:
+            if lease_id not in alive and lease_id in self._held:
+                self._lose([lease_id], self._ray.get(self._actor.loss_reason.remote(lease_id)))
 
     def submit(self, request: Request, priority: float = 0.0) -> int:
         return self._ray.get(self._actor.submit.remote(request, priority, self.owner))
 
     def try_grant(self, ticket: int) -> Placement | None:
-        return self._ray.get(self._actor.try_grant.remote(ticket, self.owner))
+        return self._hold(self._ray.get(self._actor.try_grant.remote(ticket, self.owner)))
 
     def submit_and_try(self, request: Request, priority: float = 0.0) -> tuple[int, Placement | None]:
-        return self._ray.get(self._actor.submit_and_try.remote(request, priority, self.owner))
+        ticket, placement = self._ray.get(self._actor.submit_and_try.remote(request, priority, self.owner))
+        return ticket, self._hold(placement)
 
     def cancel(self, ticket: int) -> None:
         self._ray.get(self._actor.cancel.remote(ticket))
 
     def release(self, lease_id: str) -> bool:
+        self._held.pop(lease_id, None)
+        self._watchers.pop(lease_id, None)
         return self._ray.get(self._actor.release.remote(lease_id))
+
+    def check(self, placement: Placement) -> None:
+        """Raise LeaseLost unless the actor still has this exact lease (fencing)."""
+        self._ray.get(self._actor.check.remote(placement))
 
     def set_resource(self, name: str, capacity: float, node: str | None = None) -> None:
         self._ray.get(self._actor.set_resource.remote(name, capacity, node))
@@ -104,6 +128,9 @@ class _LedgerActor(PoolLedger):
 
     def get_capacity(self) -> list[NodeState]:
         return self.capacity
+
+    def loss_reason(self, lease_id: str) -> str:
+        return self._loss_reason(lease_id)
 
 
 def _run_placed_task(task, task_run_id, parameters, wait_for, dependencies, context, env):

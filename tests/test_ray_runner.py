@@ -401,7 +401,7 @@ def two_node_run(prefect_server, fake_gpu_run):
             return {"results": results, "nodes": [n["NodeID"] for n in ray.nodes() if n["Alive"]],
                     "leases": ray.get(_ledger_actor(pool).leases.remote())}
 
-        yield four_at_once()
+        yield {**four_at_once(), "address": cluster.address}
     finally:
         if ray.is_initialized():
             ray.shutdown()
@@ -423,3 +423,73 @@ def test_placements_land_on_both_nodes(two_node_run):
 
 def test_two_node_leases_are_released(two_node_run):
     assert two_node_run["leases"] == []
+
+
+_RAY_DRIVER = """
+import sys
+import gpu.liveness
+if sys.argv[3] != "-":                        # stand in for a driver on another machine
+    gpu.liveness.HOST = sys.argv[3]
+import ray
+from gpu.placement import Request
+from tasks.ray_runner import NAMESPACE, RayLedger
+ray.init(address=sys.argv[1], namespace=NAMESPACE, log_to_driver=False)
+ledger = RayLedger(ray.get_actor(sys.argv[2], namespace=NAMESPACE), 0.6)
+p = ledger.allocate(Request(gpus=1, node=sys.argv[4], devices=(0,)), timeout=60)
+ledger.watch(p.lease_id, lambda reason: print("LOST", reason, flush=True))
+print(p.lease_id, flush=True)
+sys.stdin.read()
+"""
+
+
+def test_ledger_actor_frees_a_dead_drivers_slice_fences_a_silent_one_and_passes_over_missing_resources(two_node_run):
+    """The Ray ledger keeps the local ledger's guarantees: a killed driver's slice is re-granted within a
+    second, a driver on another host that stops heartbeating loses its slice and is told when it
+    resumes, and a request for a resource nobody created does not hold the queue's head."""
+    from gpu.errors import LeaseLost
+    from gpu.ledger import Placement
+    from gpu.placement import FifoBestFit, Request
+    from tasks.ray_runner import RayLedger, _LedgerActor, cluster_spec
+
+    ray.init(address=two_node_run["address"], namespace=NAMESPACE, log_to_driver=False)
+    name = f"faults-{uuid.uuid4().hex[:8]}"
+    actor = ray.remote(num_cpus=0)(_LedgerActor).options(name=name, namespace=NAMESPACE).remote(
+        cluster_spec("2x16GiB"), FifoBestFit(), 0.6)
+    ledger = RayLedger(actor, 0.6)
+    node = ledger.capacity[0].name
+    slot = Request(gpus=1, node=node, devices=(0,))
+
+    def driver(host: str) -> tuple[subprocess.Popen, str]:
+        proc = subprocess.Popen([sys.executable, "-c", _RAY_DRIVER, two_node_run["address"], name, host, node],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env={**os.environ, **RAY_ENV})
+        return proc, proc.stdout.readline().strip()
+
+    try:
+        dead, lease_id = driver("-")
+        with pytest.raises(Exception, match="no placement"):
+            ledger.allocate(slot, timeout=1.0)
+        dead.kill()
+        dead.wait()
+        start = time.monotonic()
+        mine = ledger.allocate(slot, timeout=10)
+        assert time.monotonic() - start < 1.5
+        ledger.release(mine.lease_id)
+
+        silent, lease_id = driver("elsewhere")
+        os.kill(silent.pid, signal.SIGSTOP)
+        mine = ledger.allocate(slot, timeout=10)                 # after the 0.6 s lease expired
+        os.kill(silent.pid, signal.SIGCONT)
+        lost = silent.stdout.readline()
+        assert lost.startswith("LOST") and "no heartbeat" in lost
+        with pytest.raises(LeaseLost):
+            ledger.check(Placement(lease_id, node, (0,), 1.0, 0))
+        silent.kill()
+        ledger.release(mine.lease_id)
+
+        consumer = ledger.submit(Request(resources={"signal-t1": 1}))
+        assert ledger.allocate(Request(gpus=0.5), timeout=2).fraction == 0.5
+        ledger.set_resource("signal-t1", 1)
+        assert ledger.try_grant(consumer) is not None
+    finally:
+        ledger.close()
+        ray.shutdown()
