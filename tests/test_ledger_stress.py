@@ -14,7 +14,7 @@ from benchmarks.ledger_stress import (
 
 GIB = 2**30
 CAPS = capacities(load_pool())
-RES_CAPS = {("n0", "license"): 2.0, ("n1", "license"): 2.0, ("n1", "token"): 4.0}
+RES_CAPS = {("n0", "license"): 1.0, ("n1", "license"): 1.0, ("n1", "token"): 2.0}
 
 
 def interval(t0, t1, node="n0", devices=(0,), fraction=0.5, memory=0, cpus=0.0, resources=None, label="x"):
@@ -23,8 +23,8 @@ def interval(t0, t1, node="n0", devices=(0,), fraction=0.5, memory=0, cpus=0.0, 
 
 
 def test_overcommit_names_each_capacity():
-    assert overcommit([("n0", [0], 0.5, 8 * GIB, 8, {"license": 2}), ("n0", [0], 0.5, 8 * GIB, 8, {})], CAPS, RES_CAPS) == []
-    found = overcommit([("n0", [0], 0.75, 10 * GIB, 10, {"license": 2}),
+    assert overcommit([("n0", [0], 0.5, 8 * GIB, 4, {"license": 1}), ("n0", [0], 0.5, 8 * GIB, 4, {})], CAPS, RES_CAPS) == []
+    found = overcommit([("n0", [0], 0.75, 10 * GIB, 6, {"license": 1}),
                         ("n0", [0], 0.5, 8 * GIB, 8, {"license": 1}), ("n1", [], 0, 0, 0, {"nothere": 1}),
                         ("n0", [9], 0.1, 0, 0, {})], CAPS, RES_CAPS)
     assert any("gpu0 compute" in f for f in found) and any("gpu0 memory" in f for f in found)
@@ -38,7 +38,7 @@ def test_replay_detects_overlap_and_allows_handover():
     bad = ok + [interval(1.9, 3.0, fraction=0.25, label="double")]
     found = replay(bad, CAPS, RES_CAPS)
     assert len(found) == 1 and "double" in found[0] and "n0:gpu0 compute 1.250" in found[0]
-    assert replay([interval(0, 1, node="n1", devices=(), fraction=0, resources={"token": 3}),
+    assert replay([interval(0, 1, node="n1", devices=(), fraction=0, resources={"token": 1}),
                    interval(0.5, 2, node="n1", devices=(), fraction=0, resources={"token": 2})], CAPS, RES_CAPS)
 
 
@@ -66,8 +66,8 @@ def test_sampler_reads_the_file_read_only_and_finds_an_overcommit(tmp_path):
     res_caps = new_ledger(path, load_pool())
     db = sqlite3.connect(path)
     row = "INSERT INTO leases (id, node, devices, fraction, memory, cpus, resources) VALUES (?,?,?,?,?,?,?)"
-    db.execute(row, ("l1", "n1", "[2]", 0.75, 0, 0, json.dumps({"license": 1})))
-    db.execute(row, ("l2", "n1", "[2]", 0.5, 0, 0, json.dumps({"license": 1})))
+    db.execute(row, ("l1", "n1", "[1]", 0.75, 0, 0, json.dumps({"license": 1})))
+    db.execute(row, ("l2", "n1", "[1]", 0.5, 0, 0, json.dumps({"license": 1})))
     db.execute("INSERT INTO tickets (request, created_at) VALUES (?, ?)", (json.dumps({"label": "w"}), 1.5))
     db.commit()
     stop = threading.Event()
@@ -76,8 +76,8 @@ def test_sampler_reads_the_file_read_only_and_finds_an_overcommit(tmp_path):
     threading.Timer(0.2, stop.set).start()
     sampler.join(10)
     out = json.loads((tmp_path / "s.json").read_text())
-    assert out["samples"] > 0 and out["errors"] == 0 and res_caps[("n1", "license")] == 2.0
-    assert out["violations"] and "n1:gpu2 compute 1.250 > 1" in out["violations"][0]
+    assert out["samples"] > 0 and out["errors"] == 0 and res_caps[("n1", "license")] == 1.0
+    assert out["violations"] and "n1:gpu1 compute 1.250 > 1" in out["violations"][0]
     assert out["seen"] == {"w": [1, 1.5]}
 
 
