@@ -108,13 +108,14 @@ def overcommit(holdings: Iterable[tuple], caps: dict, res_caps: dict) -> list[st
     bad += [f"{n}:gpu{d} memory {v:.0f} > {caps['memory'].get((n, d), 0)}" for (n, d), v in mem.items()
             if v > caps["memory"].get((n, d), 0) or (n, d) not in caps["memory"]]
     bad += [f"{n} cpus {v:g} > {caps['cpus'].get(n, 0):g}" for n, v in cpu.items() if v > caps["cpus"].get(n, 0) + EPS]
-    bad += [f"{n} {k} {v:g} > {res_caps.get((n, k), 0):g}" for (n, k), v in res.items() if v > res_caps.get((n, k), 0) + EPS]
+    bad += [f"{n} {k} {v:g} > {res_caps.get((n, k), 0):g}" for (n, k), v in res.items()
+            if v > res_caps.get((n, k), 0) + EPS]
     return bad
 
 
 def replay(intervals: list[dict], caps: dict, res_caps: dict) -> list[str]:
     """Over-commits in time: sweep the recorded [t_got, t_rel] intervals (ends before starts at a tie)."""
-    events = sorted([(r["t_got"], 1, i) for i, r in enumerate(intervals)] + [(r["t_rel"], 0, i) for i, r in enumerate(intervals)])
+    events = sorted([e for i, r in enumerate(intervals) for e in ((r["t_got"], 1, i), (r["t_rel"], 0, i))])
     active: dict[int, tuple] = {}
     bad = []
     for t, start, i in events:
@@ -165,7 +166,8 @@ def _sampler(path: str, caps: dict, stop, out: str, interval: float) -> None:
             tickets = []
             if tickets_ok:
                 try:
-                    tickets = db.execute("SELECT id, request, created_at FROM tickets WHERE id > ?", (last_id,)).fetchall()
+                    tickets = db.execute("SELECT id, request, created_at FROM tickets WHERE id > ?",
+                                         (last_id,)).fetchall()
                 except sqlite3.OperationalError:  # another schema: FIFO cannot be checked
                     tickets_ok = False
             db.execute("COMMIT")
@@ -301,7 +303,8 @@ def run_phase(clients: int, duration: float, threads: int, root: Path, seed: int
         t_kill = time.time()
         os.kill(holder.pid, signal.SIGKILL)
         holder.join()
-        kill = {"t_kill": t_kill, "holder_interval": {**placement, "label": "holder", "t_got": holder_got, "t_rel": t_kill}}
+        kill = {"t_kill": t_kill,
+                "holder_interval": {**placement, "label": "holder", "t_got": holder_got, "t_rel": t_kill}}
     deadline = t0.value + duration + timeout[1] + GRACE_S
     for p in procs:
         p.join(max(0.0, deadline - time.time()))
@@ -315,8 +318,8 @@ def run_phase(clients: int, duration: float, threads: int, root: Path, seed: int
     sampler.join(30)
     sampled = json.loads((folder / "sampler.json").read_text())
     records = [json.loads(line) for f in sorted(folder.glob("client-*.jsonl")) for line in f.read_text().splitlines()]
-    return {"clients": clients, "processes": len(procs), "records": records, "kill": kill, "caps": caps, "res_caps": res_caps,
-            **figures(records, sampled, caps, res_caps, t0.value, duration, kill)}
+    return {"clients": clients, "processes": len(procs), "records": records, "kill": kill, "caps": caps,
+            "res_caps": res_caps, **figures(records, sampled, caps, res_caps, t0.value, duration, kill)}
 
 
 def figures(records, sampled, caps, res_caps, t0, duration, kill) -> dict[str, Any]:
@@ -333,9 +336,10 @@ def figures(records, sampled, caps, res_caps, t0, duration, kill) -> dict[str, A
                for r in grants)
     pct = (lambda q: 1000 * lat[min(len(lat) - 1, int(q * len(lat)))] if lat else None)
     return {"grants": len(grants), "grants_per_s": sum(t0 <= r["t_got"] <= t0 + duration for r in grants) / duration,
-            "gpu_util": held / (len(caps["memory"]) * duration), "p50_ms": pct(0.5), "p99_ms": pct(0.99), "timeouts": sum(r["kind"] == "timeout" for r in records),
+            "gpu_util": held / (len(caps["memory"]) * duration), "p50_ms": pct(0.5), "p99_ms": pct(0.99),
+            "timeouts": sum(r["kind"] == "timeout" for r in records),
             "timeout_overrun_ms_max": 1000 * max([0.0, *overrun]),
-            "timeouts_late": sum(o > OVERRUN_TARGET_MS / 1000 for o in overrun),
+            "late_returns": sum(o > OVERRUN_TARGET_MS / 1000 for o in overrun),
             "errors": sum(r["kind"] == "error" or "error" in r and r["kind"] == "grant" for r in records),
             "stuck": sum(r["kind"] == "stuck" for r in records), "fifo": fifo_inversions(records, seen),
             "sampled_violations": sampled["violations"], "replay_violations": replayed,
@@ -366,7 +370,7 @@ def run(clients: Iterable[int], duration: float, threads: int, seed: int, log: C
             ph = run_phase(n, duration, threads, root, seed)
             phases.append(ph)
             log(f"  {n:>4} clients: {ph['grants_per_s']:8.1f} grants/s, {ph['timeouts']} timeouts, "
-                f"{len(ph['fifo'])} FIFO inversions; {ph['samples']} samples, {ph['tickets_seen']} tickets seen waiting "
+                f"{len(ph['fifo'])} FIFO inversions; {ph['samples']} samples, {ph['tickets_seen']} tickets seen "
                 f"({time.perf_counter() - t_start:.0f}s)")
         kp = kill_phase(root, seed=seed)
         log(f"  kill -9: reclaim {kp['reclaim_s']} s, {kp['waiters_granted']}/8 waiters granted")
@@ -375,7 +379,7 @@ def run(clients: Iterable[int], duration: float, threads: int, seed: int, log: C
             shutil.rmtree(root, ignore_errors=True)
     for ph in phases:
         n = ph["clients"]
-        for key in ("grants_per_s", "p50_ms", "p99_ms", "timeouts", "timeouts_late", "timeout_overrun_ms_max",
+        for key in ("grants_per_s", "p50_ms", "p99_ms", "timeouts", "late_returns", "timeout_overrun_ms_max",
                     "errors", "stuck", "samples", "tickets_seen", "processes", "grants", "gpu_util"):
             out[f"{key}_{n}"] = ph[key]
         out[f"fifo_violations_{n}"] = len(ph["fifo"])
@@ -387,22 +391,23 @@ def run(clients: Iterable[int], duration: float, threads: int, seed: int, log: C
             for example in found[:3]:
                 log(f"  {ph['clients']} clients, {what}: {example}")
     lo, hi = min(clients), max(clients)
-    out[f"throughput_ratio_{hi}_vs_{lo}"] = out[f"grants_per_s_{hi}"] / out[f"grants_per_s_{lo}"] if out[f"grants_per_s_{lo}"] else 0.0
+    out[f"throughput_ratio_{hi}_vs_{lo}"] = out[f"grants_per_s_{hi}"] / max(out[f"grants_per_s_{lo}"], 1e-9)
     out["reclaim_s"], out["kill_waiters_granted"] = kp["reclaim_s"], kp["waiters_granted"]
     out["timeout_overrun_ms_max"] = max([ph["timeout_overrun_ms_max"] for ph in phases + [kp]])
     out["fifo_violations"] = sum(len(ph["fifo"]) for ph in phases + [kp])
-    out["invariant_violations"] = sum(len(ph["sampled_violations"]) + len(ph["replay_violations"]) for ph in phases + [kp])
+    out["invariant_violations"] = sum(len(ph["sampled_violations"]) + len(ph["replay_violations"])
+                                      for ph in phases + [kp])
     out["wall_s"] = time.perf_counter() - t_start
     return out
 
 
 def format_table(r: dict[str, Any], clients: list[int]) -> str:
     f = lambda v, spec="8.1f": "-" if v is None else format(v, spec)  # noqa: E731
-    lines = [f"{'clients':>7} {'procs':>5} {'grants/s':>9} {'util':>5} {'p50 ms':>8} {'p99 ms':>8} {'timeouts':>8} {'late':>5} "
-             f"{'overrun ms':>10} {'FIFO inv':>8} {'invariant':>9} {'errors':>6} {'stuck':>5}"]
+    lines = [f"{'clients':>7} {'procs':>5} {'grants/s':>9} {'util':>5} {'p50 ms':>8} {'p99 ms':>8} {'timeouts':>8} "
+             f"{'late':>5} {'overrun ms':>10} {'FIFO inv':>8} {'invariant':>9} {'errors':>6} {'stuck':>5}"]
     for n in clients:
-        lines.append(f"{n:>7} {r[f'processes_{n}']:>5} {f(r[f'grants_per_s_{n}'], '9.1f')} {r[f'gpu_util_{n}']:>5.0%} {f(r[f'p50_ms_{n}'])} "
-                     f"{f(r[f'p99_ms_{n}'])} {r[f'timeouts_{n}']:>8} {r[f'timeouts_late_{n}']:>5} "
+        lines.append(f"{n:>7} {r[f'processes_{n}']:>5} {f(r[f'grants_per_s_{n}'], '9.1f')} {r[f'gpu_util_{n}']:>5.0%} "
+                     f"{f(r[f'p50_ms_{n}'])} {f(r[f'p99_ms_{n}'])} {r[f'timeouts_{n}']:>8} {r[f'late_returns_{n}']:>5} "
                      f"{f(r[f'timeout_overrun_ms_max_{n}'], '10.0f')} {r[f'fifo_violations_{n}']:>8} "
                      f"{r[f'invariant_violations_{n}']:>9} {r[f'errors_{n}']:>6} {r[f'stuck_{n}']:>5}")
     lo, hi = min(clients), max(clients)
@@ -413,11 +418,13 @@ def format_table(r: dict[str, Any], clients: list[int]) -> str:
               ("timeout overrun max (ms)", r["timeout_overrun_ms_max"], f"<= {OVERRUN_TARGET_MS:g}",
                r["timeout_overrun_ms_max"] <= OVERRUN_TARGET_MS),
               ("FIFO violations", r["fifo_violations"], "0", r["fifo_violations"] == 0 and watched("tickets_seen")),
-              ("invariant violations", r["invariant_violations"], "0", r["invariant_violations"] == 0 and watched("samples")),
+              ("invariant violations", r["invariant_violations"], "0",
+               r["invariant_violations"] == 0 and watched("samples")),
               ("reclaim after kill -9 (s)", r["reclaim_s"], f"<= {RECLAIM_TARGET_S:g}",
                r["reclaim_s"] is not None and r["reclaim_s"] <= RECLAIM_TARGET_S)]
     lines.append("")
-    lines += [f"{name:<28} {f(v, '10.3g')}   target {target:<8} {'ok' if ok else 'MISSED'}" for name, v, target, ok in checks]
+    lines += [f"{name:<28} {f(v, '10.3g')}   target {target:<8} {'ok' if ok else 'MISSED'}"
+              for name, v, target, ok in checks]
     lines.append(f"kill -9: {r['kill_waiters_granted']}/8 waiters granted; "
                  f"{r['duration_s']:g}s per phase, {r['threads_per_process']} threads/process; "
                  f"wall time {r['wall_s']:.0f}s on {r['cpus']} CPU(s)")
@@ -441,7 +448,8 @@ def main(argv: list[str] | None = None) -> int:
     if min(clients) < 1 or args.threads < 1 or (args.duration is not None and args.duration <= 0):
         ap.error("--clients, --threads and --duration must be > 0")
     duration = args.duration or (6.0 if args.quick else 20.0)
-    print(f"ledger stress: nodes {', '.join(NODES)} of {NODE_GPUS} + {NODE_CPUS} CPUs each; {duration:g}s per phase", flush=True)
+    print(f"ledger stress: nodes {', '.join(NODES)} of {NODE_GPUS} + {NODE_CPUS} CPUs each; {duration:g}s per phase",
+          flush=True)
     result = run(clients, duration, args.threads, args.seed, log=lambda m: print(m, flush=True), keep=args.keep)
     result["quick"] = args.quick
     print(format_table(result, clients))

@@ -23,7 +23,8 @@ def interval(t0, t1, node="n0", devices=(0,), fraction=0.5, memory=0, cpus=0.0, 
 
 
 def test_overcommit_names_each_capacity():
-    assert overcommit([("n0", [0], 0.5, 8 * GIB, 4, {"license": 1}), ("n0", [0], 0.5, 8 * GIB, 4, {})], CAPS, RES_CAPS) == []
+    full = [("n0", [0], 0.5, 8 * GIB, 4, {"license": 1}), ("n0", [0], 0.5, 8 * GIB, 4, {})]
+    assert overcommit(full, CAPS, RES_CAPS) == []  # exactly at capacity is fine
     found = overcommit([("n0", [0], 0.75, 10 * GIB, 6, {"license": 1}),
                         ("n0", [0], 0.5, 8 * GIB, 8, {"license": 1}), ("n1", [], 0, 0, 0, {"nothere": 1}),
                         ("n0", [9], 0.1, 0, 0, {})], CAPS, RES_CAPS)
@@ -33,7 +34,8 @@ def test_overcommit_names_each_capacity():
 
 
 def test_replay_detects_overlap_and_allows_handover():
-    ok = [interval(0.0, 1.0, fraction=1.0), interval(1.0, 2.0, fraction=1.0), interval(0.5, 1.5, devices=(1,), fraction=1.0)]
+    ok = [interval(0.0, 1.0, fraction=1.0), interval(1.0, 2.0, fraction=1.0),
+          interval(0.5, 1.5, devices=(1,), fraction=1.0)]
     assert replay(ok, CAPS, RES_CAPS) == []  # released at the instant the next one is granted: no overlap
     bad = ok + [interval(1.9, 3.0, fraction=0.25, label="double")]
     found = replay(bad, CAPS, RES_CAPS)
@@ -43,7 +45,8 @@ def test_replay_detects_overlap_and_allows_handover():
 
 
 def grant(label, shape, t_call, granted_at, timeout=5.0):
-    return {"kind": "grant", "label": label, "shape": shape, "t_call": t_call, "granted_at": granted_at, "timeout": timeout}
+    return {"kind": "grant", "label": label, "shape": shape, "t_call": t_call, "granted_at": granted_at,
+            "timeout": timeout}
 
 
 def test_fifo_inversions_only_when_provably_queued_first():
@@ -51,7 +54,8 @@ def test_fifo_inversions_only_when_provably_queued_first():
     records = [grant("a", "s", 0.0, 2.0), grant("b", "s", 0.1, 1.0)]
     assert fifo_inversions(records, {"a": (1, 0.01), "b": (2, 0.11)}) == [("a", "b", 1.0)]
     assert fifo_inversions(records, {"a": (2, 0.01), "b": (1, 0.11)}) == []  # b was queued first
-    assert fifo_inversions([grant("a", "s", 0.0, 2.0), grant("b", "t", 0.1, 1.0)], {"a": (1, 0.01), "b": (2, 0.11)}) == []
+    other_shape = [grant("a", "s", 0.0, 2.0), grant("b", "t", 0.1, 1.0)]
+    assert fifo_inversions(other_shape, {"a": (1, 0.01), "b": (2, 0.11)}) == []
     # b granted at once (never seen waiting): an inversion only if a's ticket existed before b's call
     assert len(fifo_inversions(records, {"a": (1, 0.01)})) == 1
     assert fifo_inversions([grant("a", "s", 0.0, 2.0), grant("b", "s", 0.005, 1.0)], {"a": (1, 0.01)}) == []
@@ -71,7 +75,8 @@ def test_sampler_reads_the_file_read_only_and_finds_an_overcommit(tmp_path):
     db.execute("INSERT INTO tickets (request, created_at) VALUES (?, ?)", (json.dumps({"label": "w"}), 1.5))
     db.commit()
     stop = threading.Event()
-    sampler = threading.Thread(target=_sampler, args=(str(path), capacities(load_pool()), stop, str(tmp_path / "s.json"), 0.01))
+    sampler = threading.Thread(target=_sampler,
+                               args=(str(path), capacities(load_pool()), stop, str(tmp_path / "s.json"), 0.01))
     sampler.start()
     threading.Timer(0.2, stop.set).start()
     sampler.join(10)
