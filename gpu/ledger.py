@@ -41,7 +41,11 @@ from gpu.devices import PoolSpec
 from gpu.errors import AllocationTimeout, ConfigError, LeaseLost, LedgerBusy, LedgerError, LedgerReplaced
 from gpu.ledger_file import LOCK_TIMEOUT_S, LedgerFile, describe_error
 from gpu.liveness import HOST, Owner, process_alive, process_start, process_state
-from gpu.placement import DeviceState, FifoBestFit, NodeState, PlacementPolicy, Request, Waiting, check_ever_fits, plan_grants
+from gpu.wakeup import SAFETY_POLL_S, Doorbells, drain
+from gpu.placement import (
+    Choice, DeviceState, FifoBestFit, NodeState, PlacementPolicy, Request, Waiting, apply_choice,
+    awaits_missing_resource, check_ever_fits, plan_grants,
+)
 from gpu.scenario import positive
 from gpu.units import format_memory
 
@@ -64,6 +68,7 @@ CREATE TABLE IF NOT EXISTS events (
 """
 _ADDED_COLUMNS = {"leases": ("generation INTEGER", "ticket INTEGER"), "events": ("reason TEXT",)}
 _KEEP_EVENTS = 20_000
+_PLAN_BATCH = 16
 _LEASE_COLS = "id, node, devices, fraction, memory, cpus, resources, label, granted_at, generation"
 _EVENT_COLS = "t, kind, lease_id, label, node, devices, fraction, memory, reason"
 
@@ -234,13 +239,17 @@ class PoolLedger(LedgerClient):
         self.owner = Owner.this_process()
         self._file = LedgerFile(os.path.abspath(path)) if path else None
         self.path = self._file.path if self._file else ":memory:"
-        self._lock = threading.RLock()
+        self._lock = threading.RLock()          # the in-memory connection; waiters' bookkeeping
         self._cv = threading.Condition(self._lock)
+        self._idle: list[sqlite3.Connection] = []  # a file's connections not in use right now
+        self._granted_to = threading.local()      # owners a transaction granted to, rung after commit
         if self._file:
-            self._db = self._file.open(_create_schema)
+            self._idle.append(self._file.open(_create_schema))
+            self._bells: Doorbells | None = Doorbells(self._file.pool_id)
         else:
-            self._db = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
-            _create_schema(self._db)
+            self._memory = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
+            _create_schema(self._memory)
+            self._bells = None
         self._capacity = [NodeState(n.name, tuple(DeviceState(d.index, d.memory_total, uuid=d.uuid) for d in n.devices),
                                     n.cpus, n.cpus) for n in spec.nodes]
         super().__init__()
@@ -259,34 +268,66 @@ class PoolLedger(LedgerClient):
         return self._capacity
 
     # -- plumbing -------------------------------------------------------------------------
-    def _connect(self) -> sqlite3.Connection | None:
-        """A connection of a background thread's own (None in memory, where only one exists)."""
+    @contextmanager
+    def _conn(self) -> Iterator[sqlite3.Connection]:
+        """A connection for one call. On a file each thread in a call has its own (threads then wait
+        only on SQLite's lock, and a heartbeat never waits behind a request); in memory the one
+        connection, under the lock."""
         if self._file is None:
-            return None
-        return sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=LOCK_TIMEOUT_S)
+            with self._lock:
+                yield self._memory
+            return
+        try:
+            db = self._idle.pop()
+        except IndexError:
+            db = self._file.connect()
+        try:
+            yield db
+        finally:
+            if self._closed.is_set():
+                db.close()
+            else:
+                self._idle.append(db)
 
     @contextmanager
-    def _tx(self, action: str, db: sqlite3.Connection | None = None) -> Iterator[sqlite3.Connection]:
-        """One write transaction; SQLite failures become LedgerErrors naming the file and ``action``."""
-        own = db is None
-        db = self._db if own else db
-        with self._lock if own else _nothing():
+    def _tx(self, action: str, busy: float | None = None) -> Iterator[sqlite3.Connection]:
+        """One write transaction; SQLite failures become LedgerErrors naming the file and ``action``.
+
+        ``busy`` caps the seconds to wait for another process's write lock (LedgerBusy after it).
+        Owners granted something in the transaction are rung once it committed.
+        """
+        with self._conn() as db:
+            if busy is not None:
+                db.execute(f"PRAGMA busy_timeout={int(1000 * busy)}")
             try:
-                db.execute("BEGIN IMMEDIATE")
-            except sqlite3.Error as exc:
-                raise describe_error(exc, self.path, action) from exc
-            try:
-                if self._file:
-                    self._file.verify(db)
-                yield db
-                db.execute("COMMIT")
-            except BaseException as exc:
-                if db.in_transaction:
-                    db.execute("ROLLBACK")
-                if isinstance(exc, sqlite3.Error):
+                try:
+                    db.execute("BEGIN IMMEDIATE")
+                except sqlite3.Error as exc:
                     raise describe_error(exc, self.path, action) from exc
-                raise
-            if own:
+                self._granted_to.owners = granted = set()
+                try:
+                    if self._file:
+                        self._file.verify(db)
+                    yield db
+                    db.execute("COMMIT")
+                except BaseException as exc:
+                    if db.in_transaction:
+                        db.execute("ROLLBACK")
+                    if isinstance(exc, sqlite3.Error):
+                        raise describe_error(exc, self.path, action) from exc
+                    raise
+            finally:
+                if busy is not None:
+                    db.execute(f"PRAGMA busy_timeout={int(1000 * LOCK_TIMEOUT_S)}")
+        if granted:
+            self._ring(granted)
+
+    def _ring(self, owner_keys: set[str]) -> None:
+        """Wake the watchers of ``owner_keys`` (this process's too)."""
+        if self._bells is not None:
+            self._bells.ring(owner_keys)
+        elif self.owner.key in owner_keys:
+            with self._cv:
                 self._poked = True
                 self._cv.notify_all()
 
@@ -314,15 +355,20 @@ class PoolLedger(LedgerClient):
     def close(self) -> None:
         """Stop the background threads and drop the file lock (leases stay until released or reclaimed)."""
         self._closed.set()
+        self._ring({self.owner.key})
         with self._cv:
             self._cv.notify_all()
         for t in self._threads:
             if t is not threading.current_thread():
                 t.join(timeout=5)
-        with self._lock:
-            self._db.close()
         if self._file:
+            while self._idle:
+                self._idle.pop().close()
             self._file.close()
+            self._bells.close()
+        else:
+            with self._lock:
+                self._memory.close()
 
     def _owner_row(self, owner: Owner | None) -> tuple:
         o = owner or self.owner
@@ -367,28 +413,53 @@ class PoolLedger(LedgerClient):
         return out
 
     def _plan(self, db: sqlite3.Connection) -> None:
-        """Grant every waiting ticket the policy grants now, whoever waits for it, in the policy's order."""
-        rows = db.execute("SELECT id, request, priority, owner, host, pid, pstart FROM tickets").fetchall()
-        if not rows:
-            return
-        waiting = [Waiting(r[0], _parse_request(r[1]), r[2]) for r in rows]
-        grants = plan_grants(self.policy, waiting, self._free_state(db))
-        if not grants:
-            return
-        owners = {r[0]: r[3:] for r in rows}
+        """Grant every waiting ticket the policy grants now, whoever waits for it, in the policy's order.
+
+        A policy that states its order as SQL (``sql_order``) and does not backfill is planned a few
+        tickets at a time, stopping at its first misfit: the transaction, which every process waits
+        on, then costs the same with 10 or 1,000 tickets queued.
+        """
+        columns = "id, request, priority, owner"
+        order = None if self.policy.backfill else getattr(self.policy, "sql_order", None)
+        if order is None:
+            batches: Iterator[list] = iter([db.execute(f"SELECT {columns} FROM tickets").fetchall()])
+        else:
+            cursor = db.execute(f"SELECT {columns} FROM tickets ORDER BY {order}")
+            batches = iter(lambda: cursor.fetchmany(_PLAN_BATCH), [])
+        nodes: list[NodeState] | None = None
+        chosen: list[tuple[Waiting, Choice, str]] = []
+        for rows in batches:
+            if not rows:
+                break
+            nodes = nodes if nodes is not None else self._free_state(db)
+            waiting = [Waiting(r[0], _parse_request(r[1]), r[2]) for r in rows]
+            grants = plan_grants(self.policy, waiting, nodes)
+            for w, r in zip(waiting, rows):
+                if w.ticket in grants:
+                    chosen.append((w, grants[w.ticket], r[3]))
+                    nodes = apply_choice(nodes, w.request, grants[w.ticket])
+                elif order is not None and not (w.request.resources and awaits_missing_resource(w.request, nodes)):
+                    break  # the first misfit: nothing after it is granted
+            else:
+                continue
+            break
+        if chosen:
+            self._grant(db, chosen)
+
+    def _grant(self, db: sqlite3.Connection, chosen: list[tuple[Waiting, Choice, str]]) -> None:
+        """Turn planned tickets into leases of their owners, each with the next fencing generation."""
         row = db.execute("SELECT value FROM meta WHERE key='generation'").fetchone()
         generation = int(row[0]) if row else 0
         now = time.time()
-        for w in waiting:
-            choice = grants.get(w.ticket)
-            if choice is None:
-                continue
+        for w, choice, owner in chosen:
             generation += 1
-            lease = (uuid.uuid4().hex, *owners[w.ticket], w.request.label, choice.node, json.dumps(list(choice.devices)),
+            ticket = db.execute("SELECT owner, host, pid, pstart FROM tickets WHERE id=?", (w.ticket,)).fetchone()
+            lease = (uuid.uuid4().hex, *ticket, w.request.label, choice.node, json.dumps(list(choice.devices)),
                      choice.fraction, choice.memory, w.request.cpus, json.dumps(dict(w.request.resources)), now,
                      now + self.lease_ttl, generation, w.ticket)
             db.execute("INSERT INTO leases VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", lease)
             db.execute("DELETE FROM tickets WHERE id=?", (w.ticket,))
+            self._granted_to.owners.add(owner)
             self._event(db, "allocate", (lease[0], lease[5], lease[6], lease[7], lease[8], lease[9]))
         db.execute("INSERT OR REPLACE INTO meta VALUES ('generation', ?)", (str(generation),))
 
@@ -454,12 +525,12 @@ class PoolLedger(LedgerClient):
         """Queue ``request`` (granted as soon as the policy places it); NeverFitsError if it never can."""
         return self.submit_and_try(request, priority, owner)[0]
 
-    def submit_and_try(self, request: Request, priority: float = 0.0,
-                       owner: Owner | None = None) -> tuple[int, Placement | None]:
+    def submit_and_try(self, request: Request, priority: float = 0.0, owner: Owner | None = None,
+                       busy: float | None = None) -> tuple[int, Placement | None]:
         """Queue ``request`` and plan the queue in one transaction (most requests fit at once)."""
         self._check(request)
         self._start_threads()
-        with self._tx("queue a request") as db:
+        with self._tx("queue a request", busy) as db:
             ticket = self._insert_ticket(db, request, priority, owner)
             self._plan(db)
             placement = self._granted(db, ticket)
@@ -488,21 +559,15 @@ class PoolLedger(LedgerClient):
         even while another process holds the ledger's write lock.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
-        with self._lock:
-            wait = LOCK_TIMEOUT_S if timeout is None else min(LOCK_TIMEOUT_S, timeout)
-            self._db.execute(f"PRAGMA busy_timeout={int(1000 * wait)}")
-            try:
-                ticket, placement = self.submit_and_try(request, priority)
-            except LedgerBusy as exc:
-                raise AllocationTimeout(f"request {request.describe()} got no placement within {timeout}s: "
-                                        f"{exc}") from exc
-            finally:
-                self._db.execute(f"PRAGMA busy_timeout={int(1000 * LOCK_TIMEOUT_S)}")
+        try:
+            ticket, placement = self.submit_and_try(request, priority, busy=timeout)
+        except LedgerBusy as exc:
+            raise AllocationTimeout(f"request {request.describe()} got no placement within {timeout}s: {exc}") from exc
         if placement is not None:
             return placement
         with self._cv:
             self._outcomes[ticket] = None
-            self._cv.notify_all()
+            self._wake_watcher()
             try:
                 while True:
                     outcome = self._outcomes[ticket]
@@ -517,7 +582,7 @@ class PoolLedger(LedgerClient):
                     self._cv.wait(wait)
             except BaseException:
                 self._abandoned.add(ticket)
-                self._cv.notify_all()
+                self._wake_watcher()
                 raise
             finally:
                 self._outcomes.pop(ticket, None)
@@ -555,9 +620,9 @@ class PoolLedger(LedgerClient):
         """Extend the expiry of everything ``owner`` holds or waits for; the lease ids it still holds."""
         return self._renew(owner)
 
-    def _renew(self, owner: Owner | None = None, db: sqlite3.Connection | None = None) -> set[str]:
+    def _renew(self, owner: Owner | None = None) -> set[str]:
         key = (owner or self.owner).key
-        with self._tx("renew leases", db) as tx:
+        with self._tx("renew leases") as tx:
             expires = time.time() + self.lease_ttl
             tx.execute("UPDATE leases SET expires_at=? WHERE owner=?", (expires, key))
             tx.execute("UPDATE tickets SET expires_at=? WHERE owner=?", (expires, key))
@@ -571,23 +636,21 @@ class PoolLedger(LedgerClient):
             raise LeaseLost(f"lease {placement.describe()} (generation {placement.generation}) is no longer held: "
                             f"{self._loss_reason(placement.lease_id)}")
 
-    def _loss_reason(self, lease_id: str, db: sqlite3.Connection | None = None) -> str:
-        with self._lock if db is None else _nothing():
-            row = (db or self._db).execute("SELECT reason, t FROM events WHERE lease_id=? AND kind='reclaim'",
-                                           (lease_id,)).fetchone()
+    def _loss_reason(self, lease_id: str) -> str:
+        with self._conn() as db:
+            row = db.execute("SELECT reason, t FROM events WHERE lease_id=? AND kind='reclaim'", (lease_id,)).fetchone()
         if row is None:
             return "it is no longer in the ledger"
         return f"reclaimed at {time.strftime('%H:%M:%S', time.localtime(row[1]))}: {row[0]}"
 
     # -- background threads ---------------------------------------------------------------------
     def _heartbeat_loop(self) -> None:
-        """Renew this process's leases on a connection of its own, and notice the ones taken away."""
-        db = self._connect()
+        """Renew this process's leases (on a connection no request waits on) and notice the ones taken away."""
         failing = False
         while not self._closed.wait(self.lease_ttl / 3):
             held = list(self._held)
             try:
-                alive = self._renew(None, db)
+                alive = self._renew()
             except LedgerReplaced as exc:
                 self._lose(held, str(exc))
                 continue
@@ -597,68 +660,77 @@ class PoolLedger(LedgerClient):
                 failing = True
                 continue
             failing = False
-            lost = [i for i in held if i not in alive and i in self._held]
-            for lease_id in lost:
-                self._lose([lease_id], self._loss_reason(lease_id, db))
-        if db is not None:
-            db.close()
+            for lease_id in held:
+                if lease_id not in alive and lease_id in self._held:
+                    self._lose([lease_id], self._loss_reason(lease_id))
+
+    def _wake_watcher(self) -> None:
+        self._ring({self.owner.key})
+        with self._cv:
+            self._poked = True
+            self._cv.notify_all()
 
     def _watch_loop(self) -> None:
-        """Learn the fate of this process's waiting tickets; withdraw the abandoned ones."""
-        db = self._connect()
-        seen, idle, next_reclaim = None, 0.001, 0.0
+        """Learn the fate of this process's waiting tickets; withdraw the abandoned ones.
+
+        It sleeps on this process's doorbell (a file-backed pool) or the condition (in memory), and
+        looks at the ledger when rung, every ``SAFETY_POLL_S`` anyway, and for dead holders every
+        ``reclaim_interval`` while something waits.
+        """
+        bell = self._bells.listen(self.owner.key) if self._bells else None
+        next_reclaim = next_look = 0.0
         while not self._closed.is_set():
             with self._cv:
                 waiting = [t for t, o in self._outcomes.items() if o is None]
                 abandoned = list(self._abandoned)
-                if not waiting and not abandoned:
-                    self._cv.wait(1.0)
-                    continue
+                poked, self._poked = self._poked, False
+            now = time.monotonic()
             try:
                 for ticket in abandoned:
                     self.cancel(ticket)
                     self._abandoned.discard(ticket)
-                if waiting and time.monotonic() >= next_reclaim:
-                    next_reclaim = time.monotonic() + self.reclaim_interval
-                    if self._reclaim_due(db):
+                if waiting and now >= next_reclaim:
+                    next_reclaim = now + self.reclaim_interval
+                    if self._reclaim_due():
                         with self._tx("free the slices of dead holders") as tx:
                             self._reclaim(tx)
-                version = db.execute("PRAGMA data_version").fetchone()[0] if db else None
-                if self._poked or version != seen:
-                    seen, self._poked, idle = version, False, 0.001
-                    self._collect(db, waiting)
-                else:
-                    idle = min(idle * 1.5, 0.01)
+                if waiting and (poked or now >= next_look):
+                    next_look = now + SAFETY_POLL_S
+                    self._collect(waiting)
             except LedgerReplaced as exc:
                 self._deliver({t: exc for t in waiting})
             except LedgerError as exc:
                 log.warning("pool %s: waiting for a grant: %s", self.path, exc)
-                idle = 0.1
-            with self._cv:
-                if not self._poked:
-                    self._cv.wait(idle)
-        if db is not None:
-            db.close()
+            sleep = min(self.reclaim_interval, SAFETY_POLL_S) if waiting or abandoned else 1.0
+            if bell is not None:
+                rung = drain(bell, sleep)
+            else:
+                with self._cv:
+                    if not self._poked:
+                        self._cv.wait(sleep)
+                    rung = self._poked
+            if rung:
+                with self._cv:
+                    self._poked = True
+        if bell is not None:
+            bell.close()
 
-    def _reclaim_due(self, db: sqlite3.Connection | None) -> bool:
-        with self._lock if db is None else _nothing():
-            row = (db or self._db).execute("SELECT value FROM meta WHERE key='last_reclaim'").fetchone()
+    def _reclaim_due(self) -> bool:
+        with self._conn() as db:
+            row = db.execute("SELECT value FROM meta WHERE key='last_reclaim'").fetchone()
         return row is None or time.time() - float(row[0]) >= self.reclaim_interval
 
-    def _collect(self, db: sqlite3.Connection | None, waiting: list[int]) -> None:
+    def _collect(self, waiting: list[int]) -> None:
         """Read, in one snapshot, which of ``waiting`` were granted or dropped."""
-        if not waiting:
-            return
         marks = ",".join("?" * len(waiting))
-        with self._lock if db is None else _nothing():
-            conn = db or self._db
-            conn.execute("BEGIN")
+        with self._conn() as db:
+            db.execute("BEGIN")
             try:
-                granted = conn.execute(f"SELECT ticket, {_LEASE_COLS} FROM leases WHERE ticket IN ({marks})",
-                                       waiting).fetchall()
-                queued = {r[0] for r in conn.execute(f"SELECT id FROM tickets WHERE id IN ({marks})", waiting)}
+                granted = db.execute(f"SELECT ticket, {_LEASE_COLS} FROM leases WHERE ticket IN ({marks})",
+                                     waiting).fetchall()
+                queued = {r[0] for r in db.execute(f"SELECT id FROM tickets WHERE id IN ({marks})", waiting)}
             finally:
-                conn.execute("COMMIT")
+                db.execute("COMMIT")
         outcomes: dict[int, Placement | BaseException] = {r[0]: self._placement(r[1:]) for r in granted}
         for ticket in waiting:
             if ticket not in outcomes and ticket not in queued:
@@ -753,11 +825,6 @@ class PoolLedger(LedgerClient):
             lines.append(f"lease {self._placement(r[:-3]).describe()} held by {holder}")
         lines.append(f"{waiting} request(s) waiting")
         return lines
-
-
-@contextmanager
-def _nothing() -> Iterator[None]:
-    yield
 
 
 def register_worker(path: str, owner_key: str) -> None:

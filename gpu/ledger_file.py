@@ -123,8 +123,12 @@ class LedgerFile:
             "the file was deleted or truncated under them. Starting an empty pool would grant their GPUs again; "
             "stop those processes (or restore the file) first")
 
+    def connect(self) -> sqlite3.Connection:
+        """A new connection to the file (one per thread of use: threads then wait only on SQLite's lock)."""
+        return sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=LOCK_TIMEOUT_S)
+
     def _connect_and_adopt(self, create_schema) -> sqlite3.Connection:
-        db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=LOCK_TIMEOUT_S)
+        db = self.connect()
         try:
             db.execute("PRAGMA journal_mode=WAL")
             db.execute("PRAGMA synchronous=NORMAL")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Protocol, Sequence
+from typing import ClassVar, Iterable, Mapping, Protocol, Sequence
 
 from gpu.errors import ConfigError, NeverFitsError
 from gpu.scenario import positive
@@ -193,6 +193,7 @@ class FifoBestFit:
     """
 
     backfill: bool = False
+    sql_order: ClassVar[str] = "priority DESC, id"  # ``order`` as the ledger's SQL sorts tickets
 
     def order(self, waiting: Sequence[Waiting]) -> list[Waiting]:
         return sorted(waiting, key=lambda w: (-w.priority, w.ticket))

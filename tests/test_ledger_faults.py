@@ -87,15 +87,30 @@ def path(tmp_path) -> Path:
     return tmp_path / "pool.sqlite"
 
 
-def test_a_failed_grant_never_leaks_into_the_next_request(path):
-    """Disk full mid-grant (SQLite's page limit: a real SQLITE_FULL): the next request gets exactly itself."""
+def test_a_failed_grant_never_leaks_into_the_next_request(path, monkeypatch):
+    """Disk full mid-grant (SQLite's page limit on every connection: a real SQLITE_FULL): the next request
+    gets exactly itself."""
+    from gpu.ledger_file import LedgerFile
+
+    limit = {"pages": 1073741823}
+    connect = LedgerFile.connect
+
+    def limited(self):
+        db = connect(self)
+        db.execute(f"PRAGMA max_page_count={limit['pages']}")
+        return db
+
+    monkeypatch.setattr(LedgerFile, "connect", limited)
     ledger = pool(path)
-    pages = ledger._db.execute("PRAGMA page_count").fetchone()[0]
-    ledger._db.execute(f"PRAGMA max_page_count={pages}")
+    limit["pages"] = ledger._idle[0].execute("PRAGMA page_count").fetchone()[0]
+    for db in ledger._idle:
+        db.execute(f"PRAGMA max_page_count={limit['pages']}")
     with pytest.raises(LedgerError, match="disk holding it is full") as err:
         ledger.allocate(Request(gpus=0.25, label="x" * 9000), timeout=1)
     assert "Traceback" not in str(err.value) and str(path) in str(err.value)
-    ledger._db.execute("PRAGMA max_page_count=1073741823")
+    monkeypatch.undo()
+    for db in ledger._idle:
+        db.execute("PRAGMA max_page_count=1073741823")
     whole = ledger.allocate(Request(gpus=1, label="whole"), timeout=1)
     other = ledger.allocate(Request(gpus=1, label="other"), timeout=1)
     assert (whole.fraction, whole.label, other.label) == (1.0, "whole", "other")
