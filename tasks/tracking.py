@@ -34,8 +34,9 @@ from gpu.state import state_dir
 log = logging.getLogger("gpuflows.tracking")
 
 HOST_TAG, PID_TAG, PSTART_TAG = "gpuflows.host", "gpuflows.pid", "gpuflows.pstart"
-_OPENED: set[str] = set()
+_OPENED: set[str] = set()  # tracking URIs whose store this process has opened
 _OPEN_LOCK = threading.Lock()
+_TRACKERS: dict[str, RunTracker] = {}  # by flow run id, for flow_tracker()
 
 
 def default_tracking_uri() -> str:
@@ -235,19 +236,19 @@ class RunTracker:
         except Exception as exc:
             self._error("could not create the flow's MLflow run: nothing of this flow run is logged", exc)
             client = None
-        try:  # before the flow gets its run id: a flow that completes a dead run's records races no sweep
-            if client is not None:
+        if client is not None:
+            try:  # before the flow gets its run id, so a flow completing a dead run's records races no sweep
                 mark_dead_runs_killed(client)
-        except Exception:
-            log.exception("could not mark the MLflow runs of dead processes KILLED")
-        finally:
-            self._ready.set()
+            except Exception:
+                log.exception("could not mark the MLflow runs of dead processes KILLED")
+        self._ready.set()
         while True:
             item = self._queue.get()
             if isinstance(item, threading.Event):
                 item.set()
                 continue
             if isinstance(item, str):  # the flow's final status: the end
+                status = item
                 break
             self._records.append(item)
             if client is not None:
@@ -258,7 +259,7 @@ class RunTracker:
         if client is not None:
             try:
                 self._log_timeline(client)
-                client.set_terminated(self.parent_run_id, item)
+                client.set_terminated(self.parent_run_id, status)
             except Exception as exc:
                 self._error("could not finish the flow's MLflow run", exc)
 
@@ -322,9 +323,6 @@ class RunTracker:
         if state is None or state.is_completed():
             return "FINISHED"
         return "FAILED" if state.is_failed() or state.name == "AwaitingRetry" else "KILLED"
-
-
-_TRACKERS: dict[str, RunTracker] = {}
 
 
 def flow_tracker() -> RunTracker | None:

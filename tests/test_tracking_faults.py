@@ -176,6 +176,18 @@ def test_a_tracker_that_cannot_log_says_so_in_the_flow_result(state_dir, tmp_pat
     assert [r["round"] for r in out["rounds"]] == [0] and out["mlflow_run_id"] is None
     assert len(out["mlflow_errors"]) == 1 and "could not create the flow's MLflow run" in out["mlflow_errors"][0]
 
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterLevel
+
+    deadline = time.monotonic() + 60  # and at ERROR in the flow run's Prefect logs (sent in the background)
+    while True:
+        with get_client(sync_client=True) as client:
+            errors = client.read_logs(LogFilter(level=LogFilterLevel(ge_=40)))
+        if any("could not create the flow's MLflow run" in e.message and e.flow_run_id for e in errors):
+            break
+        assert time.monotonic() < deadline, [e.message[:200] for e in errors]
+        time.sleep(0.2)
+
 
 # A Cilantro flow killed (SIGKILL, from inside the real code path) after round 1's state was saved: before its
 # MLflow run was created ("after_save") or after it was created and filled but before it was ended ("mid_log").
