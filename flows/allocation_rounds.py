@@ -185,6 +185,7 @@ def _rounds(s: RoundSettings) -> dict:
         alloc_state.unlogged = saved.get("unlogged", [])
     parent = flow_mlflow_run_id() if s.tracking_uri else None
     tracker = flow_tracker()
+    # a crashed run's rounds, once the tracker has marked that run's dead runs KILLED (flow_mlflow_run_id waits)
     errors = _log_unlogged(s, alloc_state)[1] if s.tracking_uri and alloc_state.unlogged else []
     ckpt_dir = state_path(s.run_name).with_suffix("")
     start, rows = alloc_state.next_round, []
