@@ -13,9 +13,10 @@ training job (``tasks.cilantro_jobs``) — share ``capacity`` GPU units of a poo
    report period;
 3. **learn** — reports update the learners and forecasters (the first ``warmup_reports`` of each
    job are skipped), W_S, W_E and F_NJC (eqs. 3.1–3.3, ``gpu.schedulers.cilantro.metrics``) are
-   computed, the round is logged as an MLflow run nested under the flow's run, and the whole state
-   (learners, forecasters, policy, RNG, round number, last allocation, checkpoints) is written to
-   ``state_dir()/cilantro/<run_name>.json``. A job whose task fails keeps its learner unchanged,
+   computed, the whole state (learners, forecasters, policy, RNG, round number, last allocation,
+   checkpoints, the round's MLflow record) is written to ``state_dir()/cilantro/<run_name>.json``, and
+   then the round is logged as an MLflow run nested under the flow's run (a crash in between logs it
+   on the next run, once). A job whose task fails keeps its learner unchanged,
    scores utility 0 for the round (F_NJC counts it as fully deprived), and the next round goes on.
 
 ``rounds`` is how many rounds *this* flow run executes: with ``resume=True`` a run named like an
@@ -40,12 +41,13 @@ import math
 import re
 import sys
 import time
+import uuid
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from prefect import flow
+from prefect import flow, get_run_logger
 
 from gpu.devices import discover
 from gpu.errors import ConfigError
@@ -59,6 +61,7 @@ from tasks.cilantro_allocator import (Allocator, RoundSettings, load_state, roun
 from tasks.cilantro_jobs import JobConfig, RoundWindow, run_service, run_trainer
 from tasks.requests import gpu_options
 from tasks.runners import GpuTaskRunner, flow_mlflow_run_id
+from tasks.tracking import ensure_experiment, flow_tracker, holder_tags, open_client
 from tasks.ui import publish_table
 
 MODES = ("process", "thread")
@@ -72,19 +75,9 @@ DEFAULT_JOBS: tuple[JobConfig, ...] = (
 )
 
 
-def _log_round(s: RoundSettings, parent: str | None, row: dict, results: dict[str, dict | None]) -> str | None:
-    """One MLflow run per round, nested under the flow's run."""
-    if parent is None:
-        return None
-    from mlflow import MlflowClient
-    from mlflow.entities import Metric, Param, RunTag
-
-    from tasks.tracking import ensure_experiment
-
-    client = MlflowClient(s.tracking_uri)
-    run = client.create_run(ensure_experiment(client, s.experiment), run_name=f"{s.run_name}-round-{row['round']}",
-                            tags={"mlflow.parentRunId": parent})
-    now, values = int(time.time() * 1000), {}
+def _round_record(s: RoundSettings, parent: str, row: dict, results: dict[str, dict | None]) -> dict:
+    """What MLflow gets for one round, as plain JSON: saved with the state first, logged after (``_log_round``)."""
+    values = {}
     for name, a in row["allocation"].items():
         values[f"alloc_{name}"] = a
         values[f"load_ucb_{name}"] = row["load_ucb"][name]
@@ -100,16 +93,58 @@ def _log_round(s: RoundSettings, parent: str | None, row: dict, results: dict[st
     values.update({k: row[k] for k in ("social_welfare", "egalitarian_welfare", "njc_fairness") if k in row})
     values.update(decision_time_s=row["decision_s"], allocated_total=sum(row["allocation"].values()),
                   round_wall_s=row["wall_s"], failed_jobs=len(row["failed"]))
-    tags = {"cilantro.policy": s.policy, "cilantro.round": str(row["round"]), "cilantro.run_name": s.run_name,
-            "cilantro.failed": ",".join(row["failed"])}
     params = {"capacity": s.capacity, "unit": s.unit, "round_s": s.round_s, "report_s": s.report_s,
               "max_change": s.max_change, "policy": s.policy}
-    client.log_batch(run.info.run_id, metrics=[Metric(k, float(v), now, row["round"]) for k, v in values.items()
-                                                      if math.isfinite(v)],
-                     params=[Param(k, str(v)) for k, v in params.items()],
-                     tags=[RunTag(k, v) for k, v in tags.items()])
-    client.set_terminated(run.info.run_id, "FINISHED" if not row["failed"] else "FAILED")
-    return run.info.run_id
+    return {"id": uuid.uuid4().hex, "round": row["round"], "parent": parent, "experiment": s.experiment,
+            "name": f"{s.run_name}-round-{row['round']}", "time": int(time.time() * 1000),
+            "status": "FAILED" if row["failed"] else "FINISHED",
+            "metrics": {k: float(v) for k, v in values.items() if math.isfinite(v)},
+            "params": {k: str(v) for k, v in params.items()},
+            "tags": {"cilantro.policy": s.policy, "cilantro.round": str(row["round"]), "cilantro.run_name": s.run_name,
+                     "cilantro.failed": ",".join(row["failed"])}}
+
+
+def _log_round(client: Any, rec: dict) -> str:
+    """Log one round record as a run nested under its flow's run; returns the run id.
+
+    Idempotent: a run already tagged with the record's id (its process died after creating it, or after
+    ending it but before the state forgot the record) is completed or kept, never duplicated; completing
+    it makes this process its holder, so no sweeper takes it for the dead one's.
+    """
+    from mlflow.entities import Metric, Param, RunTag
+
+    exp_id = ensure_experiment(client, rec["experiment"])
+    found = client.search_runs([exp_id], f"tags.`cilantro.record` = '{rec['id']}'", max_results=1)
+    if found and found[0].info.status in ("FINISHED", "FAILED"):
+        return found[0].info.run_id
+    run_id = found[0].info.run_id if found else client.create_run(
+        exp_id, run_name=rec["name"], start_time=rec["time"],
+        tags={"mlflow.parentRunId": rec["parent"], "cilantro.record": rec["id"], **holder_tags()}).info.run_id
+    client.log_batch(run_id, metrics=[Metric(k, v, rec["time"], rec["round"]) for k, v in rec["metrics"].items()],
+                     params=[Param(k, v) for k, v in rec["params"].items()],
+                     tags=[RunTag(k, v) for k, v in {**rec["tags"], **holder_tags()}.items()])
+    client.set_terminated(run_id, rec["status"])
+    return run_id
+
+
+def _log_unlogged(s: RoundSettings, alloc_state: Allocator) -> tuple[dict[int, str], list[str]]:
+    """Log the saved round records not yet known to be in MLflow, oldest first: ``{round: run id}`` and errors.
+
+    A logged record leaves ``alloc_state.unlogged`` (the next save drops it from the file); on a failure the
+    rest stay there for the next flow run of this run_name, and the error is logged and returned.
+    """
+    logged: dict[int, str] = {}
+    try:
+        client = open_client(s.tracking_uri)
+        for rec in list(alloc_state.unlogged):
+            logged[rec["round"]] = _log_round(client, rec)
+            alloc_state.unlogged.remove(rec)
+    except Exception as exc:
+        msg = (f"rounds {[r['round'] for r in alloc_state.unlogged]} not logged to MLflow yet, kept in the state "
+               f"for the next run: {exc!r}")
+        get_run_logger().error(msg)
+        return logged, [msg]
+    return logged, []
 
 
 def _run_jobs(s: RoundSettings, alloc: dict[str, float], r: int, ckpt_dir: Path,
@@ -144,9 +179,14 @@ def cilantro_rounds(s: RoundSettings) -> dict:
 
 
 def _rounds(s: RoundSettings) -> dict:
-    saved = load_state(s.run_name) if s.resume else None
-    alloc_state = Allocator(s, saved)
+    saved = load_state(s.run_name)
+    alloc_state = Allocator(s, saved if s.resume else None)
+    if saved and not s.resume:  # starting over still owes MLflow the saved run's unlogged rounds
+        alloc_state.unlogged = saved.get("unlogged", [])
     parent = flow_mlflow_run_id() if s.tracking_uri else None
+    tracker = flow_tracker()
+    # a crashed run's rounds, once the tracker has marked that run's dead runs KILLED (flow_mlflow_run_id waits)
+    errors = _log_unlogged(s, alloc_state)[1] if s.tracking_uri and alloc_state.unlogged else []
     ckpt_dir = state_path(s.run_name).with_suffix("")
     start, rows = alloc_state.next_round, []
     for r in range(start, start + s.rounds):
@@ -162,13 +202,16 @@ def _rounds(s: RoundSettings) -> dict:
                "throughput": {n: v["throughput"] for n, v in results.items() if v},
                **round_metrics(s, alloc_state.specs, results)}
         row["wall_s"] = time.perf_counter() - t0
-        row["mlflow_run_id"] = _log_round(s, parent, row, results)
+        if parent is not None:
+            alloc_state.unlogged.append(_round_record(s, parent, row, results))
         stale = [p for n, p in alloc_state.checkpoints.items() if p and p != checkpoints[n]]
         alloc_state.checkpoints, alloc_state.previous, alloc_state.next_round = checkpoints, alloc, r + 1
         alloc_state.history.append({k: row[k] for k in ("round", "allocation", "utilities") if k in row})
-        save_state(s.run_name, alloc_state.to_state())
+        save_state(s.run_name, alloc_state.to_state())  # the round is kept from here on, its MLflow record too
         for p in stale:  # only once the state no longer points at them
             Path(p).unlink(missing_ok=True)
+        logged, failed = _log_unlogged(s, alloc_state) if alloc_state.unlogged and s.tracking_uri else ({}, [])
+        row["mlflow_run_id"], errors = logged.get(r), errors + failed
         rows.append(row)
     publish_table(f"cilantro-rounds-{s.run_name}", [
         {k: row[k] for k in ("round", "allocation", "utilities", "social_welfare", "egalitarian_welfare",
@@ -176,8 +219,8 @@ def _rounds(s: RoundSettings) -> dict:
         f"Cilantro {s.policy}: GPU units allotted per job, the utilities they measured and the welfare/fairness "
         "of each round")
     return {"run_name": s.run_name, "policy": s.policy, "start_round": start, "next_round": alloc_state.next_round,
-            "resumed": saved is not None, "rounds": rows, "state_path": str(state_path(s.run_name)),
-            "mlflow_run_id": parent}
+            "resumed": s.resume and saved is not None, "rounds": rows, "state_path": str(state_path(s.run_name)),
+            "mlflow_run_id": parent, "mlflow_errors": errors + (tracker.flush() if tracker else [])}
 
 
 def _number(value: Any, field: str, *, minimum: float = 0.0, strict: bool = True) -> float:
@@ -271,7 +314,8 @@ def allocation_rounds(rounds: int = 3, round_s: float = 60.0, policy: str = "cil
     Returns:
         ``{"run_name", "policy", "start_round", "next_round", "resumed", "rounds": [{"round",
         "allocation", "utilities", "social_welfare", "egalitarian_welfare", "njc_fairness",
-        "decision_s", "failed", ...}], "state_path", "mlflow_run_id"}``.
+        "decision_s", "failed", ...}], "state_path", "mlflow_run_id", "mlflow_errors"}`` (what could not
+        be logged to MLflow; empty when all was).
     """
     if mode not in MODES:
         raise ConfigError("mode", mode, f"choose one of {MODES}")

@@ -5,7 +5,9 @@ forecasters (``ArimaForecaster`` per service), the policy and its RNG: ``decide(
 frozen ``Snapshot`` from them and calls ``policy.decide``; ``observe(results)`` feeds the jobs'
 reports back. ``to_state()``/``Allocator(settings, state)`` round-trip everything through plain
 JSON, which :func:`save_state` writes atomically to ``state_dir()/cilantro/<run_name>.json`` after
-each completed round; :func:`run_lock` keeps two flow runs off one run's state.
+each completed round; :func:`run_lock` keeps two flow runs off one run's state. The state also carries
+``unlogged``: the MLflow records of rounds saved but not yet known to be logged, so a crash between the
+save and the logging neither loses nor (logging is idempotent) duplicates a round.
 """
 
 from __future__ import annotations
@@ -116,6 +118,7 @@ class Allocator:
         self.feedback: dict[str, Feedback | None] = {j.name: None for j in s.jobs}
         self.checkpoints: dict[str, str | None] = {j.name: None for j in s.jobs}
         self.history: list[dict] = []
+        self.unlogged: list[dict] = []
         if state is not None:
             self._restore(state)
 
@@ -132,6 +135,7 @@ class Allocator:
         self.next_round, self.previous, self.seen = state["next_round"], state["previous"], state["seen"]
         self.feedback = {k: None if v is None else Feedback(*v) for k, v in state["feedback"].items()}
         self.checkpoints, self.history = state["checkpoints"], state["history"]
+        self.unlogged = state.get("unlogged", [])
 
     def to_state(self) -> dict:
         return {"version": STATE_VERSION, "run_name": self.s.run_name, "fingerprint": self.s.fingerprint(),
@@ -140,7 +144,7 @@ class Allocator:
                 "learners": {k: v.get_state() for k, v in self.learners.items()},
                 "forecasters": {k: v.get_state() for k, v in self.forecasters.items()},
                 "feedback": {k: None if f is None else [f.alloc, f.load, f.perf] for k, f in self.feedback.items()},
-                "checkpoints": self.checkpoints, "history": self.history[-100:]}
+                "checkpoints": self.checkpoints, "history": self.history[-100:], "unlogged": self.unlogged}
 
     def load_ucb(self, job: JobConfig) -> float:
         """Upper 90 % bound of the job's load over the next round (round 0: the nominal load)."""

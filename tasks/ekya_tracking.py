@@ -23,6 +23,7 @@ from typing import Any
 
 from gpu.state import state_dir
 from tasks.ekya_window import RunSettings, StreamRuntime, WindowResult
+from tasks.tracking import holder_tags, open_client
 
 
 class WindowLogger:
@@ -34,9 +35,7 @@ class WindowLogger:
         self.client: Any = None
         self.experiment_id: str | None = None
         if parent_run_id is not None:
-            from mlflow import MlflowClient
-
-            self.client = MlflowClient(run.tracking_uri)
+            self.client = open_client(run.tracking_uri)
             self.experiment_id = self.client.get_run(parent_run_id).info.experiment_id
 
     @classmethod
@@ -51,7 +50,7 @@ class WindowLogger:
 
         w, policy = result.window, self.run.policy
         run = self.client.create_run(self.experiment_id, run_name=f"{policy}-window-{w}", tags={
-            "mlflow.parentRunId": self.parent_run_id, "policy": policy, "window": str(w),
+            "mlflow.parentRunId": self.parent_run_id, **holder_tags(), "policy": policy, "window": str(w),
             "failed_retrains": ",".join(result.failures) or "none"})
         rid = run.info.run_id
         jobs = {j.stream: j for j in result.jobs}

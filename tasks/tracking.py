@@ -3,27 +3,122 @@
 Everything is logged from one background thread through ``MlflowClient`` so tracking never
 blocks task execution; ``close()`` drains the queue so nothing logged is lost. The allocation
 timeline (which task held which slice when) is logged as a table and a Gantt-chart PNG.
+
+Every run we create carries its holder's host, pid and process start time, so a later tracker
+marks the runs of processes that died (``kill -9``, OOM) KILLED instead of leaving them RUNNING,
+the way the pool ledger reclaims the leases of dead holders. A tracker that cannot log records
+the error in ``errors`` and logs it at ERROR on the flow run's Prefect logger.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
+import os
 import queue
+import socket
+import sqlite3
 import tempfile
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
+from gpu.ledger import _process_alive, _process_start
 from gpu.state import state_dir
 
 log = logging.getLogger("gpuflows.tracking")
 
+HOST_TAG, PID_TAG, PSTART_TAG = "gpuflows.host", "gpuflows.pid", "gpuflows.pstart"
+_OPENED: set[str] = set()  # tracking URIs whose store this process has opened
+_OPEN_LOCK = threading.Lock()
+_TRACKERS: dict[str, RunTracker] = {}  # by flow run id, for flow_tracker()
+
 
 def default_tracking_uri() -> str:
     return f"sqlite:///{state_dir() / 'mlflow.db'}"
+
+
+def holder_tags() -> dict[str, str]:
+    """Tags naming this process as the holder of a run, for :func:`mark_dead_runs_killed`."""
+    return dict(_holder_tags(os.getpid()))
+
+
+@lru_cache
+def _holder_tags(pid: int) -> tuple[tuple[str, str], ...]:
+    return (HOST_TAG, socket.gethostname()), (PID_TAG, str(pid)), (PSTART_TAG, str(_process_start(pid)))
+
+
+def _sqlite_file(tracking_uri: str) -> Path | None:
+    if not tracking_uri.startswith("sqlite:"):
+        return None
+    from sqlalchemy.engine import make_url
+
+    db = make_url(tracking_uri).database
+    return Path(db) if db and db != ":memory:" else None
+
+
+@contextmanager
+def _file_lock(path: Path | None) -> Iterator[None]:
+    """``flock`` on ``path``: the kernel drops it when the holder dies, so a killed opener blocks nobody."""
+    if path is None:
+        yield
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        yield
+
+
+def open_client(tracking_uri: str) -> Any:
+    """An ``MlflowClient`` on ``tracking_uri`` whose store was initialised once per process, under a file lock.
+
+    A fresh SQLite store is made by running every schema migration; processes doing that at once on one
+    file failed each other's migrations and left the database half-upgraded, unusable by every later flow.
+    ``<db>.lock`` serialises the first open across processes; MLflow caches the store per URI afterwards.
+    """
+    from mlflow import MlflowClient
+
+    with _OPEN_LOCK:
+        if tracking_uri not in _OPENED:
+            db = _sqlite_file(tracking_uri)
+            with _file_lock(db and db.with_name(db.name + ".lock")):
+                try:
+                    MlflowClient(tracking_uri)
+                except Exception:
+                    if db is None or not _set_aside_if_unused(tracking_uri, db):
+                        raise
+                    MlflowClient(tracking_uri)
+            _OPENED.add(tracking_uri)
+    return MlflowClient(tracking_uri)
+
+
+def _set_aside_if_unused(tracking_uri: str, db: Path) -> bool:
+    """Move a SQLite store that cannot be opened and holds no run to ``<db>.broken-<time>``.
+
+    Such a store is a first initialisation that was cut off (killed mid-migration, or broken by the old
+    unlocked race): it has nothing of anybody's, and leaving it would keep every later flow from logging.
+    A store with runs is never touched; the error is raised instead.
+    """
+    try:
+        with sqlite3.connect(db) as con:
+            if con.execute("SELECT 1 FROM runs LIMIT 1").fetchone():
+                return False
+    except sqlite3.OperationalError:  # no runs table: migrations never got that far
+        pass
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    engine = SqlAlchemyStore._engine_map.pop(tracking_uri, None)
+    if engine is not None:
+        engine.dispose()  # its pooled connections still point at the old file
+    aside = db.with_name(f"{db.name}.broken-{int(time.time())}")
+    os.replace(db, aside)
+    log.warning("MLflow store %s could not be opened and held no run; moved it to %s and created a new one", db, aside)
+    return True
 
 
 def ensure_experiment(client: Any, name: str) -> str:
@@ -38,14 +133,27 @@ def ensure_experiment(client: Any, name: str) -> str:
         return client.get_experiment_by_name(name).experiment_id
 
 
-def configure_mlflow(tracking_uri: str | None = None, experiment: str = "gpuflows") -> str:
-    """Point the fluent ``mlflow`` API at our tracking store and experiment; returns the experiment id."""
-    import mlflow
+def mark_dead_runs_killed(client: Any) -> list[str]:
+    """Mark KILLED the RUNNING runs whose holder, a process on this host, has died; returns their ids.
 
-    mlflow.set_tracking_uri(tracking_uri or default_tracking_uri())
-    exp_id = ensure_experiment(mlflow.MlflowClient(), experiment)
-    mlflow.set_experiment(experiment_id=exp_id)
-    return exp_id
+    Only this host's runs: another host's processes cannot be checked from here. The start time guards
+    against a reused pid.
+    """
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    query = f"attributes.status = 'RUNNING' and tags.`{HOST_TAG}` = '{socket.gethostname()}'"
+    dead, token = [], None
+    while experiments:  # collect first: terminating while paging would shift the pages
+        page = client.search_runs(experiments, query, max_results=1000, page_token=token)
+        dead += [r.info.run_id for r in page if PID_TAG in r.data.tags and not _process_alive(
+            int(r.data.tags[PID_TAG]), int(r.data.tags.get(PSTART_TAG) or 0))]
+        token = page.token
+        if not token:
+            break
+    for run_id in dead:
+        client.set_terminated(run_id, "KILLED")
+    if dead:
+        log.warning("marked %d MLflow run(s) of dead processes KILLED: %s", len(dead), ", ".join(dead))
+    return dead
 
 
 @dataclass
@@ -64,19 +172,35 @@ class TaskRecord:
 
 
 class RunTracker:
-    """Background MLflow logger for one flow run."""
+    """Background MLflow logger for one flow run.
+
+    Made inside a flow run (the runner's first submission), it keeps that run's ``flow_run``: Prefect catches
+    a flow's exception before it leaves the task runner, but has set the final state on ``flow_run`` by the
+    time the runner exits, and that state gives the MLflow run's status.
+    """
 
     def __init__(self, tracking_uri: str | None, experiment: str, run_name: str, tags: dict[str, str] | None = None):
+        from prefect.context import FlowRunContext
+
+        ctx = FlowRunContext.get()
         self.tracking_uri = tracking_uri or default_tracking_uri()
         self.experiment = experiment
         self.run_name = run_name
-        self.tags = dict(tags or {})
+        self.tags = {**(tags or {}), **holder_tags()}
         self.parent_run_id: str | None = None
+        self.errors: list[str] = []
+        self._flow_run = ctx.flow_run if ctx else None
         self._ready = threading.Event()
         self._queue: queue.Queue = queue.Queue()
         self._records: list[TaskRecord] = []
+        if self._flow_run is not None:
+            _TRACKERS[str(self._flow_run.id)] = self
         self._thread = threading.Thread(target=self._loop, name="gpuflows-mlflow", daemon=True)
         self._thread.start()
+
+    @property
+    def healthy(self) -> bool:
+        return not self.errors
 
     def task_finished(self, record: TaskRecord) -> None:
         self._queue.put(record)
@@ -86,41 +210,64 @@ class RunTracker:
         self._ready.wait(timeout)
         return self.parent_run_id
 
-    def _loop(self) -> None:
-        from mlflow import MlflowClient
+    def flush(self, timeout: float = 60.0) -> list[str]:
+        """Wait until what was queued so far is logged; the errors so far, for the flow's result."""
+        done = threading.Event()
+        self._queue.put(done)
+        if not done.wait(timeout):
+            return [*self.errors, f"MLflow logging still behind after {timeout:g} s"]
+        return list(self.errors)
 
+    def _error(self, what: str, exc: BaseException) -> None:
+        """Record a logging failure and say so at ERROR where the flow run's logs go (its Prefect UI page)."""
+        self.errors.append(f"{what}: {exc!r}")
+        logger = log
+        if self._flow_run is not None:
+            from prefect.logging.loggers import flow_run_logger
+
+            logger = flow_run_logger(self._flow_run)
+        logger.error("MLflow tracking of %s: %s", self.run_name, what, exc_info=exc)
+
+    def _loop(self) -> None:
         try:
-            client = MlflowClient(self.tracking_uri)
+            client = open_client(self.tracking_uri)
             exp_id = ensure_experiment(client, self.experiment)
-            run = client.create_run(exp_id, run_name=self.run_name, tags=self.tags)
-            self.parent_run_id = run.info.run_id
-        except Exception:
-            log.exception("MLflow tracking disabled for this flow run: could not create the run")
+            self.parent_run_id = client.create_run(exp_id, run_name=self.run_name, tags=self.tags).info.run_id
+        except Exception as exc:
+            self._error("could not create the flow's MLflow run: nothing of this flow run is logged", exc)
             client = None
-        finally:
-            self._ready.set()
+        if client is not None:
+            try:  # before the flow gets its run id, so a flow completing a dead run's records races no sweep
+                mark_dead_runs_killed(client)
+            except Exception:
+                log.exception("could not mark the MLflow runs of dead processes KILLED")
+        self._ready.set()
         while True:
             item = self._queue.get()
-            if item is None:
+            if isinstance(item, threading.Event):
+                item.set()
+                continue
+            if isinstance(item, str):  # the flow's final status: the end
+                status = item
                 break
             self._records.append(item)
             if client is not None:
                 try:
                     self._log_task(client, exp_id, item)
-                except Exception:
-                    log.exception("could not log task %s to MLflow", item.name)
+                except Exception as exc:
+                    self._error(f"could not log task {item.name}", exc)
         if client is not None:
             try:
                 self._log_timeline(client)
-                client.set_terminated(self.parent_run_id, "FINISHED")
-            except Exception:
-                log.exception("could not finish the MLflow run")
+                client.set_terminated(self.parent_run_id, status)
+            except Exception as exc:
+                self._error("could not finish the flow's MLflow run", exc)
 
     def _log_task(self, client: Any, exp_id: str, r: TaskRecord) -> None:
         from mlflow.entities import Metric, Param
 
         child = client.create_run(exp_id, run_name=r.name, start_time=int(r.submitted_at * 1000),
-                                  tags={"mlflow.parentRunId": self.parent_run_id,
+                                  tags={"mlflow.parentRunId": self.parent_run_id, **holder_tags(),
                                         "prefect.task_run_id": r.task_run_id, "gpuflows.state": r.state})
         p = r.placement or {}
         params = {"node": p.get("node", ""), "devices": ",".join(str(i) for i in p.get("devices", [])) or "none",
@@ -161,9 +308,29 @@ class RunTracker:
         client.log_batch(self.parent_run_id, metrics=metrics)
 
     def close(self, timeout: float = 120.0) -> None:
-        """Flush everything queued and finish the MLflow run."""
-        self._queue.put(None)
+        """Log everything queued and end the MLflow run as the flow run ended."""
+        self._queue.put(self._final_status())
         self._thread.join(timeout)
+        if self._thread.is_alive():
+            self._error(f"logging did not finish within {timeout:g} s", TimeoutError(self.tracking_uri))
+        if self._flow_run is not None:
+            _TRACKERS.pop(str(self._flow_run.id), None)
+
+    def _final_status(self) -> str:
+        """FINISHED if the flow completed, FAILED if it failed (or awaits a retry), else KILLED: a flow still
+        running when its task runner exits was interrupted (crash, cancellation, a signal)."""
+        state = getattr(self._flow_run, "state", None)
+        if state is None or state.is_completed():
+            return "FINISHED"
+        return "FAILED" if state.is_failed() or state.name == "AwaitingRetry" else "KILLED"
+
+
+def flow_tracker() -> RunTracker | None:
+    """The tracker of the current flow run (the GPU task runner opens it on first submission), or None."""
+    from prefect.context import FlowRunContext
+
+    ctx = FlowRunContext.get()
+    return _TRACKERS.get(str(ctx.flow_run.id)) if ctx and ctx.flow_run else None
 
 
 def timeline_png(rows: list[dict], path: Path | None = None) -> Path | None:
