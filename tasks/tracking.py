@@ -17,7 +17,6 @@ import json
 import logging
 import os
 import queue
-import socket
 import sqlite3
 import tempfile
 import threading
@@ -28,7 +27,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterator
 
-from gpu.ledger import _process_alive, _process_start
+from gpu.liveness import HOST, process_alive, process_start
 from gpu.state import state_dir
 
 log = logging.getLogger("gpuflows.tracking")
@@ -50,7 +49,7 @@ def holder_tags() -> dict[str, str]:
 
 @lru_cache
 def _holder_tags(pid: int) -> tuple[tuple[str, str], ...]:
-    return (HOST_TAG, socket.gethostname()), (PID_TAG, str(pid)), (PSTART_TAG, str(_process_start(pid)))
+    return (HOST_TAG, HOST), (PID_TAG, str(pid)), (PSTART_TAG, str(process_start(pid)))
 
 
 def _sqlite_file(tracking_uri: str) -> Path | None:
@@ -140,11 +139,11 @@ def mark_dead_runs_killed(client: Any) -> list[str]:
     against a reused pid.
     """
     experiments = [e.experiment_id for e in client.search_experiments()]
-    query = f"attributes.status = 'RUNNING' and tags.`{HOST_TAG}` = '{socket.gethostname()}'"
+    query = f"attributes.status = 'RUNNING' and tags.`{HOST_TAG}` = '{HOST}'"
     dead, token = [], None
     while experiments:  # collect first: terminating while paging would shift the pages
         page = client.search_runs(experiments, query, max_results=1000, page_token=token)
-        dead += [r.info.run_id for r in page if PID_TAG in r.data.tags and not _process_alive(
+        dead += [r.info.run_id for r in page if PID_TAG in r.data.tags and not process_alive(
             int(r.data.tags[PID_TAG]), int(r.data.tags.get(PSTART_TAG) or 0))]
         token = page.token
         if not token:
