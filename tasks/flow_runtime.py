@@ -88,3 +88,16 @@ def settings(parameters: dict[str, Any], default_pool: GpuPool | None = None, ex
     if parameters.get("mode") in ("process", "thread"):  # a bad mode is the flow's own check to report
         out["mode"] = parameters["mode"]
     return {**out, **extra}
+
+
+def where_runs_went() -> str:
+    """One line naming where this process's Prefect runs and MLflow runs were recorded, and how to look."""
+    from prefect.settings import PREFECT_API_URL, get_current_settings
+
+    from tasks.tracking import default_tracking_uri
+
+    api = PREFECT_API_URL.value()
+    prefect = (f"Prefect runs: the server at {api}" if api else
+               f"Prefect runs: PREFECT_HOME={get_current_settings().home} (see them with `make server`, "
+               "then http://127.0.0.1:4200)")
+    return f"{prefect}; MLflow runs: {default_tracking_uri()} (`make mlflow-ui`, then http://127.0.0.1:5000)"
