@@ -254,7 +254,7 @@ def allocation_rounds(rounds: int = 3, round_s: float = 60.0, policy: str = "cil
                       resume: bool = True, run_name: str = "cilantro", jobs: list[dict] | None = None,
                       report_s: float = 10.0, max_change: float | None = 0.2, trace_step: int = 10,
                       interference: float = 0.05, warmup_reports: int = 0, seed: int = 0, mode: str = "process",
-                      tracking: MlflowTarget | bool | None = None) -> dict:
+                      tracking: MlflowTarget | bool | str | None = None) -> dict:
     """Run ``rounds`` Cilantro allocation rounds of real jobs sharing ``capacity`` GPUs of ``pool``.
 
     Args:
@@ -270,7 +270,7 @@ def allocation_rounds(rounds: int = 3, round_s: float = 60.0, policy: str = "cil
         interference: relative noise of a slice's speed per report.
         warmup_reports: reports per job ignored by its learner.
         mode: GpuTaskRunner mode, "process" or "thread".
-        tracking: MlflowTarget block, False to switch MLflow off, None for the default target.
+        tracking: MlflowTarget block, the name of a saved one, False to switch MLflow off, None for the default target.
 
     Returns:
         ``{"run_name", "policy", "start_round", "next_round", "resumed", "rounds": [{"round",

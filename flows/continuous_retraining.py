@@ -50,7 +50,7 @@ MODES = ("process", "thread")
 
 
 def runner_settings(parameters: dict) -> dict:
-    """The flow's GPU task runner from its own parameters (``pool``, ``mode``, ``tracking``): every entry point alike."""
+    """The flow's GPU task runner from its own parameters (``pool``, ``mode``, ``tracking``); any entry point."""
     return settings(parameters)
 
 
@@ -108,7 +108,7 @@ def _check(streams: int, windows: int, window_s: float, policy: str, mode: str, 
 @flow(name="ekya-continuous-retraining", task_runner=GpuTaskRunner(configure=runner_settings))
 def continuous_retraining(streams: int = 4, windows: int = 3, window_s: float = 200.0, policy: str = "thief",
                           pool: GpuPool | str | None = None, seed: int = 0, mode: str = "process",
-                          tracking: MlflowTarget | bool | None = None, a_min: float = 0.3, delta: float = 0.1,
+                          tracking: MlflowTarget | bool | str | None = None, a_min: float = 0.3, delta: float = 0.1,
                           full_rate_gpus: float = 0.5, frames: int = 1000, labelled: int = 1000,
                           uniform_config: str = "e5-all-d50", uniform_share: float = 0.5,
                           profile_gpus: float = 0.25, fail_stream: str | None = None, fail_window: int = 0,
@@ -121,7 +121,7 @@ def continuous_retraining(streams: int = 4, windows: int = 3, window_s: float = 
         pool: GpuPool block, the name of a saved one, or None (saved default or simulated 2 x 16 GiB).
         seed: drift, golden model and training seeds.
         mode: GpuTaskRunner mode ("process": one worker process per device set; "thread").
-        tracking: MlflowTarget block, False to switch MLflow off, None for the default target.
+        tracking: MlflowTarget block, the name of a saved one, False to switch MLflow off, None for the default target.
         a_min, delta: thief's minimum instantaneous accuracy and steal quantum (GPUs).
         full_rate_gpus: GPUs one stream's inference needs for the full frame rate.
         frames, labelled: live frames per window, frames per window the golden model labels.

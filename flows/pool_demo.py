@@ -56,20 +56,20 @@ MODES = ("process", "thread")
 
 
 def runner_settings(parameters: dict) -> dict:
-    """The flow's GPU task runner from its own parameters (``pool``, ``mode``, ``tracking``): every entry point alike."""
+    """The flow's GPU task runner from its own parameters (``pool``, ``mode``, ``tracking``); any entry point."""
     return settings(parameters, DEFAULT_POOL)
 
 
 @flow(name="pool-demo", log_prints=True, task_runner=GpuTaskRunner(configure=runner_settings))
 def pool_demo(tasks: int = 20, steps: int = 60, pool: GpuPool | str | None = None, mode: str = "process",
-              tracking: MlflowTarget | bool | None = None) -> list[dict]:
+              tracking: MlflowTarget | bool | str | None = None) -> list[dict]:
     """Submit ``tasks`` training tasks with the request mix and return their placements.
 
     Args:
         tasks, steps: how many training tasks, and training steps per task.
         pool: GpuPool block, the name of a saved one, or None (pool "demo": NVML GPUs, else simulated 2 x 16 GiB).
         mode: GpuTaskRunner mode, "process" (CUDA_VISIBLE_DEVICES per task) or "thread".
-        tracking: MlflowTarget block, False to switch MLflow off, None for the default target.
+        tracking: MlflowTarget block, the name of a saved one, False to switch MLflow off, None for the default target.
     """
     for name, value in (("tasks", tasks), ("steps", steps)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:

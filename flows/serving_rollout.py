@@ -99,7 +99,7 @@ def runner_settings(parameters: dict) -> dict:
 @flow(name="serving-rollout", task_runner=GpuTaskRunner(configure=runner_settings))
 def serving_rollout(spec: dict | str | None = None, duration_s: float | None = None,
                     batch_policy: str | None = None, backend: str = "local", pool: GpuPool | str | None = None,
-                    mode: str = "process", tracking: MlflowTarget | bool | None = None) -> dict[str, Any]:
+                    mode: str = "process", tracking: MlflowTarget | bool | str | None = None) -> dict[str, Any]:
     """Profile, plan, roll out and serve the spec's trace, re-planning every epoch; returns the figures.
 
     Args:
@@ -110,7 +110,8 @@ def serving_rollout(spec: dict | str | None = None, duration_s: float | None = N
             flow under ``GpuRayTaskRunner``, whose ledger the actors' leases then share with Ray tasks).
         pool: GpuPool block whose ledger the workers lease from, a saved block's name, or None (pool "serving").
         mode: GpuTaskRunner mode of the profiling tasks ("process" or "thread").
-        tracking: MlflowTarget block, False to switch MLflow off, None for experiment "serving-rollout".
+        tracking: MlflowTarget block, the name of a saved one, False to switch MLflow off, None for experiment
+            "serving-rollout".
     """
     from tasks.serving.loadgen import LoadGenerator
     from tasks.serving.models import load_digits_tensors, load_or_train

@@ -312,7 +312,7 @@ def _search(algorithm: str, trials: int, iterations: int, seed: int, space: dict
 
 
 def runner_settings(parameters: dict) -> dict:
-    """The flow's GPU task runner from its own parameters (``pool``, ``mode``, ``tracking``): every entry point alike."""
+    """The flow's GPU task runner from its own parameters (``pool``, ``mode``, ``tracking``); any entry point."""
     return settings(parameters)
 
 
@@ -321,7 +321,7 @@ def trial_groups(algorithm: str = "grid", trials: int = 4, iterations: int = 4, 
                  execution: str = "fluid", seed: int = 0, space: dict | None = None, min_iterations: int = 1,
                  generations: int = 2, c: int | None = None, d: int = 1, alpha: float | None = None,
                  chunk: int = 2, mode: str = "process", packing_iterations: int = 300,
-                 tracking: MlflowTarget | bool | None = None, fail_trial: str | None = None,
+                 tracking: MlflowTarget | bool | str | None = None, fail_trial: str | None = None,
                  model_name: str | None = None, progress: bool = True) -> dict:
     """Tune a torch MLP on ``load_digits`` (lr, hidden size, batch size) with FLUID-placed TrialGroups.
 
@@ -340,7 +340,8 @@ def trial_groups(algorithm: str = "grid", trials: int = 4, iterations: int = 4, 
         alpha: packing overhead FLUID assumes for a trial sharing a GPU (Eq. 3.2). None: the curve's fitted alpha
             when c is derived, else 1.5 (consistent with c = 2 by Eq. 3.1). At 1.0 DynamicFluid never moves a
             packed trial to a whole GPU.
-        mode: GpuTaskRunner mode. tracking: MlflowTarget, False for none, None for the default target.
+        mode: GpuTaskRunner mode. tracking: MlflowTarget, a saved one's name, False for none, None for the default
+            target.
         fail_trial: fault injection - this trial id's training raises (e.g. "c0001@0") in its second chunk (its
             first if it has only one), after it held a slice beside the others.
         model_name: registered model name (default ``trial-groups-<algorithm>``).
@@ -367,8 +368,9 @@ def trial_groups(algorithm: str = "grid", trials: int = 4, iterations: int = 4, 
     device = "cpu" if node.devices[0].simulated else node.devices[0].name
     return _search(algorithm, trials, iterations, seed, space, min_iterations, generations, execution,
                    [dev.index for dev in node.devices], device, c, d, None if alpha is None else float(alpha),
-                   packing_iterations, chunk, fail_trial, target.resolved_uri(), model_name or f"trial-groups-{algorithm}",
-                   progress, publish_mlflow_link(runner) if target.enabled else None)
+                   packing_iterations, chunk, fail_trial, target.resolved_uri(),
+                   model_name or f"trial-groups-{algorithm}", progress,
+                   publish_mlflow_link(runner) if target.enabled else None)
 
 
 def main(argv: list[str] | None = None) -> int:
