@@ -1,17 +1,23 @@
 # Two commands do all set-up on a fresh machine: `make demo` and `make test`.
+# `make server` (Prefect UI), `make mlflow-ui`, `make deploy` and `make worker` look at and deploy the flows.
 PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-export PREFECT_HOME ?= $(CURDIR)/.state/prefect
+# One Prefect home for every entry point: the flows default to the same folder when PREFECT_HOME is unset
+# (flows/__init__.py), so runs of `make demo`, `python -m flows.<name>` and the deployments all show in `make server`.
+export GPUFLOWS_STATE_DIR ?= $(CURDIR)/.state
+export PREFECT_HOME ?= $(GPUFLOWS_STATE_DIR)/prefect
+export GPUFLOWS_HOME ?= $(CURDIR)
+PORT ?= 4200
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 60
 export RAY_AUTH_MODE := disabled
 export RAY_USAGE_STATS_ENABLED := 0
 export MLFLOW_DISABLE_TELEMETRY := true
 
-.PHONY: demo test venv clean
+.PHONY: demo test venv clean server mlflow-ui deploy worker
 
 venv: $(STAMP)
 
@@ -30,6 +36,22 @@ demo: $(STAMP)
 test: $(STAMP)
 	mkdir -p "$(PREFECT_HOME)"
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+# The Prefect UI and API on this home's database (runs of the embedded server included): http://127.0.0.1:$(PORT)
+server: $(STAMP)
+	mkdir -p "$(PREFECT_HOME)"
+	$(VENV)/bin/prefect server start --port $(PORT)
+
+mlflow-ui: $(STAMP)
+	$(VENV)/bin/mlflow ui --backend-store-uri "sqlite:///$(GPUFLOWS_STATE_DIR)/mlflow.db"
+
+# With `make server` running: the work pool and every deployment of prefect.yaml, then a process worker.
+deploy: $(STAMP)
+	PREFECT_API_URL=http://127.0.0.1:$(PORT)/api $(VENV)/bin/prefect work-pool create gpuflows --type process --overwrite
+	PREFECT_API_URL=http://127.0.0.1:$(PORT)/api $(VENV)/bin/prefect --no-prompt deploy --all
+
+worker: $(STAMP)
+	PREFECT_API_URL=http://127.0.0.1:$(PORT)/api $(VENV)/bin/prefect worker start --pool gpuflows --type process
 
 clean:
 	rm -rf $(VENV) .state

@@ -1,0 +1,28 @@
+"""gpuflows' Prefect flows, each runnable as ``python -m flows.<name>`` and deployed from ``prefect.yaml``.
+
+One Prefect home for every entry point: importing this package (``python -m flows.<name>``, ``gpuflows demo``,
+a script importing a flow) before Prefect sets ``PREFECT_HOME`` to ``<state folder>/prefect`` — ``./.state/prefect``,
+or ``$GPUFLOWS_STATE_DIR/prefect`` — when it is unset: the folder the Makefile exports for ``make demo``,
+``make server`` (the UI) and ``make worker``. Runs on the embedded (temporary) server land in that home's database,
+so the UI that ``make server`` starts shows them. An explicit ``PREFECT_HOME`` (or ``PREFECT_API_URL``) wins.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+
+def _default_prefect_home() -> None:
+    # Prefect fixes its home when it is first imported; later, changing the variable would split this
+    # process from its task worker processes.
+    if os.environ.get("PREFECT_HOME") or "prefect" in sys.modules:
+        return
+    from gpu.state import state_dir
+
+    home = state_dir() / "prefect"
+    home.mkdir(parents=True, exist_ok=True)  # Prefect creates its home but not the parents
+    os.environ["PREFECT_HOME"] = str(home)
+
+
+_default_prefect_home()

@@ -60,7 +60,8 @@ from tasks.cilantro_allocator import (Allocator, RoundSettings, load_state, roun
                                       state_path)
 from tasks.cilantro_jobs import JobConfig, RoundWindow, run_service, run_trainer
 from tasks.requests import gpu_options
-from tasks.runners import GpuTaskRunner, flow_mlflow_run_id
+from tasks.flow_runtime import flow_runner, pool_block, publish_mlflow_link, settings, tracking_target
+from tasks.runners import GpuTaskRunner
 from tasks.tracking import ensure_experiment, flow_tracker, holder_tags, open_client
 from tasks.ui import publish_table
 
@@ -171,21 +172,13 @@ def _run_jobs(s: RoundSettings, alloc: dict[str, float], r: int, ckpt_dir: Path,
     return results, new_ckpt
 
 
-@flow(name="cilantro-rounds")
-def cilantro_rounds(s: RoundSettings) -> dict:
-    """The rounds themselves; runs as a subflow on the GPU task runner ``allocation_rounds`` builds."""
-    with run_lock(s.run_name):
-        return _rounds(s)
-
-
-def _rounds(s: RoundSettings) -> dict:
+def _rounds(s: RoundSettings, parent: str | None) -> dict:
     saved = load_state(s.run_name)
     alloc_state = Allocator(s, saved if s.resume else None)
     if saved and not s.resume:  # starting over still owes MLflow the saved run's unlogged rounds
         alloc_state.unlogged = saved.get("unlogged", [])
-    parent = flow_mlflow_run_id() if s.tracking_uri else None
     tracker = flow_tracker()
-    # a crashed run's rounds, once the tracker has marked that run's dead runs KILLED (flow_mlflow_run_id waits)
+    # a crashed run's rounds, now that the tracker marked that run's dead runs KILLED (the parent was awaited)
     errors = _log_unlogged(s, alloc_state)[1] if s.tracking_uri and alloc_state.unlogged else []
     ckpt_dir = state_path(s.run_name).with_suffix("")
     start, rows = alloc_state.next_round, []
@@ -287,13 +280,24 @@ def settings_from(*, rounds: int, round_s: float, policy: str, capacity: float, 
                          interference, warmup_reports, int(seed), bool(resume), job_cfgs)
 
 
-@flow(name="cilantro-allocation-rounds")
+DEFAULT_POOL = GpuPool(name="cilantro", simulated="1x16GiB")
+
+
+def runner_settings(parameters: dict) -> dict:
+    """The flow's GPU task runner from its own parameters: ``pool``, ``mode``, ``tracking``, and a worker
+    process per job (every job runs each round at once)."""
+    jobs = parameters.get("jobs")
+    return settings(parameters, DEFAULT_POOL,
+                    workers_per_device_set=max(1, len(jobs) if isinstance(jobs, (list, tuple)) else len(DEFAULT_JOBS)))
+
+
+@flow(name="cilantro-allocation-rounds", task_runner=GpuTaskRunner(configure=runner_settings))
 def allocation_rounds(rounds: int = 3, round_s: float = 60.0, policy: str = "cilantro-njc",
                       pool: GpuPool | str | None = None, capacity: float = 1.0, unit: float = 0.05,
                       resume: bool = True, run_name: str = "cilantro", jobs: list[dict] | None = None,
                       report_s: float = 10.0, max_change: float | None = 0.2, trace_step: int = 10,
                       interference: float = 0.05, warmup_reports: int = 0, seed: int = 0, mode: str = "process",
-                      tracking: MlflowTarget | bool | None = None) -> dict:
+                      tracking: MlflowTarget | bool | str | None = None) -> dict:
     """Run ``rounds`` Cilantro allocation rounds of real jobs sharing ``capacity`` GPUs of ``pool``.
 
     Args:
@@ -309,7 +313,7 @@ def allocation_rounds(rounds: int = 3, round_s: float = 60.0, policy: str = "cil
         interference: relative noise of a slice's speed per report.
         warmup_reports: reports per job ignored by its learner.
         mode: GpuTaskRunner mode, "process" or "thread".
-        tracking: MlflowTarget block, False to switch MLflow off, None for the default target.
+        tracking: MlflowTarget block, the name of a saved one, False to switch MLflow off, None for the default target.
 
     Returns:
         ``{"run_name", "policy", "start_round", "next_round", "resumed", "rounds": [{"round",
@@ -319,16 +323,16 @@ def allocation_rounds(rounds: int = 3, round_s: float = 60.0, policy: str = "cil
     """
     if mode not in MODES:
         raise ConfigError("mode", mode, f"choose one of {MODES}")
-    block = pool if isinstance(pool, GpuPool) else (
-        GpuPool.load_or_default(pool) if pool else GpuPool(name="cilantro", simulated="1x16GiB"))
-    target = tracking if isinstance(tracking, MlflowTarget) else MlflowTarget(enabled=tracking is not False)
+    runner = flow_runner()  # the pool and target resolved from these parameters (or the runner given)
+    block = runner.pool if runner else pool_block(pool, DEFAULT_POOL)
+    target = runner.tracking if runner else tracking_target(tracking)
     s = settings_from(rounds=rounds, round_s=round_s, policy=policy, capacity=capacity, unit=unit, resume=resume,
                       run_name=run_name, jobs=jobs, report_s=report_s, max_change=max_change, trace_step=trace_step,
                       interference=interference, warmup_reports=warmup_reports, seed=seed,
                       pool_gpus=discover(block.simulated, block.device_backend).gpu_count)
     s = replace(s, tracking_uri=target.resolved_uri() if target.enabled else None, experiment=target.experiment)
-    runner = GpuTaskRunner(pool=block, mode=mode, tracking=target, workers_per_device_set=len(s.jobs))
-    return cilantro_rounds.with_options(task_runner=runner)(s)
+    with run_lock(s.run_name):
+        return _rounds(s, publish_mlflow_link(runner) if s.tracking_uri else None)
 
 
 def format_summary(summary: dict) -> str:

@@ -41,19 +41,24 @@ from gpuflows.args import output_file
 from resource_blocks import GpuPool, MlflowTarget
 from tasks.ekya_tasks import WindowSettings, config_grid
 from tasks.ekya_window import RunSettings, WindowResult, run_window, start_streams
-from tasks.runners import GpuTaskRunner, flow_mlflow_run_id
+from tasks.flow_runtime import flow_runner, pool_block, publish_mlflow_link, settings, tracking_target
+from tasks.runners import GpuTaskRunner
 from tasks.ui import publish_table
 
 POLICIES = ("thief", "uniform")
 MODES = ("process", "thread")
 
 
-@flow(name="ekya-retraining-windows")
-def retraining_windows(run: RunSettings) -> dict:
-    """The windows themselves; runs as a subflow on the GPU task runner ``continuous_retraining`` builds."""
+def runner_settings(parameters: dict) -> dict:
+    """The flow's GPU task runner from its own parameters (``pool``, ``mode``, ``tracking``); any entry point."""
+    return settings(parameters)
+
+
+def _windows(run: RunSettings, parent: str | None) -> dict:
+    """The windows themselves, in the flow run (its tasks on the flow's GPU task runner)."""
     from tasks.ekya_tracking import WindowLogger
 
-    logger = WindowLogger.for_flow(run, flow_mlflow_run_id())
+    logger = WindowLogger.for_flow(run, parent)
     golden, streams = start_streams(run)
     results: list[WindowResult] = []
     for w in range(run.windows):
@@ -100,10 +105,10 @@ def _check(streams: int, windows: int, window_s: float, policy: str, mode: str, 
         raise ConfigError("uniform_config", uniform_config, f"choose one of {grid}")
 
 
-@flow(name="ekya-continuous-retraining")
+@flow(name="ekya-continuous-retraining", task_runner=GpuTaskRunner(configure=runner_settings))
 def continuous_retraining(streams: int = 4, windows: int = 3, window_s: float = 200.0, policy: str = "thief",
                           pool: GpuPool | str | None = None, seed: int = 0, mode: str = "process",
-                          tracking: MlflowTarget | bool | None = None, a_min: float = 0.3, delta: float = 0.1,
+                          tracking: MlflowTarget | bool | str | None = None, a_min: float = 0.3, delta: float = 0.1,
                           full_rate_gpus: float = 0.5, frames: int = 1000, labelled: int = 1000,
                           uniform_config: str = "e5-all-d50", uniform_share: float = 0.5,
                           profile_gpus: float = 0.25, fail_stream: str | None = None, fail_window: int = 0,
@@ -116,7 +121,7 @@ def continuous_retraining(streams: int = 4, windows: int = 3, window_s: float = 
         pool: GpuPool block, the name of a saved one, or None (saved default or simulated 2 x 16 GiB).
         seed: drift, golden model and training seeds.
         mode: GpuTaskRunner mode ("process": one worker process per device set; "thread").
-        tracking: MlflowTarget block, False to switch MLflow off, None for the default target.
+        tracking: MlflowTarget block, the name of a saved one, False to switch MLflow off, None for the default target.
         a_min, delta: thief's minimum instantaneous accuracy and steal quantum (GPUs).
         full_rate_gpus: GPUs one stream's inference needs for the full frame rate.
         frames, labelled: live frames per window, frames per window the golden model labels.
@@ -129,8 +134,9 @@ def continuous_retraining(streams: int = 4, windows: int = 3, window_s: float = 
         "configs", "failures", "mean"}], "mean_accuracy", "mlflow_run_id", "plot"}``.
     """
     _check(streams, windows, window_s, policy, mode, fail_stream, uniform_config, fail_window)
-    block = pool if isinstance(pool, GpuPool) else GpuPool.load_or_default(pool)
-    target = tracking if isinstance(tracking, MlflowTarget) else MlflowTarget(enabled=tracking is not False)
+    runner = flow_runner()  # the pool and target resolved from these parameters (or the runner given)
+    block = runner.pool if runner else pool_block(pool)
+    target = runner.tracking if runner else tracking_target(tracking)
     gpus = discover(block.simulated, block.device_backend).gpu_count
     if gpus == 0:
         raise ConfigError("pool", block.name, "has no GPUs (simulated or NVML) to split between retraining and "
@@ -141,8 +147,7 @@ def continuous_retraining(streams: int = 4, windows: int = 3, window_s: float = 
                       uniform_config=uniform_config, uniform_share=uniform_share, profile_gpus=profile_gpus,
                       fail_stream=fail_stream, fail_window=fail_window, registry_prefix=registry_prefix,
                       settings=settings, experiment=target.experiment, tracking_uri=target.resolved_uri())
-    runner = GpuTaskRunner(pool=block, mode=mode, tracking=target)
-    return retraining_windows.with_options(task_runner=runner)(run)
+    return _windows(run, publish_mlflow_link(runner))
 
 
 def format_summary(summary: dict) -> str:

@@ -14,7 +14,9 @@ import time
 
 from prefect import flow, task
 
+from gpu.errors import ConfigError
 from resource_blocks import GpuPool, MlflowTarget
+from tasks.flow_runtime import publish_mlflow_link, settings
 from tasks.requests import apply_memory_cap, current_placement, gpu_options
 from tasks.runners import GpuTaskRunner
 
@@ -49,11 +51,32 @@ def train_steps(i: int, steps: int = 60) -> dict:
             "start": start, "end": time.time(), "accuracy": accuracy}
 
 
-@flow(name="pool-demo", log_prints=True)
-def pool_demo(tasks: int = 20, steps: int = 60) -> list[dict]:
-    """Submit ``tasks`` training tasks with the request mix and return their placements."""
-    if tasks < 1:
-        raise ValueError(f"tasks={tasks!r}: must be >= 1")
+DEFAULT_POOL = GpuPool(name="demo", simulated="2x16GiB")
+MODES = ("process", "thread")
+
+
+def runner_settings(parameters: dict) -> dict:
+    """The flow's GPU task runner from its own parameters (``pool``, ``mode``, ``tracking``); any entry point."""
+    return settings(parameters, DEFAULT_POOL)
+
+
+@flow(name="pool-demo", log_prints=True, task_runner=GpuTaskRunner(configure=runner_settings))
+def pool_demo(tasks: int = 20, steps: int = 60, pool: GpuPool | str | None = None, mode: str = "process",
+              tracking: MlflowTarget | bool | str | None = None) -> list[dict]:
+    """Submit ``tasks`` training tasks with the request mix and return their placements.
+
+    Args:
+        tasks, steps: how many training tasks, and training steps per task.
+        pool: GpuPool block, the name of a saved one, or None (pool "demo": NVML GPUs, else simulated 2 x 16 GiB).
+        mode: GpuTaskRunner mode, "process" (CUDA_VISIBLE_DEVICES per task) or "thread".
+        tracking: MlflowTarget block, the name of a saved one, False to switch MLflow off, None for the default target.
+    """
+    for name, value in (("tasks", tasks), ("steps", steps)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(name, value, "must be a whole number >= 1")
+    if mode not in MODES:
+        raise ConfigError("mode", mode, f"choose one of {MODES}")
+    publish_mlflow_link()
     futures = []
     for i in range(tasks):
         gpus, memory = MIX[i % len(MIX)]
@@ -90,14 +113,13 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tasks", type=int, default=20, help="number of tasks (default 20)")
     parser.add_argument("--steps", type=int, default=60, help="training steps per task (default 60)")
-    parser.add_argument("--mode", choices=["process", "thread"], default="process", help="runner mode")
+    parser.add_argument("--mode", choices=MODES, default="process", help="runner mode")
     parser.add_argument("--pool", default="demo", help="pool name (flows naming the same pool share it)")
     parser.add_argument("--simulated", default="2x16GiB", help="simulated devices when no GPU is found")
     parser.add_argument("--no-tracking", action="store_true", help="switch MLflow tracking off")
     args = parser.parse_args(argv)
-    runner = GpuTaskRunner(pool=GpuPool(name=args.pool, simulated=args.simulated), mode=args.mode,
-                           tracking=MlflowTarget(enabled=not args.no_tracking))
-    rows = pool_demo.with_options(task_runner=runner)(args.tasks, args.steps)
+    rows = pool_demo(args.tasks, args.steps, pool=GpuPool(name=args.pool, simulated=args.simulated), mode=args.mode,
+                     tracking=MlflowTarget(enabled=not args.no_tracking))
     print(format_timeline(rows))
     return 0
 

@@ -27,14 +27,15 @@ from typing import Any
 from prefect import flow, get_run_logger, task
 
 from gpu.batching import make_policy
-from gpu.errors import GpuflowsError
+from gpu.errors import ConfigError, GpuflowsError
 from gpu.schedulers.nexus import Plan, SquishyPacker
 from gpu.schedulers.nexus_epoch import EpochPlanner
 from gpu.schedulers.nexus_profiles import BatchProfile
 from gpuflows.args import output_file
 from resource_blocks import GpuPool, MlflowTarget
 from tasks.requests import current_placement, gpu_request
-from tasks.runners import GpuTaskRunner, PlacingTaskRunner, flow_mlflow_run_id
+from tasks.flow_runtime import flow_runner, pool_block, publish_mlflow_link, settings, tracking_target
+from tasks.runners import GpuTaskRunner
 from tasks.ui import publish_table
 
 DEFAULT_SPEC = Path(__file__).resolve().parent.parent / "scenarios" / "serving" / "digits.yaml"
@@ -83,10 +84,22 @@ def _plan_summary(plan: Plan) -> str:
                      + ", ".join(f"{p.session_id} b{p.batch}" for p in n.placements) + "]" for n in plan.nodes)
 
 
-@flow(name="serving-rollout", task_runner=GpuTaskRunner(pool=GpuPool(name="serving"), mode="process",
-                                                         tracking=MlflowTarget(experiment="serving-rollout")))
+DEFAULT_POOL = GpuPool(name="serving")
+EXPERIMENT = "serving-rollout"
+MODES = ("process", "thread")
+BACKENDS = ("local", "ray")
+
+
+def runner_settings(parameters: dict) -> dict:
+    """The flow's task runner from its own parameters (``pool``, ``mode``, ``tracking``): every entry point alike
+    (on ``GpuRayTaskRunner`` too, which has no ``mode``)."""
+    return settings(parameters, DEFAULT_POOL, EXPERIMENT)
+
+
+@flow(name="serving-rollout", task_runner=GpuTaskRunner(configure=runner_settings))
 def serving_rollout(spec: dict | str | None = None, duration_s: float | None = None,
-                    batch_policy: str | None = None, backend: str = "local") -> dict[str, Any]:
+                    batch_policy: str | None = None, backend: str = "local", pool: GpuPool | str | None = None,
+                    mode: str = "process", tracking: MlflowTarget | bool | str | None = None) -> dict[str, Any]:
     """Profile, plan, roll out and serve the spec's trace, re-planning every epoch; returns the figures.
 
     Args:
@@ -95,19 +108,30 @@ def serving_rollout(spec: dict | str | None = None, duration_s: float | None = N
         batch_policy: override the workers' batch policy (``early_drop``, ``lazy_drop``, ``fixed_batch``).
         backend: ``local`` (worker threads in this process) or ``ray`` (a Ray actor per GPU node; run the
             flow under ``GpuRayTaskRunner``, whose ledger the actors' leases then share with Ray tasks).
+        pool: GpuPool block whose ledger the workers lease from, a saved block's name, or None (pool "serving").
+        mode: GpuTaskRunner mode of the profiling tasks ("process" or "thread").
+        tracking: MlflowTarget block, the name of a saved one, False to switch MLflow off, None for experiment
+            "serving-rollout".
     """
-    from prefect.context import FlowRunContext
-
     from tasks.serving.loadgen import LoadGenerator
     from tasks.serving.models import load_digits_tensors, load_or_train
     from tasks.serving.runtime import LocalServingRuntime
     from tasks.serving.spec import check_slos
 
     sp = _spec(spec, duration_s, batch_policy)
-    runner = FlowRunContext.get().task_runner
-    pool = runner.pool if isinstance(runner, PlacingTaskRunner) else GpuPool(name="serving")
-    tracking = runner.tracking if isinstance(runner, PlacingTaskRunner) else MlflowTarget()
-    ledger = runner.ledger() if isinstance(runner, PlacingTaskRunner) else pool.open_ledger()
+    if mode not in MODES:
+        raise ConfigError("mode", mode, f"choose one of {MODES}")
+    if backend not in BACKENDS:
+        raise ConfigError("backend", backend, f"choose one of {BACKENDS}")
+    runner = flow_runner()  # the pool and target resolved from these parameters (or the runner given)
+    if backend == "ray" and type(runner).__name__ != "GpuRayTaskRunner":
+        raise ConfigError("backend", backend, "needs the flow on GpuRayTaskRunner (`python -m flows.serving_rollout "
+                                              "--backend ray`, or deploy serving_rollout.with_options(task_runner="
+                                              "GpuRayTaskRunner(configure=runner_settings)))")
+    pool = runner.pool if runner else pool_block(pool, DEFAULT_POOL)
+    tracking = runner.tracking if runner else tracking_target(tracking, EXPERIMENT)
+    ledger = runner.ledger() if runner else pool.open_ledger()
+    parent = publish_mlflow_link(runner) if tracking.enabled else None
     futures, prev = {}, None
     for m in sp.models:  # one at a time: concurrent profiling on shared devices would skew the timings
         prev = futures[m] = profile_serving_model.submit(m, sp.training_steps, sp.seed, sp.profile_repeats,
@@ -150,7 +174,6 @@ def serving_rollout(spec: dict | str | None = None, duration_s: float | None = N
                "slo_attainment", "bad_rate", "p99_latency_ms")
     publish_table("serving-rollout-epochs", [{k: e[k] for k in columns} for e in result["epochs"]],
                   f"Nexus epochs of {sp.name}: GPUs planned, load and SLO figures per epoch")
-    parent = flow_mlflow_run_id() if tracking.enabled else None
     if tracking.enabled:
         result["mlflow_run_id"] = _log_mlflow(tracking, parent, sp, result, marks, beacons, profiles)
     return result
@@ -292,15 +315,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     pool = GpuPool(name=args.pool, simulated=args.simulated)
     tracking = MlflowTarget(experiment=args.experiment, enabled=not args.no_tracking)
-    if args.backend == "ray":
+    rollout = serving_rollout
+    if args.backend == "ray":  # the same flow and parameters, its tasks on Ray
         from tasks.ray_runner import GpuRayTaskRunner
 
-        runner: PlacingTaskRunner = GpuRayTaskRunner(pool=pool, tracking=tracking)
-    else:
-        runner = GpuTaskRunner(pool=pool, mode=args.mode, tracking=tracking)
+        rollout = serving_rollout.with_options(task_runner=GpuRayTaskRunner(configure=runner_settings))
     try:
-        result = serving_rollout.with_options(task_runner=runner)(args.spec, args.duration_s, args.batch_policy,
-                                                                  args.backend)
+        result = rollout(args.spec, args.duration_s, args.batch_policy, args.backend, pool=pool, mode=args.mode,
+                         tracking=tracking)
     except GpuflowsError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -37,7 +37,8 @@ from gpuflows.args import output_file
 from resource_blocks import GpuPool, MlflowTarget
 from tasks.fluid_trials import load_model, packing_curve, train_chunk
 from tasks.requests import gpu_options
-from tasks.runners import GpuTaskRunner, flow_mlflow_run_id
+from tasks.flow_runtime import flow_runner, pool_block, publish_mlflow_link, settings, tracking_target
+from tasks.runners import GpuTaskRunner
 from tasks.ui import publish_table
 
 SEARCHES = ("grid", "random", "hyperband", "asha", "bohb", "pbt")
@@ -197,13 +198,12 @@ def _packing_curve(device: str, gpu: int, iterations: int) -> tuple[PackingCurve
     return measured, f"measured at start on {device} (device {gpu}, p = 1..{PACKING_MAX_P} x {iterations} iterations)"
 
 
-@flow(name="fluid-trial-groups-search")
 def _search(algorithm: str, trials: int, iterations: int, seed: int, space: dict | None, min_iterations: int,
             generations: int, execution: str, gpus: list[int], device: str, c: int | None, d: int,
             alpha: float | None, packing_iterations: int, chunk: int, fail_trial: str | None, tracking_uri: str,
-            model_name: str, progress: bool) -> dict:
+            model_name: str, progress: bool, parent: str | None) -> dict:
+    """The search itself, in the flow run (its chunks on the flow's GPU task runner); ``parent``: its MLflow run."""
     algo = make_algorithm(algorithm, trials, iterations, seed, space, min_iterations, generations)
-    parent = flow_mlflow_run_id()
     log = TrialLog(parent, tracking_uri)
     curve, source = None, "given"
     if c is None and execution == "fluid":
@@ -311,12 +311,17 @@ def _search(algorithm: str, trials: int, iterations: int, seed: int, space: dict
             "model_version": version}
 
 
-@flow(name="fluid-trial-groups")
+def runner_settings(parameters: dict) -> dict:
+    """The flow's GPU task runner from its own parameters (``pool``, ``mode``, ``tracking``); any entry point."""
+    return settings(parameters)
+
+
+@flow(name="fluid-trial-groups", task_runner=GpuTaskRunner(configure=runner_settings))
 def trial_groups(algorithm: str = "grid", trials: int = 4, iterations: int = 4, pool: GpuPool | str | None = None,
                  execution: str = "fluid", seed: int = 0, space: dict | None = None, min_iterations: int = 1,
                  generations: int = 2, c: int | None = None, d: int = 1, alpha: float | None = None,
                  chunk: int = 2, mode: str = "process", packing_iterations: int = 300,
-                 tracking: MlflowTarget | bool | None = None, fail_trial: str | None = None,
+                 tracking: MlflowTarget | bool | str | None = None, fail_trial: str | None = None,
                  model_name: str | None = None, progress: bool = True) -> dict:
     """Tune a torch MLP on ``load_digits`` (lr, hidden size, batch size) with FLUID-placed TrialGroups.
 
@@ -335,7 +340,8 @@ def trial_groups(algorithm: str = "grid", trials: int = 4, iterations: int = 4, 
         alpha: packing overhead FLUID assumes for a trial sharing a GPU (Eq. 3.2). None: the curve's fitted alpha
             when c is derived, else 1.5 (consistent with c = 2 by Eq. 3.1). At 1.0 DynamicFluid never moves a
             packed trial to a whole GPU.
-        mode: GpuTaskRunner mode. tracking: MlflowTarget, False for none, None for the default target.
+        mode: GpuTaskRunner mode. tracking: MlflowTarget, a saved one's name, False for none, None for the default
+            target.
         fail_trial: fault injection - this trial id's training raises (e.g. "c0001@0") in its second chunk (its
             first if it has only one), after it held a slice beside the others.
         model_name: registered model name (default ``trial-groups-<algorithm>``).
@@ -352,19 +358,19 @@ def trial_groups(algorithm: str = "grid", trials: int = 4, iterations: int = 4, 
     FluidParams(c=2 if c is None else c, d=d)
     if alpha is not None:
         packing_limit(alpha)  # ConfigError naming alpha when < 1
-    block = pool if isinstance(pool, GpuPool) else GpuPool.load_or_default(pool)
-    target = tracking if isinstance(tracking, MlflowTarget) else MlflowTarget(enabled=tracking is not False)
+    runner = flow_runner()  # the pool and target resolved from these parameters (or the runner given)
+    block = runner.pool if runner else pool_block(pool)
+    target = runner.tracking if runner else tracking_target(tracking)
     node = discover(block.simulated, block.device_backend).nodes[0]
     if not node.devices:
         raise ConfigError("pool", block.name, "has no GPUs (simulated or NVML) to run trials on")
     # the device model keys the saved packing curve: trials on a simulated pool train on this machine's CPU
     device = "cpu" if node.devices[0].simulated else node.devices[0].name
-    runner = GpuTaskRunner(pool=block, mode=mode, tracking=target if target.enabled else False)
-    return _search.with_options(task_runner=runner)(
-        algorithm, trials, iterations, seed, space, min_iterations, generations, execution,
-        [dev.index for dev in node.devices], device, c, d, None if alpha is None else float(alpha),
-        packing_iterations, chunk, fail_trial, target.resolved_uri(), model_name or f"trial-groups-{algorithm}",
-        progress)
+    return _search(algorithm, trials, iterations, seed, space, min_iterations, generations, execution,
+                   [dev.index for dev in node.devices], device, c, d, None if alpha is None else float(alpha),
+                   packing_iterations, chunk, fail_trial, target.resolved_uri(),
+                   model_name or f"trial-groups-{algorithm}", progress,
+                   publish_mlflow_link(runner) if target.enabled else None)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,7 +18,7 @@ import threading
 import time
 import uuid
 from concurrent.futures import BrokenExecutor, CancelledError, ThreadPoolExecutor
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from prefect.futures import PrefectConcurrentFuture, PrefectFuture, wait
 from prefect.task_runners import TaskRunner
@@ -83,8 +83,16 @@ class PlacingTaskRunner(TaskRunner[PrefectConcurrentFuture]):
 
     def __init__(self, pool: GpuPool | None = None, policy: SchedulerPolicy | None = None,
                  tracking: MlflowTarget | bool = True, default_request: dict[str, Any] | None = None,
-                 max_concurrency: int = 256, allocation_timeout: float | None = None):
+                 max_concurrency: int = 256, allocation_timeout: float | None = None,
+                 configure: Callable[[dict[str, Any]], dict[str, Any]] | None = None):
+        """``configure``: a module-level (picklable) function of the flow run's parameters (defaults filled in)
+        returning runner settings (``pool``, ``mode``, ``tracking``, ...: this runner's keyword arguments),
+        applied once per flow run on first use (``resolve``): how a flow's decorator, and so a deployment, gets
+        its pool and mode from the run's own parameters. The other arguments are the settings until then."""
         super().__init__()
+        self.configure = configure
+        self._resolved = configure is None
+        self._resolve_lock = threading.Lock()
         self.pool = pool or GpuPool()
         self.policy = policy or SchedulerPolicy()
         if isinstance(tracking, bool):
@@ -108,7 +116,8 @@ class PlacingTaskRunner(TaskRunner[PrefectConcurrentFuture]):
     # -- configuration values: equality, duplication, pickling -------------------------------
     def _config(self) -> dict[str, Any]:
         return dict(pool=self.pool, policy=self.policy, tracking=self.tracking, default_request=self.default_request,
-                    max_concurrency=self.max_concurrency, allocation_timeout=self.allocation_timeout)
+                    max_concurrency=self.max_concurrency, allocation_timeout=self.allocation_timeout,
+                    configure=None if self._resolved else self.configure)  # a resolved copy keeps the settings
 
     def duplicate(self):
         return type(self)(**self._config())
@@ -137,6 +146,37 @@ class PlacingTaskRunner(TaskRunner[PrefectConcurrentFuture]):
         account (on Ray: the ledger actor)."""
         return self._ensure_ledger()
 
+    def resolve(self) -> "PlacingTaskRunner":
+        """Apply ``configure`` to the current flow run's parameters (once; no-op without ``configure``).
+
+        Runs on first use (submission, ``ledger()``, the MLflow run), so a flow reading ``pool``/``tracking`` from
+        its runner before submitting calls this first. Settings this runner type lacks (``mode`` on Ray) are ignored.
+        """
+        if self._resolved:
+            return self
+        with self._resolve_lock:
+            if self._resolved:
+                return self
+            import inspect
+
+            from prefect.context import FlowRunContext
+
+            ctx = FlowRunContext.get()
+            if ctx is None or ctx.flow is None:
+                raise RuntimeError("a task runner with configure= resolves its settings inside a flow run")
+            params = {name: p.default for name, p in inspect.signature(ctx.flow.fn).parameters.items()
+                      if p.default is not inspect.Parameter.empty}
+            params.update(ctx.parameters or {})
+            config = self._config()
+            settings = {k: v for k, v in dict(self.configure(params)).items() if k in config}
+            if settings.get("max_concurrency", self.max_concurrency) != self.max_concurrency:
+                raise ValueError("max_concurrency is fixed when the runner starts; set it on the runner itself")
+            fresh = type(self)(**{**config, **settings, "configure": None})  # validated as the constructor does
+            for key in settings:
+                setattr(self, key, getattr(fresh, key))
+            self._resolved = True
+        return self
+
     def _ensure_ledger(self) -> LedgerClient:
         """The pool's ledger, opened on the first submission rather than in ``__enter__``.
 
@@ -145,6 +185,7 @@ class PlacingTaskRunner(TaskRunner[PrefectConcurrentFuture]):
         the ledger there, once per task (on Ray: probe tasks on every node, the actor lookup, a
         heartbeat thread), cost seconds per task and spawned extra Ray workers.
         """
+        self.resolve()
         with self._ledger_lock:
             if self._ledger is None:
                 self._ledger = self._open_ledger()
@@ -152,13 +193,18 @@ class PlacingTaskRunner(TaskRunner[PrefectConcurrentFuture]):
 
     def _ensure_tracker(self) -> None:
         """Open the flow's MLflow run on first submission, when the flow-run context is known."""
+        self.resolve()
         if self._tracker is not None or not self.tracking.enabled:
             return
         from prefect.context import FlowRunContext
+        from prefect.settings import PREFECT_SERVER_API_HOST, PREFECT_SERVER_API_PORT, PREFECT_UI_URL
 
         ctx = FlowRunContext.get()
         run = ctx.flow_run if ctx else None
         tags = {"prefect.flow_run_id": str(run.id)} if run else {}
+        if run:  # the link back; without an API URL (ephemeral server) the UI that `prefect server start` serves
+            ui = PREFECT_UI_URL.value() or f"http://{PREFECT_SERVER_API_HOST.value()}:{PREFECT_SERVER_API_PORT.value()}"
+            tags["prefect.flow_run_url"] = f"{ui.rstrip('/')}/runs/flow-run/{run.id}"
         if ctx and ctx.flow:
             tags["prefect.flow_name"] = ctx.flow.name
         self._tracker = RunTracker(self.tracking.resolved_uri(), self.tracking.experiment,

@@ -1,12 +1,21 @@
-"""prefect.yaml registers against a real `prefect server start`, and the blocks register too."""
+"""prefect.yaml against a real `prefect server start` and a real process worker.
+
+One server and one worker for the module: every deployment registers, the blocks register, a short interval
+schedule fires (the scheduler creates runs, the worker completes one), and every deployment in prefect.yaml,
+started with `prefect deployment run` and small parameters, reaches Completed with its task runs, its artifacts
+and the two-way link to its MLflow run on the run the user clicks (no subflow in between).
+"""
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import socket
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import httpx
@@ -15,6 +24,28 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 PREFECT = str(Path(sys.executable).with_name("prefect"))
+DEPLOYMENTS = yaml.safe_load((ROOT / "prefect.yaml").read_text())["deployments"]
+
+# Small runs of every deployment in prefect.yaml (merged over its parameters). pool-demo keeps the default process
+# mode (the failure of issue 15: tasks with no placement); the others run in thread mode, as on a 2-core machine
+# process-mode workers would each import torch again. Each names the table artifact its flow publishes.
+TINY_SERVING_SPEC = {
+    "name": "tiny", "sessions": [{"id": "mlp", "model": "digits_mlp", "slo_ms": 100, "rate": 30}],
+    "trace": {"duration_s": 3, "seed": 1, "phases": [{"at_s": 0, "scale": 1.0}]},
+    "epoch": {"epoch_s": 2, "min_epoch_s": 1, "beacon_s": 1, "avg_interval_s": 1},
+    "runtime": {"training_steps": 10, "profile_repeats": 2},
+}
+SMALL = {
+    "pool-demo": ({"tasks": 2, "steps": 3}, None),
+    "ekya-continuous-retraining": ({"streams": 1, "windows": 1, "frames": 100, "labelled": 100, "mode": "thread",
+                                    "registry_prefix": "deploy-test"}, "ekya-windows-thief"),
+    "serving-rollout": ({"spec": TINY_SERVING_SPEC, "mode": "thread"}, "serving-rollout-epochs"),
+    "fluid-trial-groups": ({"algorithm": "random", "trials": 2, "iterations": 1, "chunk": 1, "c": 2, "alpha": 1.5,
+                            "mode": "thread", "progress": False}, "fluid-trials-random"),
+    "cilantro-allocation-rounds": ({"rounds": 1, "round_s": 10.0, "report_s": 5.0, "mode": "thread",
+                                    "run_name": "deploy-test", "resume": False}, "cilantro-rounds-deploy-test"),
+}
+SCHEDULED = "every-15s"  # a test-only deployment of pool-demo with an interval schedule
 
 
 def _free_port() -> int:
@@ -27,9 +58,13 @@ def _free_port() -> int:
 def real_server(tmp_path_factory):
     port = _free_port()
     env = {**os.environ, "PREFECT_HOME": str(tmp_path_factory.mktemp("prefect-home")),
-           "PREFECT_API_URL": f"http://127.0.0.1:{port}/api", "GPUFLOWS_HOME": str(ROOT)}
+           "PREFECT_API_URL": f"http://127.0.0.1:{port}/api", "GPUFLOWS_HOME": str(ROOT),
+           "GPUFLOWS_STATE_DIR": str(tmp_path_factory.mktemp("deploy-state")),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+           "PREFECT_WORKER_QUERY_SECONDS": "2", "PREFECT_LOGGING_LEVEL": "INFO"}
+    log = open(tmp_path_factory.mktemp("server-log") / "server.log", "w")
     server = subprocess.Popen([PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)], env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+                              stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.time() + 120
         while time.time() < deadline:
@@ -46,31 +81,184 @@ def real_server(tmp_path_factory):
     finally:
         server.terminate()
         server.wait(30)
+        log.close()
+        text = Path(log.name).read_text()
+        assert "InvalidRequestError" not in text, "the server's scheduler failed:\n" + text[-3000:]
 
 
 def run(args: list[str], env: dict) -> str:
-    done = subprocess.run(args, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    return done.stdout
+    return run_all([args], env)[0]
 
 
-def test_every_deployment_in_prefect_yaml_registers(real_server):
+def run_all(commands: list[list[str]], env: dict) -> list[str]:
+    """The commands at once (each CLI start imports Prefect: seconds of CPU); their stdout, in order."""
+    procs = [subprocess.Popen(args, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for args in commands]
+    outs = []
+    for args, proc in zip(commands, procs):
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, (args, out[-3000:] + err[-3000:])
+        outs.append(out)
+    return outs
+
+
+def _pause_schedules(client, deployment) -> None:
+    """Pause a deployment's schedules; the server deletes the runs they had scheduled."""
+    for schedule in deployment.schedules:
+        client.update_deployment_schedule(deployment.id, schedule.id, active=False)
+
+
+def _client(env: dict):
+    from prefect.client.orchestration import SyncPrefectClient
+
+    return SyncPrefectClient(env["PREFECT_API_URL"])
+
+
+@pytest.fixture(scope="module")
+def deployed(real_server):
+    """prefect.yaml deployed as written; its own schedules then paused (their full-size runs are not this
+    test's to wait for), so the worker sees only the runs the tests start."""
     run([PREFECT, "work-pool", "create", "gpuflows", "--type", "process"], real_server)
     run([PREFECT, "--no-prompt", "deploy", "--all"], real_server)
-    listed = run([PREFECT, "deployment", "ls"], real_server)
-    names = [d["name"] for d in yaml.safe_load((ROOT / "prefect.yaml").read_text())["deployments"]]
-    assert names and all(name in listed for name in names)
+    with _client(real_server) as client:
+        found = {d.name: d for d in client.read_deployments()}
+        scheduled = {name for name, d in found.items() if d.schedules}
+        for deployment in found.values():
+            _pause_schedules(client, deployment)
+        for flow_run in client.read_flow_runs():  # anything the scheduler made of them before the pause
+            client.delete_flow_run(flow_run.id)
+    from mlflow import MlflowClient  # one process creates the MLflow database, not five at once
+
+    MlflowClient(f"sqlite:///{Path(real_server['GPUFLOWS_STATE_DIR']) / 'mlflow.db'}").search_experiments()
+    return found, scheduled
 
 
+@pytest.fixture(scope="module")
+def worker(real_server, deployed, tmp_path_factory):
+    log_path = tmp_path_factory.mktemp("worker-log") / "worker.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen([PREFECT, "worker", "start", "--pool", "gpuflows", "--type", "process"],
+                                env=real_server, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    try:
+        yield log_path
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@pytest.fixture(scope="module")
+def started(real_server, deployed, worker):
+    """All runs at once, so their waits overlap: the test-only interval deployment (the scheduler's runs) and one
+    `prefect deployment run` per deployment of prefect.yaml with its small parameters."""
+    found, _ = deployed
+    with _client(real_server) as client:
+        flow_names = {name: client.read_flow(found[name].flow_id).name for name in SMALL}
+    commands = [[PREFECT, "--no-prompt", "deploy", "flows/pool_demo.py:pool_demo", "--name", SCHEDULED, "--pool",
+                 "gpuflows", "--interval", "15",
+                 "--params", json.dumps({"tasks": 1, "steps": 2, "mode": "thread", "tracking": False})]]
+    commands += [[PREFECT, "deployment", "run", f"{flow_names[name]}/{name}", "--params", json.dumps(params)]
+                 for name, (params, _) in SMALL.items()]
+    outs = run_all(commands, real_server)
+    return {name: uuid.UUID(re.search(r"UUID:\s*([0-9a-f-]{36})", out).group(1)) for name, out in zip(SMALL, outs[1:])}
+
+
+def _wait_final(env: dict, ids: list[uuid.UUID], timeout: float, worker_log: Path) -> dict:
+    deadline, runs = time.time() + timeout, {}
+    with _client(env) as client:
+        while time.time() < deadline:
+            runs = {i: client.read_flow_run(i) for i in ids}
+            if all(r.state and r.state.is_final() for r in runs.values()):
+                return runs
+            time.sleep(2)
+    pytest.fail(f"runs not final in {timeout:.0f} s: {[(r.name, r.state_name) for r in runs.values()]}\n"
+                + worker_log.read_text()[-4000:])
+
+
+@pytest.mark.slow
+def test_every_deployment_in_prefect_yaml_registers(real_server, deployed):
+    found, scheduled = deployed
+    names = [d["name"] for d in DEPLOYMENTS]
+    assert names and set(names) <= set(found)
+    assert scheduled == {d["name"] for d in DEPLOYMENTS if d.get("schedules")}
+
+
+@pytest.mark.slow
 def test_blocks_register_with_the_prefect_cli(real_server):
     out = run([PREFECT, "block", "register", "-m", "resource_blocks"], real_server)
     for block in ("gpuflows GPU pool", "gpuflows MLflow target", "gpuflows scheduler policy"):
         assert block in out
 
 
+@pytest.mark.slow
+def test_an_interval_schedule_fires_and_a_worker_completes_the_scheduled_run(real_server, started, worker):
+    """The scheduler service (SQLAlchemy 2.1 broke it: "Can't evaluate bulk DML statement") creates the runs of a
+    15 s interval schedule by itself; the process worker runs one to Completed."""
+    from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName
+
+    only = DeploymentFilter(name=DeploymentFilterName(any_=[SCHEDULED]))
+    deadline, runs = time.time() + 150, []
+    with _client(real_server) as client:
+        while time.time() < deadline:
+            runs = client.read_flow_runs(deployment_filter=only)
+            if len(runs) >= 2 and any(r.state and r.state.is_completed() for r in runs):
+                break
+            time.sleep(2)
+        _pause_schedules(client, client.read_deployment_by_name(f"pool-demo/{SCHEDULED}"))
+    assert len(runs) >= 2 and all(r.auto_scheduled for r in runs), [(r.name, r.state_name) for r in runs]
+    done = [r for r in runs if r.state and r.state.is_completed()]
+    assert done, [(r.name, r.state_name) for r in runs] + [worker.read_text()[-4000:]]
+
+
+@pytest.mark.slow
+def test_every_deployment_run_by_a_worker_completes_with_its_tasks_artifacts_and_mlflow_link(real_server, started,
+                                                                                               worker):
+    from mlflow import MlflowClient
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, FlowRunFilter, FlowRunFilterId
+
+    assert set(SMALL) == {d["name"] for d in DEPLOYMENTS}, "give every deployment in prefect.yaml small parameters"
+    runs = _wait_final(real_server, list(started.values()), 240, worker)
+    assert {n: runs[i].state_name for n, i in started.items()} == {n: "Completed" for n in started}, \
+        worker.read_text()[-6000:]
+    mlflow = MlflowClient(f"sqlite:///{Path(real_server['GPUFLOWS_STATE_DIR']) / 'mlflow.db'}")
+    ui = real_server["PREFECT_API_URL"].removesuffix("/api")
+    with _client(real_server) as client:
+        for name, flow_run_id in started.items():
+            assert runs[flow_run_id].parent_task_run_id is None  # the run the user clicks
+            # its own page: the task runs and the artifacts are on it, not on a subflow
+            tasks = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+            assert tasks and all(t.flow_run_id == flow_run_id for t in tasks), name
+            assert not [t for t in tasks if t.state and t.state.state_details.child_flow_run_id], f"{name}: subflow"
+            keys = {a.key for a in client.read_artifacts(
+                artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id])))}
+            table = SMALL[name][1]
+            assert "mlflow-run" in keys and (table is None or table in keys), (name, keys)
+            # ... and its MLflow run links back to it
+            found_runs = mlflow.search_runs([e.experiment_id for e in mlflow.search_experiments()],
+                                            f"tags.`prefect.flow_run_id` = '{flow_run_id}'")
+            assert len(found_runs) == 1, name
+            assert found_runs[0].data.tags["prefect.flow_run_url"] == f"{ui}/runs/flow-run/{flow_run_id}"
+
+
+def test_the_flows_runner_comes_from_the_decorator_and_survives_duplication_and_pickling():
+    """What Prefect does with it per flow run (duplicate) and per task worker process (pickle): the configure hook
+    travels by reference until resolved."""
+    import cloudpickle
+
+    from flows import pool_demo as module
+    from tasks.runners import GpuTaskRunner
+
+    runner = module.pool_demo.task_runner
+    assert isinstance(runner, GpuTaskRunner) and runner.configure is module.runner_settings
+    copy = cloudpickle.loads(cloudpickle.dumps(runner.duplicate()))
+    assert copy.configure is module.runner_settings and copy == runner
+
+
 def test_every_flow_module_has_a_cli_with_help():
-    for entry in yaml.safe_load((ROOT / "prefect.yaml").read_text())["deployments"]:
-        module = "flows." + Path(entry["entrypoint"].split(":")[0]).stem
-        done = subprocess.run([sys.executable, "-m", module, "--help"], cwd=ROOT, capture_output=True, text=True,
-                              timeout=120)
-        assert done.returncode == 0 and "usage" in done.stdout.lower(), (module, done.stderr[-2000:])
+    modules = sorted({"flows." + Path(entry["entrypoint"].split(":")[0]).stem for entry in DEPLOYMENTS})
+    outs = run_all([[sys.executable, "-m", module, "--help"] for module in modules], dict(os.environ))
+    for module, out in zip(modules, outs):
+        assert "usage" in out.lower(), module
