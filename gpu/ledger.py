@@ -64,13 +64,14 @@ CREATE TABLE IF NOT EXISTS resources (node TEXT, name TEXT, capacity REAL, PRIMA
 CREATE TABLE IF NOT EXISTS workers (owner TEXT, host TEXT, pid INTEGER, pstart INTEGER, PRIMARY KEY (owner, host, pid));
 CREATE TABLE IF NOT EXISTS events (
   id INTEGER PRIMARY KEY AUTOINCREMENT, t REAL, kind TEXT, lease_id TEXT, label TEXT,
-  node TEXT, devices TEXT, fraction REAL, memory INTEGER, reason TEXT);
+  node TEXT, devices TEXT, fraction REAL, memory INTEGER, reason TEXT, holder TEXT);
 """
-_ADDED_COLUMNS = {"leases": ("generation INTEGER", "ticket INTEGER"), "events": ("reason TEXT",)}
+_ADDED_COLUMNS = {"leases": ("generation INTEGER", "ticket INTEGER"), "events": ("reason TEXT", "holder TEXT")}
 _KEEP_EVENTS = 20_000
 _PLAN_BATCH = 16
 _LEASE_COLS = "id, node, devices, fraction, memory, cpus, resources, label, granted_at, generation"
-_EVENT_COLS = "t, kind, lease_id, label, node, devices, fraction, memory, reason"
+_EVENT_COLS = "t, kind, lease_id, label, node, devices, fraction, memory, holder, reason"
+_EVENT_LEASE = "id, label, node, devices, fraction, memory, owner"  # a lease row as events record it
 
 
 def _create_schema(db: sqlite3.Connection) -> None:
@@ -379,8 +380,8 @@ class PoolLedger(LedgerClient):
                          row[7], self.spec.simulated, row[8], row[9] or 0)
 
     def _event(self, db: sqlite3.Connection, kind: str, lease_row, reason: str = "") -> None:
-        """Log ``kind`` for a lease row (id, label, node, devices, fraction, memory)."""
-        cur = db.execute(f"INSERT INTO events ({_EVENT_COLS}) VALUES (?,?,?,?,?,?,?,?,?)",
+        """Log ``kind`` for a lease row (``_EVENT_LEASE``: id, label, node, devices, fraction, memory, holder)."""
+        cur = db.execute(f"INSERT INTO events ({_EVENT_COLS}) VALUES (?,?,?,?,?,?,?,?,?,?)",
                          (time.time(), kind, *lease_row, reason))
         if cur.lastrowid % 1000 == 0:
             db.execute("DELETE FROM events WHERE id <= ?", (cur.lastrowid - _KEEP_EVENTS,))
@@ -460,7 +461,7 @@ class PoolLedger(LedgerClient):
             db.execute("INSERT INTO leases VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", lease)
             db.execute("DELETE FROM tickets WHERE id=?", (w.ticket,))
             self._granted_to.owners.add(owner)
-            self._event(db, "allocate", (lease[0], lease[5], lease[6], lease[7], lease[8], lease[9]))
+            self._event(db, "allocate", (lease[0], lease[5], lease[6], lease[7], lease[8], lease[9], lease[1]))
         db.execute("INSERT OR REPLACE INTO meta VALUES ('generation', ?)", (str(generation),))
 
     def _granted(self, db: sqlite3.Connection, ticket: int) -> Placement | None:
@@ -497,7 +498,7 @@ class PoolLedger(LedgerClient):
                 dead[owner] = f"its holder (pid {pid} on {host}) sent no heartbeat for {self.lease_ttl:g} s"
         freed = 0
         for owner, reason in dead.items():
-            for r in db.execute("SELECT id, label, node, devices, fraction, memory FROM leases WHERE owner=?",
+            for r in db.execute(f"SELECT {_EVENT_LEASE} FROM leases WHERE owner=?",
                                 (owner,)).fetchall():
                 db.execute("DELETE FROM leases WHERE id=?", (r[0],))
                 self._event(db, "reclaim", r, reason)
@@ -591,7 +592,7 @@ class PoolLedger(LedgerClient):
         """Withdraw ``ticket``; if it was granted meanwhile and not taken up, release that lease."""
         with self._tx("withdraw a request") as db:
             db.execute("DELETE FROM tickets WHERE id=?", (ticket,))
-            row = db.execute("SELECT id, label, node, devices, fraction, memory FROM leases WHERE ticket=?",
+            row = db.execute(f"SELECT {_EVENT_LEASE} FROM leases WHERE ticket=?",
                              (ticket,)).fetchone()
             if row is not None and row[0] not in self._held:
                 db.execute("DELETE FROM leases WHERE id=?", (row[0],))
@@ -603,7 +604,7 @@ class PoolLedger(LedgerClient):
         held = self._held.pop(lease_id, None)
         try:
             with self._tx("release a lease") as db:
-                row = db.execute("SELECT id, label, node, devices, fraction, memory FROM leases WHERE id=?",
+                row = db.execute(f"SELECT {_EVENT_LEASE} FROM leases WHERE id=?",
                                  (lease_id,)).fetchone()
                 if row is not None:
                     db.execute("DELETE FROM leases WHERE id=?", (lease_id,))
