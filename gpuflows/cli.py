@@ -39,9 +39,16 @@ def _devices(args: argparse.Namespace) -> int:
 
 
 def _pool(args: argparse.Namespace) -> int:
-    from gpu.pool import open_pool
+    from gpu.pool import open_pool, pool_names, read_pool
 
-    ledger = open_pool(args.name)
+    if args.list:
+        pools = [read_pool(name) for name in pool_names()]
+        for p in pools:
+            print(f"{p.name}  {p.layout()}  {p.leases} lease(s), {p.waiting} waiting")
+        if not pools:
+            print("no pools yet: a flow run creates its pool's ledger")
+        return 0
+    ledger = open_pool(args.name)  # with the layout it was stored with
     for line in ledger.describe():
         print(line)
     return 0
@@ -70,6 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     pool = sub.add_parser("pool", help="show a shared pool's devices, leases and ephemeral resources")
     pool.add_argument("--name", default="default", help="pool name (the ledger file under the state folder)")
+    pool.add_argument("--list", action="store_true", help="list the pools with their layout and lease counts")
     pool.set_defaults(func=_pool)
 
     demo = sub.add_parser("demo", help="run the demo (make demo): the pool demo, then Ekya thief vs uniform on a simulated 2-GPU pool")
