@@ -14,6 +14,10 @@ import time
 
 from prefect import flow, task
 
+from gpu.errors import GpuflowsError
+from gpu.pool import pool_path
+from gpu.scenario import integer
+from gpuflows.args import error, simulated
 from resource_blocks import GpuPool, MlflowTarget
 from tasks.requests import apply_memory_cap, current_placement, gpu_options
 from tasks.runners import GpuTaskRunner
@@ -52,14 +56,19 @@ def train_steps(i: int, steps: int = 60) -> dict:
 @flow(name="pool-demo", log_prints=True)
 def pool_demo(tasks: int = 20, steps: int = 60) -> list[dict]:
     """Submit ``tasks`` training tasks with the request mix and return their placements."""
-    if tasks < 1:
-        raise ValueError(f"tasks={tasks!r}: must be >= 1")
+    check(tasks, steps)
     futures = []
     for i in range(tasks):
         gpus, memory = MIX[i % len(MIX)]
         with gpu_options(gpus=gpus, memory=memory):
             futures.append(train_steps.with_options(name=f"train-{gpus:g}gpu").submit(i, steps))
     return [f.result() for f in futures]
+
+
+def check(tasks: int, steps: int) -> None:
+    """The flow's parameters, checked by the flow and by ``main`` before it starts a flow run."""
+    integer(tasks, "tasks", minimum=1)
+    integer(steps, "steps", minimum=1)
 
 
 def format_timeline(rows: list[dict], width: int = 60) -> str:
@@ -92,9 +101,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=60, help="training steps per task (default 60)")
     parser.add_argument("--mode", choices=["process", "thread"], default="process", help="runner mode")
     parser.add_argument("--pool", default="demo", help="pool name (flows naming the same pool share it)")
-    parser.add_argument("--simulated", default="2x16GiB", help="simulated devices when no GPU is found")
+    parser.add_argument("--simulated", type=simulated, default="2x16GiB", help="simulated devices when no GPU is found")
     parser.add_argument("--no-tracking", action="store_true", help="switch MLflow tracking off")
     args = parser.parse_args(argv)
+    try:  # before a Prefect server starts
+        check(args.tasks, args.steps)
+        pool_path(args.pool)
+    except GpuflowsError as exc:
+        return error(exc)
     runner = GpuTaskRunner(pool=GpuPool(name=args.pool, simulated=args.simulated), mode=args.mode,
                            tracking=MlflowTarget(enabled=not args.no_tracking))
     rows = pool_demo.with_options(task_runner=runner)(args.tasks, args.steps)

@@ -11,7 +11,7 @@ import sys
 
 from gpu.errors import GpuflowsError
 from gpu.sim.registry import SIMULATORS
-from gpuflows.args import output_file
+from gpuflows.args import output_file, simulated
 
 
 def _simulate(args: argparse.Namespace) -> int:
@@ -72,7 +72,8 @@ def build_parser() -> argparse.ArgumentParser:
     sim.set_defaults(func=_simulate)
 
     dev = sub.add_parser("devices", help="list the GPUs found through NVML (or the simulated ones)")
-    dev.add_argument("--simulate", default=None, help="simulated devices when NVML finds none, e.g. '4x16GiB'")
+    dev.add_argument("--simulate", type=simulated, default=None,
+                     help="simulated devices when NVML finds none, e.g. '4x16GiB'")
     dev.set_defaults(func=_devices)
 
     pool = sub.add_parser("pool", help="show a shared pool's devices, leases and ephemeral resources")
@@ -87,12 +88,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
-    if unknown and args.command != "demo":
+    if args.command == "demo":  # its options pass through as given ("--seed -1" had come out as "-1 --seed")
+        args.extra = argv[argv.index("demo") + 1:]
+    elif unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
-    if args.command == "demo":
-        args.extra = [*args.extra, *unknown]  # demo options such as --skip-pool-demo pass through
     try:
         return args.func(args)
     except GpuflowsError as exc:
