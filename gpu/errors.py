@@ -1,20 +1,29 @@
 """Errors shared by the engine so every bad input fails with one clear message."""
 
 import reprlib
+from itertools import islice
 
 ECHO_CHARS = 80  # how much of a bad value an error message shows
 
 
-def _echo_repr() -> reprlib.Repr:
+class _Echo(reprlib.Repr):
     """A ``repr`` that stops early: a YAML alias bomb is a few KB of text but a repr of billions of characters,
     and the full repr was built (800 MB) only to print it. Containers show a few items, nested a few levels."""
-    r = reprlib.Repr()
-    r.maxlevel, r.maxstring, r.maxother, r.maxlong = 3, ECHO_CHARS, ECHO_CHARS, ECHO_CHARS
-    r.maxlist = r.maxtuple = r.maxdict = r.maxset = r.maxfrozenset = r.maxdeque = r.maxarray = 8
-    return r
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.maxlevel, self.maxstring, self.maxother, self.maxlong = 3, ECHO_CHARS, ECHO_CHARS, ECHO_CHARS
+        self.maxlist = self.maxtuple = self.maxdict = self.maxset = self.maxfrozenset = self.maxdeque = 8
+
+    def repr_dict(self, x: dict, level: int) -> str:
+        """In the mapping's own order, like ``repr`` (reprlib sorts the keys)."""
+        if not x or level <= 0:
+            return "{...}" if x else "{}"
+        items = [f"{self.repr1(k, level - 1)}: {self.repr1(v, level - 1)}" for k, v in islice(x.items(), self.maxdict)]
+        return "{" + ", ".join(items) + (", ...}" if len(x) > self.maxdict else "}")
 
 
-_ECHO = _echo_repr()
+_ECHO = _Echo()
 
 
 def excerpt(value: object) -> str:
