@@ -38,6 +38,7 @@ from prefect import flow
 from gpu.devices import discover
 from gpu.errors import ConfigError, GpuflowsError
 from gpu.scenario import fraction, integer, positive
+from gpu.schedulers.ekya import EkyaParams
 from gpuflows.args import error, flow_arguments, output_file, simulated
 from resource_blocks import GpuPool, MlflowTarget
 from tasks.ekya_tasks import WindowSettings, config_grid
@@ -82,7 +83,7 @@ def summarise(run: RunSettings, results: list[WindowResult], plot: str | None, p
 
 def _check(streams: int, windows: int, window_s: float, policy: str, mode: str, seed: int, fail_stream: str | None,
            fail_window: int, uniform_config: str, uniform_share: float, full_rate_gpus: float,
-           profile_gpus: float) -> None:
+           profile_gpus: float, a_min: float, delta: float) -> None:
     for name, value in (("streams", streams), ("windows", windows)):
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise ConfigError(name, value, "must be a whole number > 0")
@@ -104,6 +105,7 @@ def _check(streams: int, windows: int, window_s: float, policy: str, mode: str, 
     fraction(uniform_share, "uniform_share")
     positive(full_rate_gpus, "full_rate_gpus")
     positive(profile_gpus, "profile_gpus")
+    EkyaParams(delta=delta, a_min=a_min)  # checks them as the thief will read them
 
 
 def prepare(pool: GpuPool | str | None, tracking: MlflowTarget | bool | None, *, streams: int, windows: int,
@@ -114,7 +116,7 @@ def prepare(pool: GpuPool | str | None, tracking: MlflowTarget | bool | None, *,
     """The flow's pool, MLflow target and settings, every parameter checked: the flow calls it for deployment runs,
     ``main`` before the flow, so a bad argument fails before a flow run starts."""
     _check(streams, windows, window_s, policy, mode, seed, fail_stream, fail_window, uniform_config, uniform_share,
-           full_rate_gpus, profile_gpus)
+           full_rate_gpus, profile_gpus, a_min, delta)
     block = pool if isinstance(pool, GpuPool) else GpuPool.load_or_default(pool)
     target = tracking if isinstance(tracking, MlflowTarget) else MlflowTarget(enabled=tracking is not False)
     gpus = discover(block.simulated, block.device_backend).gpu_count
@@ -127,7 +129,6 @@ def prepare(pool: GpuPool | str | None, tracking: MlflowTarget | bool | None, *,
                       uniform_config=uniform_config, uniform_share=uniform_share, profile_gpus=profile_gpus,
                       fail_stream=fail_stream, fail_window=fail_window, registry_prefix=registry_prefix,
                       settings=settings, experiment=target.experiment, tracking_uri=target.resolved_uri())
-    run.params  # EkyaParams checks delta and a_min
     return block, target, run
 
 
