@@ -50,11 +50,12 @@ import numpy as np
 from prefect import flow, get_run_logger
 
 from gpu.devices import discover
-from gpu.errors import ConfigError
+from gpu.errors import ConfigError, GpuflowsError
+from gpu.scenario import integer
 from gpu.schedulers.cilantro import POLICIES, make_policy
 from gpu.schedulers.cilantro.fair import ResourceFair
 from gpu.schedulers.cilantro.types import JobSpec
-from gpuflows.args import output_file
+from gpuflows.args import error, flow_arguments, output_file, simulated
 from resource_blocks import GpuPool, MlflowTarget
 from tasks.cilantro_allocator import (Allocator, RoundSettings, load_state, round_metrics, run_lock, save_state,
                                       state_path)
@@ -67,7 +68,7 @@ from tasks.ui import publish_table
 
 MODES = ("process", "thread")
 _SLO_FREE = (ResourceFair,)  # the only policy whose decision never reads a performance or an SLO
-_RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+_RUN_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,99}$")  # Prefect artifact keys: lowercase letters, digits, '-'
 
 DEFAULT_JOBS: tuple[JobConfig, ...] = (
     JobConfig("svc-a", "service", 0.95, "linear", cost_ms=4.0, base_load=60.0, latency_slo_ms=50.0, trace_offset=0),
@@ -249,7 +250,9 @@ def settings_from(*, rounds: int, round_s: float, policy: str, capacity: float, 
     if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
         raise ConfigError("rounds", rounds, "must be a whole number >= 1")
     if not isinstance(run_name, str) or not _RUN_NAME.match(run_name):
-        raise ConfigError("run_name", run_name, "use letters, digits, '.', '_' or '-' (it names the state file)")
+        raise ConfigError("run_name", run_name, "use lowercase letters, digits and '-' (it names the state file "
+                                                "and the flow's Prefect artifact key, which allows nothing else)")
+    seed = integer(seed, "seed", minimum=0)  # numpy's seed sequences refuse negatives
     chosen = make_policy(policy)  # ConfigError naming ``policy`` if unknown
     capacity = _number(capacity, "capacity")
     if capacity > pool_gpus:
@@ -277,7 +280,7 @@ def settings_from(*, rounds: int, round_s: float, policy: str, capacity: float, 
         if j.slo is None and not isinstance(chosen, _SLO_FREE):
             raise ConfigError(f"{j.name}.slo", None, f"policy {policy!r} needs an SLO for every job")
     return RoundSettings(run_name, policy, rounds, round_s, report_s, capacity, unit, max_change, trace_step,
-                         interference, warmup_reports, int(seed), bool(resume), job_cfgs)
+                         interference, warmup_reports, seed, bool(resume), job_cfgs)
 
 
 DEFAULT_POOL = GpuPool(name="cilantro", simulated="1x16GiB")
@@ -321,18 +324,26 @@ def allocation_rounds(rounds: int = 3, round_s: float = 60.0, policy: str = "cil
         "decision_s", "failed", ...}], "state_path", "mlflow_run_id", "mlflow_errors"}`` (what could not
         be logged to MLflow; empty when all was).
     """
+    _, _, s = prepare(pool, mode, tracking, rounds=rounds, round_s=round_s, policy=policy,
+                               capacity=capacity, unit=unit, resume=resume, run_name=run_name, jobs=jobs,
+                               report_s=report_s, max_change=max_change, trace_step=trace_step,
+                               interference=interference, warmup_reports=warmup_reports, seed=seed)
+    with run_lock(s.run_name):
+        return _rounds(s, publish_mlflow_link(flow_runner()) if s.tracking_uri else None)
+
+
+def prepare(pool: GpuPool | str | None, mode: str, tracking: MlflowTarget | bool | None,
+            **params: Any) -> tuple[GpuPool, MlflowTarget, RoundSettings]:
+    """The flow's pool, MLflow target and settings, every parameter checked (``settings_from``): the flow calls
+    it for deployment runs, ``main`` before the flow, so a bad argument fails before a flow run starts."""
     if mode not in MODES:
         raise ConfigError("mode", mode, f"choose one of {MODES}")
-    runner = flow_runner()  # the pool and target resolved from these parameters (or the runner given)
+    runner = flow_runner()  # in the flow run: the pool and target its runner resolved from these parameters
     block = runner.pool if runner else pool_block(pool, DEFAULT_POOL)
     target = runner.tracking if runner else tracking_target(tracking)
-    s = settings_from(rounds=rounds, round_s=round_s, policy=policy, capacity=capacity, unit=unit, resume=resume,
-                      run_name=run_name, jobs=jobs, report_s=report_s, max_change=max_change, trace_step=trace_step,
-                      interference=interference, warmup_reports=warmup_reports, seed=seed,
-                      pool_gpus=discover(block.simulated, block.device_backend).gpu_count)
+    s = settings_from(**params, pool_gpus=discover(block.simulated, block.device_backend).gpu_count)
     s = replace(s, tracking_uri=target.resolved_uri() if target.enabled else None, experiment=target.experiment)
-    with run_lock(s.run_name):
-        return _rounds(s, publish_mlflow_link(runner) if s.tracking_uri else None)
+    return block, target, s
 
 
 def format_summary(summary: dict) -> str:
@@ -363,21 +374,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-name", default="cilantro", help="names the saved state (default cilantro)")
     parser.add_argument("--no-resume", action="store_true", help="start from scratch instead of the saved state")
     parser.add_argument("--pool", default=None, help="saved GpuPool block name (default: simulated pool)")
-    parser.add_argument("--simulated", default="1x16GiB", help="simulated devices when no pool block is named")
+    parser.add_argument("--simulated", type=simulated, default="1x16GiB",
+                        help="simulated devices when no pool block is named")
     parser.add_argument("--mode", default="process", help=f"runner mode, one of {MODES} (default process)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-tracking", action="store_true", help="switch MLflow tracking off")
     parser.add_argument("--json", type=output_file, metavar="OUT", help="also write the summary as JSON")
     args = parser.parse_args(argv)
-    pool = args.pool or GpuPool(name="cilantro", device_backend="auto", simulated=args.simulated)
+    kwargs = flow_arguments(
+        allocation_rounds, rounds=args.rounds, round_s=args.round_s, report_s=args.report_s, policy=args.policy,
+        pool=args.pool or GpuPool(name="cilantro", device_backend="auto", simulated=args.simulated),
+        capacity=args.capacity, unit=args.unit, max_change=args.max_change, resume=not args.no_resume,
+        run_name=args.run_name, seed=args.seed, mode=args.mode, tracking=False if args.no_tracking else None)
     try:
-        summary = allocation_rounds(rounds=args.rounds, round_s=args.round_s, report_s=args.report_s,
-                                    policy=args.policy, pool=pool, capacity=args.capacity, unit=args.unit,
-                                    max_change=args.max_change, resume=not args.no_resume, run_name=args.run_name,
-                                    seed=args.seed, mode=args.mode, tracking=False if args.no_tracking else None)
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        kwargs["pool"], kwargs["tracking"], _ = prepare(**kwargs)  # every argument checked before the run starts
+        summary = allocation_rounds(**kwargs)
+    except GpuflowsError as exc:
+        return error(exc)
     print(format_summary(summary))
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=2, default=str))

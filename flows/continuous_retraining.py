@@ -37,7 +37,9 @@ from prefect import flow
 
 from gpu.devices import discover
 from gpu.errors import ConfigError, GpuflowsError
-from gpuflows.args import output_file
+from gpu.scenario import fraction, integer, positive
+from gpu.schedulers.ekya import EkyaParams
+from gpuflows.args import error, flow_arguments, output_file, simulated
 from resource_blocks import GpuPool, MlflowTarget
 from tasks.ekya_tasks import WindowSettings, config_grid
 from tasks.ekya_window import RunSettings, WindowResult, run_window, start_streams
@@ -84,8 +86,9 @@ def summarise(run: RunSettings, results: list[WindowResult], plot: str | None, p
             "mlflow_run_id": parent, "plot": plot}
 
 
-def _check(streams: int, windows: int, window_s: float, policy: str, mode: str, fail_stream: str | None,
-           uniform_config: str, fail_window: int = 0) -> None:
+def _check(streams: int, windows: int, window_s: float, policy: str, mode: str, seed: int, fail_stream: str | None,
+           fail_window: int, uniform_config: str, uniform_share: float, full_rate_gpus: float,
+           profile_gpus: float, a_min: float, delta: float) -> None:
     for name, value in (("streams", streams), ("windows", windows)):
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise ConfigError(name, value, "must be a whole number > 0")
@@ -95,14 +98,44 @@ def _check(streams: int, windows: int, window_s: float, policy: str, mode: str, 
         raise ConfigError("policy", policy, f"choose one of {POLICIES}")
     if mode not in MODES:
         raise ConfigError("mode", mode, f"choose one of {MODES}")
+    integer(seed, "seed", minimum=0)  # numpy's generators refuse negatives
     names = [f"cam{i}" for i in range(streams)]
     if fail_stream is not None and fail_stream not in names:
         raise ConfigError("fail_stream", fail_stream, f"not one of the streams {names}")
-    if fail_stream is not None and not (isinstance(fail_window, int) and 0 <= fail_window < windows):
+    if isinstance(fail_window, bool) or not isinstance(fail_window, int) or not 0 <= fail_window < windows:
         raise ConfigError("fail_window", fail_window, f"not one of the windows 0..{windows - 1}")
     grid = [c.name for c in config_grid()]
     if uniform_config not in grid:
         raise ConfigError("uniform_config", uniform_config, f"choose one of {grid}")
+    fraction(uniform_share, "uniform_share")
+    positive(full_rate_gpus, "full_rate_gpus")
+    positive(profile_gpus, "profile_gpus")
+    EkyaParams(delta=delta, a_min=a_min)  # checks them as the thief will read them
+
+
+def prepare(pool: GpuPool | str | None, tracking: MlflowTarget | bool | None, *, streams: int, windows: int,
+            window_s: float, policy: str, seed: int, mode: str, a_min: float, delta: float, full_rate_gpus: float,
+            frames: int, labelled: int, uniform_config: str, uniform_share: float, profile_gpus: float,
+            fail_stream: str | None, fail_window: int,
+            registry_prefix: str) -> tuple[GpuPool, MlflowTarget, RunSettings]:
+    """The flow's pool, MLflow target and settings, every parameter checked: the flow calls it for deployment runs,
+    ``main`` before the flow, so a bad argument fails before a flow run starts."""
+    _check(streams, windows, window_s, policy, mode, seed, fail_stream, fail_window, uniform_config, uniform_share,
+           full_rate_gpus, profile_gpus, a_min, delta)
+    runner = flow_runner()  # in the flow run: the pool and target its runner resolved from these parameters
+    block = runner.pool if runner else pool_block(pool)
+    target = runner.tracking if runner else tracking_target(tracking)
+    gpus = discover(block.simulated, block.device_backend).gpu_count
+    if gpus == 0:
+        raise ConfigError("pool", block.name, "has no GPUs (simulated or NVML) to split between retraining and "
+                                              "inference")
+    settings = WindowSettings(frames=frames, labelled=labelled, golden_seed=seed)
+    run = RunSettings(policy=policy, streams=streams, windows=windows, window_s=float(window_s), seed=seed,
+                      pool_gpus=gpus, a_min=a_min, delta=delta, full_rate_gpus=full_rate_gpus,
+                      uniform_config=uniform_config, uniform_share=uniform_share, profile_gpus=profile_gpus,
+                      fail_stream=fail_stream, fail_window=fail_window, registry_prefix=registry_prefix,
+                      settings=settings, experiment=target.experiment, tracking_uri=target.resolved_uri())
+    return block, target, run
 
 
 @flow(name="ekya-continuous-retraining", task_runner=GpuTaskRunner(configure=runner_settings))
@@ -133,21 +166,12 @@ def continuous_retraining(streams: int = 4, windows: int = 3, window_s: float = 
         ``{"policy", "streams", "windows": [{"window", "accuracy": {stream: measured}, "predicted",
         "configs", "failures", "mean"}], "mean_accuracy", "mlflow_run_id", "plot"}``.
     """
-    _check(streams, windows, window_s, policy, mode, fail_stream, uniform_config, fail_window)
-    runner = flow_runner()  # the pool and target resolved from these parameters (or the runner given)
-    block = runner.pool if runner else pool_block(pool)
-    target = runner.tracking if runner else tracking_target(tracking)
-    gpus = discover(block.simulated, block.device_backend).gpu_count
-    if gpus == 0:
-        raise ConfigError("pool", block.name, "has no GPUs (simulated or NVML) to split between retraining and "
-                                              "inference")
-    settings = WindowSettings(frames=frames, labelled=labelled, golden_seed=seed)
-    run = RunSettings(policy=policy, streams=streams, windows=windows, window_s=float(window_s), seed=seed,
-                      pool_gpus=gpus, a_min=a_min, delta=delta, full_rate_gpus=full_rate_gpus,
-                      uniform_config=uniform_config, uniform_share=uniform_share, profile_gpus=profile_gpus,
-                      fail_stream=fail_stream, fail_window=fail_window, registry_prefix=registry_prefix,
-                      settings=settings, experiment=target.experiment, tracking_uri=target.resolved_uri())
-    return _windows(run, publish_mlflow_link(runner))
+    _, _, run = prepare(
+        pool, tracking, streams=streams, windows=windows, window_s=window_s, policy=policy, seed=seed, mode=mode,
+        a_min=a_min, delta=delta, full_rate_gpus=full_rate_gpus, frames=frames, labelled=labelled,
+        uniform_config=uniform_config, uniform_share=uniform_share, profile_gpus=profile_gpus,
+        fail_stream=fail_stream, fail_window=fail_window, registry_prefix=registry_prefix)
+    return _windows(run, publish_mlflow_link(flow_runner()))
 
 
 def format_summary(summary: dict) -> str:
@@ -171,7 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window-s", type=float, default=200.0, help="virtual seconds per window (default 200)")
     parser.add_argument("--policy", default="thief", help=f"one of {POLICIES} (default thief)")
     parser.add_argument("--pool", default=None, help="saved GpuPool block name (default: simulated 2 x 16 GiB)")
-    parser.add_argument("--simulated", default="2x16GiB", help="simulated devices when no pool block is named")
+    parser.add_argument("--simulated", type=simulated, default="2x16GiB",
+                        help="simulated devices when no pool block is named")
     parser.add_argument("--mode", default="process", help=f"runner mode, one of {MODES} (default process)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--fail-stream", default=None, help="inject a retraining failure in this stream (e.g. cam1)")
@@ -179,18 +204,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-tracking", action="store_true", help="switch MLflow tracking off")
     parser.add_argument("--json", type=output_file, metavar="OUT", help="also write the summary as JSON")
     args = parser.parse_args(argv)
-    try:  # bad arguments fail here, before a Prefect server starts and the flow run fails with a traceback
-        _check(args.streams, args.windows, args.window_s, args.policy, args.mode, args.fail_stream,
-               "e5-all-d50", args.fail_window)
-        pool = GpuPool.load_or_default(args.pool) if args.pool else GpuPool(
-            name="ekya", device_backend="auto", simulated=args.simulated)
-        summary = continuous_retraining(streams=args.streams, windows=args.windows, window_s=args.window_s,
-                                        policy=args.policy, pool=pool, seed=args.seed, mode=args.mode,
-                                        tracking=False if args.no_tracking else None,
-                                        fail_stream=args.fail_stream, fail_window=args.fail_window)
+    kwargs = flow_arguments(
+        continuous_retraining, streams=args.streams, windows=args.windows, window_s=args.window_s,
+        policy=args.policy, pool=args.pool or GpuPool(name="ekya", device_backend="auto", simulated=args.simulated),
+        seed=args.seed, mode=args.mode, tracking=False if args.no_tracking else None, fail_stream=args.fail_stream,
+        fail_window=args.fail_window)
+    try:
+        kwargs["pool"], kwargs["tracking"], _ = prepare(**kwargs)  # every argument checked before the run starts
+        summary = continuous_retraining(**kwargs)
     except GpuflowsError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return error(exc)
     print(format_summary(summary))
     if args.json:
         with open(args.json, "w") as fh:

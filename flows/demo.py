@@ -17,7 +17,9 @@ import importlib.util
 import sys
 import time
 
-from flows.continuous_retraining import MODES, continuous_retraining, format_summary
+from flows.continuous_retraining import MODES, continuous_retraining, format_summary, prepare
+from gpu.errors import GpuflowsError
+from gpuflows.args import error, flow_arguments, simulated
 from resource_blocks import GpuPool
 
 
@@ -41,10 +43,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--streams", type=int, default=4, help="drifting streams (default 4)")
     parser.add_argument("--windows", type=int, default=3, help="retraining windows (default 3)")
     parser.add_argument("--mode", choices=MODES, default="thread", help="GPU task runner mode (default thread)")
-    parser.add_argument("--simulated", default="2x16GiB", help="simulated pool (default 2x16GiB)")
+    parser.add_argument("--simulated", type=simulated, default="2x16GiB", help="simulated pool (default 2x16GiB)")
     parser.add_argument("--seed", type=int, default=0, help="drift, golden model and training seed (default 0)")
     parser.add_argument("--skip-pool-demo", action="store_true", help="run only the Ekya comparison")
     args = parser.parse_args(argv)
+    pool = GpuPool(name="ekya-demo", device_backend="simulated", simulated=args.simulated)
+    runs = {policy: flow_arguments(continuous_retraining, streams=args.streams, windows=args.windows, policy=policy,
+                                   pool=pool, seed=args.seed, mode=args.mode, registry_prefix=f"ekya-demo-{policy}")
+            for policy in ("thief", "uniform")}
+    try:  # every run's arguments, before the first flow run starts
+        for kwargs in runs.values():
+            prepare(**kwargs)
+    except GpuflowsError as exc:
+        return error(exc)
 
     started = time.perf_counter()
     if not args.skip_pool_demo and importlib.util.find_spec("flows.pool_demo") is not None:
@@ -52,13 +63,11 @@ def main(argv: list[str] | None = None) -> int:
         code = importlib.import_module("flows.pool_demo").main([])
         if code:
             return code
-    pool = GpuPool(name="ekya-demo", device_backend="simulated", simulated=args.simulated)
     summaries = {}
-    for policy in ("thief", "uniform"):
+    for policy, kwargs in runs.items():
         print(f"\n== Ekya continuous retraining, policy={policy}: {args.streams} streams, {args.windows} windows, "
               f"simulated {args.simulated} pool ==")
-        summaries[policy] = continuous_retraining(streams=args.streams, windows=args.windows, policy=policy,
-                                                  pool=pool, seed=args.seed, mode=args.mode, registry_prefix=f"ekya-demo-{policy}")
+        summaries[policy] = continuous_retraining(**kwargs)
         print(format_summary(summaries[policy]))
         print(f"accuracy plot: {summaries[policy]['plot']}")
     print("\n" + comparison_table(summaries))

@@ -14,7 +14,10 @@ import time
 
 from prefect import flow, task
 
-from gpu.errors import ConfigError
+from gpu.errors import ConfigError, GpuflowsError
+from gpu.pool import pool_path
+from gpu.scenario import integer
+from gpuflows.args import error, simulated
 from resource_blocks import GpuPool, MlflowTarget
 from tasks.flow_runtime import publish_mlflow_link, settings
 from tasks.requests import apply_memory_cap, current_placement, gpu_options
@@ -71,9 +74,7 @@ def pool_demo(tasks: int = 20, steps: int = 60, pool: GpuPool | str | None = Non
         mode: GpuTaskRunner mode, "process" (CUDA_VISIBLE_DEVICES per task) or "thread".
         tracking: MlflowTarget block, the name of a saved one, False to switch MLflow off, None for the default target.
     """
-    for name, value in (("tasks", tasks), ("steps", steps)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError(name, value, "must be a whole number >= 1")
+    check(tasks, steps)
     if mode not in MODES:
         raise ConfigError("mode", mode, f"choose one of {MODES}")
     publish_mlflow_link()
@@ -83,6 +84,12 @@ def pool_demo(tasks: int = 20, steps: int = 60, pool: GpuPool | str | None = Non
         with gpu_options(gpus=gpus, memory=memory):
             futures.append(train_steps.with_options(name=f"train-{gpus:g}gpu").submit(i, steps))
     return [f.result() for f in futures]
+
+
+def check(tasks: int, steps: int) -> None:
+    """The flow's parameters, checked by the flow and by ``main`` before it starts a flow run."""
+    integer(tasks, "tasks", minimum=1)
+    integer(steps, "steps", minimum=1)
 
 
 def format_timeline(rows: list[dict], width: int = 60) -> str:
@@ -115,9 +122,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=60, help="training steps per task (default 60)")
     parser.add_argument("--mode", choices=MODES, default="process", help="runner mode")
     parser.add_argument("--pool", default="demo", help="pool name (flows naming the same pool share it)")
-    parser.add_argument("--simulated", default="2x16GiB", help="simulated devices when no GPU is found")
+    parser.add_argument("--simulated", type=simulated, default="2x16GiB", help="simulated devices when no GPU is found")
     parser.add_argument("--no-tracking", action="store_true", help="switch MLflow tracking off")
     args = parser.parse_args(argv)
+    try:  # before a Prefect server starts
+        check(args.tasks, args.steps)
+        pool_path(args.pool)
+    except GpuflowsError as exc:
+        return error(exc)
     rows = pool_demo(args.tasks, args.steps, pool=GpuPool(name=args.pool, simulated=args.simulated), mode=args.mode,
                      tracking=MlflowTarget(enabled=not args.no_tracking))
     print(format_timeline(rows))

@@ -28,10 +28,11 @@ from prefect import flow, get_run_logger, task
 
 from gpu.batching import make_policy
 from gpu.errors import ConfigError, GpuflowsError
+from gpu.pool import pool_path
 from gpu.schedulers.nexus import Plan, SquishyPacker
 from gpu.schedulers.nexus_epoch import EpochPlanner
 from gpu.schedulers.nexus_profiles import BatchProfile
-from gpuflows.args import output_file
+from gpuflows.args import error, output_file, simulated
 from resource_blocks import GpuPool, MlflowTarget
 from tasks.requests import current_placement, gpu_request
 from tasks.flow_runtime import flow_runner, pool_block, publish_mlflow_link, settings, tracking_target
@@ -300,7 +301,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--duration-s", type=float, default=None, help="override the trace length (default: the spec's)")
     ap.add_argument("--batch-policy", default=None, help="early_drop (Nexus), lazy_drop or fixed_batch")
     ap.add_argument("--pool", default="serving", help="GpuPool name whose ledger the workers lease from")
-    ap.add_argument("--simulated", default="2x16GiB", help="simulated devices when the machine has no GPU")
+    ap.add_argument("--simulated", type=simulated, default="2x16GiB",
+                    help="simulated devices when the machine has no GPU")
     ap.add_argument("--mode", choices=("process", "thread"), default="process", help="profiling task mode")
     ap.add_argument("--experiment", default="serving-rollout", help="MLflow experiment")
     ap.add_argument("--no-tracking", action="store_true", help="do not log to MLflow")
@@ -308,11 +310,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--backend", choices=("local", "ray"), default="local",
                     help="workers as threads here (local) or Ray actors (ray: the pool's ray_address, else a local Ray)")
     args = ap.parse_args(argv)
-    try:  # a bad spec, duration or policy fails here, before a Prefect server starts
+    try:  # a bad spec, duration, policy or pool name fails here, before a Prefect server starts
         _spec(args.spec, args.duration_s, args.batch_policy)
+        pool_path(args.pool)
     except GpuflowsError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return error(exc)
     pool = GpuPool(name=args.pool, simulated=args.simulated)
     tracking = MlflowTarget(experiment=args.experiment, enabled=not args.no_tracking)
     rollout = serving_rollout
@@ -324,8 +326,7 @@ def main(argv: list[str] | None = None) -> int:
         result = rollout(args.spec, args.duration_s, args.batch_policy, args.backend, pool=pool, mode=args.mode,
                          tracking=tracking)
     except GpuflowsError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        return error(exc)
     for e in result["epochs"]:
         print(f"epoch {e['epoch']} [{e['start_s']:5.1f}-{e['end_s']:5.1f}s] gpus={e['gpus']} "
               f"offered={e['offered_rps']:7.1f}/s good={e['throughput_rps']:7.1f}/s "

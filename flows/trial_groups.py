@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from dataclasses import replace
 from typing import Any
@@ -25,15 +26,16 @@ from typing import Any
 from prefect import flow
 from prefect.futures import as_completed
 
-from gpu.devices import discover
-from gpu.errors import ConfigError
+from gpu.devices import Node, discover
+from gpu.errors import ConfigError, GpuflowsError
+from gpu.scenario import integer
 from gpu.schedulers.fluid import FluidParams, PackingCurve, load_packing_curve, packing_curve_path, packing_limit
 from gpu.schedulers.fluid_baselines import FifoExecutor
 from gpu.schedulers.fluid_executor import FluidExecutor, Step
 from gpu.schedulers.fluid_session import TuningSession
 from gpu.state import state_dir
 from gpu.tuning import ALGORITHMS, Choice, Grid, LogUniform, parse_space
-from gpuflows.args import output_file
+from gpuflows.args import error, flow_arguments, output_file
 from resource_blocks import GpuPool, MlflowTarget
 from tasks.fluid_trials import load_model, packing_curve, train_chunk
 from tasks.requests import gpu_options
@@ -46,6 +48,10 @@ EXECUTIONS = ("fluid", "fifo")
 MODES = ("process", "thread")
 GRID_SPACE = {"lr": Grid((0.01, 0.1)), "hidden": Grid((16, 64)), "batch_size": Choice((64,))}
 RANDOM_SPACE = {"lr": LogUniform(0.003, 0.3), "hidden": Choice((16, 32, 64, 128)), "batch_size": Choice((32, 64, 128))}
+TRIAL_IDS = {  # how gpu.tuning's algorithms name trials (config @ rung): a --fail-trial of another form never fails
+    "grid": (r"c\d{4}@0", "c0001@0"), "random": (r"c\d{4}@0", "c0001@0"),
+    "asha": (r"c\d{4}@\d+", "c0001@1"), "bohb": (r"c\d{4}@\d+", "c0001@1"),
+    "hyperband": (r"c\d{4}@\d+\.\d+", "c0001@2.0"), "pbt": (r"m\d{3}@\d+", "m001@1")}
 DEFAULT_ALPHA = 1.5  # with an explicit c and no alpha: consistent with c = 2 by Eq. 3.1
 PACKING_MAX_P = 4  # levels of the start-up measurement (c is capped at the largest level measured)
 
@@ -55,6 +61,7 @@ def make_algorithm(algorithm: str, trials: int, iterations: int, seed: int, spac
     """The tuning algorithm of ``gpu.tuning`` for this search (validated: one ConfigError naming the bad value)."""
     if algorithm not in SEARCHES:
         raise ConfigError("algorithm", algorithm, f"choose one of {SEARCHES}")
+    integer(seed, "seed", minimum=0)  # numpy's generators refuse negatives
     for name, value in (("trials", trials), ("iterations", iterations), ("min_iterations", min_iterations),
                         ("generations", generations)):
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
@@ -346,6 +353,28 @@ def trial_groups(algorithm: str = "grid", trials: int = 4, iterations: int = 4, 
             first if it has only one), after it held a slice beside the others.
         model_name: registered model name (default ``trial-groups-<algorithm>``).
     """
+    prepare(pool, tracking, algorithm=algorithm, trials=trials, iterations=iterations, seed=seed, space=space,
+            min_iterations=min_iterations, generations=generations, execution=execution, c=c, d=d, alpha=alpha,
+            chunk=chunk, mode=mode, packing_iterations=packing_iterations, fail_trial=fail_trial)
+    runner = flow_runner()  # the pool and target resolved from these parameters (or the runner given)
+    block = runner.pool if runner else pool_block(pool)
+    target = runner.tracking if runner else tracking_target(tracking)
+    node = discover(block.simulated, block.device_backend).nodes[0]
+    # the device model keys the saved packing curve: trials on a simulated pool train on this machine's CPU
+    device = "cpu" if node.devices[0].simulated else node.devices[0].name
+    return _search(algorithm, trials, iterations, seed, space, min_iterations, generations, execution,
+                   [dev.index for dev in node.devices], device, c, d, None if alpha is None else float(alpha),
+                   packing_iterations, chunk, fail_trial, target.resolved_uri(),
+                   model_name or f"trial-groups-{algorithm}", progress,
+                   publish_mlflow_link(runner) if target.enabled else None)
+
+
+def prepare(pool: GpuPool | str | None, tracking: MlflowTarget | bool | None, *, algorithm: str, trials: int,
+            iterations: int, seed: int, space: dict | None, min_iterations: int, generations: int, execution: str,
+            c: int | None, d: int, alpha: float | None, chunk: int, mode: str, packing_iterations: int,
+            fail_trial: str | None, **_: Any) -> tuple[GpuPool, MlflowTarget, Node]:
+    """The flow's pool, MLflow target and node, every parameter checked: the flow calls it for deployment runs,
+    ``main`` before the flow, so a bad argument fails before a flow run starts (the others, ``_``, need none)."""
     make_algorithm(algorithm, trials, iterations, seed, space, min_iterations, generations)
     if execution not in EXECUTIONS:
         raise ConfigError("execution", execution, f"choose one of {EXECUTIONS}")
@@ -358,19 +387,14 @@ def trial_groups(algorithm: str = "grid", trials: int = 4, iterations: int = 4, 
     FluidParams(c=2 if c is None else c, d=d)
     if alpha is not None:
         packing_limit(alpha)  # ConfigError naming alpha when < 1
-    runner = flow_runner()  # the pool and target resolved from these parameters (or the runner given)
-    block = runner.pool if runner else pool_block(pool)
-    target = runner.tracking if runner else tracking_target(tracking)
+    pattern, example = TRIAL_IDS[algorithm]
+    if fail_trial is not None and not (isinstance(fail_trial, str) and re.fullmatch(pattern, fail_trial)):
+        raise ConfigError("fail_trial", fail_trial, f"not a trial id of a {algorithm} search, e.g. {example}")
+    block, target = pool_block(pool), tracking_target(tracking)
     node = discover(block.simulated, block.device_backend).nodes[0]
     if not node.devices:
         raise ConfigError("pool", block.name, "has no GPUs (simulated or NVML) to run trials on")
-    # the device model keys the saved packing curve: trials on a simulated pool train on this machine's CPU
-    device = "cpu" if node.devices[0].simulated else node.devices[0].name
-    return _search(algorithm, trials, iterations, seed, space, min_iterations, generations, execution,
-                   [dev.index for dev in node.devices], device, c, d, None if alpha is None else float(alpha),
-                   packing_iterations, chunk, fail_trial, target.resolved_uri(),
-                   model_name or f"trial-groups-{algorithm}", progress,
-                   publish_mlflow_link(runner) if target.enabled else None)
+    return block, target, node
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -396,16 +420,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-tracking", action="store_true", help="switch MLflow tracking off")
     parser.add_argument("--json", type=output_file, metavar="OUT", help="also write the summary as JSON")
     args = parser.parse_args(argv)
+    kwargs = flow_arguments(trial_groups, algorithm=args.algorithm, trials=args.trials, iterations=args.iterations,
+                            min_iterations=args.min_iterations, execution=args.execution, pool=args.pool,
+                            mode=args.mode, chunk=args.chunk, c=args.c, d=args.d, alpha=args.alpha,
+                            packing_iterations=args.packing_iterations, seed=args.seed, fail_trial=args.fail_trial,
+                            tracking=False if args.no_tracking else None)
     try:
-        summary = trial_groups(algorithm=args.algorithm, trials=args.trials, iterations=args.iterations,
-                               min_iterations=args.min_iterations, execution=args.execution, pool=args.pool,
-                               mode=args.mode, chunk=args.chunk, c=args.c, d=args.d, alpha=args.alpha,
-                               packing_iterations=args.packing_iterations,
-                               seed=args.seed, fail_trial=args.fail_trial,
-                               tracking=False if args.no_tracking else None)
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+        kwargs["pool"], kwargs["tracking"], _ = prepare(**kwargs)  # every argument checked before the run starts
+        summary = trial_groups(**kwargs)
+    except GpuflowsError as exc:
+        return error(exc)
     print(f"FLUID c = {summary['c']}, d = {summary['d']}, alpha = {summary['alpha']:.3f} ({summary['c_source']})")
     print(f"{summary['algorithm']}/{summary['execution']}: {summary['trials']} trials, "
           f"{summary['iterations_trained']} iterations, failed {summary['failures'] or 'none'}")

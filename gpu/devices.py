@@ -56,17 +56,22 @@ class PoolSpec:
         return sum(len(n.devices) for n in self.nodes)
 
 
-_SIM = re.compile(r"^\s*(\d+)\s*[xX*]\s*([0-9.]+\s*[A-Za-z]*)\s*$")
+_SIM = re.compile(r"^\s*(\d{1,9})\s*[xX*]\s*([0-9.]{1,20}\s*[A-Za-z]*)\s*$")
+MAX_SIMULATED = 1024  # devices per node: every one is an object, a ledger row and a line of output
+MIN_DEVICE_MEMORY, MAX_DEVICE_MEMORY = 2**20, 2**40  # 1 MiB .. 1 TiB: anything else is a typo ('1x1B', '1x16TB')
 
 
 def parse_simulated(spec: str, node: str | None = None, cpus: float | None = None) -> Node:
-    """A node of simulated devices from a spec like ``"4x16GiB"`` (count x memory)."""
-    m = _SIM.match(spec or "")
+    """A node of simulated devices from a spec like ``"4x16GiB"`` (count x memory), within the bounds above."""
+    m = _SIM.match(spec or "") if isinstance(spec, str) else None
     if not m:
         raise ConfigError("simulated", spec, "expected COUNT x MEMORY, e.g. '4x16GiB'")
     count, memory = int(m.group(1)), parse_memory(m.group(2), "simulated")
-    if count < 0 or memory <= 0:
-        raise ConfigError("simulated", spec, "needs a count >= 0 and a memory size > 0")
+    if count > MAX_SIMULATED:
+        raise ConfigError("simulated", spec, f"at most {MAX_SIMULATED} devices per node")
+    if not MIN_DEVICE_MEMORY <= memory <= MAX_DEVICE_MEMORY:
+        raise ConfigError("simulated", spec, f"device memory must be between {format_memory(MIN_DEVICE_MEMORY)} "
+                                             f"and {format_memory(MAX_DEVICE_MEMORY)}")
     name = node or socket.gethostname()
     devices = tuple(
         Device(i, f"SIM-{name}-{i}", "Simulated GPU", memory, memory, simulated=True) for i in range(count)

@@ -1,17 +1,52 @@
 """Errors shared by the engine so every bad input fails with one clear message."""
 
+import reprlib
+from itertools import islice
+
+ECHO_CHARS = 80  # how much of a bad value an error message shows
+
+
+class _Echo(reprlib.Repr):
+    """A ``repr`` that stops early: a YAML alias bomb is a few KB of text but a repr of billions of characters,
+    and the full repr was built (800 MB) only to print it. Containers show a few items, nested a few levels."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.maxlevel, self.maxstring, self.maxother, self.maxlong = 3, ECHO_CHARS, ECHO_CHARS, ECHO_CHARS
+        self.maxlist = self.maxtuple = self.maxdict = self.maxset = self.maxfrozenset = self.maxdeque = 8
+
+    def repr_dict(self, x: dict, level: int) -> str:
+        """In the mapping's own order, like ``repr`` (reprlib sorts the keys)."""
+        if not x or level <= 0:
+            return "{...}" if x else "{}"
+        items = [f"{self.repr1(k, level - 1)}: {self.repr1(v, level - 1)}" for k, v in islice(x.items(), self.maxdict)]
+        return "{" + ", ".join(items) + (", ...}" if len(x) > self.maxdict else "}")
+
+
+_ECHO = _Echo()
+
+
+def excerpt(value: object) -> str:
+    """``repr(value)``, at most ECHO_CHARS characters (cut ones end in '…')."""
+    try:
+        text = _ECHO.repr(value)
+    except ValueError:  # an int of more than 4,300 digits has no repr
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= ECHO_CHARS else text[:ECHO_CHARS - 1] + "…"
+
 
 class GpuflowsError(Exception):
     """Base class for errors raised by gpuflows."""
 
 
 class ConfigError(GpuflowsError, ValueError):
-    """A configuration or scenario value is invalid; the message names the field and the value."""
+    """A configuration or scenario value is invalid; the message names the field and shows an excerpt of the value
+    (``value`` keeps the whole of it)."""
 
     def __init__(self, field: str, value: object, why: str):
         self.field = field
         self.value = value
-        super().__init__(f"{field}={value!r}: {why}")
+        super().__init__(f"{field}={excerpt(value)}: {why}")
 
 
 class NeverFitsError(GpuflowsError, ValueError):

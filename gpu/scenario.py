@@ -6,16 +6,28 @@ Every system's simulator reads its scenario through these helpers, so the format
 
 from __future__ import annotations
 
+import functools
 import json
 import math
+import re
+from itertools import accumulate
 from pathlib import Path
 from typing import Any, Collection, Mapping, Sequence
 
-from gpu.errors import ConfigError
+from gpu.errors import ConfigError, excerpt
+
+
+MAX_DEPTH = 32  # nesting levels of a scenario; real ones use < 8, and the parsers recurse per level
+MAX_VALUES = 1_000_000  # values a YAML scenario may stand for once its aliases are expanded
 
 
 def load_scenario(path: str | Path) -> dict[str, Any]:
-    """Read a JSON (``.json``) or YAML (``.yaml``/``.yml``) scenario into a dict."""
+    """Read a JSON (``.json``) or YAML (``.yaml``/``.yml``) scenario into a dict.
+
+    Refused with a ConfigError naming the file: nesting deeper than MAX_DEPTH (the parsers would die of a
+    RecursionError), a key given twice in one mapping (the last one silently won), YAML aliases that refer to
+    themselves or expand to more than MAX_VALUES values (a "billion laughs" document of 1.6 KB).
+    """
     p = Path(path)
     if not p.is_file():
         raise ConfigError("scenario", str(p), "no such file")
@@ -26,13 +38,97 @@ def load_scenario(path: str | Path) -> dict[str, Any]:
 
     try:
         text = p.read_text(encoding="utf-8")
-        data = json.loads(text) if suffix == ".json" else yaml.safe_load(text)
-    except (UnicodeDecodeError, json.JSONDecodeError, yaml.YAMLError) as exc:
+        data = _load_json(text, str(p)) if suffix == ".json" else _load_yaml(text, str(p))
+    except ConfigError:
+        raise
+    except (ValueError, yaml.YAMLError) as exc:  # ValueError: bad UTF-8, bad JSON, an int of > 4,300 digits
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ConfigError("scenario", str(p), f"not valid {'JSON' if suffix == '.json' else 'YAML'}: {first}") from exc
     if not isinstance(data, dict):
         raise ConfigError("scenario", str(p), "the top level must be a mapping")
     return data
+
+
+def _load_json(text: str, source: str) -> Any:
+    """``json.loads`` after measuring the nesting (brackets outside strings), refusing duplicate keys."""
+    brackets = re.sub(r"[^\[\]{}]", "", re.sub(r'"(?:[^"\\]|\\.)*"', "", text))
+    if max(accumulate(1 if c in "[{" else -1 for c in brackets), default=0) > MAX_DEPTH:
+        raise ConfigError("scenario", source, f"nested deeper than {MAX_DEPTH} levels")
+
+    def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key, value in pairs:
+            if key in out:
+                raise ConfigError("scenario", source, f"key {excerpt(key)} given twice in one mapping")
+            out[key] = value
+        return out
+
+    return json.loads(text, object_pairs_hook=unique)
+
+
+def _load_yaml(text: str, source: str) -> Any:
+    loader = _strict_loader()(text, source)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
+@functools.cache
+def _strict_loader() -> type:
+    """PyYAML's safe loader, measuring every node as it is composed (aliases are composed once and shared, so
+    this is linear in the file even when the data it stands for is not)."""
+    import yaml
+
+    class StrictLoader(yaml.SafeLoader):
+        def __init__(self, text: str, source: str):
+            super().__init__(text)
+            self.source, self.level = source, 0
+            self.shape: dict[int, tuple[int, int]] = {}  # id(node) -> (depth, values once aliases are expanded)
+
+        def refuse(self, mark: Any, why: str) -> None:
+            raise ConfigError("scenario", self.source, f"line {mark.line + 1}: {why}")
+
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            event = self.peek_event()
+            if isinstance(event, yaml.AliasEvent):
+                node = self.anchors.get(event.anchor)
+                if node is not None and id(node) not in self.shape:
+                    self.refuse(event.start_mark, f"alias *{event.anchor} is inside its own anchor")
+                return super().compose_node(parent, index)
+            self.level += 1
+            if self.level > MAX_DEPTH + 1:  # + 1: the scalars inside the deepest collections
+                self.refuse(event.start_mark, f"nested deeper than {MAX_DEPTH} levels")
+            node = super().compose_node(parent, index)
+            self.level -= 1
+            if isinstance(node, yaml.ScalarNode):
+                depth, values = 0, 1
+            else:
+                children = node.value if isinstance(node, yaml.SequenceNode) else [n for kv in node.value for n in kv]
+                shapes = [self.shape[id(c)] for c in children]
+                depth, values = 1 + max((d for d, _ in shapes), default=0), 1 + sum(v for _, v in shapes)
+            if depth > MAX_DEPTH:
+                self.refuse(node.start_mark, f"nested deeper than {MAX_DEPTH} levels")
+            if values > MAX_VALUES:
+                self.refuse(node.start_mark, f"its aliases expand to more than {MAX_VALUES:,} values")
+            self.shape[id(node)] = (depth, values)
+            return node
+
+        def construct_mapping(self, node: Any, deep: bool = False) -> dict:
+            seen = set()
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue  # ``<<: *base`` entries may be overridden
+                key = self.construct_object(key_node, deep=deep)
+                try:
+                    if key in seen:
+                        self.refuse(key_node.start_mark, f"key {excerpt(key)} given twice in one mapping")
+                    seen.add(key)
+                except TypeError:  # an unhashable key: SafeLoader's own error names it
+                    break
+            return super().construct_mapping(node, deep)
+
+    return StrictLoader
 
 
 def require(mapping: Mapping[str, Any], key: str, where: str = "") -> Any:
@@ -106,9 +202,12 @@ def entries(value: Any, field: str, allowed: Collection[str]) -> list[dict[str, 
 
 
 def label(value: Any, field: str) -> str:
-    """An id or a name as text (YAML reads ``id: 1`` as a number, which is fine; a list or null is not)."""
+    """An id or a name as text (YAML reads ``id: 1`` as a number, which is fine; a list, null or blank is not:
+    an empty id cannot be told apart in the plan, the tables or the logs)."""
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
         raise ConfigError(field, value, "must be a name (text)")
+    if not str(value).strip():
+        raise ConfigError(field, value, "must not be empty")
     return str(value)
 
 

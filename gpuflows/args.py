@@ -1,9 +1,13 @@
-"""Command-line argument types shared by ``gpuflows`` and the flows' ``python -m flows.<name>`` entry points."""
+"""Command-line argument types and error reporting shared by ``gpuflows`` and the flows' ``python -m flows.<name>``
+entry points: bad arguments stop a command before any Prefect flow run starts, with one line naming them."""
 
 from __future__ import annotations
 
 import argparse
+import inspect
+import sys
 from pathlib import Path
+from typing import Any
 
 
 def output_file(path: str) -> str:
@@ -13,3 +17,30 @@ def output_file(path: str) -> str:
     if not folder.is_dir():
         raise argparse.ArgumentTypeError(f"{path!r}: folder {folder} does not exist")
     return path
+
+
+def simulated(spec: str) -> str:
+    """``--simulated``/``--simulate`` devices (COUNT x MEMORY within ``gpu.devices``' bounds), checked when the
+    arguments are parsed: the pool is only built once the flow runs, and on a GPU machine not at all."""
+    from gpu.devices import parse_simulated
+    from gpu.errors import ConfigError
+
+    try:
+        parse_simulated(spec)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return spec
+
+
+def flow_arguments(flow: Any, **given: Any) -> dict[str, Any]:
+    """``given`` plus the flow's defaults for the rest: exactly what a run of ``flow(**given)`` gets, for an entry
+    point to check before it starts the run."""
+    call = inspect.signature(flow.fn).bind(**given)
+    call.apply_defaults()
+    return dict(call.arguments)
+
+
+def error(exc: Exception) -> int:
+    """Report a bad argument found after parsing (``field=value: why``); 2 is argparse's status for bad usage."""
+    print(f"error: {exc}", file=sys.stderr)
+    return 2

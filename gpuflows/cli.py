@@ -11,7 +11,7 @@ import sys
 
 from gpu.errors import GpuflowsError
 from gpu.sim.registry import SIMULATORS
-from gpuflows.args import output_file
+from gpuflows.args import output_file, simulated
 
 
 def _simulate(args: argparse.Namespace) -> int:
@@ -39,9 +39,16 @@ def _devices(args: argparse.Namespace) -> int:
 
 
 def _pool(args: argparse.Namespace) -> int:
-    from gpu.pool import open_pool
+    from gpu.pool import open_pool, pool_names, read_pool
 
-    ledger = open_pool(args.name)
+    if args.list:
+        pools = [read_pool(name) for name in pool_names()]
+        for p in pools:
+            print(f"{p.name}  {p.layout()}  {p.leases} lease(s), {p.waiting} waiting")
+        if not pools:
+            print("no pools yet: a flow run creates its pool's ledger")
+        return 0
+    ledger = open_pool(args.name)  # with the layout it was stored with
     for line in ledger.describe():
         print(line)
     return 0
@@ -65,11 +72,13 @@ def build_parser() -> argparse.ArgumentParser:
     sim.set_defaults(func=_simulate)
 
     dev = sub.add_parser("devices", help="list the GPUs found through NVML (or the simulated ones)")
-    dev.add_argument("--simulate", default=None, help="simulated devices when NVML finds none, e.g. '4x16GiB'")
+    dev.add_argument("--simulate", type=simulated, default=None,
+                     help="simulated devices when NVML finds none, e.g. '4x16GiB'")
     dev.set_defaults(func=_devices)
 
     pool = sub.add_parser("pool", help="show a shared pool's devices, leases and ephemeral resources")
     pool.add_argument("--name", default="default", help="pool name (the ledger file under the state folder)")
+    pool.add_argument("--list", action="store_true", help="list the pools with their layout and lease counts")
     pool.set_defaults(func=_pool)
 
     demo = sub.add_parser("demo", help="run the demo (make demo): the pool demo, then Ekya thief vs uniform on a simulated 2-GPU pool")
@@ -79,12 +88,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser()
     args, unknown = parser.parse_known_args(argv)
-    if unknown and args.command != "demo":
+    if args.command == "demo":  # its options pass through as given ("--seed -1" had come out as "-1 --seed")
+        args.extra = argv[argv.index("demo") + 1:]
+    elif unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
-    if args.command == "demo":
-        args.extra = [*args.extra, *unknown]  # demo options such as --skip-pool-demo pass through
     try:
         return args.func(args)
     except GpuflowsError as exc:

@@ -12,7 +12,6 @@ memory-aware and ephemeral-resource placement behave the same locally and on Ray
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from typing import Any
 

@@ -22,6 +22,9 @@ def test_engine_imports_without_prefect_ray_mlflow_or_torch():
 def test_devices_and_pool_commands(state_dir, capsys):
     assert main(["devices", "--simulate", "2x8GiB"]) == 0
     assert "gpu1 Simulated GPU [simulated] 8GiB total" in capsys.readouterr().out
+    from gpu.pool import open_pool
+
+    open_pool("cli-test", simulated="2x8GiB").close()
     assert main(["pool", "--name", "cli-test"]) == 0
     out = capsys.readouterr().out
     assert "gpu0: compute 1.00 free" in out and "0 request(s) waiting" in out

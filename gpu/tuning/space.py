@@ -16,6 +16,7 @@ from typing import Any, Mapping, Union
 import numpy as np
 
 from gpu.errors import ConfigError
+from gpu.scenario import number
 
 
 @dataclass(frozen=True)
@@ -47,22 +48,40 @@ Space = Mapping[str, Any]  # name -> Domain or a constant
 
 
 def parse_space(raw: Mapping[str, Any], field: str = "space") -> dict[str, Any]:
-    """Build a space from plain data: ``{"lr": {"loguniform": [1e-4, 0.1]}, "bs": {"grid": [32, 64]}, "x": 3}``."""
+    """Build a space from plain data: ``{"lr": {"loguniform": [1e-4, 0.1]}, "bs": {"grid": [32, 64]}, "x": 3}``.
+
+    Every malformed entry is a ConfigError naming ``<field>.<param>``: it would otherwise surface as a TypeError
+    from a domain's constructor or from comparing its bounds, deep inside a tuning run.
+    """
     if not isinstance(raw, Mapping) or not raw:
         raise ConfigError(field, raw, "the search space needs at least one parameter")
-    kinds = {"grid": Grid, "choice": Choice, "uniform": Uniform, "loguniform": LogUniform}
-    space: dict[str, Any] = {}
-    for name, spec in raw.items():
-        if isinstance(spec, Mapping):
-            if len(spec) != 1 or next(iter(spec)) not in kinds:
-                raise ConfigError(f"{field}.{name}", dict(spec), f"use exactly one of {sorted(kinds)}")
-            kind, args = next(iter(spec.items()))
-            if not isinstance(args, (list, tuple)) or not args:
-                raise ConfigError(f"{field}.{name}.{kind}", args, "must be a non-empty list")
-            space[name] = kinds[kind](tuple(args)) if kind in ("grid", "choice") else kinds[kind](*args)
-        else:
-            space[name] = spec
-    return validate_space(space, field)
+    return validate_space({name: _domain(spec, f"{field}.{name}") for name, spec in raw.items()}, field)
+
+
+_KINDS = {"grid": Grid, "choice": Choice, "uniform": Uniform, "loguniform": LogUniform}
+
+
+def _domain(spec: Any, where: str) -> Any:
+    """One parameter: ``{kind: [args]}`` or a constant (a number, a string, true/false, null)."""
+    if not isinstance(spec, Mapping):
+        return _value(spec, where)
+    if len(spec) != 1 or next(iter(spec)) not in _KINDS:
+        raise ConfigError(where, dict(spec), f"use exactly one of {sorted(_KINDS)}, e.g. {{uniform: [0.1, 1]}}")
+    kind, args = next(iter(spec.items()))
+    if not isinstance(args, (list, tuple)) or not args:
+        raise ConfigError(f"{where}.{kind}", args, "must be a non-empty list")
+    if kind in ("grid", "choice"):
+        return _KINDS[kind](tuple(_value(v, f"{where}.{kind}[{i}]") for i, v in enumerate(args)))
+    if len(args) != 2:
+        raise ConfigError(f"{where}.{kind}", args, "must be [low, high]")
+    return _KINDS[kind](*(number(v, f"{where}.{kind}[{i}]") for i, v in enumerate(args)))
+
+
+def _value(value: Any, where: str) -> Any:
+    """A value a trial's config may hold: configs are compared, hashed and logged as parameters."""
+    if value is not None and not isinstance(value, (str, int, float, bool)):
+        raise ConfigError(where, value, "must be a number, a string, true/false or null")
+    return value
 
 
 def validate_space(space: Space, field: str = "space") -> dict[str, Any]:
