@@ -436,10 +436,12 @@ def _descendants(pid: int) -> list[int]:
     """Pids of every process below ``pid`` (children first), read from /proc."""
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
         try:
             ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
         except (OSError, IndexError, ValueError):
-            continue  # not a process, or it exited meanwhile
+            continue  # it exited meanwhile
         children.setdefault(ppid, []).append(int(entry.name))
     found, todo = [], [pid]
     while todo:

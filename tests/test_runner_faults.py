@@ -1,0 +1,309 @@
+"""The local GPU task runner under real faults: its flow process killed with SIGKILL, the pool
+ledger locked by another connection, a lease reclaimed while its task runs, the flow terminated
+while its tasks run. Each fault is injected for real and the outcome read back from the operating
+system (/proc), the pool ledger and the Prefect API."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from prefect import flow, task
+from prefect.client.orchestration import get_client
+from prefect.context import FlowRunContext
+from prefect.exceptions import TerminationSignal
+from prefect.states import StateType
+
+from gpu.pool import pool_path
+from resource_blocks import GpuPool
+from tasks.requests import current_placement, gpu_request
+from tasks.runners import GpuTaskRunner
+
+pytestmark = pytest.mark.usefixtures("prefect_server")
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def sim_pool(name: str, spec: str = "2x16GiB") -> GpuPool:
+    return GpuPool(name=name, device_backend="simulated", simulated=spec)
+
+
+def poll(condition, timeout: float, what: str):
+    """Return ``condition()`` once truthy; fail naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what}: not within {timeout}s")
+        time.sleep(0.02)
+
+
+def alive(pid: int) -> bool:
+    """A process that exists and is not a zombie (a killed orphan may wait to be reaped)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except FileNotFoundError:
+        return False
+
+
+def parent_of(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def pid_files(folder: Path, prefix: str) -> dict[str, int]:
+    return {p.name: int(p.read_text()) for p in folder.glob(f"{prefix}*") if p.read_text()}
+
+
+def task_run_state(task_run_id):
+    with get_client(sync_client=True) as client:
+        return client.read_task_run(task_run_id).state
+
+
+# Tasks that record the pid of the process running them, then work until they are killed.
+_SPINNING_TASK = '''
+import os
+from pathlib import Path
+
+from prefect import task
+
+from tasks.requests import gpu_request
+
+
+@gpu_request(gpus=1)
+@task
+def spin(out: str, i: int) -> None:
+    tmp = Path(out) / f".worker-{i}"
+    tmp.write_text(str(os.getpid()))
+    tmp.rename(Path(out) / f"worker-{i}")  # whole, or not there
+    os.nice(19)  # busy, but leaves the CPU to the rest of the test
+    n = 0
+    while True:
+        n += 1
+'''
+
+
+def test_process_workers_die_with_their_flow_process_after_kill_9(state_dir, tmp_path):
+    (tmp_path / "spinning.py").write_text(_SPINNING_TASK)
+    (tmp_path / "orphan_flow.py").write_text(textwrap.dedent('''
+        import os, sys
+        from prefect import flow
+        from resource_blocks import GpuPool
+        from tasks.runners import GpuTaskRunner
+        from spinning import spin
+
+        pool = GpuPool(name="orphans", device_backend="simulated", simulated="2x16GiB")
+
+        @flow(task_runner=GpuTaskRunner(pool=pool, mode="process", tracking=False))
+        def orphan_flow(out):
+            futures = [spin.submit(out, i) for i in range(2)]
+            [f.wait() for f in futures]
+
+        if __name__ == "__main__":  # process workers import this module too
+            orphan_flow(sys.argv[1])
+    '''))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)]),
+           "GPUFLOWS_STATE_DIR": str(state_dir), "PREFECT_LOGGING_LEVEL": "INFO"}
+    log = tmp_path / "flow.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen([sys.executable, str(tmp_path / "orphan_flow.py"), str(tmp_path)], env=env,
+                                stdout=out, stderr=subprocess.STDOUT)
+
+    def running() -> dict[str, int]:
+        assert proc.poll() is None, f"the flow process exited early:\n{log.read_text()[-3000:]}"
+        workers = pid_files(tmp_path, "worker-")
+        return len(workers) == 2 and workers
+
+    try:
+        try:
+            workers = poll(running, 180, "both tasks running in process workers")
+        except pytest.fail.Exception:
+            print(log.read_text()[-5000:])
+            raise
+        assert all(parent_of(pid) == proc.pid and alive(pid) for pid in workers.values())
+        assert len(GpuPool(name="orphans", device_backend="simulated").open_ledger().leases()) == 2
+
+        proc.kill()  # SIGKILL: the flow process gets no chance to clean up
+        proc.wait(10)
+        poll(lambda: not any(alive(pid) for pid in workers.values()), 2.0,
+             f"worker processes {sorted(workers.values())} gone after their flow process was killed")
+    finally:
+        proc.kill()
+        proc.wait(10)
+        for pid in pid_files(tmp_path, "worker-").values():  # never leave a spinning worker behind
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_release_refused_by_a_locked_ledger_is_retried_and_the_task_stays_completed(state_dir):
+    runner = GpuTaskRunner(pool=sim_pool("locked", "1x16GiB"), mode="thread", tracking=False)
+    release_failed, locked = threading.Event(), threading.Event()
+
+    class ReleaseFailures(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.getMessage().startswith("release of lease"):
+                release_failed.set()
+
+    def hold_the_ledger_lock() -> None:
+        db = sqlite3.connect(pool_path("locked"), isolation_level=None)
+        db.execute("BEGIN IMMEDIATE")  # a second process's write transaction on the ledger
+        locked.set()
+        release_failed.wait(60)        # held until the runner's release has failed at least once
+        db.execute("ROLLBACK")
+        db.close()
+
+    @gpu_request(gpus=1)
+    @task
+    def finishes_while_the_ledger_is_locked() -> str:
+        threading.Thread(target=hold_the_ledger_lock, daemon=True).start()
+        assert locked.wait(30)
+        return "done"
+
+    @flow(task_runner=runner)
+    def locked_flow():
+        # The ledger waits 30 s for SQLite's lock before it raises; make the fault show in 50 ms.
+        FlowRunContext.get().task_runner.ledger()._db.execute("PRAGMA busy_timeout = 50")
+        future = finishes_while_the_ledger_is_locked.submit()
+        future.wait()
+        return future.state, future.task_run_id
+
+    handler = ReleaseFailures()
+    runner.logger.addHandler(handler)
+    try:
+        state, task_run_id = locked_flow()
+    finally:
+        runner.logger.removeHandler(handler)
+    assert release_failed.is_set()
+    assert state.type == StateType.COMPLETED and state.result() == "done"
+    assert task_run_state(task_run_id).type == StateType.COMPLETED
+    ledger = sim_pool("locked", "1x16GiB").open_ledger()
+    assert ledger.leases() == []
+    assert [e["kind"] for e in ledger.events()] == ["allocate", "release"]
+
+
+@pytest.mark.parametrize("fails_by_itself", [False, True], ids=["completes", "fails-by-itself"])
+def test_task_whose_lease_was_reclaimed_while_it_ran_fails_naming_the_lease(state_dir, fails_by_itself):
+    @gpu_request(gpus=1)
+    @task
+    def loses_its_lease(fail: bool) -> None:
+        # what the ledger's reclaim does, done by another connection while the task runs
+        db = sqlite3.connect(pool_path("reclaimed"))
+        assert db.execute("DELETE FROM leases WHERE id=?", (current_placement().placement.lease_id,)).rowcount == 1
+        db.commit()
+        db.close()
+        if fail:
+            raise RuntimeError("the task failed by itself")
+
+    @flow(task_runner=GpuTaskRunner(pool=sim_pool("reclaimed", "1x16GiB"), mode="thread", tracking=False))
+    def reclaim_flow():
+        future = loses_its_lease.submit(fails_by_itself)
+        future.wait()
+        return future.state, future.task_run_id
+
+    state, task_run_id = reclaim_flow()
+    ledger = sim_pool("reclaimed", "1x16GiB").open_ledger()
+    (lease_id,) = [e["lease_id"] for e in ledger.events() if e["kind"] == "allocate"]
+    assert state.type == StateType.FAILED
+    assert f"lease {lease_id} of task 'loses_its_lease'" in state.message
+    assert "was reclaimed while the task ran" in state.message and "cannot be trusted" in state.message
+    recorded = task_run_state(task_run_id)
+    assert recorded.type == StateType.FAILED
+    if fails_by_itself:
+        assert "the task failed by itself" in state.message          # its own failure kept, note added
+    else:
+        assert "reclaimed while the task ran" in recorded.message   # Completed overruled in Prefect too
+    assert ledger.leases() == []
+
+
+def test_lease_lost_reported_from_another_thread_fails_the_task_with_the_reason(state_dir):
+    running: dict[str, str] = {}
+    started, go_on = threading.Event(), threading.Event()
+
+    @gpu_request(gpus=1)
+    @task
+    def holds_the_gpu() -> str:
+        running["lease_id"] = current_placement().placement.lease_id
+        started.set()
+        assert go_on.wait(30)
+        return "finished"
+
+    @flow(task_runner=GpuTaskRunner(pool=sim_pool("lost", "1x16GiB"), mode="thread", tracking=False))
+    def lost_flow():
+        runner = FlowRunContext.get().task_runner
+        future = holds_the_gpu.submit()
+        assert started.wait(30)
+        reported = []
+        reporter = threading.Thread(target=lambda: reported.append(
+            runner._lease_lost(running["lease_id"], "heartbeat found the lease expired")))
+        reporter.start()
+        reporter.join()
+        cancel_set = runner._cancel_events[future.task_run_id].is_set()
+        go_on.set()
+        future.wait()
+        return future.state, reported, cancel_set, runner._lease_lost("no-such-lease", "ignored")
+
+    state, reported, cancel_set, unknown = lost_flow()
+    assert reported == [True] and cancel_set and unknown is False
+    assert state.type == StateType.FAILED
+    assert f"lease {running['lease_id']} of task 'holds_the_gpu'" in state.message
+    assert "heartbeat found the lease expired" in state.message
+    assert sim_pool("lost", "1x16GiB").open_ledger().leases() == []
+
+
+def test_sigterm_during_process_tasks_cancels_them_kills_workers_and_releases_leases(state_dir, tmp_path):
+    """SIGTERM is how Prefect stops a flow run (a served run's cancellation, a worker's shutdown):
+    Prefect's handler raises TerminationSignal in the flow, which leaves the task runner."""
+    sys.path.insert(0, str(tmp_path))
+    (tmp_path / "spinning_here.py").write_text(_SPINNING_TASK)
+    from spinning_here import spin
+
+    pool = sim_pool("sigterm")
+    seen: dict = {}
+
+    @gpu_request(gpus=1)
+    @task
+    def waits_for_a_gpu() -> None:
+        pass
+
+    @flow(task_runner=GpuTaskRunner(pool=pool, mode="process", tracking=False))
+    def terminated_flow():
+        runner = FlowRunContext.get().task_runner
+        futures = [spin.submit(str(tmp_path), i) for i in range(2)]
+        futures.append(waits_for_a_gpu.submit())  # both GPUs are taken: waits in the ledger queue
+        seen["task_run_ids"] = [f.task_run_id for f in futures]
+        seen["workers"] = poll(lambda: len(pid_files(tmp_path, "worker-")) == 2 and pid_files(tmp_path, "worker-"),
+                               180, "both tasks running in process workers")
+        poll(lambda: runner.ledger().waiting() == 1, 30, "the third task waiting for a GPU")
+        from prefect.utilities.engine import is_prefect_sigterm_handler_installed
+
+        assert is_prefect_sigterm_handler_installed()  # else the signal would end the test process
+        seen["signalled"] = time.monotonic()
+        os.kill(os.getpid(), signal.SIGTERM)
+        [f.wait() for f in futures]
+
+    try:
+        with pytest.raises(TerminationSignal):
+            terminated_flow()
+        took = time.monotonic() - seen["signalled"]
+        assert took < 4.0, f"the flow took {took:.1f}s to stop after SIGTERM"
+        assert not any(alive(pid) for pid in seen["workers"].values())
+        ledger = pool.open_ledger()
+        assert ledger.leases() == [] and ledger.waiting() == 0
+        assert sorted(e["kind"] for e in ledger.events()) == ["allocate", "allocate", "release", "release"]
+        spinning = [task_run_state(i) for i in seen["task_run_ids"][:2]]
+        assert [s.type for s in spinning] == [StateType.CANCELLED] * 2, [s.message for s in spinning]
+    finally:
+        sys.path.remove(str(tmp_path))
+        for pid in pid_files(tmp_path, "worker-").values():
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
