@@ -334,11 +334,11 @@ class PlacingTaskRunner(TaskRunner[PrefectConcurrentFuture]):
                 f"to have had the GPU alone")
 
     def _settle(self, task, task_run_id: uuid.UUID, state, cancel_event: threading.Event, lost: str | None):
-        """The task's final state once its lease is settled, recorded in Prefect where it differs.
+        """The task's final state once its lease is settled, recorded in Prefect where the engine could not.
 
         A reclaimed lease fails the task (a task that failed or crashed by itself keeps its own state,
-        with the note added); a task that crashed because it was cancelled (its worker killed or told
-        to exit) ends Cancelled.
+        with the note added). A crash is the backend's (a worker died, or was told to exit), so the
+        engine could not record it; if the task had been cancelled, that is what killed it: Cancelled.
         """
         from prefect.states import Cancelled, Failed
 
@@ -346,22 +346,32 @@ class PlacingTaskRunner(TaskRunner[PrefectConcurrentFuture]):
             self.logger.error("task %r: %s", task.name, lost)
             if state.is_failed() or state.is_crashed():
                 return state.model_copy(update={"message": f"{state.message} (also: {lost})"})
-            final = Failed(message=lost)
-        elif cancel_event.is_set() and state.is_crashed():
-            final = Cancelled(message=f"task {task.name!r} was cancelled while it ran; its worker was stopped")
-        else:
+            state = Failed(message=lost)
+        elif not state.is_crashed():
             return state
-        self._report_state(task_run_id, final)
-        return final
+        elif cancel_event.is_set():
+            state = Cancelled(message=f"task {task.name!r} was cancelled while it ran; its worker was stopped")
+        self._report_state(task, task_run_id, state)
+        return state
 
-    def _report_state(self, task_run_id: uuid.UUID, state) -> None:
-        """Record a final state in Prefect that the task's engine could not (its worker is gone, or the
-        runner decided it); a task run that never started has no record to update."""
+    def _report_state(self, task, task_run_id: uuid.UUID, state) -> None:
+        """Record in Prefect a final state the task's engine could not (its worker is gone, or the runner
+        decided it). Prefect builds task runs from their engines' events, which may not have reached the
+        server yet: the run is then created with this state (later events, being older, do not replace it)."""
         from prefect.client.orchestration import get_client
+        from prefect.context import FlowRunContext
+        from prefect.exceptions import PrefectHTTPStatusError
 
         try:
             with get_client(sync_client=True) as client:
-                client.set_task_run_state(task_run_id, state, force=True)
+                try:
+                    client.set_task_run_state(task_run_id, state, force=True)
+                except PrefectHTTPStatusError as exc:
+                    flow_run = getattr(FlowRunContext.get(), "flow_run", None)
+                    if exc.response.status_code != 404 or flow_run is None:
+                        raise
+                    client.create_task_run(task, flow_run.id, str(task_run_id), id=task_run_id, name=task.name,
+                                           state=state)
         except Exception as exc:  # noqa: BLE001 - the runner's own bookkeeping must not fail the flow
             self.logger.warning("could not record state %s of task run %s: %r", state.type.value, task_run_id, exc)
 
@@ -410,12 +420,19 @@ def _init_worker(visible: str, parent_pid: int, ledger_path: str, owner_key: str
     thread ended. The watchdog's limit is a task holding the GIL in C code, which delays it; that is
     why the ledger must also know the worker (below) before it re-grants a dead flow's slices.
 
+    SIGTERM and SIGINT are swallowed (by a handler, not SIG_IGN, so that programs a task starts do
+    not inherit it): they come to the whole process group when ``serve()``, a Prefect worker or Ctrl-C
+    stops the flow run, and the flow process must handle them first, so that it cancels these tasks
+    (and kills this worker) and records them Cancelled, not each worker dying on its own as a crash.
+
     ``ledger_path`` and ``owner_key`` (the pool ledger's file and the flow process's owner key) are
     for the ledger's worker registration: this is where ``register_worker(ledger_path, owner_key)``
     goes, so the ledger does not reclaim the owner's slices while this worker lives.
     """
     os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     os.environ["CUDA_VISIBLE_DEVICES"] = visible
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: None)
     threading.Thread(target=_watch_parent, args=(parent_pid,), name="gpuflows-parent-watchdog", daemon=True).start()
 
 
@@ -473,6 +490,7 @@ class GpuTaskRunner(PlacingTaskRunner):
         self.mode = mode
         self.workers_per_device_set = workers_per_device_set
         self._pools: dict[str, Any] = {}
+        self._broken_pools: list[Any] = []
         self._pools_lock = threading.Lock()
 
     def _config(self) -> dict[str, Any]:
@@ -539,15 +557,12 @@ class GpuTaskRunner(PlacingTaskRunner):
                                                       context=context, env=env)
             return cloudpickle.loads(future.result())
         except BrokenExecutor as exc:
+            # The pool's workers are all dead now. It is shut down with the others, later: this task's
+            # lease is released first.
             with self._pools_lock:
-                broken_here = self._pools.get(tp.visible_devices) is pool
-                if broken_here:
-                    del self._pools[tp.visible_devices]
-            if broken_here:  # only one of the tasks that saw it break shuts it down
-                pool.__exit__(None, None, None)
-            state = Crashed(message=f"task {task.name!r} worker process died: {exc!r}")
-            self._report_state(task_run_id, state)
-            return state
+                if self._pools.get(tp.visible_devices) is pool:
+                    self._broken_pools.append(self._pools.pop(tp.visible_devices))
+            return Crashed(message=f"task {task.name!r} worker process died: {exc!r}")
 
     def cancel_all(self) -> None:
         """Also kill every process worker: all their tasks are cancelled, and a process is the only
@@ -563,6 +578,6 @@ class GpuTaskRunner(PlacingTaskRunner):
 
     def _shutdown_backend(self) -> None:
         with self._pools_lock:
-            pools, self._pools = list(self._pools.values()), {}
+            pools, self._pools, self._broken_pools = [*self._pools.values(), *self._broken_pools], {}, []
         for pool in pools:
             pool.__exit__(None, None, None)

@@ -1,17 +1,17 @@
-"""The local GPU task runner under real faults: its flow process killed with SIGKILL, the pool
-ledger locked by another connection, a lease reclaimed while its task runs, the flow terminated
-while its tasks run. Each fault is injected for real and the outcome read back from the operating
-system (/proc), the pool ledger and the Prefect API."""
+"""The local GPU task runner under real faults: its flow process killed with SIGKILL or SIGTERM, the
+pool ledger locked by another connection, a lease reclaimed while its task runs. Each fault is
+injected for real and the outcome read back from the operating system (/proc), the pool ledger and
+the Prefect API."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
 import sqlite3
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 from pathlib import Path
@@ -20,7 +20,7 @@ import pytest
 from prefect import flow, task
 from prefect.client.orchestration import get_client
 from prefect.context import FlowRunContext
-from prefect.exceptions import TerminationSignal
+from prefect.exceptions import ObjectNotFound
 from prefect.states import StateType
 
 from gpu.pool import pool_path
@@ -62,22 +62,35 @@ def parent_of(pid: int) -> int:
 
 
 def pid_files(folder: Path, prefix: str) -> dict[str, int]:
-    return {p.name: int(p.read_text()) for p in folder.glob(f"{prefix}*") if p.read_text()}
+    return {p.name: int(p.read_text()) for p in folder.glob(f"{prefix}*")}
 
 
-def task_run_state(task_run_id):
-    with get_client(sync_client=True) as client:
-        return client.read_task_run(task_run_id).state
+def final_task_run_state(task_run_id):
+    """The task run's final state in the Prefect API (Prefect records task runs from their engines'
+    events, so a state can reach the API a little after the flow saw it)."""
+
+    def read():
+        with get_client(sync_client=True) as client:
+            try:
+                state = client.read_task_run(task_run_id).state
+            except ObjectNotFound:
+                return None
+        return state if state and state.is_final() else None
+
+    return poll(read, 30, f"task run {task_run_id} in a final state in the Prefect API")
 
 
-# Tasks that record the pid of the process running them, then work until they are killed.
-_SPINNING_TASK = '''
-import os
+# Flows run in their own process by the tests below (``python faultflows.py OUT waiting|-``).
+# Their GPU tasks record the pid of the process running them, then work until they are killed.
+_FAULT_FLOWS = """
+import json, os, sys, time
 from pathlib import Path
 
-from prefect import task
+from prefect import flow, task
 
+from resource_blocks import GpuPool
 from tasks.requests import gpu_request
+from tasks.runners import GpuTaskRunner
 
 
 @gpu_request(gpus=1)
@@ -90,34 +103,53 @@ def spin(out: str, i: int) -> None:
     n = 0
     while True:
         n += 1
-'''
 
 
-def test_process_workers_die_with_their_flow_process_after_kill_9(state_dir, tmp_path):
-    (tmp_path / "spinning.py").write_text(_SPINNING_TASK)
-    (tmp_path / "orphan_flow.py").write_text(textwrap.dedent('''
-        import os, sys
-        from prefect import flow
-        from resource_blocks import GpuPool
-        from tasks.runners import GpuTaskRunner
-        from spinning import spin
+@gpu_request(gpus=1)
+@task
+def waits_for_a_gpu() -> None:
+    pass
 
-        pool = GpuPool(name="orphans", device_backend="simulated", simulated="2x16GiB")
 
-        @flow(task_runner=GpuTaskRunner(pool=pool, mode="process", tracking=False))
-        def orphan_flow(out):
-            futures = [spin.submit(out, i) for i in range(2)]
-            [f.wait() for f in futures]
+class TimedRunner(GpuTaskRunner):
+    # writes which exception left the runner, and how long leaving took, to OUT/exit
 
-        if __name__ == "__main__":  # process workers import this module too
-            orphan_flow(sys.argv[1])
-    '''))
+    def __exit__(self, exc_type, exc_value, traceback):
+        started = time.monotonic()
+        try:
+            return super().__exit__(exc_type, exc_value, traceback)
+        finally:
+            (Path(os.environ["FAULT_OUT"]) / "exit").write_text(
+                json.dumps([getattr(exc_type, "__name__", None), time.monotonic() - started]))
+
+
+@flow(task_runner=TimedRunner(pool=GpuPool(name="faults", device_backend="simulated", simulated="2x16GiB"),
+                              mode="process", tracking=False))
+def fault_flow(out: str, waiting: bool):
+    futures = [spin.submit(out, i) for i in range(2)]
+    if waiting:
+        futures.append(waits_for_a_gpu.submit())  # both GPUs are taken: it waits in the ledger queue
+    (Path(out) / "task_runs").write_text(json.dumps([str(f.task_run_id) for f in futures]))
+    [f.wait() for f in futures]
+
+
+if __name__ == "__main__":  # process workers import this module too
+    os.environ["FAULT_OUT"] = sys.argv[1]
+    fault_flow(sys.argv[1], waiting=sys.argv[2] == "waiting")
+"""
+
+
+def start_fault_flow(tmp_path: Path, state_dir: Path, waiting: bool) -> tuple[subprocess.Popen, dict[str, int]]:
+    """Start ``fault_flow`` in a process of its own, in a session of its own as ``serve()`` runs flows;
+    return it and the pids of the process workers running its two spinning tasks, once both run."""
+    (tmp_path / "faultflows.py").write_text(_FAULT_FLOWS)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)]),
            "GPUFLOWS_STATE_DIR": str(state_dir), "PREFECT_LOGGING_LEVEL": "INFO"}
     log = tmp_path / "flow.log"
     with log.open("wb") as out:
-        proc = subprocess.Popen([sys.executable, str(tmp_path / "orphan_flow.py"), str(tmp_path)], env=env,
-                                stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen([sys.executable, str(tmp_path / "faultflows.py"), str(tmp_path),
+                                 "waiting" if waiting else "-"], env=env, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
 
     def running() -> dict[str, int]:
         assert proc.poll() is None, f"the flow process exited early:\n{log.read_text()[-3000:]}"
@@ -125,24 +157,58 @@ def test_process_workers_die_with_their_flow_process_after_kill_9(state_dir, tmp
         return len(workers) == 2 and workers
 
     try:
-        try:
-            workers = poll(running, 180, "both tasks running in process workers")
-        except pytest.fail.Exception:
-            print(log.read_text()[-5000:])
-            raise
+        workers = poll(running, 180, "both tasks running in process workers")
         assert all(parent_of(pid) == proc.pid and alive(pid) for pid in workers.values())
-        assert len(GpuPool(name="orphans", device_backend="simulated").open_ledger().leases()) == 2
+    except BaseException:
+        stop_fault_flow(proc, tmp_path)
+        print(log.read_text()[-5000:])
+        raise
+    return proc, workers
 
+
+def stop_fault_flow(proc: subprocess.Popen, tmp_path: Path) -> None:
+    """Leave no flow process and no spinning worker behind, whatever the test found."""
+    proc.kill()
+    proc.wait(30)
+    for pid in pid_files(tmp_path, "worker-").values():
+        if alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_process_workers_die_with_their_flow_process_after_kill_9(state_dir, tmp_path):
+    proc, workers = start_fault_flow(tmp_path, state_dir, waiting=False)
+    try:
+        assert len(sim_pool("faults").open_ledger().leases()) == 2
         proc.kill()  # SIGKILL: the flow process gets no chance to clean up
-        proc.wait(10)
+        proc.wait(30)
         poll(lambda: not any(alive(pid) for pid in workers.values()), 2.0,
              f"worker processes {sorted(workers.values())} gone after their flow process was killed")
     finally:
-        proc.kill()
-        proc.wait(10)
-        for pid in pid_files(tmp_path, "worker-").values():  # never leave a spinning worker behind
-            if alive(pid):
-                os.kill(pid, signal.SIGKILL)
+        stop_fault_flow(proc, tmp_path)
+
+
+def test_sigterm_to_the_flow_cancels_its_tasks_at_once_kills_workers_and_releases_leases(state_dir, tmp_path):
+    """SIGTERM to the flow's process group is how Prefect stops a served flow run (a cancellation, a
+    worker's shutdown): its handler raises TerminationSignal in the flow, which leaves the task runner,
+    and the process workers get the signal too. The runner must stop at once (it used to wait for its
+    tasks), leave no worker running, release every lease and record the tasks as Cancelled."""
+    proc, workers = start_fault_flow(tmp_path, state_dir, waiting=True)
+    try:
+        ledger = sim_pool("faults").open_ledger()
+        poll(lambda: ledger.waiting() == 1, 30, "the third task waiting for a GPU")
+        os.killpg(proc.pid, signal.SIGTERM)
+        assert proc.wait(60) != 0
+        exc_name, took = json.loads((tmp_path / "exit").read_text())
+        assert exc_name == "TerminationSignal" and took < 3.0, f"leaving the runner took {took:.1f}s"
+        assert not any(alive(pid) for pid in workers.values())
+        assert ledger.leases() == [] and ledger.waiting() == 0
+        kinds = [e["kind"] for e in ledger.events()]  # released by the runner, not reclaimed after its death
+        assert "reclaim" not in kinds and kinds.count("release") == kinds.count("allocate") >= 2
+        spinning = json.loads((tmp_path / "task_runs").read_text())[:2]
+        states = [final_task_run_state(i) for i in spinning]
+        assert [s.type for s in states] == [StateType.CANCELLED] * 2, [s.message for s in states]
+    finally:
+        stop_fault_flow(proc, tmp_path)
 
 
 def test_release_refused_by_a_locked_ledger_is_retried_and_the_task_stays_completed(state_dir):
@@ -185,7 +251,7 @@ def test_release_refused_by_a_locked_ledger_is_retried_and_the_task_stays_comple
         runner.logger.removeHandler(handler)
     assert release_failed.is_set()
     assert state.type == StateType.COMPLETED and state.result() == "done"
-    assert task_run_state(task_run_id).type == StateType.COMPLETED
+    assert final_task_run_state(task_run_id).type == StateType.COMPLETED
     ledger = sim_pool("locked", "1x16GiB").open_ledger()
     assert ledger.leases() == []
     assert [e["kind"] for e in ledger.events()] == ["allocate", "release"]
@@ -216,7 +282,7 @@ def test_task_whose_lease_was_reclaimed_while_it_ran_fails_naming_the_lease(stat
     assert state.type == StateType.FAILED
     assert f"lease {lease_id} of task 'loses_its_lease'" in state.message
     assert "was reclaimed while the task ran" in state.message and "cannot be trusted" in state.message
-    recorded = task_run_state(task_run_id)
+    recorded = final_task_run_state(task_run_id)
     assert recorded.type == StateType.FAILED
     if fails_by_itself:
         assert "the task failed by itself" in state.message          # its own failure kept, note added
@@ -258,52 +324,3 @@ def test_lease_lost_reported_from_another_thread_fails_the_task_with_the_reason(
     assert f"lease {running['lease_id']} of task 'holds_the_gpu'" in state.message
     assert "heartbeat found the lease expired" in state.message
     assert sim_pool("lost", "1x16GiB").open_ledger().leases() == []
-
-
-def test_sigterm_during_process_tasks_cancels_them_kills_workers_and_releases_leases(state_dir, tmp_path):
-    """SIGTERM is how Prefect stops a flow run (a served run's cancellation, a worker's shutdown):
-    Prefect's handler raises TerminationSignal in the flow, which leaves the task runner."""
-    sys.path.insert(0, str(tmp_path))
-    (tmp_path / "spinning_here.py").write_text(_SPINNING_TASK)
-    from spinning_here import spin
-
-    pool = sim_pool("sigterm")
-    seen: dict = {}
-
-    @gpu_request(gpus=1)
-    @task
-    def waits_for_a_gpu() -> None:
-        pass
-
-    @flow(task_runner=GpuTaskRunner(pool=pool, mode="process", tracking=False))
-    def terminated_flow():
-        runner = FlowRunContext.get().task_runner
-        futures = [spin.submit(str(tmp_path), i) for i in range(2)]
-        futures.append(waits_for_a_gpu.submit())  # both GPUs are taken: waits in the ledger queue
-        seen["task_run_ids"] = [f.task_run_id for f in futures]
-        seen["workers"] = poll(lambda: len(pid_files(tmp_path, "worker-")) == 2 and pid_files(tmp_path, "worker-"),
-                               180, "both tasks running in process workers")
-        poll(lambda: runner.ledger().waiting() == 1, 30, "the third task waiting for a GPU")
-        from prefect.utilities.engine import is_prefect_sigterm_handler_installed
-
-        assert is_prefect_sigterm_handler_installed()  # else the signal would end the test process
-        seen["signalled"] = time.monotonic()
-        os.kill(os.getpid(), signal.SIGTERM)
-        [f.wait() for f in futures]
-
-    try:
-        with pytest.raises(TerminationSignal):
-            terminated_flow()
-        took = time.monotonic() - seen["signalled"]
-        assert took < 4.0, f"the flow took {took:.1f}s to stop after SIGTERM"
-        assert not any(alive(pid) for pid in seen["workers"].values())
-        ledger = pool.open_ledger()
-        assert ledger.leases() == [] and ledger.waiting() == 0
-        assert sorted(e["kind"] for e in ledger.events()) == ["allocate", "allocate", "release", "release"]
-        spinning = [task_run_state(i) for i in seen["task_run_ids"][:2]]
-        assert [s.type for s in spinning] == [StateType.CANCELLED] * 2, [s.message for s in spinning]
-    finally:
-        sys.path.remove(str(tmp_path))
-        for pid in pid_files(tmp_path, "worker-").values():
-            if alive(pid):
-                os.kill(pid, signal.SIGKILL)
