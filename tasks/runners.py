@@ -357,21 +357,28 @@ class PlacingTaskRunner(TaskRunner[PrefectConcurrentFuture]):
     def _report_state(self, task, task_run_id: uuid.UUID, state) -> None:
         """Record in Prefect a final state the task's engine could not (its worker is gone, or the runner
         decided it). Prefect builds task runs from their engines' events, which may not have reached the
-        server yet: the run is then created with this state (later events, being older, do not replace it)."""
+        server yet: the run is then created with this state (later events, being older, do not replace it),
+        unless they reach it first."""
         from prefect.client.orchestration import get_client
         from prefect.context import FlowRunContext
         from prefect.exceptions import PrefectHTTPStatusError
 
+        flow_run = getattr(FlowRunContext.get(), "flow_run", None)
         try:
             with get_client(sync_client=True) as client:
                 try:
                     client.set_task_run_state(task_run_id, state, force=True)
+                    return
                 except PrefectHTTPStatusError as exc:
-                    flow_run = getattr(FlowRunContext.get(), "flow_run", None)
                     if exc.response.status_code != 404 or flow_run is None:
                         raise
+                try:  # not recorded yet
                     client.create_task_run(task, flow_run.id, str(task_run_id), id=task_run_id, name=task.name,
                                            state=state)
+                except PrefectHTTPStatusError as exc:
+                    if exc.response.status_code != 409:
+                        raise
+                    client.set_task_run_state(task_run_id, state, force=True)  # recorded meanwhile
         except Exception as exc:  # noqa: BLE001 - the runner's own bookkeeping must not fail the flow
             self.logger.warning("could not record state %s of task run %s: %r", state.type.value, task_run_id, exc)
 
