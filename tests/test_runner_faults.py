@@ -135,7 +135,10 @@ def fault_flow(out: str, waiting: bool):
 
 if __name__ == "__main__":  # process workers import this module too
     os.environ["FAULT_OUT"] = sys.argv[1]
-    fault_flow(sys.argv[1], waiting=sys.argv[2] == "waiting")
+    if sys.argv[2] == "serve":
+        fault_flow.serve(name="faults", pause_on_shutdown=False)
+    else:
+        fault_flow(sys.argv[1], waiting=sys.argv[2] == "waiting")
 """
 
 
@@ -324,3 +327,56 @@ def test_lease_lost_reported_from_another_thread_fails_the_task_with_the_reason(
     assert f"lease {running['lease_id']} of task 'holds_the_gpu'" in state.message
     assert "heartbeat found the lease expired" in state.message
     assert sim_pool("lost", "1x16GiB").open_ledger().leases() == []
+
+
+def test_cancelling_a_served_flow_run_cancels_its_tasks_at_once_and_releases_leases(state_dir, tmp_path):
+    """A real Prefect cancellation: the flow is served with ``flow.serve()``, its run is set Cancelling
+    through the API, and Prefect's runner stops the run's process group."""
+    from prefect.states import Cancelling
+
+    (tmp_path / "faultflows.py").write_text(_FAULT_FLOWS)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)]),
+           "GPUFLOWS_STATE_DIR": str(state_dir), "PREFECT_LOGGING_LEVEL": "INFO",
+           "PREFECT_RUNNER_POLL_FREQUENCY": "1", "FAULT_OUT": str(tmp_path)}
+    log = tmp_path / "serve.log"
+    with log.open("wb") as out:
+        server = subprocess.Popen([sys.executable, "faultflows.py", str(tmp_path), "serve"], cwd=tmp_path, env=env,
+                                  stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    flow_pid = None
+    try:
+        with get_client(sync_client=True) as client:
+            def deployment():
+                assert server.poll() is None, log.read_text()[-3000:]
+                try:
+                    return client.read_deployment_by_name("fault-flow/faults")
+                except ObjectNotFound:
+                    return None
+
+            run = client.create_flow_run_from_deployment(poll(deployment, 120, "the served deployment").id,
+                                                         parameters={"out": str(tmp_path), "waiting": True})
+            try:
+                workers = poll(lambda: len(pid_files(tmp_path, "worker-")) == 2 and pid_files(tmp_path, "worker-"),
+                               180, "both tasks of the served run running in process workers")
+            except BaseException:
+                print(log.read_text()[-5000:])
+                raise
+            (flow_pid,) = {parent_of(pid) for pid in workers.values()}  # the run's own process, under serve
+            ledger = sim_pool("faults").open_ledger()
+            poll(lambda: ledger.waiting() == 1, 30, "the third task waiting for a GPU")
+            client.set_flow_run_state(run.id, Cancelling(), force=True)
+            poll(lambda: client.read_flow_run(run.id).state.is_cancelled(), 60, "the flow run Cancelled")
+        exc_name, took = json.loads(poll(lambda: (tmp_path / "exit").is_file() and (tmp_path / "exit").read_text(),
+                                         30, "the runner left"))
+        assert exc_name == "TerminationSignal" and took < 3.0, f"leaving the runner took {took:.1f}s"
+        poll(lambda: not any(alive(pid) for pid in [flow_pid, *workers.values()]), 5, "the run's processes gone")
+        assert ledger.leases() == [] and ledger.waiting() == 0
+        assert "reclaim" not in [e["kind"] for e in ledger.events()]  # released by the runner itself
+        spinning = json.loads((tmp_path / "task_runs").read_text())[:2]
+        states = [final_task_run_state(i) for i in spinning]
+        assert [s.type for s in states] == [StateType.CANCELLED] * 2, [s.message for s in states]
+    finally:
+        os.killpg(server.pid, signal.SIGKILL)  # the served run has a process group of its own
+        server.wait(30)
+        for pid in [flow_pid, *pid_files(tmp_path, "worker-").values()]:
+            if pid and alive(pid):
+                os.kill(pid, signal.SIGKILL)
