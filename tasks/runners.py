@@ -183,7 +183,7 @@ class PlacingTaskRunner(TaskRunner[PrefectConcurrentFuture]):
         TerminationSignal, KeyboardInterrupt, asyncio's CancelledError) the tasks are cancelled
         instead, and their dispatchers get ``_CANCEL_GRACE`` seconds to release their leases and
         record Cancelled. Only thread-mode tasks already running can outlast it (a thread cannot be
-        stopped): they are named in a warning and keep their lease until they return or this process
+        stopped): they are counted in a warning and keep their lease until they return or this process
         dies, when the ledger reclaims it.
         """
         try:
@@ -219,7 +219,9 @@ class PlacingTaskRunner(TaskRunner[PrefectConcurrentFuture]):
     def _lease_lost(self, lease_id: str, reason: str) -> bool:
         """The ledger took ``lease_id`` away (its heartbeat found it reclaimed or expired): the task
         holding it ends Failed with ``reason`` and its cancel event is set. Safe from any thread (the
-        ledger's heartbeat calls it); False if no task of this runner holds the lease."""
+        ledger's heartbeat calls it); False if no task of this runner holds the lease. (A loss reported
+        in the moment between the grant and the dispatcher noting it is still caught: the task's
+        ``release()`` then returns False.)"""
         with self._leases_lock:
             task_run_id = self._held.get(lease_id)
             if task_run_id is None:
@@ -573,8 +575,9 @@ class GpuTaskRunner(PlacingTaskRunner):
 
     def cancel_all(self) -> None:
         """Also kill every process worker: all their tasks are cancelled, and a process is the only
-        thing that stops a task for sure. Their futures fail with BrokenProcessPool, which ``_dispatch``
-        turns into Cancelled. (Prefect's own ``cancel_all`` would wait for running tasks to finish.)"""
+        thing that stops a task for sure. Their futures fail with BrokenProcessPool, which ``_settle``
+        turns into Cancelled. (Prefect's own ``cancel_all`` would wait for running tasks to finish, and
+        neither it nor ProcessPoolExecutor before Python 3.14 offers a kill: hence their private fields.)"""
         super().cancel_all()
         with self._pools_lock:
             pools = list(self._pools.values())
