@@ -178,6 +178,9 @@ class LedgerClient:
     def release(self, lease_id: str) -> bool:
         raise NotImplementedError
 
+    def close(self) -> None:
+        """Stop the client's background work (leases stay until released or reclaimed)."""
+
     def submit_and_try(self, request: Request, priority: float = 0.0) -> tuple[int, Placement | None]:
         """``submit`` then a first ``try_grant``; ledgers override it to do both in one step."""
         ticket = self.submit(request, priority)
@@ -237,6 +240,7 @@ class PoolLedger(LedgerClient):
         self.policy: PlacementPolicy = policy or FifoBestFit()
         self.lease_ttl = lease_ttl
         self.reclaim_interval = reclaim_interval
+        self.lock_timeout = LOCK_TIMEOUT_S
         self.owner = Owner.this_process()
         self._file = LedgerFile(os.path.abspath(path)) if path else None
         self.path = self._file.path if self._file else ":memory:"
@@ -294,32 +298,28 @@ class PoolLedger(LedgerClient):
     def _tx(self, action: str, busy: float | None = None) -> Iterator[sqlite3.Connection]:
         """One write transaction; SQLite failures become LedgerErrors naming the file and ``action``.
 
-        ``busy`` caps the seconds to wait for another process's write lock (LedgerBusy after it).
+        It waits for another process's write lock at most ``lock_timeout`` seconds, or ``busy`` when that
+        is shorter (then LedgerBusy).
         Owners granted something in the transaction are rung once it committed.
         """
         with self._conn() as db:
-            if busy is not None:
-                db.execute(f"PRAGMA busy_timeout={int(1000 * busy)}")
+            db.execute(f"PRAGMA busy_timeout={int(1000 * min(self.lock_timeout, busy or self.lock_timeout))}")
             try:
-                try:
-                    db.execute("BEGIN IMMEDIATE")
-                except sqlite3.Error as exc:
+                db.execute("BEGIN IMMEDIATE")
+            except sqlite3.Error as exc:
+                raise describe_error(exc, self.path, action) from exc
+            self._granted_to.owners = granted = set()
+            try:
+                if self._file:
+                    self._file.verify(db)
+                yield db
+                db.execute("COMMIT")
+            except BaseException as exc:
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
+                if isinstance(exc, sqlite3.Error):
                     raise describe_error(exc, self.path, action) from exc
-                self._granted_to.owners = granted = set()
-                try:
-                    if self._file:
-                        self._file.verify(db)
-                    yield db
-                    db.execute("COMMIT")
-                except BaseException as exc:
-                    if db.in_transaction:
-                        db.execute("ROLLBACK")
-                    if isinstance(exc, sqlite3.Error):
-                        raise describe_error(exc, self.path, action) from exc
-                    raise
-            finally:
-                if busy is not None:
-                    db.execute(f"PRAGMA busy_timeout={int(1000 * LOCK_TIMEOUT_S)}")
+                raise
         if granted:
             self._ring(granted)
 

@@ -235,8 +235,7 @@ class GpuRayTaskRunner(PlacingTaskRunner):
     def _shutdown_backend(self) -> None:
         import ray
 
-        if isinstance(self._ledger, RayLedger):
-            self._ledger.close()
+        self._close_ledger()  # its heartbeat talks to Ray
         if self._owns_ray and ray.is_initialized():
             ray.shutdown()
             self._owns_ray = False

@@ -12,12 +12,16 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import functools
 import contextvars
 import os
+import signal
 import threading
 import time
 import uuid
-from concurrent.futures import BrokenExecutor, CancelledError, ThreadPoolExecutor
+from concurrent.futures import BrokenExecutor, CancelledError, Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
+from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from prefect.futures import PrefectConcurrentFuture, PrefectFuture, wait
@@ -26,13 +30,15 @@ from prefect.utilities.collections import visit_collection
 
 from gpu.devices import nvml_utilization
 from gpu.errors import AllocationTimeout
-from gpu.ledger import LedgerClient, Placement
+from gpu.ledger import LedgerClient, Placement, register_worker
 from gpu.placement import Request, check_ever_fits
 from resource_blocks import GpuPool, MlflowTarget, SchedulerPolicy
 from tasks.requests import TaskPlacement, resolve_request
 from tasks.tracking import RunTracker, TaskRecord
 
 _ACTIVE_TRACKERS: dict[str, RunTracker] = {}
+_CANCEL_GRACE = 2.0       # seconds __exit__ gives cancelled tasks to stop and release their leases
+_WATCHDOG_INTERVAL = 0.1  # seconds between a process worker's checks that its flow process lives
 
 
 def flow_mlflow_run_id(timeout: float = 60.0) -> str | None:
@@ -110,6 +116,10 @@ class PlacingTaskRunner(TaskRunner[PrefectConcurrentFuture]):
         self._tracker: RunTracker | None = None
         self._flow_run_key: str | None = None
         self._cancel_events: dict[uuid.UUID, threading.Event] = {}
+        self._dispatched: dict[uuid.UUID, Future] = {}
+        self._held: dict[str, uuid.UUID] = {}        # lease id -> task run holding it
+        self._lost: dict[str, str] = {}              # lease id -> why the ledger took it away
+        self._leases_lock = threading.Lock()
         self._utilization_source = None
         self._context_cache: tuple[tuple, dict[str, Any], dict[str, str]] | None = None
 
@@ -214,11 +224,31 @@ class PlacingTaskRunner(TaskRunner[PrefectConcurrentFuture]):
             _ACTIVE_TRACKERS[self._flow_run_key] = self._tracker
 
     def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
+        """Wait for every dispatched task on a normal exit (or a flow that raised an error).
+
+        On cancellation, SIGTERM or Ctrl-C (a BaseException that is not an Exception: Prefect's
+        TerminationSignal, KeyboardInterrupt, asyncio's CancelledError) the tasks are cancelled
+        instead, and their dispatchers get ``_CANCEL_GRACE`` seconds to release their leases and
+        record Cancelled. Only thread-mode tasks already running can outlast it (a thread cannot be
+        stopped): they are counted in a warning and keep their lease until they return or this process
+        dies, when the ledger reclaims it.
+        """
+        still_running: set = set()
         try:
             if self._dispatcher is not None:
-                self._dispatcher.shutdown(wait=True)
+                if exc_type is not None and not issubclass(exc_type, Exception):
+                    self.cancel_all()
+                    _, still_running = wait_futures(list(self._dispatched.values()), timeout=_CANCEL_GRACE)
+                    if still_running:
+                        self.logger.warning("%d cancelled task(s) still running in threads after %gs; their "
+                                            "leases are released when they return", len(still_running), _CANCEL_GRACE)
+                    self._dispatcher.shutdown(wait=False)
+                else:
+                    self._dispatcher.shutdown(wait=True)
                 self._dispatcher = None
             self._shutdown_backend()
+            if not still_running:  # else their dispatchers still release through it
+                self._close_ledger()
         finally:
             if self._tracker is not None:
                 self._tracker.close()
@@ -229,9 +259,35 @@ class PlacingTaskRunner(TaskRunner[PrefectConcurrentFuture]):
     def _shutdown_backend(self) -> None:
         """Stop executors of the backend (after every dispatched task has finished)."""
 
+    def _close_ledger(self) -> None:
+        """Stop the ledger client's threads and drop its file lock; its leases are all released by now."""
+        with self._ledger_lock:
+            ledger, self._ledger = self._ledger, None
+        if ledger is not None:
+            ledger.close()
+
     def cancel_all(self) -> None:
+        """Cancel every task of this runner: waiting ones stop waiting for a lease, ones not started
+        never start (``_dispatch`` checks the event before each step), running ones are stopped where
+        the backend can (process workers are killed) and end Cancelled."""
         for event in list(self._cancel_events.values()):
             event.set()
+
+    def _lease_lost(self, lease_id: str, reason: str) -> bool:
+        """The ledger took ``lease_id`` away (its heartbeat found it reclaimed or expired): the task
+        holding it ends Failed with ``reason`` and its cancel event is set. Safe from any thread (the
+        ledger's heartbeat calls it); False if no task of this runner holds the lease. (A loss reported
+        in the moment between the grant and the dispatcher noting it is still caught: the task's
+        ``release()`` then returns False.)"""
+        with self._leases_lock:
+            task_run_id = self._held.get(lease_id)
+            if task_run_id is None:
+                return False
+            self._lost[lease_id] = reason
+            event = self._cancel_events.get(task_run_id)
+        if event is not None:
+            event.set()
+        return True
 
     # -- submission -----------------------------------------------------------------------------
     def submit(self, task, parameters: dict[str, Any], wait_for: Iterable[PrefectFuture] | None = None,
@@ -250,12 +306,14 @@ class PlacingTaskRunner(TaskRunner[PrefectConcurrentFuture]):
         ctx = contextvars.copy_context()
         future = self._dispatcher.submit(ctx.run, self._dispatch, task, task_run_id, parameters, wait_for,
                                          dependencies, request, cancel_event, record)
+        self._dispatched[task_run_id] = future
+        future.add_done_callback(lambda _: self._dispatched.pop(task_run_id, None))
         return PrefectConcurrentFuture(task_run_id=task_run_id, wrapped_future=future)
 
     def _dispatch(self, task, task_run_id: uuid.UUID, parameters: dict[str, Any],
                   wait_for: Iterable[PrefectFuture] | None, dependencies: dict[str, set] | None,
                   request: Request, cancel_event: threading.Event, record: TaskRecord):
-        """Runs in a dispatcher thread: upstream -> lease -> execute -> release."""
+        """Runs in a dispatcher thread: upstream -> lease -> execute -> release -> settle the final state."""
         from prefect.states import Cancelled, Crashed, Failed
 
         upstream = _upstream_futures(parameters, wait_for)
@@ -264,28 +322,126 @@ class PlacingTaskRunner(TaskRunner[PrefectConcurrentFuture]):
         # A task whose upstream failed will not run: don't hold a slice for it.
         upstream_ok = all(f.state.is_completed() for f in upstream)
         placement: Placement | None = None
+        lost: str | None = None
         try:
+            if cancel_event.is_set():
+                raise InterruptedError(f"task {task.name!r} was cancelled before it started")
             if upstream_ok:
                 placement = self._ledger.allocate(request, self.allocation_timeout, cancel_event)
+                with self._leases_lock:
+                    self._held[placement.lease_id] = task_run_id
+                # the ledger's heartbeat reports a lease taken away while the task runs (fencing)
+                self._ledger.watch(placement.lease_id, functools.partial(self._lease_lost, placement.lease_id))
                 record.placement = placement.to_dict()
                 record.placed_at = time.time()
+                if cancel_event.is_set():
+                    raise InterruptedError(f"task {task.name!r} was cancelled before it started")
             state = self._execute(task, task_run_id, parameters, wait_for, dependencies, placement, cancel_event)
         except (InterruptedError, asyncio.CancelledError, CancelledError) as exc:
             state = Cancelled(message=str(exc) or f"task {task.name!r} was cancelled")
         except AllocationTimeout as exc:
             state = Failed(message=str(exc))
-        except Exception as exc:  # the backend broke, not the task: report it as a crash
+        except BaseException as exc:  # noqa: BLE001 - the backend broke, or a worker was told to exit
+            # (its SystemExit or TerminationSignal comes back as the call's result): a crash, not the task's failure
             state = Crashed(message=f"task {task.name!r} could not run: {exc!r}")
         finally:
             record.finished_at = time.time()
             if placement is not None:
                 record.gpu_utilization = self._utilization(placement)
-                self._ledger.release(placement.lease_id)
+                lost = self._release(placement, task.name)
             self._cancel_events.pop(task_run_id, None)
+        state = self._settle(task, task_run_id, state, cancel_event, lost)
         record.state = state.type.value
         if self._tracker is not None:
             self._tracker.task_finished(record)
         return state
+
+    def _release(self, placement: Placement, task_name: str) -> str | None:
+        """Give the task's slice back; return why the task must fail if its lease was taken away while it ran.
+
+        A lease that is gone (``release()`` is False) or that the ledger reported lost was reclaimed:
+        the slice may have been granted to another task meanwhile. A release that raises (SQLite
+        locked or disk full, the Ray ledger actor unreachable) is retried with back-off for up to the
+        lease TTL, while the heartbeat keeps the lease alive; if it still fails it is logged loudly and
+        given up (the ledger reclaims the lease when this process dies). Never raises: a release
+        problem must not replace the task's own final state.
+        """
+        lease_id = placement.lease_id
+        deadline = time.monotonic() + self.pool.lease_ttl_s
+        delay = 0.05
+        released: bool | None = None  # None: the ledger could not be told
+        while released is None:
+            try:
+                released = self._ledger.release(lease_id)
+            except Exception as exc:  # noqa: BLE001 - whatever the ledger raises, the task's state stands
+                if time.monotonic() + delay > deadline:
+                    self.logger.error("could not release lease %s of task %r for %gs, giving up: %r; the pool "
+                                      "ledger reclaims it when this process exits", lease_id, task_name,
+                                      self.pool.lease_ttl_s, exc)
+                    break
+                self.logger.warning("release of lease %s of task %r failed, retrying in %.2fs: %r",
+                                    lease_id, task_name, delay, exc)
+                time.sleep(delay)
+                delay = min(2 * delay, 1.0)
+        with self._leases_lock:
+            self._held.pop(lease_id, None)
+            lost = self._lost.pop(lease_id, None)
+        if lost is None and released is False:
+            lost = "the pool ledger reclaimed it (lease expired or holder presumed dead)"
+        if lost is None:
+            return None
+        return (f"lease {lease_id} of task {task_name!r} ({placement.describe()}) was reclaimed while the task "
+                f"ran: {lost}. Its slice may have been granted to another task, so its result cannot be trusted "
+                f"to have had the GPU alone")
+
+    def _settle(self, task, task_run_id: uuid.UUID, state, cancel_event: threading.Event, lost: str | None):
+        """The task's final state once its lease is settled, recorded in Prefect where the engine could not.
+
+        A reclaimed lease fails the task (a task that failed or crashed by itself keeps its own state,
+        with the note added). A crash is the backend's (a worker died, or was told to exit), so the
+        engine could not record it; if the task had been cancelled, that is what killed it: Cancelled.
+        """
+        from prefect.states import Cancelled, Failed
+
+        if lost is not None:
+            self.logger.error("task %r: %s", task.name, lost)
+            if state.is_failed() or state.is_crashed():
+                return state.model_copy(update={"message": f"{state.message} (also: {lost})"})
+            state = Failed(message=lost)
+        elif not state.is_crashed():
+            return state
+        elif cancel_event.is_set():
+            state = Cancelled(message=f"task {task.name!r} was cancelled while it ran; its worker was stopped")
+        self._report_state(task, task_run_id, state)
+        return state
+
+    def _report_state(self, task, task_run_id: uuid.UUID, state) -> None:
+        """Record in Prefect a final state the task's engine could not (its worker is gone, or the runner
+        decided it). Prefect builds task runs from their engines' events, which may not have reached the
+        server yet: the run is then created with this state (later events, being older, do not replace it),
+        unless they reach it first."""
+        from prefect.client.orchestration import get_client
+        from prefect.context import FlowRunContext
+        from prefect.exceptions import PrefectHTTPStatusError
+
+        flow_run = getattr(FlowRunContext.get(), "flow_run", None)
+        try:
+            with get_client(sync_client=True) as client:
+                try:
+                    client.set_task_run_state(task_run_id, state, force=True)
+                    return
+                except PrefectHTTPStatusError as exc:
+                    if exc.response.status_code != 404 or flow_run is None:
+                        raise
+                try:  # not recorded yet
+                    client.create_task_run(task, flow_run.id, str(task_run_id), id=task_run_id, name=task.name,
+                                           state=state)
+                except PrefectHTTPStatusError as exc:
+                    if exc.response.status_code != 409:
+                        raise
+                    client.set_task_run_state(task_run_id, state, force=True)  # recorded meanwhile
+        except Exception as exc:  # noqa: BLE001 - the runner's own bookkeeping must not fail the flow
+            self.logger.warning("could not record state %s of task run %s: %r", state.type.value, task_run_id, exc)
 
     def _worker_context(self) -> tuple[dict[str, Any], dict[str, str]]:
         """Prefect's serialized context and settings env for running a task in another process.
@@ -320,10 +476,66 @@ class PlacingTaskRunner(TaskRunner[PrefectConcurrentFuture]):
         """Run the task through Prefect's engine with ``placement`` and return its final State."""
 
 
-def _pin_devices(visible: str) -> None:
-    """Process-pool initializer: fix the visible GPUs before anything can start CUDA."""
+def _init_worker(visible: str, parent_pid: int, ledger_path: str, owner_key: str) -> None:
+    """Process-pool initializer: pin the visible GPUs before anything can start CUDA, and make this
+    worker die with the flow process ``parent_pid`` that holds the leases of the tasks it runs.
+
+    A watchdog thread polls ``os.getppid()``: when the flow process dies, however (``kill -9``
+    included), the worker is re-parented, and it kills its own descendants and itself. We do not use
+    ``prctl(PR_SET_PDEATHSIG)``: Linux sends that signal when the *thread* that spawned the child
+    exits, not the process, and ProcessPoolExecutor spawns workers from whichever thread submits (our
+    dispatcher threads) or from its manager thread, so it would kill healthy workers whenever such a
+    thread ended. The watchdog's limit is a task holding the GIL in C code, which delays it; that is
+    why the ledger must also know the worker (below) before it re-grants a dead flow's slices.
+
+    SIGTERM and SIGINT are swallowed (by a handler, not SIG_IGN, so that programs a task starts do
+    not inherit it): they come to the whole process group when ``serve()``, a Prefect worker or Ctrl-C
+    stops the flow run, and the flow process must handle them first, so that it cancels these tasks
+    (and kills this worker) and records them Cancelled, not each worker dying on its own as a crash.
+
+    The worker registers with the pool ledger (``ledger_path``, a shared pool's file) under the flow
+    process's ``owner_key``: the ledger then keeps the flow's slices until this worker has died too,
+    so even a worker the watchdog is slow to stop never shares a GPU with the slices' next holder.
+    """
     os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     os.environ["CUDA_VISIBLE_DEVICES"] = visible
+    if ledger_path != ":memory:":
+        register_worker(ledger_path, owner_key)
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: None)
+    threading.Thread(target=_watch_parent, args=(parent_pid,), name="gpuflows-parent-watchdog", daemon=True).start()
+
+
+def _watch_parent(parent_pid: int) -> None:
+    """Kill this process and its descendants once ``parent_pid`` is no longer its parent (also at once,
+    if the flow process died while this worker was starting)."""
+    while os.getppid() == parent_pid:
+        time.sleep(_WATCHDOG_INTERVAL)
+    for pid in _descendants(os.getpid()):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _descendants(pid: int) -> list[int]:
+    """Pids of every process below ``pid`` (children first), read from /proc."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # it exited meanwhile
+        children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
 
 
 class GpuTaskRunner(PlacingTaskRunner):
@@ -348,6 +560,7 @@ class GpuTaskRunner(PlacingTaskRunner):
         self.mode = mode
         self.workers_per_device_set = workers_per_device_set
         self._pools: dict[str, Any] = {}
+        self._broken_pools: list[Any] = []
         self._pools_lock = threading.Lock()
 
     def _config(self) -> dict[str, Any]:
@@ -390,7 +603,9 @@ class GpuTaskRunner(PlacingTaskRunner):
         with self._pools_lock:
             pool = self._pools.get(visible)
             if pool is None:
-                pool = ProcessPoolTaskRunner(self.workers_per_device_set, initializer=_pin_devices, initargs=(visible,))
+                ledger = self._ensure_ledger()
+                pool = ProcessPoolTaskRunner(self.workers_per_device_set, initializer=_init_worker,
+                                             initargs=(visible, os.getpid(), ledger.path, ledger.owner.key))
                 pool.__enter__()
                 self._pools[visible] = pool
             return pool
@@ -412,25 +627,28 @@ class GpuTaskRunner(PlacingTaskRunner):
                                                       context=context, env=env)
             return cloudpickle.loads(future.result())
         except BrokenExecutor as exc:
+            # The pool's workers are all dead now. It is shut down with the others, later: this task's
+            # lease is released first.
             with self._pools_lock:
                 if self._pools.get(tp.visible_devices) is pool:
-                    del self._pools[tp.visible_devices]
-            state = Crashed(message=f"task {task.name!r} worker process died: {exc!r}")
-            from prefect.client.orchestration import get_client
-
-            with get_client(sync_client=True) as client:
-                client.set_task_run_state(task_run_id, state, force=True)
-            return state
+                    self._broken_pools.append(self._pools.pop(tp.visible_devices))
+            return Crashed(message=f"task {task.name!r} worker process died: {exc!r}")
 
     def cancel_all(self) -> None:
+        """Also kill every process worker: all their tasks are cancelled, and a process is the only
+        thing that stops a task for sure. Their futures fail with BrokenProcessPool, which ``_settle``
+        turns into Cancelled. (Prefect's own ``cancel_all`` would wait for running tasks to finish, and
+        neither it nor ProcessPoolExecutor before Python 3.14 offers a kill: hence their private fields.)"""
         super().cancel_all()
         with self._pools_lock:
             pools = list(self._pools.values())
         for pool in pools:
-            pool.cancel_all()
+            executor = pool._executor
+            for process in list((executor._processes or {}).values()) if executor is not None else []:
+                process.kill()
 
     def _shutdown_backend(self) -> None:
         with self._pools_lock:
-            pools, self._pools = list(self._pools.values()), {}
+            pools, self._pools, self._broken_pools = [*self._pools.values(), *self._broken_pools], {}, []
         for pool in pools:
             pool.__exit__(None, None, None)
