@@ -127,7 +127,9 @@ class TimedRunner(GpuTaskRunner):
                               mode="process", tracking=False))
 def fault_flow(out: str, waiting: bool):
     futures = [spin.submit(out, i) for i in range(2)]
-    if waiting:
+    if waiting:  # submitted once both spinners run (dispatch threads reach the ledger in any order)
+        while len(list(Path(out).glob("worker-*"))) < 2:
+            time.sleep(0.05)
         futures.append(waits_for_a_gpu.submit())  # both GPUs are taken: it waits in the ledger queue
     (Path(out) / "task_runs").write_text(json.dumps([str(f.task_run_id) for f in futures]))
     [f.wait() for f in futures]
