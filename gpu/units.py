@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-
 import re
 
 from gpu.errors import ConfigError
@@ -14,6 +13,7 @@ _UNITS = {
     "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
 }
 _PATTERN = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*$")
+_MAX_BYTES = 2**62  # far beyond any device, and within the ledger's SQLite integers
 
 
 def parse_memory(value: int | float | str | None, field: str = "memory") -> int:
@@ -25,11 +25,15 @@ def parse_memory(value: int | float | str | None, field: str = "memory") -> int:
     if isinstance(value, (int, float)):
         if not math.isfinite(value) or value < 0:
             raise ConfigError(field, value, "must be a finite number of bytes >= 0")
-        return int(value)
-    m = _PATTERN.match(str(value))
-    if not m or m.group(2).lower() not in _UNITS:
-        raise ConfigError(field, value, "expected bytes or a size such as '4GiB', '512MiB', '2GB'")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+        nbytes = value
+    else:
+        m = _PATTERN.match(str(value))
+        if not m or m.group(2).lower() not in _UNITS:
+            raise ConfigError(field, value, "expected bytes or a size such as '4GiB', '512MiB', '2GB'")
+        nbytes = float(m.group(1)) * _UNITS[m.group(2).lower()]
+    if nbytes > _MAX_BYTES:
+        raise ConfigError(field, value, f"larger than any device ({format_memory(_MAX_BYTES)} at most)")
+    return int(nbytes)
 
 
 def format_memory(nbytes: int) -> str:

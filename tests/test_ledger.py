@@ -247,6 +247,10 @@ def test_bad_simulated_spec_names_the_value():
     (dict(resources={"bw": "1"}), "resources['bw']='1'"),
     (dict(resources={"bw": math.nan}), "resources['bw']=nan"),
     (dict(resources=["bw"]), "resources=['bw']"),
+    (dict(memory="9" * 400 + "GiB"), "memory='999"),
+    (dict(memory=10**30), "memory=1000"),
+    (dict(label=["a"]), "label=['a']"),
+    (dict(node=""), "node=''"),
 ])
 def test_a_request_with_a_non_finite_or_non_numeric_amount_is_refused_naming_it(kwargs, named):
     with pytest.raises(ConfigError, match=re.escape(named)):
