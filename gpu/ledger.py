@@ -303,11 +303,7 @@ class PoolLedger(LedgerClient):
         Owners granted something in the transaction are rung once it committed.
         """
         with self._conn() as db:
-            db.execute(f"PRAGMA busy_timeout={int(1000 * min(self.lock_timeout, busy or self.lock_timeout))}")
-            try:
-                db.execute("BEGIN IMMEDIATE")
-            except sqlite3.Error as exc:
-                raise describe_error(exc, self.path, action) from exc
+            self._begin(db, action, min(self.lock_timeout, busy or self.lock_timeout))
             self._granted_to.owners = granted = set()
             try:
                 if self._file:
@@ -322,6 +318,28 @@ class PoolLedger(LedgerClient):
                 raise
         if granted:
             self._ring(granted)
+
+    def _begin(self, db: sqlite3.Connection, action: str, patience: float) -> None:
+        """Take the write lock, waiting for another process's at most ``patience`` seconds.
+
+        The wait is ours, not SQLite's busy handler: that one sleeps up to 100 ms at a time and counts
+        only its sleeps, so a waiter could overrun its deadline by much more under load.
+        """
+        deadline, delay = time.monotonic() + patience, 0.0005
+        db.execute("PRAGMA busy_timeout=0")
+        try:
+            while True:
+                try:
+                    db.execute("BEGIN IMMEDIATE")
+                    return
+                except sqlite3.OperationalError as exc:
+                    text = str(exc)
+                    if ("locked" not in text and "busy" not in text) or time.monotonic() >= deadline:
+                        raise describe_error(exc, self.path, action) from exc
+                time.sleep(min(delay, max(0.0, deadline - time.monotonic())))
+                delay = min(2 * delay, 0.01)
+        finally:  # other statements (a reader during WAL recovery) keep SQLite's own patience
+            db.execute(f"PRAGMA busy_timeout={int(1000 * self.lock_timeout)}")
 
     def _ring(self, owner_keys: set[str]) -> None:
         """Wake the watchers of ``owner_keys`` (this process's too)."""
