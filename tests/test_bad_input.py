@@ -190,20 +190,6 @@ def test_aliases_cannot_nest_deeper_or_refer_to_themselves(tmp_path):
         load_scenario(loop)
 
 
-@pytest.mark.parametrize("name,text,why", [
-    ("dup.yaml", "gpus: 2\nwindow_s: 10\ngpus: 4\n", "line 3: key 'gpus' given twice in one mapping"),
-    ("dup.yaml", "streams:\n  - {name: a, name: b}\n", "line 2: key 'name' given twice in one mapping"),
-    ("dup.json", '{"gpus": 2, "gpus": 4}', "key 'gpus' given twice in one mapping"),
-])
-def test_a_key_given_twice_is_refused_naming_it(tmp_path, name, text, why):
-    from gpu.scenario import load_scenario
-
-    path = tmp_path / name
-    path.write_text(text)
-    with pytest.raises(ConfigError, match=rf"scenario='{path}': {why}"):
-        load_scenario(path)
-
-
 def test_a_merge_key_may_still_be_overridden(tmp_path):
     from gpu.scenario import load_scenario
 

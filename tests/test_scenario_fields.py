@@ -12,6 +12,9 @@ from gpu.scenario import flag, integer, load_scenario, mapping, names, number, p
     ("s.yaml", "gpus: [1\n", "not valid YAML"),
     ("s.json", '{"gpus": 1,}', "not valid JSON"),
     ("s.yaml", "- a\n- b\n", "the top level must be a mapping"),
+    ("dup.yaml", "gpus: 2\nwindow_s: 10\ngpus: 4\n", "line 3: key 'gpus' given twice in one mapping"),
+    ("dup.yaml", "streams:\n  - {name: a, name: b}\n", "line 2: key 'name' given twice in one mapping"),
+    ("dup.json", '{"gpus": 2, "gpus": 4}', "key 'gpus' given twice in one mapping"),
 ])
 def test_a_broken_scenario_file_is_one_error_naming_the_file(tmp_path, name, text, why):
     path = tmp_path / name

@@ -102,14 +102,19 @@ def test_flows_started_together_on_a_fresh_store_log_every_run_and_task(state_di
         assert len(children) == 50 and {c.info.status for c in children} == {"FINISHED"}
 
 
-def test_a_kill_9_flow_run_is_marked_killed_by_the_next_tracker(state_dir):
-    from tasks.tracking import RunTracker
-
+def _hanging_flow(state_dir: Path, tasks: int):
+    """A flow process whose ``tasks`` tasks finished and which then hangs: (store URI, process, its MLflow run)."""
     uri, go = f"sqlite:///{state_dir}/mlflow.db", state_dir / "go"
     state_dir.mkdir(parents=True)
     go.touch()
-    proc = _python(FLOW, uri, "3", str(go), "hang")
-    parent = _wait_for(Path(f"{go}.{proc.pid}"), proc)
+    proc = _python(FLOW, uri, str(tasks), str(go), "hang")
+    return uri, proc, _wait_for(Path(f"{go}.{proc.pid}"), proc)
+
+
+def test_a_kill_9_flow_run_is_marked_killed_by_the_next_tracker(state_dir):
+    from tasks.tracking import RunTracker
+
+    uri, proc, parent = _hanging_flow(state_dir, 3)
     client = _client(uri)
     assert client.get_run(parent).info.status == "RUNNING"
     alive = RunTracker(uri, "faults", "alive")  # a run of a live process (this one) must stay RUNNING
@@ -128,11 +133,7 @@ def test_a_kill_9_flow_run_is_marked_killed_by_the_next_tracker(state_dir):
 
 
 def test_a_flow_run_ended_by_sigterm_is_killed_in_mlflow(state_dir):
-    uri, go = f"sqlite:///{state_dir}/mlflow.db", state_dir / "go"
-    state_dir.mkdir(parents=True)
-    go.touch()
-    proc = _python(FLOW, uri, "2", str(go), "hang")
-    parent = _wait_for(Path(f"{go}.{proc.pid}"), proc)
+    uri, proc, parent = _hanging_flow(state_dir, 2)
     proc.send_signal(signal.SIGTERM)
     out = proc.communicate(timeout=120)[0]
     assert proc.returncode != 0, out[-3000:]
