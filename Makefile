@@ -17,7 +17,7 @@ export RAY_AUTH_MODE := disabled
 export RAY_USAGE_STATS_ENABLED := 0
 export MLFLOW_DISABLE_TELEMETRY := true
 
-.PHONY: demo test venv clean server mlflow-ui deploy worker
+.PHONY: demo test test-fast venv clean server mlflow-ui deploy worker
 
 venv: $(STAMP)
 
@@ -36,6 +36,11 @@ demo: $(STAMP)
 test: $(STAMP)
 	mkdir -p "$(PREFECT_HOME)"
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+# The inner loop: everything but the tests that start a Prefect server, Ray or a worker (marked slow).
+test-fast: $(STAMP)
+	mkdir -p "$(PREFECT_HOME)"
+	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
 
 # The Prefect UI and API on this home's database (runs of the embedded server included): http://127.0.0.1:$(PORT)
 server: $(STAMP)

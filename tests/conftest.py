@@ -24,6 +24,16 @@ os.environ.update({
 })
 
 
+# Tests that start a Prefect server, Ray, or real processes under faults: `make test-fast` leaves them out.
+_SLOW_FIXTURES = {"prefect_server", "real_server"}
+
+
+def pytest_collection_modifyitems(items) -> None:
+    for item in items:
+        if _SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(scope="session")
 def prefect_server():
     """One Prefect server for the session; its URL is exported so worker processes (process
