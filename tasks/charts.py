@@ -1,6 +1,7 @@
 """Charts a reviewer reads: who held which slice of a pool when, Ekya's GPU split, Cilantro's rounds.
 
-Every chart is a small PNG (matplotlib, Agg backend, ~100 dpi, 16 in wide: readable at 1600 px) that goes
+Every chart is a small PNG (matplotlib, Agg backend, 100 dpi, 1100 px wide: the Prefect UI's artifact pane in a
+1600 px window shows it at full size, so its 10-13 pt text stays readable) that goes
 two places: the flow run's Prefect UI (a markdown artifact embedding the PNG as a data URI, so it shows on the
 run's Artifacts tab without a file server) and the flow's MLflow run (``charts/<name>.png``).
 
@@ -15,7 +16,9 @@ run's Artifacts tab without a file server) and the flow's MLflow run (``charts/<
 
 :func:`publish_pool_occupancy` is what a flow calls at its end. Holders are named through a small registry
 (``<state dir>/pool_holders.db``): each flow run registers its ledger owner key under its run name when it
-publishes, so holders that published before are named, the others shown by pid.
+publishes, so holders that published before are named; a holder still running is named by the MLflow run its
+task runner opened (tags ``gpuflows.host``/``gpuflows.pid``, name = the flow run's) when exactly one such run
+overlaps its leases, else shown by pid.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from typing import Any, Iterable, Mapping, Sequence
 log = logging.getLogger(__name__)
 
 DPI = 100
-WIDTH_IN = 16.0           # 1600 px at DPI
+WIDTH_IN = 11.0           # 1100 px at DPI: the artifact pane of the Prefect UI at a 1600 px window
 MAX_INLINE_BYTES = 400_000  # larger PNGs are not embedded in the Prefect artifact (MLflow still gets them)
 _END_KINDS = ("release", "reclaim")
 
@@ -146,10 +149,10 @@ def occupancy_figure(events: Iterable[Mapping[str, Any]], spec: Any = None, *, n
     cmap = plt.get_cmap("tab10" if len(holders) <= 10 else "tab20")
     colour = {h: cmap(i % cmap.N) for i, h in enumerate(holders)}
     lane_h = 0.9
-    fig, ax = plt.subplots(figsize=(WIDTH_IN, max(3.6, 1.6 + 1.0 * len(lanes))), dpi=DPI)
+    fig, ax = plt.subplots(figsize=(WIDTH_IN, max(4.0, 2.4 + 0.9 * len(lanes))), dpi=DPI, layout="constrained")
     index = {lane: i for i, lane in enumerate(lanes)}
     offsets = _stack(leases)
-    axes_px = WIDTH_IN * DPI * 0.78  # plot area width, the legend to its right
+    axes_px = WIDTH_IN * DPI * 0.86  # plot area width (the legend is below it)
     for lease in leases:
         for d in lease["devices"]:
             i = index[(lease["node"], d)]
@@ -158,15 +161,15 @@ def occupancy_figure(events: Iterable[Mapping[str, Any]], spec: Any = None, *, n
             x, w = lease["start"] - t0, max(lease["end"] - lease["start"], span * 1e-4)
             ax.broken_barh([(x, w)], (y, h), facecolors=colour[lease["holder"]], edgecolors="black", linewidth=0.4,
                            alpha=0.85, hatch="//" if lease["open"] else None)
-            width_px, height_px = w / span * axes_px, h / (len(lanes) + 0.2) * (fig.get_figheight() * DPI * 0.75)
+            width_px, height_px = w / span * axes_px, h / len(lanes) * (fig.get_figheight() * DPI - 150)
             text = lease["label"] or lease["lease_id"][:6]
             if lease["end_kind"] == "reclaim":
                 text += " (reclaimed)"
-            if width_px > 6.2 * len(text) + 4 and height_px >= 10:
-                ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=8, clip_on=True)
-            elif width_px > 6.2 * 4 and height_px >= 10:
-                ax.text(x + w / 2, y + h / 2, text[: max(1, int((width_px - 4) / 6.2) - 1)] + "…", ha="center",
-                        va="center", fontsize=8, clip_on=True)
+            if width_px > 6.5 * len(text) + 4 and height_px >= 11:
+                ax.text(x + w / 2, y + h / 2, text, ha="center", va="center", fontsize=9, clip_on=True)
+            elif width_px > 6.5 * 5 and height_px >= 11:
+                ax.text(x + w / 2, y + h / 2, text[: max(1, int((width_px - 4) / 6.5) - 1)] + "…", ha="center",
+                        va="center", fontsize=9, clip_on=True)
     ax.set_yticks(range(len(lanes)), [f"{n}/gpu{d}" for n, d in lanes], fontsize=10)
     ax.set_ylim(len(lanes) - 0.5, -0.5)  # gpu0 on top
     ax.set_xlim(0, span)
@@ -174,21 +177,20 @@ def occupancy_figure(events: Iterable[Mapping[str, Any]], spec: Any = None, *, n
     ax.set_axisbelow(True)
     start_clock = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t0))
     ax.set_xlabel(f"seconds since {start_clock}", fontsize=11)
-    ax.set_ylabel("device (bar height = share of the device held)", fontsize=11)
+    ax.set_ylabel("device\n(bar height = share held)", fontsize=11)
     busy = sum((x["end"] - x["start"]) * min(1.0, x["fraction"] or 1.0) * len(x["devices"]) for x in leases)
     util = busy / (span * max(1, len(lanes)))
-    ax.set_title(f"Pool {pool or '?'}: GPU slices held by every flow, {len(leases)} leases by {len(holders)} "
+    ax.set_title(f"Pool {pool or '?'}: GPU slices held by every flow\n{len(leases)} leases by {len(holders)} "
                  f"holder(s), mean occupancy {util:.0%}", fontsize=13)
     handles = [Patch(facecolor=colour[h], edgecolor="black", label=holder_name(h)) for h in holders]
     if any(x["open"] for x in leases):
         handles.append(Patch(facecolor="white", edgecolor="black", hatch="//", label="still held at the chart's end"))
     if handles:
-        ax.legend(handles=handles, title="holder (flow run)", loc="upper left", bbox_to_anchor=(1.005, 1.0),
-                  fontsize=9, title_fontsize=10, frameon=False)
+        fig.legend(handles=handles, title="holder (flow run)", loc="outside lower center",
+                   ncol=min(3, len(handles)), fontsize=10, title_fontsize=10, frameon=False)
     else:
         ax.text(0.5, 0.5, "no slice was held in this time window", transform=ax.transAxes, ha="center",
                 va="center", fontsize=12, color="0.4")
-    fig.subplots_adjust(left=0.07, right=0.80, top=0.88, bottom=0.12 if len(lanes) > 2 else 0.18)
     return fig
 
 
@@ -220,7 +222,7 @@ def ekya_split_figure(windows: Sequence[Mapping[str, Any]], title: str = ""):
     streams = sorted({s for w in windows for s in w["accuracy"]})
     colour = {s: f"C{i % 10}" for i, s in enumerate(streams)}
     xs = [w["window"] for w in windows]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(WIDTH_IN, 5.0), dpi=DPI)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(WIDTH_IN, 5.6), dpi=DPI, layout="constrained")
     bottom = [0.0] * len(windows)
     for s in streams:
         for kind, hatch in (("infer", None), ("train", "//")):
@@ -228,15 +230,15 @@ def ekya_split_figure(windows: Sequence[Mapping[str, Any]], title: str = ""):
             left.bar(xs, vals, bottom=bottom, color=colour[s], hatch=hatch, edgecolor="black", linewidth=0.5,
                      alpha=0.6 if kind == "train" else 0.9, width=0.6)
             for x, b, v in zip(xs, bottom, vals):
-                if v >= 0.08:
-                    left.text(x, b + v / 2, f"{s} {'retrain' if kind == 'train' else 'infer'} {v:.2f}",
-                              ha="center", va="center", fontsize=8)
+                if v >= 0.12 and len(xs) <= 6:
+                    left.text(x, b + v / 2, f"{v:.2f}", ha="center", va="center", fontsize=9)
             bottom = [b + v for b, v in zip(bottom, vals)]
     left.set(xlabel="window", ylabel="GPUs at the window's start", xticks=xs,
-             title="GPU split per stream (solid: inference, hatched: retraining)")
+             title="GPU split per stream\n(solid: inference, hatched: retraining)")
     left.legend(handles=[Patch(facecolor=colour[s], label=s) for s in streams]
                 + [Patch(facecolor="white", edgecolor="black", hatch="//", label="retraining")],
-                loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=9, frameon=False)
+                loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=min(5, len(streams) + 1), fontsize=10,
+                frameon=False)
     for s in streams:
         right.plot(xs, [w["accuracy"].get(s) for w in windows], marker="o", color=colour[s], label=f"{s} measured")
         if any(w.get("predicted") for w in windows):
@@ -245,10 +247,9 @@ def ekya_split_figure(windows: Sequence[Mapping[str, Any]], title: str = ""):
     means = [sum(w["accuracy"].values()) / max(1, len(w["accuracy"])) for w in windows]
     right.plot(xs, means, color="black", lw=2.5, marker="s", label="mean measured")
     right.set(xlabel="window", ylabel="inference accuracy", ylim=(0, 1.02), xticks=xs,
-              title="accuracy per stream and window")
-    right.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=9, frameon=False)
+              title="accuracy per stream and window\n(solid: measured, dashed: predicted)")
+    right.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=3, fontsize=10, frameon=False)
     fig.suptitle(title or "Ekya: GPU split beside accuracy", fontsize=13)
-    fig.subplots_adjust(left=0.05, right=0.87, wspace=0.42, top=0.86, bottom=0.12)
     return fig
 
 
@@ -266,17 +267,18 @@ def cilantro_rounds_figure(rows: Sequence[Mapping[str, Any]], title: str = ""):
     jobs = list(dict.fromkeys(j for r in rows for j in r.get("allocation", {})))
     colour = {j: f"C{i % 10}" for i, j in enumerate(jobs)}
     xs = [r["round"] for r in rows]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(WIDTH_IN, 5.0), dpi=DPI)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(WIDTH_IN, 5.0), dpi=DPI, layout="constrained")
     bottom = [0.0] * len(rows)
     for j in jobs:  # bars, not areas: an allocation holds for its whole round
         vals = [float(r["allocation"].get(j, 0.0)) for r in rows]
         left.bar(xs, vals, bottom=bottom, color=colour[j], width=0.7, edgecolor="black", linewidth=0.4, label=j)
         for x, b, v in zip(xs, bottom, vals):
-            if v >= 0.08 and len(xs) <= 12:
-                left.text(x, b + v / 2, f"{v:.2f}", ha="center", va="center", fontsize=8)
+            if v >= 0.08 and len(xs) <= 10:
+                left.text(x, b + v / 2, f"{v:.2f}", ha="center", va="center", fontsize=9)
         bottom = [b + v for b, v in zip(bottom, vals)]
     left.set(xlabel="round", ylabel="GPUs allotted", title="allocation per job per round", xticks=xs)
-    left.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=9, frameon=False, title="job")
+    left.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=min(4, len(jobs)), fontsize=10,
+                frameon=False)
     for j in jobs:
         ys = [(r.get("utilities") or {}).get(j) for r in rows]
         right.plot(xs, [math.nan if y is None else y for y in ys], marker="o", color=colour[j], label=j)
@@ -285,9 +287,9 @@ def cilantro_rounds_figure(rows: Sequence[Mapping[str, Any]], title: str = ""):
             right.scatter(*zip(*failed), marker="x", s=80, color=colour[j], zorder=3)
     right.set(xlabel="round", ylabel="utility (x: the job's task failed)", title="utility per job per round",
               xticks=xs)
-    right.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=9, frameon=False, title="job")
+    right.legend(loc="upper center", bbox_to_anchor=(0.5, -0.14), ncol=min(4, len(jobs)), fontsize=10,
+                 frameon=False)
     fig.suptitle(title or "Cilantro allocation rounds", fontsize=13)
-    fig.subplots_adjust(left=0.05, right=0.89, wspace=0.38, top=0.86, bottom=0.12)
     return fig
 
 
@@ -308,10 +310,10 @@ def publish_chart(path: Path, key: str, title: str, description: str, mlflow_run
         from prefect.context import FlowRunContext
 
         if FlowRunContext.get() is not None:
-            where = f" (also `charts/{Path(path).name}` of MLflow run `{mlflow_run_id}`)" if mlflow_run_id else ""
+            where = f"Also `charts/{Path(path).name}` of MLflow run `{mlflow_run_id}`." if mlflow_run_id else ""
             body = (f"![{title}](data:image/png;base64,{base64.b64encode(data).decode()})"
                     if len(data) <= MAX_INLINE_BYTES else f"*(chart of {len(data) // 1024} KiB: too big to embed)*")
-            create_markdown_artifact(f"### {title}\n\n{body}\n\n{description}{where}", key=key,
+            create_markdown_artifact(f"### {title}\n\n{body}\n\n{where}", key=key,
                                      description=description)
     except Exception as exc:  # noqa: BLE001
         log.warning("could not publish chart %s to Prefect: %r", key, exc)
@@ -349,6 +351,33 @@ def holder_names(holders: Iterable[str]) -> dict[str, str]:
         rows = db.execute(f"SELECT holder, flow_run FROM holders WHERE holder IN ({','.join('?' * len(wanted))})",
                           wanted).fetchall()
     return dict(rows)
+
+
+def mlflow_holder_names(holders: Iterable[str], leases: list[dict[str, Any]], tracking_uri: str) -> dict[str, str]:
+    """Names for holders on this host from the MLflow runs their task runners opened: a flow's parent run
+    carries its process's host and pid (``tasks.tracking.holder_tags``) and is named like its flow run. A
+    holder is named only when exactly one such run of its pid overlaps its leases."""
+    from mlflow import MlflowClient
+
+    from gpu.liveness import HOST
+    from tasks.tracking import HOST_TAG, PID_TAG
+
+    client, out = MlflowClient(tracking_uri), {}
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    for holder in set(holders):
+        host, _, rest = holder.partition(":")
+        pid = rest.partition(":")[0]
+        mine = [x for x in leases if x["holder"] == holder]
+        if host != HOST or not pid.isdigit() or not mine or not experiments:
+            continue
+        lo, hi = min(x["start"] for x in mine) * 1000, max(x["end"] for x in mine) * 1000
+        runs = client.search_runs(experiments, f"tags.`{HOST_TAG}` = '{HOST}' and tags.`{PID_TAG}` = '{pid}'",
+                                  max_results=200)
+        parents = {r.info.run_name for r in runs if "mlflow.parentRunId" not in r.data.tags
+                   and r.info.start_time <= hi and (r.info.end_time or math.inf) >= lo}
+        if len(parents) == 1:
+            out[holder] = parents.pop()
+    return out
 
 
 def _ledger_events(ledger: Any) -> list[dict]:
@@ -390,8 +419,16 @@ def publish_pool_occupancy(runner: Any = None, since_t: float | None = None) -> 
         holders = {e.get("holder") or "" for e in events}
         spec = getattr(ledger, "spec", None) or getattr(ledger, "capacity", None)
         key = "pool-occupancy-" + "".join(c if c.isalnum() else "-" for c in pool.lower())
+        names = holder_names(holders)
+        unnamed = holders - set(names)
+        if unnamed and runner.tracking.enabled:
+            try:
+                names.update(mlflow_holder_names(unnamed, lease_intervals(events, since_t, until),
+                                                 runner.tracking.resolved_uri()))
+            except Exception as exc:  # noqa: BLE001 - a pid then
+                log.debug("holders not named from MLflow: %r", exc)
         path = occupancy_png(events, spec, Path(tempfile.mkdtemp(prefix="gpuflows-chart-")) / f"{key}.png",
-                             names=holder_names(holders), pool=pool, since_t=since_t, until_t=until, highlight=own)
+                             names=names, pool=pool, since_t=since_t, until_t=until, highlight=own)
         run_id = None
         if runner.tracking.enabled:
             from tasks.runners import flow_mlflow_run_id

@@ -55,15 +55,15 @@ def test_occupancy_chart_has_a_lane_per_device_a_legend_entry_per_holder_and_lea
         ax = fig.axes[0]
         lanes = [t.get_text() for t in ax.get_yticklabels()]
         assert lanes == [f"{spec.nodes[0].name}/gpu{i}" for i in range(3)]
-        legend = [t.get_text() for t in ax.get_legend().get_texts()]
+        legend = [t.get_text() for t in fig.legends[0].get_texts()]
         assert legend[:3] == ["clever-fox (pid 100) — this flow", "brave-owl (pid 200)", "pid 300"]
         assert "still held at the chart's end" in legend
-        assert ax.get_legend().get_title().get_text() == "holder (flow run)"
+        assert fig.legends[0].get_title().get_text() == "holder (flow run)"
         texts = {t.get_text() for t in ax.texts}
         assert {"retrain cam0", "infer cam0", "trial c0001@0", "svc-a", "cut (reclaimed)"} <= texts
         assert "Pool ekya" in ax.get_title() and ax.get_xlabel().startswith("seconds since")
         assert "device" in ax.get_ylabel()
-        assert fig.get_size_inches()[0] * fig.dpi == 1600
+        assert fig.get_size_inches()[0] * fig.dpi == 1100  # the artifact pane of the Prefect UI at 1600 px
     finally:
         plt.close(fig)
 
