@@ -29,7 +29,7 @@ def _short(value: Any) -> str:
     if isinstance(value, bool) or value is None:
         return json.dumps(value)
     if isinstance(value, float):
-        return f"{value:.3g}" if math.isfinite(value) else "-"
+        return f"{value:.3g}" if math.isfinite(value) else "n/a"
     if isinstance(value, (int, str)):
         return str(value)
     if isinstance(value, Mapping):
@@ -75,7 +75,7 @@ def ekya_window_rows(results: Iterable[Any]) -> list[dict[str, Any]]:
     rows = []
     for r in results:
         for stream in r.measured:
-            rows.append({"window": r.window, "stream": stream, "retrain_config": r.configs.get(stream) or "-",
+            rows.append({"window": r.window, "stream": stream, "retrain_config": r.configs.get(stream) or "none",
                          "retrain_gpus": _cell(float(r.start_alloc.get(f"{stream}/train", 0.0))),
                          "infer_gpus": _cell(float(r.start_alloc.get(f"{stream}/infer", 0.0))),
                          "predicted": _cell(r.predicted.get(stream)), "measured": _cell(r.measured[stream]),
