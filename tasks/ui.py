@@ -18,6 +18,7 @@ import json
 import logging
 import math
 import threading
+import time
 from typing import Any, Iterable, Mapping
 
 from prefect.artifacts import create_table_artifact
@@ -141,17 +142,33 @@ def _console():
     return None
 
 
+def _logs_through_this_console() -> bool:
+    """Whether the current flow run's task logs are printed by this process (GPU task runner in thread mode)."""
+    try:
+        from tasks.flow_runtime import flow_runner
+
+        runner = flow_runner()
+    except Exception:  # noqa: BLE001
+        return False
+    return runner is not None and type(runner).__name__ == "GpuTaskRunner" and getattr(runner, "mode", "") == "thread"
+
+
 class FlowProgress:
     """How far a long flow is: a rich progress bar in the terminal and a progress artifact in the Prefect UI.
 
-    The bar is drawn on the console of Prefect's own log handler, so log lines print above it instead of
-    through it (what a ``\\r`` line cannot do); off a terminal rich draws nothing until the end, where it
-    prints the final line once. ``total`` None: a count without a percentage (no progress artifact).
-    Use as a context manager (or ``start()`` ... ``close()``); ``advance`` / ``update`` as the work goes. The bar
-    is redrawn on each update only (no refresh thread) and stops by itself when ``total`` is reached; the
-    artifact is updated by a thread (an API call per update would slow the serving flow's beacons), which
-    ends on ``close`` or after 10 idle minutes (a flow that raised half-way).
+    The bar is drawn on the console of Prefect's own log handler. When every log line of the run goes through
+    that console (the GPU task runner in ``thread`` mode) it is a live bar kept below the log lines (rich moves
+    it down past each print: what a ``\\r`` line cannot do). Worker processes (``process`` mode, Ray) write
+    their task logs straight to the terminal, past any console, so there the bar is printed as a whole line of
+    its own at each step (at most every ``LINE_EVERY_S`` seconds, and at the end): lines interleave, never
+    their characters. Off a terminal the same lines go to the log stream. ``total`` None: a count without a
+    percentage (no progress artifact). Use as a context manager (or ``start()`` ... ``close()``); ``advance`` /
+    ``update`` as the work goes. The bar is redrawn on updates only (no refresh thread) and stops by itself
+    when ``total`` is reached; the artifact is updated by a thread (an API call per update would slow the
+    serving flow's beacons), which ends on ``close`` or after 10 idle minutes (a flow that raised half-way).
     """
+
+    LINE_EVERY_S = 5.0
 
     def __init__(self, key: str, total: float | None, description: str, terminal: bool = True, unit: str = ""):
         self.key, self.total, self.description, self.terminal, self.unit = key, total, description, terminal, unit
@@ -161,6 +178,10 @@ class FlowProgress:
         self._wake = threading.Event()
         self._closing = False
         self._poster: threading.Thread | None = None
+        self._live = False
+        self._console = None
+        self._printed_at = 0.0
+        self._printed = -1.0
 
     def start(self) -> "FlowProgress":
         return self.__enter__()
@@ -179,12 +200,15 @@ class FlowProgress:
                                           TextColumn("{task.fields[note]}", style="none"),
                                           TimeElapsedColumn(), console=console, transient=False,
                                           auto_refresh=False)
-                try:
-                    self._progress.start()
-                    self._task = self._progress.add_task(self.description, total=self.total, note="")
-                except Exception as exc:  # noqa: BLE001 - e.g. another live display on this console
-                    logging.getLogger(__name__).debug("no progress bar: %r", exc)
-                    self._progress = None
+                self._console = console
+                self._task = self._progress.add_task(self.description, total=self.total, note="")
+                self._live = console.is_terminal and _logs_through_this_console()
+                if self._live:
+                    try:
+                        self._progress.start()
+                    except Exception as exc:  # noqa: BLE001 - e.g. another live display on this console
+                        logging.getLogger(__name__).debug("no live progress bar: %r", exc)
+                        self._live = False
         if self.total:
             try:
                 from prefect.artifacts import create_progress_artifact
@@ -202,7 +226,10 @@ class FlowProgress:
         """Set the amount done (and a short note: what is running, what failed)."""
         self.completed = completed
         if self._progress is not None:
-            self._progress.update(self._task, completed=completed, note=note, refresh=True)
+            self._progress.update(self._task, completed=completed, note=note, refresh=self._live)
+            done = bool(self.total) and completed >= self.total
+            if not self._live and (done or time.monotonic() - self._printed_at >= self.LINE_EVERY_S):
+                self._print_line()
         if self._poster is not None and self.total:  # posted by a thread: never slows the flow down
             self._pending = (min(100.0, 100.0 * completed / self.total),
                              f"{self.description}: {completed:g}/{self.total:g} {self.unit} {note}".rstrip())
@@ -236,10 +263,19 @@ class FlowProgress:
             if self._closing and self._pending is None:
                 return
 
+    def _print_line(self) -> None:
+        """The bar as one whole line, printed like a log line (one write)."""
+        if self._progress is not None and self._printed != self.completed:
+            self._console.print(self._progress.get_renderable())
+            self._printed_at, self._printed = time.monotonic(), self.completed
+
     def close(self) -> None:
         """Stop the bar; the progress artifact gets its last value (waits for it up to 10 s)."""
         if self._progress is not None:
-            self._progress.stop()
+            if self._live:
+                self._progress.stop()
+            else:
+                self._print_line()
             self._progress = None
         if self._poster is not None:
             self._closing = True
