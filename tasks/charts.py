@@ -175,7 +175,7 @@ def occupancy_figure(events: Iterable[Mapping[str, Any]], spec: Any = None, *, n
     ax.set_xlim(0, span)
     ax.grid(axis="x", color="0.85", lw=0.6)
     ax.set_axisbelow(True)
-    start_clock = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t0))
+    start_clock = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(t0))
     ax.set_xlabel(f"seconds since {start_clock}", fontsize=11)
     ax.set_ylabel("device\n(bar height = share held)", fontsize=11)
     busy = sum((x["end"] - x["start"]) * min(1.0, x["fraction"] or 1.0) * len(x["devices"]) for x in leases)
