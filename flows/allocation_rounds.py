@@ -64,7 +64,8 @@ from tasks.requests import gpu_options
 from tasks.flow_runtime import flow_runner, pool_block, publish_mlflow_link, settings, tracking_target
 from tasks.runners import GpuTaskRunner
 from tasks.tracking import ensure_experiment, flow_tracker, holder_tags, open_client
-from tasks.ui import publish_table
+from tasks.charts import publish_pool_occupancy
+from tasks.ui import FlowProgress, publish_cilantro_rounds
 
 MODES = ("process", "thread")
 _SLO_FREE = (ResourceFair,)  # the only policy whose decision never reads a performance or an SLO
@@ -183,6 +184,7 @@ def _rounds(s: RoundSettings, parent: str | None) -> dict:
     errors = _log_unlogged(s, alloc_state)[1] if s.tracking_uri and alloc_state.unlogged else []
     ckpt_dir = state_path(s.run_name).with_suffix("")
     start, rows = alloc_state.next_round, []
+    progress = FlowProgress(f"cilantro-{s.run_name}", s.rounds, f"Cilantro {s.policy}", unit="rounds").start()
     for r in range(start, start + s.rounds):
         t0 = time.perf_counter()
         alloc, ucbs = alloc_state.decide(r)
@@ -207,11 +209,10 @@ def _rounds(s: RoundSettings, parent: str | None) -> dict:
         logged, failed = _log_unlogged(s, alloc_state) if alloc_state.unlogged and s.tracking_uri else ({}, [])
         row["mlflow_run_id"], errors = logged.get(r), errors + failed
         rows.append(row)
-    publish_table(f"cilantro-rounds-{s.run_name}", [
-        {k: row[k] for k in ("round", "allocation", "utilities", "social_welfare", "egalitarian_welfare",
-                             "njc_fairness", "decision_s", "failed") if k in row} for row in rows],
-        f"Cilantro {s.policy}: GPU units allotted per job, the utilities they measured and the welfare/fairness "
-        "of each round")
+        progress.advance(note=f"round {r}" + (f", failed {','.join(row['failed'])}" if row["failed"] else ""))
+    progress.close()
+    publish_cilantro_rounds(s.run_name, s.policy, rows, parent, s.tracking_uri)
+    publish_pool_occupancy()
     return {"run_name": s.run_name, "policy": s.policy, "start_round": start, "next_round": alloc_state.next_round,
             "resumed": s.resume and saved is not None, "rounds": rows, "state_path": str(state_path(s.run_name)),
             "mlflow_run_id": parent, "mlflow_errors": errors + (tracker.flush() if tracker else [])}

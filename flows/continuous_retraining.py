@@ -45,7 +45,8 @@ from tasks.ekya_tasks import WindowSettings, config_grid
 from tasks.ekya_window import RunSettings, WindowResult, run_window, start_streams
 from tasks.flow_runtime import flow_runner, pool_block, publish_mlflow_link, settings, tracking_target
 from tasks.runners import GpuTaskRunner
-from tasks.ui import publish_table
+from tasks.charts import publish_pool_occupancy
+from tasks.ui import FlowProgress, publish_ekya_windows
 
 POLICIES = ("thief", "uniform")
 MODES = ("process", "thread")
@@ -63,17 +64,15 @@ def _windows(run: RunSettings, parent: str | None) -> dict:
     logger = WindowLogger.for_flow(run, parent)
     golden, streams = start_streams(run)
     results: list[WindowResult] = []
-    for w in range(run.windows):
-        result = run_window(run, w, streams, golden)
-        logger.log_window(result, streams)
-        results.append(result)
+    with FlowProgress(f"ekya-{run.policy}", run.windows, f"Ekya {run.policy}", unit="windows") as progress:
+        for w in range(run.windows):
+            result = run_window(run, w, streams, golden)
+            logger.log_window(result, streams)
+            results.append(result)
+            progress.advance(note=f"mean accuracy {result.mean_measured:.3f}")
     plot = logger.log_plot(results)
-    publish_table(f"ekya-windows-{run.policy}", [
-        {"window": r.window, "mean_accuracy": r.mean_measured, "accuracy": r.measured,
-         "predicted": r.predicted, "retraining_config": r.configs, "gpus_at_start": r.start_alloc,
-         "failures": r.failures} for r in results],
-        f"Ekya {run.policy}: per window and stream, measured and predicted inference accuracy, the retraining "
-        "configuration chosen and the GPUs allotted at the window's start")
+    publish_ekya_windows(run.policy, results, logger.parent_run_id, run.tracking_uri)
+    publish_pool_occupancy()
     return summarise(run, results, plot, logger.parent_run_id)
 
 

@@ -21,7 +21,9 @@ from gpuflows.args import error, simulated
 from resource_blocks import GpuPool, MlflowTarget
 from tasks.flow_runtime import publish_mlflow_link, settings
 from tasks.requests import apply_memory_cap, current_placement, gpu_options
+from tasks.charts import publish_pool_occupancy
 from tasks.runners import GpuTaskRunner
+from tasks.ui import FlowProgress
 
 # (gpus, memory) cycled over the submitted tasks: fractions, whole GPUs and memory caps.
 MIX: list[tuple[float, str | int]] = [(0.25, 0), (0.5, "4GiB"), (1, 0), (0.25, "2GiB"), (2, 0), (0.5, 0), (0, "6GiB")]
@@ -83,7 +85,13 @@ def pool_demo(tasks: int = 20, steps: int = 60, pool: GpuPool | str | None = Non
         gpus, memory = MIX[i % len(MIX)]
         with gpu_options(gpus=gpus, memory=memory):
             futures.append(train_steps.with_options(name=f"train-{gpus:g}gpu").submit(i, steps))
-    return [f.result() for f in futures]
+    rows = []
+    with FlowProgress("pool-demo", tasks, "pool demo", unit="tasks") as progress:
+        for f in futures:
+            rows.append(f.result())
+            progress.advance()
+    publish_pool_occupancy()
+    return rows
 
 
 def check(tasks: int, steps: int) -> None:

@@ -37,7 +37,8 @@ from resource_blocks import GpuPool, MlflowTarget
 from tasks.requests import current_placement, gpu_request
 from tasks.flow_runtime import flow_runner, pool_block, publish_mlflow_link, settings, tracking_target
 from tasks.runners import GpuTaskRunner
-from tasks.ui import publish_table
+from tasks.charts import publish_pool_occupancy
+from tasks.ui import FlowProgress, publish_table
 
 DEFAULT_SPEC = Path(__file__).resolve().parent.parent / "scenarios" / "serving" / "digits.yaml"
 RAY_TICK_S = 0.002  # with Ray actors every routed burst is a remote call (~0.5 ms): hand arrivals over per 2 ms
@@ -151,8 +152,10 @@ def serving_rollout(spec: dict | str | None = None, duration_s: float | None = N
     with LocalServingRuntime(models, profiles, ledger, make_policy(sp.batch_policy), sp.preset,
                              sp.load_balancer, sp.seed, backend=backend, chains=chains) as rt:
         rt.apply(planner.plan)
+        progress = FlowProgress("serving-rollout", sp.duration_s, f"serving {sp.name}", unit="s of trace").start()
 
         def on_beacon(t_s: float) -> None:
+            progress.update(min(t_s, sp.duration_s), f"{rt.plan.num_gpus} GPU(s), epoch {len(planner.epochs)}")
             counts = rt.take_counts()
             if t_s < sp.duration_s:  # the trace's last beacon: nothing is left to serve on a new plan
                 before = len(planner.epochs)
@@ -170,11 +173,13 @@ def serving_rollout(spec: dict | str | None = None, duration_s: float | None = N
         load = LoadGenerator(rt.frontend.submit, trace, data.x_test, data.y_test, sp.seed, rt.frontend.submit_many,
                              RAY_TICK_S if ray else 0.0, rt.frontend.turn if ray else None).run(on_beacon,
                                                                                                sp.epoch.beacon_s)
+    progress.close()
     result = _summarise(sp, rt, load, marks, beacons, profiles)
     columns = ("epoch", "start_s", "end_s", "replanned", "gpus", "unassigned_rps", "offered_rps", "throughput_rps",
                "slo_attainment", "bad_rate", "p99_latency_ms")
     publish_table("serving-rollout-epochs", [{k: e[k] for k in columns} for e in result["epochs"]],
                   f"Nexus epochs of {sp.name}: GPUs planned, load and SLO figures per epoch")
+    publish_pool_occupancy(runner)
     if tracking.enabled:
         result["mlflow_run_id"] = _log_mlflow(tracking, parent, sp, result, marks, beacons, profiles)
     return result

@@ -41,7 +41,8 @@ from tasks.fluid_trials import load_model, packing_curve, train_chunk
 from tasks.requests import gpu_options
 from tasks.flow_runtime import flow_runner, pool_block, publish_mlflow_link, settings, tracking_target
 from tasks.runners import GpuTaskRunner
-from tasks.ui import publish_table
+from tasks.charts import publish_pool_occupancy
+from tasks.ui import FlowProgress, publish_table
 
 SEARCHES = ("grid", "random", "hyperband", "asha", "bohb", "pbt")
 EXECUTIONS = ("fluid", "fifo")
@@ -174,23 +175,6 @@ def _finished(inflight: dict) -> list:
     return [f for f in inflight if f is first or f.state.is_final()]
 
 
-class Progress:
-    """One ``\\r``-updated terminal line per search (tqdm is not installed here)."""
-
-    def __init__(self, label: str, enabled: bool = True):
-        self.label, self.enabled = label, enabled
-
-    def show(self, done: int, failed: int, running: int, iterations: int) -> None:
-        if self.enabled:
-            bar = "#" * min(30, done) + "." * max(0, min(30, done + running) - min(30, done))
-            print(f"\r[{self.label}] {bar} trials done {done} (failed {failed}), running {running}, "
-                  f"iterations {iterations}", end="", file=sys.stderr, flush=True)
-
-    def close(self) -> None:
-        if self.enabled:
-            print(file=sys.stderr, flush=True)
-
-
 def _packing_curve(device: str, gpu: int, iterations: int) -> tuple[PackingCurve, str]:
     """The device's saved packing curve (``benchmarks/fluid_packing.py``), else a short one measured now.
 
@@ -230,7 +214,8 @@ def _search(algorithm: str, trials: int, iterations: int, seed: int, space: dict
     pinned: dict[Any, tuple[int, ...]] = {}  # the GPUs each submitted chunk was pinned to
     done_iters: dict[str, int] = {}
     inflight: dict[Any, str] = {}
-    bar = Progress(f"{algorithm}/{execution}", progress)
+    bar = FlowProgress(f"fluid-{algorithm}-{execution}", None, f"FLUID {algorithm}/{execution}", progress,
+                       unit="trials").start()  # how many trials a search makes is not known up front
     failures: list[str] = []
     errors: dict[str, str] = {}
     scores: dict[str, float] = {}
@@ -248,7 +233,8 @@ def _search(algorithm: str, trials: int, iterations: int, seed: int, space: dict
         load = ckpt(tid) if start > 0 else (ckpt(t.checkpoint) if t.checkpoint else None)
         w, gpus_ = width[tid], where[tid]
         widths_seen.setdefault(tid, []).append(w)
-        with gpu_options(gpus=w if w < 1 else float(len(gpus_)), devices=gpus_):  # FLUID's GPUs, not best fit
+        with gpu_options(gpus=w if w < 1 else float(len(gpus_)), devices=gpus_,  # FLUID's GPUs, not best fit
+                         label=f"trial {tid}"):  # names the lease on the pool's occupancy chart
             fut = train_chunk.submit(tid, dict(t.config), int(t.resume_from) + start, n, load, ckpt(tid), w, seed,
                                      fail=tid == fail_trial and (start > 0 or n >= budget(tid)))
         inflight[fut], pinned[fut] = tid, gpus_
@@ -293,7 +279,7 @@ def _search(algorithm: str, trials: int, iterations: int, seed: int, space: dict
                 if stopped in inflight_ids:
                     done_iters[stopped] = budget(stopped)  # its running chunk is its last
             apply(step)
-        bar.show(len(scores), len(failures), len(inflight), total_iters)
+        bar.update(len(scores), f"failed {len(failures)}, running {len(inflight)}, iterations {total_iters}")
     bar.close()
     ok = [r for r in algo.results if r.trial_id not in failures]
     if not ok:
@@ -307,6 +293,7 @@ def _search(algorithm: str, trials: int, iterations: int, seed: int, space: dict
          "gpu_widths": widths_seen.get(r.trial_id, []), "chunks": len(placements.get(r.trial_id, [])),
          "best": r.trial_id == best.trial_id} for r in algo.results],
         f"FLUID {execution} / {algorithm}: every trial's configuration, result and the GPU widths it was given")
+    publish_pool_occupancy()
     return {"algorithm": algorithm, "execution": execution, "c": c, "d": d, "alpha": alpha, "c_source": source,
             "packing_curve": None if curve is None else {"ps": list(curve.ps), "iters_per_s": list(curve.throughputs),
                                                          "alpha": curve.alpha, "c": curve.c},

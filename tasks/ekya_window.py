@@ -174,7 +174,7 @@ class _Window:
             job.outcome = "DISCARDED"
             return
         fail = name == self.run.fail_stream and self.w == self.run.fail_window
-        with gpu_options(gpus=gpus):
+        with gpu_options(gpus=gpus, label=f"retrain {name}"):  # the lease's name on the occupancy chart
             job.future = retrain.submit(stream.spec, self.w, stream.model, self.profiles[name].golden_labels, cfg,
                                         self.run.settings, epochs=epochs, fail=fail)
 
@@ -195,7 +195,7 @@ class _Window:
                 if rate <= 0:  # not served: every frame of the period counts as wrong
                     result: PrefectFuture | SegmentResult = SegmentResult(name, first, last - first, 0, 0)
                 else:
-                    with gpu_options(gpus=gpus):
+                    with gpu_options(gpus=gpus, label=f"infer {name}"):
                         result = infer_segment.submit(stream.spec, self.w, self.models[name], first, last, rate,
                                                       self.run.settings)
                 self.segments.append((name, t0, t, gpus, result))

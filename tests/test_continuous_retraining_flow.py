@@ -110,15 +110,20 @@ def test_accuracy_plot_is_an_artifact_of_the_flow_run(thief_run):
     summary, uri, _ = thief_run
     names = [f.path for f in MlflowClient(uri).list_artifacts(summary["mlflow_run_id"])]
     assert any(n.startswith("accuracy-thief") and n.endswith(".png") for n in names)
+    charts = [f.path for f in MlflowClient(uri).list_artifacts(summary["mlflow_run_id"], "charts")]
+    assert {"charts/ekya-split.png", "charts/pool-occupancy-ekya-thief.png"} <= set(charts), charts
 
 
 def test_the_prefect_ui_shows_each_window_with_its_decision_and_accuracy(thief_run, table_artifacts):
+    """One row per window and stream, the decision first, 8 columns (``tasks.ui.ekya_window_rows``)."""
     summary, _, _ = thief_run
-    means = [pytest.approx(w["mean"], rel=1e-3) for w in summary["windows"]]
-    table = next(t for t in table_artifacts("ekya-windows-thief") if [r["mean_accuracy"] for r in t] == means)
-    for row, w in zip(table, summary["windows"]):
-        assert row["window"] == w["window"] and row["accuracy.cam0"] == pytest.approx(w["accuracy"]["cam0"], rel=1e-3)
-        assert {"retraining_config.cam0", "gpus_at_start.cam0/infer", "predicted.cam0"} <= set(row), sorted(row)
+    shown = [(w["window"], s, pytest.approx(w["accuracy"][s], rel=1e-3))
+             for w in summary["windows"] for s in summary["streams"]]
+    table = next(t for t in table_artifacts("ekya-windows-thief")
+                 if [(r["window"], r["stream"], r["measured"]) for r in t] == shown)
+    for row in table:
+        assert list(row) == ["window", "stream", "retrain_config", "retrain_gpus", "infer_gpus", "predicted",
+                             "measured", "failed"]
 
 
 def test_failed_retraining_keeps_the_old_model_records_the_failure_and_the_flow_goes_on(module_state):
