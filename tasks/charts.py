@@ -380,17 +380,6 @@ def mlflow_holder_names(holders: Iterable[str], leases: list[dict[str, Any]], tr
     return out
 
 
-def _ledger_events(ledger: Any) -> list[dict]:
-    if hasattr(ledger, "events"):
-        return ledger.events()
-    actor = getattr(ledger, "_actor", None)  # GpuRayTaskRunner's client: the actor is a PoolLedger
-    if actor is not None:
-        import ray
-
-        return ray.get(actor.events.remote())
-    return []
-
-
 def publish_pool_occupancy(runner: Any = None, since_t: float | None = None) -> Path | None:
     """At a flow's end: the occupancy chart of the runner's pool since ``since_t`` (default: the flow run's
     start), as artifact ``pool-occupancy-<pool>`` and ``charts/pool-occupancy-<pool>.png`` of the flow's MLflow
@@ -414,7 +403,7 @@ def publish_pool_occupancy(runner: Any = None, since_t: float | None = None) -> 
         own = getattr(getattr(ledger, "owner", None), "key", None)
         if own and run is not None:
             register_holder(own, run.name, pool)
-        events = _ledger_events(ledger)
+        events = ledger.events()
         until = time.time()
         holders = {e.get("holder") or "" for e in events}
         spec = getattr(ledger, "spec", None) or getattr(ledger, "capacity", None)

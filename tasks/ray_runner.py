@@ -115,6 +115,9 @@ class RayLedger(LedgerClient):
     def leases(self) -> list[Placement]:
         return self._ray.get(self._actor.leases.remote())
 
+    def events(self, since_id: int = 0) -> list[dict]:
+        return self._ray.get(self._actor.events.remote(since_id))
+
     def close(self) -> None:
         self._stop.set()
 
