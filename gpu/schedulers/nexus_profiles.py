@@ -37,6 +37,13 @@ _FILES = {
     "yolo9000": "titan_x_pascal__darknet_yolo9000_1",
 }
 TITAN_X_MEMORY_BYTES = 12 * 1024**3
+TOL_MS = 1e-6  # latencies are float arithmetic (µs / 1000, αb + β, sums of batches): 1 ns forgives its rounding
+
+
+def fits(latency_ms: float, budget_ms: float) -> bool:
+    """``latency_ms ≤ budget_ms`` up to float rounding: the one comparison every latency rule uses, so a
+    batch whose latency equals its budget is accepted however the two were computed."""
+    return latency_ms <= budget_ms + TOL_MS
 
 
 @dataclass(frozen=True)
@@ -130,7 +137,7 @@ class Accounting:
         budget = (slo_ms - self.network_ms - self.overhead(p)) / 2.0
         best = 0
         for b in p.batches:
-            if self.latency(p, b) > budget:
+            if not fits(self.latency(p, b), budget):
                 break
             best = b
         if best == 0:
@@ -151,12 +158,12 @@ class Accounting:
                 break
             gather = 1000.0 * ((b - 1) if self.residual_minus_one else b) / rate
             busy = self.latency(p, b) + self.overhead(p)
-            if gather + busy <= slo_ms + 1e-9:
+            if fits(gather + busy, slo_ms):
                 best = b
                 duty = min(slo_ms - busy, 1000.0 * b / rate) if self.residual_minus_one else 1000.0 * b / rate
         if best == 0:  # a tiny rate still runs batches of 1 within the SLO because 2ℓ(1) ≤ L
             best, duty = p.batches[0], slo_ms - self.latency(p, p.batches[0]) - self.overhead(p)
-        if self.latency(p, best) > duty:  # one GPU cannot keep up at this batch: run it like a saturated GPU
+        if not fits(self.latency(p, best), duty):  # one GPU cannot keep up at this batch: run it like a saturated GPU
             best, duty = cap, self.latency(p, cap)
         return best, duty
 
