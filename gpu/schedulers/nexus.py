@@ -179,7 +179,7 @@ class SquishyPacker:
 
     Args:
         profiles: model name → batching profile (one GPU type).
-        preset: latency accounting, ``"paper"`` or ``"code"`` (spec §3.1).
+        preset: latency accounting, ``"paper"`` or ``"code"`` (``nexus_profiles.PRESETS``).
         device_memory_bytes: a merge is refused when the sessions' memory at their max batch exceeds it.
         sort_key: residual order, ``"occupancy"`` (Algorithm 1) or ``"rate"`` (the authors' code).
         colocate: False gives the ``no_colocation`` baseline (every residual alone on a GPU).

@@ -4,7 +4,7 @@ Nexus (Shen et al., SOSP'19) §6.1, Eq. (1): a model's *batching profile* is the
 ``b`` inputs on a GPU, measured by a profiler "for different batch sizes when the models are uploaded";
 the linear fit ``ℓ(b) = αb + β`` (β fixed invocation cost, α per-input cost) is used for analysis.
 
-The scheduler reads profiles through an :class:`Accounting` preset (spec §3.1):
+The scheduler reads profiles through an :class:`Accounting` preset (docs/nexus.md, ``preset``):
 
 * ``PAPER`` — bare mean latency; saturated rule ``2ℓ(b) ≤ L``; residual rule ``b/r + ℓ(b) ≤ L``.
 * ``CODE`` — the authors' code: ``ℓ = mean + std``, per-request pre/post-processing (mean + std)
@@ -111,7 +111,7 @@ class LinearFit:
 
 @dataclass(frozen=True)
 class Accounting:
-    """Which latency the scheduler charges (spec §3.1 presets ``paper`` and ``code``)."""
+    """Which latency the scheduler charges (presets ``paper``: §6.1 as printed; ``code``: the authors' code)."""
 
     name: str
     add_std: bool = False
@@ -236,7 +236,7 @@ def fit_linear(profile: BatchProfile, max_batch: int | None = None) -> LinearFit
 
 def linear_profile(model: str, alpha_ms: float, beta_ms: float, max_batch: int,
                    memory_bytes: int = 0) -> BatchProfile:
-    """A synthetic profile ℓ(b) = αb + β for b = 1..max_batch (paper anchors, spec §7 item 5)."""
+    """A synthetic profile ℓ(b) = αb + β for b = 1..max_batch (the paper's anchors, ``nexus_synthetic``)."""
     if alpha_ms < 0 or beta_ms < 0 or alpha_ms + beta_ms <= 0:
         raise ConfigError(f"{model}.alpha_ms/beta_ms", (alpha_ms, beta_ms), "need α ≥ 0, β ≥ 0 and ℓ(1) > 0")
     if max_batch < 1:
