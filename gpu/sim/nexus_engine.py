@@ -173,7 +173,8 @@ class _Gpu:
 
     def __init__(self, node_id: int, loop: EventLoop, slots: list[_Slot], policy: BatchPolicy, noise: bool,
                  rng: np.random.Generator, chains: _Chains, log: list[BatchRecord] | None):
-        self.node_id, self.loop, self.slots, self.policy, self.noise, self.rng = node_id, loop, slots, policy, noise, rng
+        self.node_id, self.loop, self.slots, self.policy = node_id, loop, slots, policy
+        self.noise, self.rng = noise, rng
         self.chains, self.log = chains, log
         self.rr = 0
         self.busy_until = 0.0

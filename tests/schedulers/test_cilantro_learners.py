@@ -66,7 +66,8 @@ def test_beta_t_follows_the_authors_schedule():
     """β_t = 1e-3·√((4 + 2 ln 2)·ln(π²·2^⌈log₂(t+1)⌉/(6δ))), δ = 1e-3: constant on [2^j, 2^(j+1))."""
     tree = IntervalBinaryTree(4.0, lipschitz=1.0)
     for t in (1, 2, 3, 4, 100, 1000):
-        expected = 1e-3 * math.sqrt((4 + 2 * math.log(2)) * math.log(math.pi**2 * 2 ** math.ceil(math.log2(t + 1)) / 6e-3))
+        doubling = 2 ** math.ceil(math.log2(t + 1))
+        expected = 1e-3 * math.sqrt((4 + 2 * math.log(2)) * math.log(math.pi**2 * doubling / 6e-3))
         assert tree.beta_t(t) == pytest.approx(expected, rel=1e-12)
     assert [round(tree.beta_t(t), 8) for t in (1, 2, 3, 4, 100, 1000)] == [
         0.00660465, 0.00688149, 0.00688149, 0.00714762, 0.00812542, 0.00878766]

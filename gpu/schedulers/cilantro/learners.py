@@ -83,13 +83,15 @@ class IntervalBinaryTree:
         self.upper, self.lipschitz, self.beta, self.delta = float(upper), float(lipschitz), float(beta), float(delta)
         self.lo, self.hi = float(bounds[0]), float(bounds[1])
         self.num_points = 0
-        self._nodes: dict[tuple[int, int], list[float]] = {(0, 0): [0.0, 0.0, 0, self.lo, self.hi]}  # Σw, Σwy, n, B_lb, B_ub
+        # (h, k) -> [Σw, Σwy, points, B_lb, B_ub]
+        self._nodes: dict[tuple[int, int], list[float]] = {(0, 0): [0.0, 0.0, 0, self.lo, self.hi]}
         self._rows: dict[int, list[int]] = {0: [0]}  # depth -> sorted k of the nodes there
         self._split(0, 0)
 
     def beta_t(self, t: int) -> float:
         """Noise multiplier ``β_t`` after ``t`` points (doubling schedule: constant for t in [2^j, 2^(j+1)))."""
-        return self.beta * math.sqrt((4 + 2 * math.log(2)) * math.log(math.pi**2 * (1 << t.bit_length()) / (6 * self.delta)))
+        doubling = 1 << t.bit_length()  # 2^⌈log₂(t+1)⌉
+        return self.beta * math.sqrt((4 + 2 * math.log(2)) * math.log(math.pi**2 * doubling / (6 * self.delta)))
 
     def _tau(self, h: int) -> float:
         return _TAU * (self.beta_t(self.num_points) / self.lipschitz) ** 2 * 4.0**h
@@ -234,7 +236,8 @@ class IntervalBinaryTree:
         }
 
     def set_state(self, state: Mapping[str, Any]) -> None:
-        self.__init__(state["upper"], state["lipschitz"], state["beta"], _decode_bounds(state["bounds"]), state["delta"])
+        self.__init__(state["upper"], state["lipschitz"], state["beta"], _decode_bounds(state["bounds"]),
+                      state["delta"])
         self.num_points = int(state["num_points"])
         self._nodes = {(int(h), int(k)): [float(sw), float(swy), int(n), *_decode_bounds([blb, bub])]
                        for h, k, sw, swy, n, blb, bub in state["nodes"]}
