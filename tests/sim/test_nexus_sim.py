@@ -386,3 +386,45 @@ def test_simulator_routes_every_request_to_the_gpu_the_serving_frontend_picks():
         front.submit("s", np.zeros(4, np.float32))
     assert len(simulated) == 70 and simulated == [node for _, node in sorted(routed)]
     assert np.bincount(simulated).tolist() == [40, 20, 10]
+
+
+def test_drr_is_the_authors_bursting_drr_and_splits_by_share():
+    """DRR as the authors' ``GetBackendDeficitRoundRobin``: a visit adds ``share / min share`` to the deficit and
+    serves while it is ≥ 1, so a 7.1 % GPU beside a 0.36 % sliver gets ⌊0.071 / 0.0036⌋ = 19 or 20 requests in a
+    row (never more than ⌈max / min⌉) and the sliver one at a time; over whole rounds the split is the shares'."""
+    from gpu.schedulers.nexus_routing import DeficitRoundRobin
+
+    shares = [0.071] * 14 + [0.0036]
+    picks = DeficitRoundRobin(range(15), shares).pick_many(27600)  # 100 rounds of 14 × 19.72 + 1
+    runs, start = [], 0
+    for i in range(1, len(picks) + 1):
+        if i == len(picks) or picks[i] != picks[start]:
+            runs.append((int(picks[start]), i - start))
+            start = i
+    assert max(n for _, n in runs) <= np.ceil(0.071 / 0.0036)
+    whole = runs[:-1]  # the last run is cut off by the end of the sample
+    assert {n for g, n in whole if g < 14} <= {19, 20} and {n for g, n in whole if g == 14} == {1}
+    split = np.bincount(picks, minlength=15) / len(picks)
+    assert np.allclose(split, np.array(shares) / sum(shares), rtol=0.01)
+
+
+def test_the_section_7_2_baselines_route_with_their_own_balancer_nexus_with_drr(monkeypatch):
+    """§7.2: Clipper's load balancer / a dispatcher for TF, not Nexus's frontend: weighted random for the
+    TF-/Clipper-like strategies; Nexus and every ablation of it (b-o included) route with the runtime's DRR."""
+    import gpu.sim.nexus as nexus_sim
+
+    baselines = {"batch_oblivious_lazy_drop", "batch_oblivious_fixed_batch"}
+    assert {n for n, s in STRATEGIES.items() if s.load_balancer == "weighted_random"} == baselines
+    assert all(s.load_balancer == "drr" for n, s in STRATEGIES.items() if n not in baselines)
+    seen = []
+    real = nexus_sim.simulate_plan
+
+    def spy(*a, **kw):
+        seen.append(kw["load_balancer"])
+        return real(*a, **{**kw, "duration_s": 0.5})
+
+    monkeypatch.setattr(nexus_sim, "simulate_plan", spy)
+    sc = load(str(Path(__file__).parents[2] / "scenarios" / "nexus" / "traffic_case_study.yaml"))
+    for name in ("batch_oblivious", "batch_oblivious_lazy_drop"):
+        evaluate(sc, STRATEGIES[name], 0.1)
+    assert seen == ["drr", "weighted_random"]
