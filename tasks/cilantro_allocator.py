@@ -109,8 +109,8 @@ class Allocator:
         self.s = s
         self.policy = make_policy(s.policy)
         self.specs = {j.name: JobSpec(j.name, j.slo, j.utility, j.weight, j.kind) for j in s.jobs}
-        self.learners = {j.name: IntervalBinaryTree(j.learner_upper if j.kind == "service" else s.capacity,
-                                                    j.lipschitz, 2.0, (0.0, 1.0) if j.kind == "service" else (0.0, math.inf))
+        self.learners = {j.name: IntervalBinaryTree(j.learner_upper if j.kind == "service" else s.capacity, j.lipschitz,
+                                                    bounds=(0.0, 1.0) if j.kind == "service" else (0.0, math.inf))
                          for j in s.jobs}
         self.forecasters = {j.name: ArimaForecaster() for j in s.jobs if j.kind == "service"}
         self.rng = np.random.default_rng([s.seed, 7])

@@ -3,24 +3,28 @@
 Paper: Ekya (Bhardwaj et al., NSDI'22; thesis Chapter 2, §2.4): Eq. 2.1 (maximise the mean over
 streams of inference accuracy averaged over the retraining window, subject to the GPU budget and a
 minimum instantaneous accuracy ``a_MIN``), Algorithm 1 (thief scheduler), Algorithm 2
-(PickConfigs) and EstimateAccuracy (spec ekya.md §3.1-§3.3). Choices where the paper is silent
-follow spec §8:
+(PickConfigs) and EstimateAccuracy (§2.4, whose formula the paper does not give). Choices where the
+paper is silent (docs/ekya.md lists them):
 
-- EstimateAccuracy is the piecewise time average of §3.3: the old model serves until retraining
-  ends, the retrained model afterwards; a config that cannot finish in the window is infeasible (§8.1).
+- EstimateAccuracy is a piecewise time average: the old model serves until retraining ends, the
+  retrained model afterwards; a config that cannot finish in the window is infeasible.
 - Inference accuracy = model accuracy x relative accuracy of the frame rate the allocation sustains
-  (``InferenceProfile``, §8.2).
+  (``InferenceProfile``).
 - When no inference config meets ``a_MIN`` the stream is scored with the graded penalty
   ``penalty * (a_MIN - lowest instantaneous accuracy)`` instead of being dropped, so greedy stealing
-  repairs it rather than starving it (§8.3). a_MIN filters inference configs (frame rates), so it
+  repairs it rather than starving it. a_MIN filters inference configs (frame rates), so it
   binds only while the serving model can reach it at full rate: for a model already below a_MIN
   no config qualifies and no allocation can remove the shortfall, and penalising it would drive
   GPUs into that stream's inference instead of into the retraining that lifts it.
-- "No retraining" is always a candidate; a training share it leaves idle is stolen back (§8.4).
+- "No retraining" is always a candidate; a training share it leaves idle is stolen back.
 - After a retraining completes its GPUs return to the stream's inference, in the estimate as in
-  the simulator (the spec's §3.3 leaves this out; we include it so early completion is credited).
-- Fair start = equal share per job (§8.5); passes repeat until one brings no improvement (§8.6).
-- Each job is capped at ``max_job_gpus`` (default one GPU, §8.8); ``<=`` with tolerance (§8.9).
+  the simulator, so early completion is credited.
+- Fair start = equal share per job (Algorithm 1 line 2); passes repeat until one brings no improvement
+  ("repeats the process till the accuracy stops increasing", §2.4 "Thief Scheduler").
+  ``EkyaParams(start_splits=True)`` additionally seeds the search with per-stream splits, an extension
+  that is not Algorithm 1.
+- Each job is capped at ``max_job_gpus`` (default one GPU: GPU fractions are "coarse fractions", §2.1);
+  allocations are compared with a small tolerance.
 
 Example::
 
@@ -81,7 +85,7 @@ class RetrainConfig:
 
 @dataclass(frozen=True)
 class InferenceProfile:
-    """Relative inference accuracy versus GPU share (the inference configs Lambda, §8.2).
+    """Relative inference accuracy versus GPU share (the inference configs Lambda).
 
     An allocation of ``gpus`` sustains the frame rate ``min(1, gpus / full_rate_gpus)`` (frames are
     sub-sampled to keep up with the live stream); ``points`` maps that rate to the fraction of the
@@ -152,15 +156,15 @@ class StreamState:
 
 @dataclass(frozen=True)
 class EkyaParams:
-    """Knobs of the thief scheduler (defaults from spec §3.1 and §8)."""
+    """Knobs of the thief scheduler (Delta = 0.1 GPU: "0.1 ... fraction of a GPU", §2.6; others docs/ekya.md)."""
 
     delta: float = 0.1  # steal quantum, GPUs
     a_min: float = 0.0  # minimum instantaneous inference accuracy
-    penalty: float = 10.0  # weight of the a_MIN shortfall in the score (§8.3)
-    max_job_gpus: float | None = 1.0  # per-job cap (§8.8); None = no cap
-    max_passes: int = 3  # thief passes (§8.6)
-    retrain_scaling: float = 1.0  # alpha in throughput(x) = x**alpha for x GPUs (§8.14)
-    start_splits: bool = True  # also try per-stream splits as starting points (§8.5 extension)
+    penalty: float = 10.0  # weight of the a_MIN shortfall in the score
+    max_job_gpus: float | None = 1.0  # per-job cap; None = no cap
+    max_passes: int = 3  # thief passes
+    retrain_scaling: float = 1.0  # alpha in throughput(x) = x**alpha for x GPUs
+    start_splits: bool = False  # also try per-stream inference/retraining splits as starting points (not in Algorithm 1)
 
     def __post_init__(self) -> None:
         if isinstance(self.delta, bool) or not isinstance(self.delta, (int, float)) or not self.delta > 0:
@@ -238,7 +242,7 @@ def estimate_accuracy(stream: StreamState, config: RetrainConfig | None, infer_g
     ``gpu_seconds / retrain_gpus**alpha``; then the better of old and retrained model serves, and
     the stream's training GPUs return to its inference (the allocation a re-invoked thief starts
     from, so the estimate is a lower bound of what follows). With ``config=None`` a training share
-    stays idle (§8.4: the thief then steals it). ``retrain_s`` may exceed the window: such a
+    stays idle (the thief then steals it). ``retrain_s`` may exceed the window: such a
     config is infeasible for the thief.
     """
     q = stream.inference.relative_accuracy(infer_gpus)
@@ -306,7 +310,7 @@ def _check_inputs(streams: Sequence[StreamState], gpus: float, window_s: float) 
 
 
 def fair_allocation(n_jobs: int, gpus: float, max_job_gpus: float | None) -> float:
-    """Equal share per job (Algorithm 1 line 2, spec §8.5), capped at ``max_job_gpus``."""
+    """Equal share per job (Algorithm 1 line 2), capped at ``max_job_gpus``."""
     share = gpus / n_jobs if n_jobs else 0.0
     return share if max_job_gpus is None else min(share, max_job_gpus)
 
@@ -320,13 +324,13 @@ START_SPLITS = tuple(k / 10 for k in range(1, 10))  # inference shares of the ex
 
 def _start(streams: Sequence[StreamState], jobs: list[tuple[int, str]], gpus: float, params: EkyaParams,
            start: Mapping[str, float] | None) -> list[list[float]]:
-    """Candidate initial GPUs per job: ``start`` if given, else fair plus per-stream splits.
+    """Candidate initial GPUs per job: ``start`` if given, else the fair allocation (Algorithm 1 line 2).
 
-    Algorithm 1 starts from the fair allocation; when a fair share is below Delta no job can be a
-    victim and the thief is stuck there, so we also try giving each stream ``gpus/|V|`` split
-    10/90 ... 90/10 between inference and retraining (spec §8.5 extension; one PickConfigs call
-    each) and start from the best; the fair start wins ties. The splits are finer than a coarse
-    Delta, so they hide most of the Delta effect; ``start_splits=False`` is Algorithm 1 as written.
+    With ``params.start_splits`` (an extension, not Algorithm 1) each stream's ``gpus/|V|`` split
+    10/90 ... 90/10 between inference and retraining is tried as well (one PickConfigs call each) and
+    the best candidate seeds the search, the fair one winning ties: when a fair share is below Delta no
+    job can be a victim and Algorithm 1 stays at the fair start. The splits are finer than a coarse
+    Delta, so they hide most of the Delta effect.
     """
     cap = math.inf if params.max_job_gpus is None else params.max_job_gpus
     ids = _job_ids(streams, jobs)
@@ -338,7 +342,7 @@ def _start(streams: Sequence[StreamState], jobs: list[tuple[int, str]], gpus: fl
             raise ConfigError("start", dict(start), f"needs GPUs >= 0 that add up to at most {gpus}")
         return [[min(cap, max(0.0, float(start.get(job, 0.0)))) for job in ids]]
     candidates = [[fair_allocation(len(jobs), gpus, params.max_job_gpus)] * len(jobs)]
-    if not params.start_splits:  # Algorithm 1 as written
+    if not params.start_splits:
         return candidates
     has_train = {i for i, kind in jobs if kind == "train"}
     per_stream = gpus / len(streams)

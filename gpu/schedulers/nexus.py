@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 from gpu.errors import ConfigError
-from gpu.schedulers.nexus_profiles import PAPER, PRESETS, TITAN_X_MEMORY_BYTES, Accounting, BatchProfile
+from gpu.schedulers.nexus_profiles import PAPER, PRESETS, TITAN_X_MEMORY_BYTES, Accounting, BatchProfile, fits
 
 _EPS = 1e-9
 
@@ -56,7 +56,7 @@ class Placement:
 
     @property
     def meets_slo(self) -> bool:
-        return self.worst_case_ms <= self.slo_ms + 1e-6
+        return fits(self.worst_case_ms, self.slo_ms)
 
 
 @dataclass(frozen=True)
@@ -112,7 +112,7 @@ class Plan:
         """Human-readable reasons this plan cannot meet every SLO (empty when it can)."""
         out = []
         for node in self.nodes:
-            if node.busy_ms > node.duty_cycle_ms * (1 + 1e-6):
+            if not fits(node.busy_ms, node.duty_cycle_ms):
                 out.append(f"node {node.node_id}: busy {node.busy_ms:.2f} ms > duty {node.duty_cycle_ms:.2f} ms")
             out += [f"node {node.node_id}: {p.session_id} worst case {p.worst_case_ms:.2f} ms > SLO {p.slo_ms} ms"
                     for p in node.placements if not p.meets_slo]
@@ -179,7 +179,7 @@ class SquishyPacker:
 
     Args:
         profiles: model name → batching profile (one GPU type).
-        preset: latency accounting, ``"paper"`` or ``"code"`` (spec §3.1).
+        preset: latency accounting, ``"paper"`` or ``"code"`` (``nexus_profiles.PRESETS``).
         device_memory_bytes: a merge is refused when the sessions' memory at their max batch exceeds it.
         sort_key: residual order, ``"occupancy"`` (Algorithm 1) or ``"rate"`` (the authors' code).
         colocate: False gives the ``no_colocation`` baseline (every residual alone on a GPU).
@@ -324,12 +324,12 @@ class SquishyPacker:
         node = _Node(members, d)
         for m in members:
             b = ceil_batch(d * m.rate / 1000.0)
-            if b > m.cap or acc.worst_case(m.profile, d, b) > m.session.slo_ms + 1e-6:
+            if b > m.cap or not fits(acc.worst_case(m.profile, d, b), m.session.slo_ms):
                 return None
             node.batches.append(b)
             node.latencies.append(acc.latency(m.profile, b))
         if len(members) > 1:
-            if sum(node.latencies) > d + 1e-6:
+            if not fits(sum(node.latencies), d):
                 return None
             if sum(m.profile.memory(m.cap) for m in members) > self.device_memory_bytes:
                 return None

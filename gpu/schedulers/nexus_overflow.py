@@ -32,7 +32,7 @@ from dataclasses import replace
 from typing import Mapping
 
 from gpu.schedulers.nexus import GpuNode, Placement, Plan, Session, ceil_batch
-from gpu.schedulers.nexus_profiles import PRESETS, TITAN_X_MEMORY_BYTES, Accounting, BatchProfile
+from gpu.schedulers.nexus_profiles import PRESETS, TITAN_X_MEMORY_BYTES, Accounting, BatchProfile, fits
 
 _TOL = 1e-6  # relative rate below which a remainder counts as placed
 
@@ -146,16 +146,16 @@ def _take(n: GpuNode, s: Session, prof: BatchProfile, acc: Accounting, cap: int,
         return 0.0, None
     d, have = n.duty_cycle_ms, own.rate if own else 0.0
     floor = own.batch if own else prof.batches[0]
-    room = d - (n.busy_ms - (own.latency_ms if own else 0.0)) + 1e-6
+    room = d - (n.busy_ms - (own.latency_ms if own else 0.0))
 
-    def fits(b: int) -> bool:
-        return b <= cap and acc.latency(prof, b) <= room and acc.worst_case(prof, d, b) <= s.slo_ms + 1e-6
+    def ok(b: int) -> bool:
+        return b <= cap and fits(acc.latency(prof, b), room) and fits(acc.worst_case(prof, d, b), s.slo_ms)
 
-    if fits(max(floor, ceil_batch(d * (have + left) / 1000.0))):
+    if ok(max(floor, ceil_batch(d * (have + left) / 1000.0))):
         x = left
     else:
-        ok = [b for b in prof.batches if b >= floor and fits(b)]
-        x = min(left, max(ok) * 1000.0 / d - have) if ok else 0.0
+        good = [b for b in prof.batches if b >= floor and ok(b)]
+        x = min(left, max(good) * 1000.0 / d - have) if good else 0.0
     if x <= _TOL * left:
         return 0.0, None
     seed = own or Placement(s.session_id, s.model, s.slo_ms, floor, 0.0, 0.0, 0.0)
@@ -175,7 +175,7 @@ def _rerouted(p: Placement, rate: float, duty_ms: float, prof: BatchProfile, acc
               ) -> Placement:
     """``p`` at ``rate`` on a node of duty ``duty_ms``: batch ⌈d·r⌉ within the SLO-feasible ones, ≥ ``floor``."""
     cap = acc.max_batch(prof, p.slo_ms, p.session_id)
-    feasible = [b for b in prof.batches if b <= cap and acc.worst_case(prof, duty_ms, b) <= p.slo_ms + 1e-6]
+    feasible = [b for b in prof.batches if b <= cap and fits(acc.worst_case(prof, duty_ms, b), p.slo_ms)]
     b = max(floor, min(ceil_batch(duty_ms * rate / 1000.0), max(feasible, default=cap)))
     lat = acc.latency(prof, b)
     return replace(p, batch=b, rate=rate, latency_ms=lat, worst_case_ms=acc.worst_case(prof, duty_ms, b))

@@ -4,7 +4,7 @@ Nexus (Shen et al., SOSP'19) §6.1, Eq. (1): a model's *batching profile* is the
 ``b`` inputs on a GPU, measured by a profiler "for different batch sizes when the models are uploaded";
 the linear fit ``ℓ(b) = αb + β`` (β fixed invocation cost, α per-input cost) is used for analysis.
 
-The scheduler reads profiles through an :class:`Accounting` preset (spec §3.1):
+The scheduler reads profiles through an :class:`Accounting` preset (docs/nexus.md, ``preset``):
 
 * ``PAPER`` — bare mean latency; saturated rule ``2ℓ(b) ≤ L``; residual rule ``b/r + ℓ(b) ≤ L``.
 * ``CODE`` — the authors' code: ``ℓ = mean + std``, per-request pre/post-processing (mean + std)
@@ -37,6 +37,13 @@ _FILES = {
     "yolo9000": "titan_x_pascal__darknet_yolo9000_1",
 }
 TITAN_X_MEMORY_BYTES = 12 * 1024**3
+TOL_MS = 1e-6  # latencies are float arithmetic (µs / 1000, αb + β, sums of batches): 1 ns forgives its rounding
+
+
+def fits(latency_ms: float, budget_ms: float) -> bool:
+    """``latency_ms ≤ budget_ms`` up to float rounding: the one comparison every latency rule uses, so a
+    batch whose latency equals its budget is accepted however the two were computed."""
+    return latency_ms <= budget_ms + TOL_MS
 
 
 @dataclass(frozen=True)
@@ -104,7 +111,7 @@ class LinearFit:
 
 @dataclass(frozen=True)
 class Accounting:
-    """Which latency the scheduler charges (spec §3.1 presets ``paper`` and ``code``)."""
+    """Which latency the scheduler charges (presets ``paper``: §6.1 as printed; ``code``: the authors' code)."""
 
     name: str
     add_std: bool = False
@@ -130,7 +137,7 @@ class Accounting:
         budget = (slo_ms - self.network_ms - self.overhead(p)) / 2.0
         best = 0
         for b in p.batches:
-            if self.latency(p, b) > budget:
+            if not fits(self.latency(p, b), budget):
                 break
             best = b
         if best == 0:
@@ -151,12 +158,12 @@ class Accounting:
                 break
             gather = 1000.0 * ((b - 1) if self.residual_minus_one else b) / rate
             busy = self.latency(p, b) + self.overhead(p)
-            if gather + busy <= slo_ms + 1e-9:
+            if fits(gather + busy, slo_ms):
                 best = b
                 duty = min(slo_ms - busy, 1000.0 * b / rate) if self.residual_minus_one else 1000.0 * b / rate
         if best == 0:  # a tiny rate still runs batches of 1 within the SLO because 2ℓ(1) ≤ L
             best, duty = p.batches[0], slo_ms - self.latency(p, p.batches[0]) - self.overhead(p)
-        if self.latency(p, best) > duty:  # one GPU cannot keep up at this batch: run it like a saturated GPU
+        if not fits(self.latency(p, best), duty):  # one GPU cannot keep up at this batch: run it like a saturated GPU
             best, duty = cap, self.latency(p, cap)
         return best, duty
 
@@ -229,7 +236,7 @@ def fit_linear(profile: BatchProfile, max_batch: int | None = None) -> LinearFit
 
 def linear_profile(model: str, alpha_ms: float, beta_ms: float, max_batch: int,
                    memory_bytes: int = 0) -> BatchProfile:
-    """A synthetic profile ℓ(b) = αb + β for b = 1..max_batch (paper anchors, spec §7 item 5)."""
+    """A synthetic profile ℓ(b) = αb + β for b = 1..max_batch (the paper's anchors, ``nexus_synthetic``)."""
     if alpha_ms < 0 or beta_ms < 0 or alpha_ms + beta_ms <= 0:
         raise ConfigError(f"{model}.alpha_ms/beta_ms", (alpha_ms, beta_ms), "need α ≥ 0, β ≥ 0 and ℓ(1) > 0")
     if max_batch < 1:

@@ -24,7 +24,7 @@ import numpy as np
 
 from gpu.errors import ConfigError
 from gpu.schedulers.nexus import Session, _accounting
-from gpu.schedulers.nexus_profiles import Accounting, BatchProfile
+from gpu.schedulers.nexus_profiles import TOL_MS, Accounting, BatchProfile, fits
 
 Throughput = Callable[[float], float]  # best requests/s of one GPU when the stage's budget is k ms
 
@@ -200,7 +200,7 @@ def profile_throughput(profile: BatchProfile, accounting: str | Accounting = "pa
     need_sorted, best = need[order], np.maximum.accumulate(tput[order])
 
     def throughput(k_ms: float) -> float:
-        i = int(np.searchsorted(need_sorted, k_ms + 1e-9, side="right"))
+        i = int(np.searchsorted(need_sorted, k_ms + TOL_MS, side="right"))
         return float(best[i - 1]) if i > 0 else 0.0
 
     return throughput
@@ -211,7 +211,7 @@ def table_throughput(table: Mapping[float, float]) -> Throughput:
     items: Sequence[tuple[float, float]] = sorted(table.items())
 
     def throughput(k_ms: float) -> float:
-        fit = [t for lat, t in items if lat <= k_ms + 1e-9]
+        fit = [t for lat, t in items if fits(lat, k_ms)]
         return max(fit) if fit else 0.0
 
     return throughput

@@ -65,11 +65,13 @@ def load_ucbs(cfg: MultiTenantConfig, loads: np.ndarray) -> np.ndarray:
 
 
 def make_learner(cfg: MultiTenantConfig, job: SimJob) -> IntervalBinaryTree | SaturatingLearner:
+    """The job's learner; ``learner.beta`` unset keeps the learner's default (the tree: the authors' β_t)."""
     p = job.profile
+    beta = {} if cfg.learner_beta is None else {"beta": cfg.learner_beta}
     if cfg.learner == "saturating":
-        return SaturatingLearner(p.int_ub / 4, cfg.learner_beta, bounds=p.perf_bounds)
+        return SaturatingLearner(p.int_ub / 4, bounds=p.perf_bounds, **beta)
     lip = p.lip_const if cfg.lipschitz is None else cfg.lipschitz
-    return IntervalBinaryTree(p.int_ub, lip, cfg.learner_beta, p.perf_bounds)
+    return IntervalBinaryTree(p.int_ub, lip, bounds=p.perf_bounds, **beta)
 
 
 class _Round:

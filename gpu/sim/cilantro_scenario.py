@@ -40,7 +40,7 @@ class MultiTenantConfig:
     max_change: float | None = 10.0
     seeds: tuple[int, ...] = (0,)
     learner: str = "ibtree"
-    learner_beta: float = 2.0
+    learner_beta: float | None = None  # None: the learner's own default
     lipschitz: float | None = None
     forecaster: str = "arima"
     arima_d: int = 1
@@ -167,7 +167,7 @@ def parse_multitenant(raw: Mapping[str, Any]) -> MultiTenantConfig:
         max_change=None if mc is None else positive(mc, "max_change", allow_zero=True),
         seeds=seeds,
         learner=choose(learner.get("kind", "ibtree"), "learner.kind", ["ibtree", "saturating"]),
-        learner_beta=positive(learner.get("beta", 2.0), "learner.beta"),
+        learner_beta=None if learner.get("beta") is None else positive(learner["beta"], "learner.beta"),
         lipschitz=None if learner.get("lipschitz") is None else positive(learner["lipschitz"], "learner.lipschitz"),
         forecaster=choose(fc.get("kind", "arima"), "forecaster.kind", ["arima", "ewma"]),
         arima_d=choose(integer(fc.get("d", 1), "forecaster.d"), "forecaster.d", [0, 1]),

@@ -3,12 +3,15 @@
 Time advances on ``gpu.sim.events.EventLoop``. Allocations change only at a window start and when a
 retraining job completes (§2.4): the thief (and Ekya-FixedConfig) is then re-invoked over the free
 GPUs, the inference jobs and the streams that have not retrained yet, while running retraining
-jobs keep their GPUs (spec §8.10); the static baselines give the freed GPUs to the stream's own
-inference (§8.16). A retraining unfinished at the window end is discarded (§8.11). The metric is
-the paper's: instantaneous inference accuracy averaged over time, then over streams and windows.
+jobs keep their GPUs (Ekya "does not change allocations to jobs during the retraining", §2.1); the
+static baselines give the freed GPUs to the stream's own inference. A retraining unfinished at the
+window end is discarded (the paper does not say; docs/ekya.md). The metric is the paper's:
+instantaneous inference accuracy averaged over time, then over streams and windows.
 
-Policies: ``thief``, ``uniform_<cfg>_<inference %>``, ``fixedres`` (Ekya-FixedRes, 50/50),
-``fixedconfig_<cfg>`` (Ekya-FixedConfig) and ``noretrain``.
+Policies: ``thief`` (Algorithm 1 with the scenario's parameters), ``thief_start_splits`` (the same with
+``start_splits`` on: per-stream splits also seed the search, not in Algorithm 1),
+``uniform_<cfg>_<inference %>``, ``fixedres`` (Ekya-FixedRes, 50/50), ``fixedconfig_<cfg>``
+(Ekya-FixedConfig) and ``noretrain``.
 """
 
 from __future__ import annotations
@@ -42,8 +45,9 @@ class Policy:
 def make_policy(name: str, scenario: EkyaScenario) -> Policy:
     """Policy from its name (see module docstring); unknown names raise ConfigError('policy')."""
     p = scenario.params
-    if name == "thief":
-        return Policy(name, lambda s, g, w, start=None: thief_schedule(s, g, w, p, start), True)
+    if name in ("thief", "thief_start_splits"):
+        q = replace(p, start_splits=True) if name == "thief_start_splits" else p
+        return Policy(name, lambda s, g, w, start=None: thief_schedule(s, g, w, q, start), True)
     if name == "noretrain":
         return Policy(name, lambda s, g, w, start=None: uniform_schedule(s, g, w, "", 1.0, p), False)
     if name == "fixedres":
@@ -57,7 +61,7 @@ def make_policy(name: str, scenario: EkyaScenario) -> Policy:
     if m and m.group(1) in configs:
         cfg = m.group(1)
         return Policy(name, lambda s, g, w, start=None: fixed_config_schedule(s, g, w, cfg, p, start), True)
-    raise ConfigError("policy", name, "unknown; choose thief, noretrain, fixedres, uniform_<cfg>_<1-100> or "
+    raise ConfigError("policy", name, "unknown; choose thief, thief_start_splits, noretrain, fixedres, uniform_<cfg>_<1-100> or "
                                       f"fixedconfig_<cfg> with <cfg> in {sorted(configs)}")
 
 

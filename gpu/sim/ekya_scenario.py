@@ -149,7 +149,7 @@ def parse_scenario(raw: Mapping[str, Any]) -> EkyaScenario:
         max_job_gpus=None if cap is None else positive(cap, "max_job_gpus"),
         max_passes=integer(raw.get("max_passes", 3), "max_passes", minimum=1),
         retrain_scaling=positive(raw.get("retrain_scaling", 1.0), "retrain_scaling"),
-        start_splits=flag(raw.get("start_splits", True), "start_splits"))
+        start_splits=flag(raw.get("start_splits", False), "start_splits"))
     default_inf = _inference(raw.get("inference"), "inference", InferenceProfile())
     streams_raw = require(raw, "streams")
     if not isinstance(streams_raw, list) or not streams_raw:

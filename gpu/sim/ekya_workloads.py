@@ -78,7 +78,6 @@ def pick_uniform_configs(seed: int, window_s: float = 200.0) -> dict[str, str]:
 
 def generate(n_streams: int, gpus: float, *, windows: int = 3, window_s: float = 200.0, seed: int = 0,
              a_min: float = 0.0, delta: float = 0.1, full_rate_gpus: float = 0.25, retrain_scaling: float = 0.8,
-             start_splits: bool = True,
              policies: tuple[str, ...] = ("thief", "uniform_cfg1_50", "uniform_cfg2_50", "uniform_cfg2_90",
                                           "uniform_cfg2_30", "uniform_cfg1_90")) -> EkyaScenario:
     """A seeded workload of ``n_streams`` streams over ``windows`` windows on ``gpus`` GPUs."""
@@ -87,5 +86,5 @@ def generate(n_streams: int, gpus: float, *, windows: int = 3, window_s: float =
     streams = tuple(ScenarioStream(f"s{k}", inference,
                                    _stream_windows(np.random.default_rng([seed, k]), windows, window_s, names))
                     for k in range(n_streams))
-    params = EkyaParams(delta=delta, a_min=a_min, retrain_scaling=retrain_scaling, start_splits=start_splits)
+    params = EkyaParams(delta=delta, a_min=a_min, retrain_scaling=retrain_scaling)
     return EkyaScenario(float(gpus), float(window_s), params, streams, policies)

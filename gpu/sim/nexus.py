@@ -48,6 +48,12 @@ class Strategy:
     query_split: str = "dp"
     prefix_batching: bool = True
     overlap: bool = True  # OL: CPU pre-processing overlapped with the GPU (module docstring)
+    # How requests are spread over a session's GPUs (``nexus_routing.balancer``). Nexus and its ablations run on
+    # Nexus's frontend: DRR, as the runtime and the authors' ``GetBackendDeficitRoundRobin``. The §7.2
+    # baselines do not: "We rely on Clipper's load balancer to manage model replicas. In contrast, TF does not
+    # provide a frontend load balancer [...] We, therefore, provide a dispatcher" — neither is Nexus's DRR, so
+    # they route each request independently in proportion to the replicas' shares (weighted random).
+    load_balancer: str = "drr"
 
 
 STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
@@ -60,8 +66,10 @@ STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
     Strategy("batch_oblivious_no_prefix_batching", "batch_oblivious", "early_drop", "even", False),
     Strategy("batch_oblivious_lazy_drop_overlap", "batch_oblivious", "lazy_drop", "even", False),
     # §7.2 baselines: the real Clipper / TF Serving pre-process without OL (the paper's conjecture, §7.3.1)
-    Strategy("batch_oblivious_lazy_drop", "batch_oblivious", "lazy_drop", "even", False, False),
-    Strategy("batch_oblivious_fixed_batch", "batch_oblivious", "fixed_batch", "even", False, False),
+    # and route with their own balancer, not Nexus's frontend (``Strategy.load_balancer``)
+    Strategy("batch_oblivious_lazy_drop", "batch_oblivious", "lazy_drop", "even", False, False, "weighted_random"),
+    Strategy("batch_oblivious_fixed_batch", "batch_oblivious", "fixed_batch", "even", False, False,
+             "weighted_random"),
 )}
 
 
@@ -370,7 +378,8 @@ def evaluate(sc: NexusScenario, strategy: Strategy, load: float = 1.0, gpus: int
                         rates={s.session_id: s.rate for s in sessions},
                         duration_s=duration_s or sc.duration_s,
                         arrivals=sc.arrivals, noise=sc.noise, seed=sc.seed, streams=sc.session_streams(),
-                        chains=sc.chains(), ready_ms=ready_delays(sc, strategy, sessions), log_batches=log_batches)
+                        chains=sc.chains(), ready_ms=ready_delays(sc, strategy, sessions), log_batches=log_batches,
+                        load_balancer=strategy.load_balancer)
     return plan, res
 
 

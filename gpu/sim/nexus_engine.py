@@ -1,18 +1,19 @@
 """Request-level simulation of a Nexus plan: arrivals, routing, per-GPU round-robin, batch policy, drops.
 
-Spec §8 (inferred simulator design) on the shared ``EventLoop``. Each session's requests arrive as a
-Poisson (or uniform, random phase; or the superposition of several uniform streams, e.g. one per camera
-feeding a shared session) process, are routed to the session's GPUs by the plan's rate shares
-(weighted random, the paper-time frontend; a capped plan's unassigned rate is routed too, by
-``route_unassigned``), and wait in a deadline-ordered queue. Each GPU loops over its
-sessions round-robin (§6.3, the authors' ``gpu_executor``): for each it asks the batch policy for a batch,
-executes it for ℓ(b) from the profile, then moves on — it never waits for a batch to fill unless the
-policy asks to. A request is *bad* if it is dropped or finishes after its deadline (§7 "bad rate").
+Built on the shared ``EventLoop`` (the paper has no simulator; docs/nexus.md). Each session's requests
+arrive as a Poisson (or uniform, random phase; or the superposition of several uniform streams, e.g. one
+per camera feeding a shared session) process, are routed to the session's GPUs by the plan's rate shares
+with the serving frontend's load balancer (``nexus_routing.balancer``: deficit round robin by default; a
+capped plan's unassigned rate is routed too, by ``route_unassigned``), and wait in a deadline-ordered
+queue. Each GPU loops over its sessions round-robin (§6.3, the authors' ``gpu_executor``): for each it
+asks the batch policy for a batch, executes it for ℓ(b) from the profile, then moves on — it never waits
+for a batch to fill unless the policy asks to. A request is *bad* if it is dropped or finishes after its
+deadline (§7 "bad rate").
 
 Query stages can be *chained* (``chains``): a child stage's requests are not drawn up front but issued when
 a parent request finishes on time, Poisson(γ) of them (γ = average fan-out, §6.2), each routed by the child's
 shares. A child's deadline is its parent's deadline plus the child's stage SLO, so the budget a parent did not
-use carries over (the authors' slack propagation, spec §3.4 ``request_context``); a root-to-leaf path thus
+use carries over (the authors' slack propagation, their code's ``request_context``); a root-to-leaf path thus
 ends by the query's arrival + its end-to-end SLO. A query is bad when any of its requests is
 (``SimResult.bad_queries``); a late or dropped parent issues no children (its query is lost already).
 
@@ -36,7 +37,8 @@ from gpu.batching import BatchContext, BatchPolicy, Request
 from gpu.errors import ConfigError
 from gpu.schedulers.nexus import Plan
 from gpu.schedulers.nexus_overflow import route_unassigned
-from gpu.schedulers.nexus_profiles import Accounting, BatchProfile
+from gpu.schedulers.nexus_profiles import Accounting, BatchProfile, fits
+from gpu.schedulers.nexus_routing import DeficitRoundRobin, WeightedRandom, balancer, route_table
 from gpu.sim.events import EventHandle, EventLoop
 
 
@@ -63,6 +65,7 @@ class BatchRecord(NamedTuple):
     start_ms: float
     finish_ms: float
     size: int
+    node: int  # the plan node (GPU) that ran it
 
 
 @dataclass
@@ -168,9 +171,10 @@ def _remove(queue: deque, positions: tuple[int, ...]) -> list[Request]:
 class _Gpu:
     """Round-robin executor of one plan node."""
 
-    def __init__(self, loop: EventLoop, slots: list[_Slot], policy: BatchPolicy, noise: bool,
+    def __init__(self, node_id: int, loop: EventLoop, slots: list[_Slot], policy: BatchPolicy, noise: bool,
                  rng: np.random.Generator, chains: _Chains, log: list[BatchRecord] | None):
-        self.loop, self.slots, self.policy, self.noise, self.rng = loop, slots, policy, noise, rng
+        self.node_id, self.loop, self.slots, self.policy = node_id, loop, slots, policy
+        self.noise, self.rng = noise, rng
         self.chains, self.log = chains, log
         self.rr = 0
         self.busy_until = 0.0
@@ -220,14 +224,14 @@ class _Gpu:
         if self.noise:
             dur = max(0.0, self.rng.normal(dur, slot.profile.std(len(batch))))
         finish = now + dur
-        on_time = [r for r in batch if finish <= r.deadline_ms + 1e-9]
+        on_time = [r for r in batch if fits(finish, r.deadline_ms)]
         slot.stats.good += len(on_time)
         slot.stats.late += len(batch) - len(on_time)
-        self.chains.lost(slot.sid, [r for r in batch if finish > r.deadline_ms + 1e-9])
+        self.chains.lost(slot.sid, [r for r in batch if not fits(finish, r.deadline_ms)])
         slot.stats.batches += 1
         slot.stats.batched += len(batch)
         if self.log is not None:
-            self.log.append(BatchRecord(slot.sid, now, finish, len(batch)))
+            self.log.append(BatchRecord(slot.sid, now, finish, len(batch), self.node_id))
         self.chains.issue(slot.sid, on_time, finish)
         self.busy_until = finish
         self.schedule(finish)
@@ -248,12 +252,11 @@ class _Chains:
             while top in chains:
                 top = chains[top][0]
             self.root[child] = top
-        self.routes: dict[str, tuple[np.ndarray, list[tuple[_Slot, _Gpu]]]] = {}
+        self.routes: dict[str, DeficitRoundRobin | WeightedRandom] = {}  # over (slot, GPU) pairs
 
-    def route(self, sid: str, targets: list[tuple[float, _Slot, _Gpu]]) -> None:
-        """Where a chained session's requests go: its slots with their rate-share weights."""
-        w = np.array([x[0] for x in targets], dtype=float)
-        self.routes[sid] = (w / w.sum(), [(x[1], x[2]) for x in targets])
+    def route(self, sid: str, picker: DeficitRoundRobin | WeightedRandom) -> None:
+        """Where a chained session's requests go: ``picker`` over its (slot, GPU) pairs."""
+        self.routes[sid] = picker
 
     def lost(self, sid: str, requests: list[Request]) -> None:
         if requests and sid in self.root:
@@ -276,9 +279,9 @@ class _Chains:
                 stats.dropped += len(reqs)
                 self.lost(child, reqs)
                 continue
-            weights, targets = self.routes[child]
-            for r, j in zip(reqs, self.rng.choice(len(targets), size=len(reqs), p=weights)):
-                slot, gpu = targets[j]
+            pick = self.routes[child]
+            for r, j in zip(reqs, pick.pick_many(len(reqs))):
+                slot, gpu = pick.targets[j]
                 slot.issued.append(r)
                 gpu.poke()
 
@@ -288,7 +291,8 @@ def simulate_plan(plan: Plan, profiles: Mapping[str, BatchProfile], policy: Batc
                   noise: bool = False, seed: int = 0, planned: Accounting | None = None,
                   streams: Mapping[str, int] | None = None,
                   chains: Mapping[str, tuple[str, float]] | None = None,
-                  ready_ms: Mapping[str, float] | None = None, log_batches: bool = False) -> SimResult:
+                  ready_ms: Mapping[str, float] | None = None, log_batches: bool = False,
+                  load_balancer: str = "drr") -> SimResult:
     """Run ``plan`` against offered ``rates`` (default: the plan's session rates) and count bad requests.
 
     All traffic is routed, as by the real frontend: a capped plan's ``unassigned`` rate goes onto GPUs by
@@ -303,6 +307,8 @@ def simulate_plan(plan: Plan, profiles: Mapping[str, BatchProfile], policy: Batc
             a batch (OL); the session's plan SLO is its GPU budget, the request's deadline stays arrival + the
             SLO it was planned from (module docstring).
         log_batches: record every batch in ``SimResult.batch_log``.
+        load_balancer: how a session's requests are spread over its GPUs, by the serving frontend's
+            ``gpu.schedulers.nexus_routing.balancer`` (``drr``, the authors' default, or ``weighted_random``).
     """
     from gpu.schedulers.nexus_profiles import PRESETS
 
@@ -330,34 +336,32 @@ def simulate_plan(plan: Plan, profiles: Mapping[str, BatchProfile], policy: Batc
             continue  # issued by its parent's requests
         t = arrival_times(rate, duration_s, arrivals, rng, (streams or {}).get(sid, 1)) + ready.get(sid, 0.0)
         stats.offered = len(t)
-        share = shares.get(sid)
-        if not share:
+        node_ids, weights = route_table(shares.get(sid, {}))
+        if not node_ids:
             stats.dropped += len(t)  # nothing hosts it: every request is dropped
             continue
-        node_ids = np.array(sorted(share))
-        weights = np.array([share[n] for n in node_ids])
-        pick = rng.choice(len(node_ids), size=len(t), p=weights / weights.sum())
+        pick = balancer(load_balancer, node_ids, weights, rng).pick_many(len(t))
         ids = np.arange(len(t))
         for j, nid in enumerate(node_ids):
-            routed[(sid, int(nid))] = t[pick == j], ids[pick == j]
+            routed[(sid, nid)] = t[pick == j], ids[pick == j]
     loop = EventLoop()
     chained = _Chains(loop, rng, result, chains, {sid: s.slo_ms for sid, s in by_id.items()}, ready)
     gpus = []
-    targets: dict[str, list[tuple[float, _Slot, _Gpu]]] = {}
+    hosts: dict[str, dict[int, tuple[_Slot, _Gpu]]] = {}
     for node in plan.nodes:
         slots = [_Slot(p.session_id, *routed.get((p.session_id, node.node_id), (np.empty(0), np.empty(0, int))),
                        p.slo_ms, p.batch, profiles[p.model], acc,
                        result.sessions.setdefault(p.session_id, SessionStats()))
                  for p in node.placements]
-        gpu = _Gpu(loop, slots, policy, noise, rng, chained, result.batch_log)
+        gpu = _Gpu(node.node_id, loop, slots, policy, noise, rng, chained, result.batch_log)
         gpus.append(gpu)
         gpu.schedule(0.0)
         for slot in slots:
-            weight = shares.get(slot.sid, {}).get(node.node_id, 0.0)
-            if slot.sid in chains and weight > 0:
-                targets.setdefault(slot.sid, []).append((weight, slot, gpu))
-    for sid, where in targets.items():
-        chained.route(sid, where)
+            hosts.setdefault(slot.sid, {})[node.node_id] = (slot, gpu)
+    for sid in chains:
+        node_ids, weights = route_table(shares.get(sid, {}))
+        if node_ids:
+            chained.route(sid, balancer(load_balancer, [hosts[sid][n] for n in node_ids], weights, rng))
     depth = max((_depth(chains, sid) for sid in chains), default=0)
     horizon = duration_s * 1000.0 + 20 * (1 + depth) * max((s.slo_ms + ready.get(s.session_id, 0.0)
                                                              for s in plan.sessions), default=0.0)

@@ -1,14 +1,13 @@
 """The serving frontend: stamps each request, routes it to a worker holding its session, counts rates.
 
-Nexus §5/§6 and spec §3.7: the global scheduler's routing table (``Plan.rate_shares()``: session → {node:
+Nexus §5 ("Data plane"): the global scheduler's routing table (``Plan.rate_shares()``: session → {node:
 share}) is pushed to the frontends every epoch; each request goes to one of the session's backends in
-proportion to the throughput allocated there. Two load balancers from the authors' code
-(``app/model_handler.cpp``, flag ``load_balance``): ``drr`` — deficit round robin with quantum
-``share / min share`` (the default since 2020; exact proportions, no randomness) — and ``weighted_random``
-(the paper-time default). The frontend also counts arrivals per session, which the epoch planner reads
-every beacon as the measured request rate.
+proportion to the throughput allocated there, by the load balancer of ``gpu.schedulers.nexus_routing``
+(``drr``, deficit round robin, the default, or ``weighted_random``) — the one the simulator routes with.
+The frontend also counts arrivals per session, which the epoch planner reads every beacon as the measured
+request rate.
 
-Example (spec T13): shares {1: 2/3, 2: 1/3} → DRR over 300 requests sends 200 to node 1 and 100 to node 2.
+Example: shares {1: 2/3, 2: 1/3} → DRR over 300 requests sends 200 to node 1 and 100 to node 2.
 """
 
 from __future__ import annotations
@@ -16,73 +15,18 @@ from __future__ import annotations
 import threading
 import time
 from contextlib import contextmanager
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Iterator, Mapping
 
 import numpy as np
 
 from gpu.errors import ConfigError
 from gpu.schedulers.nexus import Plan
+from gpu.schedulers.nexus_routing import DeficitRoundRobin, WeightedRandom  # noqa: F401  (re-exported)
+from gpu.schedulers.nexus_routing import LOAD_BALANCERS, balancer, route_table
 from tasks.serving.ring import as_rows
 from tasks.serving.stats import Recorder
 
 
-class DeficitRoundRobin:
-    """Picks targets in proportion to their weights: each visit adds ``weight / min weight`` credit."""
-
-    def __init__(self, targets: Sequence[Any], weights: Sequence[float]):
-        if len(targets) != len(weights) or not targets or min(weights) <= 0:
-            raise ConfigError("weights", list(weights), "need one positive weight per target")
-        low = min(weights)
-        self.targets = list(targets)
-        self.quantum = [w / low for w in weights]
-        self.deficit = [0.0] * len(targets)
-        self.cur = len(targets) - 1
-
-    def pick_index(self) -> int:
-        if len(self.targets) == 1:
-            return 0
-        while True:
-            if self.deficit[self.cur] >= 1.0 - 1e-9:
-                self.deficit[self.cur] -= 1.0
-                return self.cur
-            self.cur = (self.cur + 1) % len(self.targets)
-            self.deficit[self.cur] += self.quantum[self.cur]
-
-    def pick_many(self, k: int) -> np.ndarray:
-        """Target positions of the next ``k`` requests (the same sequence as ``k`` picks)."""
-        return np.fromiter((self.pick_index() for _ in range(k)), np.int64, k)
-
-
-class WeightedRandom:
-    """Picks targets at random with probability ∝ their weights (seeded).
-
-    The choices are drawn ``block`` at a time with one vectorised numpy call and handed out as slices, so
-    routing a burst (or one request) costs a slice, not a generator call and a search per request.
-    """
-
-    def __init__(self, targets: Sequence[Any], weights: Sequence[float], rng: np.random.Generator,
-                 block: int = 4096):
-        if len(targets) != len(weights) or not targets or min(weights) <= 0:
-            raise ConfigError("weights", list(weights), "need one positive weight per target")
-        self.targets = list(targets)
-        self.p = np.asarray(weights, float) / float(sum(weights))
-        self.rng = rng
-        self.block = block
-        self._drawn = np.empty(0, np.int64)
-        self._pos = 0
-
-    def pick_many(self, k: int) -> np.ndarray:
-        """Target positions of the next ``k`` requests."""
-        if self._pos + k > len(self._drawn):
-            rest = self._drawn[self._pos:]
-            self._drawn = np.concatenate([rest, self.rng.choice(len(self.targets), size=max(self.block, k), p=self.p)])
-            self._pos = 0
-        out = self._drawn[self._pos:self._pos + k]
-        self._pos += k
-        return out
-
-
-LOAD_BALANCERS = ("drr", "weighted_random")
 CHAINED_IDS = 1 << 40  # first id of requests issued by query stages (``Frontend.chain``)
 
 
@@ -121,14 +65,12 @@ class Frontend:
         routes: dict[str, tuple[int, Any, Any]] = {}
         for s in plan.sessions:
             sid = s.session_id
-            nodes = sorted(n for n, w in shares.get(sid, {}).items() if w > 0)
+            nodes, weights = route_table(shares.get(sid, {}))
             one, pick = None, None
             if len(nodes) == 1:
                 one = workers[nodes[0]]
             elif nodes:
-                targets, weights = [workers[n] for n in nodes], [shares[sid][n] for n in nodes]
-                pick = (DeficitRoundRobin(targets, weights) if self.load_balancer == "drr"
-                        else WeightedRandom(targets, weights, self._rng))
+                pick = balancer(self.load_balancer, [workers[n] for n in nodes], weights, self._rng)
             routes[sid] = (round(float(s.slo_ms) * 1e6), one, pick)
             self.counts.setdefault(sid, 0)
         self._routes = routes

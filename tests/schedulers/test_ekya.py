@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from gpu.errors import ConfigError
-from gpu.schedulers.ekya import (EkyaParams, RetrainConfig, StreamState, estimate_accuracy, fair_allocation,
-                                 infer_job, pick_configs, thief_schedule, train_job)
+from gpu.schedulers.ekya import (EkyaParams, InferenceProfile, RetrainConfig, StreamState, estimate_accuracy,
+                                 fair_allocation, infer_job, pick_configs, thief_schedule, train_job)
 from gpu.schedulers.ekya_baselines import fixed_config_schedule, fixed_res_schedule, uniform_schedule
 from gpu.schedulers.ekya_placement import to_gpu_requests
 from gpu.sim.ekya_workloads import generate
@@ -155,3 +155,34 @@ def test_bad_scheduler_input_names_the_field(kwargs, field):
 def test_config_without_accuracy_is_rejected():
     with pytest.raises(ConfigError, match="accuracy"):
         RetrainConfig("cfg1", math.nan, 10)
+
+
+def test_default_thief_is_algorithm_1_step_by_step():
+    """Two inference-only streams, 1 GPU, Delta = 0.1; relative accuracy 3x up to 0.2 GPU, then 0.6 + 0.5(x - 0.2).
+
+    Line 2: fair start 0.5/0.5, score (0.9*0.75 + 0.6*0.75)/2 = 0.5625. Thief A robs B while it pays:
+    (0.6, 0.4) 0.57, (0.7, 0.3) 0.5775, (0.8, 0.2) 0.585, (0.9, 0.1) 0.5175 -> stop at (0.8, 0.2). Thief B
+    from (0.8, 0.2): (0.7, 0.3) 0.5775 -> stop. The second pass improves nothing.
+    """
+    inference = InferenceProfile(1.0, ((0.0, 0.0), (0.2, 0.6), (1.0, 1.0)))
+    streams = [StreamState("A", 0.9, inference=inference), StreamState("B", 0.6, inference=inference)]
+    d = thief_schedule(streams, gpus=1.0, window_s=100)
+    assert d.start == {"A/infer": 0.5, "B/infer": 0.5}
+    assert d.allocation() == pytest.approx({"A/infer": 0.8, "B/infer": 0.2})
+    assert d.score == pytest.approx(0.585)
+
+
+def test_start_splits_is_an_option_by_name_and_changes_the_start():
+    """One stream: acc 0.5, config 0.9 for 50 GPU-s, 100-s window, Delta = 0.5 (coarse).
+
+    Algorithm 1: fair 0.5/0.5 retrains in exactly 100 s (0.25), inference takes all: 0.5 -> 1 GPU to inference.
+    With start splits the best start is 0.9 inference / 0.1 idle training (0.45); a step of 0.5 cannot leave it.
+    """
+    stream = [StreamState("A", 0.5, (RetrainConfig("cfg", 0.9, 50.0),))]
+    alg1 = thief_schedule(stream, 1.0, 100, EkyaParams(delta=0.5))
+    assert alg1.start == {"A/infer": 0.5, "A/train": 0.5}
+    assert alg1.allocation() == pytest.approx({"A/infer": 1.0}) and alg1.score == pytest.approx(0.5)
+    splits = thief_schedule(stream, 1.0, 100, EkyaParams(delta=0.5, start_splits=True))
+    assert splits.start == pytest.approx({"A/infer": 0.9, "A/train": 0.1})
+    assert splits.allocation() == pytest.approx({"A/infer": 0.9}) and splits.score == pytest.approx(0.45)
+    assert EkyaParams().start_splits is False

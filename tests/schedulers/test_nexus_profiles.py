@@ -3,8 +3,9 @@
 import pytest
 
 from gpu.errors import ConfigError
+from gpu.schedulers.nexus import Session, SquishyPacker
 from gpu.schedulers.nexus_profiles import (CODE, PAPER, fit_linear, load_published_profile, profile_from_measurements,
-                                           published_profiles)
+                                           published_profiles, table_profile)
 from gpu.schedulers.nexus_synthetic import synthetic_profile
 
 
@@ -59,3 +60,14 @@ def test_synthetic_profiles_hit_the_paper_anchors(model, lat1, gain):
 def test_unknown_synthetic_model_is_a_config_error():
     with pytest.raises(ConfigError, match="model='alexnet'"):
         synthetic_profile("alexnet")
+
+
+def test_a_batch_whose_latency_equals_the_budget_up_to_rounding_is_accepted():
+    """ℓ(2) = 0.1 + 0.2 = 0.30000000000000004 ms against 2ℓ(b) ≤ L = 0.6 ms: equal in exact arithmetic."""
+    p = table_profile("m", {1: 0.1, 2: 0.1 + 0.2, 3: 0.5})
+    assert p.latency(2) > 0.6 / 2  # the float sum rounds up
+    assert PAPER.max_batch(p, 0.6) == 2
+    b, duty = PAPER.residual(p, 0.6, rate=2000 / 0.3, cap=2)  # b/r + ℓ(b) = 0.3 + 0.3 = L
+    assert (b, duty) == (2, pytest.approx(0.3))
+    plan = SquishyPacker({"m": p}).plan([Session("s", "m", 0.6, 20000.0)])
+    assert {pl.batch for n in plan.nodes for pl in n.placements} == {2} and not plan.violations()

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import yaml
 
 from gpu.errors import ConfigError
+from gpu.schedulers.ekya import StreamState, thief_schedule
 from gpu.sim.ekya import run, simulate, simulate_policy
 from gpu.sim.ekya_scenario import load, parse_scenario
 from gpu.sim.ekya_workloads import generate
@@ -41,12 +43,19 @@ def test_table_2_1_uniform_spends_time_below_a_min():
     assert result.min_accuracy == pytest.approx(0.375) and result.below_amin_s > 0
 
 
-@pytest.mark.parametrize("gpus", [1, 2])
-def test_thief_beats_every_uniform_baseline_when_gpus_are_contended(gpus):
-    sc = generate(6, gpus, windows=2, seed=3)
+def test_thief_beats_every_uniform_baseline_when_gpus_are_contended():
+    sc = generate(6, 2, windows=2, seed=3)
     s = simulate(sc).summary
     uniform = [v for k, v in s.items() if k.startswith("uniform_")]
     assert s["thief_mean_accuracy"] > max(uniform)
+
+
+def test_algorithm_1_cannot_leave_a_fair_share_below_delta_and_start_splits_can():
+    """1 GPU over 6 streams x 2 jobs: the fair share 1/12 is below Delta = 0.1, so no job can be a victim."""
+    sc = generate(6, 1, windows=2, seed=3)
+    first = simulate_policy(sc, "thief").decisions[0][2]
+    assert first.allocation() == first.start
+    assert simulate_policy(sc, "thief_start_splits").mean_accuracy > simulate_policy(sc, "thief").mean_accuracy
 
 
 def test_simulated_allocations_never_exceed_the_pool():
@@ -146,3 +155,12 @@ def test_cli_reports_a_bad_scenario_as_an_error(tmp_path, capsys):
 def test_shipped_large_scenario_runs():
     report = run(str(LARGE), ["thief", "uniform_cfg2_50"])
     assert report.summary["thief_mean_accuracy"] > report.summary["uniform_cfg2_50_mean_accuracy"]
+
+
+def test_thief_is_algorithm_1_and_the_start_split_variant_is_chosen_by_name():
+    sc = generate(4, 1, windows=1, seed=0)
+    plain, splits = (simulate_policy(sc, name).decisions[0][2] for name in ("thief", "thief_start_splits"))
+    assert set(plain.start.values()) == {1 / 8}  # fair share of 1 GPU over 4 inference + 4 retraining jobs
+    states = [StreamState(s.name, s.windows[0].start_accuracy, s.windows[0].configs, s.inference) for s in sc.streams]
+    assert splits == thief_schedule(states, 1, sc.window_s, replace(sc.params, start_splits=True))
+    assert splits.start != plain.start

@@ -5,14 +5,8 @@ unit load; ``ℓ ≡ 1`` for throughput jobs), learned online from reports ``(al
 Policies consume ``bounds(alloc_grid, load)`` = (LCB, UCB) at a future load.
 
 * :class:`IntervalBinaryTree` — the tree-based binning estimator with a Lipschitz constant
-  ([81, 21, 58]; the authors' ``learners/ibtree.py``): a binary tree of intervals on
-  ``[0, upper]``; each report is added to every node on its root→leaf path and a leaf with
-  ≥ 3 points is split. A node with weighted mean ``f̄`` and weight ``Σw = Σ 1/σ²`` certifies
-  ``f̄ ± β/√Σw`` for the mean of ``p`` over its points, hence (monotonicity) ``p(x) ≥ f̄ − β/√Σw``
-  right of the node, ``p(x) ≤ f̄ + β/√Σw`` left of it, and (Lipschitz ``L``) the same bounds
-  widened by ``L·width`` inside it. The CI at ``x`` is the intersection of all of these, computed
-  in closed form with sorted running maxima — the fixed point of the code's bottom-up
-  B-interval propagation, recomputed from the data each query.
+  ([81, 21, 58]), as the authors' ``learners/ibtree.py`` computes it: a binary tree of intervals on
+  ``[0, upper]`` whose nodes carry confidence intervals that only ever tighten.
 * :class:`SaturatingLearner` — a simple parametric alternative: weighted Bayesian linear
   regression on ``[1, x/(x+s)]`` with ``β``-scaled posterior bands.
 
@@ -22,11 +16,16 @@ Both serialise to JSON through ``get_state()``/``set_state()``.
 from __future__ import annotations
 
 import math
+from bisect import bisect_right
 from typing import Any, Mapping
 
 import numpy as np
 
 from gpu.errors import ConfigError
+
+_TAU = 1e-5  # coefficient of the data mass τ(h, t) a node needs before points descend below it
+_SPLIT_POINTS = 3  # points a leaf needs before it is split
+_MAX_HEIGHT = 52  # float resolution: x cannot tell apart nodes narrower than 2^-52 of the interval
 
 
 def _valid(alloc: float, load: float, sigma: float) -> bool:
@@ -45,90 +44,184 @@ def _decode_bounds(b: list[float | None]) -> tuple[float, float]:
 class IntervalBinaryTree:
     """Monotone + Lipschitz interval-tree estimator of performance vs resources per unit load.
 
+    Thesis §3.6 ("a tree-based binning estimator [81, 21, 58] with Lipschitz constant ... for each job's
+    resource-to-performance estimation"), ported from the authors' ``learners/ibtree.py`` so its numbers
+    carry over. Node ``(h, k)`` covers the ``k``-th of ``2^h`` equal parts of ``[0, upper]``; each keeps the
+    weights ``w = 1/σ²`` and weighted mean ``f̄`` of the reports routed through it and the *f-interval*
+    ``f̄ ± (L·upper/2^h + β_t/√Σw)``, a bound on ``p`` over the node (Lipschitz ``L`` for the node's width,
+    ``β_t`` for the noise). Its *B-interval* ``[B_lb, B_ub]`` bounds ``p`` at the node's left and right ends:
+    the f-interval intersected with what the children and, by monotonicity, the nodes beside it at the same
+    depth imply; B-intervals only ever tighten, so a later, larger ``β_t`` never loosens them.
+
+    * ``β_t = beta · √((4 + 2 ln 2) · ln(π² · 2^⌈log₂(t+1)⌉ / (6δ)))`` with ``t`` the points in the tree
+      (the authors' ``beta = 1e-3``, ``δ = 1e-3``: ``β_t ≈ 0.0066–0.0088`` for t = 1…1000).
+    * A point descends below a node only while the node holds data mass ``Σw ≥ τ(h, t) =
+      1e-5 · (β_t/L)² · 4^h``; the leaf it stops at is split once it holds 3 points and that mass.
+    * The root starts split; B-intervals of the path are updated on every point, those of the whole tree
+      (bottom-up, monotone sweeps per depth) whenever ``t`` is a power of two.
+    * ``CI(x)``: the tightest B-bounds on the root→leaf path of ``x``, intersected with the bounds the
+      nodes at the depths below that leaf imply for its unexpanded children.
+
     Args:
         upper: right end of the learned interval (the profile's ``int_ub``; beyond it the curve is flat).
-        lipschitz: ``L`` (per-workload profile value; the text says 10).
-        beta: confidence multiplier on ``1/√Σw`` (2.0 gives ≥ 90 % pointwise coverage in our tests).
+        lipschitz: ``L`` (the authors' per-workload profile value; the text says 10). Must be > 0.
+        beta: coefficient of ``β_t`` (the authors' 1e-3).
         bounds: global ``(lo, hi)`` range of performance (e.g. (0, 1) for fractions of queries).
-        max_depth: deepest level a leaf may be split to.
+        delta: ``δ`` of ``β_t``.
     """
 
-    def __init__(self, upper: float, lipschitz: float = 10.0, beta: float = 2.0,
-                 bounds: tuple[float, float] = (-math.inf, math.inf), max_depth: int = 14, min_split: int = 3):
-        if not upper > 0:
-            raise ConfigError("upper", upper, "must be > 0")
-        if not lipschitz >= 0:
-            raise ConfigError("lipschitz", lipschitz, "must be >= 0")
+    def __init__(self, upper: float, lipschitz: float = 10.0, beta: float = 1e-3,
+                 bounds: tuple[float, float] = (-math.inf, math.inf), delta: float = 1e-3):
+        if not upper > 0 or not math.isfinite(upper):
+            raise ConfigError("upper", upper, "must be a finite number > 0")
+        if not lipschitz > 0 or not math.isfinite(lipschitz):
+            raise ConfigError("lipschitz", lipschitz, "must be a finite number > 0")
         if not beta > 0:
             raise ConfigError("beta", beta, "must be > 0")
-        self.upper, self.lipschitz, self.beta = float(upper), float(lipschitz), float(beta)
+        if not 0 < delta < 1:
+            raise ConfigError("delta", delta, "must be in (0, 1)")
+        self.upper, self.lipschitz, self.beta, self.delta = float(upper), float(lipschitz), float(beta), float(delta)
         self.lo, self.hi = float(bounds[0]), float(bounds[1])
-        self.max_depth, self.min_split = int(max_depth), int(min_split)
-        self._nodes: dict[tuple[int, int], list[float]] = {(0, 0): [0.0, 0.0, 0.0]}  # Σw, Σwy, count
-        self._expanded: set[tuple[int, int]] = set()
+        self.num_points = 0
+        # (h, k) -> [Σw, Σwy, points, B_lb, B_ub]
+        self._nodes: dict[tuple[int, int], list[float]] = {(0, 0): [0.0, 0.0, 0, self.lo, self.hi]}
+        self._rows: dict[int, list[int]] = {0: [0]}  # depth -> sorted k of the nodes there
+        self._split(0, 0)
 
-    @property
-    def num_points(self) -> int:
-        return int(self._nodes[(0, 0)][2])
+    def beta_t(self, t: int) -> float:
+        """Noise multiplier ``β_t`` after ``t`` points (doubling schedule: constant for t in [2^j, 2^(j+1)))."""
+        doubling = 1 << t.bit_length()  # 2^⌈log₂(t+1)⌉
+        return self.beta * math.sqrt((4 + 2 * math.log(2)) * math.log(math.pi**2 * doubling / (6 * self.delta)))
+
+    def _tau(self, h: int) -> float:
+        return _TAU * (self.beta_t(self.num_points) / self.lipschitz) ** 2 * 4.0**h
+
+    def _mid(self, h: int, k):
+        """Midpoint of node (h, k); ``k`` may be an array (the query descends with the same arithmetic)."""
+        return (k + 0.5) * self.upper / 2.0**h
+
+    def _inner(self, h: int, k: int) -> bool:
+        return (h + 1, 2 * k) in self._nodes
+
+    def _f(self, h: int, k: int) -> tuple[float, float]:
+        sw, swy = self._nodes[(h, k)][:2]
+        if sw <= 0:
+            return self.lo, self.hi
+        u = self.lipschitz * self.upper / 2.0**h + self.beta_t(self.num_points) / math.sqrt(sw)
+        return swy / sw - u, swy / sw + u
+
+    def _beside(self, h: int, k: int) -> tuple[float, float]:
+        """(B_lb of the nearest node left of position ``k`` at depth ``h``, B_ub of the nearest right of it)."""
+        row = self._rows.get(h, [])
+        i = bisect_right(row, k)
+        return (self._nodes[(h, row[i - 1])][3] if i else self.lo,
+                self._nodes[(h, row[i])][4] if i < len(row) else self.hi)
+
+    def _below(self, h: int, k: int) -> tuple[float, float]:
+        """Bounds on ``p`` over the absent node (h, k) from the nodes beside its left descendants at every depth."""
+        lo, hi = self.lo, self.hi
+        while h in self._rows:
+            a, b = self._beside(h, k)
+            lo, hi = max(lo, a), min(hi, b)
+            h, k = h + 1, 2 * k
+        return lo, hi
+
+    def _split(self, h: int, k: int) -> None:
+        """Create the children of (h, k); they start from the B-bounds of their neighbours at that depth."""
+        lo, hi = self._beside(h + 1, 2 * k)
+        row = self._rows.setdefault(h + 1, [])
+        i = bisect_right(row, 2 * k)
+        row[i:i] = [2 * k, 2 * k + 1]
+        self._nodes[(h + 1, 2 * k)] = [0.0, 0.0, 0, lo, hi]
+        self._nodes[(h + 1, 2 * k + 1)] = [0.0, 0.0, 0, lo, hi]
+
+    def _implied(self, h: int, k: int) -> tuple[float, float]:
+        """What (h, k)'s children imply for its ends: left child's B_lb and right child's B_ub, or for a leaf
+        the bounds of its unexpanded children."""
+        if self._inner(h, k):
+            return self._nodes[(h + 1, 2 * k)][3], self._nodes[(h + 1, 2 * k + 1)][4]
+        return self._below(h + 1, 2 * k)
+
+    def _tighten(self, h: int, k: int) -> None:
+        """B-interval of (h, k) ∩ its f-interval ∩ its children's; then lift B_lb of the nodes right of it
+        and lower B_ub of those left of it (monotonicity), stopping where they are already tighter."""
+        node, (flo, fhi), (clo, chi) = self._nodes[(h, k)], self._f(h, k), self._implied(h, k)
+        node[3], node[4] = max(flo, node[3], clo), min(fhi, node[4], chi)
+        row = self._rows[h]
+        i = bisect_right(row, k)
+        for j in row[i:]:
+            other = self._nodes[(h, j)]
+            if other[3] >= node[3]:
+                break
+            other[3] = node[3]
+        for j in reversed(row[:i - 1]):
+            other = self._nodes[(h, j)]
+            if other[4] <= node[4]:
+                break
+            other[4] = node[4]
+
+    def _sweep(self) -> None:
+        """Recompute every B-interval bottom-up; per depth B_lb non-decreasing and B_ub non-increasing in k."""
+        for h in sorted(self._rows, reverse=True):
+            row = [(k, self._nodes[(h, k)], self._f(h, k), self._implied(h, k)) for k in self._rows[h]]
+            run = self.lo
+            for _, node, (flo, _), (clo, _) in row:
+                run = max(run, flo, node[3], clo)
+                node[3] = run
+            run = self.hi
+            for _, node, (_, fhi), (_, chi) in reversed(row):
+                run = min(run, fhi, node[4], chi)
+                node[4] = run
 
     def update(self, alloc: float, load: float, reward: float, sigma: float) -> None:
-        """Add one report; reports with a non-positive allocation/load/σ are skipped."""
+        """Add one report at ``x = alloc/load``; reports with a non-positive allocation/load/σ are skipped."""
         if not _valid(alloc, load, sigma) or not math.isfinite(reward):
             return
-        x = min(alloc / load, self.upper)
-        w = 1.0 / sigma**2
+        x, w = min(alloc / load, self.upper), 1.0 / sigma**2
+        self.num_points += 1
         h, k = 0, 0
+        path = [(0, 0)]
         while True:
             node = self._nodes[(h, k)]
             node[0] += w
             node[1] += w * reward
             node[2] += 1
-            if (h, k) not in self._expanded:
+            if not self._inner(h, k) or node[0] < self._tau(h):
                 break
-            mid = (k + 0.5) * self.upper / 2**h
-            h, k = h + 1, 2 * k + (1 if x >= mid else 0)
-        if node[2] >= self.min_split and h < self.max_depth:
-            self._expanded.add((h, k))
-            self._nodes[(h + 1, 2 * k)] = [0.0, 0.0, 0.0]
-            self._nodes[(h + 1, 2 * k + 1)] = [0.0, 0.0, 0.0]
+            h, k = h + 1, 2 * k + (x >= self._mid(h, k))
+            path.append((h, k))
+        for hk in reversed(path):
+            self._tighten(*hk)
+        if not self._inner(h, k) and node[2] >= _SPLIT_POINTS and node[0] >= self._tau(h) and h < _MAX_HEIGHT:
+            self._split(h, k)
+        if self.num_points & (self.num_points - 1) == 0:
+            self._sweep()
+
+    @property
+    def height(self) -> int:
+        """Depth of the deepest nodes."""
+        return max(self._rows)
 
     def confidence(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(LCB, UCB) of performance at resources-per-unit-load ``x``."""
+        """(LCB, UCB) of performance at resources-per-unit-load ``x`` (clipped to the global bounds; a band
+        whose bounds cross is closed at its LCB so policies get an ordered band)."""
         x = np.clip(np.asarray(x, dtype=float), 0.0, self.upper)
-        keys = [key for key, v in self._nodes.items() if v[2] > 0]
-        lcb = np.full(x.shape, self.lo)
-        ucb = np.full(x.shape, self.hi)
-        if not keys:
-            return lcb, ucb
-        arr = np.array([[h, k, *self._nodes[(h, k)]] for h, k in keys])
-        depth, idx, sw, swy = arr[:, 0], arr[:, 1], arr[:, 2], arr[:, 3]
-        width = self.upper / 2.0**depth
-        start, end = idx * width, (idx + 1) * width
-        mean, conf = swy / sw, self.beta / np.sqrt(sw)
-        # monotonicity: nodes entirely left of x lower-bound p(x); entirely right upper-bound it
-        order = np.argsort(end)
-        run_lo = np.maximum.accumulate((mean - conf)[order])
-        pos = np.searchsorted(end[order], x, side="right")
-        lcb = np.maximum(lcb, np.where(pos > 0, run_lo[np.maximum(pos - 1, 0)], -np.inf))
-        order = np.argsort(-start)
-        run_hi = np.minimum.accumulate((mean + conf)[order])
-        pos = np.searchsorted(-start[order], -x, side="right")
-        ucb = np.minimum(ucb, np.where(pos > 0, run_hi[np.maximum(pos - 1, 0)], np.inf))
-        # Lipschitz: the node containing x at each depth
-        slack = conf + self.lipschitz * width
-        for h in np.unique(depth):
-            at = depth == h
-            w = self.upper / 2.0**h
-            cell = np.minimum(np.floor(x / w), 2.0**h - 1)
-            key_sorted = np.argsort(idx[at])
-            where = np.searchsorted(idx[at][key_sorted], cell)
-            where = np.minimum(where, at.sum() - 1)
-            hit = idx[at][key_sorted][where] == cell
-            m, s = mean[at][key_sorted][where], slack[at][key_sorted][where]
-            lcb = np.where(hit, np.maximum(lcb, m - s), lcb)
-            ucb = np.where(hit, np.minimum(ucb, m + s), ucb)
-        ucb = np.maximum(ucb, lcb)  # noise can make the bounds cross; keep the band ordered
-        return np.clip(lcb, self.lo, self.hi), np.clip(ucb, self.lo, self.hi)
+        lcb, ucb = np.full(x.shape, self.lo), np.full(x.shape, self.hi)
+        k = np.zeros(x.shape, dtype=np.int64)
+        on_path = np.ones(x.shape, dtype=bool)  # False: below the leaf of x, following its left descendants
+        for h in sorted(self._rows):
+            row = self._rows[h]
+            blb = np.array([self._nodes[(h, j)][3] for j in row])
+            bub = np.array([self._nodes[(h, j)][4] for j in row])
+            inner = np.array([self._inner(h, j) for j in row])
+            i = np.searchsorted(row, k, side="right")  # on the path the node itself is row[i - 1]
+            lcb = np.maximum(lcb, np.where(i > 0, blb[np.maximum(i - 1, 0)], self.lo))
+            right = np.where(on_path, i - 1, i)
+            ucb = np.minimum(ucb, np.where(right < len(row), bub[np.minimum(right, len(row) - 1)], self.hi))
+            on_path &= inner[np.maximum(i - 1, 0)]
+            k = 2 * k + (on_path & (x >= self._mid(h, k)))
+        lcb = np.clip(lcb, self.lo, self.hi)
+        return lcb, np.maximum(np.clip(ucb, self.lo, self.hi), lcb)
 
     def bounds(self, alloc_grid: np.ndarray, load: float) -> tuple[np.ndarray, np.ndarray]:
         """(LCB, UCB) of performance for each allocation in ``alloc_grid`` at load ``load``."""
@@ -136,17 +229,21 @@ class IntervalBinaryTree:
 
     def get_state(self) -> dict[str, Any]:
         return {
-            "kind": "ibtree", "upper": self.upper, "lipschitz": self.lipschitz, "beta": self.beta,
-            "bounds": _encode_bounds(self.lo, self.hi), "max_depth": self.max_depth, "min_split": self.min_split,
-            "nodes": [[h, k, *v] for (h, k), v in sorted(self._nodes.items())],
-            "expanded": sorted([list(e) for e in self._expanded]),
+            "kind": "ibtree", "upper": self.upper, "lipschitz": self.lipschitz, "beta": self.beta, "delta": self.delta,
+            "bounds": _encode_bounds(self.lo, self.hi), "num_points": self.num_points,
+            "nodes": [[h, k, sw, swy, n, *_encode_bounds(blb, bub)]
+                      for (h, k), (sw, swy, n, blb, bub) in sorted(self._nodes.items())],
         }
 
     def set_state(self, state: Mapping[str, Any]) -> None:
         self.__init__(state["upper"], state["lipschitz"], state["beta"], _decode_bounds(state["bounds"]),
-                      state["max_depth"], state["min_split"])
-        self._nodes = {(int(n[0]), int(n[1])): [float(v) for v in n[2:]] for n in state["nodes"]}
-        self._expanded = {(int(h), int(k)) for h, k in state["expanded"]}
+                      state["delta"])
+        self.num_points = int(state["num_points"])
+        self._nodes = {(int(h), int(k)): [float(sw), float(swy), int(n), *_decode_bounds([blb, bub])]
+                       for h, k, sw, swy, n, blb, bub in state["nodes"]}
+        self._rows = {}
+        for h, k in sorted(self._nodes):
+            self._rows.setdefault(h, []).append(k)
 
 
 class SaturatingLearner:
