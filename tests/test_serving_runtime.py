@@ -16,7 +16,8 @@ from gpu.devices import discover
 from gpu.errors import ConfigError
 from gpu.ledger import PoolLedger
 from gpu.schedulers.nexus import GpuNode, Placement, Plan, Session, SquishyPacker
-from tasks.serving.frontend import DeficitRoundRobin, Frontend, WeightedRandom
+from gpu.schedulers.nexus_routing import DeficitRoundRobin, WeightedRandom
+from tasks.serving.frontend import Frontend
 from tasks.serving.loadgen import LoadGenerator, RatePhase, RateTrace
 from tasks.serving.models import accuracy, load_digits_tensors, load_or_train, profile_model
 from tasks.serving.runtime import LocalServingRuntime, lease_share

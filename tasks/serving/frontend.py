@@ -21,7 +21,6 @@ import numpy as np
 
 from gpu.errors import ConfigError
 from gpu.schedulers.nexus import Plan
-from gpu.schedulers.nexus_routing import DeficitRoundRobin, WeightedRandom  # noqa: F401  (re-exported)
 from gpu.schedulers.nexus_routing import LOAD_BALANCERS, balancer, route_table
 from tasks.serving.ring import as_rows
 from tasks.serving.stats import Recorder
