@@ -287,7 +287,7 @@ def runner_settings(parameters: dict) -> dict:
     """The flow's GPU task runner from its own parameters: ``pool``, ``mode``, ``tracking``, and a worker
     process per job (every job runs each round at once)."""
     jobs = parameters.get("jobs")
-    return settings(parameters, DEFAULT_POOL,
+    return settings(parameters, DEFAULT_POOL, "gpuflows-cilantro",
                     workers_per_device_set=max(1, len(jobs) if isinstance(jobs, (list, tuple)) else len(DEFAULT_JOBS)))
 
 

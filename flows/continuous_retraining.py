@@ -41,7 +41,8 @@ from gpuflows.args import output_file
 from resource_blocks import GpuPool, MlflowTarget
 from tasks.ekya_tasks import WindowSettings, config_grid
 from tasks.ekya_window import RunSettings, WindowResult, run_window, start_streams
-from tasks.flow_runtime import flow_runner, pool_block, publish_mlflow_link, settings, tracking_target
+from tasks.flow_runtime import (flow_runner, log_flow_inputs, log_flow_outcome, pool_block, publish_mlflow_link, settings,
+                                tracking_target)
 from tasks.runners import GpuTaskRunner
 from tasks.ui import publish_table
 
@@ -51,7 +52,7 @@ MODES = ("process", "thread")
 
 def runner_settings(parameters: dict) -> dict:
     """The flow's GPU task runner from its own parameters (``pool``, ``mode``, ``tracking``); any entry point."""
-    return settings(parameters)
+    return settings(parameters, experiment="gpuflows-ekya")
 
 
 def _windows(run: RunSettings, parent: str | None) -> dict:
@@ -147,7 +148,14 @@ def continuous_retraining(streams: int = 4, windows: int = 3, window_s: float = 
                       uniform_config=uniform_config, uniform_share=uniform_share, profile_gpus=profile_gpus,
                       fail_stream=fail_stream, fail_window=fail_window, registry_prefix=registry_prefix,
                       settings=settings, experiment=target.experiment, tracking_uri=target.resolved_uri())
-    return _windows(run, publish_mlflow_link(runner))
+    parent = publish_mlflow_link(runner)
+    log_flow_inputs("ekya", policy, {"policy": policy, "streams": streams, "windows": windows, "window_s": window_s,
+                                     "seed": seed, "pool": block.name, "pool_gpus": gpus, "mode": mode or "",
+                                     "frames": frames, "labelled": labelled})
+    summary = _windows(run, parent)
+    log_flow_outcome({"mean_accuracy": summary["mean_accuracy"],
+                      "windows_failed": sum(bool(w["failures"]) for w in summary["windows"])})
+    return summary
 
 
 def format_summary(summary: dict) -> str:

@@ -57,7 +57,7 @@ MODES = ("process", "thread")
 
 def runner_settings(parameters: dict) -> dict:
     """The flow's GPU task runner from its own parameters (``pool``, ``mode``, ``tracking``); any entry point."""
-    return settings(parameters, DEFAULT_POOL)
+    return settings(parameters, DEFAULT_POOL, "gpuflows-pool")
 
 
 @flow(name="pool-demo", log_prints=True, task_runner=GpuTaskRunner(configure=runner_settings))

@@ -85,7 +85,7 @@ def _plan_summary(plan: Plan) -> str:
 
 
 DEFAULT_POOL = GpuPool(name="serving")
-EXPERIMENT = "serving-rollout"
+EXPERIMENT = "gpuflows-nexus"
 MODES = ("process", "thread")
 BACKENDS = ("local", "ray")
 

@@ -313,7 +313,7 @@ def _search(algorithm: str, trials: int, iterations: int, seed: int, space: dict
 
 def runner_settings(parameters: dict) -> dict:
     """The flow's GPU task runner from its own parameters (``pool``, ``mode``, ``tracking``); any entry point."""
-    return settings(parameters)
+    return settings(parameters, experiment="gpuflows-fluid")
 
 
 @flow(name="fluid-trial-groups", task_runner=GpuTaskRunner(configure=runner_settings))
