@@ -60,7 +60,8 @@ from tasks.cilantro_allocator import (Allocator, RoundSettings, load_state, roun
                                       state_path)
 from tasks.cilantro_jobs import JobConfig, RoundWindow, run_service, run_trainer
 from tasks.requests import gpu_options
-from tasks.flow_runtime import flow_runner, pool_block, publish_mlflow_link, settings, tracking_target
+from tasks.flow_runtime import (flow_runner, log_flow_inputs, log_flow_outcome, pool_block, publish_mlflow_link, settings,
+                                tracking_target)
 from tasks.runners import GpuTaskRunner
 from tasks.tracking import ensure_experiment, flow_tracker, holder_tags, open_client
 from tasks.ui import publish_table
@@ -332,7 +333,27 @@ def allocation_rounds(rounds: int = 3, round_s: float = 60.0, policy: str = "cil
                       pool_gpus=discover(block.simulated, block.device_backend).gpu_count)
     s = replace(s, tracking_uri=target.resolved_uri() if target.enabled else None, experiment=target.experiment)
     with run_lock(s.run_name):
-        return _rounds(s, publish_mlflow_link(runner) if s.tracking_uri else None)
+        parent = publish_mlflow_link(runner) if s.tracking_uri else None
+        log_flow_inputs("cilantro", policy, {"policy": policy, "rounds": rounds, "round_s": round_s, "pool": block.name,
+                                             "capacity": capacity, "unit": unit, "max_change": max_change,
+                                             "jobs": len(jobs) if jobs is not None else "default", "seed": seed,
+                                             "run_name": run_name, "resume": resume, "mode": mode})
+        summary = _rounds(s, parent)
+        log_flow_outcome(_outcome(summary["rounds"]))
+        return summary
+
+
+def _outcome(rows: list[dict]) -> dict[str, float]:
+    """The headline of this flow run's rounds: mean W_S, W_E and F_NJC, decision time, failed rounds."""
+    if not rows:
+        return {}
+    def mean(key: str) -> float | None:
+        values = [float(r[key]) for r in rows if isinstance(r.get(key), (int, float))]
+        return sum(values) / len(values) if values else None
+
+    return {"mean_social_welfare": mean("social_welfare"), "mean_egalitarian_welfare": mean("egalitarian_welfare"),
+            "mean_njc_fairness": mean("njc_fairness"), "mean_decision_s": mean("decision_s"),
+            "rounds_run": float(len(rows)), "rounds_failed": float(sum(bool(r.get("failed")) for r in rows))}
 
 
 def format_summary(summary: dict) -> str:

@@ -16,7 +16,7 @@ from prefect import flow, task
 
 from gpu.errors import ConfigError
 from resource_blocks import GpuPool, MlflowTarget
-from tasks.flow_runtime import publish_mlflow_link, settings
+from tasks.flow_runtime import log_flow_inputs, publish_mlflow_link, settings
 from tasks.requests import apply_memory_cap, current_placement, gpu_options
 from tasks.runners import GpuTaskRunner
 
@@ -77,6 +77,8 @@ def pool_demo(tasks: int = 20, steps: int = 60, pool: GpuPool | str | None = Non
     if mode not in MODES:
         raise ConfigError("mode", mode, f"choose one of {MODES}")
     publish_mlflow_link()
+    log_flow_inputs("pool", None, {"tasks": tasks, "steps": steps, "mode": mode,
+                                   "pool": pool if isinstance(pool, str) else getattr(pool, "name", "default")})
     futures = []
     for i in range(tasks):
         gpus, memory = MIX[i % len(MIX)]
