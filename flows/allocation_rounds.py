@@ -102,7 +102,8 @@ def _round_record(s: RoundSettings, parent: str, row: dict, results: dict[str, d
             "status": "FAILED" if row["failed"] else "FINISHED",
             "metrics": {k: float(v) for k, v in values.items() if math.isfinite(v)},
             "params": {k: str(v) for k, v in params.items()},
-            "tags": {"cilantro.policy": s.policy, "cilantro.round": str(row["round"]), "cilantro.run_name": s.run_name,
+            "tags": {"cilantro.policy": s.policy, "cilantro.round": str(row["round"]), "round": str(row["round"]),
+                     "cilantro.run_name": s.run_name,
                      "cilantro.failed": ",".join(row["failed"])}}
 
 

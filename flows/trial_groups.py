@@ -95,7 +95,7 @@ class TrialLog:
         from mlflow.entities import Param
 
         run = self.client.create_run(self.exp, run_name=f"trial-{trial.trial_id}", tags={
-            "mlflow.parentRunId": self.parent, "trial_id": trial.trial_id, "algorithm": algorithm,
+            "mlflow.parentRunId": self.parent, "trial_id": trial.trial_id, "trial": trial.trial_id, "algorithm": algorithm,
             "execution": execution, "checkpoint_from": trial.checkpoint or "none"})
         params = [Param(k, str(v)) for k, v in trial.config.items()]
         params += [Param("budget", str(trial.budget)), Param("resume_from", str(trial.resume_from))]

@@ -172,6 +172,21 @@ class TaskRecord:
     extra: dict = field(default_factory=dict)
 
 
+REVIEW_FIELDS = ("stream", "window", "trial", "trial_id", "round", "job", "config", "policy", "epoch")
+
+
+def task_fields(parameters: dict[str, Any]) -> dict[str, str]:
+    """What a placed task worked on, from its call's parameters (stream, window, trial, round, job...): the
+    runner puts it in ``TaskRecord.extra``, which its nested run carries as tags and params."""
+    out = {}
+    for key in REVIEW_FIELDS:
+        value = parameters.get(key)
+        value = getattr(value, "name", value)  # a config or job object: its name
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            out[key] = str(value)[:250]
+    return out
+
+
 # MLflow's system-metrics names (mlflow.system_metrics.metrics.gpu_monitor), for a measured reading only.
 GPU_UTIL_METRIC = "system/gpu_0_utilization_percentage"
 GPU_MEMORY_METRIC = "system/gpu_0_memory_usage_megabytes"

@@ -136,3 +136,15 @@ def test_benchmark_prints_the_thread_mlflow_ratio():
                                                    / r[f"{key}_task_phase_tasks_per_s"])
     table = format_table(r)
     assert "thread + MLflow vs ThreadPoolTaskRunner: 1.43x per task (task phase 1.43x), target <= 1.5" in table
+
+
+def test_task_fields_name_what_a_task_worked_on():
+    from tasks.tracking import TaskRecord, _task_run, task_fields
+
+    class Config:
+        name = "e5-all-d50"
+
+    fields = task_fields({"stream": "cam0", "window": 1, "config": Config(), "model": object(), "flag": True})
+    assert fields == {"stream": "cam0", "window": "1", "config": "e5-all-d50"}
+    run = _task_run("parent", TaskRecord("retrain", "id", 1.0, extra=fields))
+    assert run["tags"]["stream"] == "cam0" and run["params"]["window"] == "1"
