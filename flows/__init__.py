@@ -5,6 +5,8 @@ a script importing a flow) before Prefect sets ``PREFECT_HOME`` to ``<state fold
 or ``$GPUFLOWS_STATE_DIR/prefect`` — when it is unset: the folder the Makefile exports for ``make demo``,
 ``make server`` (the UI) and ``make worker``. Runs on the embedded (temporary) server land in that home's database,
 so the UI that ``make server`` starts shows them. An explicit ``PREFECT_HOME`` (or ``PREFECT_API_URL``) wins.
+Usage telemetry of the embedded server and MLflow is off unless the user set ``PREFECT_SERVER_ANALYTICS_ENABLED``
+or ``MLFLOW_DISABLE_TELEMETRY``.
 """
 
 from __future__ import annotations
@@ -25,4 +27,12 @@ def _default_prefect_home() -> None:
     os.environ["PREFECT_HOME"] = str(home)
 
 
+def _quiet_telemetry() -> None:
+    # The embedded Prefect server and MLflow report usage home; offline (the GPU boxes) that fails with an
+    # ERROR line in every run. A value the user set wins.
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+
+
 _default_prefect_home()
+_quiet_telemetry()

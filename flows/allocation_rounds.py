@@ -61,7 +61,8 @@ from tasks.cilantro_allocator import (Allocator, RoundSettings, load_state, roun
                                       state_path)
 from tasks.cilantro_jobs import JobConfig, RoundWindow, run_service, run_trainer
 from tasks.requests import gpu_options
-from tasks.flow_runtime import flow_runner, pool_block, publish_mlflow_link, settings, tracking_target
+from tasks.flow_runtime import (flow_runner, log_flow_inputs, log_flow_outcome, pool_block, publish_mlflow_link, settings,
+                                tracking_target)
 from tasks.runners import GpuTaskRunner
 from tasks.tracking import ensure_experiment, flow_tracker, holder_tags, open_client
 from tasks.charts import publish_pool_occupancy
@@ -103,7 +104,8 @@ def _round_record(s: RoundSettings, parent: str, row: dict, results: dict[str, d
             "status": "FAILED" if row["failed"] else "FINISHED",
             "metrics": {k: float(v) for k, v in values.items() if math.isfinite(v)},
             "params": {k: str(v) for k, v in params.items()},
-            "tags": {"cilantro.policy": s.policy, "cilantro.round": str(row["round"]), "cilantro.run_name": s.run_name,
+            "tags": {"cilantro.policy": s.policy, "cilantro.round": str(row["round"]), "round": str(row["round"]),
+                     "cilantro.run_name": s.run_name,
                      "cilantro.failed": ",".join(row["failed"])}}
 
 
@@ -291,7 +293,7 @@ def runner_settings(parameters: dict) -> dict:
     """The flow's GPU task runner from its own parameters: ``pool``, ``mode``, ``tracking``, and a worker
     process per job (every job runs each round at once)."""
     jobs = parameters.get("jobs")
-    return settings(parameters, DEFAULT_POOL,
+    return settings(parameters, DEFAULT_POOL, "gpuflows-cilantro",
                     workers_per_device_set=max(1, len(jobs) if isinstance(jobs, (list, tuple)) else len(DEFAULT_JOBS)))
 
 
@@ -325,12 +327,19 @@ def allocation_rounds(rounds: int = 3, round_s: float = 60.0, policy: str = "cil
         "decision_s", "failed", ...}], "state_path", "mlflow_run_id", "mlflow_errors"}`` (what could not
         be logged to MLflow; empty when all was).
     """
-    _, _, s = prepare(pool, mode, tracking, rounds=rounds, round_s=round_s, policy=policy,
-                               capacity=capacity, unit=unit, resume=resume, run_name=run_name, jobs=jobs,
-                               report_s=report_s, max_change=max_change, trace_step=trace_step,
-                               interference=interference, warmup_reports=warmup_reports, seed=seed)
+    block, _, s = prepare(pool, mode, tracking, rounds=rounds, round_s=round_s, policy=policy,
+                          capacity=capacity, unit=unit, resume=resume, run_name=run_name, jobs=jobs,
+                          report_s=report_s, max_change=max_change, trace_step=trace_step,
+                          interference=interference, warmup_reports=warmup_reports, seed=seed)
     with run_lock(s.run_name):
-        return _rounds(s, publish_mlflow_link(flow_runner()) if s.tracking_uri else None)
+        parent = publish_mlflow_link(flow_runner()) if s.tracking_uri else None
+        log_flow_inputs("cilantro", policy, {"policy": policy, "rounds": rounds, "round_s": round_s, "pool": block.name,
+                                             "capacity": capacity, "unit": unit, "max_change": max_change,
+                                             "jobs": len(jobs) if jobs is not None else "default", "seed": seed,
+                                             "run_name": run_name, "resume": resume, "mode": mode})
+        summary = _rounds(s, parent)
+        log_flow_outcome(_outcome(summary["rounds"]))
+        return summary
 
 
 def prepare(pool: GpuPool | str | None, mode: str, tracking: MlflowTarget | bool | None,
@@ -345,6 +354,19 @@ def prepare(pool: GpuPool | str | None, mode: str, tracking: MlflowTarget | bool
     s = settings_from(**params, pool_gpus=discover(block.simulated, block.device_backend).gpu_count)
     s = replace(s, tracking_uri=target.resolved_uri() if target.enabled else None, experiment=target.experiment)
     return block, target, s
+
+
+def _outcome(rows: list[dict]) -> dict[str, float]:
+    """The headline of this flow run's rounds: mean W_S, W_E and F_NJC, decision time, failed rounds."""
+    if not rows:
+        return {}
+    def mean(key: str) -> float | None:
+        values = [float(r[key]) for r in rows if isinstance(r.get(key), (int, float))]
+        return sum(values) / len(values) if values else None
+
+    return {"mean_social_welfare": mean("social_welfare"), "mean_egalitarian_welfare": mean("egalitarian_welfare"),
+            "mean_njc_fairness": mean("njc_fairness"), "mean_decision_s": mean("decision_s"),
+            "rounds_run": float(len(rows)), "rounds_failed": float(sum(bool(r.get("failed")) for r in rows))}
 
 
 def format_summary(summary: dict) -> str:

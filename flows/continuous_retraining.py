@@ -43,7 +43,8 @@ from gpuflows.args import error, flow_arguments, output_file, simulated
 from resource_blocks import GpuPool, MlflowTarget
 from tasks.ekya_tasks import WindowSettings, config_grid
 from tasks.ekya_window import RunSettings, WindowResult, run_window, start_streams
-from tasks.flow_runtime import flow_runner, pool_block, publish_mlflow_link, settings, tracking_target
+from tasks.flow_runtime import (flow_runner, log_flow_inputs, log_flow_outcome, pool_block, publish_mlflow_link, settings,
+                                tracking_target)
 from tasks.runners import GpuTaskRunner
 from tasks.charts import publish_pool_occupancy
 from tasks.ui import FlowProgress, publish_ekya_windows
@@ -54,7 +55,7 @@ MODES = ("process", "thread")
 
 def runner_settings(parameters: dict) -> dict:
     """The flow's GPU task runner from its own parameters (``pool``, ``mode``, ``tracking``); any entry point."""
-    return settings(parameters)
+    return settings(parameters, experiment="gpuflows-ekya")
 
 
 def _windows(run: RunSettings, parent: str | None) -> dict:
@@ -165,12 +166,19 @@ def continuous_retraining(streams: int = 4, windows: int = 3, window_s: float = 
         ``{"policy", "streams", "windows": [{"window", "accuracy": {stream: measured}, "predicted",
         "configs", "failures", "mean"}], "mean_accuracy", "mlflow_run_id", "plot"}``.
     """
-    _, _, run = prepare(
+    block, _, run = prepare(
         pool, tracking, streams=streams, windows=windows, window_s=window_s, policy=policy, seed=seed, mode=mode,
         a_min=a_min, delta=delta, full_rate_gpus=full_rate_gpus, frames=frames, labelled=labelled,
         uniform_config=uniform_config, uniform_share=uniform_share, profile_gpus=profile_gpus,
         fail_stream=fail_stream, fail_window=fail_window, registry_prefix=registry_prefix)
-    return _windows(run, publish_mlflow_link(flow_runner()))
+    parent = publish_mlflow_link(flow_runner())
+    log_flow_inputs("ekya", policy, {"policy": policy, "streams": streams, "windows": windows, "window_s": window_s,
+                                     "seed": seed, "pool": block.name, "pool_gpus": run.pool_gpus, "mode": mode or "",
+                                     "frames": frames, "labelled": labelled})
+    summary = _windows(run, parent)
+    log_flow_outcome({"mean_accuracy": summary["mean_accuracy"],
+                      "windows_failed": sum(bool(w["failures"]) for w in summary["windows"])})
+    return summary
 
 
 def format_summary(summary: dict) -> str:

@@ -19,7 +19,7 @@ from gpu.pool import pool_path
 from gpu.scenario import integer
 from gpuflows.args import error, simulated
 from resource_blocks import GpuPool, MlflowTarget
-from tasks.flow_runtime import publish_mlflow_link, settings
+from tasks.flow_runtime import log_flow_inputs, publish_mlflow_link, settings
 from tasks.requests import apply_memory_cap, current_placement, gpu_options
 from tasks.charts import publish_pool_occupancy
 from tasks.runners import GpuTaskRunner
@@ -62,7 +62,7 @@ MODES = ("process", "thread")
 
 def runner_settings(parameters: dict) -> dict:
     """The flow's GPU task runner from its own parameters (``pool``, ``mode``, ``tracking``); any entry point."""
-    return settings(parameters, DEFAULT_POOL)
+    return settings(parameters, DEFAULT_POOL, "gpuflows-pool")
 
 
 @flow(name="pool-demo", log_prints=True, task_runner=GpuTaskRunner(configure=runner_settings))
@@ -80,6 +80,8 @@ def pool_demo(tasks: int = 20, steps: int = 60, pool: GpuPool | str | None = Non
     if mode not in MODES:
         raise ConfigError("mode", mode, f"choose one of {MODES}")
     publish_mlflow_link()
+    log_flow_inputs("pool", None, {"tasks": tasks, "steps": steps, "mode": mode,
+                                   "pool": pool if isinstance(pool, str) else getattr(pool, "name", "default")})
     futures = []
     for i in range(tasks):
         gpus, memory = MIX[i % len(MIX)]

@@ -35,7 +35,8 @@ from gpu.schedulers.nexus_profiles import BatchProfile
 from gpuflows.args import error, output_file, simulated
 from resource_blocks import GpuPool, MlflowTarget
 from tasks.requests import current_placement, gpu_request
-from tasks.flow_runtime import flow_runner, pool_block, publish_mlflow_link, settings, tracking_target
+from tasks.flow_runtime import (flow_runner, log_flow_inputs, log_flow_outcome, pool_block, publish_mlflow_link, settings,
+                                tracking_target)
 from tasks.runners import GpuTaskRunner
 from tasks.charts import publish_pool_occupancy
 from tasks.ui import FlowProgress, publish_table
@@ -87,7 +88,7 @@ def _plan_summary(plan: Plan) -> str:
 
 
 DEFAULT_POOL = GpuPool(name="serving")
-EXPERIMENT = "serving-rollout"
+EXPERIMENT = "gpuflows-nexus"
 MODES = ("process", "thread")
 BACKENDS = ("local", "ray")
 
@@ -134,6 +135,9 @@ def serving_rollout(spec: dict | str | None = None, duration_s: float | None = N
     tracking = runner.tracking if runner else tracking_target(tracking, EXPERIMENT)
     ledger = runner.ledger() if runner else pool.open_ledger()
     parent = publish_mlflow_link(runner) if tracking.enabled else None
+    log_flow_inputs("nexus", sp.batch_policy, {"spec": sp.name, "batch_policy": sp.batch_policy,
+                                               "duration_s": sp.duration_s, "models": ",".join(sp.models),
+                                               "backend": backend, "pool": pool.name, "seed": sp.seed, "mode": mode})
     futures, prev = {}, None
     for m in sp.models:  # one at a time: concurrent profiling on shared devices would skew the timings
         prev = futures[m] = profile_serving_model.submit(m, sp.training_steps, sp.seed, sp.profile_repeats,
@@ -182,6 +186,9 @@ def serving_rollout(spec: dict | str | None = None, duration_s: float | None = N
     publish_pool_occupancy(runner)
     if tracking.enabled:
         result["mlflow_run_id"] = _log_mlflow(tracking, parent, sp, result, marks, beacons, profiles)
+    log_flow_outcome({"goodput_rps": result["throughput_rps"] * (1.0 - result["bad_rate"]),
+                      **{k: result[k] for k in ("throughput_rps", "offered_rps", "bad_rate", "slo_attainment",
+                                                "p99_latency_ms", "accuracy", "max_gpus", "replans") if k in result}})
     return result
 
 

@@ -39,7 +39,8 @@ from gpuflows.args import error, flow_arguments, output_file
 from resource_blocks import GpuPool, MlflowTarget
 from tasks.fluid_trials import load_model, packing_curve, train_chunk
 from tasks.requests import gpu_options
-from tasks.flow_runtime import flow_runner, pool_block, publish_mlflow_link, settings, tracking_target
+from tasks.flow_runtime import (flow_runner, log_flow_inputs, log_flow_outcome, pool_block, publish_mlflow_link, settings,
+                                tracking_target)
 from tasks.runners import GpuTaskRunner
 from tasks.charts import publish_pool_occupancy
 from tasks.ui import FlowProgress, publish_table
@@ -102,7 +103,7 @@ class TrialLog:
         from mlflow.entities import Param
 
         run = self.client.create_run(self.exp, run_name=f"trial-{trial.trial_id}", tags={
-            "mlflow.parentRunId": self.parent, "trial_id": trial.trial_id, "algorithm": algorithm,
+            "mlflow.parentRunId": self.parent, "trial_id": trial.trial_id, "trial": trial.trial_id, "algorithm": algorithm,
             "execution": execution, "checkpoint_from": trial.checkpoint or "none"})
         params = [Param(k, str(v)) for k, v in trial.config.items()]
         params += [Param("budget", str(trial.budget)), Param("resume_from", str(trial.resume_from))]
@@ -307,7 +308,7 @@ def _search(algorithm: str, trials: int, iterations: int, seed: int, space: dict
 
 def runner_settings(parameters: dict) -> dict:
     """The flow's GPU task runner from its own parameters (``pool``, ``mode``, ``tracking``); any entry point."""
-    return settings(parameters)
+    return settings(parameters, experiment="gpuflows-fluid")
 
 
 @flow(name="fluid-trial-groups", task_runner=GpuTaskRunner(configure=runner_settings))
@@ -349,11 +350,18 @@ def trial_groups(algorithm: str = "grid", trials: int = 4, iterations: int = 4, 
     node = discover(block.simulated, block.device_backend).nodes[0]
     # the device model keys the saved packing curve: trials on a simulated pool train on this machine's CPU
     device = "cpu" if node.devices[0].simulated else node.devices[0].name
-    return _search(algorithm, trials, iterations, seed, space, min_iterations, generations, execution,
-                   [dev.index for dev in node.devices], device, c, d, None if alpha is None else float(alpha),
-                   packing_iterations, chunk, fail_trial, target.resolved_uri(),
-                   model_name or f"trial-groups-{algorithm}", progress,
-                   publish_mlflow_link(runner) if target.enabled else None)
+    parent = publish_mlflow_link(runner) if target.enabled else None
+    log_flow_inputs("fluid", f"{execution}-{algorithm}", {
+        "algorithm": algorithm, "execution": execution, "trials": trials, "iterations": iterations, "seed": seed,
+        "pool": block.name, "pool_gpus": len(node.devices), "c": "derived" if c is None else c, "d": d,
+        "alpha": "derived" if alpha is None else alpha, "chunk": chunk, "mode": mode})
+    summary = _search(algorithm, trials, iterations, seed, space, min_iterations, generations, execution,
+                      [dev.index for dev in node.devices], device, c, d, None if alpha is None else float(alpha),
+                      packing_iterations, chunk, fail_trial, target.resolved_uri(),
+                      model_name or f"trial-groups-{algorithm}", progress, parent)
+    log_flow_outcome({"best_val_accuracy": summary["best_val_accuracy"], "trials_run": summary["trials"],
+                      "trials_failed": len(summary["failures"]), "iterations_trained": summary["iterations_trained"]})
+    return summary
 
 
 def prepare(pool: GpuPool | str | None, tracking: MlflowTarget | bool | None, *, algorithm: str, trials: int,

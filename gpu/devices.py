@@ -112,6 +112,11 @@ def nvml_utilization() -> dict[int, float]:
     return {d.index: d.utilization for d in nvml_devices()}
 
 
+def nvml_readings() -> dict[int, tuple[float, float]]:
+    """(utilisation percent, memory in use MiB) per NVML device index; empty without NVML (no GPU)."""
+    return {d.index: (d.utilization, (d.memory_total - d.memory_free) / 2**20) for d in nvml_devices()}
+
+
 def discover(simulated: str | None = "2x16GiB", backend: str = "auto", cpus: float | None = None) -> PoolSpec:
     """This machine's pool: NVML GPUs when present (backend 'auto' or 'nvml'), else simulated ones.
 

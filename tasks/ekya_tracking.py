@@ -9,7 +9,7 @@ CANCELLED, CRASHED, DISCARDED or NONE), ``<stream>.deployed_version``; metrics
 reached by the retrained model, golden labels), ``<stream>.golden_label_accuracy``, the means;
 tags ``policy``, ``window``, ``failed_retrains``; artifact ``events.json`` (allocations over time).
 Each completed retraining is a version of the registered model ``<prefix>-<stream>`` with tags
-``window``, ``config``, ``policy``, ``deployed``. Models are logged with
+``window``, ``config``, ``policy``, ``deployed``; the deployed one holds the alias ``champion``. Models are logged with
 ``serialization_format="pickle"`` (the loaded model is the nn.Module) and an explicit
 ``torch==2.13.0`` requirement (no requirement inference, no ``+cpu`` label), ENVIRONMENT.md §3.7, §4d.
 """
@@ -17,13 +17,35 @@ Each completed retraining is a version of the registered model ``<prefix>-<strea
 from __future__ import annotations
 
 import json
+import logging
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from gpu.state import state_dir
 from tasks.ekya_window import RunSettings, StreamRuntime, WindowResult
 from tasks.tracking import holder_tags, open_client
+
+CHAMPION = "champion"  # alias of the registered version each stream serves (``models:/<prefix>-<stream>@champion``)
+
+
+class _DropPickleWarning(logging.Filter):
+    """Drops mlflow.pytorch's one warning that pickle serialisation can run code on load: these models are
+    ours, written and read by this project (pickle keeps the loaded model the same nn.Module)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Saving pytorch model by Pickle or CloudPickle format")
+
+
+@contextmanager
+def _without_pickle_warning() -> Iterator[None]:
+    logger, flt = logging.getLogger("mlflow.pytorch"), _DropPickleWarning()
+    logger.addFilter(flt)
+    try:
+        yield
+    finally:
+        logger.removeFilter(flt)
 
 
 class WindowLogger:
@@ -93,7 +115,7 @@ class WindowLogger:
             return
         mlflow.set_tracking_uri(self.run.tracking_uri)
         deployed = {s.spec.name: s.version for s in streams}
-        with mlflow.start_run(run_id=run_id):
+        with mlflow.start_run(run_id=run_id), _without_pickle_warning():
             for job in done:
                 model = small_net(self.run.settings)
                 model.load_state_dict(job.result.state)
@@ -106,6 +128,8 @@ class WindowLogger:
                         "val_accuracy": f"{job.result.val_accuracy:.4f}"}
                 for k, v in tags.items():
                     self.client.set_model_version_tag(name, version, k, v)
+                if tags["deployed"] == "true":  # the version serving the stream now: alias champion
+                    self.client.set_registered_model_alias(name, CHAMPION, version)
 
     def log_plot(self, results: list[WindowResult]) -> str:
         """Accuracy over (virtual) time per stream as a PNG in the state folder, logged to the flow's run."""

@@ -101,3 +101,22 @@ def where_runs_went() -> str:
                f"Prefect runs: PREFECT_HOME={get_current_settings().home} (see them with `make server`, "
                "then http://127.0.0.1:4200)")
     return f"{prefect}; MLflow runs: {default_tracking_uri()} (`make mlflow-ui`, then http://127.0.0.1:5000)"
+
+
+def log_flow_inputs(system: str, label: str | None, params: dict[str, Any]) -> None:
+    """The flow's decision inputs as params of its MLflow run, named ``<system>-<label>-<time>``, so runs of
+    one system's experiment compare side by side (no-op when tracking is off)."""
+    from tasks.tracking import flow_run_name, flow_tracker
+
+    tracker = flow_tracker()
+    if tracker is not None:
+        tracker.log_flow_inputs({"system": system, **params}, run_name=flow_run_name(system, label))
+
+
+def log_flow_outcome(metrics: dict[str, Any]) -> None:
+    """The flow's headline outcome as metrics of its MLflow run (no-op when tracking is off)."""
+    from tasks.tracking import flow_tracker
+
+    tracker = flow_tracker()
+    if tracker is not None:
+        tracker.log_flow_outcome(metrics)

@@ -28,7 +28,6 @@ from prefect.futures import PrefectConcurrentFuture, PrefectFuture, wait
 from prefect.task_runners import TaskRunner
 from prefect.utilities.collections import visit_collection
 
-from gpu.devices import nvml_utilization
 from gpu.errors import AllocationTimeout
 from gpu.ledger import LedgerClient, Placement, register_worker
 from gpu.placement import Request, check_ever_fits
@@ -347,7 +346,7 @@ class PlacingTaskRunner(TaskRunner[PrefectConcurrentFuture]):
         finally:
             record.finished_at = time.time()
             if placement is not None:
-                record.gpu_utilization = self._utilization(placement)
+                self._measure_gpu(placement, record)
                 lost = self._release(placement, task.name)
             self._cancel_events.pop(task_run_id, None)
         state = self._settle(task, task_run_id, state, cancel_event, lost)
@@ -462,12 +461,20 @@ class PlacingTaskRunner(TaskRunner[PrefectConcurrentFuture]):
             self._context_cache = cached
         return cached[1], cached[2]
 
-    def _utilization(self, placement: Placement) -> float:
-        """GPU utilisation seen at the end of the task: NVML on real GPUs, else the share it held."""
+    def _measure_gpu(self, placement: Placement, record: TaskRecord) -> None:
+        """At the end of the task: the share it held (``gpu_share``) and, on real GPUs only, NVML's
+        utilisation and memory in use averaged over its devices; nothing measured on a simulated pool."""
+        from gpu.devices import nvml_readings
+
+        record.gpu_share = placement.fraction if placement.devices else None
         if placement.simulated or not placement.devices:
-            return 100.0 * placement.fraction if placement.devices else 0.0
-        util = nvml_utilization()
-        return sum(util.get(i, 0.0) for i in placement.devices) / len(placement.devices)
+            return
+        readings = nvml_readings()
+        if not readings:
+            return
+        held = [readings.get(i, (0.0, 0.0)) for i in placement.devices]
+        record.gpu_utilization = sum(u for u, _ in held) / len(held)
+        record.gpu_memory_mb = sum(m for _, m in held) / len(held)
 
     @abc.abstractmethod
     def _execute(self, task, task_run_id: uuid.UUID, parameters: dict[str, Any],

@@ -166,8 +166,62 @@ class TaskRecord:
     placed_at: float | None = None
     finished_at: float | None = None
     state: str = "PENDING"
-    gpu_utilization: float | None = None
+    gpu_utilization: float | None = None  # measured (NVML) percent over the devices held; None when simulated
+    gpu_share: float | None = None  # the fraction of a device the task held
+    gpu_memory_mb: float | None = None  # measured (NVML) memory in use over the devices held, MiB
     extra: dict = field(default_factory=dict)
+
+
+REVIEW_FIELDS = ("stream", "window", "trial", "trial_id", "round", "job", "config", "policy", "epoch")
+
+
+def task_fields(parameters: dict[str, Any]) -> dict[str, str]:
+    """What a placed task worked on, from its call's parameters (stream, window, trial, round, job...): the
+    runner puts it in ``TaskRecord.extra``, which its nested run carries as tags and params."""
+    out = {}
+    for key in REVIEW_FIELDS:
+        value = parameters.get(key)
+        value = getattr(value, "name", value)  # a config or job object: its name
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            out[key] = str(value)[:250]
+    return out
+
+
+# MLflow's system-metrics names (mlflow.system_metrics.metrics.gpu_monitor), for a measured reading only.
+GPU_UTIL_METRIC = "system/gpu_0_utilization_percentage"
+GPU_MEMORY_METRIC = "system/gpu_0_memory_usage_megabytes"
+
+
+def flow_run_name(system: str, label: str | None = None, when: float | None = None) -> str:
+    """A run name a reviewer can read in MLflow's run list: ``ekya-thief-2026-11-24T16:40``."""
+    stamp = time.strftime("%Y-%m-%dT%H:%M", time.localtime(when or time.time()))
+    return "-".join(str(p) for p in (system, label, stamp) if p)
+
+
+def _task_run(parent_run_id: str, r: TaskRecord) -> dict[str, Any]:
+    """A placed task as one nested run: name, times, status, tags, params and metrics (written in one go)."""
+    p = r.placement or {}
+    params = {"node": p.get("node", ""), "devices": ",".join(str(i) for i in p.get("devices", [])) or "none",
+              "fraction": p.get("fraction", 0.0), "memory_bytes": p.get("memory", 0), "cpus": p.get("cpus", 0.0),
+              "lease_id": p.get("lease_id", ""), **{k: v for k, v in r.extra.items()}}
+    metrics: dict[str, float] = {}
+    if r.placed_at is not None:
+        metrics["wait_time_s"] = r.placed_at - r.submitted_at
+        if r.finished_at is not None:
+            metrics["run_time_s"] = r.finished_at - r.placed_at
+    share = r.gpu_share if r.gpu_share is not None else (p.get("fraction") if p.get("devices") else None)
+    if share is not None:
+        metrics["gpu_share"] = float(share)
+    if r.gpu_utilization is not None:
+        metrics[GPU_UTIL_METRIC] = r.gpu_utilization
+    if r.gpu_memory_mb is not None:
+        metrics[GPU_MEMORY_METRIC] = r.gpu_memory_mb
+    status = "FINISHED" if r.state == "COMPLETED" else ("KILLED" if r.state == "CANCELLED" else "FAILED")
+    return {"name": r.name, "start": int(r.submitted_at * 1000), "end": int((r.finished_at or time.time()) * 1000),
+            "status": status, "params": {k: str(v) for k, v in params.items()},
+            "tags": {"mlflow.parentRunId": parent_run_id, **holder_tags(), "prefect.task_run_id": r.task_run_id,
+                     "gpuflows.state": r.state, **{k: str(v) for k, v in r.extra.items()}},
+            "metrics": metrics}
 
 
 class RunTracker:
@@ -241,20 +295,28 @@ class RunTracker:
             except Exception:
                 log.exception("could not mark the MLflow runs of dead processes KILLED")
         self._ready.set()
-        while True:
-            item = self._queue.get()
-            if isinstance(item, threading.Event):
-                item.set()
-                continue
-            if isinstance(item, str):  # the flow's final status: the end
-                status = item
-                break
-            self._records.append(item)
-            if client is not None:
+        status = None
+        while status is None:
+            items = [self._queue.get()]
+            while True:  # everything queued meanwhile goes in one batch: one transaction on a SQL store
                 try:
-                    self._log_task(client, exp_id, item)
-                except Exception as exc:
-                    self._error(f"could not log task {item.name}", exc)
+                    items.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            batch: list[TaskRecord] = []
+            for item in items:
+                if isinstance(item, TaskRecord):
+                    batch.append(item)
+                    continue
+                self._write_tasks(client, exp_id, batch)  # in order: a flush waits for what came before it
+                batch = []
+                if isinstance(item, threading.Event):
+                    item.set()
+                elif isinstance(item, tuple):  # ("inputs"|"outcome"|"tags", dict) of the flow's own run
+                    self._write_flow(client, *item)
+                elif isinstance(item, str):  # the flow's final status: the end
+                    status = item
+            self._write_tasks(client, exp_id, batch)
         if client is not None:
             try:
                 self._log_timeline(client)
@@ -262,29 +324,51 @@ class RunTracker:
             except Exception as exc:
                 self._error("could not finish the flow's MLflow run", exc)
 
-    def _log_task(self, client: Any, exp_id: str, r: TaskRecord) -> None:
-        from mlflow.entities import Metric, Param
+    # -- the flow's own run: decision inputs and headline outcome ---------------------------------
+    def log_flow_inputs(self, params: dict[str, Any], run_name: str | None = None) -> None:
+        """The flow's decision inputs (policy, scenario, pool, window, seed...) as params of its MLflow run,
+        and a readable run name; written by the tracker's thread, in order with the task runs."""
+        self._queue.put(("inputs", {"params": dict(params), "run_name": run_name}))
 
-        child = client.create_run(exp_id, run_name=r.name, start_time=int(r.submitted_at * 1000),
-                                  tags={"mlflow.parentRunId": self.parent_run_id, **holder_tags(),
-                                        "prefect.task_run_id": r.task_run_id, "gpuflows.state": r.state})
-        p = r.placement or {}
-        params = {"node": p.get("node", ""), "devices": ",".join(str(i) for i in p.get("devices", [])) or "none",
-                  "fraction": p.get("fraction", 0.0), "memory_bytes": p.get("memory", 0), "cpus": p.get("cpus", 0.0),
-                  "lease_id": p.get("lease_id", ""), **{k: v for k, v in r.extra.items()}}
-        now = int(time.time() * 1000)
-        metrics = []
-        if r.placed_at is not None:
-            metrics.append(Metric("wait_time_s", r.placed_at - r.submitted_at, now, 0))
-            if r.finished_at is not None:
-                metrics.append(Metric("run_time_s", r.finished_at - r.placed_at, now, 0))
-        if r.gpu_utilization is not None:
-            metrics.append(Metric("gpu_utilization", r.gpu_utilization, now, 0))
-        client.log_batch(child.info.run_id, metrics=metrics,
-                         params=[Param(k, str(v)) for k, v in params.items()])
-        status = "FINISHED" if r.state == "COMPLETED" else ("KILLED" if r.state == "CANCELLED" else "FAILED")
-        client.set_terminated(child.info.run_id, status,
-                              end_time=int((r.finished_at or time.time()) * 1000))
+    def log_flow_outcome(self, metrics: dict[str, float], tags: dict[str, str] | None = None) -> None:
+        """The flow's headline outcome (mean accuracy, makespan, goodput...) as metrics of its MLflow run."""
+        self._queue.put(("outcome", {"metrics": dict(metrics), "tags": dict(tags or {})}))
+
+    def _write_flow(self, client: Any, kind: str, data: dict) -> None:
+        if client is None or self.parent_run_id is None:
+            return
+        from mlflow.entities import Metric, Param, RunTag
+
+        try:
+            now = int(time.time() * 1000)
+            params = [Param(k, str(v)[:6000]) for k, v in (data.get("params") or {}).items() if v is not None]
+            metrics = [Metric(k, float(v), now, 0) for k, v in (data.get("metrics") or {}).items()
+                       if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v]
+            tags = [RunTag(k, str(v)) for k, v in (data.get("tags") or {}).items()]
+            if data.get("run_name"):
+                tags.append(RunTag("mlflow.runName", data["run_name"]))
+            client.log_batch(self.parent_run_id, metrics=metrics, params=params, tags=tags)
+        except Exception as exc:
+            self._error(f"could not log the flow's {kind}", exc)
+
+    # -- nested task runs, batched -----------------------------------------------------------------
+    def _write_tasks(self, client: Any, exp_id: str | None, records: list[TaskRecord]) -> None:
+        if not records:
+            return
+        self._records.extend(records)
+        if client is None:
+            return
+        runs = [_task_run(self.parent_run_id, r) for r in records]
+        try:
+            if _bulk_insert(client, exp_id, runs):
+                return
+        except Exception:
+            log.debug("bulk insert of %d task runs failed; logging them one by one", len(runs), exc_info=True)
+        for r, run in zip(records, runs):
+            try:
+                _log_run(client, exp_id, run)
+            except Exception as exc:
+                self._error(f"could not log task {r.name}", exc)
 
     def _log_timeline(self, client: Any) -> None:
         rows = [{"task": r.name, "task_run_id": r.task_run_id, "state": r.state,
@@ -322,6 +406,60 @@ class RunTracker:
         if state is None or state.is_completed():
             return "FINISHED"
         return "FAILED" if state.is_failed() or state.name == "AwaitingRetry" else "KILLED"
+
+
+def _log_run(client: Any, exp_id: str, run: dict[str, Any]) -> None:
+    """One nested run through the client (any store): create (tags), one batch (params, metrics), terminate."""
+    from mlflow.entities import Metric, Param
+
+    child = client.create_run(exp_id, run_name=run["name"], start_time=run["start"], tags=run["tags"])
+    client.log_batch(child.info.run_id, metrics=[Metric(k, v, run["end"], 0) for k, v in run["metrics"].items()],
+                     params=[Param(k, v) for k, v in run["params"].items()])
+    client.set_terminated(child.info.run_id, run["status"], end_time=run["end"])
+
+
+def _bulk_insert(client: Any, exp_id: str, runs: list[dict[str, Any]]) -> bool:
+    """Write finished nested runs in ONE transaction on a SQL store (False: not a SQL store, use the client).
+
+    Through the client each run costs three commits (create, log_batch, set_terminated), each a SQLite
+    write lock and fsync plus ORM work on the writer thread; this is the rows those calls would write.
+    """
+    from mlflow.store.tracking.sqlalchemy_store import SqlAlchemyStore
+
+    store = getattr(getattr(client, "_tracking_client", None), "store", None)
+    if not isinstance(store, SqlAlchemyStore):
+        return False
+    import uuid
+
+    from mlflow.entities import LifecycleStage, SourceType
+    from mlflow.store.tracking.dbmodels.models import SqlLatestMetric, SqlMetric, SqlParam, SqlRun, SqlTag
+    from mlflow.utils.uri import append_to_uri_path
+
+    location = _experiment_location(store, exp_id)
+    with store.ManagedSessionMaker() as session:
+        for run in runs:
+            run_id = uuid.uuid4().hex
+            row = SqlRun(name=run["name"], artifact_uri=append_to_uri_path(location, run_id, "artifacts"),
+                         run_uuid=run_id, experiment_id=int(exp_id), source_type=SourceType.to_string(SourceType.UNKNOWN),
+                         source_name="", entry_point_name="", user_id=run["tags"].get("mlflow.user", "unknown"),
+                         status=run["status"],
+                         start_time=run["start"], end_time=run["end"], deleted_time=None, source_version="",
+                         lifecycle_stage=LifecycleStage.ACTIVE)
+            row.tags = [SqlTag(key=k, value=v) for k, v in {**run["tags"], "mlflow.runName": run["name"]}.items()]
+            row.params = [SqlParam(key=k, value=v) for k, v in run["params"].items()]
+            row.metrics = [SqlMetric(key=k, value=v, timestamp=run["end"], step=0, is_nan=False)
+                           for k, v in run["metrics"].items()]
+            row.latest_metrics = [SqlLatestMetric(key=k, value=v, timestamp=run["end"], step=0, is_nan=False)
+                                  for k, v in run["metrics"].items()]
+            session.add(row)
+    return True
+
+
+def _experiment_location(store: Any, exp_id: str) -> str:
+    cache = store.__dict__.setdefault("_gpuflows_locations", {})
+    if exp_id not in cache:
+        cache[exp_id] = store.get_experiment(exp_id).artifact_location
+    return cache[exp_id]
 
 
 def flow_tracker() -> RunTracker | None:

@@ -147,7 +147,7 @@ def test_each_task_is_a_nested_mlflow_run_with_its_placement(state_dir):
     assert len(children) == 3
     for run in children:
         assert run.data.params["fraction"] == "0.5" and run.data.params["devices"] in ("0", "1")
-        assert {"wait_time_s", "run_time_s", "gpu_utilization"} <= set(run.data.metrics)
+        assert {"wait_time_s", "run_time_s", "gpu_share"} <= set(run.data.metrics)
         assert run.info.status == "FINISHED"
     artifacts = [a.path for a in client.list_artifacts(parent, "allocations")]
     assert "allocations/timeline.json" in artifacts and "allocations/timeline.png" in artifacts
