@@ -119,7 +119,6 @@ class PlacingTaskRunner(TaskRunner[PrefectConcurrentFuture]):
         self._held: dict[str, uuid.UUID] = {}        # lease id -> task run holding it
         self._lost: dict[str, str] = {}              # lease id -> why the ledger took it away
         self._leases_lock = threading.Lock()
-        self._utilization_source = None
         self._context_cache: tuple[tuple, dict[str, Any], dict[str, str]] | None = None
 
     # -- configuration values: equality, duplication, pickling -------------------------------

@@ -282,6 +282,7 @@ class RunTracker:
         logger.error("MLflow tracking of %s: %s", self.run_name, what, exc_info=exc)
 
     def _loop(self) -> None:
+        exp_id = None
         try:
             client = open_client(self.tracking_uri)
             exp_id = ensure_experiment(client, self.experiment)
