@@ -20,9 +20,10 @@ from gpu.scenario import integer
 from gpuflows.args import error, simulated
 from resource_blocks import GpuPool, MlflowTarget
 from tasks.flow_runtime import log_flow_inputs, publish_mlflow_link, settings
-from tasks.requests import apply_memory_cap, current_placement, gpu_options
+from tasks.requests import current_placement, gpu_options
 from tasks.charts import publish_pool_occupancy
 from tasks.runners import GpuTaskRunner
+from tasks.slices import enforce
 from tasks.ui import FlowProgress
 
 # (gpus, memory) cycled over the submitted tasks: fractions, whole GPUs and memory caps.
@@ -37,7 +38,7 @@ def train_steps(i: int, steps: int = 60) -> dict:
 
     start = time.time()
     p = current_placement()
-    apply_memory_cap(p)
+    enforce(p)
     x, y = load_digits(return_X_y=True)
     device = torch.device(p.device)
     xs = torch.tensor(x / 16.0, dtype=torch.float32, device=device)

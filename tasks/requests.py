@@ -113,16 +113,3 @@ def placed(placement: TaskPlacement | None) -> Iterator[None]:
         yield
     finally:
         _PLACEMENT.reset(token)
-
-
-def apply_memory_cap(placement: TaskPlacement | None = None) -> None:
-    """Cap torch's CUDA allocator at the placement's memory (no-op on CPU or without a cap)."""
-    p = placement or current_placement()
-    if p is None or not p.memory_cap or not p.device.startswith("cuda"):
-        return
-    import torch
-
-    if torch.cuda.is_available():
-        dev = torch.device(p.device)
-        total = torch.cuda.get_device_properties(dev).total_memory
-        torch.cuda.set_per_process_memory_fraction(min(1.0, p.memory_cap / total), dev)

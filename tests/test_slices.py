@@ -1,0 +1,65 @@
+"""The slice emulation turns measured work into slice time: heavier work, longer slice time; half a
+device, twice the time; nothing emulated on a real GPU."""
+
+import pytest
+import torch
+
+from gpu.contract import contract_violations, is_frozen_decision
+from gpu.ledger import Placement
+from tasks.requests import TaskPlacement, placed
+from tasks.slices import MPS_PIPE_ENV, mps_environment, on_slice
+
+
+def _placement(fraction: float) -> TaskPlacement:
+    return TaskPlacement(Placement("l1", "n0", (0,), fraction, 0), "cpu", "")
+
+
+def _work(n: int) -> float:
+    torch.set_num_threads(1)  # as every gpuflows task does: the thread's CPU time is the work's
+    a = torch.randn(n, n, generator=torch.Generator().manual_seed(0))
+    return float((a @ a).sum())
+
+
+def test_slice_time_is_measured_work_over_the_share():
+    with placed(_placement(0.25)), on_slice() as light:
+        _work(120)
+    with placed(_placement(0.25)), on_slice() as heavy:
+        for _ in range(8):
+            _work(240)
+    assert light.timing.emulated and light.timing.share == 0.25
+    assert light.timing.slice_s == pytest.approx(light.timing.work_s / 0.25)
+    assert heavy.timing.work_s > 4 * light.timing.work_s  # 64x the flops: the measurement sees it
+
+
+def test_outside_a_runner_the_work_holds_a_whole_device():
+    with on_slice() as clock:
+        _work(64)
+    assert clock.timing.share == 1.0 and clock.timing.slice_s == clock.timing.work_s
+
+
+def test_mps_share_only_where_a_daemon_listens(tmp_path, monkeypatch):
+    monkeypatch.setenv(MPS_PIPE_ENV, str(tmp_path))
+    assert mps_environment(0.3) == {}
+    (tmp_path / "control").touch()
+    assert mps_environment(0.3) == {"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "30"}
+    assert mps_environment(1.0) == {}
+
+
+def test_contract_checker_names_what_is_wrong():
+    class Good:
+        system, policy, hooks = "x", "p", ("on_round",)
+
+        def on_round(self, now, feedback):
+            return None
+
+    class BadHook(Good):
+        hooks = ("on_round", "on_lunch")
+
+    class NoNow(Good):
+        def on_round(self, feedback):
+            return None
+
+    assert contract_violations(Good()) == []
+    assert "on_lunch" in contract_violations(BadHook())[0]
+    assert "`now` first" in contract_violations(NoNow())[0]
+    assert contract_violations(object()) and not is_frozen_decision(Good())
