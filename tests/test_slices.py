@@ -22,10 +22,10 @@ def _work(n: int) -> float:
 
 def test_slice_time_is_measured_work_over_the_share():
     with placed(_placement(0.25)), on_slice() as light:
-        _work(120)
+        _work(200)
     with placed(_placement(0.25)), on_slice() as heavy:
         for _ in range(8):
-            _work(240)
+            _work(400)
     assert light.timing.emulated and light.timing.share == 0.25
     assert light.timing.slice_s == pytest.approx(light.timing.work_s / 0.25)
     assert heavy.timing.work_s > 4 * light.timing.work_s  # 64x the flops: the measurement sees it
