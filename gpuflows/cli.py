@@ -103,7 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
     pool.add_argument("--list", action="store_true", help="list the pools with their layout and lease counts")
     pool.set_defaults(func=_pool)
 
-    demo = sub.add_parser("demo", help="run the demo (make demo): the pool demo, then Ekya thief vs uniform on a simulated 2-GPU pool")
+    demo = sub.add_parser("demo", add_help=False,  # `gpuflows demo --help` is the demo's own help
+                          help="run the demo (make demo): the pool demo, then Ekya thief vs uniform on a simulated 2-GPU pool")
     demo.add_argument("extra", nargs=argparse.REMAINDER, help="arguments passed to the demo")
     demo.set_defaults(func=_demo)
     return parser
