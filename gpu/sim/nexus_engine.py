@@ -10,9 +10,10 @@ asks the batch policy for a batch, executes it for ℓ(b) from the profile, then
 for a batch to fill unless the policy asks to. A request is *bad* if it is dropped or finishes after its
 deadline (§7 "bad rate").
 
-Query stages can be *chained* (``chains``): a child stage's requests are not drawn up front but issued when
-a parent request finishes on time, Poisson(γ) of them (γ = average fan-out, §6.2), each routed by the child's
-shares. A child's deadline is its parent's deadline plus the child's stage SLO, so the budget a parent did not
+Routing and chaining are the Nexus controller's decisions (``gpu.schedulers.nexus_controller``, the one the
+serving runtime asks). Query stages can be *chained* (``chains``): a child stage's requests are not drawn up
+front but issued when a parent request finishes on time, Poisson(γ) of them (γ = average fan-out, §6.2), each
+routed by the child's shares. A child's deadline is its parent's deadline plus the child's stage SLO, so the budget a parent did not
 use carries over (the authors' slack propagation, their code's ``request_context``); a root-to-leaf path thus
 ends by the query's arrival + its end-to-end SLO. A query is bad when any of its requests is
 (``SimResult.bad_queries``); a late or dropped parent issues no children (its query is lost already).

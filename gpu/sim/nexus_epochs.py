@@ -105,7 +105,7 @@ def step_timeline(profiles: Mapping[str, BatchProfile], sessions: Sequence[Sessi
     if not scale > 0:
         raise ConfigError("scale", scale, "must be > 0")
     planner = EpochPlanner(SquishyPacker(profiles, preset), sessions, config)
-    controller = NexusController(planner)
+    controller = NexusController(planner, rng=seed)
     policy = make_policy(batch_policy)
     beacons: list[Beacon] = []
     plan = controller.plan
@@ -115,7 +115,7 @@ def step_timeline(profiles: Mapping[str, BatchProfile], sessions: Sequence[Sessi
         factor = scale if t > step_at_s else 1.0
         rates = {s.session_id: s.rate * factor for s in sessions}
         res = simulate_plan(plan, profiles, policy, rates=rates, duration_s=config.beacon_s, arrivals=arrivals,
-                            seed=seed * 100_003 + k)
+                            seed=seed * 100_003 + k, controller=controller)
         measured = {sid: st.offered / config.beacon_s for sid, st in res.sessions.items()}
         decision = controller.on_epoch(t, measured)
         beacons.append(Beacon(t, res.total("offered"), res.total("late") + res.total("dropped"), plan.num_gpus,
