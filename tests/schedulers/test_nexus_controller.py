@@ -28,6 +28,13 @@ def test_the_controller_follows_the_scheduler_contract():
     assert policy_names()[0] == "nexus" and "batch_oblivious" in policy_names()
 
 
+def test_the_registry_names_this_controller_and_its_policies():
+    from gpu.systems import SYSTEMS, resolve
+
+    nexus = SYSTEMS["nexus"]
+    assert resolve(nexus.controller) is NexusController and nexus.policy_names() == policy_names()
+
+
 def test_an_unknown_policy_or_clock_is_one_config_error_naming_it():
     with pytest.raises(ConfigError, match="policy.*'nexsu'"):
         NexusController(policy="nexsu")
