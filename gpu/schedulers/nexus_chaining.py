@@ -126,6 +126,12 @@ class QueryChains:
         kids = self.children.get(session_id)
         if not kids:
             return ()
+        if type(deadlines) in (int, float):  # a batch of one, the runtime's common case at low load: no mask
+            if now > deadlines + self._tol:
+                return ()
+            fanouts = [(child, int(self._fanout(child, gamma, 1)[0])) for child, gamma in kids]
+            return tuple(Issue(child, np.zeros(n, np.intp), np.full(n, deadlines + self.budget(child)))
+                         for child, n in fanouts if n)
         due = np.atleast_1d(deadlines)
         on_time = now <= due + self._tol
         if not on_time.any():

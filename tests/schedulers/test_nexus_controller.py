@@ -126,3 +126,17 @@ def test_every_stage_knows_its_query_root_and_depth():
     chains = QueryChains({"q/b": ("q/a", 1.0), "q/c": ("q/b", 1.0)})
     assert chains.roots == {"q/a": "q/a", "q/b": "q/a", "q/c": "q/a"}
     assert [chains.depth(s) for s in ("q/a", "q/b", "q/c")] == [0, 1, 2] and chains.parents == {"q/a", "q/b"}
+
+
+def test_a_batch_of_one_chains_like_a_batch_of_many():
+    """The runtime passes a lone request's deadline as an int: same children, exact integer deadlines."""
+    one, many = (QueryChains({"q/r": ("q/d", 2.0)}, rng=5, time_unit="ns") for _ in range(2))
+    one.set_plan(two_stage_plan(20.0))
+    many.set_plan(two_stage_plan(20.0))
+    for due in (50_000_000, 60_000_000, 30_000_000):  # the last one is late at 35 ms: no children
+        a = one.issue(35_000_000, "q/d", due)
+        b = many.issue(35_000_000, "q/d", np.array([due], np.int64))
+        assert [(i.parents.tolist(), i.deadlines.tolist()) for i in a] == \
+               [(i.parents.tolist(), i.deadlines.tolist()) for i in b]
+        assert all(i.deadlines.dtype == np.int64 and (i.deadlines == due + 20_000_000).all() for i in a)
+    assert one.issue(35_000_000, "q/d", 30_000_000) == ()
