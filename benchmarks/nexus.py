@@ -58,7 +58,7 @@ COMPARED = ("nexus", "batch_oblivious", "batch_oblivious_fixed_batch", "batch_ob
 
 
 def mixes(seed: int, duration_s: float, quick: bool) -> dict[str, NexusScenario]:
-    """The 16-session workloads of Fig. 16 (spec §5): (a/b) one model with SLOs 50–200 ms, (c/d) Zipf-0.9
+    """The 16-session workloads of Fig. 16 (§7.4; docs/nexus.md): (a/b) one model with SLOs 50–200 ms, (c/d) Zipf-0.9
     rates at SLO 50 ms (the game case study's SLO, §7.3.1), (e) 8 architectures × SLOs {50, 100} ms.
 
     Synthetic paper-anchored profiles (``nexus_synthetic``) for ResNet-50/Inception and the small models,

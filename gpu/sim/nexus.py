@@ -4,11 +4,11 @@ A *policy* here is a whole serving configuration from the paper's evaluation (§
 ``gpu.schedulers.nexus_strategies.STRATEGIES``: ``nexus`` is the full system, the others its ablations and the
 Clipper/TF-Serving-like baselines of §7.2. Scenario format: ``docs/nexus.md``.
 
-CPU model (§6.3, §7.3.1; inferred, spec §8 item 6): a model may declare ``preprocess_ms`` per request. With OL
+CPU model (§6.3, §7.3.1; inferred, docs/nexus.md): a model may declare ``preprocess_ms`` per request. With OL
 the node's CPU pool pre-processes requests as they arrive, in parallel with the GPU, and is assumed to keep up
 (the paper provisions 4–5 cores per GPU "to saturate GPU throughput"): a request joins a batch ``p`` ms after it
 arrives, its deadline unchanged, so the planner plans the GPU with ``SLO − p`` (what the authors' code does with
-pre/post-processing, spec §3.1) and the engine delays each request by ``p`` (``ready_ms``). Without OL a
+pre/post-processing) and the engine delays each request by ``p`` (``ready_ms``). Without OL a
 GPU worker pre-processes a batch before its forward, by default on one thread: the planner and the engine both
 use ``ℓ'(b) = b·p + ℓ(b)`` (``serial_preprocess``; ``preprocess_threads: k`` spreads it, ``⌈b/k⌉·p``). Both are transforms of the sessions and profiles the planner
 and the engine already consume (``scaled_sessions``).

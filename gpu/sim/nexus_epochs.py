@@ -1,4 +1,4 @@
-"""Epoch reaction (Nexus Fig. 13, spec §8 item 10): a step in load, its detection by the epoch planner's
+"""Epoch reaction (Nexus Fig. 13, §7.4): a step in load, its detection by the epoch planner's
 beacons, and the bad-rate spike until the new plan serves it.
 
 The paper (§7.4) steps the load up and reads off how long Nexus takes to notice (12 s there, at most one

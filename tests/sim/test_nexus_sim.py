@@ -266,8 +266,9 @@ def test_a_dropped_parent_issues_no_children_and_loses_its_query():
 
 @pytest.mark.parametrize("seed", range(6))
 def test_nexus_needs_no_more_gpus_than_the_batch_oblivious_scheduler_both_measured(seed):
-    """Issue 7's plan invariant, judged by measurement for both (the batch-oblivious plan breaks worst-case SLOs
-    by construction, so its plan alone says nothing): the fewest GPUs on which each measures ≤ 1 % bad."""
+    """Squishy packing never needs more GPUs than the batch-oblivious scheduler, judged by measurement for both
+    (the batch-oblivious plan breaks worst-case SLOs by construction, so its plan alone says nothing): the fewest
+    GPUs on which each measures ≤ 1 % bad."""
     rng = np.random.default_rng(seed)
     profiles = synthetic_profiles()
     models = ["resnet50", "inception", "googlenet", "vgg7"]
