@@ -80,7 +80,7 @@ SYSTEMS: dict[str, System] = {s.name: s for s in (
            ("gpu.schedulers.cilantro:POLICIES", "gpu.sim.cilantro_scenario:STATIC_POLICIES"),
            "scenarios/cilantro/small.yaml", "flows.allocation_rounds"),
     System("nexus", "Shen et al., Nexus, SOSP 2019", "gpu.sim.nexus:run",
-           "gpu.schedulers.nexus_controller:NexusController", ("gpu.sim.nexus:STRATEGIES",),
+           "gpu.schedulers.nexus_controller:NexusController", ("gpu.schedulers.nexus_strategies:STRATEGIES",),
            "scenarios/nexus/table2_toy.yaml", "flows.serving_rollout"),
 )}
 
