@@ -28,16 +28,18 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
 import os
 import sqlite3
 import threading
 import time
 import uuid
-from contextlib import contextmanager
+import weakref
+from contextlib import closing, contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterator, Mapping
 
-from gpu.devices import PoolSpec
+from gpu.devices import Device, Node, PoolSpec
 from gpu.errors import AllocationTimeout, ConfigError, LeaseLost, LedgerBusy, LedgerError, LedgerReplaced
 from gpu.ledger_file import LOCK_TIMEOUT_S, LedgerFile, describe_error
 from gpu.liveness import HOST, Owner, process_alive, process_start, process_state
@@ -74,6 +76,10 @@ _EVENT_COLS = "t, kind, lease_id, label, node, devices, fraction, memory, holder
 _EVENT_LEASE = "id, label, node, devices, fraction, memory, owner"  # a lease row as events record it
 
 
+_OPEN: "weakref.WeakValueDictionary[str, PoolLedger]" = weakref.WeakValueDictionary()
+"""Ledgers open in this process by ``pool_id``: a task in thread mode reaches its runner's ledger."""
+
+
 def _create_schema(db: sqlite3.Connection) -> None:
     """Create the tables, adding the columns older ledgers lack."""
     for statement in _SCHEMA.split(";"):
@@ -99,7 +105,9 @@ class Placement:
     """A granted slice: what the task may use and how to point CUDA at it.
 
     ``generation`` is the lease's fencing token: it grows with every grant of the pool, so work
-    stamped with it can be told apart from work of a later holder of the same slice.
+    stamped with it can be told apart from work of a later holder of the same slice. ``pool`` names
+    the ledger that granted it (``PoolLedger.pool_id``), so a task can reach its own pool: ESCHER's
+    ``set_resource(name, capacity, None)`` means "on the caller's node" (ESCHER Listing 1).
     """
 
     lease_id: str
@@ -113,6 +121,7 @@ class Placement:
     simulated: bool = True
     granted_at: float = 0.0
     generation: int = 0
+    pool: str = ""
 
     @property
     def cuda_visible_devices(self) -> str:
@@ -181,6 +190,29 @@ class LedgerClient:
     def close(self) -> None:
         """Stop the client's background work (leases stay until released or reclaimed)."""
 
+    # -- ephemeral resources (ESCHER §4.3): what an ESCHER Scheduling Library needs of any ledger --
+    def set_resource(self, name: str, capacity: float, node: str | None = None) -> None:
+        """Create or resize resource ``name`` on ``node`` (None: every node); capacity 0 deletes it."""
+        raise NotImplementedError
+
+    def adjust_resource(self, name: str, delta: float, node: str | None = None) -> dict[str, float]:
+        """Add ``delta`` to ``name``'s capacity in one transaction (ESCHER §4.5's delta log: two
+        monitors growing the same resource never lose an update); the new capacity per node."""
+        raise NotImplementedError
+
+    def cluster_status(self) -> dict[str, dict[str, tuple[float, float]]]:
+        """node -> resource -> (capacity, available), physical ``CPU``/``GPU`` included (ESCHER's
+        ``get_cluster_status``); every node of the pool is listed, with or without resources."""
+        raise NotImplementedError
+
+    def free_state(self) -> list[NodeState]:
+        """What is free on every node now."""
+        raise NotImplementedError
+
+    def delete_resource(self, name: str, node: str | None = None) -> None:
+        """``set_resource(name, 0, node)``."""
+        self.set_resource(name, 0, node)
+
     def submit_and_try(self, request: Request, priority: float = 0.0) -> tuple[int, Placement | None]:
         """``submit`` then a first ``try_grant``; ledgers override it to do both in one step."""
         ticket = self.submit(request, priority)
@@ -244,6 +276,8 @@ class PoolLedger(LedgerClient):
         self.owner = Owner.this_process()
         self._file = LedgerFile(os.path.abspath(path)) if path else None
         self.path = self._file.path if self._file else ":memory:"
+        self.pool_id = str(self.path) if self._file else f"memory:{uuid.uuid4().hex}"
+        _OPEN[self.pool_id] = self
         self._lock = threading.RLock()          # the in-memory connection; waiters' bookkeeping
         self._cv = threading.Condition(self._lock)
         self._idle: list[sqlite3.Connection] = []  # a file's connections not in use right now
@@ -395,7 +429,7 @@ class PoolLedger(LedgerClient):
 
     def _placement(self, row) -> Placement:
         return Placement(row[0], row[1], tuple(json.loads(row[2])), row[3], row[4], row[5], json.loads(row[6]),
-                         row[7], self.spec.simulated, row[8], row[9] or 0)
+                         row[7], self.spec.simulated, row[8], row[9] or 0, self.pool_id)
 
     def _event(self, db: sqlite3.Connection, kind: str, lease_row, reason: str = "") -> None:
         """Log ``kind`` for a lease row (``_EVENT_LEASE``: id, label, node, devices, fraction, memory, holder)."""
@@ -764,19 +798,23 @@ class PoolLedger(LedgerClient):
                     self._outcomes[ticket] = outcome
             self._cv.notify_all()
 
-    # -- ephemeral resources (ESCHER §2) ------------------------------------------------------
+    # -- ephemeral resources (ESCHER §4.3) ----------------------------------------------------
+    def _resource_nodes(self, name: str, node: str | None) -> list[str]:
+        if not isinstance(name, str) or not name:
+            raise ConfigError("resource name", name, "must be a non-empty string")
+        names = [n.name for n in self._capacity]
+        if node is not None and node not in names:
+            raise ConfigError("node", node, f"not in this pool (nodes: {names})")
+        return names if node is None else [node]
+
     def set_resource(self, name: str, capacity: float, node: str | None = None) -> None:
         """Create or resize ephemeral resource ``name`` on ``node`` (default: every node); 0 deletes it.
 
         Shrinking below what tasks hold never revokes them: nothing new is granted until usage
         falls under the new capacity.
         """
-        if not isinstance(name, str) or not name:
-            raise ConfigError("resource name", name, "must be a non-empty string")
+        nodes = self._resource_nodes(name, node)
         positive(capacity, f"resources[{name!r}].capacity", allow_zero=True)  # NaN would be NULL in SQLite
-        if node is not None and node not in {n.name for n in self._capacity}:
-            raise ConfigError("node", node, f"not in this pool (nodes: {[n.name for n in self._capacity]})")
-        nodes = [n.name for n in self._capacity] if node is None else [node]
         with self._tx("set a resource") as db:
             for n in nodes:
                 if capacity == 0:
@@ -785,11 +823,25 @@ class PoolLedger(LedgerClient):
                     db.execute("INSERT OR REPLACE INTO resources VALUES (?,?,?)", (n, name, float(capacity)))
             self._plan(db)
 
-    def delete_resource(self, name: str, node: str | None = None) -> None:
-        self.set_resource(name, 0, node)
+    def adjust_resource(self, name: str, delta: float, node: str | None = None) -> dict[str, float]:
+        """Add ``delta`` to ``name`` on ``node`` (None: every node) atomically; a capacity reaching 0 deletes it."""
+        nodes = self._resource_nodes(name, node)
+        if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not math.isfinite(delta):
+            raise ConfigError(f"resources[{name!r}].delta", delta, "must be a finite number")
+        out = {}
+        with self._tx("adjust a resource") as db:
+            for n in nodes:
+                row = db.execute("SELECT capacity FROM resources WHERE node=? AND name=?", (n, name)).fetchone()
+                out[n] = max(0.0, (row[0] if row else 0.0) + delta)
+                if out[n] == 0:
+                    db.execute("DELETE FROM resources WHERE node=? AND name=?", (n, name))
+                else:
+                    db.execute("INSERT OR REPLACE INTO resources VALUES (?,?,?)", (n, name, out[n]))
+            self._plan(db)
+        return out
 
     def resources(self) -> dict[str, dict[str, tuple[float, float]]]:
-        """node -> resource -> (capacity, available)."""
+        """node -> ephemeral resource -> (capacity, available); nodes without any are left out."""
         with self._tx("read the resources") as db:
             caps = db.execute("SELECT node, name, capacity FROM resources").fetchall()
             free = {n.name: n.resources_free for n in self._free_state(db)}
@@ -797,6 +849,12 @@ class PoolLedger(LedgerClient):
         for node, name, cap in caps:
             out.setdefault(node, {})[name] = (cap, free[node].get(name, cap))
         return out
+
+    def cluster_status(self) -> dict[str, dict[str, tuple[float, float]]]:
+        with self._tx("read the cluster status") as db:
+            caps = db.execute("SELECT node, name, capacity FROM resources").fetchall()
+            nodes = self._free_state(db)
+        return status_of(nodes, caps)
 
     # -- inspection ---------------------------------------------------------------------------
     def free_state(self) -> list[NodeState]:
@@ -844,6 +902,36 @@ class PoolLedger(LedgerClient):
             lines.append(f"lease {self._placement(r[:-3]).describe()} held by {holder}")
         lines.append(f"{waiting} request(s) waiting")
         return lines
+
+
+def status_of(nodes: list[NodeState], capacities) -> dict[str, dict[str, tuple[float, float]]]:
+    """ESCHER's cluster status from free node states and ``(node, name, capacity)`` rows: physical
+    ``CPU`` and ``GPU`` (whole idle devices) beside each ephemeral resource, as (capacity, available)."""
+    out = {n.name: {"CPU": (n.cpus_total, n.cpus_free),
+                    "GPU": (float(len(n.devices)), float(sum(d.idle for d in n.devices)))} for n in nodes}
+    for node, name, cap in capacities:
+        free = next(n.resources_free for n in nodes if n.name == node)
+        out[node][name] = (cap, free.get(name, cap))
+    return out
+
+
+def open_ledger(pool_id: str) -> PoolLedger:
+    """The ledger ``pool_id`` names: the one open in this process, else its file opened from the layout it
+    stores (another process's pool, e.g. a task's worker reaching its runner's pool)."""
+    if pool_id in _OPEN:
+        return _OPEN[pool_id]
+    if not pool_id or pool_id.startswith("memory:") or not os.path.isfile(pool_id):
+        raise ConfigError("pool", pool_id, "no such pool here (an in-memory pool is reachable only in its process)")
+    try:
+        with closing(sqlite3.connect(f"file:{pool_id}?mode=ro", uri=True, timeout=LOCK_TIMEOUT_S)) as db:
+            row = db.execute("SELECT value FROM meta WHERE key='spec'").fetchone()
+    except sqlite3.Error as exc:
+        raise describe_error(exc, pool_id, "read the pool's layout") from exc
+    if row is None:
+        raise ConfigError("pool", pool_id, "its ledger stores no layout")
+    nodes = tuple(Node(name, tuple(Device(i, f"SIM-{name}-{i}", "GPU", mem, mem, simulated=True) for i, mem in devices),
+                       float(cpus)) for name, cpus, devices in json.loads(row[0]))
+    return PoolLedger(PoolSpec(nodes), pool_id, heartbeat=False)
 
 
 def register_worker(path: str, owner_key: str) -> None:
