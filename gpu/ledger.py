@@ -37,7 +37,7 @@ import uuid
 import weakref
 from contextlib import closing, contextmanager
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Iterator, Mapping
+from typing import Callable, Iterator, Mapping, Sequence
 
 from gpu.devices import Device, Node, PoolSpec
 from gpu.errors import AllocationTimeout, ConfigError, LeaseLost, LedgerBusy, LedgerError, LedgerReplaced
@@ -590,6 +590,31 @@ class PoolLedger(LedgerClient):
             if placement is None and self._reclaim(db):
                 placement = self._granted(db, ticket)
         return ticket, placement if owner else self._hold(placement)
+
+    def grant_all(self, requests: Sequence[Request], owner: Owner | None = None) -> list[Placement] | None:
+        """Grant every one of ``requests`` in one transaction, or none of them (None): an all-or-none gang
+        grant, the analogue of ESCHER's FrameSpace gang scheduling (§4.4e) and of a Ray placement group.
+        It does not queue: the caller retries when the pool changes. Requests already waiting keep their
+        order among themselves; a gang that fits now may go before them, as a backfilled request would."""
+        if not requests:
+            raise ConfigError("requests", requests, "a gang of 0 requests has nothing to grant")
+        for request in requests:
+            self._check(request)
+        self._start_threads()
+        with self._tx("grant a gang") as db:
+            nodes = self._free_state(db)
+            choices = []
+            for request in requests:
+                choice = self.policy.choose(request, nodes)
+                if choice is None:
+                    return None
+                choices.append(choice)
+                nodes = apply_choice(nodes, request, choice)
+            key = (owner or self.owner).key
+            tickets = [self._insert_ticket(db, r, 0.0, owner) for r in requests]
+            self._grant(db, [(Waiting(t, r), c, key) for t, r, c in zip(tickets, requests, choices)])
+            placements = [self._granted(db, t) for t in tickets]
+        return placements if owner else [self._hold(p) for p in placements]
 
     def try_grant(self, ticket: int, owner: Owner | None = None) -> Placement | None:
         """The lease ``ticket`` was granted, or None while it waits (looking for dead holders if due)."""
