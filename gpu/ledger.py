@@ -28,7 +28,6 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import math
 import os
 import sqlite3
 import threading
@@ -48,7 +47,7 @@ from gpu.placement import (
     Choice, DeviceState, FifoBestFit, NodeState, PlacementPolicy, Request, Waiting, apply_choice,
     awaits_missing_resource, check_ever_fits, plan_grants,
 )
-from gpu.scenario import positive
+from gpu.scenario import number, positive
 from gpu.units import format_memory
 
 log = logging.getLogger("gpuflows.ledger")
@@ -851,8 +850,7 @@ class PoolLedger(LedgerClient):
     def adjust_resource(self, name: str, delta: float, node: str | None = None) -> dict[str, float]:
         """Add ``delta`` to ``name`` on ``node`` (None: every node) atomically; a capacity reaching 0 deletes it."""
         nodes = self._resource_nodes(name, node)
-        if isinstance(delta, bool) or not isinstance(delta, (int, float)) or not math.isfinite(delta):
-            raise ConfigError(f"resources[{name!r}].delta", delta, "must be a finite number")
+        number(delta, f"resources[{name!r}].delta")
         out = {}
         with self._tx("adjust a resource") as db:
             for n in nodes:

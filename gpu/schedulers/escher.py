@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Mapping, Protocol, Sequence
 
 from gpu.errors import ConfigError
@@ -220,7 +220,7 @@ class Escher:
                 moved.append(call)
                 calls.append(SetResource(call.name, call.capacity, spare[0], call.spec))
         for call in moved:
-            self._log.pop((call.name, call.node), None)
+            self._remember(replace(call, capacity=0.0))     # logged as gone from the lost node
         actions = Actions(tuple(calls))
         self.apply(actions)
         return actions
