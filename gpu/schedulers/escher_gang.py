@@ -64,7 +64,7 @@ class GangStep:
     ``submit``: ghost indices to queue; ``grant_all``: try every bundle in one transaction
     (FrameSpace); ``lock``: queue the serializer request; ``rollback``: withdraw the queued ghosts
     and end the running ones; ``unlock``: release the serializer; ``launch``: the members to start;
-    ``wake_at``: when to call ``on_timer``.
+    ``wake_at``: when to call ``on_timer`` (``on_retry`` after a rollback).
     """
 
     submit: tuple[int, ...] = ()
