@@ -28,7 +28,7 @@ class GangLoad:
     cpus: int = 8
     gangs: int = 200
     sizes: tuple[int, ...] = (8, 16, 24, 32)
-    arrival_rate: float = 20.0      # gangs per second over all applications
+    arrival_rate: float = 10.0      # gangs per second over all applications
     run_s: float = 0.1              # how long members run once the gang is up
     timeout: float = 0.3            # AppSpace ghost timeout
     backoff: float = 0.02           # AppSpace back-off base (doubling, jittered)

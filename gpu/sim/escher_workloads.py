@@ -200,10 +200,12 @@ def alphazero_placements(load: AlphaZero, placement: str, timing: Timing, seed: 
                 node = p.node if placement == "hardcoded" else None
                 resources = {} if node else agg_lb.requirement
                 world.run_task(Request(cpus=4, node=node, resources=resources), 3600.0, aggregator_started(i))
+                world.esl.apply(agg_lb.on_arrival(world.now, world.ledger.cluster_status(), world.ledger.waiting()))
         return started
 
     for i in range(load.pairs):
         world.run_task(Request(gpus=1, resources=lb.requirement), 3600.0, predictor_started(i))
+        world.esl.apply(lb.on_arrival(0.0, world.ledger.cluster_status(), world.ledger.waiting()))
     world.loop.run(until=60.0)
     return together[0], last[0]
 
