@@ -91,6 +91,7 @@ def _create_schema(db: sqlite3.Connection) -> None:
                 db.execute(f"ALTER TABLE {table} ADD COLUMN {column}")
     db.execute("CREATE INDEX IF NOT EXISTS leases_by_ticket ON leases(ticket)")
     db.execute("CREATE INDEX IF NOT EXISTS leases_by_owner ON leases(owner)")
+    db.execute("CREATE INDEX IF NOT EXISTS resources_by_name ON resources(name)")
 
 
 @functools.lru_cache(maxsize=8192)
@@ -438,7 +439,10 @@ class PoolLedger(LedgerClient):
             db.execute("DELETE FROM events WHERE id <= ?", (cur.lastrowid - _KEEP_EVENTS,))
 
     # -- the state of the pool ----------------------------------------------------------------
-    def _free_state(self, db: sqlite3.Connection) -> list[NodeState]:
+    def _free_state(self, db: sqlite3.Connection, names: set[str] | None = None) -> list[NodeState]:
+        """What is free per node; with ``names``, only those ephemeral resources (a grant reads the rows
+        its requests name, not every resource of the pool: ESCHER Fig. 4.8b/c, scheduling cost that does
+        not grow with the resources present)."""
         used_c: dict[tuple[str, int], float] = {}
         used_m: dict[tuple[str, int], int] = {}
         used_cpu: dict[str, float] = {}
@@ -454,7 +458,14 @@ class PoolLedger(LedgerClient):
             for k, v in json.loads(res).items():
                 used_res[(node, k)] = used_res.get((node, k), 0.0) + v * count
         caps: dict[str, dict[str, float]] = {}
-        for node, name, cap in db.execute("SELECT node, name, capacity FROM resources"):
+        if names is None:
+            rows = db.execute("SELECT node, name, capacity FROM resources")
+        else:
+            wanted = sorted(names)
+            rows = [r for i in range(0, len(wanted), 500) for r in db.execute(
+                f"SELECT node, name, capacity FROM resources WHERE name IN ({','.join('?' * len(wanted[i:i + 500]))})",
+                wanted[i:i + 500])]
+        for node, name, cap in rows:
             caps.setdefault(node, {})[name] = cap
         out = []
         for n in self._capacity:
@@ -483,7 +494,7 @@ class PoolLedger(LedgerClient):
         for rows in batches:
             if not rows:
                 break
-            nodes = nodes if nodes is not None else self._free_state(db)
+            nodes = nodes if nodes is not None else self._free_state(db, self._requested_names(db))
             waiting = [Waiting(r[0], _parse_request(r[1]), r[2]) for r in rows]
             grants = plan_grants(self.policy, waiting, nodes)
             for w, r in zip(waiting, rows):
@@ -497,6 +508,11 @@ class PoolLedger(LedgerClient):
             break
         if chosen:
             self._grant(db, chosen)
+
+    @staticmethod
+    def _requested_names(db: sqlite3.Connection) -> set[str]:
+        """The ephemeral resources any waiting ticket asks for (all a plan can need to read)."""
+        return {k for (text,) in db.execute("SELECT DISTINCT request FROM tickets") for k in _parse_request(text).resources}
 
     def _grant(self, db: sqlite3.Connection, chosen: list[tuple[Waiting, Choice, str]]) -> None:
         """Turn planned tickets into leases of their owners, each with the next fencing generation."""
@@ -601,7 +617,7 @@ class PoolLedger(LedgerClient):
             self._check(request)
         self._start_threads()
         with self._tx("grant a gang") as db:
-            nodes = self._free_state(db)
+            nodes = self._free_state(db, {k for r in requests for k in r.resources})
             choices = []
             for request in requests:
                 choice = self.policy.choose(request, nodes)
