@@ -175,7 +175,7 @@ class Escher:
         return out
 
     def get_cluster_status(self) -> dict[str, dict[str, tuple[float, float]]]:
-        """node -> resource -> (capacity, available): an advisory snapshot, racy by nature (§10.17)."""
+        """node -> resource -> (capacity, available): an advisory snapshot, racy by nature (the paper calls availability unexposed in §4.7)."""
         return self.ledger.cluster_status()
 
     # -- decisions and the log ---------------------------------------------------------------------

@@ -14,7 +14,7 @@
   transaction (``PoolLedger.grant_all``), no ghosts; the analogue of a Ray placement group.
 
 Each is a small state machine returning ``GangStep`` decisions; the world (``gpu.sim.escher`` or a
-flow) queues and cancels the requests, applies the ``Actions`` and calls back. Defaults follow §10.12:
+flow) queues and cancels the requests, applies the ``Actions`` and calls back. Defaults (the paper gives none):
 ``timeout`` 5 s, back-off 0.1 s doubling with ±50 % jitter, capped at 10 s.
 """
 

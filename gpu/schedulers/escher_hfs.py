@@ -9,7 +9,7 @@ re-allocate idle resources to oversubscribed users") and moves resources between
 "launching multiple instances of the ESL and restricting their operating domain to the nodes granted
 by the parent": ``create_team`` returns a child ESL whose domain this one sets every round.
 
-Choices where the paper is silent (§10.14): the unit is a whole node; demand is what the world reports
+Choices where the paper is silent: the unit is a whole node; demand is what the world reports
 (nodes' worth of pending + running tasks); rounding is largest-remainder; a user keeps the nodes it
 had when its share allows (few moves); taking a node away removes the resource but never preempts the
 tasks on it, so a new user ramps up as they finish (the dip at t=60 in Fig. 4.5c).

@@ -2,7 +2,7 @@
 
 Each policy is a few ``set_resource`` calls plus a requirement vector a task attaches to its
 ``Request(resources=...)``; none reads a task queue or touches the ledger's matching (the paper's point:
-"ESLs do not need to reason about tasks"). Names are namespaced strings (§10.8: ``coloc-<id>``,
+"ESLs do not need to reason about tasks"). Names are namespaced strings (§4.5 "namespacing of resources": ``coloc-<id>``,
 ``done-<id>``, ``q-<name>``, ``anti-<group>``, ``lb-<name>``, ``data-<id>``).
 
 Table 4.2, row by row:
@@ -16,7 +16,7 @@ Load balancing     ``ElasticLoadBalancer`` (capacity 1 per node, +1 when all are
 Data locality      ``store_data(esl, "d")`` where D is written; T requests ``{"data-d": 1}`` (P1)
 =================  =========================================================================
 
-Bin packing and weighted fair queuing have no recipe in the paper; §10.21's reading is built here:
+Bin packing and weighted fair queuing have no recipe in the paper; this reading is built here:
 bin packing as soft preferences over per-node resources, most-loaded node first; WFQ as one P3 queue
 per class with drain capacities split in proportion to the weights.
 """
@@ -93,7 +93,7 @@ class Queue:
 
 @dataclass(frozen=True)
 class WeightedFairQueues:
-    """Weighted fair queuing (§10.21): one ``Queue`` per class; ``release(esl, k)`` splits k releases
+    """Weighted fair queuing (Table 4.1; our recipe): one ``Queue`` per class; ``release(esl, k)`` splits k releases
     across the classes with backlog in proportion to their weights (largest remainder)."""
 
     weights: Mapping[str, float]
@@ -133,7 +133,7 @@ def anti_affinity(esl: Escher, group: str) -> dict[str, float]:
 
 @dataclass
 class ElasticLoadBalancer:
-    """Elastic load balancing (Table 4.2, §10.11): ``lb-<name>`` capacity 1 per node; the monitor raises
+    """Elastic load balancing (Table 4.2): ``lb-<name>`` capacity 1 per node; the monitor raises
     every node's capacity by 1 when all are exhausted and work waits. A ``gpu.contract.Controller``:
     the world calls ``on_arrival`` on each submission and ``on_job_done`` on each end with the status."""
 
@@ -164,7 +164,7 @@ class ElasticLoadBalancer:
         return self.on_arrival(now, status, pending)
 
 
-# -- bin packing (§10.21) -----------------------------------------------------------------------
+# -- bin packing (Table 4.1; our recipe) -----------------------------------------------------------------------
 def pack_resource(node: str) -> str:
     return f"pack-{node}"
 

@@ -3,7 +3,7 @@
 A task carries an ordered list of resource requirements ``[r1, ..., rn]``; the ESL launches it with
 r1 and, when no heartbeat arrives within ``timeout``, cancels it and relaunches with the next, until
 one runs or the list is exhausted (then the task is reported unschedulable: the paper's loop just
-ends, §10.9). The same list is OR-composition: ``[{fair_a: 1, anti: 1}, {fair_a: 1}]`` tries fairness
+ends). The same list is OR-composition: ``[{fair_a: 1, anti: 1}, {fair_a: 1}]`` tries fairness
 and anti-affinity, and relaxes anti-affinity on conflict.
 
 * ``SoftConstraint``: Fig. 4.4a as a state machine for a world with a clock (the simulator, a flow).
@@ -11,7 +11,7 @@ and anti-affinity, and relaxes anti-affinity on conflict.
   the heartbeat).
 * ``objective_preferences``: §4.4g's objective-function policy, maximise min over nodes of
   α·M + β·C, as preferences ``[{obj: γ}, {obj: γ/2}, ..., {obj: γ/2^k}]`` on a per-node ``obj``
-  resource of capacity α+β. Memory and CPU shares are fractions of a node (§10.10: the capacity α+β
+  resource of capacity α+β. Memory and CPU shares are fractions of a node (the capacity α+β
   only makes sense normalised); the placement is correct to a factor of 2, as the paper states.
 """
 
