@@ -495,15 +495,6 @@ def test_ledger_actor_frees_a_dead_drivers_slice_fences_a_silent_one_and_passes_
         ray.shutdown()
 
 
-def _set_resource_on_my_node(placement_env: str) -> str:
-    """A Ray task placed by the ledger creates ``coloc-t1`` on its own node (ESCHER P1, node_spec=None)."""
-    os.environ["GPUFLOWS_PLACEMENT"] = placement_env
-    from tasks.requests import set_resource
-
-    set_resource("coloc-t1", 2)
-    return ray.get_runtime_context().get_node_id()
-
-
 def test_ray_ledger_serves_the_escher_resource_api_and_a_task_reaches_it_through_its_placement(two_node_run):
     """The ESLs run unchanged on Ray: adjust_resource, cluster_status and free_state on the actor's client,
     and a task's set_resource(name, cap) lands on the node the task runs on."""
@@ -514,6 +505,18 @@ def test_ray_ledger_serves_the_escher_resource_api_and_a_task_reaches_it_through
     from gpu.schedulers.escher_primitives import anti_affinity, with_task
     from tasks.ray_runner import RayLedger, _LedgerActor, cluster_spec
     from tasks.requests import TaskPlacement
+
+    def set_resource_on_my_node(placement_env: str) -> str:
+        """A Ray task placed by the ledger creates ``coloc-t1`` on its own node (ESCHER P1, node_spec=None)."""
+        import os
+
+        import ray
+
+        from tasks.requests import PLACEMENT_ENV, set_resource
+
+        os.environ[PLACEMENT_ENV] = placement_env
+        set_resource("coloc-t1", 2)
+        return ray.get_runtime_context().get_node_id()
 
     ray.init(address=two_node_run["address"], namespace=NAMESPACE, log_to_driver=False)
     name = f"escher-{uuid.uuid4().hex[:8]}"
@@ -530,7 +533,7 @@ def test_ray_ledger_serves_the_escher_resource_api_and_a_task_reaches_it_through
         assert {p.node for p in spread} == set(nodes)
         producer = ledger.allocate(Request(cpus=0.5, node=nodes[1]), timeout=5)
         assert producer.pool == f"ray:{name}"
-        ran_on = ray.get(ray.remote(num_cpus=0)(_set_resource_on_my_node).options(
+        ran_on = ray.get(ray.remote(num_cpus=0)(set_resource_on_my_node).options(
             scheduling_strategy=NodeAffinitySchedulingStrategy(producer.node, soft=False)).remote(
             TaskPlacement(producer, "cpu", "").to_env()))
         assert ran_on == nodes[1]
