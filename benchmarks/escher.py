@@ -63,7 +63,7 @@ def makespan_vs_present(folder: str, tasks: int, present: tuple[int, ...], reps:
     for n in present:
         ledgers[n] = _ledger(folder, f"present{n}")
         with ledgers[n]._tx("bulk-create resources for the benchmark") as db:
-            db.executemany("INSERT INTO resources VALUES (?,?,?)", ((f"node{i % NODES}", f"e{i}", 1.0) for i in range(n)))
+            db.executemany("INSERT INTO resources (node, name, capacity) VALUES (?,?,?)", ((f"node{i % NODES}", f"e{i}", 1.0) for i in range(n)))
     out = {n: 0.0 for n in present}
     for _ in range(0, tasks, 50):
         for n, ledger in ledgers.items():
@@ -84,8 +84,8 @@ def latency_vs_requested(folder: str, present: int, requested: tuple[int, ...], 
     all created on one node so that one node satisfies the request."""
     ledger = _ledger(folder, f"requested{present}")
     with ledger._tx("bulk-create resources for the benchmark") as db:
-        db.executemany("INSERT INTO resources VALUES (?,?,?)", ((f"node{i % NODES}", f"e{i}", 1e6) for i in range(present)))
-        db.executemany("INSERT INTO resources VALUES (?,?,?)", (("node0", f"c{i}", 1e6) for i in range(max(requested))))
+        db.executemany("INSERT INTO resources (node, name, capacity) VALUES (?,?,?)", ((f"node{i % NODES}", f"e{i}", 1e6) for i in range(present)))
+        db.executemany("INSERT INTO resources (node, name, capacity) VALUES (?,?,?)", (("node0", f"c{i}", 1e6) for i in range(max(requested))))
     requests = {m: Request(resources={f"c{i}": 1 for i in range(m)}) for m in requested}
     samples: dict[int, list[float]] = {m: [] for m in requested}
     for _ in range(reps):                      # in turn, so noise hits every size alike

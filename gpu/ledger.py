@@ -67,7 +67,8 @@ CREATE TABLE IF NOT EXISTS events (
   id INTEGER PRIMARY KEY AUTOINCREMENT, t REAL, kind TEXT, lease_id TEXT, label TEXT,
   node TEXT, devices TEXT, fraction REAL, memory INTEGER, reason TEXT, holder TEXT);
 """
-_ADDED_COLUMNS = {"leases": ("generation INTEGER", "ticket INTEGER"), "events": ("reason TEXT", "holder TEXT")}
+_ADDED_COLUMNS = {"leases": ("generation INTEGER", "ticket INTEGER", "backed_by TEXT"),
+                  "events": ("reason TEXT", "holder TEXT"), "resources": ("lease TEXT",)}
 _KEEP_EVENTS = 20_000
 _PLAN_BATCH = 16
 _LEASE_COLS = "id, node, devices, fraction, memory, cpus, resources, label, granted_at, generation"
@@ -198,6 +199,11 @@ class LedgerClient:
     def adjust_resource(self, name: str, delta: float, node: str | None = None) -> dict[str, float]:
         """Add ``delta`` to ``name``'s capacity in one transaction (ESCHER §4.5's delta log: two
         monitors growing the same resource never lose an update); the new capacity per node."""
+        raise NotImplementedError
+
+    def lease_resource(self, lease_id: str, name: str, capacity: float) -> None:
+        """Create ``name`` on lease ``lease_id``'s node, backed by the lease: grants for it that ask for no
+        GPU run on the lease's devices; it is deleted with the lease (a GPU ghost, ESCHER P4)."""
         raise NotImplementedError
 
     def cluster_status(self) -> dict[str, dict[str, tuple[float, float]]]:
@@ -448,10 +454,11 @@ class PoolLedger(LedgerClient):
         used_cpu: dict[str, float] = {}
         used_res: dict[tuple[str, str], float] = {}
         # Summed per distinct (node, devices, resources) in SQLite: Python sees a few groups, not every lease.
-        for node, devices, res, fraction, memory, cpus, count in db.execute(
-                "SELECT node, devices, resources, SUM(fraction), SUM(memory), SUM(cpus), COUNT(*) FROM leases "
-                "GROUP BY node, devices, resources"):
-            for i in json.loads(devices):
+        # A lease on a ghost's devices (``backed_by``) uses the ghost's share: its devices are not counted twice.
+        for node, devices, res, fraction, memory, cpus, count, backed in db.execute(
+                "SELECT node, devices, resources, SUM(fraction), SUM(memory), SUM(cpus), COUNT(*), "
+                "backed_by IS NOT NULL AS backed FROM leases GROUP BY node, devices, resources, backed"):
+            for i in [] if backed else json.loads(devices):
                 used_c[(node, i)] = used_c.get((node, i), 0.0) + fraction
                 used_m[(node, i)] = used_m.get((node, i), 0) + memory
             used_cpu[node] = used_cpu.get(node, 0.0) + cpus
@@ -522,14 +529,34 @@ class PoolLedger(LedgerClient):
         for w, choice, owner in chosen:
             generation += 1
             ticket = db.execute("SELECT owner, host, pid, pstart FROM tickets WHERE id=?", (w.ticket,)).fetchone()
-            lease = (uuid.uuid4().hex, *ticket, w.request.label, choice.node, json.dumps(list(choice.devices)),
-                     choice.fraction, choice.memory, w.request.cpus, json.dumps(dict(w.request.resources)), now,
-                     now + self.lease_ttl, generation, w.ticket)
-            db.execute("INSERT INTO leases VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", lease)
+            backer = self._backer(db, w.request, choice.node)
+            devices, fraction, memory = backer[1:] if backer else (json.dumps(list(choice.devices)), choice.fraction,
+                                                                   choice.memory)
+            lease = (uuid.uuid4().hex, *ticket, w.request.label, choice.node, devices, fraction, memory,
+                     w.request.cpus, json.dumps(dict(w.request.resources)), now, now + self.lease_ttl, generation,
+                     w.ticket, backer[0] if backer else None)
+            db.execute("INSERT INTO leases VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", lease)
             db.execute("DELETE FROM tickets WHERE id=?", (w.ticket,))
             self._granted_to.owners.add(owner)
             self._event(db, "allocate", (lease[0], lease[5], lease[6], lease[7], lease[8], lease[9], lease[1]))
         db.execute("INSERT OR REPLACE INTO meta VALUES ('generation', ?)", (str(generation),))
+
+    @staticmethod
+    def _backer(db: sqlite3.Connection, request: Request, node: str) -> tuple | None:
+        """The ghost lease (id, devices, fraction, memory) behind a lease-backed resource ``request`` names
+        on ``node``, for a request of no GPU of its own: its grant runs on the ghost's devices."""
+        if request.uses_gpu or not request.resources:
+            return None
+        names = sorted(request.resources)
+        return db.execute(
+            "SELECT l.id, l.devices, l.fraction, l.memory FROM resources r JOIN leases l ON l.id = r.lease "
+            f"WHERE r.node=? AND r.name IN ({','.join('?' * len(names))}) LIMIT 1", (node, *names)).fetchone()
+
+    @staticmethod
+    def _delete_lease(db: sqlite3.Connection, lease_id: str) -> None:
+        """Drop a lease, and the resources it backs with it."""
+        db.execute("DELETE FROM leases WHERE id=?", (lease_id,))
+        db.execute("DELETE FROM resources WHERE lease=?", (lease_id,))
 
     def _granted(self, db: sqlite3.Connection, ticket: int) -> Placement | None:
         row = db.execute(f"SELECT {_LEASE_COLS} FROM leases WHERE ticket=?", (ticket,)).fetchone()
@@ -567,7 +594,7 @@ class PoolLedger(LedgerClient):
         for owner, reason in dead.items():
             for r in db.execute(f"SELECT {_EVENT_LEASE} FROM leases WHERE owner=?",
                                 (owner,)).fetchall():
-                db.execute("DELETE FROM leases WHERE id=?", (r[0],))
+                self._delete_lease(db, r[0])
                 self._event(db, "reclaim", r, reason)
                 freed += 1
             db.execute("DELETE FROM tickets WHERE owner=?", (owner,))
@@ -687,7 +714,7 @@ class PoolLedger(LedgerClient):
             row = db.execute(f"SELECT {_EVENT_LEASE} FROM leases WHERE ticket=?",
                              (ticket,)).fetchone()
             if row is not None and row[0] not in self._held:
-                db.execute("DELETE FROM leases WHERE id=?", (row[0],))
+                self._delete_lease(db, row[0])
                 self._event(db, "release", row, "request withdrawn")
             self._plan(db)
 
@@ -699,7 +726,7 @@ class PoolLedger(LedgerClient):
                 row = db.execute(f"SELECT {_EVENT_LEASE} FROM leases WHERE id=?",
                                  (lease_id,)).fetchone()
                 if row is not None:
-                    db.execute("DELETE FROM leases WHERE id=?", (lease_id,))
+                    self._delete_lease(db, lease_id)
                     self._event(db, "release", row)
                     self._plan(db)
         except BaseException:
@@ -860,7 +887,8 @@ class PoolLedger(LedgerClient):
                 if capacity == 0:
                     db.execute("DELETE FROM resources WHERE node=? AND name=?", (n, name))
                 else:
-                    db.execute("INSERT OR REPLACE INTO resources VALUES (?,?,?)", (n, name, float(capacity)))
+                    db.execute("INSERT OR REPLACE INTO resources (node, name, capacity) VALUES (?,?,?)",
+                               (n, name, float(capacity)))
             self._plan(db)
 
     def adjust_resource(self, name: str, delta: float, node: str | None = None) -> dict[str, float]:
@@ -875,9 +903,23 @@ class PoolLedger(LedgerClient):
                 if out[n] == 0:
                     db.execute("DELETE FROM resources WHERE node=? AND name=?", (n, name))
                 else:
-                    db.execute("INSERT OR REPLACE INTO resources VALUES (?,?,?)", (n, name, out[n]))
+                    db.execute("INSERT OR REPLACE INTO resources (node, name, capacity) VALUES (?,?,?)", (n, name, out[n]))
             self._plan(db)
         return out
+
+    def lease_resource(self, lease_id: str, name: str, capacity: float) -> None:
+        """Create ``name`` on the node of lease ``lease_id``, backed by it (ESCHER's ghost, P4): a request
+        for it and for no GPU of its own runs on the ghost's devices (its ``CUDA_VISIBLE_DEVICES``), and
+        the resource is deleted when the lease ends (released, or reclaimed with a dead holder)."""
+        self._resource_nodes(name, None)
+        capacity = positive(capacity, f"resources[{name!r}].capacity")
+        with self._tx("lease a resource") as db:
+            row = db.execute("SELECT node FROM leases WHERE id=?", (lease_id,)).fetchone()
+            if row is None:
+                raise LeaseLost(f"lease {lease_id} is not held: {self._loss_reason(lease_id)}")
+            db.execute("INSERT OR REPLACE INTO resources (node, name, capacity, lease) VALUES (?,?,?,?)",
+                       (row[0], name, capacity, lease_id))
+            self._plan(db)
 
     def resources(self) -> dict[str, dict[str, tuple[float, float]]]:
         """node -> ephemeral resource -> (capacity, available); nodes without any are left out."""

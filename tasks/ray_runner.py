@@ -119,6 +119,9 @@ class RayLedger(LedgerClient):
     def cluster_status(self) -> dict[str, dict[str, tuple[float, float]]]:
         return self._ray.get(self._actor.cluster_status.remote())
 
+    def lease_resource(self, lease_id: str, name: str, capacity: float) -> None:
+        self._ray.get(self._actor.lease_resource.remote(lease_id, name, capacity))
+
     def free_state(self) -> list[NodeState]:
         return self._ray.get(self._actor.free_state.remote())
 

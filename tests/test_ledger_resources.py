@@ -109,3 +109,44 @@ def test_a_task_in_another_process_reaches_its_pool_through_the_placement(tmp_pa
 def test_open_ledger_refuses_unknown_pools():
     with pytest.raises(ConfigError, match="pool="):
         open_ledger("memory:nope")
+
+
+def test_a_gpu_ghost_lends_its_devices_to_the_tasks_of_its_resource_and_takes_the_resource_with_it(tmp_path):
+    """ESCHER's gang ghost on GPUs: the member asks only for ``gang-g`` yet runs on the ghost's GPU."""
+    ledger = three_nodes(tmp_path / "pool.sqlite")
+    ghost = ledger.allocate(Request(gpus=1, node="node1", label="ghost"), timeout=1)
+    ledger.lease_resource(ghost.lease_id, "gang-g", 2)
+    members = [ledger.allocate(Request(resources={"gang-g": 1}, label=f"m{i}"), timeout=1) for i in range(2)]
+    assert {(m.node, m.devices, m.cuda_visible_devices) for m in members} == {("node1", ghost.devices,
+                                                                                ghost.cuda_visible_devices)}
+    node1 = next(n for n in ledger.free_state() if n.name == "node1")
+    used = [d.index for d in node1.devices if d.compute_free < 1]
+    assert used == list(ghost.devices)                                   # counted once, for the ghost
+    assert ledger.allocate(Request(gpus=1, node="node1"), timeout=1).devices != ghost.devices
+    ledger.release(ghost.lease_id)
+    assert "gang-g" not in ledger.cluster_status()["node1"]             # dies with the lease
+    from gpu.errors import LeaseLost
+
+    with pytest.raises(LeaseLost):
+        ledger.lease_resource(ghost.lease_id, "gang-g", 1)
+
+
+def test_a_dead_ghosts_resource_is_reclaimed_with_its_lease_so_its_gang_cannot_start():
+    """A ghost whose holder died loses its lease at the next reclaim, and ``gang-g`` goes with it: the
+    member waiting for it keeps waiting (the gang's timeout rolls it back) instead of running unbacked."""
+    import subprocess as sp
+
+    from gpu.liveness import HOST, Owner
+
+    dead = sp.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    ledger = three_nodes()
+    ghost_owner = Owner(HOST, dead.pid, 1, "ghost")
+    _, ghost = ledger.submit_and_try(Request(gpus=1, node="node0"), owner=ghost_owner)
+    ledger.lease_resource(ghost.lease_id, "gang-g", 1)
+    member = ledger.submit(Request(resources={"gang-g": 1}))
+    assert ledger.try_grant(member) is not None                          # granted while the ghost lived
+    with ledger._tx("reclaim now") as db:
+        assert ledger._reclaim(db, force=True) == 1
+    assert "gang-g" not in ledger.cluster_status()["node0"]
+    assert ledger.try_grant(ledger.submit(Request(resources={"gang-g": 1}))) is None
