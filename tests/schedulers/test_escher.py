@@ -249,3 +249,55 @@ def test_water_fill_and_largest_remainder():
     assert water_fill(10, [1, 1], [2, 3]) == [2, 3]
     assert largest_remainder(7, [1, 1]) == [4, 3]
     assert largest_remainder(0, [1]) == [0]
+
+
+def test_appspace_gang_on_the_local_ledger_rolls_back_then_runs_all_or_none():
+    """Gang of 8 one-CPU members on 12 CPUs with 6 taken: the ghosts time out, roll back (``gang-g0``
+    deleted, their CPUs freed); once the blocker ends, every ghost runs and the members land on them."""
+    from gpu.schedulers.escher_gang import AppSpaceGang, Gang
+
+    ledger = PoolLedger(SPEC, None)
+    esl = Escher(ledger)
+    blocker = ledger.allocate(Request(cpus=3, node="node0"))
+    ledger.allocate(Request(cpus=3, node="node1"))
+    gang = AppSpaceGang(Gang("g0", tuple(Request(cpus=1) for _ in range(8))), timeout=1.0)
+    step = gang.on_arrival(0.0)
+    tickets = {i: ledger.submit(gang.gang.ghost(i)) for i in step.submit}
+    ghosts = []
+    for i, t in tickets.items():
+        p = ledger.try_grant(t)
+        if p is not None:
+            ghosts.append(p)
+            esl.apply(gang.on_ghost_started(0.1, i, p.node).actions)
+    assert not gang.done and sum(c for c, _ in (ledger.cluster_status()[n].get("gang-g0", (0, 0))
+                                                for n in ("node0", "node1", "node2"))) == 6
+    rollback = gang.on_timer(step.wake_at)
+    assert rollback.rollback and rollback.wake_at > step.wake_at
+    for t in tickets.values():
+        ledger.cancel(t)                        # the waiting ghosts are withdrawn,
+    for p in ghosts:
+        ledger.release(p.lease_id)              # the running ones end
+    esl.apply(rollback.actions)
+    assert len(ledger.leases()) == 2
+    assert not any("gang-g0" in res for res in ledger.cluster_status().values())
+    ledger.release(blocker.lease_id)
+    retry = gang.on_retry(rollback.wake_at)
+    launched = ()
+    for i in retry.submit:
+        p = ledger.try_grant(ledger.submit(gang.gang.ghost(i)))
+        assert p is not None
+        s = gang.on_ghost_started(2.0, i, p.node)
+        esl.apply(s.actions)
+        launched = s.launch or launched
+    assert gang.done and len(launched) == 8
+    members = [ledger.try_grant(ledger.submit(m)) for m in launched]
+    assert all(m is not None and m.cpus == 0 for m in members)
+
+
+def test_framespace_grant_all_is_all_or_none_on_the_ledger(ledger):
+    ledger_busy = grant(ledger, Request(cpus=4, node="node0"))
+    assert ledger_busy is not None
+    assert ledger.grant_all([Request(cpus=4)] * 3) is None               # 2 free nodes for 3 bundles: none
+    assert len(ledger.leases()) == 1
+    gang = ledger.grant_all([Request(cpus=4)] * 2)
+    assert sorted(p.node for p in gang) == ["node1", "node2"]
