@@ -44,7 +44,6 @@ class _Run:
     tickets: dict[int, int] = field(default_factory=dict)       # ghost index -> ticket
     ghosts: dict[int, str] = field(default_factory=dict)        # ghost index -> lease id
     lock: str | None = None
-    members: list[str] = field(default_factory=list)
     running: int = 0
     latency: float | None = None
 
@@ -154,7 +153,6 @@ class GangWorld:
         w = self.world
 
         def started(p: Placement) -> None:
-            run.members.append(p.lease_id)
             run.running += 1
             if run.running == len(step.launch):
                 run.latency = w.now - run.arrived
