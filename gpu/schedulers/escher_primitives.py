@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Mapping
 
 from gpu.errors import ConfigError
-from gpu.schedulers.escher import UNBOUNDED, Actions, Escher, SetResource, largest_remainder
+from gpu.schedulers.escher import UNBOUNDED, Actions, Escher, NodeSpec, SetResource, largest_remainder
 from gpu.scenario import integer, positive
 
 
@@ -54,8 +54,6 @@ def signal(esl: Escher, event: str) -> None:
     """Run by T1 when it ends: create ``done-<event>`` on every node, so waiting tasks may run anywhere
     (Table 4.2 creates it on T1's node, which would also pin T2 there; a barrier over several
     producers could then never be met)."""
-    from gpu.schedulers.escher import NodeSpec
-
     esl.set_resource(f"done-{event}", UNBOUNDED, NodeSpec())
 
 
@@ -125,8 +123,6 @@ class WeightedFairQueues:
 # -- P4-free spreading ----------------------------------------------------------------------------
 def anti_affinity(esl: Escher, group: str) -> dict[str, float]:
     """Tasks of ``group`` on distinct nodes: ``anti-<group>`` with capacity 1 on every node (Table 4.2)."""
-    from gpu.schedulers.escher import NodeSpec
-
     esl.set_resource(f"anti-{group}", 1, NodeSpec())
     return {f"anti-{group}": 1.0}
 
