@@ -93,6 +93,7 @@ def _create_schema(db: sqlite3.Connection) -> None:
     db.execute("CREATE INDEX IF NOT EXISTS leases_by_ticket ON leases(ticket)")
     db.execute("CREATE INDEX IF NOT EXISTS leases_by_owner ON leases(owner)")
     db.execute("CREATE INDEX IF NOT EXISTS resources_by_name ON resources(name)")
+    db.execute("CREATE INDEX IF NOT EXISTS resources_by_lease ON resources(lease)")
 
 
 @functools.lru_cache(maxsize=8192)
