@@ -15,7 +15,7 @@ import itertools
 from typing import Callable, Sequence
 
 from gpu.devices import PoolSpec
-from gpu.errors import ConfigError
+from gpu.errors import ConfigError, LeaseLost
 from gpu.ledger import LedgerClient, Placement, status_of
 from gpu.placement import (
     DeviceState, FifoBestFit, NodeState, PlacementPolicy, Request, Waiting, apply_choice, check_ever_fits, plan_grants,
@@ -41,6 +41,7 @@ class SimLedger(LedgerClient):
         self._waiting: dict[int, Waiting] = {}
         self._granted: dict[int, Placement] = {}
         self._leases: dict[str, tuple[Placement, Request]] = {}
+        self._backed: dict[tuple[str, str], str] = {}          # (node, resource) -> the ghost lease behind it
         self._tickets = itertools.count(1)
         self._lease_ids = itertools.count(1)
         self.grants = 0
@@ -96,6 +97,16 @@ class SimLedger(LedgerClient):
         self._plan()
         return out
 
+    def lease_resource(self, lease_id: str, name: str, capacity: float) -> None:
+        """A GPU ghost's resource, as ``PoolLedger.lease_resource``: on the lease's node, its grants run on the
+        lease's devices, and it is deleted with the lease."""
+        if lease_id not in self._leases:
+            raise LeaseLost(f"lease {lease_id} is not held")
+        node = self._leases[lease_id][0].node
+        self._caps[node][name] = positive(capacity, f"resources[{name!r}].capacity")
+        self._backed[(node, name)] = lease_id
+        self._plan()
+
     # -- requests -----------------------------------------------------------------------------
     def submit(self, request: Request, priority: float = 0.0) -> int:
         check_ever_fits(request, self.capacity)
@@ -124,6 +135,9 @@ class SimLedger(LedgerClient):
         placement, request = entry
         if placement.node in self._alive:
             self._give_back(placement, request)
+        for key in [k for k, lease in self._backed.items() if lease == lease_id]:
+            del self._backed[key]
+            self._caps[key[0]].pop(key[1], None)
         self._plan()
         return True
 
@@ -145,6 +159,7 @@ class SimLedger(LedgerClient):
         self._node(node)
         self._alive.discard(node)
         self._caps[node] = {}
+        self._backed = {k: v for k, v in self._backed.items() if k[0] != node}
         lost = [p for p, _ in self._leases.values() if p.node == node]
         for p in lost:
             del self._leases[p.lease_id]
@@ -162,9 +177,13 @@ class SimLedger(LedgerClient):
 
     # -- matching -------------------------------------------------------------------------------
     def _lease(self, request: Request, choice) -> Placement:
-        placement = Placement(f"sim-{next(self._lease_ids)}", choice.node, choice.devices, choice.fraction,
-                              choice.memory, request.cpus, dict(request.resources), request.label, True, 0.0, 0,
-                              self.pool_id)
+        ghost = None if request.uses_gpu else next(
+            (self._leases[self._backed[(choice.node, k)]][0] for k in request.resources
+             if (choice.node, k) in self._backed), None)
+        devices, fraction, memory = (ghost.devices, ghost.fraction, ghost.memory) if ghost else \
+            (choice.devices, choice.fraction, choice.memory)
+        placement = Placement(f"sim-{next(self._lease_ids)}", choice.node, devices, fraction, memory, request.cpus,
+                              dict(request.resources), request.label, True, 0.0, 0, self.pool_id)
         self._leases[placement.lease_id] = (placement, request)
         self._free[choice.node] = apply_choice([self._free[choice.node]], request, choice)[0]
         used = self._used[choice.node]
@@ -175,9 +194,10 @@ class SimLedger(LedgerClient):
 
     def _give_back(self, placement: Placement, request: Request) -> None:
         f = self._free[placement.node]
+        lent = not request.uses_gpu        # devices a ghost lent (or none): the ghost's lease accounts for them
         devices = tuple(DeviceState(d.index, d.memory_total, d.compute_free + placement.fraction,
-                                    d.memory_free + placement.memory) if d.index in placement.devices else d
-                        for d in f.devices)
+                                    d.memory_free + placement.memory) if d.index in placement.devices and not lent
+                        else d for d in f.devices)
         self._free[placement.node] = NodeState(f.name, devices, f.cpus_total, f.cpus_free + request.cpus)
         used = self._used[placement.node]
         for k, v in request.resources.items():

@@ -301,3 +301,16 @@ def test_framespace_grant_all_is_all_or_none_on_the_ledger(ledger):
     assert len(ledger.leases()) == 1
     gang = ledger.grant_all([Request(cpus=4)] * 2)
     assert sorted(p.node for p in gang) == ["node1", "node2"]
+
+
+@pytest.mark.parametrize("kind", ["local", "sim"])
+def test_a_gpu_ghost_lends_its_device_on_both_ledgers(kind):
+    ledger = PoolLedger(SPEC, None) if kind == "local" else SimLedger(SPEC)
+    ghost = grant(ledger, Request(gpus=1, node="node2"))
+    ledger.lease_resource(ghost.lease_id, "gang-x", 1)
+    member = grant(ledger, Request(resources={"gang-x": 1}))
+    assert (member.node, member.devices) == ("node2", ghost.devices)
+    ledger.release(member.lease_id)
+    assert grant(ledger, Request(gpus=1, node="node2")) is None          # still the ghost's, counted once
+    ledger.release(ghost.lease_id)
+    assert "gang-x" not in ledger.cluster_status()["node2"]
