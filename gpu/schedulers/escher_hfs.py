@@ -118,11 +118,29 @@ class HierarchicalFairShare:
         self._rebalance(demands)
         return Actions(tuple(_diff(before, self.shares())))
 
-    def _rebalance(self, demands: Mapping[str, float]) -> None:
+    def _counts(self, nodes: int, demands: Mapping[str, float]) -> dict[str, int]:
         ids = list(self._members)
         want = [self._members[i].team.demand(demands) if self._members[i].team else float(demands.get(i, 0))
                 for i in ids]
-        self._assign(dict(zip(ids, water_fill(len(self.domain), [self._members[i].weight for i in ids], want))))
+        return dict(zip(ids, water_fill(nodes, [self._members[i].weight for i in ids], want)))
+
+    def _keep_first(self, count: int, demands: Mapping[str, float]) -> list[str]:
+        """This team's nodes, the ``count`` its members would keep first: a shrinking team gives up the
+        nodes its members lose anyway, so a member that keeps its share keeps its (warm) nodes."""
+        kept, rest = [], []
+        for i, n in self._counts(count, demands).items():
+            m = self._members[i]
+            mine = m.team._keep_first(n, demands) if m.team else m.nodes
+            kept += mine[:n]
+            rest += mine[n:]
+        return kept + rest + [n for n in self.domain if n not in kept and n not in rest]
+
+    def _rebalance(self, demands: Mapping[str, float]) -> None:
+        counts = self._counts(len(self.domain), demands)
+        for i, m in self._members.items():
+            if m.team is not None:
+                m.nodes = [n for n in m.team._keep_first(counts[i], demands) if n in m.nodes]
+        self._assign(counts)
         for m in self._members.values():
             if m.team is not None:
                 m.team.domain = list(m.nodes)

@@ -234,8 +234,10 @@ def test_hfs_worked_example_of_fig_4_5c():
     moves = root.on_round(60, {"A": busy, "B": busy})
     assert {u: len(n) for u, n in root.shares().items()} == {"A": 40, "B": 60, "C": 0}
     assert sum(c.capacity == 0 for c in moves.calls) == 60          # A's resource leaves 60 nodes, B's arrives
+    b_before = set(root.shares()["B"])
     root.on_round(120, {"A": busy, "B": busy, "C": busy})
     assert {u: len(n) for u, n in root.shares().items()} == {"A": 20, "B": 30, "C": 50}
+    assert set(root.shares()["B"]) <= b_before                        # a shrinking team keeps B's warm nodes
     root.on_round(130, {"A": busy, "B": busy, "C": 10})              # C needs less: A and B take the rest
     assert {u: len(n) for u, n in root.shares().items()} == {"A": 36, "B": 54, "C": 10}
     with pytest.raises(ConfigError, match="user id"):

@@ -59,6 +59,7 @@ def test_hfs_shares_follow_fig_4_5c_with_the_dip_at_60():
     assert (at[115]["A"], at[115]["B"]) == (8, 12)
     assert (at[175]["A"], at[175]["B"], at[175]["C"]) == (4, 6, 10)
     assert min(s["net_throughput"] for s in samples if 60 <= s["t"] <= 90) < 0.9   # B warms up
+    assert min(s["net_throughput"] for s in samples if 120 <= s["t"] <= 150) > 0.95  # B keeps its warm nodes
 
 
 def test_eschertune_migrates_the_spread_job_onto_one_node():
