@@ -28,6 +28,7 @@ Example::
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 from dataclasses import asdict, dataclass, field, replace
@@ -35,6 +36,8 @@ from typing import Mapping, Protocol, Sequence
 
 from gpu.errors import ConfigError
 from gpu.scenario import integer, positive
+
+log = logging.getLogger("gpuflows.escher")
 
 UNBOUNDED = 1e6
 """The "unbounded"/"infinite" capacity of P1 and HFS resources (§4.4): large and finite, as the ledger
@@ -122,6 +125,8 @@ def all_of(*vectors: Mapping[str, float]) -> dict[str, float]:
     out: dict[str, float] = {}
     for vector in vectors:
         for name, amount in vector.items():
+            if name in out:
+                log.warning("ESCHER composition: %r is required by two policies; asking for the sum", name)
             out[name] = out.get(name, 0.0) + float(amount)
     return out
 

@@ -119,13 +119,18 @@ def test_data_locality_runs_the_mapper_where_the_chunk_was_written(ledger):
     assert grant(ledger, Request(cpus=1, resources=need)).node == "node2"
 
 
+def test_a_resource_named_by_two_composed_policies_is_summed_with_a_warning(caplog):
+    assert all_of({"a": 1, "b": 1}, {"a": 2}) == {"a": 3.0, "b": 1.0}
+    assert "'a' is required by two policies" in caplog.text
+
+
 def test_composition_concatenates_and_conflict_relaxation_drops_anti_affinity(ledger):
     esl = Escher(ledger)
     esl.set_resource("fair_a", 10, NodeSpec())
     anti = anti_affinity(esl, "x")
     both = all_of({"fair_a": 1}, anti)
     assert both == {"fair_a": 1.0, "anti-x": 1.0}
-    assert all_of({"a": 1}, {"a": 2}) == {"a": 3.0}
+    assert all_of({"a": 1}, {"a": 2}) == {"a": 3.0}                    # a collision is summed, and said
     placed = [grant(ledger, Request(resources=both)) for _ in range(3)]
     assert len({p.node for p in placed}) == 3
     soft = SoftConstraint([both, {"fair_a": 1}], timeout=1.0)
