@@ -82,6 +82,9 @@ SYSTEMS: dict[str, System] = {s.name: s for s in (
     System("nexus", "Shen et al., Nexus, SOSP 2019", "gpu.sim.nexus:run",
            "gpu.schedulers.nexus_controller:NexusController", ("gpu.schedulers.nexus_strategies:STRATEGIES",),
            "scenarios/nexus/table2_toy.yaml", "flows.serving_rollout"),
+    System("escher", "Bhardwaj, ESCHER: Expressive Scheduling with Ephemeral Resources, SoCC 2021 (thesis ch. 4)",
+           "gpu.sim.escher:run", "gpu.schedulers.escher_hfs:HierarchicalFairShare", ("gpu.sim.escher:POLICIES",),
+           "scenarios/escher/small.yaml"),
 )}
 
 
