@@ -84,13 +84,50 @@ class BatchDecision:
 
 @runtime_checkable
 class BatchPolicy(Protocol):
-    """Decides the next batch of one model's queue; the queue is ordered by deadline, earliest first."""
+    """Decides the next batch of one model's queue (earliest deadline first when every app has one SLO).
+
+    A policy may keep state (ORLOJ's histograms, a Clockwork-like plan, Clipper's AIMD batch size): each worker
+    then holds its own instance, built by a factory (``POLICIES[name]``), never one shared object. A policy
+    that learns from executed batches also defines ``observe(batch, started_ms, finished_ms)``; the worker and
+    the simulator call it after every batch (``observe_batch``).
+    """
 
     name: str
 
     def decide(self, queue: Sequence[Request], ctx: BatchContext) -> BatchDecision:
-        """Return the batch to run now and the requests to drop. Must not mutate ``queue``; idempotent."""
+        """Return the batch to run now and the requests to drop. Must not mutate ``queue``; a stateless policy is
+        idempotent, a stateful one may change its state only through ``observe``."""
         ...
+
+
+def observe_batch(policy: BatchPolicy, batch: Sequence[Request], started_ms: float, finished_ms: float) -> None:
+    """Tell ``policy`` how long a batch it chose really ran, if it listens (its optional ``observe`` hook)."""
+    observe = getattr(policy, "observe", None)
+    if observe is not None:
+        observe(batch, started_ms, finished_ms)
+
+
+@dataclass(frozen=True)
+class PaddedBatchModel:
+    """How long a batch of requests with known alone times runs: ORLOJ Eq. 4.3/4.4.
+
+    ``l_B = c0 + c1·k·max_r l_r``: requests are padded to the longest one, so a batch costs its slowest
+    request ``k`` times plus a fixed overhead ``c0``. A request's alone time is the batch of one,
+    ``a_r = c0 + c1·l_r``, so in alone times ``l_B = c0 + k·max_r (a_r − c0)`` and ``c1`` cancels: only ``c0``
+    is a parameter (the thesis leaves it to profiling; ``docs/orloj.md`` says how the simulator picks it).
+    Times in ms.
+    """
+
+    c0: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not (np.isfinite(self.c0) and self.c0 >= 0):
+            raise ConfigError("c0", self.c0, "need a finite batch overhead >= 0 ms")
+
+    def batch_ms(self, alone_ms: Sequence[float] | np.ndarray) -> float:
+        """Execution time of one batch whose requests alone take ``alone_ms`` (Eq. 4.3 with Eq. 4.4)."""
+        alone = np.asarray(alone_ms, float)
+        return self.c0 + len(alone) * max(0.0, float(alone.max()) - self.c0)
 
 
 Span = tuple[int, int, "float | int | None"]
