@@ -15,6 +15,9 @@ Implementations:
   then size the batch by the earliest request's remaining budget.
 * :class:`FixedBatchPolicy` — TF-Serving-style baseline: wait for the planned batch to fill (or until the
   head request must start), never drop.
+* ``orloj`` (``gpu.schedulers.orloj``) — ORLOJ's distribution-aware batching of dynamic DNNs, with its
+  Clockwork- and Clipper-like baselines (``gpu.schedulers.orloj_baselines``); these pick out of order or keep
+  state, and learn from executed batches through ``observe``.
 
 Every shipped policy decides over arrays (:class:`SpanPolicy`: the queue's deadline column → how many to
 drop from the head and how many to run next), which the real runtime calls on its ring buffers; its
@@ -259,15 +262,37 @@ class FixedBatchPolicy(_SpanAdapter):
         return 0, min(b, n), None
 
 
-POLICIES: dict[str, Callable[[], BatchPolicy]] = {
+def _orloj(**params) -> BatchPolicy:
+    from gpu.schedulers.orloj import OrlojPolicy
+
+    return OrlojPolicy(**params)
+
+
+def _clockwork(**params) -> BatchPolicy:
+    from gpu.schedulers.orloj_baselines import ClockworkLike
+
+    return ClockworkLike(**params)
+
+
+def _clipper(**params) -> BatchPolicy:
+    from gpu.schedulers.orloj_baselines import ClipperLike
+
+    return ClipperLike(**params)
+
+
+POLICIES: dict[str, Callable[..., BatchPolicy]] = {
     "early_drop": EarlyDropPolicy,
     "lazy_drop": LazyDropPolicy,
     "fixed_batch": FixedBatchPolicy,
+    "orloj": _orloj,  # needs ``histograms=`` (per-application alone times), see gpu.schedulers.orloj
+    "clockwork": _clockwork,
+    "clipper": _clipper,
 }
+"""Batch policy factories by name: each call builds a new instance, so every worker owns its policy's state."""
 
 
-def make_policy(name: str) -> BatchPolicy:
-    """A batch policy by registry name (ConfigError naming ``batch_policy`` when unknown)."""
+def make_policy(name: str, **params) -> BatchPolicy:
+    """A new batch policy by registry name (ConfigError naming ``batch_policy`` when unknown)."""
     if name not in POLICIES:
         raise ConfigError("batch_policy", name, f"unknown; choose one of {sorted(POLICIES)}")
-    return POLICIES[name]()
+    return POLICIES[name](**params)

@@ -119,11 +119,13 @@ def batch_latency(assignments: Sequence[Sequence[Histogram]], model: PaddedBatch
     the masses of that CDF on a shared ``points``-cell grid.
     """
     hists = [h for slots in assignments for h in slots]
-    lo, hi = min(h.edges[0] for h in hists), max(h.edges[-1] for h in hists)
-    if model.c0 > lo:
-        raise ConfigError("c0", model.c0, f"above the shortest alone time {lo:.4g} ms of the histograms")
-    grid = np.linspace(lo, hi, points + 1)
-    masses = np.diff(np.mean([max_cdf(slots, grid) for slots in assignments], axis=0))
+    lo, hi = max(model.c0, min(h.edges[0] for h in hists)), max(h.edges[-1] for h in hists)
+    if model.c0 >= hi:
+        raise ConfigError("c0", model.c0, f"at or above the longest alone time {hi:.4g} ms of the histograms")
+    grid = np.linspace(lo, hi, points + 1)  # a request shorter alone than c0 does no work: it counts at c0
+    cdf = np.mean([max_cdf(slots, grid) for slots in assignments], axis=0)
+    masses = np.diff(cdf)
+    masses[0] += cdf[0]
     k = len(assignments[0])
     return Histogram(model.c0 + k * (grid - model.c0), np.clip(masses, 0.0, None))
 

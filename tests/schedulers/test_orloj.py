@@ -188,7 +188,7 @@ def test_an_application_without_a_histogram_uses_the_model_wide_one():
 
 
 @pytest.mark.parametrize("kwargs, field", [
-    (dict(model=PaddedBatchModel(20.0)), "c0"),
+    (dict(model=PaddedBatchModel(60.0)), "c0"),
     (dict(b=0.0), "b"),
     (dict(mix="nearest"), "mix"),
     (dict(batch_sizes=(0, 2)), "batch_sizes"),

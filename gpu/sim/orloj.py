@@ -1,0 +1,213 @@
+"""``gpuflows simulate orloj``: one GPU worker serving a dynamic DNN, ORLOJ against its baselines (thesis §4.5).
+
+The world owns the clock (``gpu.sim.events.EventLoop``) and the truth: each request's alone time is sampled
+from its application's distribution, and a batch runs for Eq. 4.3/4.4 on those true times
+(``gpu.batching.PaddedBatchModel``). The policies are the runtime's ``gpu.batching`` objects; they see only
+requests, deadlines and what their profiler measured:
+
+* ORLOJ: per-application histograms of alone times (a warm profiler: ``PROFILE_SAMPLES`` requests per
+  application timed alone, §4.3.2);
+* the Clockwork-, Nexus- and Clipper-like baselines: a point estimate per batch size, the mean latency of a
+  random batch (what a profiler that assumes data-independence measures), and, for Clockwork and Clipper,
+  the executed batches through ``observe``.
+
+Choices the thesis leaves open (``docs/orloj.md``): Poisson arrivals at ``load`` × ORLOJ's max-batch
+throughput ``bs_max / E[L_B(bs_max)]``; SLO = m × P99 of the alone times; ``c0 = c0_fraction`` × P1 of the alone
+times; a request is on time when its batch ends by its deadline, and dropped or late otherwise.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from gpu.batching import BatchContext, BatchPolicy, PaddedBatchModel, Request, make_policy, observe_batch
+from gpu.report import SimulationReport
+from gpu.schedulers.orloj import Histogram, LatencyTable
+from gpu.schedulers.orloj_baselines import nexus_plan_batch
+from gpu.scenario import choose
+from gpu.sim.events import EventLoop
+from gpu.sim.nexus_engine import arrival_times
+from gpu.sim.orloj_workload import POLICY_NAMES, Case, OrlojScenario, load
+
+PROFILE_SAMPLES = 20_000
+BASELINES = ("clockwork", "nexus", "clipper")
+
+
+@dataclass
+class Outcome:
+    """Request counts of one run, and the policy's decision time."""
+
+    offered: int = 0
+    good: int = 0
+    late: int = 0
+    dropped: int = 0
+    batches: int = 0
+    batched: int = 0
+    decide_s: float = 0.0
+
+    @property
+    def finish_rate(self) -> float:
+        """Requests finished by their deadline / requests offered (§4.5, "finish rate")."""
+        return self.good / self.offered if self.offered else 0.0
+
+
+@dataclass(frozen=True, eq=False)
+class Setup:
+    """What a case fixes before any policy runs: profiled histograms, the batch model, P99, the offered rate."""
+
+    case: Case
+    histograms: dict[str, Histogram]
+    model: PaddedBatchModel
+    p99_ms: float
+    rate_per_s: float
+    point_ms: dict[int, float]  # mean batch latency per size: the baselines' point estimate
+    batch_sizes: tuple[int, ...]
+
+    @classmethod
+    def build(cls, case: Case, sc: OrlojScenario, seed: int = 12345) -> "Setup":
+        rng = np.random.default_rng(seed)
+        samples = {a.app_id: a.sample(rng, PROFILE_SAMPLES, case.scale) for a in case.apps}
+        every = np.concatenate(list(samples.values()))
+        hists = {a: Histogram.from_samples(x, sc.bins) for a, x in samples.items()}
+        model = PaddedBatchModel(sc.c0_fraction * float(np.percentile(every, 1)))
+        orloj = LatencyTable(hists, sc.batch_sizes, model, sc.mix)
+        rate = sc.load * max(bs / orloj.means[None, bs] for bs in sc.batch_sizes) * 1000.0
+        mean = float(every.mean())  # data-independence: every request costs the average one
+        return cls(case, hists, model, float(np.percentile(every, 99)), rate,
+                   {bs: model.batch_ms(np.full(bs, mean)) for bs in sc.batch_sizes}, sc.batch_sizes)
+
+    def duration_s(self, sc: OrlojScenario) -> float:
+        """How long to offer traffic: ``requests`` expected arrivals when the scenario sets it, else ``duration_s``."""
+        return sc.requests / self.rate_per_s if sc.requests else sc.duration_s
+
+    def point_latency(self, b: int) -> float:
+        """The point estimate for any b: the profiled size at or above it."""
+        return self.point_ms[min((s for s in self.batch_sizes if s >= b), default=max(self.batch_sizes))]
+
+
+def build_policy(name: str, setup: Setup, sc: OrlojScenario) -> BatchPolicy:
+    """A fresh policy for one worker (baselines keep state, so never shared between runs)."""
+    if name == "orloj":
+        return make_policy("orloj", histograms=setup.histograms, model=setup.model, batch_sizes=setup.batch_sizes,
+                           b=sc.b, mix=sc.mix)
+    if name == "clockwork":
+        return make_policy("clockwork", batch_sizes=setup.batch_sizes)
+    if name == "nexus":
+        return make_policy("early_drop")
+    return make_policy("clipper")
+
+
+class _Worker:
+    """One GPU running one batch at a time, non-preemptively (§4.3.1)."""
+
+    def __init__(self, loop: EventLoop, policy: BatchPolicy, ctx: Callable[[float], BatchContext],
+                 model: PaddedBatchModel, alone: np.ndarray, out: Outcome, charge_decisions: bool):
+        self.loop, self.policy, self.ctx, self.model, self.alone, self.out = loop, policy, ctx, model, alone, out
+        self.charge = charge_decisions
+        self.queue: list[Request] = []
+        self.busy = False
+
+    def arrive(self, request: Request) -> None:
+        self.queue.append(request)
+        if not self.busy:
+            self.wake()
+
+    def wake(self) -> None:
+        if self.busy or not self.queue:
+            return
+        now = self.loop.now
+        t0 = time.perf_counter()
+        dec = self.policy.decide(self.queue, self.ctx(now))
+        spent = time.perf_counter() - t0
+        self.out.decide_s += spent
+        gone = set(dec.run) | set(dec.drop)
+        batch = [self.queue[i] for i in dec.run]
+        self.queue = [r for i, r in enumerate(self.queue) if i not in gone]
+        self.out.dropped += len(dec.drop)
+        if batch:
+            start = now + (spent * 1000.0 if self.charge else 0.0)  # RT-6: the decision delays the batch
+            finish = start + self.model.batch_ms(self.alone[[r.request_id for r in batch]])
+            on_time = sum(finish <= r.deadline_ms for r in batch)
+            self.out.good += on_time
+            self.out.late += len(batch) - on_time
+            self.out.batches += 1
+            self.out.batched += len(batch)
+            self.busy = True
+            self.loop.at(finish, lambda: self._done(batch, start, finish))
+        elif dec.wake_at_ms is not None:
+            self.loop.at(max(now, dec.wake_at_ms), self.wake)
+
+    def _done(self, batch: list[Request], start: float, finish: float) -> None:
+        self.busy = False
+        observe_batch(self.policy, batch, start, finish)
+        self.wake()
+
+
+def serve(setup: Setup, policy: BatchPolicy, slo_ms: float, seed: int, duration_s: float,
+          charge_decisions: bool = False) -> Outcome:
+    """Offer ``duration_s`` of Poisson traffic to one worker running ``policy``; count finished requests."""
+    rng = np.random.default_rng(seed)
+    times = arrival_times(setup.rate_per_s, duration_s, "poisson", rng)
+    which, alone = setup.case.sample(rng, len(times))
+    apps = [a.app_id for a in setup.case.apps]
+    target = nexus_plan_batch(setup.point_latency, slo_ms, setup.batch_sizes)
+    top = max(setup.batch_sizes)
+    out = Outcome(offered=len(times))
+    loop = EventLoop()
+    worker = _Worker(loop, policy, lambda now: BatchContext(now, setup.point_latency, target, top), setup.model,
+                     alone, out, charge_decisions)
+    for i, t in enumerate(times):
+        r = Request(i, apps[which[i]], float(t), float(t) + slo_ms)
+        loop.at(float(t), lambda r=r: worker.arrive(r))
+    loop.run(until=duration_s * 1000.0 + 20 * slo_ms)
+    out.dropped += len(worker.queue)  # never served before the drain horizon
+    return out
+
+
+def sweep(sc: OrlojScenario, policies: list[str], seeds: int | None = None,
+          charge_decisions: bool = False) -> list[dict]:
+    """Finish rate (mean ± std over seeds) of every case × SLO multiplier × policy."""
+    rows = []
+    for case in sc.cases:
+        setup = Setup.build(case, sc)
+        for m in sc.slo_multipliers:
+            slo = m * setup.p99_ms
+            for name in policies:
+                runs = [serve(setup, build_policy(name, setup, sc), slo, seed, setup.duration_s(sc), charge_decisions)
+                        for seed in range(seeds or sc.seeds)]
+                rates = [r.finish_rate for r in runs]
+                rows.append({"case": case.name, "slo_x": m, "policy": name,
+                             "finish_rate": float(np.mean(rates)), "std": float(np.std(rates)),
+                             "dropped": float(np.mean([r.dropped / max(1, r.offered) for r in runs])),
+                             "mean_batch": float(np.mean([r.batched / max(1, r.batches) for r in runs])),
+                             "decide_ms": 1000.0 * sum(r.decide_s for r in runs) / max(1, sum(r.batches for r in runs))})
+    return rows
+
+
+def ratios(rows: list[dict]) -> dict[float, list[float]]:
+    """Per SLO multiplier, ORLOJ's finish rate over the best baseline's, one value per case."""
+    cells: dict[tuple[str, float], dict[str, float]] = {}
+    for r in rows:
+        cells.setdefault((r["case"], r["slo_x"]), {})[r["policy"]] = r["finish_rate"]
+    out: dict[float, list[float]] = {}
+    for (_, m), by in cells.items():
+        best = max((by[p] for p in BASELINES if p in by), default=None)
+        if "orloj" in by and best:
+            out.setdefault(m, []).append(by["orloj"] / best)
+    return out
+
+
+def run(scenario_path: str, policies: list[str] | None = None) -> SimulationReport:
+    """Simulate each named policy (default: the scenario's, else all four) on every case and SLO."""
+    sc = load(scenario_path)
+    chosen = [choose(p, "policy", list(POLICY_NAMES)) for p in (policies or sc.policies)]
+    rows = sweep(sc, chosen)
+    summary = {f"finish_rate_{p}": float(np.mean([r["finish_rate"] for r in rows if r["policy"] == p]))
+               for p in chosen}
+    for m, values in ratios(rows).items():
+        summary[f"orloj_over_best_baseline_{m:g}x"] = float(np.mean(values))
+    return SimulationReport("orloj", rows, summary)
