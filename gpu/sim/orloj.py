@@ -70,7 +70,8 @@ class Setup:
     @classmethod
     def build(cls, case: Case, sc: OrlojScenario, seed: int = 12345) -> "Setup":
         rng = np.random.default_rng(seed)
-        samples = {a.app_id: a.sample(rng, PROFILE_SAMPLES, case.scale) for a in case.apps}
+        samples = {a.app_id: a.sample(rng, PROFILE_SAMPLES, case.scale) + case.scale * case.overhead_ms
+                   for a in case.apps}
         every = np.concatenate(list(samples.values()))
         hists = {a: Histogram.from_samples(x, sc.bins) for a, x in samples.items()}
         model = PaddedBatchModel(sc.c0_fraction * float(np.percentile(every, 1)))

@@ -58,6 +58,7 @@ class Case:
     name: str
     apps: tuple[AppDistribution, ...]
     scale: float = 1.0  # multiplies every time (Fig. 4.14 scales a distribution down)
+    overhead_ms: float = 0.0  # added to every alone time: the batch-independent part of a forward pass
 
     def sample(self, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
         """``n`` requests: each application's index (uniform) and its alone time."""
@@ -66,7 +67,7 @@ class Case:
         for i, app in enumerate(self.apps):
             mask = which == i
             alone[mask] = app.sample(rng, int(mask.sum()), self.scale)
-        return which, alone
+        return which, alone + self.scale * self.overhead_ms
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,7 @@ class OrlojScenario:
     duration_s: float = 60.0
     requests: int | None = None  # when set, each case runs for this many expected arrivals instead
     load: float = 0.8
-    c0_fraction: float = 0.5
+    c0_fraction: float = 0.9
     batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16)
     b: float = 1e-4
     mix: str = "round_robin"
@@ -89,6 +90,7 @@ class OrlojScenario:
 
 
 _TOP = {"name", "cases", "slo_multipliers", "policies", "seeds", "duration_s", "requests", "load", "c0_fraction",
+        "overhead_ms",
         "batch_sizes", "orloj"}
 
 
@@ -128,6 +130,8 @@ def parse(raw: dict[str, Any], source: str = "scenario") -> OrlojScenario:
                           positive(c.get("scale", 1.0), f"{where}.scale")))
     if not cases:
         raise ConfigError("cases", [], "a scenario needs at least one case")
+    overhead = positive(raw.get("overhead_ms", 0.0), "overhead_ms", allow_zero=True)
+    cases = [Case(c.name, c.apps, c.scale, overhead) for c in cases]
     orloj = section(raw.get("orloj"), "orloj", {"b", "mix", "bins"})
     multipliers = tuple(positive(m, f"slo_multipliers[{i}]") for i, m in enumerate(raw.get("slo_multipliers",
                                                                                              [1.5, 2, 3, 4, 5])))
@@ -143,7 +147,7 @@ def parse(raw: dict[str, Any], source: str = "scenario") -> OrlojScenario:
         policies=policies, seeds=integer(raw.get("seeds", 5), "seeds", 1),
         duration_s=positive(raw.get("duration_s", 60.0), "duration_s"),
         requests=None if raw.get("requests") is None else integer(raw["requests"], "requests", 1), load=positive(raw.get("load", 0.8), "load"),
-        c0_fraction=fraction(raw.get("c0_fraction", 0.5), "c0_fraction"), batch_sizes=tuple(sorted(set(sizes))),
+        c0_fraction=fraction(raw.get("c0_fraction", 0.9), "c0_fraction"), batch_sizes=tuple(sorted(set(sizes))),
         b=positive(orloj.get("b", 1e-4), "orloj.b"), mix=str(orloj.get("mix", "round_robin")),
         bins=integer(orloj.get("bins", 200), "orloj.bins", 2))
 
