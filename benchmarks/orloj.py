@@ -146,7 +146,8 @@ def scaling(quick: bool) -> dict:
         runs = [serve(setup, build_policy("orloj", setup, s), 3.0 * setup.p99_ms, seed, setup.duration_s(s), True)
                 for seed in range(s.seeds)]
         rate = float(np.mean([r.finish_rate for r in runs]))
-        out[f"scaled_p99_{setup.p99_ms:.0f}ms_finish_rate"] = round(rate, 4)
+        out[f"scale_{scale:g}_finish_rate"] = round(rate, 4)
+        out[f"scale_{scale:g}_p99_ms"] = round(setup.p99_ms, 2)
         print(f"P99 {setup.p99_ms:7.1f} ms: finish rate {rate:.3f}")
     print("(thesis: degrades only as P99 approaches 20 ms, in C++)")
     return out
