@@ -123,3 +123,38 @@ def test_a_static_model_needs_no_distribution_awareness():
     orloj = build_policy("orloj", setup, sc)
     for bs in (1, 4, 16):
         assert orloj.table.means[None, bs] == pytest.approx(setup.point_latency(bs), rel=0.01)
+
+
+def test_orloj_runs_per_gpu_on_a_multi_gpu_nexus_plan_with_a_dynamic_model():
+    """simulate_plan with alone times: batches cost their slowest request, each GPU owns its policy."""
+    import numpy as np
+
+    from gpu.batching import make_policy
+    from gpu.schedulers.nexus import GpuNode, Placement, Plan, Session
+    from gpu.schedulers.nexus_profiles import linear_profile
+    from gpu.sim.nexus_engine import AloneTimes, simulate_plan
+
+    sc = scenario()
+    setup = Setup.build(sc.cases[0], sc)
+    mean = float(np.mean([a.mean_ms for a in setup.case.apps]))
+    profile = linear_profile("m", mean - setup.model.c0, setup.model.c0, 16)  # what a data-independent profile sees
+    slo = 3 * setup.p99_ms
+    plan = Plan("fixed", "paper", tuple(GpuNode(i, slo / 2, (Placement("s", "m", slo, 4, 6.0, 0.0, 0.0),))
+                                        for i in range(2)), (Session("s", "m", slo, 12.0),))
+    made = []
+
+    def orloj():
+        made.append(make_policy("orloj", histograms=setup.histograms, model=setup.model))
+        return made[-1]
+
+    costs = {"m": AloneTimes(setup.model, lambda rng, n: setup.case.sample(rng, n)[1])}
+    res = simulate_plan(plan, {"m": profile}, None, policy_factory=orloj, alone_times=costs, duration_s=30,
+                        log_batches=True)
+    stats = res.sessions["s"]
+    assert len(made) == 2 and made[0] is not made[1]
+    assert stats.offered > 300 and stats.good + stats.late + stats.dropped == stats.offered
+    assert stats.good / stats.offered > 0.8
+    ones = {round(b.finish_ms - b.start_ms, 6) for b in res.batch_log if b.size == 1}
+    assert len(ones) > 10  # a batch of one lasts its request's own alone time, not ℓ(1)
+    with pytest.raises(ConfigError):
+        simulate_plan(plan, {"m": profile}, None)
