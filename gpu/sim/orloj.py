@@ -5,8 +5,9 @@ from its application's distribution, and a batch runs for Eq. 4.3/4.4 on those t
 (``gpu.batching.PaddedBatchModel``). The policies are the runtime's ``gpu.batching`` objects; they see only
 requests, deadlines and what their profiler measured:
 
-* ORLOJ: per-application histograms of alone times (a warm profiler: ``PROFILE_SAMPLES`` requests per
-  application timed alone, §4.3.2);
+* ORLOJ: per-application histograms of alone times, from a warm profiler (``PROFILE_SAMPLES`` requests per
+  application timed alone) or, with ``orloj.profiler: online``, from ``COLD_SAMPLES`` per application and then
+  the online profiler (§4.3.2, ``gpu.schedulers.orloj_profiler``) timing sampled finished requests alone;
 * the Clockwork-, Nexus- and Clipper-like baselines: a point estimate per batch size, the mean latency of a
   random batch (what a profiler that assumes data-independence measures), and, for Clockwork and Clipper,
   the executed batches through ``observe``.
@@ -28,12 +29,14 @@ from gpu.batching import BatchContext, BatchPolicy, PaddedBatchModel, Request, m
 from gpu.report import SimulationReport
 from gpu.schedulers.orloj import Histogram, LatencyTable
 from gpu.schedulers.orloj_baselines import nexus_plan_batch
+from gpu.schedulers.orloj_profiler import OnlineProfiler
 from gpu.scenario import choose
 from gpu.sim.events import EventLoop
 from gpu.sim.nexus_engine import arrival_times
 from gpu.sim.orloj_workload import POLICY_NAMES, Case, OrlojScenario, load
 
 PROFILE_SAMPLES = 20_000
+COLD_SAMPLES = 30  # an online-profiled ORLOJ starts from this many alone times per application
 BASELINES = ("clockwork", "nexus", "clipper")
 
 
@@ -61,6 +64,7 @@ class Setup:
 
     case: Case
     histograms: dict[str, Histogram]
+    cold_histograms: dict[str, Histogram]
     model: PaddedBatchModel
     p99_ms: float
     rate_per_s: float
@@ -78,7 +82,8 @@ class Setup:
         orloj = LatencyTable(hists, sc.batch_sizes, model, sc.mix)
         rate = sc.load * max(bs / orloj.means[None, bs] for bs in sc.batch_sizes) * 1000.0
         mean = float(every.mean())  # data-independence: every request costs the average one
-        return cls(case, hists, model, float(np.percentile(every, 99)), rate,
+        cold = {a: Histogram.from_samples(x[:COLD_SAMPLES], sc.bins) for a, x in samples.items()}
+        return cls(case, hists, cold, model, float(np.percentile(every, 99)), rate,
                    {bs: model.batch_ms(np.full(bs, mean)) for bs in sc.batch_sizes}, sc.batch_sizes)
 
     def duration_s(self, sc: OrlojScenario) -> float:
@@ -93,8 +98,9 @@ class Setup:
 def build_policy(name: str, setup: Setup, sc: OrlojScenario) -> BatchPolicy:
     """A fresh policy for one worker (baselines keep state, so never shared between runs)."""
     if name == "orloj":
-        return make_policy("orloj", histograms=setup.histograms, model=setup.model, batch_sizes=setup.batch_sizes,
-                           b=sc.b, mix=sc.mix)
+        hists = setup.cold_histograms if sc.profiler == "online" else setup.histograms
+        return make_policy("orloj", histograms=hists, model=setup.model, batch_sizes=setup.batch_sizes, b=sc.b,
+                           mix=sc.mix)
     if name == "clockwork":
         return make_policy("clockwork", batch_sizes=setup.batch_sizes)
     if name == "nexus":
@@ -106,9 +112,11 @@ class _Worker:
     """One GPU running one batch at a time, non-preemptively (§4.3.1)."""
 
     def __init__(self, loop: EventLoop, policy: BatchPolicy, ctx: Callable[[float], BatchContext],
-                 model: PaddedBatchModel, alone: np.ndarray, out: Outcome, charge_decisions: bool):
+                 model: PaddedBatchModel, alone: np.ndarray, out: Outcome, charge_decisions: bool,
+                 profiler: OnlineProfiler | None = None, publish_ms: float = np.inf):
         self.loop, self.policy, self.ctx, self.model, self.alone, self.out = loop, policy, ctx, model, alone, out
         self.charge = charge_decisions
+        self.profiler, self.publish_ms, self.next_publish = profiler, publish_ms, publish_ms
         self.queue: list[Request] = []
         self.busy = False
 
@@ -145,12 +153,30 @@ class _Worker:
     def _done(self, batch: list[Request], start: float, finish: float) -> None:
         self.busy = False
         observe_batch(self.policy, batch, start, finish)
+        if self.profiler is not None:
+            self._profile(batch, finish)
         self.wake()
+
+    def _profile(self, batch: list[Request], now: float) -> None:
+        """§4.3.2: time sampled finished requests alone (here: their true alone times, measured off the worker)
+        and let the policy pick the histograms up every ``publish_ms``."""
+        by_id = {r.request_id: r for r in batch}
+        for rid in self.profiler.choose([r.request_id for r in batch]):
+            self.profiler.record(now, by_id[rid].app_id, float(self.alone[rid]))
+        if now >= self.next_publish:
+            self.next_publish = now + self.publish_ms
+            hists = self.profiler.publish(now)
+            if hists:  # an app without enough samples keeps its last histogram
+                self.policy.update_histograms({**self.policy.histograms, **hists})  # type: ignore[attr-defined]
 
 
 def serve(setup: Setup, policy: BatchPolicy, slo_ms: float, seed: int, duration_s: float,
-          charge_decisions: bool = False) -> Outcome:
-    """Offer ``duration_s`` of Poisson traffic to one worker running ``policy``; count finished requests."""
+          charge_decisions: bool = False, profiler: OnlineProfiler | None = None, publish_s: float = 10.0) -> Outcome:
+    """Offer ``duration_s`` of Poisson traffic to one worker running ``policy``; count finished requests.
+
+    With a ``profiler`` (ORLOJ only), sampled finished requests are profiled and the policy adopts the published
+    histograms every ``publish_s``.
+    """
     rng = np.random.default_rng(seed)
     times = arrival_times(setup.rate_per_s, duration_s, "poisson", rng)
     which, alone = setup.case.sample(rng, len(times))
@@ -160,7 +186,7 @@ def serve(setup: Setup, policy: BatchPolicy, slo_ms: float, seed: int, duration_
     out = Outcome(offered=len(times))
     loop = EventLoop()
     worker = _Worker(loop, policy, lambda now: BatchContext(now, setup.point_latency, target, top), setup.model,
-                     alone, out, charge_decisions)
+                     alone, out, charge_decisions, profiler, publish_s * 1000.0)
     for i, t in enumerate(times):
         r = Request(i, apps[which[i]], float(t), float(t) + slo_ms)
         loop.at(float(t), lambda r=r: worker.arrive(r))
@@ -178,7 +204,9 @@ def sweep(sc: OrlojScenario, policies: list[str], seeds: int | None = None,
         for m in sc.slo_multipliers:
             slo = m * setup.p99_ms
             for name in policies:
-                runs = [serve(setup, build_policy(name, setup, sc), slo, seed, setup.duration_s(sc), charge_decisions)
+                runs = [serve(setup, build_policy(name, setup, sc), slo, seed, setup.duration_s(sc), charge_decisions,
+                              OnlineProfiler(seed=seed) if name == "orloj" and sc.profiler == "online" else None,
+                              sc.publish_s)
                         for seed in range(seeds or sc.seeds)]
                 rates = [r.finish_rate for r in runs]
                 rows.append({"case": case.name, "slo_x": m, "policy": name,
