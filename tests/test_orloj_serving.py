@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -114,3 +115,52 @@ def test_each_worker_gets_its_own_policy_and_span_policies_refuse_per_app_slos(d
     with pytest.raises(ConfigError) as err:
         LocalServingRuntime(models, PROFILES, pool, make_policy("early_drop"), apps={"a": 50.0})
     assert err.value.field == "apps"
+
+
+@pytest.fixture(scope="module")
+def dynamic():
+    from tasks.serving.models import load_digits_tensors, load_or_train
+    from tasks.streams import transform
+
+    torch.set_num_threads(1)
+    data = load_digits_tensors()
+    clean = data.x_test[:60].numpy()
+    noisy = transform(clean.reshape(-1, 8, 8), 0.0, 0.3, 1.0, np.random.default_rng(0))
+    return load_or_train("digits_dynamic", steps=100), clean, noisy
+
+
+@pytest.mark.slow
+def test_corrupted_digits_exit_later_and_a_batch_waits_for_its_slowest_input(dynamic):
+    model, clean, noisy = dynamic
+    with torch.inference_mode():
+        steps_clean = model.exit_steps(torch.from_numpy(clean)).float().mean()
+        steps_noisy = model.exit_steps(torch.from_numpy(noisy)).float().mean()
+        assert steps_noisy > steps_clean + 1
+        batch = torch.from_numpy(np.concatenate([clean[:8], noisy[:8]]))
+        alone = torch.cat([model(row) for row in batch.split(1)])
+        assert torch.allclose(model(batch), alone, atol=1e-5)  # exits are per input, batch-mates only wait
+
+
+@pytest.mark.slow
+def test_the_worker_serves_digits_dynamic_with_orloj_and_accounts_for_every_request(dynamic):
+    from gpu.batching import PaddedBatchModel
+    from tasks.serving.dynamic_models import alone_times
+
+    model, clean, noisy = dynamic
+    hists = alone_times(model, {"clean": clean[:30], "noisy": noisy[:30]})
+    c0 = 0.5 * min(h.edges[0] for h in hists.values())
+    p99 = max(h.quantile(0.99) for h in hists.values())
+    slo = 200 * p99  # a loaded 2-core test machine: what is checked is the accounting, not the timing
+    policy = make_policy("orloj", histograms=hists, model=PaddedBatchModel(c0))
+    node = GpuNode(0, 10.0, (Placement("s", "digits_dynamic", slo, 8, 10.0, 1.0, 11.0),))
+    one = Plan("test", "paper", (node,), (Session("s", "digits_dynamic", slo, 10.0),))
+    profiles = {"digits_dynamic": linear_profile("digits_dynamic", 0.05, c0, 16)}
+    rec = Recorder()
+    front = Frontend(rec, apps={"clean": None, "noisy": None})
+    worker = ServingWorker(node, {"digits_dynamic": model}, profiles, policy, rec, apps=front.apps)
+    front.set_plan(one, {0: worker})
+    ids = [*front.submit_many("s", clean[30:], app="clean"), *front.submit_many("s", noisy[30:], app="noisy")]
+    drive(worker)
+    outcomes = rec.outcomes
+    assert sorted(o.request_id for o in outcomes) == ids
+    assert sum(o.batch > 0 for o in outcomes) >= 50 and worker.batches < 60  # ORLOJ batches them
