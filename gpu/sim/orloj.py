@@ -2,7 +2,8 @@
 
 The world owns the clock (``gpu.sim.events.EventLoop``) and the truth: each request's alone time is sampled
 from its application's distribution, and a batch runs for Eq. 4.3/4.4 on those true times
-(``gpu.batching.PaddedBatchModel``). The policies are the runtime's ``gpu.batching`` objects; they see only
+(``gpu.batching.PaddedBatchModel``). It drives one ``gpu.schedulers.orloj_controller.OrlojController`` per run,
+which owns the queue and the policy. The policies are the runtime's ``gpu.batching`` objects; they see only
 requests, deadlines and what their profiler measured:
 
 * ORLOJ: per-application histograms of alone times, from a warm profiler (``PROFILE_SAMPLES`` requests per
@@ -25,10 +26,11 @@ from typing import Callable
 
 import numpy as np
 
-from gpu.batching import BatchContext, BatchPolicy, PaddedBatchModel, Request, make_policy, observe_batch
+from gpu.batching import BatchContext, BatchPolicy, PaddedBatchModel, Request, make_policy
 from gpu.report import SimulationReport
 from gpu.schedulers.orloj import Histogram, LatencyTable
 from gpu.schedulers.orloj_baselines import nexus_plan_batch
+from gpu.schedulers.orloj_controller import BatchDone, Dispatch, OrlojController
 from gpu.schedulers.orloj_profiler import OnlineProfiler
 from gpu.scenario import choose
 from gpu.sim.events import EventLoop
@@ -108,66 +110,53 @@ def build_policy(name: str, setup: Setup, sc: OrlojScenario) -> BatchPolicy:
     return make_policy("clipper")
 
 
-class _Worker:
-    """One GPU running one batch at a time, non-preemptively (§4.3.1)."""
+class _World:
+    """The simulated side of one GPU worker: arrivals, batch execution on true alone times, outcome counts.
 
-    def __init__(self, loop: EventLoop, policy: BatchPolicy, ctx: Callable[[float], BatchContext],
-                 model: PaddedBatchModel, alone: np.ndarray, out: Outcome, charge_decisions: bool,
-                 profiler: OnlineProfiler | None = None, publish_ms: float = np.inf):
-        self.loop, self.policy, self.ctx, self.model, self.alone, self.out = loop, policy, ctx, model, alone, out
+    It drives an ``OrlojController`` (which owns the queue and the policy) with the event loop's clock, and
+    charges the hooks' measured wall time to simulated time when asked (RT-6, Fig. 4.14).
+    """
+
+    def __init__(self, loop: EventLoop, ctrl: OrlojController, model: PaddedBatchModel, alone: np.ndarray,
+                 out: Outcome, charge_decisions: bool):
+        self.loop, self.ctrl, self.model, self.alone, self.out = loop, ctrl, model, alone, out
         self.charge = charge_decisions
-        self.profiler, self.publish_ms, self.next_publish = profiler, publish_ms, publish_ms
-        self.queue: list[Request] = []
-        self.busy = False
+        self.profile: tuple[int, ...] = ()  # ids to report as timed alone with the next finished batch
 
     def arrive(self, request: Request) -> None:
-        self.queue.append(request)
-        if not self.busy:
-            self.wake()
+        self._apply(*self._call(self.ctrl.on_arrival, request))
 
     def wake(self) -> None:
-        if self.busy or not self.queue:
-            return
-        now = self.loop.now
+        self._apply(*self._call(self.ctrl.on_wake))
+
+    def _done(self, start: float) -> None:
+        measured = {rid: float(self.alone[rid]) for rid in self.profile}  # timed alone, off the worker
+        self.profile = ()
+        self._apply(*self._call(self.ctrl.on_job_done, BatchDone(start, measured)))
+
+    def _call(self, hook: Callable, *args) -> tuple[Dispatch, float]:
         t0 = time.perf_counter()
-        dec = self.policy.decide(self.queue, self.ctx(now))
+        dispatch = hook(self.loop.now, *args)
         spent = time.perf_counter() - t0
-        self.out.decide_s += spent
-        gone = set(dec.run) | set(dec.drop)
-        batch = [self.queue[i] for i in dec.run]
-        self.queue = [r for i, r in enumerate(self.queue) if i not in gone]
-        self.out.dropped += len(dec.drop)
-        if batch:
-            start = now + (spent * 1000.0 if self.charge else 0.0)  # RT-6: the decision delays the batch
-            finish = start + self.model.batch_ms(self.alone[[r.request_id for r in batch]])
-            on_time = sum(finish <= r.deadline_ms for r in batch)
+        if dispatch.run or dispatch.drop:
+            self.out.decide_s += spent
+        return dispatch, spent
+
+    def _apply(self, d: Dispatch, spent_s: float) -> None:
+        self.out.dropped += len(d.drop)
+        if d.profile:
+            self.profile = d.profile
+        if d.run:
+            start = self.loop.now + (spent_s * 1000.0 if self.charge else 0.0)
+            finish = start + self.model.batch_ms(self.alone[[r.request_id for r in d.run]])
+            on_time = sum(finish <= r.deadline_ms for r in d.run)
             self.out.good += on_time
-            self.out.late += len(batch) - on_time
+            self.out.late += len(d.run) - on_time
             self.out.batches += 1
-            self.out.batched += len(batch)
-            self.busy = True
-            self.loop.at(finish, lambda: self._done(batch, start, finish))
-        elif dec.wake_at_ms is not None:
-            self.loop.at(max(now, dec.wake_at_ms), self.wake)
-
-    def _done(self, batch: list[Request], start: float, finish: float) -> None:
-        self.busy = False
-        observe_batch(self.policy, batch, start, finish)
-        if self.profiler is not None:
-            self._profile(batch, finish)
-        self.wake()
-
-    def _profile(self, batch: list[Request], now: float) -> None:
-        """§4.3.2: time sampled finished requests alone (here: their true alone times, measured off the worker)
-        and let the policy pick the histograms up every ``publish_ms``."""
-        by_id = {r.request_id: r for r in batch}
-        for rid in self.profiler.choose([r.request_id for r in batch]):
-            self.profiler.record(now, by_id[rid].app_id, float(self.alone[rid]))
-        if now >= self.next_publish:
-            self.next_publish = now + self.publish_ms
-            hists = self.profiler.publish(now)
-            if hists:  # an app without enough samples keeps its last histogram
-                self.policy.update_histograms({**self.policy.histograms, **hists})  # type: ignore[attr-defined]
+            self.out.batched += len(d.run)
+            self.loop.at(finish, lambda: self._done(start))
+        elif d.wake_at_ms is not None:
+            self.loop.at(max(self.loop.now, d.wake_at_ms), self.wake)
 
 
 def serve(setup: Setup, policy: BatchPolicy, slo_ms: float, seed: int, duration_s: float,
@@ -185,13 +174,14 @@ def serve(setup: Setup, policy: BatchPolicy, slo_ms: float, seed: int, duration_
     top = max(setup.batch_sizes)
     out = Outcome(offered=len(times))
     loop = EventLoop()
-    worker = _Worker(loop, policy, lambda now: BatchContext(now, setup.point_latency, target, top), setup.model,
-                     alone, out, charge_decisions, profiler, publish_s * 1000.0)
+    ctrl = OrlojController(policy, lambda now: BatchContext(now, setup.point_latency, target, top), profiler,
+                           publish_s * 1000.0)
+    world = _World(loop, ctrl, setup.model, alone, out, charge_decisions)
     for i, t in enumerate(times):
         r = Request(i, apps[which[i]], float(t), float(t) + slo_ms)
-        loop.at(float(t), lambda r=r: worker.arrive(r))
+        loop.at(float(t), lambda r=r: world.arrive(r))
     loop.run(until=duration_s * 1000.0 + 20 * slo_ms)
-    out.dropped += len(worker.queue)  # never served before the drain horizon
+    out.dropped += len(ctrl.queue)  # never served before the drain horizon
     return out
 
 
@@ -213,7 +203,7 @@ def sweep(sc: OrlojScenario, policies: list[str], seeds: int | None = None,
                              "finish_rate": float(np.mean(rates)), "std": float(np.std(rates)),
                              "dropped": float(np.mean([r.dropped / max(1, r.offered) for r in runs])),
                              "mean_batch": float(np.mean([r.batched / max(1, r.batches) for r in runs])),
-                             "decide_ms": 1000.0 * sum(r.decide_s for r in runs) / max(1, sum(r.batches for r in runs))})
+                             "decision_ms": 1000.0 * sum(r.decide_s for r in runs) / max(1, sum(r.batches for r in runs))})
     return rows
 
 
