@@ -26,8 +26,9 @@ from typing import Any
 
 from prefect import flow, get_run_logger, task
 
-from gpu.batching import make_policy
+from gpu.batching import POLICIES, make_policy
 from gpu.errors import ConfigError, GpuflowsError
+from gpu.scenario import choose, positive
 from gpu.pool import pool_path
 from gpu.schedulers.nexus import Plan, SquishyPacker
 from gpu.schedulers.nexus_epoch import EpochPlanner
@@ -73,12 +74,13 @@ def _spec(spec: dict | str | None, duration_s: float | None, batch_policy: str |
 
     parsed = parse_spec(spec) if isinstance(spec, dict) else load_spec(str(spec or DEFAULT_SPEC))
     if duration_s is not None:
-        from gpu.scenario import positive
-
         parsed = replace(parsed, duration_s=positive(duration_s, "duration_s"))
     if batch_policy is not None:
-        make_policy(batch_policy)
-        parsed = replace(parsed, batch_policy=batch_policy)
+        parsed = replace(parsed, batch_policy=choose(batch_policy, "batch_policy", list(POLICIES)))
+    if parsed.batch_policy == "orloj":
+        raise ConfigError("batch_policy", "orloj", "the serving flow does not profile ORLOJ's per-application "
+                                                   "histograms yet; serve it through LocalServingRuntime with "
+                                                   "make_policy('orloj', histograms=...) (docs/orloj.md)")
     return parsed
 
 
@@ -108,7 +110,8 @@ def serving_rollout(spec: dict | str | None = None, duration_s: float | None = N
     Args:
         spec: a serving spec (mapping, or a YAML/JSON path; default ``scenarios/serving/digits.yaml``).
         duration_s: override the trace length (s).
-        batch_policy: override the workers' batch policy (``early_drop``, ``lazy_drop``, ``fixed_batch``).
+        batch_policy: override the workers' batch policy (``early_drop``, ``lazy_drop``, ``fixed_batch``, or the
+            Clockwork-/Clipper-like ``clockwork``/``clipper``); each worker gets its own instance.
         backend: ``local`` (worker threads in this process) or ``ray`` (a Ray actor per GPU node; run the
             flow under ``GpuRayTaskRunner``, whose ledger the actors' leases then share with Ray tasks).
         pool: GpuPool block whose ledger the workers lease from, a saved block's name, or None (pool "serving").
@@ -153,8 +156,8 @@ def serving_rollout(spec: dict | str | None = None, duration_s: float | None = N
     data = load_digits_tensors(sp.seed)
     marks = [EpochMark(0.0, planner.plan, True)]
     beacons: list[dict[str, float]] = []
-    with LocalServingRuntime(models, profiles, ledger, make_policy(sp.batch_policy), sp.preset,
-                             sp.load_balancer, sp.seed, backend=backend, chains=chains) as rt:
+    with LocalServingRuntime(models, profiles, ledger, None, sp.preset, sp.load_balancer, sp.seed, backend=backend,
+                             chains=chains, policy_factory=lambda: make_policy(sp.batch_policy)) as rt:
         rt.apply(planner.plan)
         progress = FlowProgress("serving-rollout", sp.duration_s, f"serving {sp.name}", unit="s of trace").start()
 
@@ -311,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m flows.serving_rollout", description=__doc__.split("\n\n")[0])
     ap.add_argument("--spec", default=str(DEFAULT_SPEC), help="serving spec (YAML/JSON); default: %(default)s")
     ap.add_argument("--duration-s", type=float, default=None, help="override the trace length (default: the spec's)")
-    ap.add_argument("--batch-policy", default=None, help="early_drop (Nexus), lazy_drop or fixed_batch")
+    ap.add_argument("--batch-policy", default=None, help="early_drop (Nexus), lazy_drop, fixed_batch, clockwork or clipper")
     ap.add_argument("--pool", default="serving", help="GpuPool name whose ledger the workers lease from")
     ap.add_argument("--simulated", type=simulated, default="2x16GiB",
                     help="simulated devices when the machine has no GPU")

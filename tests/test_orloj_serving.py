@@ -164,3 +164,12 @@ def test_the_worker_serves_digits_dynamic_with_orloj_and_accounts_for_every_requ
     outcomes = rec.outcomes
     assert sorted(o.request_id for o in outcomes) == ids
     assert sum(o.batch > 0 for o in outcomes) >= 50 and worker.batches < 60  # ORLOJ batches them
+
+
+def test_the_serving_flow_refuses_orloj_until_it_profiles_histograms_and_accepts_the_baselines():
+    from flows.serving_rollout import _spec
+
+    with pytest.raises(ConfigError) as err:
+        _spec(None, None, "orloj")
+    assert err.value.field == "batch_policy"
+    assert _spec(None, None, "clipper").batch_policy == "clipper"
