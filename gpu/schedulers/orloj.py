@@ -225,7 +225,7 @@ def line_coefficients(deadline_rel: np.ndarray, t_rel: float, latency: Histogram
     return alpha.sum(1), beta.sum(1), edge.min(1)
 
 
-@dataclass
+@dataclass(eq=False)
 class OrlojPolicy:
     """ORLOJ's batch former (Algorithm 4.1) as a ``gpu.batching.BatchPolicy``; one instance per worker.
 

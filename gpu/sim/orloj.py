@@ -27,6 +27,7 @@ from typing import Callable
 import numpy as np
 
 from gpu.batching import BatchContext, BatchPolicy, PaddedBatchModel, Request, make_policy
+from gpu.errors import ConfigError
 from gpu.report import SimulationReport
 from gpu.schedulers.orloj import Histogram, LatencyTable
 from gpu.schedulers.orloj_baselines import nexus_plan_batch
@@ -188,9 +189,16 @@ def serve(setup: Setup, policy: BatchPolicy, slo_ms: float, seed: int, duration_
 def sweep(sc: OrlojScenario, policies: list[str], seeds: int | None = None,
           charge_decisions: bool = False) -> list[dict]:
     """Finish rate (mean ± std over seeds) of every case × SLO multiplier × policy."""
+    setups = [Setup.build(case, sc) for case in sc.cases]
+    for setup in setups:  # before any run: an SLO no request can meet is a mistake in the scenario
+        shortest = min(h.edges[0] for h in setup.histograms.values())
+        for m in sc.slo_multipliers:
+            if m * setup.p99_ms < shortest:
+                raise ConfigError("slo_multipliers", m, f"SLO {m * setup.p99_ms:.4g} ms of case {setup.case.name!r} "
+                                                        f"is below its shortest alone time {shortest:.4g} ms")
     rows = []
-    for case in sc.cases:
-        setup = Setup.build(case, sc)
+    for setup in setups:
+        case = setup.case
         for m in sc.slo_multipliers:
             slo = m * setup.p99_ms
             for name in policies:

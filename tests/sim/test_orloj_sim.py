@@ -158,3 +158,10 @@ def test_orloj_runs_per_gpu_on_a_multi_gpu_nexus_plan_with_a_dynamic_model():
     assert len(ones) > 10  # a batch of one lasts its request's own alone time, not ℓ(1)
     with pytest.raises(ConfigError):
         simulate_plan(plan, {"m": profile}, None)
+
+
+def test_an_slo_below_every_alone_time_is_refused_before_simulating():
+    sc = scenario(slo_multipliers=[0.1], overhead_ms=100)
+    with pytest.raises(ConfigError) as err:
+        sweep(sc, ["orloj"])
+    assert err.value.field == "slo_multipliers"
