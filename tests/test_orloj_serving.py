@@ -166,10 +166,27 @@ def test_the_worker_serves_digits_dynamic_with_orloj_and_accounts_for_every_requ
     assert sum(o.batch > 0 for o in outcomes) >= 50 and worker.batches < 60  # ORLOJ batches them
 
 
-def test_the_serving_flow_refuses_orloj_until_it_profiles_histograms_and_accepts_the_baselines():
+def test_the_serving_flow_accepts_every_registered_batch_policy():
     from flows.serving_rollout import _spec
 
+    assert [_spec(None, None, p).batch_policy for p in ("orloj", "clipper")] == ["orloj", "clipper"]
     with pytest.raises(ConfigError) as err:
-        _spec(None, None, "orloj")
+        _spec(None, None, "fifo")
     assert err.value.field == "batch_policy"
-    assert _spec(None, None, "clipper").batch_policy == "clipper"
+
+
+@pytest.mark.usefixtures("prefect_server")
+def test_the_serving_flow_serves_a_dynamic_model_with_orloj(state_dir):
+    from flows.serving_rollout import serving_rollout
+    from resource_blocks import GpuPool
+    from tasks.runners import GpuTaskRunner
+
+    spec = {"name": "dynamic", "runtime": {"training_steps": 30, "profile_repeats": 3, "batch_policy": "orloj"},
+            "sessions": [{"id": "early_exit", "model": "digits_dynamic", "slo_ms": 200, "rate": 40},
+                         {"id": "mlp", "model": "digits_mlp", "slo_ms": 100, "rate": 40}],
+            "trace": {"duration_s": 4, "seed": 1, "phases": [{"at_s": 0, "scale": 1.0}]},
+            "epoch": {"epoch_s": 2, "min_epoch_s": 1, "beacon_s": 1, "avg_interval_s": 1}}
+    run = GpuTaskRunner(pool=GpuPool(name="orloj", device_backend="simulated"), mode="thread", tracking=False)
+    result = serving_rollout.with_options(task_runner=run)(spec)
+    assert result["batch_policy"] == "orloj" and result["requests"] > 100
+    assert result["slo_attainment"] > 0.5

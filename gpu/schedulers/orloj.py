@@ -35,7 +35,8 @@ import numpy as np
 from gpu.batching import BatchContext, BatchDecision, PaddedBatchModel, Request
 from gpu.errors import ConfigError
 
-MIXES = ("round_robin", "iid", "request_aware")
+MIXES = ("round_robin", "iid", "request_aware", "own_app")
+PER_APP = ("request_aware", "own_app")  # mixes whose L_B depends on the request's application
 RESET_EXPONENT = 100.0
 """Reset the base time once ``b·(t − base)`` passes this: e^100 ≈ 2.7e43 is far from float64 overflow (e^709),
 and it is the thesis's own horizon (§4.4.4: b = 1e-4 per ms sustains "about 1000 s")."""
@@ -163,16 +164,15 @@ class LatencyTable:
                 table[None, bs] = batch_latency(rotations, self.model, self.points)
             else:
                 table[None, bs] = batch_latency([[wide] * bs], self.model, self.points)
-            if self.mix == "request_aware":
-                for a in apps:
-                    table[a, bs] = batch_latency([[self.histograms[a]] + [wide] * (bs - 1)], self.model,
-                                                 self.points)
+            for a in apps if self.mix in PER_APP else ():
+                others = [wide if self.mix == "request_aware" else self.histograms[a]] * (bs - 1)
+                table[a, bs] = batch_latency([[self.histograms[a]] + others], self.model, self.points)
         object.__setattr__(self, "batch_sizes", tuple(sorted(set(self.batch_sizes))))
         object.__setattr__(self, "latency", table)
         object.__setattr__(self, "means", {key: h.mean for key, h in table.items()})
 
     def key(self, app: str | None, bs: int) -> tuple[str | None, int]:
-        return (app, bs) if self.mix == "request_aware" and app in self.histograms else (None, bs)
+        return (app, bs) if self.mix in PER_APP and app in self.histograms else (None, bs)
 
 
 def priority_scores(slack: np.ndarray, latency: Histogram, mean: float, b: float, cost: float = 1.0) -> np.ndarray:
@@ -271,7 +271,7 @@ class OrlojPolicy:
 
     def estimates(self, apps: Sequence[str], bs: int) -> np.ndarray:
         """``EstimateBatchLatency(r, bs)`` of Alg. 4.1 line 11 for each request's app: ``E[L_B(bs)]``."""
-        if self.mix != "request_aware":
+        if self.mix not in PER_APP:
             return np.full(len(apps), self.table.means[None, bs])
         return np.array([self.table.means[self.table.key(a, bs)] for a in apps])
 

@@ -210,3 +210,10 @@ def test_bad_histograms_and_overheads_name_the_field():
     with pytest.raises(ConfigError) as err:
         PaddedBatchModel(-1.0)
     assert err.value.field == "c0"
+
+
+def test_own_app_batches_are_priced_from_their_own_application_only():
+    """Per-session queues (the Nexus runtime): two U[40,60] requests, E[max] = 40 + 20·2/3."""
+    policy = OrlojPolicy(TWO_APPS, PaddedBatchModel(5.0), mix="own_app")
+    assert policy.estimates(["long"], 2)[0] == pytest.approx(5 + 2 * (40 + 40 / 3 - 5), rel=1e-3)
+    assert policy.estimates(["short"], 1)[0] == pytest.approx(15.0)
