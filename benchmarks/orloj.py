@@ -202,15 +202,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="2 seeds × 300 requests per cell (< 3 min on 2 cores)")
     parser.add_argument("--json", metavar="OUT", help="write the flat headline figures as JSON")
-    parser.add_argument("--plots", metavar="DIR", help="write finish-rate bar charts (PNG) per SLO multiple")
+    parser.add_argument("--plots", metavar="DIR", default=".state/benchmarks/orloj",
+                        help="where the finish-rate bar charts (PNG, one per SLO multiple) go")
     args = parser.parse_args(argv)
     figures, rows = tables(args.quick)
     figures.update(headline(rows))
     figures.update(b_sweep(args.quick))
     figures.update(scaling(args.quick))
     figures.update(decision_time(args.quick))
-    if args.plots:
-        plot(rows, Path(args.plots))
+    plot(rows, Path(args.plots))
+    print(f"\nplots: {args.plots}/orloj_finish_rate_<m>x.png")
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=1, sort_keys=True))
         print(f"\nwrote {args.json}")
