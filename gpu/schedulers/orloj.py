@@ -291,7 +291,7 @@ class OrlojPolicy:
             return BatchDecision()
         deadlines = np.fromiter((r.deadline_ms for r in queue), float, len(queue))
         apps = [r.app_id for r in queue]
-        sizes = [bs for bs in self.table.batch_sizes if bs <= max(1, ctx.max_batch)] or [1]
+        sizes = [bs for bs in self.table.batch_sizes if bs <= ctx.max_batch] or [self.table.batch_sizes[0]]
         horizon = deadlines - ctx.now_ms - ctx.post_ms
         viable = np.array([self.estimates(apps, bs) <= horizon for bs in sizes])  # Q_bs (lines 10–12)
         timed_out = tuple(np.flatnonzero(~viable.any(0)).tolist())  # lines 13–14
