@@ -87,18 +87,23 @@ ORLOJ_PROFILE_REQUESTS = 100  # test digits each model is timed alone on before 
 def _policy_factory(name: str, models: dict, profiles: dict, sessions: list, rows: Any) -> Callable[[], Any]:
     """One batch policy per worker. ORLOJ also needs execution-time histograms (thesis §4.3.2): each model is
     timed alone on sampled test digits, and a session's requests are its model's (the runtime queues each
-    session apart, hence ``mix="own_app"``); ``c0`` is the smallest intercept of the models' profiles (Eq. 4.3)."""
+    session apart, hence ``mix="own_app"``). ``c0`` is the smallest intercept of the models' profiles (Eq. 4.3);
+    with one model, its measured profile also gives the batch growth (``PaddedBatchModel.from_profile``)."""
     if name != "orloj":
         return lambda: make_policy(name)
     from gpu.batching import PaddedBatchModel
     from tasks.serving.dynamic_models import alone_times
 
-    served = {s.model for s in sessions}
-    by_model = {m: alone_times(models[m], {m: rows})[m] for m in sorted(served)}
+    served = sorted({s.model for s in sessions})
+    by_model = {m: alone_times(models[m], {m: rows})[m] for m in served}
     hists = {s.session_id: by_model[s.model] for s in sessions}
     fits = [np.polyfit(profiles[m].batches, profiles[m].latency_ms, 1)[1] for m in served]
     c0 = max(0.0, min(min(fits), min(h.edges[0] for h in by_model.values())))
-    return lambda: make_policy("orloj", histograms=hists, model=PaddedBatchModel(c0), mix="own_app")
+    if len(served) == 1 and c0 < profiles[served[0]].latency(1):
+        batch = PaddedBatchModel.from_profile(profiles[served[0]].latency, profiles[served[0]].max_batch, c0)
+    else:
+        batch = PaddedBatchModel(c0)
+    return lambda: make_policy("orloj", histograms=hists, model=batch, mix="own_app")
 
 
 def _plan_summary(plan: Plan) -> str:

@@ -116,8 +116,8 @@ def batch_latency(assignments: Sequence[Sequence[Histogram]], model: PaddedBatch
     """The batch-latency distribution ``L_B`` of a k-request batch, each slot drawing from its histogram.
 
     ``assignments`` lists equally likely slot assignments (k histograms each); the max's CDF is their average of
-    ``∏_j F_j``. Eq. 4.9 is then a relabelling of the max's bins through Eq. 4.3 (``a ↦ c0 + k·(a − c0)``) with
-    the masses of that CDF on a shared ``points``-cell grid.
+    ``∏_j F_j``. Eq. 4.9 is then a relabelling of the max's bins through Eq. 4.3 (``a ↦ c0 + k·(a − c0)``, or
+    the model's measured growth for ``k``) with the masses of that CDF on a shared ``points``-cell grid.
     """
     hists = [h for slots in assignments for h in slots]
     lo, hi = max(model.c0, min(h.edges[0] for h in hists)), max(h.edges[-1] for h in hists)
@@ -127,7 +127,7 @@ def batch_latency(assignments: Sequence[Sequence[Histogram]], model: PaddedBatch
     cdf = np.mean([max_cdf(slots, grid) for slots in assignments], axis=0)
     masses = np.diff(cdf)
     masses[0] += cdf[0]
-    k = len(assignments[0])
+    k = model.factor(len(assignments[0]))
     return Histogram(model.c0 + k * (grid - model.c0), np.clip(masses, 0.0, None))
 
 

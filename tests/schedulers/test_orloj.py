@@ -217,3 +217,17 @@ def test_own_app_batches_are_priced_from_their_own_application_only():
     policy = OrlojPolicy(TWO_APPS, PaddedBatchModel(5.0), mix="own_app")
     assert policy.estimates(["long"], 2)[0] == pytest.approx(5 + 2 * (40 + 40 / 3 - 5), rel=1e-3)
     assert policy.estimates(["short"], 1)[0] == pytest.approx(15.0)
+
+
+def test_a_measured_profile_replaces_eq_4_3s_linear_growth():
+    """ℓ(k) = 1 + 0.5·√k ms measured with c0 = 1: a batch of 4 costs 2× a batch of one's work, not 4×."""
+    model = PaddedBatchModel.from_profile(lambda k: 1.0 + 0.5 * k ** 0.5, 16, c0=1.0)
+    assert model.factor(1) == 1.0 and model.factor(4) == pytest.approx(2.0) and model.factor(16) == pytest.approx(4.0)
+    assert model.batch_ms([1.5, 3.0]) == pytest.approx(1.0 + 2 ** 0.5 * 2.0)
+    assert PaddedBatchModel(1.0).factor(4) == 4.0  # Eq. 4.3 by default
+    policy = OrlojPolicy({"a": Histogram([10, 20], [1])}, PaddedBatchModel(1.0, (1.0, 1.5, 1.8, 2.0)),
+                         batch_sizes=(1, 4))
+    assert policy.table.means[None, 4] == pytest.approx(1.0 + 2.0 * (18.0 - 1.0), rel=1e-3)  # E[max of 4] = 18
+    with pytest.raises(ConfigError) as err:
+        PaddedBatchModel(1.0, (2.0, 3.0))
+    assert err.value.field == "growth"
