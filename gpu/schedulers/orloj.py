@@ -273,14 +273,19 @@ class OrlojPolicy:
         """``EstimateBatchLatency(r, bs)`` of Alg. 4.1 line 11 for each request's app: ``E[L_B(bs)]``."""
         if self.mix not in PER_APP:
             return np.full(len(apps), self.table.means[None, bs])
-        return np.array([self.table.means[self.table.key(a, bs)] for a in apps])
+        names, which = np.unique(np.asarray(apps, dtype=object), return_inverse=True)
+        return np.array([self.table.means[self.table.key(a, bs)] for a in names])[which]
 
     def scores(self, slack: np.ndarray, apps: Sequence[str], bs: int) -> np.ndarray:
         """Eq. 4.2 (summed over ``cost_steps``) of each request in ``Q_bs``, with ``L = L_B(bs)``."""
+        if self.mix not in PER_APP:
+            return step_cost_scores(slack, self.table.latency[None, bs], self.table.means[None, bs], self.b,
+                                    self.cost_steps)
         out = np.empty(len(slack))
-        keys = [self.table.key(a, bs) for a in apps]
-        for key in set(keys):
-            mask = np.array([k == key for k in keys])
+        names, which = np.unique(np.asarray(apps, dtype=object), return_inverse=True)
+        for j, app in enumerate(names):
+            key = self.table.key(app, bs)
+            mask = which == j
             out[mask] = step_cost_scores(slack[mask], self.table.latency[key], self.table.means[key], self.b,
                                          self.cost_steps)
         return out
