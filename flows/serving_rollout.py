@@ -24,12 +24,14 @@ import sys
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
+import numpy as np
 from prefect import flow, get_run_logger, task
 
-from gpu.batching import make_policy
+from gpu.batching import POLICIES, make_policy
 from gpu.errors import ConfigError, GpuflowsError
+from gpu.scenario import choose, positive
 from gpu.pool import pool_path
 from gpu.schedulers.nexus import Plan, SquishyPacker
 from gpu.schedulers.nexus_controller import NexusController
@@ -77,13 +79,35 @@ def _spec(spec: dict | str | None, duration_s: float | None, batch_policy: str |
 
     parsed = parse_spec(spec) if isinstance(spec, dict) else load_spec(str(spec or DEFAULT_SPEC))
     if duration_s is not None:
-        from gpu.scenario import positive
-
         parsed = replace(parsed, duration_s=positive(duration_s, "duration_s"))
     if batch_policy is not None:
-        make_policy(batch_policy)
-        parsed = replace(parsed, batch_policy=batch_policy)
+        parsed = replace(parsed, batch_policy=choose(batch_policy, "batch_policy", list(POLICIES)))
     return parsed
+
+
+ORLOJ_PROFILE_REQUESTS = 100  # test digits each model is timed alone on before ORLOJ serves it
+
+
+def _policy_factory(name: str, models: dict, profiles: dict, sessions: list, rows: Any) -> Callable[[], Any]:
+    """One batch policy per worker. ORLOJ also needs execution-time histograms (thesis §4.3.2): each model is
+    timed alone on sampled test digits, and a session's requests are its model's (the runtime queues each
+    session apart, hence ``mix="own_app"``). ``c0`` is the smallest intercept of the models' profiles (Eq. 4.3);
+    with one model, its measured profile also gives the batch growth (``PaddedBatchModel.from_profile``)."""
+    if name != "orloj":
+        return lambda: make_policy(name)
+    from gpu.batching import PaddedBatchModel
+    from tasks.serving.dynamic_models import alone_times
+
+    served = sorted({s.model for s in sessions})
+    by_model = {m: alone_times(models[m], {m: rows})[m] for m in served}
+    hists = {s.session_id: by_model[s.model] for s in sessions}
+    fits = [np.polyfit(profiles[m].batches, profiles[m].latency_ms, 1)[1] for m in served]
+    c0 = max(0.0, min(min(fits), min(h.edges[0] for h in by_model.values())))
+    if len(served) == 1 and c0 < profiles[served[0]].latency(1):
+        batch = PaddedBatchModel.from_profile(profiles[served[0]].latency, profiles[served[0]].max_batch, c0)
+    else:
+        batch = PaddedBatchModel(c0)
+    return lambda: make_policy("orloj", histograms=hists, model=batch, mix="own_app")
 
 
 def _plan_summary(plan: Plan) -> str:
@@ -112,7 +136,9 @@ def serving_rollout(spec: dict | str | None = None, duration_s: float | None = N
     Args:
         spec: a serving spec (mapping, or a YAML/JSON path; default ``scenarios/serving/digits.yaml``).
         duration_s: override the trace length (s).
-        batch_policy: override the workers' batch policy (``early_drop``, ``lazy_drop``, ``fixed_batch``).
+        batch_policy: override the workers' batch policy (``early_drop``, ``lazy_drop``, ``fixed_batch``, ``orloj``
+            — with each model's alone times profiled first — or the Clockwork-/Clipper-like
+            ``clockwork``/``clipper``); each worker gets its own instance.
         backend: ``local`` (worker threads in this process) or ``ray`` (a Ray actor per GPU node; run the
             flow under ``GpuRayTaskRunner``, whose ledger the actors' leases then share with Ray tasks).
         pool: GpuPool block whose ledger the workers lease from, a saved block's name, or None (pool "serving").
@@ -163,8 +189,10 @@ def serving_rollout(spec: dict | str | None = None, duration_s: float | None = N
     data = load_digits_tensors(sp.seed)
     marks = [EpochMark(0.0, controller.plan, True)]
     beacons: list[dict[str, float]] = []
-    with LocalServingRuntime(models, profiles, ledger, make_policy(sp.batch_policy), sp.preset, seed=sp.seed,
-                             backend=backend, controller=controller) as rt:
+    factory = _policy_factory(sp.batch_policy, models, profiles, sessions,
+                              data.x_test[:ORLOJ_PROFILE_REQUESTS].numpy())
+    with LocalServingRuntime(models, profiles, ledger, None, sp.preset, seed=sp.seed, backend=backend,
+                             controller=controller, policy_factory=factory) as rt:
         rt.apply(controller.plan)
         progress = FlowProgress("serving-rollout", sp.duration_s, f"serving {sp.name}", unit="s of trace").start()
 
@@ -328,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m flows.serving_rollout", description=__doc__.split("\n\n")[0])
     ap.add_argument("--spec", default=str(DEFAULT_SPEC), help="serving spec (YAML/JSON); default: %(default)s")
     ap.add_argument("--duration-s", type=float, default=None, help="override the trace length (default: the spec's)")
-    ap.add_argument("--batch-policy", default=None, help="early_drop (Nexus), lazy_drop or fixed_batch")
+    ap.add_argument("--batch-policy", default=None, help="early_drop (Nexus), lazy_drop, fixed_batch, orloj, clockwork or clipper")
     ap.add_argument("--pool", default="serving", help="GpuPool name whose ledger the workers lease from")
     ap.add_argument("--simulated", type=simulated, default="2x16GiB",
                     help="simulated devices when the machine has no GPU")

@@ -30,11 +30,11 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Mapping, NamedTuple
+from typing import Callable, Mapping, NamedTuple
 
 import numpy as np
 
-from gpu.batching import BatchContext, BatchPolicy, Request
+from gpu.batching import BatchContext, BatchPolicy, PaddedBatchModel, Request, observe_batch
 from gpu.errors import ConfigError
 from gpu.schedulers.nexus import Plan
 from gpu.schedulers.nexus_overflow import route_unassigned
@@ -170,13 +170,21 @@ def _remove(queue: deque, positions: tuple[int, ...]) -> list[Request]:
     return taken
 
 
+class AloneTimes(NamedTuple):
+    """A dynamic model's per-request cost: alone times drawn per request, a batch priced by Eq. 4.3/4.4."""
+
+    model: PaddedBatchModel
+    sample: Callable[[np.random.Generator, int], np.ndarray]  # (rng, n) -> n alone times, ms
+
+
 class _Gpu:
     """Round-robin executor of one plan node."""
 
     def __init__(self, node_id: int, loop: EventLoop, slots: list[_Slot], policy: BatchPolicy, noise: bool,
-                 rng: np.random.Generator, chains: _Chains, log: list[BatchRecord] | None):
+                 rng: np.random.Generator, chains: _Chains, log: list[BatchRecord] | None,
+                 costs: Mapping[str, AloneTimes]):
         self.node_id, self.loop, self.slots, self.policy = node_id, loop, slots, policy
-        self.noise, self.rng = noise, rng
+        self.noise, self.rng, self.costs = noise, rng, costs
         self.chains, self.log = chains, log
         self.rr = 0
         self.busy_until = 0.0
@@ -222,9 +230,13 @@ class _Gpu:
             self.schedule(max(nxt, now))
 
     def _execute(self, slot: _Slot, batch: list[Request], now: float) -> None:
-        dur = slot.profile.latency(len(batch))
-        if self.noise:
-            dur = max(0.0, self.rng.normal(dur, slot.profile.std(len(batch))))
+        cost = self.costs.get(slot.profile.model)
+        if cost is not None:  # a dynamic model: the batch runs as long as its slowest request (Eq. 4.3/4.4)
+            dur = cost.model.batch_ms(cost.sample(self.rng, len(batch)))
+        else:
+            dur = slot.profile.latency(len(batch))
+            if self.noise:
+                dur = max(0.0, self.rng.normal(dur, slot.profile.std(len(batch))))
         finish = now + dur
         on_time = [r for r in batch if fits(finish, r.deadline_ms)]
         slot.stats.good += len(on_time)
@@ -236,6 +248,7 @@ class _Gpu:
             self.log.append(BatchRecord(slot.sid, now, finish, len(batch), self.node_id))
         self.chains.issue(slot.sid, on_time, finish)
         self.busy_until = finish
+        self.loop.at(finish, lambda: observe_batch(self.policy, batch, now, finish), priority=-1)
         self.schedule(finish)
 
 
@@ -281,13 +294,15 @@ class _Chains:
                 gpu.poke()
 
 
-def simulate_plan(plan: Plan, profiles: Mapping[str, BatchProfile], policy: BatchPolicy, *,
+def simulate_plan(plan: Plan, profiles: Mapping[str, BatchProfile], policy: BatchPolicy | None, *,
                   rates: Mapping[str, float] | None = None, duration_s: float = 20.0, arrivals: str = "poisson",
                   noise: bool = False, seed: int = 0, planned: Accounting | None = None,
                   streams: Mapping[str, int] | None = None,
                   chains: Mapping[str, tuple[str, float]] | None = None,
                   ready_ms: Mapping[str, float] | None = None, log_batches: bool = False,
-                  load_balancer: str = "drr", controller: NexusController | None = None) -> SimResult:
+                  load_balancer: str = "drr", controller: NexusController | None = None,
+                  policy_factory: Callable[[], BatchPolicy] | None = None,
+                  alone_times: Mapping[str, AloneTimes] | None = None) -> SimResult:
     """Run ``plan`` against offered ``rates`` (default: the plan's session rates) and count bad requests.
 
     All traffic is routed, as by the real frontend: a capped plan's ``unassigned`` rate goes onto GPUs by
@@ -308,9 +323,15 @@ def simulate_plan(plan: Plan, profiles: Mapping[str, BatchProfile], policy: Batc
             ``chains`` and ``load_balancer``, drawing from the run's seeded generator); it is given the plan
             with its unassigned load routed (``NexusController.install``). Its own stages and load balancer
             apply, so ``chains`` must then be left out.
+        policy_factory: instead of sharing ``policy``, build one per GPU (a policy with state, e.g. ORLOJ's
+            baselines, learns from its own GPU's batches through ``observe``).
+        alone_times: per model name, a dynamic model's per-request alone times and batch model: its batches
+            run for Eq. 4.3/4.4 on the sampled times instead of the profile's ℓ(b) (ORLOJ, ``docs/orloj.md``).
     """
     from gpu.schedulers.nexus_profiles import PRESETS
 
+    if (policy is None) == (policy_factory is None):
+        raise ConfigError("batch_policy", policy, "give either one policy or a policy_factory")
     rng = np.random.default_rng(seed)
     acc = planned or PRESETS[plan.preset]
     offered = dict(rates) if rates is not None else {s.session_id: s.rate for s in plan.sessions}
@@ -355,7 +376,8 @@ def simulate_plan(plan: Plan, profiles: Mapping[str, BatchProfile], policy: Batc
                        p.slo_ms, p.batch, profiles[p.model], acc,
                        result.sessions.setdefault(p.session_id, SessionStats()))
                  for p in node.placements]
-        gpu = _Gpu(node.node_id, loop, slots, policy, noise, rng, chained, result.batch_log)
+        gpu = _Gpu(node.node_id, loop, slots, policy_factory() if policy_factory else policy, noise, rng, chained,
+                   result.batch_log, alone_times or {})
         gpus.append(gpu)
         gpu.schedule(0.0)
         for slot in slots:
