@@ -33,7 +33,9 @@ _LANE_CAPS = {"exclusive": (1, 1), "one_lane": (1, None), "lanes": (None, None)}
 class SalusJob:
     """A training or inference job as Salus admits it: declared persistent and ephemeral memory (MB).
 
-    ``expected_s``: declared total GPU time (SRTF needs it, §2.4.2); ``weight``: weighted-FAIR share.
+    ``expected_s``: declared total GPU time (SRTF needs it, §2.4.2); ``weight``: weighted-FAIR share;
+    ``inference``: an inference job has an iteration to run only while a ``Query`` for it waits (§2.5.3),
+    a training job always has its next iteration ready.
     Example: ``SalusJob("resnet50_50", persistent_mb=340, ephemeral_mb=5200, expected_s=900)``.
     """
 
@@ -42,6 +44,7 @@ class SalusJob:
     ephemeral_mb: float
     expected_s: float | None = None
     weight: float = 1.0
+    inference: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.job_id, str) or not self.job_id:
@@ -52,6 +55,13 @@ class SalusJob:
                 continue
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
                 raise ConfigError(f"jobs[{self.job_id}].{name}", v, "must be a finite number > 0")
+
+
+@dataclass(frozen=True)
+class Query:
+    """A request for an admitted (or queued) inference job: one more iteration for it to run."""
+
+    job_id: str
 
 
 @dataclass(frozen=True)
@@ -90,6 +100,11 @@ class _JobState:
     served_s: float = 0.0
     consumed_s: float = 0.0
     last_run: int = -1
+    pending: int = 0  # queries waiting (inference jobs only)
+
+    @property
+    def has_work(self) -> bool:
+        return not self.job.inference or self.pending > 0
 
     def candidate(self) -> Candidate:
         return Candidate(self.job.job_id, self.seq, self.served_s, self.consumed_s, self.job.expected_s,
@@ -127,9 +142,13 @@ class SalusController:
         self._iterations = 0
 
     # --- hooks ------------------------------------------------------------------------------------------
-    def on_arrival(self, now: float, job: SalusJob) -> SalusStep:
-        """Check the job (bad sizes, never fits, SRTF without a time → error, nothing changed), then admit it
-        with Algorithm 2.1 or queue it, and start iterations on free lanes."""
+    def on_arrival(self, now: float, job: SalusJob | Query) -> SalusStep:
+        """A job: check it (bad sizes, never fits, SRTF without a time → error, nothing changed), then admit
+        it with Algorithm 2.1 or queue it, and start iterations on free lanes. A query: its inference job has
+        one more iteration to run."""
+        if isinstance(job, Query):
+            self._known(job.job_id).pending += 1
+            return self._advance((), ())
         if job.job_id in self._book.jobs:
             raise ConfigError("job_id", job.job_id, "already submitted to this device")
         if self.rule.needs_expected_time and job.expected_s is None:
@@ -218,13 +237,16 @@ class SalusController:
         for view in self.lanes.lanes():
             if view.lane_id in self._book.busy or not view.jobs or not self.lanes.ready(view.lane_id):
                 continue
-            snapshot = LaneSnapshot(view.lane_id, tuple(self._book.jobs[j].candidate() for j in view.jobs))
-            job_id = self.rule.decide(snapshot)
+            ready = tuple(self._book.jobs[j].candidate() for j in view.jobs if self._book.jobs[j].has_work)
+            if not ready:
+                continue
+            job_id = self.rule.decide(LaneSnapshot(view.lane_id, ready))
             self._book.busy[view.lane_id] = job_id
-            self._book.jobs[job_id].last_run = self._iterations
+            state = self._book.jobs[job_id]
+            state.last_run, state.pending = self._iterations, max(0, state.pending - 1)
             self._iterations += 1
             runs.append(Run(view.lane_id, job_id))
         return SalusStep(admitted, queued, moves, tuple(runs))
 
 
-__all__ = ["Admission", "Run", "SalusController", "SalusJob", "SalusStep", "Margins"]
+__all__ = ["Admission", "Query", "Run", "SalusController", "SalusJob", "SalusStep", "Margins"]
