@@ -115,13 +115,26 @@ def tiresias_like_trace(jobs: int, seed: int, mean_gap_s: float, median_s: float
     return out
 
 
-def inference_instances(copies: int = 3) -> list[tuple[str, float, float]]:
+@dataclass(frozen=True)
+class InferenceInstance:
+    """One served model instance: persistent = weights, ephemeral = forward scratch, one query's solo time."""
+
+    instance_id: str
+    persistent_mb: float
+    ephemeral_mb: float
+    service_s: float
+    u: float
+
+
+def inference_instances(copies: int = 3) -> list[InferenceInstance]:
     """S5 (§2.5.3): ``copies`` instances of the 14 PyTorch models of Fig. A.1 (Table A.1 minus overfeat) at
-    their smallest batch; persistent = weights, ephemeral = half the training scratch (forward only, ours)."""
+    their smallest batch; ephemeral = half the training scratch and a query = a third of a training iteration
+    (forward only; both ours)."""
     out = []
     for model in MODELS.values():
         if model.name == "overfeat":
             continue
         w = workload(f"{model.name}_{model.batches[0]}")
-        out += [(f"{model.name}#{k}", model.weights_mb, w.ephemeral_mb / 2) for k in range(copies)]
+        out += [InferenceInstance(f"{model.name}#{k}", model.weights_mb, w.ephemeral_mb / 2, w.iter_s / 3, w.u)
+                for k in range(copies)]
     return out
