@@ -150,7 +150,7 @@ def inference(seed: int, seconds: float) -> dict[str, float]:
     for inst in instances:
         times = np.cumsum(rng.exponential(10.0, int(seconds / 10.0 * 2)))  # ~0.1 query/s: a low rate
         times = times[times < seconds] if (times < seconds).any() else times[:1]
-        job = SalusJob(inst.instance_id, inst.persistent_mb, inst.ephemeral_mb, inference=True)
+        job = SalusJob(inst.instance_id, inst.persistent_mb, inst.ephemeral_mb, on_demand=True)
         jobs.append(TraceJob(job, 0.0, inst.service_s, len(times), inst.u))
         queries += [(float(t), inst.instance_id) for t in times]
     ctl = SalusController(C_MB, "pack", admission="one_lane")

@@ -34,8 +34,9 @@ class SalusJob:
     """A training or inference job as Salus admits it: declared persistent and ephemeral memory (MB).
 
     ``expected_s``: declared total GPU time (SRTF needs it, §2.4.2); ``weight``: weighted-FAIR share;
-    ``inference``: an inference job has an iteration to run only while a ``Query`` for it waits (§2.5.3),
-    a training job always has its next iteration ready.
+    ``on_demand``: the job has an iteration to run only while an ``Ask`` for it waits — an inference job
+    between queries (§2.5.3), or a real job that has not yet reached its next iteration boundary; otherwise
+    (simulated training) its next iteration is always ready.
     Example: ``SalusJob("resnet50_50", persistent_mb=340, ephemeral_mb=5200, expected_s=900)``.
     """
 
@@ -44,7 +45,7 @@ class SalusJob:
     ephemeral_mb: float
     expected_s: float | None = None
     weight: float = 1.0
-    inference: bool = False
+    on_demand: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.job_id, str) or not self.job_id:
@@ -58,8 +59,8 @@ class SalusJob:
 
 
 @dataclass(frozen=True)
-class Query:
-    """A request for an admitted (or queued) inference job: one more iteration for it to run."""
+class Ask:
+    """An ``on_demand`` job asks for one more iteration (a query arrived, or the job reached a boundary)."""
 
     job_id: str
 
@@ -100,11 +101,11 @@ class _JobState:
     served_s: float = 0.0
     consumed_s: float = 0.0
     last_run: int = -1
-    pending: int = 0  # queries waiting (inference jobs only)
+    pending: int = 0  # Asks waiting (on-demand jobs only)
 
     @property
     def has_work(self) -> bool:
-        return not self.job.inference or self.pending > 0
+        return not self.job.on_demand or self.pending > 0
 
     def candidate(self) -> Candidate:
         return Candidate(self.job.job_id, self.seq, self.served_s, self.consumed_s, self.job.expected_s,
@@ -126,27 +127,32 @@ class SalusController:
         policy: ``"fifo" | "pack" | "srtf" | "fair" | "weighted_fair"`` or a ``LanePolicy`` object.
         margins: safety margins (default ``P`` x 1.1, ``P+E`` x 1.05, 300 MB reserve).
         admission: override the policy's admission (``exclusive``/``one_lane``/``lanes``).
+        max_jobs: admit at most this many jobs at once (a process-mode executor has that many workers).
     """
 
     system = "salus"
     hooks = ("on_arrival", "on_iteration", "on_job_done")
 
     def __init__(self, capacity_mb: float, policy: str | LanePolicy = "pack", margins: Margins = Margins(),
-                 admission: str | None = None):
+                 admission: str | None = None, max_jobs: int | None = None):
         self.rule: LanePolicy = make_policy(policy, admission) if isinstance(policy, str) else policy
         self.policy = self.rule.name
-        max_lanes, max_jobs = _LANE_CAPS[self.rule.admission]
+        max_lanes, cap = _LANE_CAPS[self.rule.admission]
+        if max_jobs is not None and (isinstance(max_jobs, bool) or not isinstance(max_jobs, int) or max_jobs < 1):
+            raise ConfigError("max_jobs", max_jobs, "must be a whole number >= 1 (or None for no cap)")
+        caps = [c for c in (cap, max_jobs) if c is not None]
+        max_jobs = min(caps) if caps else None
         self.lanes = LaneManager(capacity_mb, margins, max_lanes=max_lanes, max_jobs=max_jobs)
         self._book = _Book()
         self._seq = 0
         self._iterations = 0
 
     # --- hooks ------------------------------------------------------------------------------------------
-    def on_arrival(self, now: float, job: SalusJob | Query) -> SalusStep:
+    def on_arrival(self, now: float, job: SalusJob | Ask) -> SalusStep:
         """A job: check it (bad sizes, never fits, SRTF without a time → error, nothing changed), then admit
-        it with Algorithm 2.1 or queue it, and start iterations on free lanes. A query: its inference job has
+        it with Algorithm 2.1 or queue it, and start iterations on free lanes. An ``Ask``: its on-demand job has
         one more iteration to run."""
-        if isinstance(job, Query):
+        if isinstance(job, Ask):
             self._known(job.job_id).pending += 1
             return self._advance((), ())
         if job.job_id in self._book.jobs:
@@ -249,4 +255,4 @@ class SalusController:
         return SalusStep(admitted, queued, moves, tuple(runs))
 
 
-__all__ = ["Admission", "Query", "Run", "SalusController", "SalusJob", "SalusStep", "Margins"]
+__all__ = ["Admission", "Ask", "Run", "SalusController", "SalusJob", "SalusStep", "Margins"]

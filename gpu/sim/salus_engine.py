@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from gpu.schedulers.salus import Query, SalusController, SalusStep
+from gpu.schedulers.salus import Ask, SalusController, SalusStep
 from gpu.sim.events import EventHandle, EventLoop
 from gpu.sim.salus_workloads import TraceJob
 
@@ -131,7 +131,7 @@ class _World:
         self.queued += len(step.queued)
         for run in step.runs:
             job = self.jobs[run.job_id]
-            steps = 1 if job.salus.inference else min(self.left[run.job_id], max(1, math.ceil(self.quantum_s / job.iter_s)))
+            steps = 1 if job.salus.on_demand else min(self.left[run.job_id], max(1, math.ceil(self.quantum_s / job.iter_s)))
             self.first_run.setdefault(run.job_id, self.loop.now)
             work = steps * job.iter_s
             self.flights[run.lane_id] = _Flight(run.job_id, self.loop.now, work, work)
@@ -139,9 +139,9 @@ class _World:
         self.peak_lanes = max(self.peak_lanes, len(views))
         self.peak_mb = max(self.peak_mb, self.ctl.lanes.used_mb())
 
-    def arrive(self, job: TraceJob | Query) -> None:
+    def arrive(self, job: TraceJob | Ask) -> None:
         self.advance()
-        self.apply(self.ctl.on_arrival(self.loop.now, job if isinstance(job, Query) else job.salus))
+        self.apply(self.ctl.on_arrival(self.loop.now, job if isinstance(job, Ask) else job.salus))
         self.reschedule()
 
     def end(self, lane: int) -> None:
@@ -149,7 +149,7 @@ class _World:
         f = self.flights.pop(lane)
         job = self.jobs[f.job_id]
         self.segments.append(Segment(lane, f.job_id, f.started, self.loop.now, f.work))
-        self.left[f.job_id] -= 1 if job.salus.inference else round(f.work / job.iter_s)
+        self.left[f.job_id] -= 1 if job.salus.on_demand else round(f.work / job.iter_s)
         took = self.loop.now - f.started
         if self.left[f.job_id] <= 0:
             self.finish[f.job_id] = self.loop.now
@@ -172,7 +172,7 @@ def simulate(jobs: list[TraceJob], ctl: SalusController, quantum_s: float = 0.0,
         world.left[j.salus.job_id] = j.iterations
         loop.at(j.arrival_s, lambda j=j: world.arrive(j), priority=0)
     for at, job_id in queries:
-        loop.at(at, lambda job_id=job_id: world.arrive(Query(job_id)), priority=1)
+        loop.at(at, lambda job_id=job_id: world.arrive(Ask(job_id)), priority=1)
     loop.run()
     missing = [j for j in world.jobs if j not in world.finish]
     if missing:

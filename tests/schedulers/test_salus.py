@@ -7,7 +7,7 @@ import pytest
 
 from gpu.contract import contract_violations, is_frozen_decision
 from gpu.errors import ConfigError, NeverFitsError
-from gpu.schedulers.salus import Query, Run, SalusController, SalusJob
+from gpu.schedulers.salus import Ask, Run, SalusController, SalusJob
 from gpu.schedulers.salus_lanes import NO_MARGINS, LaneManager, Margins
 
 C = 16_000.0  # a P100's 16 GB, in MB
@@ -228,10 +228,10 @@ def test_a_killed_job_frees_its_lane_and_the_queue_moves_on():
 
 def test_an_inference_job_runs_an_iteration_only_for_a_query():
     ctl = SalusController(C, "pack", margins=NO_MARGINS, admission="one_lane")
-    assert ctl.on_arrival(0.0, SalusJob("m1", 200, 300, inference=True)).runs == ()
-    assert ctl.on_arrival(0.0, SalusJob("m2", 200, 500, inference=True)).runs == ()
-    assert ctl.on_arrival(0.1, Query("m2")).runs == (Run(0, "m2"),)
-    ctl.on_arrival(0.1, Query("m1")), ctl.on_arrival(0.1, Query("m1"))  # lane busy: both wait
+    assert ctl.on_arrival(0.0, SalusJob("m1", 200, 300, on_demand=True)).runs == ()
+    assert ctl.on_arrival(0.0, SalusJob("m2", 200, 500, on_demand=True)).runs == ()
+    assert ctl.on_arrival(0.1, Ask("m2")).runs == (Run(0, "m2"),)
+    ctl.on_arrival(0.1, Ask("m1")), ctl.on_arrival(0.1, Ask("m1"))  # lane busy: both wait
     assert ctl.on_iteration(0.2, "m2", 0.1).runs == (Run(0, "m1"),)
     assert ctl.on_iteration(0.3, "m1", 0.1).runs == (Run(0, "m1"),)
     assert ctl.on_iteration(0.4, "m1", 0.1).runs == ()
