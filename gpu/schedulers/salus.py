@@ -50,7 +50,7 @@ class SalusJob:
     def __post_init__(self) -> None:
         if not isinstance(self.job_id, str) or not self.job_id:
             raise ConfigError("job_id", self.job_id, "must be a non-empty name")
-        for name in ("expected_s", "weight"):
+        for name in ("persistent_mb", "ephemeral_mb", "expected_s", "weight"):
             v = getattr(self, name)
             if v is None and name == "expected_s":
                 continue
@@ -167,9 +167,15 @@ class SalusController:
         queued = () if any(a.job_id == job.job_id for a in admitted) else (job.job_id,)
         return self._advance(admitted, queued)
 
-    def on_iteration(self, now: float, job_id: str, gpu_s: float) -> SalusStep:
-        """The job's iteration ended: charge its service, free its lane, re-lay lanes, pick next iterations."""
+    def on_iteration(self, now: float, job_id: str, gpu_s: float, more: bool = False) -> SalusStep:
+        """The job's iteration ended: charge its service, free its lane, re-lay lanes, pick next iterations.
+
+        ``more``: an on-demand job asks for its next iteration in the same breath, so the policy sees it
+        waiting (a real job would otherwise lose the token to whoever asked while it crossed the boundary).
+        """
         self._finish_iteration(job_id, gpu_s, must_run=True)
+        if more:
+            self._book.jobs[job_id].pending += 1
         return self._advance((), ())
 
     def on_job_done(self, now: float, job_id: str, gpu_s: float = 0.0) -> SalusStep:
