@@ -21,6 +21,7 @@ the runner tells the executor it left (``leave``): its lane shrinks and the othe
 
 from __future__ import annotations
 
+import contextvars
 import os
 import socket
 import socketserver
@@ -42,14 +43,14 @@ from tasks.requests import Lane, current_placement
 
 MIB = 2 ** 20
 _ATTR = "__gpuflows_salus_job__"
+_OVERRIDES: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("gpuflows_salus_options", default={})
 
 
 def salus_job(persistent: int | str, ephemeral: int | str, expected_s: float | None = None, weight: float = 1.0):
     """Declare a task's Salus memory (bytes or ``"512MiB"``): persistent (model, optimizer state) and the
     per-iteration ephemeral peak (Observation 2: persistent is the small one). ``expected_s``: total GPU
     time, for SRTF; ``weight``: weighted-FAIR share. Works above or below ``@task``."""
-    spec = dict(persistent_mb=parse_memory(persistent, "persistent") / MIB,
-                ephemeral_mb=parse_memory(ephemeral, "ephemeral") / MIB, expected_s=expected_s, weight=weight)
+    spec = _spec(persistent, ephemeral, expected_s=expected_s, weight=weight)
     SalusJob("declared", **spec)  # validate at import time
 
     def wrap(obj):
@@ -59,10 +60,36 @@ def salus_job(persistent: int | str, ephemeral: int | str, expected_s: float | N
     return wrap
 
 
+def _spec(persistent: int | str | None = None, ephemeral: int | str | None = None, **rest: Any) -> dict[str, Any]:
+    out = dict(rest)
+    if persistent is not None:
+        out["persistent_mb"] = parse_memory(persistent, "persistent") / MIB
+    if ephemeral is not None:
+        out["ephemeral_mb"] = parse_memory(ephemeral, "ephemeral") / MIB
+    return out
+
+
+@contextmanager
+def salus_options(**overrides: Any) -> Iterator[None]:
+    """Override ``salus_job`` fields (``persistent``, ``ephemeral``, ``expected_s``, ``weight``) for every task
+    submitted inside this block — e.g. each job of a trace declaring its own expected time for SRTF."""
+    unknown = set(overrides) - {"persistent", "ephemeral", "expected_s", "weight"}
+    if unknown:
+        raise ConfigError("salus_options", sorted(unknown), "unknown; use persistent, ephemeral, expected_s, weight")
+    token = _OVERRIDES.set({**_OVERRIDES.get(), **_spec(**overrides)})
+    try:
+        yield
+    finally:
+        _OVERRIDES.reset(token)
+
+
 def declared_job(task: Any, job_id: str) -> SalusJob:
-    """The ``SalusJob`` a task declared with ``salus_job`` (ConfigError naming the task if it did not)."""
+    """The ``SalusJob`` a task declared with ``salus_job`` and ``salus_options`` (ConfigError naming the task if
+    it declared no memory)."""
     spec = getattr(getattr(task, "fn", task), _ATTR, None)
-    if spec is None:
+    if spec is not None or _OVERRIDES.get():
+        spec = {**(spec or {}), **_OVERRIDES.get()}
+    if spec is None or not {"persistent_mb", "ephemeral_mb"} <= set(spec):
         raise ConfigError("salus_job", getattr(task, "name", task),
                           "a task run under Salus must declare its memory with @salus_job(persistent=, ephemeral=)")
     return SalusJob(job_id, on_demand=True, **spec)
