@@ -40,7 +40,7 @@ def lane_invariants(seed: int, events: int) -> dict[str, float]:
     ctl = SalusController(C_MB, "pack")
     live, violations, wrongly_queued, queued, n = [], 0, 0, 0, 0
     for step in range(events):
-        if rng.random() < 0.55 or not live:
+        if (rng.random() < 0.5 and len(ctl.queue) < 30) or not live:  # a bounded queue, as on a real device
             w = workload(names[int(rng.integers(len(names)))])
             job = SalusJob(f"j{n}", w.persistent_mb, w.ephemeral_mb)
             n += 1
@@ -53,8 +53,12 @@ def lane_invariants(seed: int, events: int) -> dict[str, float]:
             busy = list(ctl.running.values())
             if busy and rng.random() < 0.6:
                 ctl.on_iteration(float(step), busy[int(rng.integers(len(busy)))], 0.1)
-            else:
-                ctl.on_job_done(float(step), live.pop(int(rng.integers(len(live)))), 0.1)
+            else:  # mostly admitted jobs finish; now and then a queued one gives up
+                admitted = list(ctl.lanes.persistent)
+                pool = admitted if admitted and rng.random() < 0.9 else live
+                gone = pool[int(rng.integers(len(pool)))]
+                live.remove(gone)
+                ctl.on_job_done(float(step), gone, 0.1)
         try:
             ctl.lanes.check()
         except GpuflowsError:
@@ -207,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     t0 = time.time()
     figures: dict[str, float] = {}
-    figures.update(lane_invariants(args.seed, 2000 if args.quick else 10_000))
+    figures.update(lane_invariants(args.seed, 5000 if args.quick else 20_000))
     s2 = trace(args.seed, 100)
     for p, r in s2.items():
         figures.update({f"s2_{p}_{k}": v for k, v in r.summary().items()})

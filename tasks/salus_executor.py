@@ -139,7 +139,8 @@ class SalusExecutor:
             ledger.watch(self.placement.lease_id, self._lease_lost)
         self.address = os.path.join(tempfile.mkdtemp(prefix="gpuflows-salus-"), "token.sock")
         self._server = _TokenServer(self.address, self)
-        threading.Thread(target=self._server.serve_forever, name=f"salus-token-gpu{device}", daemon=True).start()
+        threading.Thread(target=self._server.serve_forever, args=(0.05,), name=f"salus-token-gpu{device}",
+                         daemon=True).start()
 
     # --- the world's clock --------------------------------------------------------------------------------
     def now(self) -> float:

@@ -14,7 +14,7 @@ from gpu.ledger import Placement
 from gpu.schedulers.salus import SalusJob
 from resource_blocks import GpuPool
 from tasks.requests import Lane, TaskPlacement
-from tasks.salus_executor import SalusExecutor, declared_job, salus_iterations, salus_job
+from tasks.salus_executor import SalusExecutor, declared_job, salus_iterations, salus_job, salus_options
 
 torch.set_num_threads(1)
 
@@ -150,3 +150,19 @@ def test_a_task_must_declare_its_memory():
         declared_job(lambda: None, "j2")
     with pytest.raises(ConfigError, match="ephemeral"):
         salus_job(persistent="1GiB", ephemeral=0)
+
+
+def test_salus_options_override_the_declaration_per_submission():
+    @salus_job(persistent="256MiB", ephemeral="1GiB")
+    def declared():
+        pass
+
+    with salus_options(expected_s=3.0, ephemeral="2GiB"):
+        job = declared_job(declared, "j")
+    assert (job.ephemeral_mb, job.expected_s) == (2048, 3.0)
+    assert declared_job(declared, "k").expected_s is None
+    with salus_options(persistent="1GiB", ephemeral="1GiB"):
+        assert declared_job(lambda: None, "undeclared").persistent_mb == 1024
+    with pytest.raises(ConfigError, match="salus_options"):
+        with salus_options(memory="1GiB"):
+            pass
