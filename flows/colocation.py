@@ -4,7 +4,8 @@ Jobs arrive ``gap_s`` apart; each trains a small MLP on scikit-learn's digits fo
 iterations (a few optimizer steps each). The device's Salus executor admits them into memory lanes
 (Algorithm 2.1) and its policy (fifo, pack, srtf, fair, weighted_fair) decides, at every iteration
 boundary, which job of a lane runs next. The flow reports each job's queueing and completion time, the
-policy's makespan, average and p95 JCT (MLflow metrics, table artifact ``salus-jobs-<policy>``).
+policy's makespan, average and p95 JCT, and how long a switch between jobs at an iteration boundary takes
+(MLflow metrics, table artifact ``salus-jobs-<policy>``).
 
     python -m flows.colocation --policy srtf --jobs 6
 """
@@ -51,19 +52,31 @@ def train_job(job: int, iterations: int, submitted: float) -> dict:
     torch.manual_seed(job)
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10)).to(device)
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-    first = None
+    spans = []
     for _ in salus_iterations(iterations):
-        first = first or time.time()
+        spans.append([time.time()])
         for _ in range(STEPS_PER_ITERATION):
             idx = torch.randint(0, len(xs), (128,), device=device)
             loss = torch.nn.functional.cross_entropy(model(xs[idx]), ys[idx])
             opt.zero_grad()
             loss.backward()
             opt.step()
+        spans[-1].append(time.time())
     accuracy = float((model(xs).argmax(1) == ys).float().mean())
     lane = p.lane
     return {"job": job, "iterations": iterations, "lane": lane.lane_id if lane else -1,
-            "queued_s": first - submitted, "jct_s": time.time() - submitted, "accuracy": accuracy}
+            "queued_s": spans[0][0] - submitted, "jct_s": time.time() - submitted, "accuracy": accuracy,
+            "spans": spans}
+
+
+def switch_gaps(rows: list[dict]) -> list[float]:
+    """Seconds between one job's iteration ending and another job's starting in the same lane: the cost of a
+    switch at an iteration boundary (token hand-off; no state moves, §2.3.2)."""
+    gaps = []
+    for lane in {r["lane"] for r in rows}:
+        spans = sorted((s, e, r["job"]) for r in rows if r["lane"] == lane for s, e in r["spans"])
+        gaps += [s2 - e1 for (_, e1, j1), (s2, _, j2) in zip(spans, spans[1:]) if j1 != j2 and s2 >= e1]
+    return gaps
 
 
 def runner_settings(parameters: dict) -> dict:
@@ -116,8 +129,13 @@ def colocation(jobs: int = 6, iterations: int = 40, gap_s: float = 0.5, policy: 
     summary = {"makespan_s": time.time() - start, "avg_jct_s": float(jct.mean()),
                "p95_jct_s": float(np.percentile(jct, 95)), "avg_queuing_s": float(np.mean([r["queued_s"] for r in rows])),
                "lanes": float(len({r["lane"] for r in rows}))}
+    gaps = switch_gaps(rows)
+    if gaps:
+        summary.update(switches=float(len(gaps)), switch_ms_median=1e3 * float(np.median(gaps)),
+                       switch_ms_p95=1e3 * float(np.percentile(gaps, 95)))
     log_flow_outcome(summary)
-    publish_table(f"salus-jobs-{policy.replace('_', '-')}", rows, f"Salus {policy}: one row per job")
+    table = [{k: v for k, v in r.items() if k != "spans"} for r in rows]
+    publish_table(f"salus-jobs-{policy.replace('_', '-')}", table, f"Salus {policy}: one row per job")
     return {"policy": policy, "jobs": rows, "summary": summary}
 
 

@@ -5,12 +5,19 @@ from __future__ import annotations
 
 import pytest
 
-from flows.colocation import colocation, main, trace
+from flows.colocation import colocation, main, switch_gaps, trace
 from resource_blocks import GpuPool, MlflowTarget
 
 
 def test_trace_alternates_long_and_short_jobs():
     assert trace(6, 40) == [40, 10, 20, 40, 10, 20]
+
+
+def test_switch_gaps_are_measured_between_different_jobs_of_a_lane():
+    rows = [{"job": 0, "lane": 0, "spans": [[0.0, 1.0], [1.1, 2.0], [3.5, 4.0]]},
+            {"job": 1, "lane": 0, "spans": [[2.25, 3.0]]},
+            {"job": 2, "lane": 1, "spans": [[0.5, 9.0]]}]
+    assert switch_gaps(rows) == pytest.approx([0.25, 0.5])
 
 
 def test_bad_arguments_fail_before_a_flow_run(capsys):
@@ -37,4 +44,5 @@ def test_srtf_runs_every_job_in_one_lane_and_records_the_run(state_dir, tmp_path
     runs = client.search_runs([client.get_experiment_by_name("salus-test").experiment_id])
     flow_run = [r for r in runs if "avg_jct_s" in r.data.metrics]
     assert flow_run and flow_run[0].data.metrics["lanes"] == 1.0
+    assert flow_run[0].data.metrics["switches"] >= 2  # SRTF: the short jobs pre-empt the long one at boundaries
     assert GpuPool(name="salus-flow", device_backend="simulated").open_ledger().leases() == []

@@ -234,10 +234,8 @@ class SalusController:
             if choice.outcome == "not_found":
                 continue
             self._book.queue.remove(job_id)
-            for other in self.lanes.lanes():
-                if other.lane_id == choice.lane_id:  # a job joined: FAIR's counters restart (authors' code)
-                    for j in other.jobs:
-                        self._book.jobs[j].served_s = 0.0
+            for j in self.lanes.jobs_in(choice.lane_id):  # a job joined: FAIR's counters restart (authors' code)
+                self._book.jobs[j].served_s = 0.0
             admitted.append(Admission(job_id, choice.lane_id, choice.outcome))
         return tuple(admitted)
 

@@ -261,6 +261,10 @@ class LaneManager:
         return placed is not None and abs(placed[0] - off) < _TOL and abs(placed[1] - size) < _TOL \
             and lowest >= floor - _TOL
 
+    def jobs_in(self, lane_id: int) -> tuple[str, ...]:
+        """The lane's jobs in joining order."""
+        return tuple(self._lanes[lane_id].jobs)
+
     def lanes(self) -> tuple[LaneView, ...]:
         targets = self.targets()
         return tuple(LaneView(lid, targets[lid][1], targets[lid][0],
