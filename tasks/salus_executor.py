@@ -29,6 +29,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -132,7 +133,7 @@ class SalusExecutor:
         self._ledger = ledger
         self.placement: Placement | None = None
         self.lost: str | None = None
-        self.switches: list[tuple[float, int, str]] = []  # (now, lane, job): who got each token
+        self.switches: deque[tuple[float, int, str]] = deque(maxlen=10_000)  # (now, lane, job): latest grants
         if lease and ledger is not None:
             self.placement = ledger.allocate(Request(gpus=1, devices=(device,), label=f"salus-gpu{device}"),
                                              allocation_timeout)
@@ -164,6 +165,8 @@ class SalusExecutor:
         if self.lost:
             raise RuntimeError(f"Salus executor of gpu{self.device} lost its lease: {self.lost}")
         with self._lock:
+            if job.job_id in self._jobs:
+                raise ConfigError("job_id", job.job_id, "already on this executor")
             self._jobs[job.job_id] = state = _Job(threading.Event(), threading.Event())
             try:
                 self._apply(self.controller.on_arrival(self.now(), job))
@@ -179,9 +182,9 @@ class SalusExecutor:
                 if late:
                     raise TimeoutError(f"job {job.job_id} was not admitted on gpu{self.device} within {timeout}s")
                 raise InterruptedError(f"job {job.job_id} stopped waiting for a Salus lane")
-        lanes = {v.lane_id: v for v in self.controller.lane_views()}
-        p = self.controller.lanes.persistent[job.job_id]
-        cap = int((p + lanes[state.lane].size_mb) * MIB)
+        with self._lock:
+            lanes = self.controller.lanes
+            cap = int((lanes.persistent[job.job_id] + lanes.lane_size(state.lane)) * MIB)
         return Lane(state.lane, job.job_id, cap, self.address)
 
     def leave(self, job_id: str) -> None:
