@@ -11,8 +11,8 @@ the lane's token (the controller's ``Run``), runs, and returns the token with th
 time, so switches happen only at iteration boundaries and a lane runs one iteration at a time.
 
 Jobs are separate worker processes (process mode) or threads (thread mode). The token service is a Unix
-socket per executor with a line protocol (``ask`` → ``go``, ``end SECONDS`` → ``ok``), which both reach
-the same way: processes are the spec's choice because ``torch.cuda.set_per_process_memory_fraction`` can
+socket per executor with a line protocol (``ask`` → ``go``, ``next SECONDS`` → ``go``, ``end SECONDS`` →
+``ok``), which both reach the same way. We run jobs as processes because ``torch.cuda.set_per_process_memory_fraction`` can
 then cap each job at its lane budget ``P + L_lane`` and a crashed job cannot take the executor with it.
 Threads (one process, per-lane CUDA streams) would switch faster but cannot cap memory per job.
 A job whose connection drops mid-iteration (it raised, or its process died) gives the token back when
