@@ -166,3 +166,20 @@ def test_salus_options_override_the_declaration_per_submission():
     with pytest.raises(ConfigError, match="salus_options"):
         with salus_options(memory="1GiB"):
             pass
+
+
+def test_an_executor_that_lost_its_device_lease_admits_nothing_more():
+    with SalusExecutor(None, 0, capacity_mb=16_000, policy="pack", lease=False) as ex:
+        ex.admit(_job("before"))
+        ex._lease_lost("the pool ledger reclaimed it")  # what the ledger's heartbeat reports
+        with pytest.raises(RuntimeError, match="lost its lease"):
+            ex.admit(_job("after"))
+        assert ex.lost == "the pool ledger reclaimed it"
+
+
+def test_a_duplicate_job_id_is_refused_and_the_first_job_keeps_its_lane():
+    with SalusExecutor(None, 0, capacity_mb=16_000, policy="pack", lease=False) as ex:
+        lane = ex.admit(_job("a"))
+        with pytest.raises(ConfigError, match="job_id"):
+            ex.admit(_job("a"))
+        assert list(salus_iterations(2, lane)) == [0, 1]
