@@ -1,13 +1,15 @@
 """Nexus serving rollout: profile our torch models, plan with squishy bin packing, serve, re-plan each epoch.
 
-Issue #7. Steps (Nexus, Shen et al. SOSP'19 §5–§6): (1) profile every model of the spec like the Nexus
+Steps (Nexus, Shen et al. SOSP'19 §5–§6): (1) profile every model of the spec like the Nexus
 profiler, one placed task per model on a GPU slice of the pool (``GpuTaskRunner``); (2) split query SLOs
 (§6.2 DP) and plan with squishy bin packing (Algorithm 1); (3) roll the plan out — one worker thread per
 GPU node holding a lease for its duty share on the same pool ledger (``tasks/serving/runtime.py`` says why
 leases and not tasks); (4) drive the spec's rate trace with Poisson arrivals through the frontend; every
-beacon the measured rates go to the ``EpochPlanner``, whose new plans are rolled out incrementally;
-(5) log each epoch (plan, GPUs, throughput, SLO attainment, bad rate) as a nested MLflow run under the
-runner's flow run, with a time-series plot. ``backend="ray"`` (under ``GpuRayTaskRunner``) runs the
+beacon the measured rates go to the Nexus controller's ``on_epoch`` (``gpu.schedulers.nexus_controller``, the
+one the simulator drives; it also routes and chains the query stages), whose new plans are rolled out
+incrementally; (5) log each epoch (plan, GPUs, throughput, SLO attainment, bad rate) as a nested MLflow run under the
+runner's flow run (experiment ``gpuflows-nexus``), with a time-series plot; what could not be logged is
+named in the result's ``mlflow_errors``. ``backend="ray"`` (under ``GpuRayTaskRunner``) runs the
 profiling tasks on Ray and each GPU node's worker as a Ray actor leasing from the runner's ledger.
 
     python -m flows.serving_rollout --duration-s 20
@@ -30,6 +32,7 @@ from gpu.batching import make_policy
 from gpu.errors import ConfigError, GpuflowsError
 from gpu.pool import pool_path
 from gpu.schedulers.nexus import Plan, SquishyPacker
+from gpu.schedulers.nexus_controller import NexusController
 from gpu.schedulers.nexus_epoch import EpochPlanner
 from gpu.schedulers.nexus_profiles import BatchProfile
 from gpuflows.args import error, output_file, simulated
@@ -39,6 +42,7 @@ from tasks.flow_runtime import (flow_runner, log_flow_inputs, log_flow_outcome, 
                                 tracking_target)
 from tasks.runners import GpuTaskRunner
 from tasks.charts import publish_pool_occupancy
+from tasks.tracking import flow_tracker
 from tasks.ui import FlowProgress, publish_table
 
 DEFAULT_SPEC = Path(__file__).resolve().parent.parent / "scenarios" / "serving" / "digits.yaml"
@@ -114,7 +118,11 @@ def serving_rollout(spec: dict | str | None = None, duration_s: float | None = N
         pool: GpuPool block whose ledger the workers lease from, a saved block's name, or None (pool "serving").
         mode: GpuTaskRunner mode of the profiling tasks ("process" or "thread").
         tracking: MlflowTarget block, the name of a saved one, False to switch MLflow off, None for experiment
-            "serving-rollout".
+            "gpuflows-nexus" (every Nexus run's experiment).
+
+    Returns:
+        The figures (``_summarise``: per epoch and over the run, queries, dispatch overhead), ``mlflow_run_id``
+        and ``mlflow_errors`` (what could not be logged to MLflow; empty when everything was).
     """
     from tasks.serving.loadgen import LoadGenerator
     from tasks.serving.models import load_digits_tensors, load_or_train
@@ -149,26 +157,28 @@ def serving_rollout(spec: dict | str | None = None, duration_s: float | None = N
     pool_gpus = sum(len(n.devices) for n in ledger.capacity)  # a surge is planned within the pool, not beyond it
     planner = EpochPlanner(SquishyPacker(profiles, sp.preset), sessions, sp.epoch, max_gpus=pool_gpus)
     chains = sp.chains()  # a query as a DAG (see tasks.serving.spec)
+    # the controller the simulator runs, here on the real clock: epochs, routing and chaining
+    controller = NexusController(planner, chains=chains, load_balancer=sp.load_balancer, rng=sp.seed, time_unit="ns")
     trace = sp.trace(sessions, issued=set(chains))
     data = load_digits_tensors(sp.seed)
-    marks = [EpochMark(0.0, planner.plan, True)]
+    marks = [EpochMark(0.0, controller.plan, True)]
     beacons: list[dict[str, float]] = []
-    with LocalServingRuntime(models, profiles, ledger, make_policy(sp.batch_policy), sp.preset,
-                             sp.load_balancer, sp.seed, backend=backend, chains=chains) as rt:
-        rt.apply(planner.plan)
+    with LocalServingRuntime(models, profiles, ledger, make_policy(sp.batch_policy), sp.preset, seed=sp.seed,
+                             backend=backend, controller=controller) as rt:
+        rt.apply(controller.plan)
         progress = FlowProgress("serving-rollout", sp.duration_s, f"serving {sp.name}", unit="s of trace").start()
 
         def on_beacon(t_s: float) -> None:
             progress.update(min(t_s, sp.duration_s), f"{rt.plan.num_gpus} GPU(s), epoch {len(planner.epochs)}")
             counts = rt.take_counts()
             if t_s < sp.duration_s:  # the trace's last beacon: nothing is left to serve on a new plan
-                before = len(planner.epochs)
-                new = planner.observe(t_s, {sid: c / sp.epoch.beacon_s for sid, c in counts.items()})
-                if new is not None:
-                    rt.apply(new)
-                if len(planner.epochs) > before:
-                    marks.append(EpochMark(t_s, planner.plan, new is not None))
-                if new is not None:
+                decision = controller.on_epoch(t_s, {sid: c / sp.epoch.beacon_s for sid, c in counts.items()})
+                if decision.replanned:
+                    rt.apply(decision.plan)
+                if decision.epoch:
+                    marks.append(EpochMark(t_s, decision.plan, decision.replanned))
+                if decision.replanned:
+                    new = decision.plan
                     get_run_logger().info("epoch at %.0f s: re-planned onto %d GPU(s), %.0f req/s unassigned: %s",
                                           t_s, new.num_gpus, sum(r for _, r in new.unassigned), _plan_summary(new))
             beacons.append({"t_s": t_s, "gpus": float(rt.plan.num_gpus), "gpu_share": rt.gpu_share})
@@ -184,11 +194,18 @@ def serving_rollout(spec: dict | str | None = None, duration_s: float | None = N
     publish_table("serving-rollout-epochs", [{k: e[k] for k in columns} for e in result["epochs"]],
                   f"Nexus epochs of {sp.name}: GPUs planned, load and SLO figures per epoch")
     publish_pool_occupancy(runner)
+    result["mlflow_run_id"], errors = parent, []
     if tracking.enabled:
-        result["mlflow_run_id"] = _log_mlflow(tracking, parent, sp, result, marks, beacons, profiles)
+        try:
+            result["mlflow_run_id"] = _log_mlflow(tracking, parent, sp, result, marks, beacons, profiles)
+        except Exception as exc:  # the figures are the result; a store that fails is named in it, not fatal
+            errors.append(f"the rollout's epochs and figures were not logged to MLflow: {exc!r}")
+            get_run_logger().error(errors[-1])
     log_flow_outcome({"goodput_rps": result["throughput_rps"] * (1.0 - result["bad_rate"]),
                       **{k: result[k] for k in ("throughput_rps", "offered_rps", "bad_rate", "slo_attainment",
                                                 "p99_latency_ms", "accuracy", "max_gpus", "replans") if k in result}})
+    tracker = flow_tracker()
+    result["mlflow_errors"] = errors + (tracker.flush() if tracker else [])
     return result
 
 
@@ -316,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--simulated", type=simulated, default="2x16GiB",
                     help="simulated devices when the machine has no GPU")
     ap.add_argument("--mode", choices=("process", "thread"), default="process", help="profiling task mode")
-    ap.add_argument("--experiment", default="serving-rollout", help="MLflow experiment")
+    ap.add_argument("--experiment", default=EXPERIMENT, help="MLflow experiment (default: %(default)s)")
     ap.add_argument("--no-tracking", action="store_true", help="do not log to MLflow")
     ap.add_argument("--json", type=output_file, default=None, help="write the result (figures per epoch) to this file")
     ap.add_argument("--backend", choices=("local", "ray"), default="local",

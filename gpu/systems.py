@@ -80,11 +80,14 @@ SYSTEMS: dict[str, System] = {s.name: s for s in (
            ("gpu.schedulers.cilantro:POLICIES", "gpu.sim.cilantro_scenario:STATIC_POLICIES"),
            "scenarios/cilantro/small.yaml", "flows.allocation_rounds"),
     System("nexus", "Shen et al., Nexus, SOSP 2019", "gpu.sim.nexus:run",
-           "gpu.schedulers.nexus_controller:NexusController", ("gpu.sim.nexus:STRATEGIES",),
+           "gpu.schedulers.nexus_controller:NexusController", ("gpu.schedulers.nexus_strategies:STRATEGIES",),
            "scenarios/nexus/table2_toy.yaml", "flows.serving_rollout"),
     System("salus", "Yu, Salus (Salus/FLUID thesis, ch. 2; MLSys 2020)", "gpu.sim.salus:run",
            "gpu.schedulers.salus:SalusController", ("gpu.schedulers.salus_policies:POLICIES",),
            "scenarios/salus/fair_three_jobs.yaml", "flows.colocation"),
+    System("escher", "Bhardwaj, ESCHER: Expressive Scheduling with Ephemeral Resources, SoCC 2021 (thesis ch. 4)",
+           "gpu.sim.escher:run", "gpu.schedulers.escher_hfs:HierarchicalFairShare", ("gpu.sim.escher:POLICIES",),
+           "scenarios/escher/small.yaml"),
 )}
 
 

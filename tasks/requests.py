@@ -122,6 +122,29 @@ def current_placement() -> TaskPlacement | None:
     return p
 
 
+def task_ledger():
+    """The ledger of the pool the running task was placed by (its placement carries the pool's id):
+    the runner's own in thread mode, the pool file from a worker process, the ledger actor on Ray."""
+    from gpu.errors import ConfigError
+    from gpu.ledger import open_ledger
+
+    tp = current_placement()
+    if tp is None or not tp.placement.pool:
+        raise ConfigError("placement", None, "set_resource needs a task placed by a GPU task runner")
+    if tp.placement.pool.startswith("ray:"):
+        from tasks.ray_runner import attach
+
+        return attach(tp.placement.pool)
+    return open_ledger(tp.placement.pool)
+
+
+def set_resource(name: str, capacity: float, node: str | None = None) -> None:
+    """ESCHER's ``set_resource`` from inside a task: ``node=None`` is the task's own node (ESCHER
+    Listing 1, primitive P1), unlike the ledger's ``set_resource`` where None means every node."""
+    tp = current_placement()
+    task_ledger().set_resource(name, capacity, node or (tp.placement.node if tp else None))
+
+
 @contextmanager
 def placed(placement: TaskPlacement | None) -> Iterator[None]:
     """Make ``placement`` what ``current_placement()`` returns in this context (thread mode)."""

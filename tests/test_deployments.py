@@ -27,7 +27,7 @@ PREFECT = str(Path(sys.executable).with_name("prefect"))
 DEPLOYMENTS = yaml.safe_load((ROOT / "prefect.yaml").read_text())["deployments"]
 
 # Small runs of every deployment in prefect.yaml (merged over its parameters). pool-demo keeps the default process
-# mode (the failure of issue 15: tasks with no placement); the others run in thread mode, as on a 2-core machine
+# mode (a deployment once ran its tasks with no placement); the others run in thread mode, as on a 2-core machine
 # process-mode workers would each import torch again. Each names the table artifact its flow publishes.
 TINY_SERVING_SPEC = {
     "name": "tiny", "sessions": [{"id": "mlp", "model": "digits_mlp", "slo_ms": 100, "rate": 30}],

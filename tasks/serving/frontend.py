@@ -2,8 +2,9 @@
 
 Nexus §5 ("Data plane"): the global scheduler's routing table (``Plan.rate_shares()``: session → {node:
 share}) is pushed to the frontends every epoch; each request goes to one of the session's backends in
-proportion to the throughput allocated there, by the load balancer of ``gpu.schedulers.nexus_routing``
-(``drr``, deficit round robin, the default, or ``weighted_random``) — the one the simulator routes with.
+proportion to the throughput allocated there, by the Nexus controller's ``Router``
+(``gpu.schedulers.nexus_routing``: ``drr``, deficit round robin, the default, or ``weighted_random``) — the one
+the simulator routes with.
 The frontend also counts arrivals per session, which the epoch planner reads every beacon as the measured
 request rate.
 
@@ -21,7 +22,7 @@ import numpy as np
 
 from gpu.errors import ConfigError
 from gpu.schedulers.nexus import Plan
-from gpu.schedulers.nexus_routing import LOAD_BALANCERS, balancer, route_table
+from gpu.schedulers.nexus_routing import Router
 from tasks.serving.ring import as_rows
 from tasks.serving.stats import Recorder
 
@@ -39,12 +40,11 @@ class Frontend:
     with the workers' busy time, less every forward pass, it makes the runtime's dispatch overhead.
     """
 
-    def __init__(self, recorder: Recorder, load_balancer: str = "drr", seed: int = 0, chained_ids: int = CHAINED_IDS):
-        if load_balancer not in LOAD_BALANCERS:
-            raise ConfigError("load_balancer", load_balancer, f"unknown; choose one of {list(LOAD_BALANCERS)}")
+    def __init__(self, recorder: Recorder, load_balancer: str = "drr", seed: int = 0, chained_ids: int = CHAINED_IDS,
+                 router: Router | None = None):
         self.recorder = recorder
-        self.load_balancer = load_balancer
-        self._rng = np.random.default_rng(seed)
+        self.router = router or Router(load_balancer, seed)  # the Nexus controller's, when a runtime has one
+        self.load_balancer = self.router.kind
         # session → (SLO ns, its only worker or None, picker among several workers or None)
         self._routes: dict[str, tuple[int, Any, Any]] = {}
         self._next_id = 0
@@ -60,16 +60,16 @@ class Frontend:
 
     def set_plan(self, plan: Plan, workers: Mapping[int, Any]) -> None:
         """Install the routing table of ``plan``; ``workers`` maps node id → the worker running it."""
-        shares = plan.rate_shares()
+        self.router.set_plan(plan)
         routes: dict[str, tuple[int, Any, Any]] = {}
         for s in plan.sessions:
             sid = s.session_id
-            nodes, weights = route_table(shares.get(sid, {}))
+            nodes, _ = self.router.nodes(sid)
             one, pick = None, None
             if len(nodes) == 1:
                 one = workers[nodes[0]]
             elif nodes:
-                pick = balancer(self.load_balancer, [workers[n] for n in nodes], weights, self._rng)
+                pick = self.router.picker(sid, workers)
             routes[sid] = (round(float(s.slo_ms) * 1e6), one, pick)
             self.counts.setdefault(sid, 0)
         self._routes = routes

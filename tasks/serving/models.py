@@ -5,7 +5,7 @@ scikit-learn), chosen so their batching profiles ℓ(b) differ in shape the way 
 (Nexus §6.1, Eq. 1): ``digits_mlp`` has a large fixed cost and a tiny per-input cost (batching is almost
 free), ``digits_cnn_small`` is in between, ``digits_cnn`` has the steepest per-input cost.
 
-The profiler follows the authors' tool (spec §4, ``tools/profiler``): per batch size 4 dry runs, then 10
+The profiler follows the authors' tool (``tools/profiler``): per batch size 4 dry runs, then 10
 timed runs, turned into a :class:`BatchProfile` by ``profile_from_measurements`` exactly like the
 published profiles, so the squishy packer plans for our models the way it plans for VGG.
 """

@@ -30,6 +30,7 @@ from gpu.ledger import LedgerClient, Placement
 from gpu.placement import Request
 from gpu.scenario import choose
 from gpu.schedulers.nexus import GpuNode, Plan
+from gpu.schedulers.nexus_controller import NexusController
 from gpu.schedulers.nexus_overflow import route_unassigned
 from gpu.schedulers.nexus_profiles import PRESETS, BatchProfile
 from tasks.serving.chaining import QueryChainer
@@ -82,6 +83,9 @@ class LocalServingRuntime:
             request issues the next stage's (``tasks.serving.chaining``; with Ray, from the actor that ran it);
             feed load to the root stages only. ``chainer.root(id)`` is the first request of the query a request
             belongs to (with Ray, of the requests ``sync``/``take_counts``/``close`` brought back).
+        controller: the Nexus controller that routes and chains (``gpu.schedulers.nexus_controller``, clock
+            ``ns``; a flow's, whose ``on_epoch`` decides the plans ``apply`` rolls out). Default: one of this
+            runtime's own from ``chains``, ``load_balancer`` and ``seed``; with a controller those two stay unset.
     """
 
     def __init__(self, models: Mapping[str, nn.Module], profiles: Mapping[str, BatchProfile], ledger: LedgerClient,
@@ -90,9 +94,14 @@ class LocalServingRuntime:
                  cpu_threads: int | None = 1, label: str = "nexus",
                  policy_factory: Callable[[], BatchPolicy] | None = None, gc_threshold: int | None = 100_000,
                  run_inline: bool = True, backend: str = "local",
-                 chains: Mapping[str, tuple[str, float]] | None = None):
+                 chains: Mapping[str, tuple[str, float]] | None = None, controller: NexusController | None = None):
         if backend not in BACKENDS:
             raise ConfigError("backend", backend, f"unknown serving backend; choose one of {list(BACKENDS)}")
+        if controller is not None and (chains or load_balancer != "drr"):
+            raise ConfigError("controller", controller.policy, "routes and chains by itself: leave chains and "
+                                                               "load_balancer unset")
+        if controller is not None and controller.chains.time_unit != "ns":
+            raise ConfigError("controller.time_unit", controller.chains.time_unit, "the runtime's clock is ns")
         self.backend = backend
         self.models = dict(models)
         self.profiles = dict(profiles)
@@ -101,8 +110,10 @@ class LocalServingRuntime:
         self._policy = check_policy(policy_factory() if policy_factory else (policy or EarlyDropPolicy()))
         self.accounting = choose(preset, "preset", PRESETS)
         self.recorder = Recorder()
-        self.frontend = Frontend(self.recorder, load_balancer, seed)
-        self.chainer = QueryChainer(chains or {}, self.frontend, seed)
+        self.controller = controller or NexusController(chains=chains, load_balancer=load_balancer, rng=seed,
+                                                        time_unit="ns")
+        self.frontend = Frontend(self.recorder, router=self.controller.router)
+        self.chainer = QueryChainer(self.controller, self.frontend)
         self.seed = seed
         self.allocation_timeout = allocation_timeout
         self.label = label
@@ -143,7 +154,7 @@ class LocalServingRuntime:
         it; only load no GPU has memory for stays unrouted, and the frontend drops that.
         """
         plan = route_unassigned(plan, self.profiles, self.accounting)
-        self.chainer.set_budgets({s.session_id: s.slo_ms for s in plan.sessions})
+        self.controller.install(plan)
         wanted = {n.node_id: n for n in plan.nodes}
         for nid, node in wanted.items():
             old = self.workers.get(nid)
