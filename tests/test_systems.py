@@ -7,7 +7,8 @@ import math
 import pytest
 
 from gpu.errors import ConfigError
-from gpu.systems import SYSTEMS, system
+from gpu.contract import contract_violations
+from gpu.systems import SYSTEMS, resolve, system
 from resource_blocks import SchedulerPolicy
 
 
@@ -41,6 +42,13 @@ def test_the_example_runs_every_default_policy_reproducibly(entry):
         if "policy" in row:
             entry.check_policy(str(row["policy"]))  # the report names only policies the system offers
     assert listed and len(set(listed)) == len(listed)
+
+
+def test_the_controller_follows_the_contract(entry):
+    """The one decision loop the simulator and the flow both drive (``gpu.contract``)."""
+    controller = resolve(entry.controller)
+    assert contract_violations(controller) == []
+    assert controller.system == entry.name
 
 
 def test_a_bad_policy_is_refused_before_simulating(entry):
