@@ -51,7 +51,9 @@ class Cluster:
 
     Background jobs (§IV-A, A8): single-task compute jobs of ``bg_compute_ops`` at ``bg_compute_rate`` per
     second, and transfers of ``bg_comm_bytes`` at ``bg_comm_rate`` per second; both count in the objective
-    and the transfers load the link.
+    and the transfers load the link. ``compute_queueing`` (A7, off in the paper's equations): a part that
+    starts on another server, and a sink resuming after waiting for remote inputs, first wait for the task in
+    service there, W = Σ rate·s² / (2N) (the PK residual of a server serving the oldest job first).
     """
 
     servers: int
@@ -61,6 +63,7 @@ class Cluster:
     bg_compute_ops: float = 0.0
     bg_comm_rate: float = 0.0
     bg_comm_bytes: float = 0.0
+    compute_queueing: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.servers, bool) or not isinstance(self.servers, (int, np.integer)) or self.servers < 1:
@@ -95,21 +98,24 @@ class _Block:
     load2: np.ndarray   # (Ω,) Σ S²
     base: np.ndarray    # (Ω, P+1) compute + Σ S per part (last column: the direct source→sink transfer)
     remote: np.ndarray  # (Ω, P+1) transfers per part, each of which waits φ
+    hops: np.ndarray    # (Ω, P+1) 1 where a part starts on a server other than the source's (waits W)
+    resumes: np.ndarray  # (Ω,) 1 where the sink resumes after a gap (waits W)
     sink_time: float
 
-    def times(self, phi: float) -> tuple[np.ndarray, np.ndarray]:
-        """Each grouping's subgraph time before the sink, and how many φ it contains (for the gradient)."""
-        total = self.base + self.remote * phi
+    def times(self, phi: float, wait: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+        """Each grouping's subgraph time before the sink, and how many φ it contains (for the gradient);
+        ``wait`` is the compute residual W a part pays when it joins a server's queue."""
+        total = self.base + self.remote * phi + self.hops * wait
         worst = np.argmax(total, axis=1)
         rows = np.arange(len(self.omega))
-        return total[rows, worst], self.remote[rows, worst]
+        return total[rows, worst] + self.resumes * wait, self.remote[rows, worst]
 
 
 def _compile(k: int, dag: Dag, sub: Subgraph, cluster: Cluster) -> _Block:
     omega = groupings(sub, max_parts=cluster.servers)
     width = max(len(g.parts) for g in omega) + 1
     base = np.full((len(omega), width), -np.inf)
-    remote = np.zeros((len(omega), width))
+    remote, hops = np.zeros((len(omega), width)), np.zeros((len(omega), width))
     load, load2 = np.zeros(len(omega)), np.zeros(len(omega))
     S = {e: b / cluster.mu for e, b in dag.bytes.items()}
     r, z = sub.root, sub.sink
@@ -124,7 +130,9 @@ def _compile(k: int, dag: Dag, sub: Subgraph, cluster: Cluster) -> _Block:
             ins = [e for e in sent if e[1] in tasks or (e[0] in tasks and e[1] == z)]
             base[w, i] = sum(dag.op[t] for t in tasks) / cluster.nu + sum(S[e] for e in ins)
             remote[w, i] = len(ins)
-    return _Block(k, sub, omega, load, load2, base, remote, dag.op[z] / cluster.nu)
+            hops[w, i] = float(i != g.k)
+    resumes = np.array([float(g.distributed) for g in omega])
+    return _Block(k, sub, omega, load, load2, base, remote, hops, resumes, dag.op[z] / cluster.nu)
 
 
 def _split(a: str, b: str, part: dict[str, int], g: Grouping, root: str, sink: str) -> bool:
@@ -173,6 +181,7 @@ class NonaModel:
         self.blocks = [_compile(k, c.dag, sub, cluster) for k, c in enumerate(classes) for sub in subgraphs(c.dag)]
         self.sizes = [len(b.omega) for b in self.blocks]
         self.offsets = np.concatenate([[0], np.cumsum(self.sizes)])
+        self.square_work = np.array([sum((p / cluster.nu) ** 2 for p in c.dag.ops) for c in classes])
         self.const_jct = np.array([c.dag.op[c.dag.source] / cluster.nu
                                    + sum(b.sink_time for b in self.blocks if b.klass == k)
                                    for k, c in enumerate(classes)])
@@ -197,6 +206,13 @@ class NonaModel:
             beta = np.array([scale.get(c.dag.name, c.rate) for c in self.classes])
         return beta
 
+    def residual(self, beta: np.ndarray) -> float:
+        """W: mean compute a task joining a random server's queue waits for (0 unless ``compute_queueing``)."""
+        if not self.cluster.compute_queueing:
+            return 0.0
+        c = self.cluster
+        return float(beta @ self.square_work + c.bg_compute_rate * (c.bg_compute_ops / c.nu) ** 2) / (2 * c.servers)
+
     def link(self, theta: np.ndarray, beta: np.ndarray) -> tuple[float, float]:
         """(ρ, Σ λS²) of (VI) and (VIII)'s numerator."""
         rho, s2 = self.cluster.bg_rho, self.cluster.bg_s2
@@ -212,9 +228,9 @@ class NonaModel:
         if rho >= 1:
             return Prediction(rho, np.inf, {c.dag.name: np.inf for c in self.classes}, np.inf)
         phi = s2 / (2 * (1 - rho))
-        jct = self.const_jct.copy()
+        jct, wait = self.const_jct.copy(), self.residual(beta)
         for b, th in zip(self.blocks, self.split(theta)):
-            jct[b.klass] += float(th @ b.times(phi)[0])
+            jct[b.klass] += float(th @ b.times(phi, wait)[0])
         bg = self.cluster.bg_comm_rate * (phi + self.cluster.bg_comm_bytes / self.cluster.mu) \
             + self.cluster.bg_compute_rate * self.cluster.bg_compute_ops / self.cluster.nu
         objective = float(beta @ jct) + bg
@@ -231,9 +247,9 @@ class NonaModel:
             return penalty * (1 + rho - limit), grad
         phi = s2 / (2 * (1 - rho))
         value = float(beta @ self.const_jct) + self.cluster.bg_comm_rate * (phi + self.cluster.bg_comm_bytes / self.cluster.mu)
-        waits = self.cluster.bg_comm_rate  # ∂objective/∂φ
+        waits, wait = self.cluster.bg_comm_rate, self.residual(beta)  # ∂objective/∂φ, W
         for b, off, th in zip(self.blocks, self.offsets, self.split(theta)):
-            t, n_phi = b.times(phi)
+            t, n_phi = b.times(phi, wait)
             value += beta[b.klass] * float(th @ t)
             grad[off:off + len(b.omega)] = beta[b.klass] * t
             waits += beta[b.klass] * float(th @ n_phi)

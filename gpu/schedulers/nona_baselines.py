@@ -7,14 +7,14 @@
 * ``expert_thetas`` — a mix q·Opportunistic + (1−q)·undistributed; the benchmark picks q by grid search in the
   simulator for every data point, standing in for the paper's "manually derived" Expert.
 * ``RandomPlacement`` — "Tasks allocations are chosen randomly": every task on a uniform server.
-* ``spark_fair_pick`` — Spark's fair scheduler with tasks releasing servers when done: the live-state rule the
-  simulator applies whenever a server frees (not a sampler: it reads which servers are idle).
+
+Spark's fair scheduler reads live state (which servers are idle), so it is part of the simulated world
+(``gpu.sim.nona_engine``), not a sampler.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Mapping
 
 import numpy as np
 
@@ -70,17 +70,3 @@ class RandomPlacement:
         dag = self._dags[query.klass]
         chosen = rng.choice(np.asarray(query.servers), size=len(dag.tasks))
         return Placement(query.id, query.klass, tuple((t, int(s)) for t, s in zip(dag.tasks, chosen)))
-
-
-@dataclass(frozen=True)
-class ReadyTask:
-    """A task whose inputs are all computed, waiting for a server (Spark's pending task)."""
-
-    job: int
-    task: str
-
-
-def spark_fair_pick(ready: Sequence[ReadyTask], running: Mapping[int, int]) -> int:
-    """Index of the ready task Spark's fair scheduler starts next on a free server: the one of the job with the
-    fewest running tasks (equal share among active jobs), oldest first among equals."""
-    return min(range(len(ready)), key=lambda i: (running.get(ready[i].job, 0), i))

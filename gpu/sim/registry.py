@@ -10,4 +10,5 @@ SIMULATORS: dict[str, str] = {
     "fluid": "gpu.sim.fluid:run",
     "cilantro": "gpu.sim.cilantro:run",
     "nexus": "gpu.sim.nexus:run",
+    "nona": "gpu.sim.nona:run",
 }

@@ -10,7 +10,7 @@ from gpu.contract import DecisionPolicy, contract_violations, is_frozen_decision
 from gpu.errors import ConfigError
 from gpu.schedulers.nona import Cluster, LookupTable, NonaModel, QueryClass, solve, solve_table, theta_vector
 from gpu.schedulers.nona_baselines import (RandomPlacement, expert_thetas, opportunistic_thetas,
-                                           spark_fair_pick, ReadyTask, undistributed_thetas)
+                                           undistributed_thetas)
 from gpu.schedulers.nona_dag import (Dag, Subgraph, bottlenecks, contract, contractible_edges, groupings,
                                      subgraphs)
 from gpu.schedulers.nona_policy import GroupingSampler, NonaController, Query
@@ -237,12 +237,6 @@ def test_baseline_thetas():
     assert expert_thetas(dags, 8, 0.4)[("f", "sum")] == pytest.approx((0.1, 0.1, 0.1, 0.1, 0.6))
     spread = [RandomPlacement(dags, 1).decide(Query(i, "f", tuple(range(80)))).used for i in range(300)]
     assert np.mean(spread) > 3.8  # four tasks on 80 servers: almost always four servers
-
-
-def test_spark_fair_pick_serves_the_job_with_fewest_running_tasks():
-    ready = [ReadyTask(1, "a"), ReadyTask(2, "b"), ReadyTask(1, "c")]
-    assert spark_fair_pick(ready, {1: 3, 2: 1}) == 1
-    assert spark_fair_pick(ready, {}) == 0
 
 
 def test_controller_switches_to_the_nearest_table_entry_and_asks_for_a_resolve():
