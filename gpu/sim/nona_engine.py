@@ -99,7 +99,8 @@ class _World:
     def __init__(self, cluster: Cluster, workload: Workload, placer: Placer | None):
         self.c, self.w, self.placer = cluster, workload, placer
         self.loop = EventLoop()
-        self.rng = np.random.default_rng(workload.seed)
+        self.arrivals = np.random.default_rng((workload.seed, 0))  # the same jobs for every scheme
+        self.rng = np.random.default_rng((workload.seed, 1))       # placement draws of the world itself
         self.specs = {k: _Spec(dag, cluster.nu) for k, (dag, _) in workload.classes.items()}
         self.specs[BACKGROUND_COMPUTE] = _Spec(Dag.build(BACKGROUND_COMPUTE, {"task": cluster.bg_compute_ops}, {}),
                                                cluster.nu)
@@ -126,7 +127,7 @@ class _World:
         return [r for r in self.records if r.arrival >= self.w.warmup_s]
 
     def _next(self, rate: float, fire: Callable[[], None]) -> None:
-        t = self.loop.now + self.rng.exponential(1 / rate)
+        t = self.loop.now + self.arrivals.exponential(1 / rate)
         if t < self.w.horizon_s:
             self.loop.at(t, lambda: (fire(), self._next(rate, fire)))
 
