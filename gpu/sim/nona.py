@@ -4,6 +4,8 @@ Scenario format: ``docs/nona.md``; example: ``scenarios/nona/paper_80.yaml``. Po
 
 * ``nona`` — θ solved for the scenario's rates and link (``gpu.schedulers.nona.solve``), sampled per query;
 * ``nona_star`` — θ solved once at ``nona.star_load`` compute load and ``nona.star_link_gbps``, reused;
+* ``nona_table`` — ``NonaController`` with θ solved at ``nona.table_scales`` × the rates; every
+  ``simulation.epoch_s`` the measured rates pick the nearest entry, or trigger a re-solve (§III-A);
 * ``expert`` — q·Opportunistic + (1−q)·undistributed with q grid-searched in this simulator (best mean JCT);
 * ``opportunistic``, ``random``, ``undistributed`` — the fixed placements of ``gpu.schedulers.nona_baselines``;
 * ``spark`` — Spark's fair scheduler on live state (``gpu.sim.nona_engine``).
@@ -20,15 +22,15 @@ from gpu.errors import ConfigError
 from gpu.report import SimulationReport
 from gpu.scenario import (choose, entries, flag, fraction, integer, known_fields, label, load_scenario, mapping,
                           policy_names, positive, require, section)
-from gpu.schedulers.nona import Cluster, NonaModel, QueryClass, Solution, solve
+from gpu.schedulers.nona import Cluster, NonaModel, QueryClass, Solution, solve, solve_table
 from gpu.schedulers.nona_baselines import (RandomPlacement, expert_thetas, opportunistic_thetas,
                                            undistributed_thetas)
 from gpu.schedulers.nona_dag import Dag, contract
-from gpu.schedulers.nona_policy import GroupingSampler
+from gpu.schedulers.nona_policy import GroupingSampler, NonaController
 from gpu.sim.nona_engine import BACKGROUND_COMM, BACKGROUND_COMPUTE, JobRecord, Placer, Workload, simulate
 from gpu.sim.nona_workloads import motivating_query, paper_models
 
-POLICIES = ("nona", "nona_star", "expert", "opportunistic", "random", "spark", "undistributed")
+POLICIES = ("nona", "nona_star", "nona_table", "expert", "opportunistic", "random", "spark", "undistributed")
 MODELS = {**{name: (lambda name=name: paper_models()[name]) for name in paper_models()}, "motivating": motivating_query}
 GBPS = 1e9 / 8  # bytes per second in one Gbit/s
 MAX_SERVERS = 100_000
@@ -49,6 +51,8 @@ class Setup:
     star_load: float
     star_link_gbps: float
     expert_grid: tuple[float, ...]
+    table_scales: tuple[float, ...] = (0.5, 1.0, 2.0)
+    epoch_s: float = 5.0
 
 
 def _dag(row: Mapping[str, Any], where: str) -> Dag:
@@ -113,21 +117,29 @@ def parse(data: Mapping[str, Any]) -> Setup:
                       bg_comm_rate=bg_rate,
                       bg_comm_bytes=positive(bg.get("comm_mb", 10.0), "background.comm_mb", allow_zero=True) * 1e6,
                       compute_queueing=queueing)
-    sim = section(data.get("simulation"), "simulation", ("horizon_s", "warmup_s"))
+    sim = section(data.get("simulation"), "simulation", ("horizon_s", "warmup_s", "epoch_s", "phases"))
     horizon = positive(sim.get("horizon_s", 60.0), "simulation.horizon_s")
     warmup = positive(sim.get("warmup_s", horizon / 6), "simulation.warmup_s", allow_zero=True)
     if warmup >= horizon:
         raise ConfigError("simulation.warmup_s", warmup, f"must be below horizon_s={horizon:g}")
-    nona = section(data.get("nona"), "nona", ("starts", "star_load", "star_link_gbps", "expert_grid"))
-    grid = nona.get("expert_grid", [0.0, 0.25, 0.5, 0.75, 1.0])
-    if not isinstance(grid, list) or not grid:
-        raise ConfigError("nona.expert_grid", grid, "must be a non-empty list of fractions")
+    phases = tuple((positive(require(ph, "start_s", f"simulation.phases[{i}]."), f"simulation.phases[{i}].start_s",
+                             allow_zero=True),
+                    positive(require(ph, "scale", f"simulation.phases[{i}]."), f"simulation.phases[{i}].scale",
+                             allow_zero=True))
+                   for i, ph in enumerate(entries(sim.get("phases"), "simulation.phases", ("start_s", "scale"))))
+    nona = section(data.get("nona"), "nona", ("starts", "star_load", "star_link_gbps", "expert_grid", "table_scales"))
+    grid, scales = nona.get("expert_grid", [0.0, 0.25, 0.5, 0.75, 1.0]), nona.get("table_scales", [0.5, 1.0, 2.0])
+    for field, values in (("nona.expert_grid", grid), ("nona.table_scales", scales)):
+        if not isinstance(values, list) or not values:
+            raise ConfigError(field, values, "must be a non-empty list of numbers")
     return Setup(str(data.get("name", "nona")), dags, rates, cluster,
-                 Workload({k: (d, rates[k]) for k, d in dags.items()}, horizon, warmup, seed), ratio,
+                 Workload({k: (d, rates[k]) for k, d in dags.items()}, horizon, warmup, seed, phases), ratio,
                  integer(nona.get("starts", 4), "nona.starts", minimum=1),
                  fraction(nona.get("star_load", 0.5), "nona.star_load"),
                  positive(nona.get("star_link_gbps", 10.0), "nona.star_link_gbps"),
-                 tuple(fraction(q, f"nona.expert_grid[{i}]") for i, q in enumerate(grid)))
+                 tuple(fraction(q, f"nona.expert_grid[{i}]") for i, q in enumerate(grid)),
+                 tuple(positive(x, f"nona.table_scales[{i}]") for i, x in enumerate(scales)),
+                 positive(sim.get("epoch_s", 5.0), "simulation.epoch_s"))
 
 
 def model_for(setup: Setup, rates: Mapping[str, float] | None = None, cluster: Cluster | None = None) -> NonaModel:
@@ -159,6 +171,7 @@ class Outcome:
     records: list[JobRecord]
     solution: Solution | None = None
     q: float | None = None
+    table: dict[str, float] | None = None  # nona_table: entries solved, switches, re-solves
 
 
 def run_policy(setup: Setup, policy: str) -> Outcome:
@@ -169,6 +182,8 @@ def run_policy(setup: Setup, policy: str) -> Outcome:
         return Outcome(policy, simulate(setup.cluster, setup.workload, None))
     if policy == "random":
         return Outcome(policy, simulate(setup.cluster, setup.workload, RandomPlacement(dags, seed)))
+    if policy == "nona_table":
+        return _run_table(setup)
     if policy == "expert":
         runs = [(q, simulate(setup.cluster, setup.workload, GroupingSampler("expert", dags, expert_thetas(dags, n, q),
                                                                             n, seed)))
@@ -183,6 +198,31 @@ def run_policy(setup: Setup, policy: str) -> Outcome:
         thetas = (opportunistic_thetas if policy == "opportunistic" else undistributed_thetas)(dags, n)
     placer: Placer = GroupingSampler(policy, dags, thetas, n, seed)
     return Outcome(policy, simulate(setup.cluster, setup.workload, placer), solution)
+
+
+def _run_table(setup: Setup) -> Outcome:
+    """Nona as a controller with a lookup table: each epoch's measured rates pick the nearest entry; rates
+    beyond ±40 % of every entry are re-solved (instantly here; a failed re-solve keeps the table in force)."""
+    seed, n = setup.workload.seed, setup.cluster.servers
+    table = solve_table(model_for(setup), setup.table_scales, starts=setup.starts, seed=seed)
+    ctrl = NonaController(setup.dags, table, n, seed=seed)
+    ctrl.on_epoch(0.0, setup.rates)
+    log = {"entries": float(len(table.entries)), "switches": 0.0, "resolves": 0.0}
+
+    def epoch(now: float, rates: dict[str, float]) -> None:
+        before = ctrl.entry
+        choice = ctrl.on_epoch(now, rates)
+        if choice.resolve and all(r > 0 for r in rates.values()):
+            try:
+                ctrl.add_solution(solve(model_for(setup, rates), starts=setup.starts, seed=seed))
+                log["resolves"] += 1
+                ctrl.on_epoch(now, rates)
+            except ConfigError:
+                pass
+        log["switches"] += float(ctrl.entry != before)
+
+    records = simulate(setup.cluster, setup.workload, ctrl, epoch_s=setup.epoch_s, on_epoch=epoch)
+    return Outcome("nona_table", records, table=log)
 
 
 def stats(records: list[JobRecord]) -> dict[str, float]:
@@ -223,6 +263,8 @@ def report(setup: Setup, outcomes: list[Outcome]) -> SimulationReport:
             row["decision_ms"] = 1e3 * o.solution.solve_s  # the offline solve: measured, not reproducible
         if o.q is not None:
             row["expert_q"] = o.q
+        if o.table:
+            row.update({f"table_{k}": v for k, v in o.table.items()})
         table.append(row)
         summary.update({f"{o.policy}_{k}": float(v) for k, v in row.items() if k != "policy"})
     c = setup.cluster

@@ -17,6 +17,10 @@ The paper "augment[s] the event-based simulator in Decima to become network-awar
   server, the job with the fewest running tasks first and the oldest among equals, each task releasing its
   server when done (the paper's modification); a placed task fetches its remote inputs holding its server.
 
+Rates may change in ``phases`` (every stream scaled from a phase's start). A ``gpu.contract.Controller``
+(``NonaController``) may stand in for the placer: the world calls its ``on_arrival(now, query)``, and every
+``epoch_s`` hands the rates it measured over the epoch to ``on_epoch(now, rates)`` (§III-A's lookup table).
+
 Arrivals stop at ``horizon_s`` and the run drains, so every job that arrived after ``warmup_s`` finishes: an
 unstable scheme (ρ ≥ 1) shows as JCTs that grow with the horizon, which the report logs.
 """
@@ -24,12 +28,14 @@ unstable scheme (ρ ≥ 1) shows as JCTs that grow with the horizon, which the r
 from __future__ import annotations
 
 import heapq
+import math
 from collections import deque
 from dataclasses import dataclass
 from typing import Callable, Mapping, Protocol
 
 import numpy as np
 
+from gpu.contract import Controller
 from gpu.schedulers.nona import Cluster
 from gpu.schedulers.nona_dag import Dag
 from gpu.schedulers.nona_policy import Placement, Query
@@ -48,12 +54,25 @@ class Placer(Protocol):
 
 @dataclass(frozen=True)
 class Workload:
-    """What arrives: per-class (contracted DAG, rate per second), horizon and warm-up (seconds), seed."""
+    """What arrives: per-class (contracted DAG, rate per second), horizon and warm-up (seconds), seed, and
+    ``phases``: (start_s, scale) pairs multiplying every rate from that time on (scale 1 before the first)."""
 
     classes: Mapping[str, tuple[Dag, float]]
     horizon_s: float = 60.0
     warmup_s: float = 10.0
     seed: int = 0
+    phases: tuple[tuple[float, float], ...] = ()
+
+    def phase(self, t: float) -> tuple[float, float]:
+        """The rate scale in force at ``t`` and when the next phase starts (infinity: none)."""
+        scale, nxt = 1.0, math.inf
+        for start, s in sorted(self.phases):
+            if start <= t:
+                scale = s
+            else:
+                nxt = start
+                break
+        return scale, nxt
 
 
 @dataclass(frozen=True)
@@ -96,8 +115,15 @@ class _Job:
 class _World:
     """Servers, the link and the jobs in flight."""
 
-    def __init__(self, cluster: Cluster, workload: Workload, placer: Placer | None):
+    def __init__(self, cluster: Cluster, workload: Workload, placer: Placer | Controller | None,
+                 epoch_s: float | None = None, on_epoch: Callable[[float, dict[str, float]], object] | None = None):
         self.c, self.w, self.placer = cluster, workload, placer
+        if isinstance(placer, Controller):
+            self._place = lambda query: placer.on_arrival(self.loop.now, query)
+        elif placer is not None:
+            self._place = placer.decide
+        self.epoch_s, self.on_epoch = epoch_s, on_epoch
+        self.counts = dict.fromkeys(workload.classes, 0)
         self.loop = EventLoop()
         self.arrivals = np.random.default_rng((workload.seed, 0))  # the same jobs for every scheme
         self.rng = np.random.default_rng((workload.seed, 1))       # placement draws of the world itself
@@ -123,26 +149,41 @@ class _World:
         for rate, fire in streams:
             if rate > 0:
                 self._next(rate, fire)
+        if self.epoch_s and self.on_epoch:
+            self.loop.at(self.epoch_s, self._epoch)
         self.loop.run()
         return [r for r in self.records if r.arrival >= self.w.warmup_s]
 
     def _next(self, rate: float, fire: Callable[[], None]) -> None:
-        t = self.loop.now + self.arrivals.exponential(1 / rate)
-        if t < self.w.horizon_s:
+        """Schedule the stream's next arrival; at a phase change draw afresh (exact: arrivals are memoryless)."""
+        scale, change = self.w.phase(self.loop.now)
+        t = self.loop.now + self.arrivals.exponential(1 / (rate * scale)) if scale > 0 else math.inf
+        if t >= change and change < self.w.horizon_s:
+            self.loop.at(change, lambda: self._next(rate, fire))
+        elif t < self.w.horizon_s:
             self.loop.at(t, lambda: (fire(), self._next(rate, fire)))
+
+    def _epoch(self) -> None:
+        """Hand the rates measured over the last epoch to the controller's world callback."""
+        self.on_epoch(self.loop.now, {k: n / self.epoch_s for k, n in self.counts.items()})
+        self.counts = dict.fromkeys(self.counts, 0)
+        if self.loop.now + self.epoch_s < self.w.horizon_s:
+            self.loop.after(self.epoch_s, self._epoch)
 
     def _arrive(self, klass: str) -> None:
         spec = self.specs[klass]
         job = _Job(self._ids, klass, self.loop.now, spec)
         self._ids += 1
         self.jobs[job.id] = job
+        if klass in self.counts:
+            self.counts[klass] += 1
         if self.placer is None:
             self._ready(job, spec.source)
             return
         if klass == BACKGROUND_COMPUTE:
             job.where[0] = int(self.rng.integers(self.c.servers))
         else:
-            for t, s in self.placer.decide(Query(job.id, klass, self.servers)).servers:
+            for t, s in self._place(Query(job.id, klass, self.servers)).servers:
                 job.where[spec.index[t]] = s
         self._enqueue(job, spec.source)
 
@@ -255,6 +296,12 @@ class _World:
         self.loop.after(job.spec.time[task], lambda: self._done(server, job, task))
 
 
-def simulate(cluster: Cluster, workload: Workload, placer: Placer | None) -> list[JobRecord]:
-    """Run one scheme (``placer=None``: Spark's fair scheduler); the jobs that arrived after the warm-up."""
-    return _World(cluster, workload, placer).run()
+def simulate(cluster: Cluster, workload: Workload, placer: Placer | Controller | None, *,
+             epoch_s: float | None = None,
+             on_epoch: Callable[[float, dict[str, float]], object] | None = None) -> list[JobRecord]:
+    """Run one scheme (``placer=None``: Spark's fair scheduler); the jobs that arrived after the warm-up.
+
+    ``on_epoch(now, measured_rates)`` runs every ``epoch_s`` seconds of arrivals (e.g. to drive a controller's
+    ``on_epoch`` and install re-solved θ).
+    """
+    return _World(cluster, workload, placer, epoch_s, on_epoch).run()

@@ -107,3 +107,24 @@ def test_bad_scenarios_are_one_config_error(tmp_path, changes, field):
     with pytest.raises(ConfigError) as err:
         run(str(_scenario(tmp_path, **changes)))
     assert err.value.field == field
+
+
+def test_phases_scale_every_arrival_stream():
+    wl = Workload({"f": (F, 10.0)}, horizon_s=100.0, warmup_s=0.0, seed=3, phases=((50.0, 3.0),))
+    arrivals = np.array([r.arrival for r in simulate(Cluster(8, 1000.0, 10e9), wl, GroupingSampler(
+        "t", {"f": F}, {("f", "sum"): (0, 0, 0, 0, 1)}, 8))])
+    before, after = (arrivals < 50).sum(), (arrivals >= 50).sum()
+    assert before == pytest.approx(500, rel=0.15) and after == pytest.approx(1500, rel=0.1)
+
+
+@pytest.mark.slow
+def test_lookup_table_resolves_when_the_rate_jumps_and_beats_theta_solved_for_the_old_rate(tmp_path):
+    """§III-A: θ for 40 queries/s saturates the link at 500/s; the controller measures the jump, re-solves
+    and swaps θ in while serving."""
+    data = yaml.safe_load((ROOT / "scenarios/nona/rate_shift.yaml").read_text())
+    data["simulation"].update(horizon_s=45)
+    path = tmp_path / "shift.yaml"
+    path.write_text(yaml.safe_dump(data))
+    rows = {r["policy"]: r for r in run(str(path), ["nona", "nona_table"]).table}
+    assert rows["nona_table"]["table_resolves"] >= 1 and rows["nona_table"]["table_switches"] >= 1
+    assert rows["nona_table"]["inference_mean_ms"] < rows["nona"]["inference_mean_ms"] / 2
