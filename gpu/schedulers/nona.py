@@ -213,6 +213,18 @@ class NonaModel:
         c = self.cluster
         return float(beta @ self.square_work + c.bg_compute_rate * (c.bg_compute_ops / c.nu) ** 2) / (2 * c.servers)
 
+    def compute_load(self, beta: np.ndarray) -> float:
+        """u: the servers' mean utilisation, Σ_j β_j S_j / N plus background compute (A15)."""
+        c = self.cluster
+        work = sum(b * cl.dag.total_ops for b, cl in zip(beta, self.classes)) + c.bg_compute_rate * c.bg_compute_ops
+        return float(work / c.nu / c.servers)
+
+    def arrival_wait(self, beta: np.ndarray) -> float:
+        """A query's wait at its root's server before it starts, W/(1 − u) (M/G/1), when ``compute_queueing``;
+        the same for every θ, so it moves predictions, not decisions."""
+        u = self.compute_load(beta)
+        return self.residual(beta) / (1 - u) if u < 1 else np.inf
+
     def link(self, theta: np.ndarray, beta: np.ndarray) -> tuple[float, float]:
         """(ρ, Σ λS²) of (VI) and (VIII)'s numerator."""
         rho, s2 = self.cluster.bg_rho, self.cluster.bg_s2
@@ -228,7 +240,7 @@ class NonaModel:
         if rho >= 1:
             return Prediction(rho, np.inf, {c.dag.name: np.inf for c in self.classes}, np.inf)
         phi = s2 / (2 * (1 - rho))
-        jct, wait = self.const_jct.copy(), self.residual(beta)
+        jct, wait = self.const_jct + self.arrival_wait(beta), self.residual(beta)
         for b, th in zip(self.blocks, self.split(theta)):
             jct[b.klass] += float(th @ b.times(phi, wait)[0])
         bg = self.cluster.bg_comm_rate * (phi + self.cluster.bg_comm_bytes / self.cluster.mu) \
@@ -246,7 +258,7 @@ class NonaModel:
                 grad[off:off + len(b.omega)] = penalty * beta[b.klass] * b.load
             return penalty * (1 + rho - limit), grad
         phi = s2 / (2 * (1 - rho))
-        value = float(beta @ self.const_jct) + self.cluster.bg_comm_rate * (phi + self.cluster.bg_comm_bytes / self.cluster.mu)
+        value = float(beta @ (self.const_jct + self.arrival_wait(beta))) + self.cluster.bg_comm_rate * (phi + self.cluster.bg_comm_bytes / self.cluster.mu)
         waits, wait = self.cluster.bg_comm_rate, self.residual(beta)  # ∂objective/∂φ, W
         for b, off, th in zip(self.blocks, self.offsets, self.split(theta)):
             t, n_phi = b.times(phi, wait)
@@ -269,6 +281,10 @@ def solve(model: NonaModel, rates: Mapping[str, float] | None = None, *, starts:
     beta = model.rates(rates)
     corner = model.corner()
     base = model.predict(corner, beta)
+    if model.cluster.compute_queueing and model.compute_load(beta) >= 1:
+        named = {c.dag.name: float(r) for c, r in zip(model.classes, beta)}
+        raise ConfigError("rates", named, f"the servers cannot keep up: compute load "
+                                          f"{model.compute_load(beta):.3g} ≥ 1 on {model.cluster.servers} servers")
     if base.rho >= 1 - RHO_MARGIN:
         named = {c.dag.name: float(r) for c, r in zip(model.classes, beta)}
         raise ConfigError("rates", named, f"no θ keeps the link stable: ρ = {base.rho:.3g} ≥ 1 even with no "

@@ -272,8 +272,13 @@ def report(setup: Setup, outcomes: list[Outcome]) -> SimulationReport:
               "warmup_s": setup.workload.warmup_s, "compute_queueing": c.compute_queueing,
               **{f"rate_{k}": v for k, v in setup.rates.items()}}
     summary.update({k: float(v) for k, v in params.items()})
+    predicted = [{"policy": o.policy, "class": k, "rate": setup.rates[k],
+                  "predicted_jct_ms": 1e3 * o.solution.prediction.jct[k],
+                  "simulated_mean_ms": 1e3 * float(np.mean([r.jct for r in o.records if r.klass == k]))}
+                 for o in outcomes if o.solution for k in setup.dags if any(r.klass == k for r in o.records)]
     return SimulationReport("nona", table, summary,
-                            {"parameters": [{"name": k, "value": v} for k, v in params.items()]})
+                            {"parameters": [{"name": k, "value": v} for k, v in params.items()],
+                             "model vs simulation": predicted})
 
 
 __all__ = ["POLICIES", "Setup", "parse", "run", "run_policy", "report", "stats", "rates_for_load"]
