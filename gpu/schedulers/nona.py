@@ -222,6 +222,8 @@ class NonaModel:
     def arrival_wait(self, beta: np.ndarray) -> float:
         """A query's wait at its root's server before it starts, W/(1 − u) (M/G/1), when ``compute_queueing``;
         the same for every θ, so it moves predictions, not decisions."""
+        if not self.cluster.compute_queueing:
+            return 0.0
         u = self.compute_load(beta)
         return self.residual(beta) / (1 - u) if u < 1 else np.inf
 
