@@ -176,6 +176,12 @@ def test_rates_no_theta_can_stabilise_name_classes_rates_and_mu():
     assert err.value.field == "rates" and "'f': 10.0" in str(err.value) and "μ = 1e+10" in str(err.value)
 
 
+def test_overloaded_servers_are_a_rates_error_when_compute_queueing_is_modelled():
+    model = _motivating_model(200.0, compute_queueing=True)  # 200/s × 22 ms on 2 servers: u = 2.2
+    with pytest.raises(ConfigError, match="compute load 2.2"):
+        solve(model)
+
+
 @pytest.mark.parametrize("field, kwargs", [("cluster.mu", {"mu": 0.0}), ("cluster.nu", {"nu": -1.0}),
                                            ("cluster.servers", {"servers": 0})])
 def test_bad_cluster_is_one_config_error(field, kwargs):
