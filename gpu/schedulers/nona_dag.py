@@ -235,13 +235,6 @@ class Grouping:
     k: int
     l: int
 
-    def part_of(self, task: str) -> int:
-        """Index of the part holding ``task``."""
-        for i, part in enumerate(self.parts):
-            if task in part:
-                return i
-        raise KeyError(task)
-
     @property
     def distributed(self) -> bool:
         """Whether any task of the subgraph leaves the source's server."""
