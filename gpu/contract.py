@@ -35,6 +35,7 @@ HOOKS: dict[str, str] = {
     "on_trial_done": "a trial finished (FLUID §3.3.3)",
     "on_arrival": "a job or query arrives",
     "on_iteration": "a job reached an iteration boundary",
+    "on_wake": "a wake-up time the controller asked for has come (a batch policy waiting to fill a batch)",
 }
 """The hook vocabulary. A new system adds a hook here, with the event that triggers it."""
 

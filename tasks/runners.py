@@ -319,11 +319,7 @@ class PlacingTaskRunner(TaskRunner[PrefectConcurrentFuture]):
             if cancel_event.is_set():
                 raise InterruptedError(f"task {task.name!r} was cancelled before it started")
             if upstream_ok:
-                placement = self._ledger.allocate(request, self.allocation_timeout, cancel_event)
-                with self._leases_lock:
-                    self._held[placement.lease_id] = task_run_id
-                # the ledger's heartbeat reports a lease taken away while the task runs (fencing)
-                self._ledger.watch(placement.lease_id, functools.partial(self._lease_lost, placement.lease_id))
+                placement = self._acquire(task, task_run_id, request, cancel_event)
                 record.placement = placement.to_dict()
                 record.placed_at = time.time()
                 if cancel_event.is_set():
@@ -347,6 +343,20 @@ class PlacingTaskRunner(TaskRunner[PrefectConcurrentFuture]):
         if self._tracker is not None:
             self._tracker.task_finished(record)
         return state
+
+    def _acquire(self, task, task_run_id: uuid.UUID, request: Request, cancel_event: threading.Event) -> Placement:
+        """Take the task's own lease from the pool ledger, waiting for room (``allocation_timeout``).
+
+        The seam for runners whose tasks share a lease that something else holds for longer than a task
+        (a Salus device executor admits a task into a memory lane of the device it leases): they override
+        this and ``_release`` together. Raises what ``LedgerClient.allocate`` raises.
+        """
+        placement = self._ledger.allocate(request, self.allocation_timeout, cancel_event)
+        with self._leases_lock:
+            self._held[placement.lease_id] = task_run_id
+        # the ledger's heartbeat reports a lease taken away while the task runs (fencing)
+        self._ledger.watch(placement.lease_id, functools.partial(self._lease_lost, placement.lease_id))
+        return placement
 
     def _release(self, placement: Placement, task_name: str) -> str | None:
         """Give the task's slice back; return why the task must fail if its lease was taken away while it ran.

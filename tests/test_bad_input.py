@@ -1,5 +1,5 @@
 """Bad input of every kind ends as one line naming the field and the value, never a traceback or nonsense, and
-command lines refuse it before any Prefect flow run starts (issue 14, defect 10)."""
+command lines refuse it before any Prefect flow run starts."""
 
 from __future__ import annotations
 
