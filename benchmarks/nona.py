@@ -3,7 +3,7 @@
 R1 contraction (Table II) · R2 search space · R3 PK wait vs the simulated link · R4 the §II example ·
 R5 solve time vs cluster size (Table III) · R6/R7 mean JCT vs load, all jobs and inference only (Fig. 3) ·
 R8 link capacity sweep (Fig. 4) · R9 Nona* and ±40 % rate error (§IV-D) · R10 tails and background jobs at
-70 % load (Fig. 5) · the paper's equations (no compute queueing) vs A7 · the lookup table under a rate jump
+70 % load (Fig. 5) · the paper's equations (no compute queueing) vs ours with it · the lookup table under a rate jump
 (§III-A). Absolute JCTs cannot match (the paper's
 profiles are unpublished): compare orderings and ratios.
 
@@ -97,7 +97,7 @@ def r4_motivating(out: dict, quick: bool) -> None:
         out[f"r4_busy{int(busy * 10)}_p_distribute"] = 1 - theta[4]
         print(f"  link busy {busy:.0%}: P(distribute) = {1 - theta[4]:.2f}; " +
               ", ".join(f"{k} {v:.1f}" for k, v in sims.items()))
-    print("  (the objective also counts the background transfers a distributed query slows down, A8)")
+    print("  (the objective also counts the background transfers a distributed query slows down)")
 
 
 def r5_solve_time(out: dict, setup: Setup) -> None:
@@ -208,7 +208,7 @@ def r10_tails(out: dict, runs: dict[str, Outcome]) -> None:
 
 
 def paper_equations(out: dict, setup: Setup) -> None:
-    print("\nA7: θ from the paper's equations (no compute queueing) vs with compute queueing, 30 % load, 100 Gbps")
+    print("\nCompute queueing: θ from the paper's equations (no compute queueing) vs with compute queueing, 30 % load, 100 Gbps")
     s = _with_rates(replace(setup, rates=rates_for_load(setup.dags, 0.3, setup.cluster.servers, setup.cluster.nu)))
     s = replace(s, cluster=replace(s.cluster, mu=100 * GBPS))
     res = {}
@@ -218,7 +218,7 @@ def paper_equations(out: dict, setup: Setup) -> None:
         res[queueing] = stats(simulate(s.cluster, s.workload, placer))
     out["a7_paper_equations_vs_queueing"] = res[False]["mean_jct_ms"] / res[True]["mean_jct_ms"]
     print(f"  paper's equations: mean {res[False]['mean_jct_ms']:.0f} ms, {res[False]['distributed']:.0%} distributed; "
-          f"with A7: {res[True]['mean_jct_ms']:.0f} ms, {res[True]['distributed']:.0%} distributed")
+          f"with compute queueing: {res[True]['mean_jct_ms']:.0f} ms, {res[True]['distributed']:.0%} distributed")
 
 
 def lookup_table(out: dict, quick: bool) -> None:

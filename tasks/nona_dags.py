@@ -4,7 +4,7 @@ The paper takes its DAGs from PipeDream's profiler (§IV-A). We trace a model wi
 every operator (placeholder and output included) is one task. ``ShapeProp`` runs one forward pass on an
 example input and records each node's output tensor, and an edge's ``b`` is the byte size of the tensor its
 producer hands over. A task's ``p`` is its FLOPs, counted with ``torch.utils.flop_counter`` while the node
-runs (A14). Operators that do no matrix work (norms, activations, adds) count one operation per output
+runs. Operators that do no matrix work (norms, activations, adds) count one operation per output
 element. The resulting ``gpu.schedulers.nona_dag.Dag`` is what ``contract`` and the solver take.
 
 torchvision is not installed here (a build for this torch would replace torch itself), so ``resnet18``

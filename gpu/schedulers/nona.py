@@ -9,7 +9,7 @@ probability distribution over the groupings Ω_t (``gpu.schedulers.nona_dag``). 
 * (VIII) φ = Σ λS² / (2(1−ρ))  — Pollaczek–Khinchine mean wait of a Poisson mix of deterministic sizes;
 * (IX)  c = φ + S;  (X) χ of a part = its compute plus its remote transfers in and to the sink, run serially;
 * (XI)  κ_t = Σ_ω θ_t[ω]·max(χ over parts, the direct source→sink transfer) + p^sink/ν;
-* (XII) τ_j = p^{t_0}/ν + Σ_t κ_t;  (I) objective Σ_j β_j τ_j (+ background jobs' times, A8).
+* (XII) τ_j = p^{t_0}/ν + Σ_t κ_t;  (I) objective Σ_j β_j τ_j (+ background jobs' times).
 
 The printed (VIII) and (X) are garbled; we use the standard M/G/1 numerator and read (X) as above (see
 ``docs/nona.md``). The objective is not convex (§III-C), so ``solve`` minimises it by multi-start L-BFGS over a
@@ -49,9 +49,9 @@ class QueryClass:
 class Cluster:
     """N identical servers of ``nu`` ops/s and one bottleneck link of ``mu`` bytes/s (§III-B).
 
-    Background jobs (§IV-A, A8): single-task compute jobs of ``bg_compute_ops`` at ``bg_compute_rate`` per
+    Background jobs (§IV-A): single-task compute jobs of ``bg_compute_ops`` at ``bg_compute_rate`` per
     second, and transfers of ``bg_comm_bytes`` at ``bg_comm_rate`` per second; both count in the objective
-    and the transfers load the link. ``compute_queueing`` (A7, off in the paper's equations): a part that
+    and the transfers load the link. ``compute_queueing`` (off in the paper's equations): a part that
     starts on another server, and a sink resuming after waiting for remote inputs, first wait for the task in
     service there, W = Σ rate·s² / (2N) (the PK residual of a server serving the oldest job first).
     """
@@ -214,7 +214,7 @@ class NonaModel:
         return float(beta @ self.square_work + c.bg_compute_rate * (c.bg_compute_ops / c.nu) ** 2) / (2 * c.servers)
 
     def compute_load(self, beta: np.ndarray) -> float:
-        """u: the servers' mean utilisation, Σ_j β_j S_j / N plus background compute (A15)."""
+        """u: the servers' mean utilisation, Σ_j β_j S_j / N plus background compute (§IV-A's load, normalised by N)."""
         c = self.cluster
         work = sum(b * cl.dag.total_ops for b, cl in zip(beta, self.classes)) + c.bg_compute_rate * c.bg_compute_ops
         return float(work / c.nu / c.servers)

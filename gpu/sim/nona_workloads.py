@@ -7,7 +7,7 @@ output included), with ``p`` = FLOPs of each operator and ``b`` = bytes of the f
 edge, for one 224×224 image. The sequential models are chains (they contract to one task, Table II). GPT2 is
 12 decoder blocks of 128 tokens, each with its q, k, v projections in parallel joining at the attention
 (our own graph; Table II's 178 PipeDream nodes are not published). ``motivating_query`` is §II's
-f(A, B) = det(A+B) + det(r(A+B)) with Fig. 1's times in ms (A17: 100 MB on det's edges, 10 MB on the sparse
+f(A, B) = det(A+B) + det(r(A+B)) with Fig. 1's times in ms (our choice, the paper gives totals only: 100 MB on det's edges, 10 MB on the sparse
 det's), ops in ms of compute at ν = 1000 ops/s.
 """
 
