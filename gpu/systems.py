@@ -91,6 +91,9 @@ SYSTEMS: dict[str, System] = {s.name: s for s in (
     System("orloj", "Yu, ORLOJ (PhD thesis, U. Michigan 2022, ch. 4)", "gpu.sim.orloj:run",
            "gpu.schedulers.orloj_controller:OrlojController", ("gpu.sim.orloj_workload:POLICY_NAMES",),
            "scenarios/orloj/small.yaml"),
+    System("nona", "Pit-Claudel et al., Nona: congestion-aware stochastic scheduling of inference queries",
+           "gpu.sim.nona:run", "gpu.schedulers.nona_policy:NonaController", ("gpu.sim.nona:POLICIES",),
+           "scenarios/nona/motivating.yaml"),
 )}
 
 
