@@ -98,9 +98,13 @@ def test_an_oracle_needs_true_curves_and_the_error_names_the_policy():
         controller("oracle-ew")
 
 
-def test_feedback_with_mismatched_report_lengths_is_refused():
+def test_feedback_with_mismatched_report_lengths_or_an_unknown_job_is_refused():
     with pytest.raises(ConfigError, match="feedback="):
         JobReport(0.5, (50.0, 50.0), (1.0,), (0.1,))
+    ctl = controller()
+    ctl.on_round(0.0, {})
+    with pytest.raises(ConfigError, match=r"feedback=\['c'\]: not jobs of this round"):
+        ctl.on_round(60.0, {"c": report(0.5, 1.0)})
 
 
 def test_load_forecasts_bound_the_next_round_from_the_reports():

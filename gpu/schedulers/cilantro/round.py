@@ -168,6 +168,9 @@ class LoadForecasts:
 class CilantroRound:
     """Cilantro's round controller (module docstring): ``on_round(now, feedback) -> RoundDecision``.
 
+    ``policy`` is the policy's name (``gpu.contract.Controller``), ``rule`` the policy object; learners exist
+    only for policies that read them (``rule.learner == "online"``).
+
     Args:
         jobs: the jobs, in a fixed order.
         policy: a fresh policy (``gpu.schedulers.cilantro.make_policy``).
@@ -207,6 +210,9 @@ class CilantroRound:
         """
         if self.planned is not None:
             self.previous, self.next_round = dict(self.planned.allocation), self.planned.round_index + 1
+        unknown = sorted(set(feedback) - set(self.seen))
+        if unknown:
+            raise ConfigError("feedback", unknown, f"not jobs of this round {sorted(self.seen)}")
         for name, rep in feedback.items():
             if rep is not None:
                 self._fold(name, rep)
