@@ -29,6 +29,10 @@ from gpu.schedulers.ekya_baselines import fixed_config_schedule, fixed_res_sched
 from gpu.sim.ekya_scenario import EkyaScenario, load
 from gpu.sim.events import EventLoop
 
+POLICY_FORMS = ("thief", "thief_start_splits", "noretrain", "fixedres", "uniform_<cfg>_<inference %>",
+                "fixedconfig_<cfg>")
+"""The policy names ``make_policy`` accepts (``<cfg>``: a retraining configuration of the scenario)."""
+
 Decide = Callable[[Sequence[StreamState], float, float, Mapping[str, float] | None], EkyaDecision]
 _EPS = 1e-9
 
