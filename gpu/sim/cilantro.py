@@ -1,11 +1,10 @@
 """Simulator of Cilantro's multi-tenant experiment (thesis ch. 3, §3.7, Table 3.2, Figs. 3.8–3.9).
 
-Jobs report every ``report_s`` (10 s) with noise; every ``round_s`` (120 s) the allocation
-round runs exactly as the Prefect flow will: update learners with the round's reports, forecast
-each load's UCB, build the :class:`~gpu.schedulers.cilantro.types.Snapshot`, call the policy's
-``decide``. Metrics (eqs. 3.1–3.3, 3.8) are computed per report from the *true* performance at
-the actual loads and time-averaged. Ground truth, loads and noise follow the spec §8:
-latency jobs observe ``Binomial(N, p)/N`` with ``N = ℓ·10 s`` and report ``σ = 0.5/√N`` (the
+Jobs report every ``report_s`` (10 s) with noise; every ``round_s`` (120 s) the round controller
+:class:`~gpu.schedulers.cilantro.round.CilantroRound` — the one the Prefect flow drives — folds the
+reports into the learners and decides the next round. Metrics (eqs. 3.1–3.3, 3.8) are computed per
+report from the *true* performance at the actual loads and time-averaged. Ground truth and loads follow
+the authors' code (docs/cilantro.md); latency jobs observe ``Binomial(N, p)/N`` with ``N = ℓ·10 s`` and report ``σ = 0.5/√N`` (the
 largest binomial standard error; the code's ``10/√(2N)`` is looser still), ML jobs observe
 ``p·(1 + 0.05 ε)``. Load forecasts depend only on the trace, so they are computed once and shared
 by every policy (the flow gives each job its own forecaster).
@@ -164,7 +163,7 @@ def simulate_policy(cfg: MultiTenantConfig, policy: Policy, seed: int, loads: np
 
 
 def _observe(cfg: MultiTenantConfig, perf: np.ndarray, loads: np.ndarray, noise: np.random.Generator):
-    """Noisy rewards and the σ each client reports (spec §8.4)."""
+    """Noisy rewards and the σ each client reports (module docstring)."""
     reward, sigma = np.empty_like(perf), np.empty_like(perf)
     for j, job in enumerate(cfg.jobs):
         if job.profile.throughput:
