@@ -88,11 +88,15 @@ class ProfileObservation:
                 raise ConfigError(f"{self.config}.{name}", v, "must be a finite number > 0")
 
 
+def profiled_gpu_seconds(obs: ProfileObservation) -> float:
+    """The config's full-data GPU-seconds: the profiled epoch cost rescaled linearly in epochs and data."""
+    return obs.seconds_per_epoch * obs.epochs_target * (obs.data_fraction / obs.profiled_fraction)
+
+
 def micro_profile(obs: ProfileObservation, start_accuracy: float | None = None) -> RetrainConfig:
     """Predicted ``RetrainConfig`` (accuracy at ``epochs_target``, full-data GPU-seconds) for one config."""
     curve = fit_accuracy_curve(obs.epochs, obs.accuracies, start_accuracy)
-    gpu_seconds = obs.seconds_per_epoch * obs.epochs_target * (obs.data_fraction / obs.profiled_fraction)
-    return RetrainConfig(obs.config, float(curve.predict(obs.epochs_target)), gpu_seconds)
+    return RetrainConfig(obs.config, float(curve.predict(obs.epochs_target)), profiled_gpu_seconds(obs))
 
 
 def pareto_front(configs: Sequence[RetrainConfig]) -> tuple[RetrainConfig, ...]:
