@@ -286,4 +286,3 @@ def test_a_stream_whose_work_is_heavier_gets_more_gpus_or_stops_retraining(heavy
     assert base["configs"]["cam1"] == CONFIG, "cam1 does not retrain even when its work is light"
     gpus = {label: w["allocation"].get("cam1/train", 0.0) for label, w in (("base", base), ("heavy", heavy))}
     assert heavy["configs"]["cam1"] is None or gpus["heavy"] > gpus["base"], (heavy["configs"], gpus)
-    assert heavy["configs"]["cam0"] == base["configs"]["cam0"] == CONFIG  # the light stream still retrains
