@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from gpu.errors import ConfigError
-from gpu.sim.registry import SIMULATORS
+from gpu.systems import SYSTEMS
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -25,8 +25,7 @@ def _loaders():
     """Every scenario loader: the four simulators and the serving spec."""
     from tasks.serving.spec import load_spec
 
-    out = {system: getattr(importlib.import_module(ref.split(":")[0]), ref.split(":")[1])
-           for system, ref in SIMULATORS.items()}
+    out = {name: entry.run for name, entry in SYSTEMS.items()}
     return {**out, "serving": load_spec}
 
 
