@@ -1,6 +1,6 @@
 """Ekya's torch work as Prefect tasks: golden model, micro-profiling, retraining, inference.
 
-Setup (thesis §2.2, §2.4, spec ekya.md §3.4-§3.6): every stream serves a small classifier
+Setup (thesis §2.2, §2.4): every stream serves a small classifier
 (64-``hidden``-10 MLP); a larger "golden" model (64-128-128-10, trained once on all of digits
 under random drift) labels a sample of each window's frames, and retraining fine-tunes the
 deployed model on those labels (knowledge distillation). Inference accuracy is measured against
@@ -71,7 +71,7 @@ class ConfigSpec:
 
 def config_grid(epochs: tuple[int, ...] = (5, 15, 30), layers: tuple[str, ...] = LAYERS,
                 fractions: tuple[float, ...] = (0.25, 0.5, 1.0)) -> tuple[ConfigSpec, ...]:
-    """The 18-config space of spec §3.6: epochs x layers retrained x data fraction."""
+    """The 18-config space (thesis §2.4, the paper's code): epochs x layers retrained x data fraction."""
     return tuple(ConfigSpec(f"e{e}-{lay}-d{round(f * 100)}", e, lay, f)
                  for lay in layers for f in fractions for e in epochs)
 

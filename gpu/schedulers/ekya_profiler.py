@@ -1,6 +1,6 @@
 """Ekya's micro-profiler: predict each retraining config's accuracy and cost from a short trial.
 
-Paper: Ekya thesis Chapter 2, §2.4 "Micro-profiler" (spec ekya.md §3.4, §8.12-§8.13). Each config is
+Paper: Ekya thesis Chapter 2, §2.4 "Micro-profiler". Each config is
 trained on a small data sample (10%) for a few epochs (5); the accuracy-vs-epoch points are fitted
 to the Optimus curve ``acc(k) = 1 - (1/(b0*k + b1) + b2)`` with b >= 0 (scipy ``curve_fit``,
 anchored at (0 epochs, current accuracy)) and extrapolated to the config's full epoch count.
