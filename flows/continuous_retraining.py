@@ -232,6 +232,18 @@ def format_summary(summary: dict) -> str:
     return "\n".join(lines)
 
 
+def _stream_counts(pairs: list[str]) -> dict[str, int]:
+    """``["cam1=8"]`` -> ``{"cam1": 8}`` (the flow checks the names and counts)."""
+    out: dict[str, int] = {}
+    for pair in pairs:
+        stream, _, count = pair.partition("=")
+        try:
+            out[stream] = int(count)
+        except ValueError:
+            raise ConfigError("objects_per_frame", pair, "must be STREAM=K with a whole number K") from None
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flows.continuous_retraining", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -248,15 +260,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--fail-stream", default=None, help="inject a retraining failure in this stream (e.g. cam1)")
     parser.add_argument("--fail-window", type=int, default=0, help="window of the injected failure (default 0)")
+    parser.add_argument("--objects-per-frame", action="append", default=[], metavar="STREAM=K",
+                        help="a busy camera: STREAM's labelled frames yield K training samples each (repeatable)")
     parser.add_argument("--no-tracking", action="store_true", help="switch MLflow tracking off")
     parser.add_argument("--json", type=output_file, metavar="OUT", help="also write the summary as JSON")
     args = parser.parse_args(argv)
-    kwargs = flow_arguments(
-        continuous_retraining, streams=args.streams, windows=args.windows, window_s=args.window_s,
-        policy=args.policy, pool=args.pool or GpuPool(name="ekya", device_backend="auto", simulated=args.simulated),
-        seed=args.seed, mode=args.mode, tracking=False if args.no_tracking else None, fail_stream=args.fail_stream,
-        fail_window=args.fail_window)
     try:
+        kwargs = flow_arguments(
+            continuous_retraining, streams=args.streams, windows=args.windows, window_s=args.window_s,
+            policy=args.policy, pool=args.pool or GpuPool(name="ekya", device_backend="auto", simulated=args.simulated),
+            seed=args.seed, mode=args.mode, tracking=False if args.no_tracking else None, fail_stream=args.fail_stream,
+            fail_window=args.fail_window, objects_per_frame=_stream_counts(args.objects_per_frame) or None)
         kwargs["pool"], kwargs["tracking"], _ = prepare(**kwargs)  # every argument checked before the run starts
         summary = continuous_retraining(**kwargs)
     except GpuflowsError as exc:
