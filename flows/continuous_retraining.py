@@ -36,7 +36,7 @@ import argparse
 import json
 import sys
 
-from prefect import flow
+from prefect import flow, get_run_logger
 
 from gpu.devices import discover
 from gpu.errors import ConfigError, GpuflowsError
@@ -50,6 +50,7 @@ from tasks.ekya_window import RunSettings, WindowResult, make_controller, run_wi
 from tasks.flow_runtime import (flow_runner, log_flow_inputs, log_flow_outcome, pool_block, publish_mlflow_link, settings,
                                 tracking_target)
 from tasks.runners import GpuTaskRunner
+from tasks.tracking import flow_tracker
 from tasks.charts import publish_pool_occupancy
 from tasks.ui import FlowProgress, publish_ekya_windows
 
@@ -74,17 +75,25 @@ def _windows(run: RunSettings, parent: str | None) -> dict:
     controller = make_controller(run)
     golden, streams = start_streams(run, controller)
     results: list[WindowResult] = []
+    errors: list[str] = []
     slug = policy_slug(run.policy)
     with FlowProgress(f"ekya-{slug}", run.windows, f"Ekya {run.policy}", unit="windows") as progress:
         for w in range(run.windows):
             result = run_window(run, w, streams, golden, controller)
-            logger.log_window(result, streams)
+            try:  # a tracking store that fails costs the review, not the retraining
+                logger.log_window(result, streams)
+            except Exception as exc:
+                errors.append(f"window {w} not logged to MLflow: {exc!r}")
+                get_run_logger().error(errors[-1])
             results.append(result)
             progress.advance(note=f"mean accuracy {result.mean_measured:.3f}")
     plot = logger.log_plot(results)
     publish_ekya_windows(slug, results, logger.parent_run_id, run.tracking_uri)
     publish_pool_occupancy()
-    return summarise(run, results, plot, logger.parent_run_id)
+    summary = summarise(run, results, plot, logger.parent_run_id)
+    tracker = flow_tracker()
+    summary["mlflow_errors"] = errors + (tracker.flush() if tracker else [])
+    return summary
 
 
 def _retrainings(r: WindowResult) -> dict[str, dict]:
@@ -201,7 +210,8 @@ def continuous_retraining(streams: int = 4, windows: int = 3, window_s: float = 
 
     Returns:
         ``{"policy", "streams", "windows": [{"window", "accuracy": {stream: measured}, "predicted",
-        "configs", "failures", "mean"}], "mean_accuracy", "mlflow_run_id", "plot"}``.
+        "configs", "failures", "mean"}], "mean_accuracy", "mlflow_run_id", "plot", "mlflow_errors"}``
+        (``mlflow_errors``: what could not be logged to MLflow; empty when everything was).
     """
     block, _, run = prepare(
         pool, tracking, streams=streams, windows=windows, window_s=window_s, policy=policy, seed=seed, mode=mode,

@@ -58,6 +58,7 @@ def test_flow_returns_measured_accuracy_per_window_and_stream(thief_run):
         assert all(0.0 < a <= 1.0 for a in w["accuracy"].values())
         assert w["mean"] == pytest.approx(np.mean(list(w["accuracy"].values())))
     assert summary["mean_accuracy"] == pytest.approx(np.mean([w["mean"] for w in summary["windows"]]))
+    assert summary["mlflow_errors"] == []  # everything reached MLflow
 
 
 def test_each_window_is_a_nested_mlflow_run_with_allocations_and_accuracies(thief_run):
