@@ -8,6 +8,7 @@ import json
 import pytest
 
 import flows.allocation_rounds as ar
+import tasks.cilantro_rounds as cr
 from gpu.errors import ConfigError
 from resource_blocks import GpuPool, MlflowTarget
 
@@ -63,7 +64,7 @@ def test_two_rounds_log_nested_round_runs_within_capacity(state_dir, table_artif
 def test_resume_after_crash_continues_at_round_3_with_learned_state(state_dir, monkeypatch):
     kw = dict(policy="cilantro-njc", pool=sim_pool("cil-resume"), run_name="crashy", mode="thread", tracking=False,
               **SMALL)
-    real_save, saves = ar.save_state, []
+    real_save, saves = cr.save_state, []
 
     def crash_on_third(run_name, state):
         saves.append(state["next_round"])
@@ -71,17 +72,17 @@ def test_resume_after_crash_continues_at_round_3_with_learned_state(state_dir, m
             raise RuntimeError("killed before round 3 was saved")
         return real_save(run_name, state)
 
-    monkeypatch.setattr(ar, "save_state", crash_on_third)
+    monkeypatch.setattr(cr, "save_state", crash_on_third)
     with pytest.raises(RuntimeError, match="killed"):
         ar.allocation_rounds(rounds=3, **kw)
-    monkeypatch.setattr(ar, "save_state", real_save)
-    saved = json.loads(ar.state_path("crashy").read_text())
+    monkeypatch.setattr(cr, "save_state", real_save)
+    saved = json.loads(cr.state_path("crashy").read_text())
     assert saved["next_round"] == 2 and saved["seen"]["svc-a"] == 8  # 2 rounds x 4 reports
     assert saved["learners"]["svc-a"]["nodes"][0][4] == 8  # root node count = observations
 
     out = ar.allocation_rounds(rounds=1, **kw)
     assert out["resumed"] and out["start_round"] == 2 and [r["round"] for r in out["rounds"]] == [2]
-    after = json.loads(ar.state_path("crashy").read_text())
+    after = json.loads(cr.state_path("crashy").read_text())
     assert after["next_round"] == 3 and after["seen"]["svc-a"] == 12
     assert after["learners"]["svc-a"]["nodes"][0][4] == 12  # the earlier 8 observations plus this round's 4
     assert after["checkpoints"]["trainer"].endswith("trainer-round-2.pt")
@@ -132,4 +133,4 @@ def test_a_second_flow_run_of_the_same_run_name_is_refused_while_one_runs(state_
         with pytest.raises(ConfigError, match="run_name='busy': another flow run"):
             ar.allocation_rounds(rounds=1, run_name="busy", pool=sim_pool("cil-busy"), tracking=False, mode="thread",
                                  **SMALL)
-    assert not ar.state_path("busy").exists()
+    assert not cr.state_path("busy").exists()

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import flows.allocation_rounds as ar
+from tasks.cilantro_allocator import state_path
 import tasks.cilantro_jobs as cilantro_jobs
 from gpu.schedulers.cilantro.learners import learner_from_state
 from resource_blocks import GpuPool
@@ -41,7 +42,7 @@ def widen_svc_b(monkeypatch) -> None:
 
 def svc_b_estimate(run_name: str, alloc_grid: np.ndarray, load: float) -> np.ndarray:
     """svc-b's learned performance estimate (middle of its confidence band) at ``alloc_grid`` under ``load``."""
-    state = json.loads(ar.state_path(run_name).read_text())
+    state = json.loads(state_path(run_name).read_text())
     lcb, ucb = learner_from_state(state["learners"]["svc-b"]).bounds(alloc_grid, load)
     return (lcb + ucb) / 2
 

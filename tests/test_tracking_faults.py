@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 import flows.allocation_rounds as ar
+from tasks.cilantro_allocator import state_path
 from resource_blocks import GpuPool, MlflowTarget
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
@@ -203,8 +204,9 @@ def die():
     os.kill(os.getpid(), signal.SIGKILL)
 
 if point == "after_save":
-    real_log_round = ar._log_round
-    ar._log_round = lambda client, rec: die() if rec["round"] == 1 else real_log_round(client, rec)
+    import tasks.cilantro_rounds as cr
+    real_log_round = cr.log_round
+    cr.log_round = lambda client, rec: die() if rec["round"] == 1 else real_log_round(client, rec)
 else:
     from mlflow import MlflowClient
     real_log_batch = MlflowClient.log_batch
@@ -228,7 +230,7 @@ def test_a_cilantro_flow_killed_between_saving_and_logging_a_round_logs_it_once_
     proc = _python(CILANTRO, uri, point)
     out = proc.communicate(timeout=400)[0]
     assert proc.returncode == -signal.SIGKILL, out[-3000:]
-    saved = json.loads(ar.state_path("killed").read_text())
+    saved = json.loads(state_path("killed").read_text())
     assert saved["next_round"] == 2 and [r["round"] for r in saved["unlogged"]] == [1]
     killed_parent = saved["unlogged"][0]["parent"]
 
