@@ -218,7 +218,7 @@ def test_every_tuning_algorithm_drives_a_fluid_session(algorithm):
         seen.add(tid)
         trial = session.trial(tid)
         assert trial.checkpoint is None or trial.checkpoint in seen
-        step = session.report_complete(tid, 1.0 / (1 + trial.resume_from + trial.budget))
+        step = session.report_complete(0.0, tid, 1.0 / (1 + trial.resume_from + trial.budget))
     assert session.finished and seen == {r.trial_id for r in algo.results}
     assert max(r.iterations for r in algo.results) <= 4
     resumed = [t for t in seen if session.trial(t).checkpoint]
