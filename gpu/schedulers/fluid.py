@@ -11,7 +11,8 @@
   ``alpha`` and the packing limit ``c`` (largest p with ``O^p > O_th``; spec Part IV items 13 and 26).
 * ``save_packing_curve``/``load_packing_curve`` — the last measured curve per device in the state folder, so a
   flow can take ``c`` from the benchmark's measurement instead of re-measuring.
-* ``max_parallelism`` — ``d`` from a measured ``beta`` (spec Part IV item 14; the thesis uses Paleo).
+* ``fit_scaling`` — ``t1`` and ``beta`` of Eq. 3.2 from iteration times measured at several widths (§3.5);
+  ``max_parallelism`` — ``d`` from ``beta`` (largest width that still speeds a trial up).
 * ``lower_bound``/``theorem1_bound``/``theorem2_bound`` — Theorem 1 (additive form, spec item 23) and
   Theorem 2 / Eq. 3.3, used by tests and the benchmark to check StaticFluid on random instances.
 
@@ -282,16 +283,58 @@ def load_packing_curve(device: str) -> PackingCurve | None:
     return fit_packing_curve(raw["ps"], raw["throughputs"], raw.get("o_th", 0.05))
 
 
-def max_parallelism(beta: float, n: int) -> int:
-    """``d`` from a measured scaling overhead: largest ``w <= n`` with ``h_w < h_{w-1}``, i.e. ``w < beta/(beta-1)``."""
+def max_parallelism(beta: float, n: int, min_gain: float = 0.0) -> int:
+    """``d`` from a scaling overhead: the largest ``w <= n`` whose every step up cuts ``h`` by more than ``min_gain``.
+
+    ``h_w / h_{w-1} = beta (w-1) / w`` (Eq. 3.2), so ``w`` qualifies while ``w < beta / (beta - 1 + min_gain)``.
+    With ``min_gain = 0`` any speed-up counts; a measured ``beta`` wants the same margin as the packing threshold
+    ``O_th`` (a 2 % "gain" between two timings is noise, not a reason to spread a trial over two GPUs).
+    """
     if not beta >= 1:
         raise ConfigError("beta", beta, "scaling overhead must be >= 1")
     if n < 1:
         raise ConfigError("n", n, "need at least one GPU")
-    if beta == 1:
+    if not 0 <= min_gain < 1:
+        raise ConfigError("min_gain", min_gain, "must be in [0, 1)")
+    if beta - 1.0 + min_gain <= 0:
         return n
-    limit = beta / (beta - 1.0)
+    limit = beta / (beta - 1.0 + min_gain)
     return int(max(1, min(n, math.ceil(limit) - 1)))
+
+
+@dataclass(frozen=True)
+class ScalingCurve:
+    """Eq. 3.2 fitted to measured seconds per iteration at several widths: ``h_w = t1 / w * beta**(w - 1)``."""
+
+    widths: tuple[int, ...]
+    iter_times: tuple[float, ...]
+    t1: float
+    beta: float
+
+
+def fit_scaling(widths: Sequence[int], iter_times: Sequence[float]) -> ScalingCurve:
+    """Least-squares ``t1`` and ``beta >= 1`` from iteration times measured at whole-GPU widths (§3.5: measured).
+
+    In log space ``log h_w + log w = log t1 + (w - 1) log beta`` is a line (numpy ``polyfit``); when its slope
+    comes out negative (superlinear scaling, outside Eq. 3.2) the bounded optimum is ``beta = 1``.
+    A trial that does not speed up at all (``h_2 = h_1``) fits ``beta = 2``: ``d = 1``.
+    """
+    w = np.asarray(widths, dtype=float)
+    h = np.asarray(iter_times, dtype=float)
+    if w.size < 2 or w.size != h.size:
+        raise ConfigError("widths", list(widths), "need >= 2 widths and one iteration time per width")
+    if np.any(w < 1) or np.any(w != np.round(w)) or len(set(w)) != w.size or 1 not in w:
+        raise ConfigError("widths", list(widths), "must be distinct whole numbers of GPUs including 1")
+    if np.any(~(h > 0)):
+        raise ConfigError("iter_times", list(iter_times), "must all be > 0 seconds")
+    order = np.argsort(w)
+    w, h = w[order], h[order]
+    y = np.log(h * w)
+    log_beta, log_t1 = np.polyfit(w - 1, y, 1)
+    if log_beta < 0:
+        log_beta, log_t1 = 0.0, float(np.mean(y))
+    return ScalingCurve(tuple(int(v) for v in w), tuple(float(v) for v in h), float(np.exp(log_t1)),
+                        float(np.exp(log_beta)))
 
 
 def lower_bound(trials: Sequence[Trial], n: int, d: int) -> float:

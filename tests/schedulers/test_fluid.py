@@ -253,3 +253,25 @@ def test_a_clock_running_backwards_is_refused():
     with pytest.raises(ConfigError) as err:
         ex.on_trial_done(4.0, "g1")
     assert err.value.field == "now"
+
+
+def test_fit_scaling_recovers_beta_and_a_trial_that_does_not_scale_stays_on_one_gpu():
+    from gpu.schedulers.fluid import fit_scaling
+
+    widths = [1, 2, 3, 4]
+    fit = fit_scaling(widths, [runtime(0.2, w, beta=1.25) for w in widths])
+    assert fit.t1 == pytest.approx(0.2) and fit.beta == pytest.approx(1.25)
+    assert max_parallelism(fit.beta, 8) == 4
+    flat = fit_scaling([1, 2], [0.2, 0.196])  # 2 % faster on two GPUs: noise, not scaling
+    assert max_parallelism(flat.beta, 8) == 2 and max_parallelism(flat.beta, 8, min_gain=0.05) == 1
+
+
+def test_fit_scaling_names_bad_measurements():
+    from gpu.schedulers.fluid import fit_scaling
+
+    with pytest.raises(ConfigError) as err:
+        fit_scaling([2, 3], [0.1, 0.1])
+    assert err.value.field == "widths"
+    with pytest.raises(ConfigError) as err:
+        fit_scaling([1, 2], [0.1, 0.0])
+    assert err.value.field == "iter_times"
