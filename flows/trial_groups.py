@@ -211,7 +211,8 @@ def _search(algorithm: str, trials: int, iterations: int, seed: int, space: dict
                                                      "beta": scaling.beta},
             "makespan_s": makespan, "group_makespans_s": executor.group_makespans,
             "calibration_s": cal.seconds, "profiling_s": profiler.seconds, "profiles": dict(profiler.profiles),
-            "trial_times": {tid: {"iter_time_s": session.trial(tid).iter_time_s,
+            "trial_times": {tid: {"config": dict(session.trial(tid).config),
+                                  "iter_time_s": session.trial(tid).iter_time_s,
                                   "h1_s": session.trial(tid).h1,
                                   "slice_s": sum(ch["slice_s"] for ch in placements.get(tid, []))}
                             for tid in scores},

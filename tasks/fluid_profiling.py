@@ -14,7 +14,7 @@ whole tuning session." Two measurements, both on the flow's real training loop (
   not drop, and ``d`` comes out 1: what a user of that pool would get.
 
 ``calibrate`` sets the session's ``c``/``alpha`` (packing curve, Eq. 3.1) and ``beta``/``d`` (scaling) before
-the first trial; ``TrialProfiler`` is the flow's ``TuningSession.profile``: it attaches the measured ``t1`` (and
+the first trial; ``TrialProfiler`` is the flow's ``TuningSession.profile``: it profiles a group's new shapes side by side and attaches the measured ``t1`` (and
 the session's ``alpha``/``beta``) to each trial before FLUID sees it, so StaticFluid weighs trials by
 ``budget * t1`` — their measured runtimes, not their budgets.
 """
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Sequence
 
 from prefect import task
 
@@ -110,15 +110,25 @@ class TrialProfiler:
     profiles: dict[str, dict[str, Any]] = field(default_factory=dict)  # "hidden=H batch=B" -> profile_trial's result
     seconds: float = 0.0  # wall time the flow waited for profiles
 
-    def __call__(self, trial: Trial) -> Trial:
-        shape = (int(trial.config["hidden"]), int(trial.config["batch_size"]))
-        key = f"hidden={shape[0]} batch={shape[1]}"
-        if key not in self.profiles:
+    def __call__(self, trials: Sequence[Trial]) -> list[Trial]:
+        """The group's trials with measured ``t1``: the shapes not yet profiled are measured side by side."""
+        keys = [self._key(t) for t in trials]
+        missing = {k: shape for k, shape in keys if k not in self.profiles}
+        if missing:
             t0 = time.monotonic()
-            with gpu_options(gpus=self.share, label=f"profile {key}"):
-                self.profiles[key] = profile_trial.submit(*shape, seed=self.seed).result()
+            futures = {}
+            for key, shape in missing.items():
+                with gpu_options(gpus=self.share, label=f"profile {key}"):
+                    futures[key] = profile_trial.submit(*shape, seed=self.seed)
+            self.profiles.update((key, future.result()) for key, future in futures.items())
             self.seconds += time.monotonic() - t0
-        return replace(trial, iter_time_s=self.profiles[key]["iter_s"], alpha=self.alpha, beta=self.beta)
+        return [replace(t, iter_time_s=self.profiles[key]["iter_s"], alpha=self.alpha, beta=self.beta)
+                for t, (key, _) in zip(trials, keys)]
+
+    @staticmethod
+    def _key(trial: Trial) -> tuple[str, tuple[int, int]]:
+        shape = (int(trial.config["hidden"]), int(trial.config["batch_size"]))
+        return f"hidden={shape[0]} batch={shape[1]}", shape
 
 
 @dataclass(frozen=True)

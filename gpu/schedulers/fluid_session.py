@@ -9,14 +9,14 @@ flow (or the simulator) owns the clock and the trial processes and calls:
   at each trial's next iteration boundary: checkpoint, relaunch on the new placement; ``step.stops``).
 
 ``now`` is the world's clock (the simulator's virtual time, the flow's wall clock since it started).
-``profile`` attaches measured ``iter_time_s``/``alpha``/``beta`` to each trial before FLUID sees it (§3.5:
+``profile`` (one call per TrialGroup, so a profiler can measure the group's trials side by side) attaches measured ``iter_time_s``/``alpha``/``beta`` to each trial before FLUID sees it (§3.5:
 "FLUID thus uses a small fraction of resources to profile current trials and reuse the result throughout the
 whole tuning session"); the flow's profiler is ``tasks.fluid_profiling``, the simulator's ``Workload.profile``.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Protocol
+from typing import Callable, Protocol, Sequence
 
 from gpu.schedulers.fluid import Trial, TrialGroup
 from gpu.schedulers.fluid_executor import Placement, Step
@@ -53,10 +53,10 @@ class TuningSession:
     """Couples a tuning algorithm (what to train) with an executor (how it runs)."""
 
     def __init__(self, algorithm: TuningAlgorithm, executor: Executor,
-                 profile: Callable[[Trial], Trial] | None = None):
+                 profile: Callable[[Sequence[Trial]], Sequence[Trial]] | None = None):
         self.algorithm = algorithm
         self.executor = executor
-        self.profile = profile or (lambda t: t)
+        self.profile = profile or (lambda trials: trials)
         self.trials: dict[str, Trial] = {}
         self.groups = 0
 
@@ -84,7 +84,7 @@ class TuningSession:
     def _pump(self, now: float) -> Step:
         step = Step()
         while (group := self.algorithm.suggest(self.executor.open_slots())) is not None:
-            group = TrialGroup(group.group_id, tuple(self.profile(t) for t in group.trials))
+            group = TrialGroup(group.group_id, tuple(self.profile(group.trials)))
             self.trials.update((t.trial_id, t) for t in group.trials)
             self.groups += 1
             step = step.then(self.executor.on_group(now, group))

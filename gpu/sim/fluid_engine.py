@@ -106,7 +106,8 @@ class _Simulation:
 def simulate(policy: str, algorithm: TuningAlgorithm, executor: Executor, workload: Workload, gpus: int,
              epsilon: float = 0.0) -> RunResult:
     """Run ``algorithm`` to completion under ``executor`` on ``gpus`` GPUs; return makespan and utilisation."""
-    sim = _Simulation(TuningSession(algorithm, executor, workload.profile), workload, epsilon)
+    session = TuningSession(algorithm, executor, lambda trials: [workload.profile(t) for t in trials])
+    sim = _Simulation(session, workload, epsilon)
     sim.apply(sim.session.start(sim.loop.now))
     sim.loop.run()
     if not sim.session.finished:
