@@ -14,9 +14,10 @@ whole tuning session." Two measurements, both on the flow's real training loop (
   not drop, and ``d`` comes out 1: what a user of that pool would get.
 
 ``calibrate`` sets the session's ``c``/``alpha`` (packing curve, Eq. 3.1) and ``beta``/``d`` (scaling) before
-the first trial; ``TrialProfiler`` is the flow's ``TuningSession.profile``: it profiles a group's new shapes side by side and attaches the measured ``t1`` (and
-the session's ``alpha``/``beta``) to each trial before FLUID sees it, so StaticFluid weighs trials by
-``budget * t1`` — their measured runtimes, not their budgets.
+the first trial; ``TrialProfiler`` is the flow's ``TuningSession.profile``: it profiles a group's new shapes side
+by side (each on a ``1/c`` slice) and attaches the measured ``t1`` (and the session's ``alpha``/``beta``) to
+each trial before FLUID sees it, so StaticFluid weighs trials by ``budget * t1`` — their measured runtimes, not
+their budgets.
 """
 
 from __future__ import annotations
