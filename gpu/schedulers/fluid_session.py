@@ -9,7 +9,8 @@ flow (or the simulator) owns the clock and the trial processes and calls:
   at each trial's next iteration boundary: checkpoint, relaunch on the new placement; ``step.stops``).
 
 ``now`` is the world's clock (the simulator's virtual time, the flow's wall clock since it started).
-``profile`` (one call per TrialGroup, so a profiler can measure the group's trials side by side) attaches measured ``iter_time_s``/``alpha``/``beta`` to each trial before FLUID sees it (§3.5:
+``profile`` (one call per TrialGroup, so a profiler can measure the group's trials side by side) attaches
+measured ``iter_time_s``/``alpha``/``beta`` to each trial before FLUID sees it (§3.5:
 "FLUID thus uses a small fraction of resources to profile current trials and reuse the result throughout the
 whole tuning session"); the flow's profiler is ``tasks.fluid_profiling``, the simulator's ``Workload.profile``.
 """

@@ -53,7 +53,7 @@ def test_wide_trials_are_capped_at_d():
 
 
 def test_width_floor_leaves_a_fraction_unallocated():
-    """w* = 1.9 gets one GPU; the rest is left for DynamicFluid (spec item 18)."""
+    """w* = 1.9 gets one GPU; the rest is left for DynamicFluid (Alg. 3.1's floor)."""
     plan = static_fluid([Trial("a", 19), Trial("b", 21)], 4, FluidParams(c=2, d=4))
     assert plan.width("a") == 1.0 and plan.width("b") == 2.0
 
@@ -113,8 +113,8 @@ def test_static_fluid_stays_under_theorem_2_bound_on_random_instances():
         assert makespan < theorem2_bound(trials, n, d)
 
 
-def test_fit_packing_curve_recovers_alpha_and_the_spec_c():
-    """alpha = 1.25 gives O^4 = 0.0625 > 0.05 and O^5 = 0 (spec II.1), so c = 4."""
+def test_fit_packing_curve_recovers_alpha_and_c():
+    """alpha = 1.25 gives O^4 = 0.0625 > 0.05 and O^5 = 0 (Eq. 3.1), so c = 4."""
     ps = np.arange(1, 9)
     throughputs = ps / (0.1 * 1.25 ** (ps - 1))
     curve = fit_packing_curve(ps, throughputs)
