@@ -613,11 +613,6 @@ class GpuTaskRunner(PlacingTaskRunner):
                 pool = ProcessPoolTaskRunner(self.workers_per_device_set, initializer=_init_worker,
                                              initargs=(visible, os.getpid(), ledger.path, ledger.owner.key))
                 pool.__enter__()
-                # Start every worker now, side by side: the executor spawns one per submission that finds
-                # none idle, so tasks sharing a device (FLUID's c packed trials) would otherwise start one
-                # process start-up after another, and on a busy machine never overlap.
-                for _ in range(self.workers_per_device_set):
-                    pool._executor.submit(os.getpid)
                 self._pools[visible] = pool
             return pool
 

@@ -122,3 +122,15 @@ def test_c_packed_trials_really_run_at_once_in_process_mode(prefect_server, tmp_
 
 def test_most_at_once_counts_overlaps():
     assert most_at_once([(0, 2), (1, 3), (2, 4)]) == 2 and most_at_once([(0, 5), (1, 3), (2, 4)]) == 3
+
+
+def test_the_runner_keeps_as_many_workers_per_device_as_fluid_may_pack(state_dir):
+    """c given: c workers; c derived: the largest level of the curve it will be fitted from."""
+    from flows.trial_groups import runner_settings
+    from gpu.schedulers.fluid import fit_packing_curve, save_packing_curve
+
+    pool = GpuPool(name="fluid-workers", device_backend="simulated", simulated="1x16GiB")
+    assert runner_settings({"pool": pool, "c": 3})["workers_per_device_set"] == 3
+    assert runner_settings({"pool": pool, "c": None})["workers_per_device_set"] == 4  # start-up curve: p = 1..4
+    save_packing_curve(fit_packing_curve(list(range(1, 9)), [100.0 * p ** 0.5 for p in range(1, 9)]), "cpu")
+    assert runner_settings({"pool": pool, "c": None})["workers_per_device_set"] == 8
