@@ -1,4 +1,4 @@
-"""Pool ledger under load (issue 14): many processes x threads on one SQLite ledger file.
+"""Pool ledger under load: many processes x threads on one SQLite ledger file.
 
 Each phase starts ``clients`` client threads (``--threads`` per spawned process, one ``PoolLedger`` per
 process, as a Prefect worker has) on a fresh ledger file over a two-node simulated pool with ephemeral

@@ -20,6 +20,8 @@ One run, synthetic paper-anchored profiles and the published TITAN X VGG profile
 5. Early vs lazy drop on one GPU (Fig. 9; ℓ(b) = αb + 50 − 25α ms, SLO 100 ms, batch 25).
 6. Query split DP vs even split (Fig. 17; SSD → Inception × γ), GPUs per request/s and simulated.
 7. Prefix batching (Fig. 15) and batch-policy decision time per request.
+8. GPU multiplexing (Fig. 14, ``benchmarks/nexus_multiplexing.py``): k Inception copies on one GPU, Nexus vs
+   Nexus-parallel vs TF-Serving-like vs Clipper-like, over k and over the SLO.
 
 Usage: ``python benchmarks/nexus.py [--quick] [--json OUT] [--plots DIR] [--seed N]``.
 """
@@ -44,8 +46,9 @@ from gpu.schedulers.nexus_query import Query, QueryStage, even_split, profile_th
 from gpu.sim.nexus import STRATEGIES, NexusScenario, evaluate, fewest_gpus, max_load
 from gpu.sim.nexus_engine import simulate_plan
 
-from benchmarks.nexus_cases import (GAME, GAME_RESNET_ONLY, TRAFFIC, game, game_row, game_summary, print_game,
-                                    print_traffic, traffic, traffic_summary)
+from benchmarks.nexus_cases import (GAME, GAME_RESNET_ONLY, TRAFFIC, drr_bursts, game, game_row, game_summary,
+                                    print_drr_bursts, print_game, print_traffic, traffic, traffic_summary)
+from benchmarks.nexus_multiplexing import multiplexing, multiplexing_summary, print_multiplexing
 from benchmarks.nexus_epochs import epoch_reaction, epochs_summary, print_epochs, save_plot
 
 GPUS = 8
@@ -55,7 +58,7 @@ COMPARED = ("nexus", "batch_oblivious", "batch_oblivious_fixed_batch", "batch_ob
 
 
 def mixes(seed: int, duration_s: float, quick: bool) -> dict[str, NexusScenario]:
-    """The 16-session workloads of Fig. 16 (spec §5): (a/b) one model with SLOs 50–200 ms, (c/d) Zipf-0.9
+    """The 16-session workloads of Fig. 16 (§7.4; docs/nexus.md): (a/b) one model with SLOs 50–200 ms, (c/d) Zipf-0.9
     rates at SLO 50 ms (the game case study's SLO, §7.3.1), (e) 8 architectures × SLOs {50, 100} ms.
 
     Synthetic paper-anchored profiles (``nexus_synthetic``) for ResNet-50/Inception and the small models,
@@ -275,12 +278,14 @@ def main(argv: list[str] | None = None) -> int:
     scs = mixes(args.seed, duration, args.quick)
     thr, worst = throughput_table(scs, iters)
     tr = traffic(duration, args.seed, iters)
+    bursts = drr_bursts(duration, args.seed)
     gm = game(duration / 5, args.seed, iters)  # ~100k requests/s at the limit: 1 s (quick) / 3 s simulations
     need = {name: gpus_needed(sc) for name, sc in scs.items()}
     drops = drop_policies([0.1, 0.5, 1.0, 1.5] if args.quick else [0.1, 0.25, 0.5, 1.0, 1.5, 1.9],
                           10.0 if args.quick else 30.0, args.seed, iters + 2)
     qa = query_split(args.quick, iters + 1, args.seed)
     pb = prefix_batching((1, 2, 4, 8, 12, 16), iters + 1, args.seed)
+    mux = multiplexing((1, 2, 3, 4, 5), (50.0, 100.0, 150.0, 200.0), duration, args.seed, iters + 1)
     ep = epoch_reaction(scs["zipf_rates"], args.seed)
     over = decision_overhead_us()
     smallest = min(p.latency(1) for p in published_profiles().values())
@@ -296,6 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     print("paper Fig. 16: squishy vs batch-oblivious +11% .. +64% (largest for Zipf rates); "
           "abstract: 1.8-12.7x vs Clipper / TF Serving (whole system)")
     print_traffic(tr)
+    print_drr_bursts(bursts)
     print_game(gm)
     print("\n== GPUs needed at base load (plan = Nexus's worst-case plan; measured = smallest cluster "
           "with <= 1% bad) ==")
@@ -324,6 +330,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{m:3d}{row['pb']:10.0f}{row['no_pb']:13.0f} {gain}{row['pb_memory_mb']:9.0f}"
               f"{row['no_pb_memory_mb']:11.0f}")
     print("paper Fig. 15: up to +110% throughput; 1-FC variants add negligible memory; without PB memory runs out")
+    print_multiplexing(mux)
     print("\n== Batch policy decision time ==")
     for k, v in over.items():
         print(f"{k}: {v:.2f} us/request = {v / 1000 / smallest:.2%} of the smallest batch-1 latency "
@@ -363,6 +370,8 @@ def main(argv: list[str] | None = None) -> int:
     for m, row in need.items():
         flat.update({f"{m}_gpus_{k}": float(v) for k, v in row.items()})
     flat.update(traffic_summary(tr))
+    flat.update({f"traffic_nonrush_batch_oblivious_{k}": v for k, v in bursts.items()})
+    flat.update(multiplexing_summary(mux))
     flat.update(game_summary(gm))
     flat.update(epochs_summary(ep))
     pairs = [f"{case}_speedup_vs_{base}" for case in ("traffic_nonrush", "traffic_rush", "game")

@@ -1,4 +1,4 @@
-"""Nexus epoch reaction for ``benchmarks/nexus.py`` (Fig. 13, §7.4; spec §8 item 10).
+"""Nexus epoch reaction for ``benchmarks/nexus.py`` (Fig. 13, §7.4).
 
 The Fig. 16 Zipf-rates mix at 60 % of its base rates, stepped up 1.5× at 45 s, re-planned by the epoch rules
 of the authors' code (30 s epochs, 1 s beacons, early trigger outside 0.8–1.1× of the allocated throughput,

@@ -247,7 +247,7 @@ def format_table(r: dict[str, Any]) -> str:
         lines.append(f"{theirs:<8} {r[count]:>5} {r[f'{theirs}_tasks_per_s']:>10.1f} {r[f'{ours}_tasks_per_s']:>7.1f} "
                      f"{r[f'{ours}_mlflow_tasks_per_s']:>9.1f} {ratios[0]:>6.2f} {ratios[1]:>7.2f} {ratios[2]:>16.2f} "
                      f"{ratios[3]:>7.2f}{flag}")
-    if "gpu_thread_mlflow_vs_thread_ratio" in r:  # the row issue 15 tracks: tracking's cost per task
+    if "gpu_thread_mlflow_vs_thread_ratio" in r:  # the headline row: tracking's cost per task
         lines.append(f"thread + MLflow vs ThreadPoolTaskRunner: {r['gpu_thread_mlflow_vs_thread_ratio']:.2f}x per task "
                      f"(task phase {r['gpu_thread_mlflow_vs_thread_task_phase_ratio']:.2f}x), target <= {TARGET_RATIO}")
     lines.append("tasks/s of the whole flow call; ratio = our time per task / Prefect's (target <= 1.5);"

@@ -1,4 +1,4 @@
-"""Dispatch overhead of the serving runtime vs the served models' batch-1 latency (issue 7: target ≤ 5 %).
+"""Dispatch overhead of the serving runtime vs the served models' batch-1 latency (target ≤ 5 %).
 
 Overhead per request = wall time the runtime spends on a request outside the model's forward pass:
 the frontend's ``submit`` (stamp, route, enqueue) plus the worker's busy time minus its forward passes

@@ -1,13 +1,15 @@
 """Nexus serving rollout: profile our torch models, plan with squishy bin packing, serve, re-plan each epoch.
 
-Issue #7. Steps (Nexus, Shen et al. SOSP'19 §5–§6): (1) profile every model of the spec like the Nexus
+Steps (Nexus, Shen et al. SOSP'19 §5–§6): (1) profile every model of the spec like the Nexus
 profiler, one placed task per model on a GPU slice of the pool (``GpuTaskRunner``); (2) split query SLOs
 (§6.2 DP) and plan with squishy bin packing (Algorithm 1); (3) roll the plan out — one worker thread per
 GPU node holding a lease for its duty share on the same pool ledger (``tasks/serving/runtime.py`` says why
 leases and not tasks); (4) drive the spec's rate trace with Poisson arrivals through the frontend; every
-beacon the measured rates go to the ``EpochPlanner``, whose new plans are rolled out incrementally;
-(5) log each epoch (plan, GPUs, throughput, SLO attainment, bad rate) as a nested MLflow run under the
-runner's flow run, with a time-series plot. ``backend="ray"`` (under ``GpuRayTaskRunner``) runs the
+beacon the measured rates go to the Nexus controller's ``on_epoch`` (``gpu.schedulers.nexus_controller``, the
+one the simulator drives; it also routes and chains the query stages), whose new plans are rolled out
+incrementally; (5) log each epoch (plan, GPUs, throughput, SLO attainment, bad rate) as a nested MLflow run under the
+runner's flow run (experiment ``gpuflows-nexus``), with a time-series plot; what could not be logged is
+named in the result's ``mlflow_errors``. ``backend="ray"`` (under ``GpuRayTaskRunner``) runs the
 profiling tasks on Ray and each GPU node's worker as a Ray actor leasing from the runner's ledger.
 
     python -m flows.serving_rollout --duration-s 20
@@ -22,14 +24,17 @@ import sys
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
+import numpy as np
 from prefect import flow, get_run_logger, task
 
-from gpu.batching import make_policy
+from gpu.batching import POLICIES, make_policy
 from gpu.errors import ConfigError, GpuflowsError
+from gpu.scenario import choose, positive
 from gpu.pool import pool_path
 from gpu.schedulers.nexus import Plan, SquishyPacker
+from gpu.schedulers.nexus_controller import NexusController
 from gpu.schedulers.nexus_epoch import EpochPlanner
 from gpu.schedulers.nexus_profiles import BatchProfile
 from gpuflows.args import error, output_file, simulated
@@ -39,6 +44,7 @@ from tasks.flow_runtime import (flow_runner, log_flow_inputs, log_flow_outcome, 
                                 tracking_target)
 from tasks.runners import GpuTaskRunner
 from tasks.charts import publish_pool_occupancy
+from tasks.tracking import flow_tracker
 from tasks.ui import FlowProgress, publish_table
 
 DEFAULT_SPEC = Path(__file__).resolve().parent.parent / "scenarios" / "serving" / "digits.yaml"
@@ -73,13 +79,35 @@ def _spec(spec: dict | str | None, duration_s: float | None, batch_policy: str |
 
     parsed = parse_spec(spec) if isinstance(spec, dict) else load_spec(str(spec or DEFAULT_SPEC))
     if duration_s is not None:
-        from gpu.scenario import positive
-
         parsed = replace(parsed, duration_s=positive(duration_s, "duration_s"))
     if batch_policy is not None:
-        make_policy(batch_policy)
-        parsed = replace(parsed, batch_policy=batch_policy)
+        parsed = replace(parsed, batch_policy=choose(batch_policy, "batch_policy", list(POLICIES)))
     return parsed
+
+
+ORLOJ_PROFILE_REQUESTS = 100  # test digits each model is timed alone on before ORLOJ serves it
+
+
+def _policy_factory(name: str, models: dict, profiles: dict, sessions: list, rows: Any) -> Callable[[], Any]:
+    """One batch policy per worker. ORLOJ also needs execution-time histograms (thesis §4.3.2): each model is
+    timed alone on sampled test digits, and a session's requests are its model's (the runtime queues each
+    session apart, hence ``mix="own_app"``). ``c0`` is the smallest intercept of the models' profiles (Eq. 4.3);
+    with one model, its measured profile also gives the batch growth (``PaddedBatchModel.from_profile``)."""
+    if name != "orloj":
+        return lambda: make_policy(name)
+    from gpu.batching import PaddedBatchModel
+    from tasks.serving.dynamic_models import alone_times
+
+    served = sorted({s.model for s in sessions})
+    by_model = {m: alone_times(models[m], {m: rows})[m] for m in served}
+    hists = {s.session_id: by_model[s.model] for s in sessions}
+    fits = [np.polyfit(profiles[m].batches, profiles[m].latency_ms, 1)[1] for m in served]
+    c0 = max(0.0, min(min(fits), min(h.edges[0] for h in by_model.values())))
+    if len(served) == 1 and c0 < profiles[served[0]].latency(1):
+        batch = PaddedBatchModel.from_profile(profiles[served[0]].latency, profiles[served[0]].max_batch, c0)
+    else:
+        batch = PaddedBatchModel(c0)
+    return lambda: make_policy("orloj", histograms=hists, model=batch, mix="own_app")
 
 
 def _plan_summary(plan: Plan) -> str:
@@ -108,13 +136,19 @@ def serving_rollout(spec: dict | str | None = None, duration_s: float | None = N
     Args:
         spec: a serving spec (mapping, or a YAML/JSON path; default ``scenarios/serving/digits.yaml``).
         duration_s: override the trace length (s).
-        batch_policy: override the workers' batch policy (``early_drop``, ``lazy_drop``, ``fixed_batch``).
+        batch_policy: override the workers' batch policy (``early_drop``, ``lazy_drop``, ``fixed_batch``, ``orloj``
+            — with each model's alone times profiled first — or the Clockwork-/Clipper-like
+            ``clockwork``/``clipper``); each worker gets its own instance.
         backend: ``local`` (worker threads in this process) or ``ray`` (a Ray actor per GPU node; run the
             flow under ``GpuRayTaskRunner``, whose ledger the actors' leases then share with Ray tasks).
         pool: GpuPool block whose ledger the workers lease from, a saved block's name, or None (pool "serving").
         mode: GpuTaskRunner mode of the profiling tasks ("process" or "thread").
         tracking: MlflowTarget block, the name of a saved one, False to switch MLflow off, None for experiment
-            "serving-rollout".
+            "gpuflows-nexus" (every Nexus run's experiment).
+
+    Returns:
+        The figures (``_summarise``: per epoch and over the run, queries, dispatch overhead), ``mlflow_run_id``
+        and ``mlflow_errors`` (what could not be logged to MLflow; empty when everything was).
     """
     from tasks.serving.loadgen import LoadGenerator
     from tasks.serving.models import load_digits_tensors, load_or_train
@@ -149,26 +183,30 @@ def serving_rollout(spec: dict | str | None = None, duration_s: float | None = N
     pool_gpus = sum(len(n.devices) for n in ledger.capacity)  # a surge is planned within the pool, not beyond it
     planner = EpochPlanner(SquishyPacker(profiles, sp.preset), sessions, sp.epoch, max_gpus=pool_gpus)
     chains = sp.chains()  # a query as a DAG (see tasks.serving.spec)
+    # the controller the simulator runs, here on the real clock: epochs, routing and chaining
+    controller = NexusController(planner, chains=chains, load_balancer=sp.load_balancer, rng=sp.seed, time_unit="ns")
     trace = sp.trace(sessions, issued=set(chains))
     data = load_digits_tensors(sp.seed)
-    marks = [EpochMark(0.0, planner.plan, True)]
+    marks = [EpochMark(0.0, controller.plan, True)]
     beacons: list[dict[str, float]] = []
-    with LocalServingRuntime(models, profiles, ledger, make_policy(sp.batch_policy), sp.preset,
-                             sp.load_balancer, sp.seed, backend=backend, chains=chains) as rt:
-        rt.apply(planner.plan)
+    factory = _policy_factory(sp.batch_policy, models, profiles, sessions,
+                              data.x_test[:ORLOJ_PROFILE_REQUESTS].numpy())
+    with LocalServingRuntime(models, profiles, ledger, None, sp.preset, seed=sp.seed, backend=backend,
+                             controller=controller, policy_factory=factory) as rt:
+        rt.apply(controller.plan)
         progress = FlowProgress("serving-rollout", sp.duration_s, f"serving {sp.name}", unit="s of trace").start()
 
         def on_beacon(t_s: float) -> None:
             progress.update(min(t_s, sp.duration_s), f"{rt.plan.num_gpus} GPU(s), epoch {len(planner.epochs)}")
             counts = rt.take_counts()
             if t_s < sp.duration_s:  # the trace's last beacon: nothing is left to serve on a new plan
-                before = len(planner.epochs)
-                new = planner.observe(t_s, {sid: c / sp.epoch.beacon_s for sid, c in counts.items()})
-                if new is not None:
-                    rt.apply(new)
-                if len(planner.epochs) > before:
-                    marks.append(EpochMark(t_s, planner.plan, new is not None))
-                if new is not None:
+                decision = controller.on_epoch(t_s, {sid: c / sp.epoch.beacon_s for sid, c in counts.items()})
+                if decision.replanned:
+                    rt.apply(decision.plan)
+                if decision.epoch:
+                    marks.append(EpochMark(t_s, decision.plan, decision.replanned))
+                if decision.replanned:
+                    new = decision.plan
                     get_run_logger().info("epoch at %.0f s: re-planned onto %d GPU(s), %.0f req/s unassigned: %s",
                                           t_s, new.num_gpus, sum(r for _, r in new.unassigned), _plan_summary(new))
             beacons.append({"t_s": t_s, "gpus": float(rt.plan.num_gpus), "gpu_share": rt.gpu_share})
@@ -184,11 +222,18 @@ def serving_rollout(spec: dict | str | None = None, duration_s: float | None = N
     publish_table("serving-rollout-epochs", [{k: e[k] for k in columns} for e in result["epochs"]],
                   f"Nexus epochs of {sp.name}: GPUs planned, load and SLO figures per epoch")
     publish_pool_occupancy(runner)
+    result["mlflow_run_id"], errors = parent, []
     if tracking.enabled:
-        result["mlflow_run_id"] = _log_mlflow(tracking, parent, sp, result, marks, beacons, profiles)
+        try:
+            result["mlflow_run_id"] = _log_mlflow(tracking, parent, sp, result, marks, beacons, profiles)
+        except Exception as exc:  # the figures are the result; a store that fails is named in it, not fatal
+            errors.append(f"the rollout's epochs and figures were not logged to MLflow: {exc!r}")
+            get_run_logger().error(errors[-1])
     log_flow_outcome({"goodput_rps": result["throughput_rps"] * (1.0 - result["bad_rate"]),
                       **{k: result[k] for k in ("throughput_rps", "offered_rps", "bad_rate", "slo_attainment",
                                                 "p99_latency_ms", "accuracy", "max_gpus", "replans") if k in result}})
+    tracker = flow_tracker()
+    result["mlflow_errors"] = errors + (tracker.flush() if tracker else [])
     return result
 
 
@@ -311,12 +356,12 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m flows.serving_rollout", description=__doc__.split("\n\n")[0])
     ap.add_argument("--spec", default=str(DEFAULT_SPEC), help="serving spec (YAML/JSON); default: %(default)s")
     ap.add_argument("--duration-s", type=float, default=None, help="override the trace length (default: the spec's)")
-    ap.add_argument("--batch-policy", default=None, help="early_drop (Nexus), lazy_drop or fixed_batch")
+    ap.add_argument("--batch-policy", default=None, help="early_drop (Nexus), lazy_drop, fixed_batch, orloj, clockwork or clipper")
     ap.add_argument("--pool", default="serving", help="GpuPool name whose ledger the workers lease from")
     ap.add_argument("--simulated", type=simulated, default="2x16GiB",
                     help="simulated devices when the machine has no GPU")
     ap.add_argument("--mode", choices=("process", "thread"), default="process", help="profiling task mode")
-    ap.add_argument("--experiment", default="serving-rollout", help="MLflow experiment")
+    ap.add_argument("--experiment", default=EXPERIMENT, help="MLflow experiment (default: %(default)s)")
     ap.add_argument("--no-tracking", action="store_true", help="do not log to MLflow")
     ap.add_argument("--json", type=output_file, default=None, help="write the result (figures per epoch) to this file")
     ap.add_argument("--backend", choices=("local", "ray"), default="local",

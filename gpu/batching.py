@@ -15,6 +15,9 @@ Implementations:
   then size the batch by the earliest request's remaining budget.
 * :class:`FixedBatchPolicy` — TF-Serving-style baseline: wait for the planned batch to fill (or until the
   head request must start), never drop.
+* ``orloj`` (``gpu.schedulers.orloj``) — ORLOJ's distribution-aware batching of dynamic DNNs, with its
+  Clockwork- and Clipper-like baselines (``gpu.schedulers.orloj_baselines``); these pick out of order or keep
+  state, and learn from executed batches through ``observe``.
 
 Every shipped policy decides over arrays (:class:`SpanPolicy`: the queue's deadline column → how many to
 drop from the head and how many to run next), which the real runtime calls on its ring buffers; its
@@ -84,13 +87,73 @@ class BatchDecision:
 
 @runtime_checkable
 class BatchPolicy(Protocol):
-    """Decides the next batch of one model's queue; the queue is ordered by deadline, earliest first."""
+    """Decides the next batch of one model's queue (earliest deadline first when every app has one SLO).
+
+    A policy may keep state (ORLOJ's histograms, a Clockwork-like plan, Clipper's AIMD batch size): each worker
+    then holds its own instance, built by a factory (``POLICIES[name]``), never one shared object. A policy
+    that learns from executed batches also defines ``observe(batch, started_ms, finished_ms)``; the worker and
+    the simulator call it after every batch (``observe_batch``).
+    """
 
     name: str
 
     def decide(self, queue: Sequence[Request], ctx: BatchContext) -> BatchDecision:
-        """Return the batch to run now and the requests to drop. Must not mutate ``queue``; idempotent."""
+        """Return the batch to run now and the requests to drop. Must not mutate ``queue``; a stateless policy is
+        idempotent, a stateful one may change its state only through ``observe``."""
         ...
+
+
+def observe_batch(policy: BatchPolicy, batch: Sequence[Request], started_ms: float, finished_ms: float) -> None:
+    """Tell ``policy`` how long a batch it chose really ran, if it listens (its optional ``observe`` hook)."""
+    observe = getattr(policy, "observe", None)
+    if observe is not None:
+        observe(batch, started_ms, finished_ms)
+
+
+@dataclass(frozen=True)
+class PaddedBatchModel:
+    """How long a batch of requests with known alone times runs: ORLOJ Eq. 4.3/4.4.
+
+    ``l_B = c0 + c1·k·max_r l_r``: requests are padded to the longest one, so a batch costs its slowest
+    request ``k`` times plus a fixed overhead ``c0``. A request's alone time is the batch of one,
+    ``a_r = c0 + c1·l_r``, so in alone times ``l_B = c0 + k·max_r (a_r − c0)`` and ``c1`` cancels: only ``c0``
+    is a parameter (the thesis leaves it to profiling; ``docs/orloj.md`` says how the simulator picks it).
+
+    ``growth`` replaces the factor ``k`` by a measured one, ``g(k)`` for k = 1, 2, … (``g(1) = 1``), for hardware
+    on which a batch's cost grows sublinearly in its size (a GPU, or a tiny model on a CPU): see
+    :meth:`from_profile`. Times in ms.
+    """
+
+    c0: float = 0.0
+    growth: tuple[float, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not (np.isfinite(self.c0) and self.c0 >= 0):
+            raise ConfigError("c0", self.c0, "need a finite batch overhead >= 0 ms")
+        g = np.asarray(self.growth, float)
+        if g.size and not (np.all(np.isfinite(g)) and g[0] == 1.0 and np.all(np.diff(g) >= 0)):
+            raise ConfigError("growth", self.growth, "need g(1) = 1 and a finite, nondecreasing g(k)")
+
+    @classmethod
+    def from_profile(cls, latency_ms: Callable[[int], float], max_batch: int, c0: float) -> "PaddedBatchModel":
+        """Fit ``g(k) = (ℓ(k) − c0) / (ℓ(1) − c0)`` from a measured profile ℓ(k) of padded batches."""
+        base = latency_ms(1) - c0
+        if not base > 0:
+            raise ConfigError("c0", c0, f"must be below the batch-of-one latency {latency_ms(1):.4g} ms")
+        g = np.maximum.accumulate([max(1.0, (latency_ms(k) - c0) / base) for k in range(1, max_batch + 1)])
+        g[0] = 1.0
+        return cls(c0, tuple(float(v) for v in g))
+
+    def factor(self, k: int) -> float:
+        """How many alone-time works a batch of ``k`` costs: ``k`` (Eq. 4.3) or the measured ``g(k)``."""
+        if not self.growth:
+            return float(k)
+        return self.growth[k - 1] if k <= len(self.growth) else self.growth[-1] * k / len(self.growth)
+
+    def batch_ms(self, alone_ms: Sequence[float] | np.ndarray) -> float:
+        """Execution time of one batch whose requests alone take ``alone_ms`` (Eq. 4.3 with Eq. 4.4)."""
+        alone = np.asarray(alone_ms, float)
+        return self.c0 + self.factor(len(alone)) * max(0.0, float(alone.max()) - self.c0)
 
 
 Span = tuple[int, int, "float | int | None"]
@@ -222,15 +285,37 @@ class FixedBatchPolicy(_SpanAdapter):
         return 0, min(b, n), None
 
 
-POLICIES: dict[str, Callable[[], BatchPolicy]] = {
+def _orloj(**params) -> BatchPolicy:
+    from gpu.schedulers.orloj import OrlojPolicy
+
+    return OrlojPolicy(**params)
+
+
+def _clockwork(**params) -> BatchPolicy:
+    from gpu.schedulers.orloj_baselines import ClockworkLike
+
+    return ClockworkLike(**params)
+
+
+def _clipper(**params) -> BatchPolicy:
+    from gpu.schedulers.orloj_baselines import ClipperLike
+
+    return ClipperLike(**params)
+
+
+POLICIES: dict[str, Callable[..., BatchPolicy]] = {
     "early_drop": EarlyDropPolicy,
     "lazy_drop": LazyDropPolicy,
     "fixed_batch": FixedBatchPolicy,
+    "orloj": _orloj,  # needs ``histograms=`` (per-application alone times), see gpu.schedulers.orloj
+    "clockwork": _clockwork,
+    "clipper": _clipper,
 }
+"""Batch policy factories by name: each call builds a new instance, so every worker owns its policy's state."""
 
 
-def make_policy(name: str) -> BatchPolicy:
-    """A batch policy by registry name (ConfigError naming ``batch_policy`` when unknown)."""
+def make_policy(name: str, **params) -> BatchPolicy:
+    """A new batch policy by registry name (ConfigError naming ``batch_policy`` when unknown)."""
     if name not in POLICIES:
         raise ConfigError("batch_policy", name, f"unknown; choose one of {sorted(POLICIES)}")
-    return POLICIES[name]()
+    return POLICIES[name](**params)

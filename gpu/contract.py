@@ -35,6 +35,7 @@ HOOKS: dict[str, str] = {
     "on_trial_done": "a trial finished (FLUID §3.3.3)",
     "on_arrival": "a job or query arrives",
     "on_iteration": "a job reached an iteration boundary",
+    "on_wake": "a wake-up time the controller asked for has come (a batch policy waiting to fill a batch)",
 }
 """The hook vocabulary. A new system adds a hook here, with the event that triggers it."""
 
@@ -67,9 +68,15 @@ def contract_violations(controller: Any) -> list[str]:
     """What makes ``controller`` break the contract (empty when it follows it).
 
     Checked: it is a ``Controller``; each listed hook is in ``HOOKS`` and is a method whose first
-    parameter is ``now``.
+    parameter is ``now``. A class is checked the same way when it declares ``system`` and ``hooks``
+    as class attributes (the registry checks controllers without building one).
     """
-    if not isinstance(controller, Controller):
+    is_class = isinstance(controller, type)
+    if is_class:
+        missing = [a for a in ("system", "hooks") if not hasattr(controller, a)]
+        if missing:
+            return [f"{controller.__name__} lacks class attributes {missing}"]
+    elif not isinstance(controller, Controller):
         return [f"{type(controller).__name__} lacks system/policy/hooks"]
     problems = []
     for hook in controller.hooks:
@@ -80,7 +87,7 @@ def contract_violations(controller: Any) -> list[str]:
         if not callable(method):
             problems.append(f"hook {hook!r} is listed but not a method")
             continue
-        params = list(inspect.signature(method).parameters)
+        params = list(inspect.signature(method).parameters)[1 if is_class else 0:]
         if not params or params[0] != "now":
             problems.append(f"hook {hook!r} must take `now` first, takes {params[:3]}")
     return problems

@@ -79,6 +79,15 @@ def parse_simulated(spec: str, node: str | None = None, cpus: float | None = Non
     return Node(name, devices, float(cpus if cpus is not None else os.cpu_count() or 1))
 
 
+def simulated_nodes(spec: str, nodes: int, cpus: float | None = None, prefix: str = "node") -> PoolSpec:
+    """A pool of ``nodes`` simulated nodes ``<prefix>0 .. <prefix>N-1``, each with ``spec``'s devices
+    (e.g. ``simulated_nodes("4x16GiB", 3)``): multi-node placement (affinity, anti-affinity, gangs
+    across nodes) tried on one machine."""
+    if isinstance(nodes, bool) or not isinstance(nodes, int) or not 1 <= nodes <= MAX_SIMULATED:
+        raise ConfigError("nodes", nodes, f"must be a whole number of nodes from 1 to {MAX_SIMULATED}")
+    return PoolSpec(tuple(parse_simulated(spec, f"{prefix}{i}", cpus) for i in range(nodes)))
+
+
 def nvml_devices() -> tuple[Device, ...]:
     """The GPUs NVML reports; empty when there is no driver or no GPU."""
     try:

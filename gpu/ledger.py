@@ -33,11 +33,12 @@ import sqlite3
 import threading
 import time
 import uuid
-from contextlib import contextmanager
+import weakref
+from contextlib import closing, contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
-from gpu.devices import PoolSpec
+from gpu.devices import Device, Node, PoolSpec
 from gpu.errors import AllocationTimeout, ConfigError, LeaseLost, LedgerBusy, LedgerError, LedgerReplaced
 from gpu.ledger_file import LOCK_TIMEOUT_S, LedgerFile, describe_error
 from gpu.liveness import HOST, Owner, process_alive, process_start, process_state
@@ -46,7 +47,7 @@ from gpu.placement import (
     Choice, DeviceState, FifoBestFit, NodeState, PlacementPolicy, Request, Waiting, apply_choice,
     awaits_missing_resource, check_ever_fits, plan_grants,
 )
-from gpu.scenario import positive
+from gpu.scenario import number, positive
 from gpu.units import format_memory
 
 log = logging.getLogger("gpuflows.ledger")
@@ -66,12 +67,28 @@ CREATE TABLE IF NOT EXISTS events (
   id INTEGER PRIMARY KEY AUTOINCREMENT, t REAL, kind TEXT, lease_id TEXT, label TEXT,
   node TEXT, devices TEXT, fraction REAL, memory INTEGER, reason TEXT, holder TEXT);
 """
-_ADDED_COLUMNS = {"leases": ("generation INTEGER", "ticket INTEGER"), "events": ("reason TEXT", "holder TEXT")}
+_ADDED_COLUMNS = {"leases": ("generation INTEGER", "ticket INTEGER", "backed_by TEXT"),
+                  "events": ("reason TEXT", "holder TEXT"), "resources": ("lease TEXT",)}
 _KEEP_EVENTS = 20_000
 _PLAN_BATCH = 16
+_Finish = Callable[[sqlite3.Connection], Any]
+
+
+@dataclass(eq=False)
+class _Shared:
+    """One thread's piece of a shared write transaction (``PoolLedger._shared_tx``)."""
+
+    work: Callable[[sqlite3.Connection], _Finish]
+    done: threading.Event = field(default_factory=threading.Event)
+    result: Any = None
+    error: BaseException | None = None
 _LEASE_COLS = "id, node, devices, fraction, memory, cpus, resources, label, granted_at, generation"
 _EVENT_COLS = "t, kind, lease_id, label, node, devices, fraction, memory, holder, reason"
 _EVENT_LEASE = "id, label, node, devices, fraction, memory, owner"  # a lease row as events record it
+
+
+_OPEN: "weakref.WeakValueDictionary[str, PoolLedger]" = weakref.WeakValueDictionary()
+"""Ledgers open in this process by ``pool_id``: a task in thread mode reaches its runner's ledger."""
 
 
 def _create_schema(db: sqlite3.Connection) -> None:
@@ -86,6 +103,8 @@ def _create_schema(db: sqlite3.Connection) -> None:
                 db.execute(f"ALTER TABLE {table} ADD COLUMN {column}")
     db.execute("CREATE INDEX IF NOT EXISTS leases_by_ticket ON leases(ticket)")
     db.execute("CREATE INDEX IF NOT EXISTS leases_by_owner ON leases(owner)")
+    db.execute("CREATE INDEX IF NOT EXISTS resources_by_name ON resources(name)")
+    db.execute("CREATE INDEX IF NOT EXISTS resources_by_lease ON resources(lease)")
 
 
 @functools.lru_cache(maxsize=8192)
@@ -99,7 +118,9 @@ class Placement:
     """A granted slice: what the task may use and how to point CUDA at it.
 
     ``generation`` is the lease's fencing token: it grows with every grant of the pool, so work
-    stamped with it can be told apart from work of a later holder of the same slice.
+    stamped with it can be told apart from work of a later holder of the same slice. ``pool`` names
+    the ledger that granted it (``PoolLedger.pool_id``), so a task can reach its own pool: ESCHER's
+    ``set_resource(name, capacity, None)`` means "on the caller's node" (ESCHER Listing 1).
     """
 
     lease_id: str
@@ -113,6 +134,7 @@ class Placement:
     simulated: bool = True
     granted_at: float = 0.0
     generation: int = 0
+    pool: str = ""
 
     @property
     def cuda_visible_devices(self) -> str:
@@ -181,6 +203,34 @@ class LedgerClient:
     def close(self) -> None:
         """Stop the client's background work (leases stay until released or reclaimed)."""
 
+    # -- ephemeral resources (ESCHER §4.3): what an ESCHER Scheduling Library needs of any ledger --
+    def set_resource(self, name: str, capacity: float, node: str | None = None) -> None:
+        """Create or resize resource ``name`` on ``node`` (None: every node); capacity 0 deletes it."""
+        raise NotImplementedError
+
+    def adjust_resource(self, name: str, delta: float, node: str | None = None) -> dict[str, float]:
+        """Add ``delta`` to ``name``'s capacity in one transaction (ESCHER §4.5's delta log: two
+        monitors growing the same resource never lose an update); the new capacity per node."""
+        raise NotImplementedError
+
+    def lease_resource(self, lease_id: str, name: str, capacity: float) -> None:
+        """Create ``name`` on lease ``lease_id``'s node, backed by the lease: grants for it that ask for no
+        GPU run on the lease's devices; it is deleted with the lease (a GPU ghost, ESCHER P4)."""
+        raise NotImplementedError
+
+    def cluster_status(self) -> dict[str, dict[str, tuple[float, float]]]:
+        """node -> resource -> (capacity, available), physical ``CPU``/``GPU`` included (ESCHER's
+        ``get_cluster_status``); every node of the pool is listed, with or without resources."""
+        raise NotImplementedError
+
+    def free_state(self) -> list[NodeState]:
+        """What is free on every node now."""
+        raise NotImplementedError
+
+    def delete_resource(self, name: str, node: str | None = None) -> None:
+        """``set_resource(name, 0, node)``."""
+        self.set_resource(name, 0, node)
+
     def submit_and_try(self, request: Request, priority: float = 0.0) -> tuple[int, Placement | None]:
         """``submit`` then a first ``try_grant``; ledgers override it to do both in one step."""
         ticket = self.submit(request, priority)
@@ -244,9 +294,14 @@ class PoolLedger(LedgerClient):
         self.owner = Owner.this_process()
         self._file = LedgerFile(os.path.abspath(path)) if path else None
         self.path = self._file.path if self._file else ":memory:"
+        self.pool_id = str(self.path) if self._file else f"memory:{uuid.uuid4().hex}"
+        _OPEN[self.pool_id] = self
         self._lock = threading.RLock()          # the in-memory connection; waiters' bookkeeping
         self._cv = threading.Condition(self._lock)
         self._idle: list[sqlite3.Connection] = []  # a file's connections not in use right now
+        self._writer = threading.Lock()           # one write transaction per process at a time (_writing)
+        self._pending_lock = threading.Lock()
+        self._pending: list[_Shared] = []         # work queued for the next shared transaction
         self._granted_to = threading.local()      # owners a transaction granted to, rung after commit
         if self._file:
             self._idle.append(self._file.open(_create_schema))
@@ -295,15 +350,17 @@ class PoolLedger(LedgerClient):
                 self._idle.append(db)
 
     @contextmanager
-    def _tx(self, action: str, busy: float | None = None) -> Iterator[sqlite3.Connection]:
+    def _tx(self, action: str, busy: float | None = None, turn_held: bool = False) -> Iterator[sqlite3.Connection]:
         """One write transaction; SQLite failures become LedgerErrors naming the file and ``action``.
 
         It waits for another process's write lock at most ``lock_timeout`` seconds, or ``busy`` when that
-        is shorter (then LedgerBusy).
+        is shorter (then LedgerBusy). ``turn_held``: the caller already holds this process's write turn.
         Owners granted something in the transaction are rung once it committed.
         """
-        with self._conn() as db:
-            self._begin(db, action, min(self.lock_timeout, busy or self.lock_timeout))
+        patience = min(self.lock_timeout, busy or self.lock_timeout)
+        deadline = time.monotonic() + patience
+        with self._conn() as db, (nullcontext() if turn_held else self._writing(action, patience)):
+            self._begin(db, action, max(0.0, deadline - time.monotonic()))
             self._granted_to.owners = granted = set()
             try:
                 if self._file:
@@ -318,6 +375,86 @@ class PoolLedger(LedgerClient):
                 raise
         if granted:
             self._ring(granted)
+
+    @contextmanager
+    def _writing(self, action: str, patience: float) -> Iterator[None]:
+        """This process's turn to write: one thread at a time asks SQLite for the write lock.
+
+        Threads of one process queue on a mutex (woken at once when it frees) instead of all polling
+        SQLite's lock with back-off sleeps: with 16 task threads the polling cost ~20 ms a transaction.
+        The in-memory ledger is already serialised by ``_conn``.
+        """
+        if self._file is None:
+            yield
+            return
+        if not self._writer.acquire(timeout=patience):
+            raise LedgerBusy(f"pool ledger {self.path}: could not {action}: this process's other threads held "
+                             f"its write turn for longer than {patience:g} s; nothing was changed")
+        try:
+            yield
+        finally:
+            self._writer.release()
+
+    def _shared_tx(self, action: str, busy: float | None, work: Callable[[sqlite3.Connection], _Finish]) -> Any:
+        """Run ``work`` in a write transaction shared with what this process's other threads queued
+        meanwhile (group commit), then plan the queue once for all of them.
+
+        ``work(db)`` makes its changes and returns ``finish(db)``, called after the plan, whose result
+        ``_shared_tx`` returns. Whichever thread gets the write turn runs every queued piece in one
+        transaction; the others find theirs done. Under load a grant or release then costs a share of
+        one transaction instead of a transaction each: every SQLite call gives up the GIL, and with
+        many task threads each handback can wait out Python's 5 ms switch interval. A failed
+        transaction fails every piece in it (nothing of any of them was written).
+        """
+        if self._file is None:
+            with self._tx(action, busy) as db:
+                finish = work(db)
+                self._plan(db)
+                return finish(db)
+        mine = _Shared(work)
+        with self._pending_lock:
+            self._pending.append(mine)
+        patience = min(self.lock_timeout, busy or self.lock_timeout)
+        deadline = time.monotonic() + patience
+        if self._writer.acquire(timeout=patience):
+            try:
+                if not mine.done.is_set():
+                    with self._pending_lock:
+                        batch, self._pending = self._pending, []
+                    self._run_shared(action, max(0.0, deadline - time.monotonic()), batch)
+            finally:
+                self._writer.release()
+        else:
+            with self._pending_lock:
+                queued = mine in self._pending
+                if queued:
+                    self._pending.remove(mine)
+            if queued:
+                raise LedgerBusy(f"pool ledger {self.path}: could not {action}: this process's other threads "
+                                 f"held its write turn for longer than {patience:g} s; nothing was changed")
+            mine.done.wait()  # another thread's transaction has it: its outcome is ours
+        if mine.error is not None:
+            raise mine.error
+        return mine.result
+
+    def _run_shared(self, action: str, patience: float, batch: list[_Shared]) -> None:
+        try:
+            with self._tx(action, patience or None, turn_held=True) as db:
+                finishes = [piece.work(db) for piece in batch]
+                self._plan(db)
+                for piece, finish in zip(batch, finishes):
+                    piece.result = finish(db)
+        except Exception as exc:
+            for piece in batch:
+                piece.error = exc
+        except BaseException as exc:  # an interrupt of this thread: the others' work was not written
+            for piece in batch:
+                piece.error = exc if piece is batch[-1] else LedgerError(
+                    f"pool ledger {self.path}: could not {action}: the shared transaction was interrupted ({exc!r})")
+            raise
+        finally:
+            for piece in batch:
+                piece.done.set()
 
     def _begin(self, db: sqlite3.Connection, action: str, patience: float) -> None:
         """Take the write lock, waiting for another process's at most ``patience`` seconds.
@@ -395,7 +532,7 @@ class PoolLedger(LedgerClient):
 
     def _placement(self, row) -> Placement:
         return Placement(row[0], row[1], tuple(json.loads(row[2])), row[3], row[4], row[5], json.loads(row[6]),
-                         row[7], self.spec.simulated, row[8], row[9] or 0)
+                         row[7], self.spec.simulated, row[8], row[9] or 0, self.pool_id)
 
     def _event(self, db: sqlite3.Connection, kind: str, lease_row, reason: str = "") -> None:
         """Log ``kind`` for a lease row (``_EVENT_LEASE``: id, label, node, devices, fraction, memory, holder)."""
@@ -405,23 +542,34 @@ class PoolLedger(LedgerClient):
             db.execute("DELETE FROM events WHERE id <= ?", (cur.lastrowid - _KEEP_EVENTS,))
 
     # -- the state of the pool ----------------------------------------------------------------
-    def _free_state(self, db: sqlite3.Connection) -> list[NodeState]:
+    def _free_state(self, db: sqlite3.Connection, names: set[str] | None = None) -> list[NodeState]:
+        """What is free per node; with ``names``, only those ephemeral resources (a grant reads the rows
+        its requests name, not every resource of the pool: ESCHER Fig. 4.8b/c, scheduling cost that does
+        not grow with the resources present)."""
         used_c: dict[tuple[str, int], float] = {}
         used_m: dict[tuple[str, int], int] = {}
         used_cpu: dict[str, float] = {}
         used_res: dict[tuple[str, str], float] = {}
         # Summed per distinct (node, devices, resources) in SQLite: Python sees a few groups, not every lease.
-        for node, devices, res, fraction, memory, cpus, count in db.execute(
-                "SELECT node, devices, resources, SUM(fraction), SUM(memory), SUM(cpus), COUNT(*) FROM leases "
-                "GROUP BY node, devices, resources"):
-            for i in json.loads(devices):
+        # A lease on a ghost's devices (``backed_by``) uses the ghost's share: its devices are not counted twice.
+        for node, devices, res, fraction, memory, cpus, count, backed in db.execute(
+                "SELECT node, devices, resources, SUM(fraction), SUM(memory), SUM(cpus), COUNT(*), "
+                "backed_by IS NOT NULL AS backed FROM leases GROUP BY node, devices, resources, backed"):
+            for i in [] if backed else json.loads(devices):
                 used_c[(node, i)] = used_c.get((node, i), 0.0) + fraction
                 used_m[(node, i)] = used_m.get((node, i), 0) + memory
             used_cpu[node] = used_cpu.get(node, 0.0) + cpus
             for k, v in json.loads(res).items():
                 used_res[(node, k)] = used_res.get((node, k), 0.0) + v * count
         caps: dict[str, dict[str, float]] = {}
-        for node, name, cap in db.execute("SELECT node, name, capacity FROM resources"):
+        if names is None:
+            rows = db.execute("SELECT node, name, capacity FROM resources")
+        else:
+            wanted = sorted(names)
+            rows = [r for i in range(0, len(wanted), 500) for r in db.execute(
+                f"SELECT node, name, capacity FROM resources WHERE name IN ({','.join('?' * len(wanted[i:i + 500]))})",
+                wanted[i:i + 500])]
+        for node, name, cap in rows:
             caps.setdefault(node, {})[name] = cap
         out = []
         for n in self._capacity:
@@ -450,7 +598,7 @@ class PoolLedger(LedgerClient):
         for rows in batches:
             if not rows:
                 break
-            nodes = nodes if nodes is not None else self._free_state(db)
+            nodes = nodes if nodes is not None else self._free_state(db, self._requested_names(db))
             waiting = [Waiting(r[0], _parse_request(r[1]), r[2]) for r in rows]
             grants = plan_grants(self.policy, waiting, nodes)
             for w, r in zip(waiting, rows):
@@ -465,6 +613,11 @@ class PoolLedger(LedgerClient):
         if chosen:
             self._grant(db, chosen)
 
+    @staticmethod
+    def _requested_names(db: sqlite3.Connection) -> set[str]:
+        """The ephemeral resources any waiting ticket asks for (all a plan can need to read)."""
+        return {k for (text,) in db.execute("SELECT DISTINCT request FROM tickets") for k in _parse_request(text).resources}
+
     def _grant(self, db: sqlite3.Connection, chosen: list[tuple[Waiting, Choice, str]]) -> None:
         """Turn planned tickets into leases of their owners, each with the next fencing generation."""
         row = db.execute("SELECT value FROM meta WHERE key='generation'").fetchone()
@@ -473,14 +626,34 @@ class PoolLedger(LedgerClient):
         for w, choice, owner in chosen:
             generation += 1
             ticket = db.execute("SELECT owner, host, pid, pstart FROM tickets WHERE id=?", (w.ticket,)).fetchone()
-            lease = (uuid.uuid4().hex, *ticket, w.request.label, choice.node, json.dumps(list(choice.devices)),
-                     choice.fraction, choice.memory, w.request.cpus, json.dumps(dict(w.request.resources)), now,
-                     now + self.lease_ttl, generation, w.ticket)
-            db.execute("INSERT INTO leases VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", lease)
+            backer = self._backer(db, w.request, choice.node)
+            devices, fraction, memory = backer[1:] if backer else (json.dumps(list(choice.devices)), choice.fraction,
+                                                                   choice.memory)
+            lease = (uuid.uuid4().hex, *ticket, w.request.label, choice.node, devices, fraction, memory,
+                     w.request.cpus, json.dumps(dict(w.request.resources)), now, now + self.lease_ttl, generation,
+                     w.ticket, backer[0] if backer else None)
+            db.execute("INSERT INTO leases VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", lease)
             db.execute("DELETE FROM tickets WHERE id=?", (w.ticket,))
             self._granted_to.owners.add(owner)
             self._event(db, "allocate", (lease[0], lease[5], lease[6], lease[7], lease[8], lease[9], lease[1]))
         db.execute("INSERT OR REPLACE INTO meta VALUES ('generation', ?)", (str(generation),))
+
+    @staticmethod
+    def _backer(db: sqlite3.Connection, request: Request, node: str) -> tuple | None:
+        """The ghost lease (id, devices, fraction, memory) behind a lease-backed resource ``request`` names
+        on ``node``, for a request of no GPU of its own: its grant runs on the ghost's devices."""
+        if request.uses_gpu or not request.resources:
+            return None
+        names = sorted(request.resources)
+        return db.execute(
+            "SELECT l.id, l.devices, l.fraction, l.memory FROM resources r JOIN leases l ON l.id = r.lease "
+            f"WHERE r.node=? AND r.name IN ({','.join('?' * len(names))}) LIMIT 1", (node, *names)).fetchone()
+
+    @staticmethod
+    def _delete_lease(db: sqlite3.Connection, lease_id: str) -> None:
+        """Drop a lease, and the resources it backs with it."""
+        db.execute("DELETE FROM leases WHERE id=?", (lease_id,))
+        db.execute("DELETE FROM resources WHERE lease=?", (lease_id,))
 
     def _granted(self, db: sqlite3.Connection, ticket: int) -> Placement | None:
         row = db.execute(f"SELECT {_LEASE_COLS} FROM leases WHERE ticket=?", (ticket,)).fetchone()
@@ -518,7 +691,7 @@ class PoolLedger(LedgerClient):
         for owner, reason in dead.items():
             for r in db.execute(f"SELECT {_EVENT_LEASE} FROM leases WHERE owner=?",
                                 (owner,)).fetchall():
-                db.execute("DELETE FROM leases WHERE id=?", (r[0],))
+                self._delete_lease(db, r[0])
                 self._event(db, "reclaim", r, reason)
                 freed += 1
             db.execute("DELETE FROM tickets WHERE owner=?", (owner,))
@@ -549,13 +722,43 @@ class PoolLedger(LedgerClient):
         """Queue ``request`` and plan the queue in one transaction (most requests fit at once)."""
         self._check(request)
         self._start_threads()
-        with self._tx("queue a request", busy) as db:
+        def work(db: sqlite3.Connection) -> _Finish:
             ticket = self._insert_ticket(db, request, priority, owner)
-            self._plan(db)
-            placement = self._granted(db, ticket)
-            if placement is None and self._reclaim(db):
+
+            def finish(db: sqlite3.Connection) -> tuple[int, Placement | None]:
                 placement = self._granted(db, ticket)
+                if placement is None and self._reclaim(db):
+                    placement = self._granted(db, ticket)
+                return ticket, placement
+            return finish
+
+        ticket, placement = self._shared_tx("queue a request", busy, work)
         return ticket, placement if owner else self._hold(placement)
+
+    def grant_all(self, requests: Sequence[Request], owner: Owner | None = None) -> list[Placement] | None:
+        """Grant every one of ``requests`` in one transaction, or none of them (None): an all-or-none gang
+        grant, the analogue of ESCHER's FrameSpace gang scheduling (§4.4e) and of a Ray placement group.
+        It does not queue: the caller retries when the pool changes. Requests already waiting keep their
+        order among themselves; a gang that fits now may go before them, as a backfilled request would."""
+        if not requests:
+            raise ConfigError("requests", requests, "a gang of 0 requests has nothing to grant")
+        for request in requests:
+            self._check(request)
+        self._start_threads()
+        with self._tx("grant a gang") as db:
+            nodes = self._free_state(db, {k for r in requests for k in r.resources})
+            choices = []
+            for request in requests:
+                choice = self.policy.choose(request, nodes)
+                if choice is None:
+                    return None
+                choices.append(choice)
+                nodes = apply_choice(nodes, request, choice)
+            key = (owner or self.owner).key
+            tickets = [self._insert_ticket(db, r, 0.0, owner) for r in requests]
+            self._grant(db, [(Waiting(t, r), c, key) for t, r, c in zip(tickets, requests, choices)])
+            placements = [self._granted(db, t) for t in tickets]
+        return placements if owner else [self._hold(p) for p in placements]
 
     def try_grant(self, ticket: int, owner: Owner | None = None) -> Placement | None:
         """The lease ``ticket`` was granted, or None while it waits (looking for dead holders if due)."""
@@ -613,7 +816,7 @@ class PoolLedger(LedgerClient):
             row = db.execute(f"SELECT {_EVENT_LEASE} FROM leases WHERE ticket=?",
                              (ticket,)).fetchone()
             if row is not None and row[0] not in self._held:
-                db.execute("DELETE FROM leases WHERE id=?", (row[0],))
+                self._delete_lease(db, row[0])
                 self._event(db, "release", row, "request withdrawn")
             self._plan(db)
 
@@ -621,19 +824,20 @@ class PoolLedger(LedgerClient):
         """Return a lease's slice to the pool; False if it was no longer held (reclaimed or released)."""
         held = self._held.pop(lease_id, None)
         try:
-            with self._tx("release a lease") as db:
-                row = db.execute(f"SELECT {_EVENT_LEASE} FROM leases WHERE id=?",
-                                 (lease_id,)).fetchone()
+            def work(db: sqlite3.Connection) -> _Finish:
+                row = db.execute(f"SELECT {_EVENT_LEASE} FROM leases WHERE id=?", (lease_id,)).fetchone()
                 if row is not None:
-                    db.execute("DELETE FROM leases WHERE id=?", (lease_id,))
+                    self._delete_lease(db, lease_id)
                     self._event(db, "release", row)
-                    self._plan(db)
+                return lambda db: row is not None
+
+            released = self._shared_tx("release a lease", None, work)
         except BaseException:
             if held is not None:
                 self._held[lease_id] = held  # still ours: the caller may retry
             raise
         self._watchers.pop(lease_id, None)
-        return row is not None
+        return released
 
     def heartbeat(self, owner: Owner | None = None) -> set[str]:
         """Extend the expiry of everything ``owner`` holds or waits for; the lease ids it still holds."""
@@ -764,32 +968,64 @@ class PoolLedger(LedgerClient):
                     self._outcomes[ticket] = outcome
             self._cv.notify_all()
 
-    # -- ephemeral resources (ESCHER §2) ------------------------------------------------------
+    # -- ephemeral resources (ESCHER §4.3) ----------------------------------------------------
+    def _resource_nodes(self, name: str, node: str | None) -> list[str]:
+        if not isinstance(name, str) or not name:
+            raise ConfigError("resource name", name, "must be a non-empty string")
+        names = [n.name for n in self._capacity]
+        if node is not None and node not in names:
+            raise ConfigError("node", node, f"not in this pool (nodes: {names})")
+        return names if node is None else [node]
+
     def set_resource(self, name: str, capacity: float, node: str | None = None) -> None:
         """Create or resize ephemeral resource ``name`` on ``node`` (default: every node); 0 deletes it.
 
         Shrinking below what tasks hold never revokes them: nothing new is granted until usage
         falls under the new capacity.
         """
-        if not isinstance(name, str) or not name:
-            raise ConfigError("resource name", name, "must be a non-empty string")
+        nodes = self._resource_nodes(name, node)
         positive(capacity, f"resources[{name!r}].capacity", allow_zero=True)  # NaN would be NULL in SQLite
-        if node is not None and node not in {n.name for n in self._capacity}:
-            raise ConfigError("node", node, f"not in this pool (nodes: {[n.name for n in self._capacity]})")
-        nodes = [n.name for n in self._capacity] if node is None else [node]
         with self._tx("set a resource") as db:
             for n in nodes:
                 if capacity == 0:
                     db.execute("DELETE FROM resources WHERE node=? AND name=?", (n, name))
                 else:
-                    db.execute("INSERT OR REPLACE INTO resources VALUES (?,?,?)", (n, name, float(capacity)))
+                    db.execute("INSERT OR REPLACE INTO resources (node, name, capacity) VALUES (?,?,?)",
+                               (n, name, float(capacity)))
             self._plan(db)
 
-    def delete_resource(self, name: str, node: str | None = None) -> None:
-        self.set_resource(name, 0, node)
+    def adjust_resource(self, name: str, delta: float, node: str | None = None) -> dict[str, float]:
+        """Add ``delta`` to ``name`` on ``node`` (None: every node) atomically; a capacity reaching 0 deletes it."""
+        nodes = self._resource_nodes(name, node)
+        number(delta, f"resources[{name!r}].delta")
+        out = {}
+        with self._tx("adjust a resource") as db:
+            for n in nodes:
+                row = db.execute("SELECT capacity FROM resources WHERE node=? AND name=?", (n, name)).fetchone()
+                out[n] = max(0.0, (row[0] if row else 0.0) + delta)
+                if out[n] == 0:
+                    db.execute("DELETE FROM resources WHERE node=? AND name=?", (n, name))
+                else:
+                    db.execute("INSERT OR REPLACE INTO resources (node, name, capacity) VALUES (?,?,?)", (n, name, out[n]))
+            self._plan(db)
+        return out
+
+    def lease_resource(self, lease_id: str, name: str, capacity: float) -> None:
+        """Create ``name`` on the node of lease ``lease_id``, backed by it (ESCHER's ghost, P4): a request
+        for it and for no GPU of its own runs on the ghost's devices (its ``CUDA_VISIBLE_DEVICES``), and
+        the resource is deleted when the lease ends (released, or reclaimed with a dead holder)."""
+        self._resource_nodes(name, None)
+        capacity = positive(capacity, f"resources[{name!r}].capacity")
+        with self._tx("lease a resource") as db:
+            row = db.execute("SELECT node FROM leases WHERE id=?", (lease_id,)).fetchone()
+            if row is None:
+                raise LeaseLost(f"lease {lease_id} is not held: {self._loss_reason(lease_id)}")
+            db.execute("INSERT OR REPLACE INTO resources (node, name, capacity, lease) VALUES (?,?,?,?)",
+                       (row[0], name, capacity, lease_id))
+            self._plan(db)
 
     def resources(self) -> dict[str, dict[str, tuple[float, float]]]:
-        """node -> resource -> (capacity, available)."""
+        """node -> ephemeral resource -> (capacity, available); nodes without any are left out."""
         with self._tx("read the resources") as db:
             caps = db.execute("SELECT node, name, capacity FROM resources").fetchall()
             free = {n.name: n.resources_free for n in self._free_state(db)}
@@ -797,6 +1033,12 @@ class PoolLedger(LedgerClient):
         for node, name, cap in caps:
             out.setdefault(node, {})[name] = (cap, free[node].get(name, cap))
         return out
+
+    def cluster_status(self) -> dict[str, dict[str, tuple[float, float]]]:
+        with self._tx("read the cluster status") as db:
+            caps = db.execute("SELECT node, name, capacity FROM resources").fetchall()
+            nodes = self._free_state(db)
+        return status_of(nodes, caps)
 
     # -- inspection ---------------------------------------------------------------------------
     def free_state(self) -> list[NodeState]:
@@ -844,6 +1086,36 @@ class PoolLedger(LedgerClient):
             lines.append(f"lease {self._placement(r[:-3]).describe()} held by {holder}")
         lines.append(f"{waiting} request(s) waiting")
         return lines
+
+
+def status_of(nodes: list[NodeState], capacities) -> dict[str, dict[str, tuple[float, float]]]:
+    """ESCHER's cluster status from free node states and ``(node, name, capacity)`` rows: physical
+    ``CPU`` and ``GPU`` (whole idle devices) beside each ephemeral resource, as (capacity, available)."""
+    out = {n.name: {"CPU": (n.cpus_total, n.cpus_free),
+                    "GPU": (float(len(n.devices)), float(sum(d.idle for d in n.devices)))} for n in nodes}
+    for node, name, cap in capacities:
+        free = next(n.resources_free for n in nodes if n.name == node)
+        out[node][name] = (cap, free.get(name, cap))
+    return out
+
+
+def open_ledger(pool_id: str) -> PoolLedger:
+    """The ledger ``pool_id`` names: the one open in this process, else its file opened from the layout it
+    stores (another process's pool, e.g. a task's worker reaching its runner's pool)."""
+    if pool_id in _OPEN:
+        return _OPEN[pool_id]
+    if not pool_id or pool_id.startswith("memory:") or not os.path.isfile(pool_id):
+        raise ConfigError("pool", pool_id, "no such pool here (an in-memory pool is reachable only in its process)")
+    try:
+        with closing(sqlite3.connect(f"file:{pool_id}?mode=ro", uri=True, timeout=LOCK_TIMEOUT_S)) as db:
+            row = db.execute("SELECT value FROM meta WHERE key='spec'").fetchone()
+    except sqlite3.Error as exc:
+        raise describe_error(exc, pool_id, "read the pool's layout") from exc
+    if row is None:
+        raise ConfigError("pool", pool_id, "its ledger stores no layout")
+    nodes = tuple(Node(name, tuple(Device(i, f"SIM-{name}-{i}", "GPU", mem, mem, simulated=True) for i, mem in devices),
+                       float(cpus)) for name, cpus, devices in json.loads(row[0]))
+    return PoolLedger(PoolSpec(nodes), pool_id, heartbeat=False)
 
 
 def register_worker(path: str, owner_key: str) -> None:

@@ -7,8 +7,7 @@ by implementing ``PlacementPolicy`` (order and device choice), never by touching
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import ClassVar, Iterable, Mapping, Protocol, Sequence
 
 from gpu.errors import ConfigError, NeverFitsError
@@ -264,11 +263,11 @@ def check_ever_fits(request: Request, capacity: Sequence[NodeState]) -> None:
     """
     empty = [
         NodeState(n.name, tuple(DeviceState(d.index, d.memory_total, uuid=d.uuid) for d in n.devices),
-                  n.cpus_total, n.cpus_total, {k: math.inf for k in request.resources})
+                  n.cpus_total, n.cpus_total)
         for n in capacity
     ]
-    if any(True for _ in candidate_choices(request, empty)):
-        return
+    physical = replace(request, resources={})  # checked without them: O(nodes), not O(nodes x resources)
+    if any(True for _ in candidate_choices(physical, empty)):        return
     totals = ", ".join(
         f"{n.name}: {len(n.devices)} GPU(s) of "
         f"{'/'.join(sorted({format_memory(d.memory_total) for d in n.devices})) or '-'}, {n.cpus_total:g} CPUs"

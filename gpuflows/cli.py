@@ -6,18 +6,16 @@ Subcommands import their heavy dependencies lazily so ``gpuflows --help`` stays 
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
+from typing import Callable
 
 from gpu.errors import GpuflowsError
-from gpu.sim.registry import SIMULATORS
+from gpu.systems import SYSTEMS
 from gpuflows.args import output_file, simulated
 
 
 def _simulate(args: argparse.Namespace) -> int:
-    module_name, func_name = SIMULATORS[args.system].split(":")
-    run = getattr(importlib.import_module(module_name), func_name)
-    report = run(args.scenario, args.policy or None)
+    report = SYSTEMS[args.system].run(args.scenario, args.policy or None)
     print(report.format())
     if args.json:
         report.write_json(args.json)
@@ -60,12 +58,36 @@ def _demo(args: argparse.Namespace) -> int:
     return demo_main(args.extra)
 
 
+def _policy_epilog() -> str:
+    """Each system's policies and shipped example, for ``gpuflows simulate --help``."""
+    lines = ["policies (--policy; <...> is filled in from the scenario):"]
+    for name, entry in sorted(SYSTEMS.items()):
+        lines.append(f"  {name:<9} {', '.join(entry.policy_names())}")
+        lines.append(f"  {'':<9} example: gpuflows simulate {name} {entry.example}")
+    return "\n".join(lines)
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose epilog is computed only when help is shown (listing every system's
+    policies imports its engine; ``gpuflows pool`` should not pay for that)."""
+
+    epilog_factory: Callable[[], str] | None = None
+
+    def format_help(self) -> str:
+        if self.epilog_factory is not None:
+            self.epilog = self.epilog_factory()
+        return super().format_help()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gpuflows", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    sim = sub.add_parser("simulate", help="run a system's simulator on a scenario file and print a table")
-    sim.add_argument("system", choices=sorted(SIMULATORS), help="which system's simulator")
+    sim = sub.add_parser("simulate", help="run a system's simulator on a scenario file and print a table",
+                         description="Run a system's simulator on a scenario file and print a table.",
+                         formatter_class=argparse.RawDescriptionHelpFormatter)
+    sim.epilog_factory = _policy_epilog
+    sim.add_argument("system", choices=sorted(SYSTEMS), help="which system's simulator")
     sim.add_argument("scenario", help="scenario file (JSON or YAML; format in docs/<system>.md, examples in scenarios/<system>/)")
     sim.add_argument("--policy", action="append", help="policy to run (repeatable); default: all the system's policies")
     sim.add_argument("--json", type=output_file, metavar="OUT", help="also write the figures as JSON to OUT")
@@ -81,7 +103,8 @@ def build_parser() -> argparse.ArgumentParser:
     pool.add_argument("--list", action="store_true", help="list the pools with their layout and lease counts")
     pool.set_defaults(func=_pool)
 
-    demo = sub.add_parser("demo", help="run the demo (make demo): the pool demo, then Ekya thief vs uniform on a simulated 2-GPU pool")
+    demo = sub.add_parser("demo", add_help=False,  # `gpuflows demo --help` is the demo's own help
+                          help="run the demo (make demo): the pool demo, then Ekya thief vs uniform on a simulated 2-GPU pool")
     demo.add_argument("extra", nargs=argparse.REMAINDER, help="arguments passed to the demo")
     demo.set_defaults(func=_demo)
     return parser

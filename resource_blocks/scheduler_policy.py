@@ -1,11 +1,15 @@
-"""Scheduler-policy settings that flows read; the policy logic lives in ``gpu/``."""
+"""Scheduler-policy settings that flows read; the policy logic lives in ``gpu/``.
+
+The block is checked against the system registry (``gpu.systems.SYSTEMS``) when it is created or
+loaded, so a misspelt system or policy fails when it is saved, not in the middle of a scheduled run.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
 from prefect.blocks.core import Block
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from resource_blocks._defaults import load_or_default
 
@@ -18,9 +22,23 @@ class SchedulerPolicy(Block):
     _block_type_name = "gpuflows scheduler policy"
     _description = "Which scheduler policy a gpuflows flow uses, with its parameters."
 
-    system: str = Field(default="pool", description="System the policy belongs to (pool, ekya, fluid, cilantro, nexus).")
+    system: str = Field(default="pool", description="System the policy belongs to: 'pool' (the task runner's "
+                                                    "placement) or one of `gpuflows simulate --help`'s systems.")
     policy: str = Field(default="fifo", description="Policy name within the system.")
     params: dict[str, Any] = Field(default_factory=dict, description="Policy parameters.")
+
+    @model_validator(mode="after")
+    def _known_policy(self) -> "SchedulerPolicy":
+        from gpu.scenario import choose
+        from gpu.systems import system
+
+        if self.system == "pool":
+            choose(self.policy, "policy", ["fifo", "fifo-backfill"])
+        else:
+            system(self.system).check_policy(self.policy)
+        if not all(isinstance(k, str) for k in self.params):
+            raise ValueError(f"params: keys must be parameter names, got {list(self.params)[:5]!r}")
+        return self
 
     @classmethod
     def load_or_default(cls, name: str | None = None) -> "SchedulerPolicy":

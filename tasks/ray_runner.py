@@ -23,6 +23,7 @@ from tasks.requests import PLACEMENT_ENV, TaskPlacement
 from tasks.runners import PlacingTaskRunner, api_url_env
 
 NAMESPACE = "gpuflows"
+RAY_POOL = "ray:"  # a pool_id of the form ray:<ledger actor name>
 log = logging.getLogger("gpuflows.ray")
 
 
@@ -112,6 +113,18 @@ class RayLedger(LedgerClient):
     def set_resource(self, name: str, capacity: float, node: str | None = None) -> None:
         self._ray.get(self._actor.set_resource.remote(name, capacity, node))
 
+    def adjust_resource(self, name: str, delta: float, node: str | None = None) -> dict[str, float]:
+        return self._ray.get(self._actor.adjust_resource.remote(name, delta, node))
+
+    def cluster_status(self) -> dict[str, dict[str, tuple[float, float]]]:
+        return self._ray.get(self._actor.cluster_status.remote())
+
+    def lease_resource(self, lease_id: str, name: str, capacity: float) -> None:
+        self._ray.get(self._actor.lease_resource.remote(lease_id, name, capacity))
+
+    def free_state(self) -> list[NodeState]:
+        return self._ray.get(self._actor.free_state.remote())
+
     def leases(self) -> list[Placement]:
         return self._ray.get(self._actor.leases.remote())
 
@@ -122,11 +135,20 @@ class RayLedger(LedgerClient):
         self._stop.set()
 
 
+def attach(pool_id: str, lease_ttl: float = 30.0) -> RayLedger:
+    """A client of the ledger actor ``pool_id`` (``ray:<actor name>``), from a task running on Ray."""
+    import ray
+
+    return RayLedger(ray.get_actor(pool_id[len(RAY_POOL):], namespace=NAMESPACE), lease_ttl)
+
+
 class _LedgerActor(PoolLedger):
     """PoolLedger in memory inside an actor; owners are remote drivers, kept alive by heartbeat."""
 
-    def __init__(self, spec: PoolSpec, policy, lease_ttl: float):
+    def __init__(self, spec: PoolSpec, policy, lease_ttl: float, name: str = ""):
         super().__init__(spec, None, policy=policy, lease_ttl=lease_ttl, heartbeat=False)
+        if name:
+            self.pool_id = f"{RAY_POOL}{name}"  # what a task's placement carries to reach this actor
 
     def get_capacity(self) -> list[NodeState]:
         return self.capacity
@@ -195,9 +217,10 @@ class GpuRayTaskRunner(PlacingTaskRunner):
         address = self._connect()
         spec = cluster_spec(self.pool.simulated)
         actor_cls = ray.remote(num_cpus=0, max_concurrency=1)(_LedgerActor)
-        actor = actor_cls.options(name=f"gpuflows-ledger-{self.pool.name}", namespace=NAMESPACE,
+        name = f"gpuflows-ledger-{self.pool.name}"
+        actor = actor_cls.options(name=name, namespace=NAMESPACE,
                                   get_if_exists=True, lifetime="detached" if address else None).remote(
-            spec, self.policy.placement_policy(), self.pool.lease_ttl_s)
+            spec, self.policy.placement_policy(), self.pool.lease_ttl_s, name)
         self._remote = ray.remote(_run_placed_task)
         return RayLedger(actor, self.pool.lease_ttl_s)
 

@@ -33,9 +33,8 @@ from gpu.ledger import LedgerClient, Placement, register_worker
 from gpu.placement import Request, check_ever_fits
 from resource_blocks import GpuPool, MlflowTarget, SchedulerPolicy
 from tasks.requests import TaskPlacement, resolve_request
-from tasks.tracking import RunTracker, TaskRecord
+from tasks.tracking import RunTracker, TaskRecord, flow_tracker, task_fields
 
-_ACTIVE_TRACKERS: dict[str, RunTracker] = {}
 _CANCEL_GRACE = 2.0       # seconds __exit__ gives cancelled tasks to stop and release their leases
 _WATCHDOG_INTERVAL = 0.1  # seconds between a process worker's checks that its flow process lives
 
@@ -51,7 +50,7 @@ def flow_mlflow_run_id(timeout: float = 60.0) -> str | None:
     runner = getattr(ctx, "task_runner", None)
     if isinstance(runner, PlacingTaskRunner):
         runner._ensure_tracker()
-    tracker = _ACTIVE_TRACKERS.get(str(ctx.flow_run.id)) if ctx and ctx.flow_run else None
+    tracker = flow_tracker()
     return tracker.wait_parent(timeout) if tracker else None
 
 
@@ -113,7 +112,6 @@ class PlacingTaskRunner(TaskRunner[PrefectConcurrentFuture]):
         self._ledger_lock = threading.Lock()
         self._dispatcher: ThreadPoolExecutor | None = None
         self._tracker: RunTracker | None = None
-        self._flow_run_key: str | None = None
         self._cancel_events: dict[uuid.UUID, threading.Event] = {}
         self._dispatched: dict[uuid.UUID, Future] = {}
         self._held: dict[str, uuid.UUID] = {}        # lease id -> task run holding it
@@ -217,9 +215,6 @@ class PlacingTaskRunner(TaskRunner[PrefectConcurrentFuture]):
             tags["prefect.flow_name"] = ctx.flow.name
         self._tracker = RunTracker(self.tracking.resolved_uri(), self.tracking.experiment,
                                    run.name if run else f"gpuflows-{uuid.uuid4().hex[:6]}", tags)
-        if run:
-            self._flow_run_key = str(run.id)
-            _ACTIVE_TRACKERS[self._flow_run_key] = self._tracker
 
     def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
         """Wait for every dispatched task on a normal exit (or a flow that raised an error).
@@ -250,7 +245,6 @@ class PlacingTaskRunner(TaskRunner[PrefectConcurrentFuture]):
         finally:
             if self._tracker is not None:
                 self._tracker.close()
-                _ACTIVE_TRACKERS.pop(self._flow_run_key or "", None)
                 self._tracker = None
             super().__exit__(exc_type, exc_value, traceback)
 
@@ -300,7 +294,7 @@ class PlacingTaskRunner(TaskRunner[PrefectConcurrentFuture]):
         task_run_id = uuid.uuid4()
         cancel_event = threading.Event()
         self._cancel_events[task_run_id] = cancel_event
-        record = TaskRecord(task.name, str(task_run_id), time.time())
+        record = TaskRecord(task.name, str(task_run_id), time.time(), extra=task_fields(parameters))
         ctx = contextvars.copy_context()
         future = self._dispatcher.submit(ctx.run, self._dispatch, task, task_run_id, parameters, wait_for,
                                          dependencies, request, cancel_event, record)
@@ -325,11 +319,7 @@ class PlacingTaskRunner(TaskRunner[PrefectConcurrentFuture]):
             if cancel_event.is_set():
                 raise InterruptedError(f"task {task.name!r} was cancelled before it started")
             if upstream_ok:
-                placement = self._ledger.allocate(request, self.allocation_timeout, cancel_event)
-                with self._leases_lock:
-                    self._held[placement.lease_id] = task_run_id
-                # the ledger's heartbeat reports a lease taken away while the task runs (fencing)
-                self._ledger.watch(placement.lease_id, functools.partial(self._lease_lost, placement.lease_id))
+                placement = self._acquire(task, task_run_id, request, cancel_event)
                 record.placement = placement.to_dict()
                 record.placed_at = time.time()
                 if cancel_event.is_set():
@@ -353,6 +343,20 @@ class PlacingTaskRunner(TaskRunner[PrefectConcurrentFuture]):
         if self._tracker is not None:
             self._tracker.task_finished(record)
         return state
+
+    def _acquire(self, task, task_run_id: uuid.UUID, request: Request, cancel_event: threading.Event) -> Placement:
+        """Take the task's own lease from the pool ledger, waiting for room (``allocation_timeout``).
+
+        The seam for runners whose tasks share a lease that something else holds for longer than a task
+        (a Salus device executor admits a task into a memory lane of the device it leases): they override
+        this and ``_release`` together. Raises what ``LedgerClient.allocate`` raises.
+        """
+        placement = self._ledger.allocate(request, self.allocation_timeout, cancel_event)
+        with self._leases_lock:
+            self._held[placement.lease_id] = task_run_id
+        # the ledger's heartbeat reports a lease taken away while the task runs (fencing)
+        self._ledger.watch(placement.lease_id, functools.partial(self._lease_lost, placement.lease_id))
+        return placement
 
     def _release(self, placement: Placement, task_name: str) -> str | None:
         """Give the task's slice back; return why the task must fail if its lease was taken away while it ran.

@@ -1,5 +1,5 @@
 """Bad input of every kind ends as one line naming the field and the value, never a traceback or nonsense, and
-command lines refuse it before any Prefect flow run starts (issue 14, defect 10)."""
+command lines refuse it before any Prefect flow run starts."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from gpu.errors import ConfigError
-from gpu.sim.registry import SIMULATORS
+from gpu.systems import SYSTEMS
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -25,8 +25,7 @@ def _loaders():
     """Every scenario loader: the four simulators and the serving spec."""
     from tasks.serving.spec import load_spec
 
-    out = {system: getattr(importlib.import_module(ref.split(":")[0]), ref.split(":")[1])
-           for system, ref in SIMULATORS.items()}
+    out = {name: entry.run for name, entry in SYSTEMS.items()}
     return {**out, "serving": load_spec}
 
 
@@ -266,7 +265,7 @@ def test_a_cilantro_run_name_must_be_a_valid_prefect_artifact_key(name, ok):
     import flows.allocation_rounds as ar
 
     args = dict(rounds=1, round_s=20.0, policy="cilantro-njc", capacity=1.0, unit=0.05, resume=True, run_name=name,
-                jobs=None, report_s=5.0, max_change=0.2, trace_step=1, interference=0.0, warmup_reports=0, seed=0,
+                jobs=None, report_s=5.0, max_change=0.2, trace_step=1, warmup_reports=0, seed=0,
                 pool_gpus=1)
     if ok:
         s = ar.settings_from(**args)

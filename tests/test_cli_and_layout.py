@@ -5,6 +5,9 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
+from gpu.systems import SYSTEMS
 from gpuflows.cli import main
 
 
@@ -47,7 +50,6 @@ def test_devices_lists_the_nvml_gpus_or_says_there_are_none(state_dir, capsys):
 
 
 def test_an_output_file_in_a_missing_folder_fails_before_the_work(state_dir, capsys, tmp_path):
-    import pytest
 
     with pytest.raises(SystemExit) as exc:
         main(["simulate", "fluid", "scenarios/fluid/toy.yaml", "--json", str(tmp_path / "nope" / "out.json")])
@@ -57,7 +59,6 @@ def test_an_output_file_in_a_missing_folder_fails_before_the_work(state_dir, cap
 
 
 def test_a_pool_name_with_no_saved_block_is_an_error_not_the_defaults(prefect_server):
-    import pytest
 
     from gpu.errors import ConfigError
     from resource_blocks import GpuPool
@@ -72,7 +73,6 @@ def test_every_module_in_flows_is_a_flow_with_a_command_line(capsys):
     import importlib
     import pkgutil
 
-    import pytest
     from prefect import Flow
 
     import flows
@@ -85,3 +85,15 @@ def test_every_module_in_flows_is_a_flow_with_a_command_line(capsys):
         with pytest.raises(SystemExit) as done:
             module.main(["--help"])
         assert done.value.code == 0 and "usage:" in capsys.readouterr().out, info.name
+
+
+def test_help_says_what_each_command_takes(capsys):
+    with pytest.raises(SystemExit):
+        main(["simulate", "--help"])
+    out = capsys.readouterr().out
+    for name in SYSTEMS:  # every system's policies, with an example to copy
+        assert f"gpuflows simulate {name} " in out
+    assert "thief" in out and "static_fluid" in out
+    with pytest.raises(SystemExit):
+        main(["demo", "--help"])
+    assert "--streams" in capsys.readouterr().out  # the demo's own options, not the wrapper's

@@ -27,7 +27,7 @@ PREFECT = str(Path(sys.executable).with_name("prefect"))
 DEPLOYMENTS = yaml.safe_load((ROOT / "prefect.yaml").read_text())["deployments"]
 
 # Small runs of every deployment in prefect.yaml (merged over its parameters). pool-demo keeps the default process
-# mode (the failure of issue 15: tasks with no placement); the others run in thread mode, as on a 2-core machine
+# mode (a deployment once ran its tasks with no placement); the others run in thread mode, as on a 2-core machine
 # process-mode workers would each import torch again. Each names the table artifact its flow publishes.
 TINY_SERVING_SPEC = {
     "name": "tiny", "sessions": [{"id": "mlp", "model": "digits_mlp", "slo_ms": 100, "rate": 30}],
@@ -44,6 +44,8 @@ SMALL = {
                             "mode": "thread", "progress": False}, "fluid-trials-random"),
     "cilantro-allocation-rounds": ({"rounds": 1, "round_s": 10.0, "report_s": 5.0, "mode": "thread",
                                     "run_name": "deploy-test", "resume": False}, "cilantro-rounds-deploy-test"),
+    "salus-colocation": ({"jobs": 2, "iterations": 3, "gap_s": 0.0, "policy": "srtf", "mode": "thread"},
+                         "salus-jobs-srtf"),
 }
 SCHEDULED = "every-15s"  # a test-only deployment of pool-demo with an interval schedule
 

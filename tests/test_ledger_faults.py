@@ -241,3 +241,32 @@ def test_fencing_check_names_the_lease_and_the_reason(path):
     assert ledger.release(placement.lease_id)
     with pytest.raises(LeaseLost, match="fenced"):
         ledger.check(placement)
+
+
+def test_threads_waiting_behind_a_held_lock_time_out_and_leave_nothing_behind(path):
+    """Many threads of one process share write transactions (group commit). Behind another process's
+    held write lock each keeps its own timeout, and a request that timed out was never written: once
+    the lock frees, no ticket or lease of theirs is in the pool and the pool grants as before."""
+    import threading
+
+    ledger = pool(path)
+    blocker = sqlite3.connect(path, isolation_level=None)
+    blocker.execute("BEGIN IMMEDIATE")
+    outcomes: list[str] = []
+
+    def ask(timeout: float) -> None:
+        try:
+            ledger.allocate(Request(gpus=0.25), timeout=timeout)
+            outcomes.append("granted")
+        except AllocationTimeout:
+            outcomes.append(f"timeout after {timeout}")
+
+    threads = [threading.Thread(target=ask, args=(0.2 + 0.05 * (i % 4),)) for i in range(8)]
+    start = time.monotonic()
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    assert time.monotonic() - start < 1.0 and all(o.startswith("timeout") for o in outcomes) and len(outcomes) == 8
+    blocker.execute("ROLLBACK")
+    assert ledger.leases() == [] and ledger.waiting() == 0
+    granted = [ledger.allocate(Request(gpus=0.25), timeout=5.0) for _ in range(8)]
+    assert len({(p.devices, p.lease_id) for p in granted}) == 8  # the whole pool, as if nothing happened

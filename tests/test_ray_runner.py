@@ -493,3 +493,52 @@ def test_ledger_actor_frees_a_dead_drivers_slice_fences_a_silent_one_and_passes_
     finally:
         ledger.close()
         ray.shutdown()
+
+
+def test_ray_ledger_serves_the_escher_resource_api_and_a_task_reaches_it_through_its_placement(two_node_run):
+    """The ESLs run unchanged on Ray: adjust_resource, cluster_status and free_state on the actor's client,
+    and a task's set_resource(name, cap) lands on the node the task runs on."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    from gpu.placement import FifoBestFit, Request
+    from gpu.schedulers.escher import Escher
+    from gpu.schedulers.escher_primitives import anti_affinity, with_task
+    from tasks.ray_runner import RayLedger, _LedgerActor, cluster_spec
+    from tasks.requests import TaskPlacement
+
+    def set_resource_on_my_node(placement_env: str) -> str:
+        """A Ray task placed by the ledger creates ``coloc-t1`` on its own node (ESCHER P1, node_spec=None)."""
+        import os
+
+        import ray
+
+        from tasks.requests import PLACEMENT_ENV, set_resource
+
+        os.environ[PLACEMENT_ENV] = placement_env
+        set_resource("coloc-t1", 2)
+        return ray.get_runtime_context().get_node_id()
+
+    ray.init(address=two_node_run["address"], namespace=NAMESPACE, log_to_driver=False)
+    name = f"escher-{uuid.uuid4().hex[:8]}"
+    actor = ray.remote(num_cpus=0)(_LedgerActor).options(name=name, namespace=NAMESPACE).remote(
+        cluster_spec("2x16GiB"), FifoBestFit(), 5.0, name)
+    ledger = RayLedger(actor, 5.0)
+    try:
+        nodes = sorted(n.name for n in ledger.capacity)
+        assert sorted(ledger.cluster_status()) == nodes and len(ledger.free_state()) == 2
+        assert ledger.adjust_resource("L", 1, nodes[0]) == {nodes[0]: 1.0}
+        assert ledger.adjust_resource("L", 2, nodes[0]) == {nodes[0]: 3.0}
+        need = anti_affinity(Escher(ledger), "pair")
+        spread = [ledger.allocate(Request(resources=need), timeout=5) for _ in range(2)]
+        assert {p.node for p in spread} == set(nodes)
+        producer = ledger.allocate(Request(cpus=0.5, node=nodes[1]), timeout=5)
+        assert producer.pool == f"ray:{name}"
+        ran_on = ray.get(ray.remote(num_cpus=0)(set_resource_on_my_node).options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(producer.node, soft=False)).remote(
+            TaskPlacement(producer, "cpu", "").to_env()))
+        assert ran_on == nodes[1]
+        assert ledger.cluster_status()[nodes[1]]["coloc-t1"] == (2.0, 2.0)
+        assert ledger.allocate(Request(resources=with_task("t1")), timeout=5).node == nodes[1]
+    finally:
+        ledger.close()
+        ray.shutdown()

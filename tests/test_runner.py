@@ -35,6 +35,12 @@ def where_am_i(i: int) -> dict:
             "cvd": os.environ.get("CUDA_VISIBLE_DEVICES"), "sum": float((x @ x).sum())}
 
 
+@gpu_request(gpus=0.5)
+@task
+def retrain_stream(stream: str, window: int) -> str:
+    return f"{stream}@{window}"
+
+
 @task
 def fails() -> None:
     raise RuntimeError("task failed on purpose")
@@ -137,6 +143,7 @@ def test_each_task_is_a_nested_mlflow_run_with_its_placement(state_dir):
     def tracked_flow():
         parent = flow_mlflow_run_id()
         [f.wait() for f in [where_am_i.submit(i) for i in range(3)]]
+        retrain_stream.submit("cam3", 2).wait()
         return parent
 
     parent = tracked_flow()
@@ -144,7 +151,9 @@ def test_each_task_is_a_nested_mlflow_run_with_its_placement(state_dir):
     exp = client.get_experiment_by_name("runner-test")
     assert exp.artifact_location.startswith("file://" + str(state_dir))
     children = client.search_runs([exp.experiment_id], f"tags.mlflow.parentRunId = '{parent}'")
-    assert len(children) == 3
+    assert len(children) == 4
+    retrain = [r for r in children if r.data.tags.get("stream") == "cam3"]
+    assert len(retrain) == 1 and retrain[0].data.tags["window"] == "2"  # what the task worked on, to filter by
     for run in children:
         assert run.data.params["fraction"] == "0.5" and run.data.params["devices"] in ("0", "1")
         assert {"wait_time_s", "run_time_s", "gpu_share"} <= set(run.data.metrics)

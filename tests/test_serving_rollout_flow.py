@@ -40,7 +40,7 @@ def test_rollout_logs_every_epoch_with_plan_and_slo_figures(state_dir, table_art
                                                                   {"name": "b", "model": "digits_mlp", "parent": "a",
                                                                    "gamma": 2}]}
     result = serving_rollout.with_options(task_runner=runner("rollout"))(tiny_spec(queries=[pipe]))
-    assert result["requests"] > 200 and result["slo_attainment"] > 0.5
+    assert result["requests"] > 200 and result["slo_attainment"] > 0.5 and result["mlflow_errors"] == []
     # the query is served as a DAG: stage b's requests come from a's finished ones (the trace drives only a)
     assert result["queries"]["pipe"]["queries"] > 50 and result["query_bad_rate"] < 0.2
     assert len(result["epochs"]) >= 3 and result["epochs"][0]["gpus"] >= 1
@@ -64,6 +64,20 @@ def test_rollout_logs_every_epoch_with_plan_and_slo_figures(state_dir, table_art
     ui = table_artifacts("serving-rollout-epochs")[0]  # the epochs as the Prefect UI shows them
     assert [r["epoch"] for r in ui] == [e["epoch"] for e in result["epochs"]]
     assert [r["gpus"] for r in ui] == [e["gpus"] for e in result["epochs"]]
+
+
+def test_a_store_that_cannot_log_is_named_in_the_result_and_the_rollout_still_serves(state_dir, tmp_path):
+    from flows.serving_rollout import serving_rollout
+
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")  # the store's folder cannot be created
+    broken = GpuTaskRunner(pool=GpuPool(name="rollout-broken", device_backend="simulated"), mode="thread",
+                           tracking=MlflowTarget(tracking_uri=f"sqlite:///{blocker}/mlflow.db"))
+    result = serving_rollout.with_options(task_runner=broken)(tiny_spec(trace={"duration_s": 3, "seed": 1,
+                                                                               "phases": [{"at_s": 0}]}))
+    assert result["requests"] > 100 and result["slo_attainment"] > 0.5  # served and measured all the same
+    assert result["mlflow_run_id"] is None and result["mlflow_errors"]
+    assert any("not logged to MLflow" in e or "MLflow run" in e for e in result["mlflow_errors"])
 
 
 def test_slo_below_batch_one_latency_fails_naming_the_session(state_dir):
@@ -99,4 +113,5 @@ def test_shipped_spec_parses_and_cli_has_help(capsys):
     assert spec.models == ["digits_cnn", "digits_cnn_small", "digits_mlp"] and spec.queries
     with pytest.raises(SystemExit) as exc:
         main(["--help"])
-    assert exc.value.code == 0 and "--duration-s" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert exc.value.code == 0 and "--duration-s" in out and "default: gpuflows-nexus" in out  # the system's experiment

@@ -1,4 +1,4 @@
-"""MLflow tracking under real faults (issue 14, defects 7 and 8): flows of separate processes opening one fresh
+"""MLflow tracking under real faults: flows of separate processes opening one fresh
 SQLite store at once, flows killed with SIGKILL or SIGTERM, a Cilantro flow killed between saving a round and
 logging it, a store left half-migrated, a store that cannot be used at all."""
 

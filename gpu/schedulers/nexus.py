@@ -7,7 +7,7 @@ max batch ``B_i`` (worst case 2ℓ(B_i) ≤ L_i); the residual rate ``r_i`` gets
 best-fit merged: a merged node takes the smaller duty cycle, every batch shrinks to ``⌈d·r⌉``, and the merge
 is kept only if ``Σℓ(b') ≤ d``, every ``d + ℓ(b') ≤ L`` and the memory fits.
 
-Baselines (§7.2, spec §8 target 2 / A14): ``batch_oblivious`` gives each session a share of the cluster
+Baselines (§7.2; docs/nexus.md): ``batch_oblivious`` gives each session a share of the cluster
 ∝ R_i/T_i and runs every model at its solo max batch; ``no_colocation`` is Algorithm 1 without merging.
 
 Example: ``SquishyPacker(profiles).plan([Session("a", "vgg16", 200, 700)])`` →
@@ -213,7 +213,7 @@ class SquishyPacker:
 
         With ``max_gpus`` (a fixed cluster) the residual nodes beyond the cap are spilled, least occupied
         first, into the remaining nodes, splitting a session's rate where only part of it fits — the
-        authors' ``FindBestBackend``/``AllocateUnassignedWorkloads`` greedy (spec §3.2 code notes); what
+        authors' ``FindBestBackend``/``AllocateUnassignedWorkloads`` greedy (their ``scheduler.cpp``); what
         still does not fit is returned in ``Plan.unassigned`` (the code drops it at the frontend; here it is
         spilled at run time onto GPUs where it fits its SLO, the rest left to the dispatcher,
         ``nexus_overflow.route_unassigned``).

@@ -1,13 +1,13 @@
 """Epoch-based re-planning: when to re-run squishy bin packing and how to keep the previous placement.
 
-Nexus (Shen et al., SOSP'19) §5 and §6.1 "incremental"; spec §3.3 and the authors' ``Scheduler::BeaconCheck``
+Nexus (Shen et al., SOSP'19) §5 and §6.1 "incremental", and the authors' ``Scheduler::BeaconCheck``
 / ``EpochSchedule``. Every beacon (1 s) each session's measured rate updates an EWMA (window 10 s); an epoch
 runs every 30 s, or early when a session with a full 30-sample history has an estimate below 0.8× or above
 1.1× its allocated throughput, but never within 10 s of the previous epoch. At an epoch a session is re-sized
 only if its estimate fell below 0.97× its throughput (shrink) or rose above it (grow); otherwise it keeps its
 planned rate, so an unchanged workload keeps its plan.
 
-Deviation (spec A8 ``from_scratch``): the changed rates are re-packed by Algorithm 1 from scratch rather than
+Deviation (docs/nexus.md "Simplifications"): the changed rates are re-packed by Algorithm 1 from scratch rather than
 by the code's shrink/grow/spill walk; new nodes are matched to old node ids by shared sessions so a runtime
 only moves what changed, and the number of session moves is counted.
 """
@@ -25,7 +25,7 @@ from gpu.schedulers.nexus import GpuNode, Plan, Session, SquishyPacker
 
 @dataclass(frozen=True)
 class EpochConfig:
-    """Timing and trigger thresholds (spec §10; seconds and fractions of allocated throughput)."""
+    """Timing and trigger thresholds (the authors' defaults; seconds and fractions of allocated throughput)."""
 
     epoch_s: float = 30.0
     min_epoch_s: float = 10.0

@@ -4,10 +4,10 @@ Nexus §5–6: the frontend sends *every* request of a session to one of the ses
 table, and the backends' early-drop dispatch (§6.3) absorbs overload by dropping what cannot meet its
 deadline. A capped squishy plan (``SquishyPacker.plan(max_gpus=...)``) lists in ``Plan.unassigned`` the rate it
 could not place within its worst-case promise (duty + ℓ(b) ≤ SLO); that load still arrives. This module turns
-the capped plan into the plan the cluster actually runs (spec §8 target 2, inferred):
+the capped plan into the plan the cluster actually runs (inferred; docs/nexus.md):
 
 * first each session's unassigned rate is placed where it fits its SLO, the authors' ``FindBestBackend``
-  (spec §6.1, incremental / A8) applied at run time at the nodes' planned duty cycles: at each step the GPU
+  (§6.1 "incremental", the authors' code) applied at run time at the nodes' planned duty cycles: at each step the GPU
   that can take the most of what is left (GPUs already hosting the session first; among those that take all
   of it, the one with the most slack ``d − Σℓ(b)``) takes it, a GPU that did not host the session gaining a
   new placement. A GPU takes rate ``x`` when the session's batch ``b = ⌈d·r⌉`` keeps ``Σℓ ≤ d``,

@@ -1,12 +1,12 @@
 """Prefix batching: specialised model variants that share a prefix are batched together in the prefix.
 
-Nexus (Shen et al., SOSP'19) §6.3 "Prefix Batching" and epoch step 2 (§6.1, spec §3.5): models produced by
+Nexus (Shen et al., SOSP'19) §6.3 "Prefix Batching" and epoch step 2 (§6.1): models produced by
 transfer learning differ only in their last layer(s); Nexus batches "all but the output layer" across them
 and runs "the different suffix parts ... sequentially". Each epoch it combines "two or more models that share a
 prefix and latency SLO into a new prefix-batched model", which the squishy packer then places as one session.
 
-Prefixes are *declared* groups (spec A13, the authors' ``share_prefix`` in ``model_db.yml``), not found by
-hashing sub-trees; only sessions with the same SLO are merged. Cost model (spec §3.5, inferred): a batch of
+Prefixes are *declared* groups (the authors' ``share_prefix`` in ``model_db.yml``), not found by
+hashing sub-trees; only sessions with the same SLO are merged. Cost model (inferred): a batch of
 ``b = Σ_j b_j`` inputs of a group costs ``ℓ_prefix(b) + Σ_{j: b_j>0} ℓ_suffix(b_j)``, where ``b_j`` is variant
 j's part of the batch, split in proportion to the variants' rates; memory is one prefix plus one suffix per
 variant. Without prefix batching every variant is a whole model ``ℓ_prefix + ℓ_suffix`` with its own memory.

@@ -1,6 +1,6 @@
 """Complex-query SLO split: how a query's end-to-end SLO is divided among the models of its dataflow.
 
-Nexus (Shen et al., SOSP'19) §6.2 (dynamic programming, l.421–438; spec §3.4). For a tree-shaped query
+Nexus (Shen et al., SOSP'19) §6.2 (dynamic programming). For a tree-shaped query
 (each stage invoked ``γ`` times per invocation of its parent) with end-to-end SLO ``L``, minimise the GPUs
 ``Σ_v R_v / T_v(L_v)`` subject to every root-to-leaf path's budgets summing to ≤ L. With the budget cut into
 segments of ``ε`` ms::
@@ -85,7 +85,7 @@ class Query:
         return out
 
     def stage_rates(self) -> dict[str, float]:
-        """R_v = root rate × product of γ along the path (spec §2.3)."""
+        """R_v = root rate × product of γ along the path (§6.2)."""
         by = {s.name: s for s in self.stages}
         rates: dict[str, float] = {}
         for u in self.order():

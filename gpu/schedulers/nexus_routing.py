@@ -10,19 +10,24 @@ each backend the share of the session's throughput allocated there. Two load bal
 * ``weighted_random`` — each request independently, probability ∝ share (the default when the paper was
   written).
 
-The serving frontend (``tasks/serving/frontend.py``) and the simulator (``gpu/sim/nexus_engine.py``) both
-route through :func:`balancer`, so for the same shares they send the same request sequence to the same GPUs.
+A :class:`Router` holds the routing table of the plan in force and hands out one balancer per session over
+whatever stands for its GPUs (node ids, worker threads, a simulated GPU's queue). The Nexus controller
+(``gpu.schedulers.nexus_controller``) owns one; the serving frontend (``tasks/serving/frontend.py``) and the
+simulator (``gpu/sim/nexus_engine.py``) route through it, so for the same shares they send the same request
+sequence to the same GPUs.
 
 Example: ``DeficitRoundRobin("ab", [2, 1]).pick_many(6)`` → ``[0, 0, 1, 0, 0, 1]``.
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Sequence, TypeVar
 
 import numpy as np
 
 from gpu.errors import ConfigError
+
+T = TypeVar("T")
 
 LOAD_BALANCERS = ("drr", "weighted_random")
 
@@ -100,3 +105,33 @@ def balancer(kind: str, targets: Sequence[Any], weights: Sequence[float],
     if kind == "weighted_random":
         return WeightedRandom(targets, weights, rng)
     raise ConfigError("load_balancer", kind, f"unknown; choose one of {list(LOAD_BALANCERS)}")
+
+
+class Router:
+    """The routing table of the plan in force (Nexus §5: session → {GPU: share}) and its load balancer kind.
+
+    ``set_plan`` installs a plan's ``rate_shares()``; ``picker(session, targets)`` is a balancer of ``kind`` over
+    the session's GPUs in ascending node order, each GPU's node id mapped to its target by ``targets``.
+    All pickers draw from one seeded ``rng`` (weighted random only; DRR draws nothing).
+    """
+
+    def __init__(self, kind: str = "drr", rng: np.random.Generator | int = 0):
+        if kind not in LOAD_BALANCERS:
+            raise ConfigError("load_balancer", kind, f"unknown; choose one of {list(LOAD_BALANCERS)}")
+        self.kind = kind
+        self.rng = np.random.default_rng(rng)
+        self.shares: dict[str, dict[int, float]] = {}
+
+    def set_plan(self, plan: Any) -> None:
+        """Route by ``plan`` (a ``gpu.schedulers.nexus.Plan``; its unassigned load routed first if it is to be
+        served, ``nexus_overflow.route_unassigned``)."""
+        self.shares = plan.rate_shares()
+
+    def nodes(self, session_id: str) -> tuple[list[int], list[float]]:
+        """The session's GPUs (node ids, ascending) and their shares; empty when no GPU hosts it."""
+        return route_table(self.shares.get(session_id, {}))
+
+    def picker(self, session_id: str, targets: Mapping[int, T]) -> DeficitRoundRobin | WeightedRandom | None:
+        """A balancer over the session's GPUs as ``targets[node id]``; None when no GPU hosts the session."""
+        nodes, weights = self.nodes(session_id)
+        return balancer(self.kind, [targets[n] for n in nodes], weights, self.rng) if nodes else None

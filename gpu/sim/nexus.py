@@ -1,16 +1,14 @@
 """``gpuflows simulate nexus``: plan a scenario's sessions and queries, then simulate every policy on it.
 
-A *policy* here is a whole serving configuration from the paper's evaluation (§7): a placement
-(squishy bin packing, batch-oblivious, no co-location), a dispatch batch policy (early drop, lazy drop,
-fixed batch), a query split (DP or even), prefix batching (on or off) and overlapped CPU pre-processing (OL, on
-or off). ``nexus`` is the full system; the others are its ablations and the Clipper/TF-Serving-like baselines of
-§7.2. Scenario format: ``docs/nexus.md``.
+A *policy* here is a whole serving configuration from the paper's evaluation (§7), one of
+``gpu.schedulers.nexus_strategies.STRATEGIES``: ``nexus`` is the full system, the others its ablations and the
+Clipper/TF-Serving-like baselines of §7.2. Scenario format: ``docs/nexus.md``.
 
-CPU model (§6.3, §7.3.1; inferred, spec §8 item 6): a model may declare ``preprocess_ms`` per request. With OL
+CPU model (§6.3, §7.3.1; inferred, docs/nexus.md): a model may declare ``preprocess_ms`` per request. With OL
 the node's CPU pool pre-processes requests as they arrive, in parallel with the GPU, and is assumed to keep up
 (the paper provisions 4–5 cores per GPU "to saturate GPU throughput"): a request joins a batch ``p`` ms after it
 arrives, its deadline unchanged, so the planner plans the GPU with ``SLO − p`` (what the authors' code does with
-pre/post-processing, spec §3.1) and the engine delays each request by ``p`` (``ready_ms``). Without OL a
+pre/post-processing) and the engine delays each request by ``p`` (``ready_ms``). Without OL a
 GPU worker pre-processes a batch before its forward, by default on one thread: the planner and the engine both
 use ``ℓ'(b) = b·p + ℓ(b)`` (``serial_preprocess``; ``preprocess_threads: k`` spreads it, ``⌈b/k⌉·p``). Both are transforms of the sessions and profiles the planner
 and the engine already consume (``scaled_sessions``).
@@ -32,45 +30,11 @@ from gpu.schedulers.nexus_overflow import route_unassigned
 from gpu.schedulers.nexus_prefix import PrefixGroup, merge_sessions, variant_profiles
 from gpu.schedulers.nexus_profiles import (PRESETS, BatchProfile, linear_profile, published_profiles,
                                            serial_preprocess, table_profile)
+from gpu.schedulers.nexus_strategies import STRATEGIES, Strategy
 from gpu.schedulers.nexus_synthetic import MIB, synthetic_profiles
 from gpu.schedulers.nexus_query import (Query, QueryStage, Throughput, even_split, profile_throughput,
                                         split_slo)
 from gpu.sim.nexus_engine import SimResult, simulate_plan
-
-
-@dataclass(frozen=True)
-class Strategy:
-    """One serving configuration: placement × dispatch batch policy × query split × PB × OL."""
-
-    name: str
-    placement: str
-    batch_policy: str
-    query_split: str = "dp"
-    prefix_batching: bool = True
-    overlap: bool = True  # OL: CPU pre-processing overlapped with the GPU (module docstring)
-    # How requests are spread over a session's GPUs (``nexus_routing.balancer``). Nexus and its ablations run on
-    # Nexus's frontend: DRR, as the runtime and the authors' ``GetBackendDeficitRoundRobin``. The §7.2
-    # baselines do not: "We rely on Clipper's load balancer to manage model replicas. In contrast, TF does not
-    # provide a frontend load balancer [...] We, therefore, provide a dispatcher" — neither is Nexus's DRR, so
-    # they route each request independently in proportion to the replicas' shares (weighted random).
-    load_balancer: str = "drr"
-
-
-STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
-    Strategy("nexus", "squishy", "early_drop"),
-    Strategy("nexus_lazy_drop", "squishy", "lazy_drop"),
-    Strategy("nexus_even_split", "squishy", "early_drop", "even"),
-    Strategy("nexus_no_prefix_batching", "squishy", "early_drop", "dp", False),
-    Strategy("no_colocation", "no_colocation", "early_drop"),
-    Strategy("batch_oblivious", "batch_oblivious", "early_drop", "even"),
-    Strategy("batch_oblivious_no_prefix_batching", "batch_oblivious", "early_drop", "even", False),
-    Strategy("batch_oblivious_lazy_drop_overlap", "batch_oblivious", "lazy_drop", "even", False),
-    # §7.2 baselines: the real Clipper / TF Serving pre-process without OL (the paper's conjecture, §7.3.1)
-    # and route with their own balancer, not Nexus's frontend (``Strategy.load_balancer``)
-    Strategy("batch_oblivious_lazy_drop", "batch_oblivious", "lazy_drop", "even", False, False, "weighted_random"),
-    Strategy("batch_oblivious_fixed_batch", "batch_oblivious", "fixed_batch", "even", False, False,
-             "weighted_random"),
-)}
 
 
 @dataclass(frozen=True)

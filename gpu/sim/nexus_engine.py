@@ -10,9 +10,10 @@ asks the batch policy for a batch, executes it for ℓ(b) from the profile, then
 for a batch to fill unless the policy asks to. A request is *bad* if it is dropped or finishes after its
 deadline (§7 "bad rate").
 
-Query stages can be *chained* (``chains``): a child stage's requests are not drawn up front but issued when
-a parent request finishes on time, Poisson(γ) of them (γ = average fan-out, §6.2), each routed by the child's
-shares. A child's deadline is its parent's deadline plus the child's stage SLO, so the budget a parent did not
+Routing and chaining are the Nexus controller's decisions (``gpu.schedulers.nexus_controller``, the one the
+serving runtime asks). Query stages can be *chained* (``chains``): a child stage's requests are not drawn up
+front but issued when a parent request finishes on time, Poisson(γ) of them (γ = average fan-out, §6.2), each
+routed by the child's shares. A child's deadline is its parent's deadline plus the child's stage SLO, so the budget a parent did not
 use carries over (the authors' slack propagation, their code's ``request_context``); a root-to-leaf path thus
 ends by the query's arrival + its end-to-end SLO. A query is bad when any of its requests is
 (``SimResult.bad_queries``); a late or dropped parent issues no children (its query is lost already).
@@ -29,16 +30,17 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Mapping, NamedTuple
+from typing import Callable, Mapping, NamedTuple
 
 import numpy as np
 
-from gpu.batching import BatchContext, BatchPolicy, Request
+from gpu.batching import BatchContext, BatchPolicy, PaddedBatchModel, Request, observe_batch
 from gpu.errors import ConfigError
 from gpu.schedulers.nexus import Plan
 from gpu.schedulers.nexus_overflow import route_unassigned
 from gpu.schedulers.nexus_profiles import Accounting, BatchProfile, fits
-from gpu.schedulers.nexus_routing import DeficitRoundRobin, WeightedRandom, balancer, route_table
+from gpu.schedulers.nexus_controller import NexusController
+from gpu.schedulers.nexus_routing import DeficitRoundRobin, WeightedRandom
 from gpu.sim.events import EventHandle, EventLoop
 
 
@@ -168,13 +170,21 @@ def _remove(queue: deque, positions: tuple[int, ...]) -> list[Request]:
     return taken
 
 
+class AloneTimes(NamedTuple):
+    """A dynamic model's per-request cost: alone times drawn per request, a batch priced by Eq. 4.3/4.4."""
+
+    model: PaddedBatchModel
+    sample: Callable[[np.random.Generator, int], np.ndarray]  # (rng, n) -> n alone times, ms
+
+
 class _Gpu:
     """Round-robin executor of one plan node."""
 
     def __init__(self, node_id: int, loop: EventLoop, slots: list[_Slot], policy: BatchPolicy, noise: bool,
-                 rng: np.random.Generator, chains: _Chains, log: list[BatchRecord] | None):
+                 rng: np.random.Generator, chains: _Chains, log: list[BatchRecord] | None,
+                 costs: Mapping[str, AloneTimes]):
         self.node_id, self.loop, self.slots, self.policy = node_id, loop, slots, policy
-        self.noise, self.rng = noise, rng
+        self.noise, self.rng, self.costs = noise, rng, costs
         self.chains, self.log = chains, log
         self.rr = 0
         self.busy_until = 0.0
@@ -220,9 +230,13 @@ class _Gpu:
             self.schedule(max(nxt, now))
 
     def _execute(self, slot: _Slot, batch: list[Request], now: float) -> None:
-        dur = slot.profile.latency(len(batch))
-        if self.noise:
-            dur = max(0.0, self.rng.normal(dur, slot.profile.std(len(batch))))
+        cost = self.costs.get(slot.profile.model)
+        if cost is not None:  # a dynamic model: the batch runs as long as its slowest request (Eq. 4.3/4.4)
+            dur = cost.model.batch_ms(cost.sample(self.rng, len(batch)))
+        else:
+            dur = slot.profile.latency(len(batch))
+            if self.noise:
+                dur = max(0.0, self.rng.normal(dur, slot.profile.std(len(batch))))
         finish = now + dur
         on_time = [r for r in batch if fits(finish, r.deadline_ms)]
         slot.stats.good += len(on_time)
@@ -234,24 +248,18 @@ class _Gpu:
             self.log.append(BatchRecord(slot.sid, now, finish, len(batch), self.node_id))
         self.chains.issue(slot.sid, on_time, finish)
         self.busy_until = finish
+        self.loop.at(finish, lambda: observe_batch(self.policy, batch, now, finish), priority=-1)
         self.schedule(finish)
 
 
 class _Chains:
-    """Query stages chained request by request: issue children of finished parents, record lost queries."""
+    """The simulator's side of query chaining: the controller decides which children a finished batch issues
+    and their deadlines (``NexusController.chain``); here they become requests on their GPUs' queues, and
+    lost requests are booked against their queries (by the root request's id, which children carry)."""
 
-    def __init__(self, loop: EventLoop, rng: np.random.Generator, result: SimResult,
-                 chains: Mapping[str, tuple[str, float]], slo_ms: Mapping[str, float], ready_ms: Mapping[str, float]):
-        self.loop, self.rng, self.result, self.slo_ms, self.ready_ms = loop, rng, result, slo_ms, ready_ms
-        self.children: dict[str, list[tuple[str, float]]] = {}
-        for child, (parent, gamma) in chains.items():
-            self.children.setdefault(parent, []).append((child, gamma))
-        self.root = {sid: sid for sid in self.children}
-        for child in chains:
-            top = child
-            while top in chains:
-                top = chains[top][0]
-            self.root[child] = top
+    def __init__(self, loop: EventLoop, result: SimResult, controller: NexusController, ready_ms: Mapping[str, float]):
+        self.loop, self.result, self.ctl, self.ready_ms = loop, result, controller, ready_ms
+        self.roots = controller.chains.roots
         self.routes: dict[str, DeficitRoundRobin | WeightedRandom] = {}  # over (slot, GPU) pairs
 
     def route(self, sid: str, picker: DeficitRoundRobin | WeightedRandom) -> None:
@@ -259,20 +267,20 @@ class _Chains:
         self.routes[sid] = picker
 
     def lost(self, sid: str, requests: list[Request]) -> None:
-        if requests and sid in self.root:
-            self.result.bad_queries.setdefault(self.root[sid], set()).update(r.request_id for r in requests)
+        if requests and sid in self.roots:
+            self.result.bad_queries.setdefault(self.roots[sid], set()).update(r.request_id for r in requests)
 
     def issue(self, sid: str, done: list[Request], finish: float) -> None:
-        if done and sid in self.children:
+        if done and sid in self.ctl.chains.parents:
             self.loop.at(finish, lambda: self._arrive(sid, done))
 
     def _arrive(self, parent: str, done: list[Request]) -> None:
         now = self.loop.now
-        for child, gamma in self.children[parent]:
-            n = self.rng.poisson(gamma, size=len(done))
+        for issue in self.ctl.chain(now, parent, np.array([r.deadline_ms for r in done])):
+            child = issue.session_id
             ready = self.ready_ms.get(child, 0.0)  # pre-processed by the CPU pool first (OL)
-            reqs = [Request(r.request_id, child, now + ready, r.deadline_ms + ready + self.slo_ms[child])
-                    for r, k in zip(done, n) for _ in range(k)]
+            reqs = [Request(done[p].request_id, child, now + ready, float(d))
+                    for p, d in zip(issue.parents.tolist(), issue.deadlines.tolist())]
             stats = self.result.sessions.setdefault(child, SessionStats())
             stats.offered += len(reqs)
             if child not in self.routes:  # nothing hosts it
@@ -286,13 +294,15 @@ class _Chains:
                 gpu.poke()
 
 
-def simulate_plan(plan: Plan, profiles: Mapping[str, BatchProfile], policy: BatchPolicy, *,
+def simulate_plan(plan: Plan, profiles: Mapping[str, BatchProfile], policy: BatchPolicy | None, *,
                   rates: Mapping[str, float] | None = None, duration_s: float = 20.0, arrivals: str = "poisson",
                   noise: bool = False, seed: int = 0, planned: Accounting | None = None,
                   streams: Mapping[str, int] | None = None,
                   chains: Mapping[str, tuple[str, float]] | None = None,
                   ready_ms: Mapping[str, float] | None = None, log_batches: bool = False,
-                  load_balancer: str = "drr") -> SimResult:
+                  load_balancer: str = "drr", controller: NexusController | None = None,
+                  policy_factory: Callable[[], BatchPolicy] | None = None,
+                  alone_times: Mapping[str, AloneTimes] | None = None) -> SimResult:
     """Run ``plan`` against offered ``rates`` (default: the plan's session rates) and count bad requests.
 
     All traffic is routed, as by the real frontend: a capped plan's ``unassigned`` rate goes onto GPUs by
@@ -309,16 +319,28 @@ def simulate_plan(plan: Plan, profiles: Mapping[str, BatchProfile], policy: Batc
         log_batches: record every batch in ``SimResult.batch_log``.
         load_balancer: how a session's requests are spread over its GPUs, by the serving frontend's
             ``gpu.schedulers.nexus_routing.balancer`` (``drr``, the authors' default, or ``weighted_random``).
+        controller: the Nexus controller that routes and chains (default: one for this fixed plan with
+            ``chains`` and ``load_balancer``, drawing from the run's seeded generator); it is given the plan
+            with its unassigned load routed (``NexusController.install``). Its own stages and load balancer
+            apply, so ``chains`` must then be left out.
+        policy_factory: instead of sharing ``policy``, build one per GPU (a policy with state, e.g. ORLOJ's
+            baselines, learns from its own GPU's batches through ``observe``).
+        alone_times: per model name, a dynamic model's per-request alone times and batch model: its batches
+            run for Eq. 4.3/4.4 on the sampled times instead of the profile's ℓ(b) (ORLOJ, ``docs/orloj.md``).
     """
     from gpu.schedulers.nexus_profiles import PRESETS
 
+    if (policy is None) == (policy_factory is None):
+        raise ConfigError("batch_policy", policy, "give either one policy or a policy_factory")
     rng = np.random.default_rng(seed)
     acc = planned or PRESETS[plan.preset]
     offered = dict(rates) if rates is not None else {s.session_id: s.rate for s in plan.sessions}
     plan = route_unassigned(plan, profiles, acc)
-    shares = plan.rate_shares()
     by_id = {s.session_id: s for s in plan.sessions}
-    chains = dict(chains or {})
+    if controller is not None and chains:
+        raise ConfigError("chains", dict(chains), "a run with a controller chains by the controller's stages")
+    ctl = controller or NexusController(chains=chains, load_balancer=load_balancer, rng=rng)
+    chains = ctl.chains.chains
     ready = dict(ready_ms or {})
     for sid, delay in ready.items():
         if sid not in by_id or not (np.isfinite(delay) and delay >= 0):
@@ -326,6 +348,7 @@ def simulate_plan(plan: Plan, profiles: Mapping[str, BatchProfile], policy: Batc
     for child, (parent, _) in chains.items():
         if child not in by_id or parent not in by_id:
             raise ConfigError("chains", child, "child and parent must both be sessions of the plan")
+    ctl.install(plan, ready)
     result = SimResult(duration_s, batch_log=[] if log_batches else None)
     routed: dict[tuple[str, int], tuple[np.ndarray, np.ndarray]] = {}
     for sid, rate in offered.items():
@@ -336,16 +359,16 @@ def simulate_plan(plan: Plan, profiles: Mapping[str, BatchProfile], policy: Batc
             continue  # issued by its parent's requests
         t = arrival_times(rate, duration_s, arrivals, rng, (streams or {}).get(sid, 1)) + ready.get(sid, 0.0)
         stats.offered = len(t)
-        node_ids, weights = route_table(shares.get(sid, {}))
-        if not node_ids:
+        picker = ctl.route(sid, {n: n for n in ctl.router.nodes(sid)[0]})
+        if picker is None:
             stats.dropped += len(t)  # nothing hosts it: every request is dropped
             continue
-        pick = balancer(load_balancer, node_ids, weights, rng).pick_many(len(t))
+        pick = picker.pick_many(len(t))
         ids = np.arange(len(t))
-        for j, nid in enumerate(node_ids):
+        for j, nid in enumerate(picker.targets):
             routed[(sid, nid)] = t[pick == j], ids[pick == j]
     loop = EventLoop()
-    chained = _Chains(loop, rng, result, chains, {sid: s.slo_ms for sid, s in by_id.items()}, ready)
+    chained = _Chains(loop, result, ctl, ready)
     gpus = []
     hosts: dict[str, dict[int, tuple[_Slot, _Gpu]]] = {}
     for node in plan.nodes:
@@ -353,16 +376,17 @@ def simulate_plan(plan: Plan, profiles: Mapping[str, BatchProfile], policy: Batc
                        p.slo_ms, p.batch, profiles[p.model], acc,
                        result.sessions.setdefault(p.session_id, SessionStats()))
                  for p in node.placements]
-        gpu = _Gpu(node.node_id, loop, slots, policy, noise, rng, chained, result.batch_log)
+        gpu = _Gpu(node.node_id, loop, slots, policy_factory() if policy_factory else policy, noise, rng, chained,
+                   result.batch_log, alone_times or {})
         gpus.append(gpu)
         gpu.schedule(0.0)
         for slot in slots:
             hosts.setdefault(slot.sid, {})[node.node_id] = (slot, gpu)
     for sid in chains:
-        node_ids, weights = route_table(shares.get(sid, {}))
-        if node_ids:
-            chained.route(sid, balancer(load_balancer, [hosts[sid][n] for n in node_ids], weights, rng))
-    depth = max((_depth(chains, sid) for sid in chains), default=0)
+        picker = ctl.route(sid, hosts.get(sid, {}))
+        if picker is not None:
+            chained.route(sid, picker)
+    depth = max((ctl.chains.depth(sid) for sid in chains), default=0)
     horizon = duration_s * 1000.0 + 20 * (1 + depth) * max((s.slo_ms + ready.get(s.session_id, 0.0)
                                                              for s in plan.sessions), default=0.0)
     loop.run(until=horizon)
@@ -373,7 +397,3 @@ def simulate_plan(plan: Plan, profiles: Mapping[str, BatchProfile], policy: Batc
             chained.lost(slot.sid, left)
     return result
 
-
-def _depth(chains: Mapping[str, tuple[str, float]], sid: str) -> int:
-    """Number of parents above ``sid``."""
-    return 1 + _depth(chains, chains[sid][0]) if sid in chains else 0

@@ -1,12 +1,13 @@
-"""Epoch reaction (Nexus Fig. 13, spec §8 item 10): a step in load, its detection by the epoch planner's
+"""Epoch reaction (Nexus Fig. 13, §7.4): a step in load, its detection by the epoch planner's
 beacons, and the bad-rate spike until the new plan serves it.
 
 The paper (§7.4) steps the load up and reads off how long Nexus takes to notice (12 s there, at most one
 30 s epoch) and what the step costs in bad requests before the new plan's GPUs take over (0.27 % bad over
 the run). Here the timeline is simulated one beacon at a time with the real planner
-(:class:`gpu.schedulers.nexus_epoch.EpochPlanner`): each beacon's arrivals run against the plan in force
-(:func:`gpu.sim.nexus_engine.simulate_plan`), the beacon's measured per-session rates (the Poisson counts,
-as the frontends report them) go to ``observe``, and a plan it returns serves from the next beacon on.
+(:class:`gpu.schedulers.nexus_epoch.EpochPlanner`) inside the Nexus controller the serving flow runs: each
+beacon's arrivals run against the plan in force (:func:`gpu.sim.nexus_engine.simulate_plan`), the beacon's
+measured per-session rates (the Poisson counts, as the frontends report them) go to its ``on_epoch`` hook, and
+a new plan it decides serves from the next beacon on.
 
 Approximation: queues do not carry over from one beacon to the next (each beacon starts empty and drains).
 With SLOs of 50–200 ms against 1 s beacons that moves at most one SLO's worth of requests per beacon across
@@ -21,6 +22,7 @@ from typing import Mapping, Sequence
 from gpu.batching import make_policy
 from gpu.errors import ConfigError
 from gpu.schedulers.nexus import Session, SquishyPacker
+from gpu.schedulers.nexus_controller import NexusController
 from gpu.schedulers.nexus_epoch import EpochConfig, EpochPlanner
 from gpu.schedulers.nexus_profiles import BatchProfile
 from gpu.sim.nexus_engine import simulate_plan
@@ -103,22 +105,22 @@ def step_timeline(profiles: Mapping[str, BatchProfile], sessions: Sequence[Sessi
     if not scale > 0:
         raise ConfigError("scale", scale, "must be > 0")
     planner = EpochPlanner(SquishyPacker(profiles, preset), sessions, config)
+    controller = NexusController(planner, rng=seed)
     policy = make_policy(batch_policy)
     beacons: list[Beacon] = []
-    plan = planner.plan
+    plan = controller.plan
     n = int(round(duration_s / config.beacon_s))
     for k in range(1, n + 1):
         t = k * config.beacon_s
         factor = scale if t > step_at_s else 1.0
         rates = {s.session_id: s.rate * factor for s in sessions}
         res = simulate_plan(plan, profiles, policy, rates=rates, duration_s=config.beacon_s, arrivals=arrivals,
-                            seed=seed * 100_003 + k)
+                            seed=seed * 100_003 + k, controller=controller)
         measured = {sid: st.offered / config.beacon_s for sid, st in res.sessions.items()}
-        new = planner.observe(t, measured)
+        decision = controller.on_epoch(t, measured)
         beacons.append(Beacon(t, res.total("offered"), res.total("late") + res.total("dropped"), plan.num_gpus,
-                              new is not None))
-        if new is not None:
-            plan = new
+                              decision.replanned))
+        plan = decision.plan
     return EpochTimeline(tuple(beacons), float(step_at_s), tuple(planner.epochs))
 
 

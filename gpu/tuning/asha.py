@@ -3,7 +3,7 @@
 Rungs ``r_k = min_budget * eta**k`` (the last one capped at ``max_budget``). When asked for work, ASHA
 promotes a config from the highest rung where it is in the top ``1/eta`` of that rung's finished results and
 not yet promoted; otherwise it starts a new config on rung 0 until ``num_samples`` configs were started. The
-batch handed out in one ``suggest(slots)`` call is one TrialGroup (spec Part IV item 12). Finished when no
+batch handed out in one ``suggest(slots)`` call is one TrialGroup (FLUID, thesis §3.3.2). Finished when no
 new config is left, nothing is promotable and nothing is running.
 
 Bookkeeping is ours (numpy/python): Ray Tune's ``AsyncHyperBandScheduler`` decides CONTINUE/STOP on each

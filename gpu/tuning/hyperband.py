@@ -1,4 +1,4 @@
-"""Synchronous successive halving and Hyperband: one TrialGroup per rung (spec Part IV item 12).
+"""Synchronous successive halving and Hyperband: one TrialGroup per rung (FLUID, thesis §3.3.2: a TrialGroup is the set of trials a tuning algorithm hands out together).
 
 Li et al., "Hyperband" (JMLR 2018). A bracket ``(n, R, eta, s)`` trains ``n`` configs for
 ``r_0 = R * eta**-s`` iterations, keeps the best ``floor(n_i / eta)`` (at least one) and trains them on to

@@ -2,10 +2,17 @@
 
 Nexus §5 ("Data plane"): the global scheduler's routing table (``Plan.rate_shares()``: session → {node:
 share}) is pushed to the frontends every epoch; each request goes to one of the session's backends in
-proportion to the throughput allocated there, by the load balancer of ``gpu.schedulers.nexus_routing``
-(``drr``, deficit round robin, the default, or ``weighted_random``) — the one the simulator routes with.
+proportion to the throughput allocated there, by the Nexus controller's ``Router``
+(``gpu.schedulers.nexus_routing``: ``drr``, deficit round robin, the default, or ``weighted_random``) — the one
+the simulator routes with.
 The frontend also counts arrivals per session, which the epoch planner reads every beacon as the measured
 request rate.
+
+Applications: several clients may share a session (ORLOJ, Yu 2022 §4.3.2: "ORLOJ tags each request with its
+originating application"). ``Frontend(apps={app: slo_ms or None})`` gives each application a code that rides
+in the ring's ``app`` column to the worker, which hands it to the policy as ``Request.app_id``; an application
+with its own SLO gets ``arrival + its SLO`` as deadline (the session's otherwise), so such a queue is no longer
+deadline-ordered and needs an object policy (``LocalServingRuntime`` refuses a span policy then).
 
 Example: shares {1: 2/3, 2: 1/3} → DRR over 300 requests sends 200 to node 1 and 100 to node 2.
 """
@@ -21,7 +28,7 @@ import numpy as np
 
 from gpu.errors import ConfigError
 from gpu.schedulers.nexus import Plan
-from gpu.schedulers.nexus_routing import LOAD_BALANCERS, balancer, route_table
+from gpu.schedulers.nexus_routing import Router
 from tasks.serving.ring import as_rows
 from tasks.serving.stats import Recorder
 
@@ -39,12 +46,19 @@ class Frontend:
     with the workers' busy time, less every forward pass, it makes the runtime's dispatch overhead.
     """
 
-    def __init__(self, recorder: Recorder, load_balancer: str = "drr", seed: int = 0, chained_ids: int = CHAINED_IDS):
-        if load_balancer not in LOAD_BALANCERS:
-            raise ConfigError("load_balancer", load_balancer, f"unknown; choose one of {list(LOAD_BALANCERS)}")
+    def __init__(self, recorder: Recorder, load_balancer: str = "drr", seed: int = 0, chained_ids: int = CHAINED_IDS,
+                 router: Router | None = None, apps: Mapping[str, float | None] | None = None):
+        self.apps = tuple(sorted(apps or {}))  # ring code k is ``apps[k - 1]``; 0 is "no application"
+        self._app_code = {a: k for k, a in enumerate(self.apps, 1)}
+        self._app_slo_ns: dict[int, int] = {}
+        for a, slo in (apps or {}).items():
+            if slo is not None:
+                if isinstance(slo, bool) or not isinstance(slo, (int, float)) or not 0 < slo < float("inf"):
+                    raise ConfigError(f"apps.{a}.slo_ms", slo, "must be a finite number > 0 (or none: the session's)")
+                self._app_slo_ns[self._app_code[a]] = round(float(slo) * 1e6)
         self.recorder = recorder
-        self.load_balancer = load_balancer
-        self._rng = np.random.default_rng(seed)
+        self.router = router or Router(load_balancer, seed)  # the Nexus controller's, when a runtime has one
+        self.load_balancer = self.router.kind
         # session → (SLO ns, its only worker or None, picker among several workers or None)
         self._routes: dict[str, tuple[int, Any, Any]] = {}
         self._next_id = 0
@@ -60,16 +74,16 @@ class Frontend:
 
     def set_plan(self, plan: Plan, workers: Mapping[int, Any]) -> None:
         """Install the routing table of ``plan``; ``workers`` maps node id → the worker running it."""
-        shares = plan.rate_shares()
+        self.router.set_plan(plan)
         routes: dict[str, tuple[int, Any, Any]] = {}
         for s in plan.sessions:
             sid = s.session_id
-            nodes, weights = route_table(shares.get(sid, {}))
+            nodes, _ = self.router.nodes(sid)
             one, pick = None, None
             if len(nodes) == 1:
                 one = workers[nodes[0]]
             elif nodes:
-                pick = balancer(self.load_balancer, [workers[n] for n in nodes], weights, self._rng)
+                pick = self.router.picker(sid, workers)
             routes[sid] = (round(float(s.slo_ms) * 1e6), one, pick)
             self.counts.setdefault(sid, 0)
         self._routes = routes
@@ -90,16 +104,26 @@ class Frontend:
                 w.flush()
             self.route_ns += time.perf_counter_ns() - t0
 
-    def submit(self, session_id: str, x: Any, arrival_ns: int | None = None) -> int:
+    def app_code(self, app: str | None) -> tuple[int, int | None]:
+        """``(ring code, own SLO in ns or None)`` of an application (``None``: no application, code 0)."""
+        if app is None:
+            return 0, None
+        code = self._app_code.get(app)
+        if code is None:
+            raise ConfigError("app", app, f"not an application of this runtime ({list(self.apps)})")
+        return code, self._app_slo_ns.get(code)
+
+    def submit(self, session_id: str, x: Any, arrival_ns: int | None = None, app: str | None = None) -> int:
         """Accept one request (``x``: its input, a ``1×d`` or ``d`` array or CPU tensor); returns its id.
 
         ``arrival_ns``: when it arrived (``perf_counter_ns``; default now). A caller that was busy when the
         request was due — e.g. running a batch for an idle worker — passes the due time, so the wait counts
-        in the request's latency and against its deadline (no coordinated omission)."""
+        in the request's latency and against its deadline (no coordinated omission). ``app``: the
+        application that sent it (one of ``apps``), if any."""
         t0 = time.perf_counter_ns()
         route = self._routes.get(session_id)
-        if route is None or route[1] is None:  # unknown, or several workers (or none): the general path
-            return self.submit_many(session_id, x, arrival_ns).start
+        if route is None or route[1] is None or app is not None:  # the general path
+            return self.submit_many(session_id, x, arrival_ns, app).start
         rid = self._next_id
         self._next_id = rid + 1
         a = t0 if arrival_ns is None else arrival_ns
@@ -109,17 +133,21 @@ class Frontend:
         self.route_ns += time.perf_counter_ns() - t0
         return rid
 
-    def submit_many(self, session_id: str, xs: Any, arrival_ns: np.ndarray | int | None = None) -> range:
+    def submit_many(self, session_id: str, xs: Any, arrival_ns: np.ndarray | int | None = None,
+                    app: str | None = None) -> range:
         """Accept requests of one session read together (one read of a socket, one turn of a load
         generator): ``xs`` their inputs, a ``k×d`` array or CPU tensor (or a sequence of rows); ``arrival_ns``
         one stamp for all, or their arrival times (int64, nondecreasing; default now). Returns their ids.
         One routing draw and one ring write (and doorbell or batch) per target worker; a planned session
-        with no GPU (rate 0) is dropped."""
+        with no GPU (rate 0) is dropped. ``app``: the application that sent them, if any."""
         t0 = time.perf_counter_ns()
         route = self._routes.get(session_id)
         if route is None:
             raise ConfigError("session_id", session_id, f"not a session of the current plan ({sorted(self._routes)})")
         slo, one, pick = route
+        code, app_slo = self.app_code(app)
+        if app_slo is not None:
+            slo = app_slo
         rows = as_rows(xs)
         k = len(rows)
         first = self._next_id
@@ -129,7 +157,7 @@ class Frontend:
         deadline = arrival + slo
         self.counts[session_id] += k
         self._dispatch(session_id, one, pick, pick.pick_many(k) if one is None and pick else None, first, k,
-                       arrival, deadline, rows)
+                       arrival, deadline, rows, code)
         self.submitted += k
         self.route_ns += time.perf_counter_ns() - t0
         return ids
@@ -153,17 +181,19 @@ class Frontend:
         return range(first, first + k)
 
     def _dispatch(self, session_id: str, one: Any, pick: Any, to: np.ndarray | None, first: int, k: int,
-                  arrival: np.ndarray | int, deadline: np.ndarray | int, rows: np.ndarray) -> None:
+                  arrival: np.ndarray | int, deadline: np.ndarray | int, rows: np.ndarray, app: int = 0) -> None:
         """Requests ``first .. first + k`` into the ring of their worker (or of the workers ``to`` picked for
-        each); dropped when the plan gives the session no GPU."""
+        each), with their application's code when they have one; dropped when the plan gives the session no
+        GPU."""
+        tag = {"app": app} if app else {}
         if one is not None:
-            one.push(session_id, first, arrival, deadline, rows)
+            one.push(session_id, first, arrival, deadline, rows, **tag)
         elif to is not None:
             for j, target in enumerate(pick.targets):
                 mask = to == j
                 if mask.any():
                     target.push(session_id, np.arange(first, first + k)[mask], _part(arrival, mask),
-                                _part(deadline, mask), rows[mask])
+                                _part(deadline, mask), rows[mask], **tag)
         else:
             self.recorder.dropped(session_id, -1, np.arange(first, first + k), np.full(k, arrival, np.int64),
                                   np.full(k, deadline, np.int64))

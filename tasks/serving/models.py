@@ -3,9 +3,10 @@
 Three classifiers of the 8×8 digits of ``sklearn.datasets.load_digits`` (1797 images, bundled with
 scikit-learn), chosen so their batching profiles ℓ(b) differ in shape the way the paper's models do
 (Nexus §6.1, Eq. 1): ``digits_mlp`` has a large fixed cost and a tiny per-input cost (batching is almost
-free), ``digits_cnn_small`` is in between, ``digits_cnn`` has the steepest per-input cost.
+free), ``digits_cnn_small`` is in between, ``digits_cnn`` has the steepest per-input cost. ``digits_dynamic``
+(``tasks.serving.dynamic_models``) exits early on confident inputs: its latency depends on the data (ORLOJ).
 
-The profiler follows the authors' tool (spec §4, ``tools/profiler``): per batch size 4 dry runs, then 10
+The profiler follows the authors' tool (``tools/profiler``): per batch size 4 dry runs, then 10
 timed runs, turned into a :class:`BatchProfile` by ``profile_from_measurements`` exactly like the
 published profiles, so the squishy packer plans for our models the way it plans for VGG.
 """
@@ -24,6 +25,7 @@ from torch import nn
 from gpu.errors import ConfigError
 from gpu.schedulers.nexus_profiles import BatchProfile, profile_from_measurements
 from gpu.state import state_dir
+from tasks.serving.dynamic_models import EarlyExitDigits
 
 PROFILE_BATCHES = (1, 2, 4, 8, 16, 32, 64)
 INPUT_FEATURES = 64  # every served model takes one digits image, 8×8 values in a row
@@ -48,6 +50,7 @@ ARCHITECTURES: dict[str, Callable[[], nn.Module]] = {
     "digits_mlp": _mlp,
     "digits_cnn_small": _cnn_small,
     "digits_cnn": _cnn,
+    "digits_dynamic": EarlyExitDigits,  # early exits: a request's time depends on its input (ORLOJ)
 }
 
 
@@ -90,7 +93,8 @@ def train_model(name: str, steps: int = 300, seed: int = 0, data: Digits | None 
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     for _ in range(steps):
         idx = torch.randint(0, len(data.x_train), (64,), generator=gen)
-        loss = nn.functional.cross_entropy(model(data.x_train[idx]), data.y_train[idx])
+        x, y = data.x_train[idx], data.y_train[idx]
+        loss = model.training_loss(x, y) if hasattr(model, "training_loss") else nn.functional.cross_entropy(model(x), y)
         opt.zero_grad()
         loss.backward()
         opt.step()

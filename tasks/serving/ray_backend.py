@@ -37,6 +37,7 @@ import torch
 from gpu.batching import BatchPolicy
 from gpu.ledger import Placement
 from gpu.schedulers.nexus import GpuNode, Plan
+from gpu.schedulers.nexus_controller import NexusController
 from gpu.schedulers.nexus_profiles import Accounting, BatchProfile
 from tasks.serving.chaining import QueryChainer
 from tasks.serving.frontend import CHAINED_IDS, Frontend
@@ -78,9 +79,11 @@ class _WorkerActor:
             models[name].load_state_dict(state)
         self.recorder = Recorder()
         # routes what this node's query stages issue; its ids apart from the frontend's and every other node's
-        self.frontend = Frontend(self.recorder, load_balancer, seed + node.node_id,
-                                 CHAINED_IDS + ((node.node_id + 1) << 36))
-        self.chainer = QueryChainer(chains or {}, self.frontend, seed + node.node_id)
+        self.controller = NexusController(chains=chains, load_balancer=load_balancer, rng=seed + node.node_id,
+                                          time_unit="ns")
+        self.frontend = Frontend(self.recorder, chained_ids=CHAINED_IDS + ((node.node_id + 1) << 36),
+                                 router=self.controller.router)
+        self.chainer = QueryChainer(self.controller, self.frontend)
         self.worker = ServingWorker(node, models, profiles, policy, self.recorder, device, accounting,
                                     on_done=self.chainer.parent_done, parents=self.chainer.parents).start()
         self.push_ns = 0
@@ -115,7 +118,7 @@ class _WorkerActor:
         me = self.worker.node_id
         self.frontend.set_plan(plan, {nid: self.worker if nid == me else _Peer(actor, off - offset)
                                       for nid, (actor, off) in peers.items()})
-        self.chainer.set_budgets({s.session_id: s.slo_ms for s in plan.sessions})
+        self.controller.install(plan)
 
     def collect(self) -> tuple[list[tuple], dict[int, int], dict[str, int]]:
         """The outcomes, parent links and per-session counts of issued requests since the last call."""
@@ -168,8 +171,8 @@ class RayWorkerHandle:
         for k in (*COUNTERS, PUSH_NS):
             setattr(self, k, 0)
         self.actor = ray.remote(_WorkerActor).options(**options).remote(
-            node, states, dict(profiles), policy, device, accounting, 1, chainer.chains if chainer else None,
-            chainer.frontend.load_balancer if chainer else "drr", seed)
+            node, states, dict(profiles), policy, device, accounting, 1, chainer.controller.chains.chains if chainer else None,
+            chainer.controller.router.kind if chainer else "drr", seed)
         # wait for the actor (a fresh process importing torch takes seconds): requests routed before it is up
         # would sit in Ray's queue past their deadlines and all be dropped
         same_machine = ray.get(self.actor.ray_node.remote()) == ray.get_runtime_context().get_node_id()

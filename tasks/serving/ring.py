@@ -1,6 +1,6 @@
 """A session's request queue as columns: preallocated numpy arrays written by the frontend, sliced by the worker.
 
-The structure-of-arrays hot path of the serving runtime (issue 7: dispatch overhead ≤ 5 % of a small
+The structure-of-arrays hot path of the serving runtime (target: dispatch overhead ≤ 5 % of a small
 model's batch-1 latency): no Python object per request. The frontend's thread appends a burst of k
 requests as k rows — deadline, arrival (int64 ns on ``perf_counter_ns``), request id, app code and the input
 row in one float32 ``capacity×d`` block — and the worker's thread decides over the deadline column

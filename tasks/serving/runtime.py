@@ -24,12 +24,13 @@ from typing import Any, Callable, Mapping
 import torch
 from torch import nn
 
-from gpu.batching import BatchPolicy, EarlyDropPolicy
+from gpu.batching import BatchPolicy, EarlyDropPolicy, SpanPolicy
 from gpu.errors import AllocationTimeout, ConfigError
 from gpu.ledger import LedgerClient, Placement
 from gpu.placement import Request
 from gpu.scenario import choose
 from gpu.schedulers.nexus import GpuNode, Plan
+from gpu.schedulers.nexus_controller import NexusController
 from gpu.schedulers.nexus_overflow import route_unassigned
 from gpu.schedulers.nexus_profiles import PRESETS, BatchProfile
 from tasks.serving.chaining import QueryChainer
@@ -62,8 +63,9 @@ class LocalServingRuntime:
         models: model name → trained torch module.
         profiles: model name → measured batching profile (the ones the plan was made from).
         ledger: the pool's ledger (``GpuPool(...).open_ledger()``).
-        policy: a ``BatchPolicy`` shared by the workers (default early drop; the shipped ones are stateless).
-        policy_factory: instead of ``policy``, makes one policy per worker (for policies with state).
+        policy: a ``BatchPolicy`` shared by the workers (default early drop; the span policies are stateless).
+        policy_factory: instead of ``policy``, makes one policy per worker (for policies with state: ORLOJ and
+            its Clockwork-/Clipper-like baselines, ``gpu.batching.POLICIES``).
         preset: latency accounting of the plans (``paper``/``code``).
         load_balancer: ``drr`` or ``weighted_random``.
         allocation_timeout: seconds to wait for a lease before failing the rollout.
@@ -82,6 +84,11 @@ class LocalServingRuntime:
             request issues the next stage's (``tasks.serving.chaining``; with Ray, from the actor that ran it);
             feed load to the root stages only. ``chainer.root(id)`` is the first request of the query a request
             belongs to (with Ray, of the requests ``sync``/``take_counts``/``close`` brought back).
+        controller: the Nexus controller that routes and chains (``gpu.schedulers.nexus_controller``, clock
+            ``ns``; a flow's, whose ``on_epoch`` decides the plans ``apply`` rolls out). Default: one of this
+            runtime's own from ``chains``, ``load_balancer`` and ``seed``; with a controller those two stay unset.
+        apps: application id → its own SLO in ms (None: its session's), for ``frontend.submit(..., app=...)``;
+            the workers hand each request's application to the policy (``Frontend``). Local backend only.
     """
 
     def __init__(self, models: Mapping[str, nn.Module], profiles: Mapping[str, BatchProfile], ledger: LedgerClient,
@@ -90,19 +97,33 @@ class LocalServingRuntime:
                  cpu_threads: int | None = 1, label: str = "nexus",
                  policy_factory: Callable[[], BatchPolicy] | None = None, gc_threshold: int | None = 100_000,
                  run_inline: bool = True, backend: str = "local",
-                 chains: Mapping[str, tuple[str, float]] | None = None):
+                 chains: Mapping[str, tuple[str, float]] | None = None, controller: NexusController | None = None,
+                 apps: Mapping[str, float | None] | None = None):
         if backend not in BACKENDS:
             raise ConfigError("backend", backend, f"unknown serving backend; choose one of {list(BACKENDS)}")
+        if controller is not None and (chains or load_balancer != "drr"):
+            raise ConfigError("controller", controller.policy, "routes and chains by itself: leave chains and "
+                                                               "load_balancer unset")
+        if controller is not None and controller.chains.time_unit != "ns":
+            raise ConfigError("controller.time_unit", controller.chains.time_unit, "the runtime's clock is ns")
+        if apps and backend != "local":
+            raise ConfigError("apps", sorted(apps), "applications are plumbed through the local backend only")
         self.backend = backend
         self.models = dict(models)
         self.profiles = dict(profiles)
         self.ledger = ledger
         self._policy_factory = policy_factory
         self._policy = check_policy(policy_factory() if policy_factory else (policy or EarlyDropPolicy()))
+        if apps and any(slo is not None for slo in apps.values()) and isinstance(self._policy, SpanPolicy):
+            raise ConfigError("apps", dict(apps), f"per-application SLOs leave a queue out of deadline order, which "
+                                                  f"the span policy {self._policy.name!r} relies on; use an object "
+                                                  "policy such as orloj")
         self.accounting = choose(preset, "preset", PRESETS)
         self.recorder = Recorder()
-        self.frontend = Frontend(self.recorder, load_balancer, seed)
-        self.chainer = QueryChainer(chains or {}, self.frontend, seed)
+        self.controller = controller or NexusController(chains=chains, load_balancer=load_balancer, rng=seed,
+                                                        time_unit="ns")
+        self.frontend = Frontend(self.recorder, router=self.controller.router, apps=apps)
+        self.chainer = QueryChainer(self.controller, self.frontend)
         self.seed = seed
         self.allocation_timeout = allocation_timeout
         self.label = label
@@ -143,7 +164,7 @@ class LocalServingRuntime:
         it; only load no GPU has memory for stays unrouted, and the frontend drops that.
         """
         plan = route_unassigned(plan, self.profiles, self.accounting)
-        self.chainer.set_budgets({s.session_id: s.slo_ms for s in plan.sessions})
+        self.controller.install(plan)
         wanted = {n.node_id: n for n in plan.nodes}
         for nid, node in wanted.items():
             old = self.workers.get(nid)
@@ -183,7 +204,8 @@ class LocalServingRuntime:
             return RayWorkerHandle(node, self.models, self.profiles, self._new_policy(), lease, self.recorder,
                                    self.accounting, device, chainer=self.chainer, seed=self.seed)
         return ServingWorker(node, self.models, self.profiles, self._new_policy(), self.recorder, device,
-                             self.accounting, self.run_inline, self.chainer.parent_done, self.chainer.parents).start()
+                             self.accounting, self.run_inline, self.chainer.parent_done, self.chainer.parents,
+                             apps=self.frontend.apps).start()
 
     def sync(self) -> None:
         """Bring remote workers' outcomes so far into ``recorder`` (local workers record directly), with what

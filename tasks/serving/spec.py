@@ -29,7 +29,7 @@ from gpu.schedulers.nexus import Session
 from gpu.schedulers.nexus_epoch import EpochConfig
 from gpu.schedulers.nexus_profiles import PRESETS, BatchProfile
 from gpu.schedulers.nexus_query import Query, QueryStage, profile_throughput, split_slo
-from tasks.serving.frontend import LOAD_BALANCERS
+from gpu.schedulers.nexus_routing import LOAD_BALANCERS
 from tasks.serving.loadgen import RatePhase, RateTrace
 from tasks.serving.models import check_model
 

@@ -75,12 +75,18 @@ class _Slot:
         self.retiring = False
         self.on_done: Callable[..., None] | None = None  # a query stage with children: issue them
 
-    def requests(self) -> list[Request]:
-        """The queue as ``Request`` objects (ms), for a policy with only the object API."""
-        r, h, t = self.ring, self.ring.head, self.ring.tail
+    def requests(self, apps: tuple[str, ...], start: int | None = None, end: int | None = None) -> list[Request]:
+        """Rows ``[start, end)`` (default: the queue) as ``Request`` objects (ms), for a policy with only the
+        object API; ``app_id`` is the application by the ring's ``app`` code (``apps[code - 1]``), or the
+        session for code 0 (a request submitted without an application)."""
+        r = self.ring
+        h = r.head if start is None else start
+        t = r.tail if end is None else end
         sid = self.placement.session_id
-        return [Request(i, sid, a / 1e6, d / 1e6) for i, a, d in
-                zip(r.request_id[h:t].tolist(), r.arrival[h:t].tolist(), r.deadline[h:t].tolist())]
+        names = (sid, *apps)
+        return [Request(i, names[c], a / 1e6, d / 1e6) for i, c, a, d in
+                zip(r.request_id[h:t].tolist(), r.app[h:t].tolist(), r.arrival[h:t].tolist(),
+                    r.deadline[h:t].tolist())]
 
 
 class ServingWorker:
@@ -100,14 +106,19 @@ class ServingWorker:
             ``tasks.serving.chaining``).
         input_width: values per request the models take (a digits image; None: whatever the first request
             has). A request of another width is refused at ``push``, before it can reach the model.
+        apps: the application ids by ring code (``Frontend(apps=...)`` assigns code k to ``apps[k - 1]``), so an
+            object policy sees each request's application (ORLOJ's per-application histograms).
     """
 
     def __init__(self, node: GpuNode, models: Mapping[str, nn.Module], profiles: Mapping[str, BatchProfile],
                  policy: BatchPolicy, recorder: Recorder, device: str = "cpu", accounting: Accounting = PAPER,
                  run_inline: bool = True, on_done: Callable[..., None] | None = None,
-                 parents: frozenset[str] = frozenset(), input_width: int | None = INPUT_FEATURES):
+                 parents: frozenset[str] = frozenset(), input_width: int | None = INPUT_FEATURES,
+                 apps: tuple[str, ...] = ()):
         self.policy = check_policy(policy)
         self._span = isinstance(policy, SpanPolicy)
+        self._observe = getattr(policy, "observe", None)  # a policy that learns from executed batches
+        self.apps = tuple(apps)
         self.device = torch.device(device)
         self.recorder = recorder
         self.accounting = accounting
@@ -198,13 +209,14 @@ class ServingWorker:
 
     # -- request path -------------------------------------------------------------------------
     def push(self, session_id: str, ids: np.ndarray | int, arrival_ns: int, deadline_ns: int,
-             xs: np.ndarray) -> None:
+             xs: np.ndarray, app: int = 0) -> None:
         """Queue requests of one session (the frontend's thread): array writes into the session's ring; when the
         worker is idle, run the batch here (run to completion) or, if that is off or the worker thread holds
         the execution lock, ring its doorbell.
 
         ``ids``: their request ids (an array, or the first of consecutive ids); ``arrival_ns``/``deadline_ns``:
-        one stamp for all, or one per request (nondecreasing); ``xs``: their inputs, a float32 ``k×d`` array.
+        one stamp for all, or one per request (nondecreasing); ``xs``: their inputs, a float32 ``k×d`` array;
+        ``app``: their application's code (0: none; ``apps``).
         Requests that a batch this thread is running inline for this worker issues here (a query stage's next
         stage on the same GPU) are served by that inline run before it returns.
         """
@@ -215,7 +227,7 @@ class ServingWorker:
                                   np.full(len(ids), deadline_ns, np.int64))
             return
         ring = slot.ring
-        ring.push(ids, arrival_ns, deadline_ns, xs)
+        ring.push(ids, arrival_ns, deadline_ns, xs, app)
         if self._idle:
             if self._inline_thread == threading.get_ident():
                 self._issued_inline = True
@@ -380,10 +392,12 @@ class ServingWorker:
             ring.head = e = s + n_run
             if n_run:
                 try:
-                    self._execute(slot, ring.inputs(s, e), *ring.rows(s, e))
+                    t1, t2 = self._execute(slot, ring.inputs(s, e), *ring.rows(s, e))
                 except BaseException:  # the model failed: its batch is dropped, not lost
                     self.recorder.dropped(slot.placement.session_id, self.node_id, *ring.rows(s, e))
                     raise
+                if self._observe is not None:  # rows [s, e) stay in place until the next compaction
+                    self._observe(slot.requests(self.apps, s, e), t1 / 1e6, t2 / 1e6)
                 self._rr = (i + 1) % n
                 return True, wake_at
             if wake is not None:
@@ -392,7 +406,7 @@ class ServingWorker:
 
     def _decide_objects(self, slot: _Slot, now_ns: int) -> tuple[int, int, float | None]:
         """Ask an object-API policy; a head span is returned as one, anything else is taken and run here."""
-        reqs = slot.requests()
+        reqs = slot.requests(self.apps)
         dec = self.policy.decide(reqs, BatchContext(now_ns / 1e6, slot.latency_ms, slot.placement.batch,
                                                     slot.max_batch))
         run, drop, nd, nr = dec.run, dec.drop, len(dec.drop), len(dec.run)
@@ -409,7 +423,10 @@ class ServingWorker:
             run = tuple(p - sum(d < p for d in drop) for p in run)  # positions after the drops left
         if not run:
             return 0, 0, wake
-        self._execute(slot, *slot.ring.take(np.array(run, np.int64)))
+        batch = [reqs[p] for p in dec.run]
+        t1, t2 = self._execute(slot, *slot.ring.take(np.array(run, np.int64)))
+        if self._observe is not None:
+            self._observe(batch, t1 / 1e6, t2 / 1e6)
         return 0, -1, None
 
     def _retire_empty(self) -> None:
@@ -419,9 +436,10 @@ class ServingWorker:
             self._slots = keep
 
     def _execute(self, slot: _Slot, x: torch.Tensor, ids: np.ndarray | int, arrival: np.ndarray | int,
-                 deadline: np.ndarray | int) -> None:
+                 deadline: np.ndarray | int) -> tuple[int, int]:
         """Run one batch (``x``: its input rows) and hand its ids, timestamps and predictions back as arrays
-        (a batch of one's as ints: ``type(ids) is int`` tells it apart without ``len`` of a tensor, ~0.5 µs)."""
+        (a batch of one's as ints: ``type(ids) is int`` tells it apart without ``len`` of a tensor, ~0.5 µs);
+        returns when the forward pass started and ended (ns), for a policy's ``observe``."""
         rows = x
         if self._to_device:
             x = x.to(self.device, non_blocking=True)
@@ -440,3 +458,4 @@ class ServingWorker:
         if b == 1:
             self.execute1_ns += t2 - t1
             self.batches1 += 1
+        return t1, t2

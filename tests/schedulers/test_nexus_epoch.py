@@ -1,4 +1,4 @@
-"""Epoch re-planning (Nexus §5/§6.1 incremental; spec T12): triggers, minimum epoch gap, plan stability."""
+"""Epoch re-planning (Nexus §5/§6.1 incremental): triggers, minimum epoch gap, plan stability."""
 
 import pytest
 

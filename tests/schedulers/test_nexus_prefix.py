@@ -1,4 +1,4 @@
-"""Prefix batching (Nexus §6.3, spec §3.5/A13): merged profiles, memory per variant, equal-SLO grouping."""
+"""Prefix batching (Nexus §6.3): merged profiles, memory per variant, equal-SLO grouping."""
 
 import pytest
 

@@ -229,6 +229,28 @@ def test_chained_stage_requests_are_issued_by_finished_parents_with_inherited_sl
     assert children.good == children.offered and not res.bad_queries
 
 
+def test_a_run_given_a_controller_chains_and_routes_by_it():
+    """The simulator asks the controller it is given (the one a flow would drive) for children and routes; a
+    second set of chains beside it is ambiguous and refused before anything runs."""
+    from gpu.schedulers.nexus_controller import NexusController
+
+    profiles = {"d": linear_profile("d", 0.0, 10.0, 8), "r": linear_profile("r", 0.0, 5.0, 8)}
+    sessions = (Session("q/d", "d", 50.0, 20.0), Session("q/r", "r", 20.0, 60.0))
+    node = GpuNode(0, 40.0, (Placement("q/d", "d", 50.0, 8, 20.0, 10.0, 50.0),
+                             Placement("q/r", "r", 20.0, 8, 60.0, 5.0, 45.0)))
+    plan = Plan("fixed", "paper", (node,), sessions)
+    ctl = NexusController(chains={"q/r": ("q/d", 0.5)}, rng=4)
+    res = simulate_plan(plan, profiles, make_policy("early_drop"), duration_s=10, arrivals="uniform", seed=4,
+                        controller=ctl)
+    twin = NexusController(chains={"q/r": ("q/d", 0.5)}, rng=4)  # the same decisions for 200 on-time frames
+    twin.install(plan)
+    expected = sum(len(i.parents) for i in twin.chain(0.0, "q/d", np.full(200, 50.0)))
+    assert res.sessions["q/d"].good == 200 and res.sessions["q/r"].offered == expected
+    assert expected == pytest.approx(100, abs=4 * 10)  # Poisson(0.5) × 200: mean 100, sd 10
+    with pytest.raises(ConfigError, match="chains"):
+        simulate_plan(plan, profiles, make_policy("early_drop"), controller=ctl, chains={"q/r": ("q/d", 3.0)})
+
+
 def test_a_dropped_parent_issues_no_children_and_loses_its_query():
     profiles = {"d": linear_profile("d", 0.0, 30.0, 1), "r": linear_profile("r", 0.0, 1.0, 8)}
     sessions = (Session("q/d", "d", 60.0, 100.0), Session("q/r", "r", 20.0, 100.0))
@@ -244,8 +266,9 @@ def test_a_dropped_parent_issues_no_children_and_loses_its_query():
 
 @pytest.mark.parametrize("seed", range(6))
 def test_nexus_needs_no_more_gpus_than_the_batch_oblivious_scheduler_both_measured(seed):
-    """Issue 7's plan invariant, judged by measurement for both (the batch-oblivious plan breaks worst-case SLOs
-    by construction, so its plan alone says nothing): the fewest GPUs on which each measures ≤ 1 % bad."""
+    """Squishy packing never needs more GPUs than the batch-oblivious scheduler, judged by measurement for both
+    (the batch-oblivious plan breaks worst-case SLOs by construction, so its plan alone says nothing): the fewest
+    GPUs on which each measures ≤ 1 % bad."""
     rng = np.random.default_rng(seed)
     profiles = synthetic_profiles()
     models = ["resnet50", "inception", "googlenet", "vgg7"]

@@ -1,0 +1,164 @@
+"""ORLOJ simulator inputs: per-application execution-time distributions and the scenario file.
+
+The thesis's synthetic workloads (§4.5.1, Tables C.1–C.3) are mixtures of normal distributions whose units and
+mode locations it does not give; we use a 10 ms unit with the short mode at 50 ms and mode ``j`` at
+``50·j`` ms, each mode one application (the thesis groups "short-running and relatively long-running requests"
+of a dataset, one application per group), truncated at 1 ms. Its real tasks (Table 4.1) enter as log-normal
+proxies with the table's mean and P99. Scenario format: ``docs/orloj.md``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from gpu.errors import ConfigError
+from gpu.scenario import entries, fraction, integer, label, load_scenario, names, positive, require, section
+
+Z99 = 2.3263478740408408  # the standard normal's 99th percentile
+MIN_MS = 1.0  # the synthetic distributions are truncated here
+POLICY_NAMES = ("orloj", "clockwork", "nexus", "clipper")
+
+
+@dataclass(frozen=True)
+class AppDistribution:
+    """One application's alone (batch-of-one) execution time, ms: ``normal``, ``lognormal`` or ``constant``."""
+
+    app_id: str
+    kind: str
+    mean_ms: float
+    spread_ms: float = 0.0  # normal: std; lognormal: P99; constant: unused
+
+    def sample(self, rng: np.random.Generator, n: int, scale: float = 1.0) -> np.ndarray:
+        if self.kind == "normal":
+            x = np.maximum(rng.normal(self.mean_ms, self.spread_ms, n), MIN_MS)
+        elif self.kind == "lognormal":
+            sigma = lognormal_sigma(self.mean_ms, self.spread_ms)
+            x = rng.lognormal(math.log(self.mean_ms) - sigma ** 2 / 2, sigma, n)
+        else:
+            x = np.full(n, self.mean_ms)
+        return scale * x
+
+
+def lognormal_sigma(mean_ms: float, p99_ms: float) -> float:
+    """σ of the log-normal with this mean and P99: the smaller root of ``σ²/2 − z₉₉σ + ln(P99/mean) = 0``."""
+    disc = Z99 ** 2 - 2 * math.log(p99_ms / mean_ms)
+    if p99_ms <= mean_ms or disc < 0:
+        raise ConfigError("lognormal.p99_ms", p99_ms, f"needs mean < P99 <= {mean_ms * math.exp(Z99 ** 2 / 2):.4g}")
+    return Z99 - math.sqrt(disc)
+
+
+@dataclass(frozen=True)
+class Case:
+    """One workload (a table row group of the thesis): applications sharing one model, equal request rates."""
+
+    name: str
+    apps: tuple[AppDistribution, ...]
+    scale: float = 1.0  # multiplies every time (Fig. 4.14 scales a distribution down)
+    overhead_ms: float = 0.0  # added to every alone time: the batch-independent part of a forward pass
+
+    def sample(self, rng: np.random.Generator, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """``n`` requests: each application's index (uniform) and its alone time."""
+        which = rng.integers(len(self.apps), size=n)
+        alone = np.empty(n)
+        for i, app in enumerate(self.apps):
+            mask = which == i
+            alone[mask] = app.sample(rng, int(mask.sum()), self.scale)
+        return which, alone + self.scale * self.overhead_ms
+
+
+@dataclass(frozen=True)
+class OrlojScenario:
+    """A parsed scenario: cases × SLO multipliers × policies × seeds on one worker (``docs/orloj.md``)."""
+
+    name: str
+    cases: tuple[Case, ...]
+    slo_multipliers: tuple[float, ...] = (1.5, 2.0, 3.0, 4.0, 5.0)
+    policies: tuple[str, ...] = POLICY_NAMES
+    seeds: int = 5
+    duration_s: float = 60.0
+    requests: int | None = None  # when set, each case runs for this many expected arrivals instead
+    load: float = 0.8
+    c0_fraction: float = 0.9
+    batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16)
+    b: float = 1e-4
+    mix: str = "round_robin"
+    bins: int = 200
+    profiler: str = "warm"  # warm: ORLOJ starts with the true histograms; online: from a cold profile, learning
+    publish_s: float = 10.0  # online: how often the profiler's histograms are picked up
+
+
+_TOP = {"name", "cases", "slo_multipliers", "policies", "seeds", "duration_s", "requests", "load", "c0_fraction",
+        "overhead_ms",
+        "batch_sizes", "orloj"}
+
+
+def _app(raw: dict[str, Any], where: str) -> AppDistribution:
+    app_id = label(require(raw, "id", f"{where}."), f"{where}.id")
+    kinds = [k for k in ("normal", "lognormal", "constant_ms") if k in raw]
+    if len(kinds) != 1:
+        raise ConfigError(where, raw, "give exactly one of normal, lognormal, constant_ms")
+    if kinds[0] == "constant_ms":
+        return AppDistribution(app_id, "constant", positive(raw["constant_ms"], f"{where}.constant_ms"))
+    if kinds[0] == "normal":
+        n = section(raw["normal"], f"{where}.normal", {"mean_ms", "std_ms"}, optional=False)
+        return AppDistribution(app_id, "normal", positive(require(n, "mean_ms", f"{where}.normal."),
+                                                          f"{where}.normal.mean_ms"),
+                               positive(require(n, "std_ms", f"{where}.normal."), f"{where}.normal.std_ms"))
+    ln = section(raw["lognormal"], f"{where}.lognormal", {"mean_ms", "p99_ms"}, optional=False)
+    mean = positive(require(ln, "mean_ms", f"{where}.lognormal."), f"{where}.lognormal.mean_ms")
+    p99 = positive(require(ln, "p99_ms", f"{where}.lognormal."), f"{where}.lognormal.p99_ms")
+    lognormal_sigma(mean, p99)
+    return AppDistribution(app_id, "lognormal", mean, p99)
+
+
+def parse(raw: dict[str, Any], source: str = "scenario") -> OrlojScenario:
+    """Validate a scenario mapping; every bad value is a ConfigError naming its field."""
+    section(raw, source, _TOP, optional=False)
+    cases = []
+    for i, c in enumerate(entries(require(raw, "cases"), "cases", {"name", "apps", "scale"})):
+        where = f"cases[{i}]"
+        apps = tuple(_app(a, f"{where}.apps[{j}]")
+                     for j, a in enumerate(entries(require(c, "apps", f"{where}."), f"{where}.apps",
+                                                   {"id", "normal", "lognormal", "constant_ms"})))
+        if not apps:
+            raise ConfigError(f"{where}.apps", [], "a case needs at least one application")
+        if len({a.app_id for a in apps}) != len(apps):
+            raise ConfigError(f"{where}.apps", [a.app_id for a in apps], "application ids must be unique")
+        cases.append(Case(label(require(c, "name", f"{where}."), f"{where}.name"), apps,
+                          positive(c.get("scale", 1.0), f"{where}.scale")))
+    if not cases:
+        raise ConfigError("cases", [], "a scenario needs at least one case")
+    overhead = positive(raw.get("overhead_ms", 0.0), "overhead_ms", allow_zero=True)
+    cases = [Case(c.name, c.apps, c.scale, overhead) for c in cases]
+    orloj = section(raw.get("orloj"), "orloj", {"b", "mix", "bins", "profiler", "publish_s"})
+    if orloj.get("profiler", "warm") not in ("warm", "online"):
+        raise ConfigError("orloj.profiler", orloj["profiler"], "choose 'warm' or 'online'")
+    multipliers = tuple(positive(m, f"slo_multipliers[{i}]") for i, m in enumerate(raw.get("slo_multipliers",
+                                                                                             [1.5, 2, 3, 4, 5])))
+    policies = tuple(names(raw.get("policies", list(POLICY_NAMES)), "policies"))
+    for p in policies:
+        if p not in POLICY_NAMES:
+            raise ConfigError("policies", p, f"unknown; choose from {list(POLICY_NAMES)}")
+    sizes = tuple(integer(b, f"batch_sizes[{i}]", 1) for i, b in enumerate(raw.get("batch_sizes", [1, 2, 4, 8, 16])))
+    if not multipliers or not sizes or not policies:
+        raise ConfigError("slo_multipliers", multipliers, "need SLO multipliers, batch sizes and policies")
+    return OrlojScenario(
+        name=label(raw.get("name", source), "name"), cases=tuple(cases), slo_multipliers=multipliers,
+        policies=policies, seeds=integer(raw.get("seeds", 5), "seeds", 1),
+        duration_s=positive(raw.get("duration_s", 60.0), "duration_s"),
+        requests=None if raw.get("requests") is None else integer(raw["requests"], "requests", 1), load=positive(raw.get("load", 0.8), "load"),
+        c0_fraction=fraction(raw.get("c0_fraction", 0.9), "c0_fraction"), batch_sizes=tuple(sorted(set(sizes))),
+        b=positive(orloj.get("b", 1e-4), "orloj.b"), mix=str(orloj.get("mix", "round_robin")),
+        bins=integer(orloj.get("bins", 200), "orloj.bins", 2), profiler=orloj.get("profiler", "warm"),
+        publish_s=positive(orloj.get("publish_s", 10.0), "orloj.publish_s"))
+
+
+def load(path: str) -> OrlojScenario:
+    return parse(load_scenario(path), str(path))
+
+
+__all__ = ["AppDistribution", "Case", "OrlojScenario", "POLICY_NAMES", "load", "lognormal_sigma", "parse"]

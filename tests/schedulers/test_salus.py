@@ -1,0 +1,261 @@
+"""Salus (thesis Ch. 2): Algorithm 2.1's outcomes, Eq. 2.1, Fig. 2.6b's reclaim, the iteration policies."""
+
+import math
+
+import numpy as np
+import pytest
+
+from gpu.contract import contract_violations, is_frozen_decision
+from gpu.errors import ConfigError, NeverFitsError
+from gpu.schedulers.salus import Ask, Run, SalusController, SalusJob
+from gpu.schedulers.salus_lanes import NO_MARGINS, LaneManager, Margins
+
+C = 16_000.0  # a P100's 16 GB, in MB
+
+
+def _manager(**kw):
+    return LaneManager(C, NO_MARGINS, **kw)
+
+
+# --- Algorithm 2.1 ------------------------------------------------------------------------------------------
+def test_algorithm_2_1_opens_a_new_lane_while_memory_allows():
+    m = _manager()
+    assert m.admit("a", 1000, 3000).outcome == "new"
+    assert m.admit("b", 1000, 4000).outcome == "new"
+    assert [v.size_mb for v in m.lanes()] == [3000, 4000]
+
+
+def test_algorithm_2_1_joins_the_smallest_lane_that_fits_ties_to_fewest_jobs():
+    m = _manager()
+    m.admit("a", 1000, 3000), m.admit("b", 1000, 5000), m.admit("c", 1000, 3000)  # 3000 + 8000 + 3000 = 14000
+    choice = m.admit("d", 1000, 2500)  # no room for a new 2500 lane (17500 > 16000); lanes 0 and 2 are 3000
+    assert (choice.outcome, choice.lane_id) == ("join", 0)
+    assert m.admit("e", 500, 2000).lane_id == 2  # lane 0 has two jobs now, lane 2 one
+
+
+def test_joining_still_needs_room_for_the_persistent_memory():
+    """Lines 4-6 re-check sum P + P + sum L <= C (otherwise Eq. 2.1 breaks when a big-P job joins)."""
+    m = _manager()
+    m.admit("a", 1000, 14000)
+    assert m.find(1500, 1000).outcome == "not_found"  # 1000 + 1500 + 14000 > 16000 though the lane is big enough
+    assert m.find(1000, 1000).outcome == "join"
+
+
+def test_algorithm_2_1_grows_the_smallest_growable_lane():
+    m = _manager()
+    m.admit("a", 500, 2000), m.admit("b", 500, 3000), m.admit("c", 500, 4000)  # used 10500
+    choice = m.admit("d", 1000, 5000)  # new: 16500 > C; no lane >= 5000; grow lane 0: 11500 - 2000 + 5000 fits
+    assert (choice.outcome, choice.lane_id, choice.size_mb) == ("grow", 0, 5000)
+    assert [v.size_mb for v in m.lanes()] == [5000, 3000, 4000]
+
+
+def test_algorithm_2_1_grows_a_larger_lane_when_growing_the_smallest_would_not_fit():
+    m = _manager()
+    m.admit("a", 1000, 2000), m.admit("b", 1000, 3000), m.admit("c", 1000, 6000)  # used 14000
+    choice = m.admit("d", 500, 7000)  # grow 2000: 19500, grow 3000: 18500, grow 6000: 15500 <= 16000
+    assert (choice.outcome, choice.lane_id) == ("grow", 2)
+
+
+def test_not_found_changes_nothing():
+    m = _manager()
+    m.admit("a", 2000, 13000)
+    before = m.lanes()
+    assert m.admit("b", 2000, 13000).outcome == "not_found"
+    assert m.lanes() == before and "b" not in m.persistent
+
+
+def test_margins_charge_persistent_and_total_and_keep_a_reserve():
+    m = LaneManager(C)  # P x 1.1, P+E x 1.05, 300 MB reserve
+    assert m.charge("j", 1000, 4000) == pytest.approx((1155.0, 4200.0))
+    assert m.usable_mb == C - 300
+    with pytest.raises(NeverFitsError, match="job big.*16000 MB"):
+        m.charge("big", 1000, 14000)
+
+
+@pytest.mark.parametrize("p, e", [(0, 100), (100, -1), (math.nan, 100), (100, math.inf), (True, 100)])
+def test_bad_sizes_raise_one_config_error_naming_the_job(p, e):
+    with pytest.raises(ConfigError, match=r"jobs\[j\]\.(persistent|ephemeral)_mb"):
+        LaneManager(C).charge("j", p, e)
+
+
+# --- Eq. 2.1 under random arrivals and departures -----------------------------------------------------------
+def test_eq_2_1_holds_and_jobs_queue_only_when_not_found_under_random_churn():
+    rng = np.random.default_rng(7)
+    for policy in ("pack", "fair", "srtf", "fifo"):
+        ctl = SalusController(C, policy)
+        live, arrivals = [], 0
+        for step in range(600):
+            if rng.random() < 0.55 or not live:
+                job = SalusJob(f"j{arrivals}", float(rng.uniform(100, 900)), float(rng.uniform(200, 9000)),
+                               expected_s=float(rng.uniform(10, 100)))
+                arrivals += 1
+                would = ctl.lanes.find(*ctl.lanes.charge(job.job_id, job.persistent_mb, job.ephemeral_mb))
+                queue_before = bool(ctl.queue)
+                out = ctl.on_arrival(float(step), job)
+                if out.queued:  # queued only when Algorithm 2.1 said "not found"
+                    assert would.outcome == "not_found" or queue_before
+                else:
+                    assert would.outcome != "not_found"
+                live.append(job.job_id)
+            else:
+                busy = list(ctl.running.values())
+                if busy and rng.random() < 0.6:
+                    ctl.on_iteration(float(step), busy[int(rng.integers(len(busy)))], 0.1)
+                else:
+                    ctl.on_job_done(float(step), live.pop(int(rng.integers(len(live)))), 0.1)
+            ctl.lanes.check()
+            assert ctl.lanes.used_mb() <= ctl.lanes.usable_mb + 1e-6
+
+
+# --- auto-defragmentation (Fig. 2.6b) -----------------------------------------------------------------------
+def test_departed_lane_is_reclaimed_by_the_lane_below_at_its_iteration_boundary():
+    """Fig. 2.6b: job C stops; job B, in the lane below, slides up at its next boundary; D then gets room."""
+    ctl = SalusController(C, "pack", margins=NO_MARGINS)
+    for name, p, e in (("A", 1000, 3000), ("C", 1000, 4000), ("B", 1000, 5000)):
+        ctl.on_arrival(0.0, SalusJob(name, p, e))
+    lanes = {v.jobs[0]: v for v in ctl.lane_views()}
+    assert (lanes["C"].offset_mb, lanes["B"].offset_mb) == (9000, 4000)  # stacked down from the top
+    assert set(ctl.running.values()) == {"A", "B", "C"}
+    ctl.on_job_done(1.0, "C")
+    step = ctl.on_arrival(1.0, SalusJob("D", 500, 4500))  # Eq. 2.1: 2500 + 8000 + 4500 <= 16000 -> new lane
+    assert [a.outcome for a in step.admitted] == ["new"]
+    assert not any(r.job_id == "D" for r in step.runs)  # D's span is still B's (B is mid-iteration)
+    b = next(v for v in ctl.lane_views() if v.jobs == ("B",))
+    assert b.placed_offset_mb == 4000 and b.offset_mb == 8000
+    step = ctl.on_iteration(2.0, "B", 1.0)  # B's boundary: its lane moves up into C's space, D's lane opens
+    assert {(m.lane_id, m.offset_mb) for m in step.moves} == {(b.lane_id, 8000), (b.lane_id + 1, 3500)}
+    assert {r.job_id for r in step.runs} == {"B", "D"}
+
+
+def test_a_grown_lane_waits_for_its_iteration_boundary():
+    ctl = SalusController(C, "pack", margins=NO_MARGINS)
+    for name, p, e in (("a", 500, 2000), ("b", 500, 3000), ("c", 500, 4000)):
+        ctl.on_arrival(0.0, SalusJob(name, p, e))
+    step = ctl.on_arrival(0.0, SalusJob("d", 1000, 5000))
+    assert [(a.outcome, a.lane_id) for a in step.admitted] == [("grow", 0)]
+    assert step.runs == ()  # lane 0 is running a's iteration at its old size, lanes below must move down too
+    step = ctl.on_iteration(1.0, "a", 1.0)
+    assert not step.runs  # lane 0 cannot grow until lanes 1 and 2 move down at their boundaries
+    ctl.on_iteration(1.0, "c", 1.0), ctl.on_iteration(1.0, "b", 1.0)
+    lanes = ctl.lane_views()
+    assert all(v.settled for v in lanes) and lanes[0].size_mb == 5000
+    assert set(ctl.running.values()) >= {"b", "c"} and ctl.running[0] in {"a", "d"}
+
+
+# --- policies ------------------------------------------------------------------------------------------------
+def _drive(ctl, jobs, iter_s=1.0):
+    """Run jobs of ``(arrival, job, iterations)`` on one lane per run decision; log (time, job) per iteration."""
+    arrivals = sorted(jobs, key=lambda x: x[0])
+    left = {job.job_id: n for _, job, n in jobs}
+    log, t, running = [], 0.0, {}
+    pending = list(arrivals)
+    while pending or running:
+        if not running:
+            t = max(t, pending[0][0])
+        end = t + iter_s if running else t
+        while pending and pending[0][0] <= end:  # arrivals during the iteration in flight come before its end
+            arrival, job, _ = pending.pop(0)
+            for r in ctl.on_arrival(arrival, job).runs:
+                running[r.lane_id] = r.job_id
+        if end == t:
+            continue
+        t = end
+        for lane, job_id in list(running.items()):
+            del running[lane]
+            log.append((t, job_id))
+            left[job_id] -= 1
+            step = ctl.on_iteration(t, job_id, iter_s) if left[job_id] else ctl.on_job_done(t, job_id, iter_s)
+            for r in step.runs:
+                running[r.lane_id] = r.job_id
+    return log
+
+
+def test_srtf_preempts_the_long_job_only_at_its_iteration_boundary():
+    """Fig. 2.8a: the background job #0 runs only when no shorter job exists."""
+    ctl = SalusController(C, "srtf", margins=NO_MARGINS)
+    log = _drive(ctl, [(0.0, SalusJob("long", 500, 2000, expected_s=100), 6),
+                       (2.5, SalusJob("short", 500, 2000, expected_s=2), 2)])
+    assert [j for _, j in log] == ["long", "long", "long", "short", "short", "long", "long", "long"]
+    assert log[2] == (3.0, "long")  # the iteration in flight at 2.5 s finished before the switch
+
+
+def test_srtf_runs_the_shorter_of_two_waiting_jobs_first():
+    """Fig. 2.8a: job #2 arrives before #3, but #3 is shorter and runs first."""
+    ctl = SalusController(C, "srtf", margins=NO_MARGINS)
+    log = _drive(ctl, [(0.0, SalusJob("j0", 500, 2000, expected_s=50), 3),
+                       (0.5, SalusJob("j2", 500, 2000, expected_s=5), 5),
+                       (0.6, SalusJob("j3", 500, 2000, expected_s=2), 2)])
+    order = [j for _, j in log]
+    assert order[:4] == ["j0", "j3", "j3", "j2"]
+
+
+def test_fair_alternates_iterations_and_halves_shares():
+    ctl = SalusController(C, "fair", margins=NO_MARGINS)
+    log = _drive(ctl, [(0.0, SalusJob("a", 500, 2000), 10), (4.0, SalusJob("b", 500, 2000), 4)])
+    after = [j for t, j in log if 4.0 < t <= 12.0]
+    assert after.count("a") == after.count("b") == 4
+
+
+def test_weighted_fair_gives_lane_time_in_proportion_to_weights():
+    ctl = SalusController(C, "weighted_fair", margins=NO_MARGINS)
+    log = _drive(ctl, [(0.0, SalusJob("train", 500, 2000, weight=3.0), 30),
+                       (0.0, SalusJob("infer", 500, 2000, weight=1.0), 30)])
+    first = [j for _, j in log[:20]]
+    assert first.count("train") == 15 and first.count("infer") == 5
+
+
+def test_fifo_runs_one_job_at_a_time_in_arrival_order():
+    ctl = SalusController(C, "fifo", margins=NO_MARGINS)
+    log = _drive(ctl, [(0.0, SalusJob("a", 500, 2000), 2), (0.1, SalusJob("b", 500, 2000), 2)])
+    assert [j for _, j in log] == ["a", "a", "b", "b"]
+    assert ctl.queue == ()
+
+
+def test_pack_runs_lanes_in_parallel():
+    ctl = SalusController(C, "pack", margins=NO_MARGINS)
+    step = ctl.on_arrival(0.0, SalusJob("a", 500, 2000))
+    step2 = ctl.on_arrival(0.0, SalusJob("b", 500, 2000))
+    assert step.runs == (Run(0, "a"),) and step2.runs == (Run(1, "b"),)
+
+
+def test_a_killed_job_frees_its_lane_and_the_queue_moves_on():
+    ctl = SalusController(C, "pack", margins=NO_MARGINS)
+    ctl.on_arrival(0.0, SalusJob("big", 1000, 14000))
+    assert ctl.on_arrival(0.0, SalusJob("next", 2000, 13000)).queued == ("next",)
+    step = ctl.on_job_done(0.5, "big")  # killed mid-iteration
+    assert [a.job_id for a in step.admitted] == ["next"] and step.runs[0].job_id == "next"
+
+
+def test_an_inference_job_runs_an_iteration_only_for_a_query():
+    ctl = SalusController(C, "pack", margins=NO_MARGINS, admission="one_lane")
+    assert ctl.on_arrival(0.0, SalusJob("m1", 200, 300, on_demand=True)).runs == ()
+    assert ctl.on_arrival(0.0, SalusJob("m2", 200, 500, on_demand=True)).runs == ()
+    assert ctl.on_arrival(0.1, Ask("m2")).runs == (Run(0, "m2"),)
+    ctl.on_arrival(0.1, Ask("m1")), ctl.on_arrival(0.1, Ask("m1"))  # lane busy: both wait
+    assert ctl.on_iteration(0.2, "m2", 0.1).runs == (Run(0, "m1"),)
+    assert ctl.on_iteration(0.3, "m1", 0.1).runs == (Run(0, "m1"),)
+    assert ctl.on_iteration(0.4, "m1", 0.1).runs == ()
+
+
+# --- contract and bad input ---------------------------------------------------------------------------------
+def test_controller_follows_the_contract_and_returns_frozen_decisions():
+    ctl = SalusController(C, "fair")
+    assert contract_violations(ctl) == []
+    assert is_frozen_decision(ctl.on_arrival(0.0, SalusJob("a", 100, 200)))
+
+
+def test_bad_input_fails_before_any_work():
+    with pytest.raises(ConfigError, match="policy"):
+        SalusController(C, "lottery")
+    with pytest.raises(ConfigError, match=r"jobs\[a\]\.expected_s"):
+        SalusController(C, "srtf").on_arrival(0.0, SalusJob("a", 100, 200))
+    ctl = SalusController(C, "pack")
+    with pytest.raises(NeverFitsError, match="job huge"):
+        ctl.on_arrival(0.0, SalusJob("huge", 8000, 8000))
+    assert ctl.queue == () and ctl.lane_views() == ()
+    with pytest.raises(ConfigError, match="capacity_mb"):
+        SalusController(-1, "pack")
+    with pytest.raises(ConfigError, match="margins.total"):
+        Margins(total=0.5)
+    with pytest.raises(ConfigError, match=r"jobs\[w\]\.weight"):
+        SalusJob("w", 1, 1, weight=0)

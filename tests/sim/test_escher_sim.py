@@ -1,0 +1,104 @@
+"""ESCHER's simulator: the paper's evaluation shapes (thesis §4.6) from real ESL calls on a small scale."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from gpu.errors import ConfigError
+from gpu.sim.escher import run
+from gpu.sim.escher_gangs import GangLoad, GangWorld
+from gpu.sim.escher_workloads import FairShare, Tune, WordCount, bandwidth, fair_share, tune, wordcount
+from gpu.sim.escher_world import Timing
+from gpuflows.cli import main
+
+T = Timing()
+
+
+def test_gang_designs_order_as_in_fig_4_7():
+    """FrameSpace fastest on average, LibSpace's minimum the highest, every gang all-or-none and < 1 s."""
+    load = GangLoad(gangs=40, arrival_rate=10.0)
+    worlds = {d: GangWorld(d, load, T, seed=3) for d in ("appspace", "libspace", "framespace")}
+    lat = {d: np.array(w.run()) for d, w in worlds.items()}
+    assert all(len(v) == 40 for v in lat.values())
+    assert lat["framespace"].mean() < 0.75 * min(lat["appspace"].mean(), lat["libspace"].mean())
+    assert lat["libspace"].min() > lat["appspace"].min() > lat["framespace"].min()
+    assert max(v.max() for v in lat.values()) < 1.0
+    for w in worlds.values():                                        # every gang's resource deleted, no lease left
+        assert w.world.ledger.leases() == []
+        assert not any(k.startswith("gang-g") for res in w.world.ledger.cluster_status().values() for k in res)
+
+
+def test_appspace_rolls_back_deadlocked_gangs_and_retries():
+    """Two gangs that each need most of the cluster deadlock on their ghosts; timeouts break it."""
+    load = GangLoad(nodes=2, cpus=8, gangs=20, sizes=(12,), arrival_rate=200.0, run_s=0.05, timeout=0.05)
+    world = GangWorld("appspace", load, T, seed=1)
+    lat = world.run()
+    assert len(lat) == 20
+    assert max(r.attempt for r in world.runs) >= 1                    # at least one rollback happened
+    assert world.world.ledger.leases() == [] and world.world.ledger.waiting() == 0
+
+
+def test_wordcount_locality_matches_native_and_calibrates_transfer_share():
+    load = WordCount(nodes=20)
+    bw = bandwidth(load, 20)
+    random = wordcount(load, "random", 500, 20, bw, T, 0)
+    native = wordcount(load, "native", 500, 20, bw, T, 0)
+    escher = wordcount(load, "escher", 500, 20, bw, T, 0)
+    assert escher["transfer_share"] == native["transfer_share"] == 0.0
+    assert escher["makespan_s"] / native["makespan_s"] - 1 < 0.019
+    assert 0.5 < random["transfer_share"] < 0.65 and random["makespan_s"] > 2 * native["makespan_s"]
+
+
+def test_hfs_shares_follow_fig_4_5c_with_the_dip_at_60():
+    samples = fair_share(FairShare(nodes=20, horizon_s=180), T, 0)
+    at = {s["t"]: s for s in samples}
+    assert (at[55]["A"], at[55]["B"]) == (20, 0)
+    assert (at[115]["A"], at[115]["B"]) == (8, 12)
+    assert (at[175]["A"], at[175]["B"], at[175]["C"]) == (4, 6, 10)
+    assert min(s["net_throughput"] for s in samples if 60 <= s["t"] <= 90) < 0.9   # B warms up
+    assert min(s["net_throughput"] for s in samples if 120 <= s["t"] <= 150) > 0.95  # B keeps its warm nodes
+
+
+def test_eschertune_migrates_the_spread_job_onto_one_node():
+    static, moved = tune(Tune(), False, T, 0), tune(Tune(), True, T, 0)
+    assert static["long_nodes_at_end"] > 1 and static["migrated_at_s"] < 0
+    assert moved["long_nodes_at_end"] == 1 and 120 <= moved["migrated_at_s"] <= 130   # after the first short job
+    assert moved["final_rate"] / static["final_rate"] == pytest.approx(1.363)
+    assert moved["long_work"] > static["long_work"]
+
+
+SMALL = {"name": "small", "seed": 0, "policies": ["locality", "colocation", "tune"],
+         "locality": {"nodes": 10, "input_gb": [10, 50], "cluster_sizes": [5, 10]},
+         "colocation": {"nodes": 4, "pairs": 8, "explorations": 50}}
+
+
+def test_cli_simulates_escher_and_writes_flat_figures(tmp_path, capsys):
+    scenario = tmp_path / "s.json"
+    scenario.write_text(json.dumps(SMALL))
+    out = tmp_path / "out.json"
+    assert main(["simulate", "escher", str(scenario), "--json", str(out)]) == 0
+    summary = json.loads(out.read_text())["summary"]
+    assert summary["colocation_escher_colocated_share"] == 1.0
+    assert summary["colocation_ephemeral_overhead_pct"] == pytest.approx(0.0)
+    assert summary["locality_escher_vs_native_max_gap_pct"] < 1.9
+    assert "36.3 (calibrated)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("patch, field", [
+    ({"policies": ["nope"]}, "policy"),
+    ({"locality": {"nodes": 0}}, "locality.nodes"),
+    ({"colocation": {"pairs": 100, "nodes": 2}}, "colocation.pairs"),
+    ({"tune": {"long_gpus": 8}}, "tune.long_gpus"),
+    ({"gang": {"sizes": [100]}}, "gang.sizes"),
+    ({"hfs": {"users": []}}, "hfs.users"),
+    ({"timing": {"set_resource_s": -1}}, "timing.set_resource_s"),
+    ({"typo": 1}, "typo"),
+])
+def test_bad_scenarios_fail_before_any_work(tmp_path, patch, field):
+    scenario = tmp_path / "s.json"
+    scenario.write_text(json.dumps({**SMALL, **patch}))
+    with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
+        run(str(scenario), ["gang", "hfs", "tune", "locality", "colocation"] if "policies" not in patch else None)

@@ -1,0 +1,167 @@
+"""ORLOJ simulator and baselines (thesis §4.5): the worker, the Clockwork/Clipper/Nexus-like behaviours, the CLI."""
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from gpu.batching import BatchContext, Request
+from gpu.errors import ConfigError
+from gpu.schedulers.orloj_baselines import ClipperLike, ClockworkLike, nexus_plan_batch
+from gpu.sim.orloj import Setup, build_policy, serve, sweep
+from gpu.sim.orloj_workload import AppDistribution, Case, lognormal_sigma, parse
+from gpuflows.cli import main
+
+BIMODAL = {"name": "std-1", "apps": [{"id": "short", "normal": {"mean_ms": 50, "std_ms": 10}},
+                                     {"id": "long", "normal": {"mean_ms": 100, "std_ms": 10}}]}
+
+
+def scenario(**over):
+    raw = {"cases": [BIMODAL], "requests": 300, "seeds": 1, "slo_multipliers": [3]}
+    raw.update(over)
+    return parse(raw)
+
+
+def test_every_offered_request_is_finished_late_or_dropped():
+    sc = scenario()
+    setup = Setup.build(sc.cases[0], sc)
+    for name in sc.policies:
+        out = serve(setup, build_policy(name, setup, sc), 3 * setup.p99_ms, 0, setup.duration_s(sc))
+        assert out.offered > 200 and out.good + out.late + out.dropped == out.offered
+
+
+def test_orloj_finishes_more_requests_than_every_baseline_on_a_bimodal_mix():
+    """Table C.1 std-1 at 3× P99: ORLOJ ahead of Clockwork-, Nexus- and Clipper-like."""
+    rows = sweep(scenario(requests=600, seeds=2), ["orloj", "clockwork", "nexus", "clipper"])
+    rate = {r["policy"]: r["finish_rate"] for r in rows}
+    assert rate["orloj"] >= 0.85
+    assert all(rate["orloj"] > rate[p] for p in ("clockwork", "nexus", "clipper"))
+    assert 0.38 <= rate["clockwork"] <= 0.7  # fails about every other batch (§4.5.3)
+
+
+def test_the_point_estimate_ignores_the_straggler_and_orloj_does_not():
+    sc = scenario()
+    setup = Setup.build(sc.cases[0], sc)
+    orloj = build_policy("orloj", setup, sc)
+    assert orloj.table.means[None, 4] > setup.point_latency(4) * 1.2  # E[max] of a bimodal batch vs the mean
+
+
+def ctx(now):
+    return BatchContext(now, lambda b: 10.0 * b, 1, 16)
+
+
+def test_clockwork_like_fails_the_batch_planned_after_an_overrun():
+    policy = ClockworkLike(batch_sizes=(1, 2, 4))
+    queue = [Request(i, "a", 0.0, 100.0 + i) for i in range(6)]
+    first = policy.decide(queue, ctx(0.0))
+    assert first.run == (0, 1, 2, 3)  # largest batch predicted (40 ms) to meet the earliest deadline
+    policy.observe([queue[i] for i in first.run], 0.0, 55.0)  # ran 15 ms past its prediction
+    second = policy.decide(queue[4:], ctx(55.0))
+    assert second.run == () and sorted(second.drop) == [0, 1]
+    third = policy.decide([Request(9, "a", 55.0, 200.0)], ctx(55.0))
+    assert third.run == (0,)
+
+
+def test_clipper_like_adds_one_while_within_the_slo_and_backs_off_ten_percent():
+    policy = ClipperLike()
+    batch = [Request(0, "a", 0.0, 50.0)]
+    for _ in range(11):
+        policy.observe(batch, 0.0, 40.0)
+    assert policy.size == 12
+    policy.observe(batch, 0.0, 60.0)
+    assert policy.size == 10  # floor(12 · 0.9)
+    assert policy.decide([Request(i, "a", 0, 1) for i in range(30)], ctx(0.0)).run == tuple(range(10))
+
+
+def test_nexus_plans_the_largest_batch_that_fits_twice_in_the_slo():
+    assert nexus_plan_batch(lambda b: 10.0 * b, 85.0, (1, 2, 4, 8)) == 4
+    assert nexus_plan_batch(lambda b: 10.0 * b, 5.0, (1, 2, 4, 8)) == 1
+
+
+def test_lognormal_proxy_has_the_tables_mean_and_p99():
+    import numpy as np
+
+    app = AppDistribution("chat", "lognormal", 79.47, 143.40)
+    x = app.sample(np.random.default_rng(0), 400_000)
+    assert x.mean() == pytest.approx(79.47, rel=0.01) and np.percentile(x, 99) == pytest.approx(143.40, rel=0.02)
+    assert lognormal_sigma(100.0, 100.5) > 0
+
+
+@pytest.mark.parametrize("over, field", [
+    ({"policies": ["orloj", "fifo"]}, "policies"),
+    ({"cases": []}, "cases"),
+    ({"cases": [{"name": "x", "apps": [{"id": "a", "lognormal": {"mean_ms": 80, "p99_ms": 60}}]}]},
+     "lognormal.p99_ms"),
+    ({"cases": [{"name": "x", "apps": [{"id": "a"}]}]}, "cases[0].apps[0]"),
+    ({"load": -1}, "load"),
+    ({"c0_fraction": 2}, "c0_fraction"),
+    ({"orloj": {"b": 0}}, "orloj.b"),
+    ({"slo": 3}, "scenario.slo"),
+])
+def test_bad_scenarios_name_the_field(over, field):
+    with pytest.raises(ConfigError) as err:
+        parse({"cases": [BIMODAL], **over})
+    assert err.value.field == field
+
+
+def test_cli_simulates_orloj_and_writes_the_headline_figures(tmp_path, capsys):
+    path = tmp_path / "s.json"
+    path.write_text(json.dumps({"cases": [BIMODAL], "requests": 200, "seeds": 1, "slo_multipliers": [2]}))
+    out = tmp_path / "out.json"
+    assert main(["simulate", "orloj", str(path), "--policy", "orloj", "--policy", "clockwork", "--json",
+                 str(out)]) == 0
+    summary = json.loads(out.read_text())["summary"]
+    assert set(summary) == {"finish_rate_orloj", "finish_rate_clockwork", "orloj_over_best_baseline_2x"}
+    assert main(["simulate", "orloj", str(path), "--policy", "edf"]) == 2
+    assert "policy='edf'" in capsys.readouterr().err
+
+
+def test_a_static_model_needs_no_distribution_awareness():
+    """Table C.3: with constant times ORLOJ's estimate is the point estimate."""
+    sc = replace(scenario(), cases=(Case("resnet", (AppDistribution("img", "constant", 20.0),)),))
+    setup = Setup.build(sc.cases[0], sc)
+    orloj = build_policy("orloj", setup, sc)
+    for bs in (1, 4, 16):
+        assert orloj.table.means[None, bs] == pytest.approx(setup.point_latency(bs), rel=0.01)
+
+
+def test_orloj_runs_per_gpu_on_a_multi_gpu_nexus_plan_with_a_dynamic_model():
+    """simulate_plan with alone times: batches cost their slowest request, each GPU owns its policy."""
+    import numpy as np
+
+    from gpu.batching import make_policy
+    from gpu.schedulers.nexus import GpuNode, Placement, Plan, Session
+    from gpu.schedulers.nexus_profiles import linear_profile
+    from gpu.sim.nexus_engine import AloneTimes, simulate_plan
+
+    sc = scenario()
+    setup = Setup.build(sc.cases[0], sc)
+    mean = float(np.mean([a.mean_ms for a in setup.case.apps]))
+    profile = linear_profile("m", mean - setup.model.c0, setup.model.c0, 16)  # what a data-independent profile sees
+    slo = 3 * setup.p99_ms
+    plan = Plan("fixed", "paper", tuple(GpuNode(i, slo / 2, (Placement("s", "m", slo, 4, 6.0, 0.0, 0.0),))
+                                        for i in range(2)), (Session("s", "m", slo, 12.0),))
+    made = []
+
+    def orloj():
+        made.append(make_policy("orloj", histograms=setup.histograms, model=setup.model))
+        return made[-1]
+
+    costs = {"m": AloneTimes(setup.model, lambda rng, n: setup.case.sample(rng, n)[1])}
+    res = simulate_plan(plan, {"m": profile}, None, policy_factory=orloj, alone_times=costs, duration_s=30,
+                        log_batches=True)
+    stats = res.sessions["s"]
+    assert len(made) == 2 and made[0] is not made[1]
+    assert stats.offered > 300 and stats.good + stats.late + stats.dropped == stats.offered
+    assert stats.good / stats.offered > 0.8
+    ones = {round(b.finish_ms - b.start_ms, 6) for b in res.batch_log if b.size == 1}
+    assert len(ones) > 10  # a batch of one lasts its request's own alone time, not ℓ(1)
+    with pytest.raises(ConfigError):
+        simulate_plan(plan, {"m": profile}, None)
+
+
+def test_an_slo_below_every_alone_time_is_refused_before_simulating():
+    sc = scenario(slo_multipliers=[0.1], overhead_ms=100)
+    with pytest.raises(ConfigError) as err:
+        sweep(sc, ["orloj"])
+    assert err.value.field == "slo_multipliers"

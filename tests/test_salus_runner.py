@@ -1,0 +1,118 @@
+"""SalusTaskRunner in real Prefect flows: tasks admitted into lanes by their device's executor, which holds
+the one device lease; iterations never overlap in a lane; a failing task frees its lane; bad declarations
+fail in the flow before any work."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from prefect import flow, task
+from prefect.states import StateType
+
+from gpu.errors import ConfigError, NeverFitsError
+from resource_blocks import GpuPool
+from tasks.requests import current_placement
+from tasks.salus_executor import salus_iterations, salus_job
+from tasks.salus_runner import SalusTaskRunner
+
+def _pool(name: str) -> GpuPool:
+    return GpuPool(name=name, device_backend="simulated", simulated="1x16GiB")
+
+
+@salus_job(persistent="200MiB", ephemeral="1GiB", expected_s=1.0)
+@task
+def tiny_trainer(fail_at: int | None = None) -> dict:
+    """A real (tiny) torch trainer: each Salus iteration is a few SGD steps of an MLP."""
+    import torch
+
+    torch.set_num_threads(1)
+    model = torch.nn.Linear(16, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(64, 16), torch.randn(64, 1)
+    spans, losses = [], []
+    for step in salus_iterations(4):
+        start = time.perf_counter()
+        for _ in range(3):
+            opt.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            loss.backward()
+            opt.step()
+        if step == fail_at:
+            raise RuntimeError("failed mid-iteration")
+        spans.append((start, time.perf_counter()))
+        losses.append(loss.item())
+    lane = current_placement().lane
+    return {"lane": lane.lane_id, "cap": lane.memory_cap, "spans": spans, "losses": losses,
+            "leases": len(_pool("salus-runner").open_ledger().leases())}
+
+
+@pytest.mark.usefixtures("prefect_server")
+def test_tasks_share_one_device_lease_and_one_lane_without_overlapping(state_dir):
+    @flow(task_runner=SalusTaskRunner(pool=_pool("salus-runner"), mode="thread", salus_policy="fair",
+                                      tracking=False))
+    def colocated():
+        return [f.result() for f in [tiny_trainer.submit() for _ in range(3)]]
+
+    results = colocated()
+    assert {r["lane"] for r in results} == {0} and all(r["leases"] == 1 for r in results)
+    assert all(r["losses"][-1] < r["losses"][0] for r in results)  # they really trained
+    spans = sorted(s for r in results for s in r["spans"])
+    assert all(e1 <= s2 for (_, e1), (s2, _) in zip(spans, spans[1:]))
+    assert results[0]["cap"] == int((200 * 1.1 * 1.05 + 1024 * 1.05) * 2 ** 20)
+    assert _pool("salus-runner").open_ledger().leases() == []
+
+
+@pytest.mark.usefixtures("prefect_server")
+def test_a_failing_task_frees_its_lane_and_the_others_finish(state_dir):
+    @flow(task_runner=SalusTaskRunner(pool=_pool("salus-runner"), mode="thread", salus_policy="pack",
+                                      tracking=False))
+    def one_fails():
+        bad, good = tiny_trainer.submit(fail_at=1), tiny_trainer.submit()
+        return bad.wait() or bad.state, good.result()
+
+    state, good = one_fails()
+    assert state.type == StateType.FAILED and len(good["spans"]) == 4
+    assert _pool("salus-runner").open_ledger().leases() == []
+
+
+@task
+def undeclared() -> None:
+    pass
+
+
+@salus_job(persistent="9GiB", ephemeral="9GiB")
+@task
+def too_big() -> None:
+    pass
+
+
+@pytest.mark.usefixtures("prefect_server")
+def test_bad_declarations_fail_in_the_flow_before_any_work(state_dir):
+    for bad, error in ((undeclared, ConfigError), (too_big, NeverFitsError)):
+        @flow(task_runner=SalusTaskRunner(pool=_pool("salus-runner"), mode="thread", tracking=False))
+        def submits():
+            bad.submit()
+
+        with pytest.raises(error):
+            submits()
+    with pytest.raises(ConfigError, match="salus_policy"):
+        SalusTaskRunner(salus_policy="lottery")
+
+
+def test_runner_is_a_configuration_value():
+    a = SalusTaskRunner(salus_policy="srtf", salus_devices=(0, 1), max_jobs_per_device=4)
+    assert a.duplicate() == a and a.workers_per_device_set == 4
+    assert a != SalusTaskRunner(salus_policy="fair")
+
+
+@pytest.mark.usefixtures("prefect_server")
+def test_process_mode_gives_each_admitted_job_a_worker(state_dir):
+    @flow(task_runner=SalusTaskRunner(pool=_pool("salus-runner"), salus_policy="fair", max_jobs_per_device=3,
+                                      tracking=False))
+    def colocated():
+        return [f.result() for f in [tiny_trainer.submit() for _ in range(3)]]
+
+    results = colocated()
+    spans = sorted(s for r in results for s in r["spans"])
+    assert len(spans) == 12 and all(e1 <= s2 for (_, e1), (s2, _) in zip(spans, spans[1:]))
