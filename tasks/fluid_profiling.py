@@ -4,7 +4,7 @@
 whole tuning session." Two measurements, both on the flow's real training loop (``tasks.fluid_trials``):
 
 * ``profile_trial`` — a short run of one model shape (hidden width, batch size) on a ``1/c`` slice of a device,
-  timed with ``tasks.slices.on_slice``. The slice's time is turned into ``t1`` (seconds per iteration on one
+  each iteration timed with ``tasks.slices.on_slice`` (the median counts). The slice's time is turned into ``t1`` (seconds per iteration on one
   whole device) with the rule ``on_slice`` itself applies: a fraction ``f`` of a device delivers ``f`` of its
   throughput, so ``t1 = slice_s * f``. The learning rate does not change the work of an iteration, so one
   profile per shape serves every trial (and every promotion) of that shape.
@@ -24,7 +24,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
+
+import numpy as np
 
 from prefect import task
 
@@ -35,16 +37,21 @@ from tasks.fluid_trials import data_parallel_ids, model_and_optimizer, packing_c
 from tasks.requests import current_placement, gpu_options
 from tasks.slices import enforce, on_slice
 
-PROFILE_ITERATIONS = 2  # timed iterations per measurement, after one untimed warm-up iteration
+PROFILE_ITERATIONS = 3  # separately timed iterations per trial profile (median), after one untimed warm-up
+SCALING_ROUNDS = 7  # samples per width of the scaling measurement (the fastest counts), 3 iterations each
+SCALING_SAMPLE = 3
+SCALING_MIN_GAIN = 0.10  # a wider trial must be > 10 % faster: the same work's timings here differ by up to ~7 %
 REFERENCE_SHAPE = {"hidden": 64, "batch_size": 64, "lr": 0.05}  # the packing curve's model (tasks.fluid_packing)
 PACKING_MAX_P = 4  # levels of the start-up packing measurement (c is capped at the largest level measured)
 SCALING_MAX_WIDTH = 4  # widest data-parallel run of the start-up scaling measurement
 DEFAULT_ALPHA = 1.5  # with an explicit c and no alpha: consistent with c = 2 by Eq. 3.1
-O_TH = 0.05  # O_th: the least marginal benefit worth packing (Eq. 3.1) or spreading (d) for
 
 
-def _timed(config: dict[str, Any], device: str, parallel: list[int], iterations: int, seed: int) -> tuple[float, Any]:
-    """One warm-up iteration, then ``iterations`` timed ones of ``config``'s model: (slice seconds, timing)."""
+def _trainer(config: dict[str, Any], device: str, parallel: list[int], seed: int) -> Callable[[], Any]:
+    """``config``'s model and optimizer, warmed by one untimed iteration; returns one timed iteration's call.
+
+    The call runs one iteration inside ``on_slice`` and returns its ``SliceTiming``.
+    """
     import torch
 
     torch.set_num_threads(1)
@@ -55,43 +62,52 @@ def _timed(config: dict[str, Any], device: str, parallel: list[int], iterations:
     net = torch.nn.DataParallel(model, device_ids=parallel) if parallel else model
     batch = int(config["batch_size"])
     train_epochs(net, optimizer, data, batch, 1)
-    with on_slice() as clock:
-        train_epochs(net, optimizer, data, batch, iterations)
-    return clock.timing.slice_s, clock.timing
+
+    def iteration():
+        with on_slice() as clock:
+            train_epochs(net, optimizer, data, batch, 1)
+        return clock.timing
+
+    return iteration
 
 
 @task(name="fluid-trial-profile")
 def profile_trial(hidden: int, batch_size: int, iterations: int = PROFILE_ITERATIONS, seed: int = 0) -> dict[str, Any]:
     """Seconds per iteration of one model shape on one whole device, measured on this task's slice.
 
+    The median of ``iterations`` separately timed iterations (robust to a neighbour's burst).
     Returns ``{"hidden", "batch_size", "iter_s", "slice_s", "share", "emulated", "device"}``.
     """
     placed = current_placement()
     enforce(placed)
     device = placed.device if placed is not None else "cpu"
     config = {"hidden": hidden, "batch_size": batch_size, "lr": REFERENCE_SHAPE["lr"]}
-    slice_s, timing = _timed(config, device, [], iterations, seed)
-    return {"hidden": hidden, "batch_size": batch_size, "iter_s": slice_s * timing.share / iterations,
-            "slice_s": slice_s, "share": timing.share, "emulated": timing.emulated, "device": device}
+    iteration = _trainer(config, device, [], seed)
+    timings = [iteration() for _ in range(iterations)]
+    slice_s = float(np.median([t.slice_s for t in timings]))
+    share = timings[0].share
+    return {"hidden": hidden, "batch_size": batch_size, "iter_s": slice_s * share, "slice_s": slice_s,
+            "share": share, "emulated": timings[0].emulated, "device": device}
 
 
 @task(name="fluid-scaling-profile")
-def profile_scaling(widths: list[int], iterations: int = PROFILE_ITERATIONS, seed: int = 0) -> dict[str, Any]:
+def profile_scaling(widths: list[int], rounds: int = SCALING_ROUNDS, seed: int = 0) -> dict[str, Any]:
     """Seconds per iteration of the reference MLP at each width, on this task's whole devices.
 
     Width k trains data-parallel over the first k devices torch sees (``data_parallel_ids``), else on one
-    device (simulated pool): ``{"widths", "iter_s", "data_parallel"}``.
+    device (simulated pool). The widths take turns, ``SCALING_SAMPLE`` iterations each, for ``rounds`` rounds,
+    and each width's fastest sample counts: drift on a busy machine hits every width alike instead of the one
+    measured last, and other load only ever adds time. Returns ``{"widths", "iter_s", "data_parallel"}``.
     """
     placed = current_placement()
     device = placed.device if placed is not None else "cpu"
     ids = data_parallel_ids(placed)
-    iter_s, used = [], []
-    for k in widths:
-        parallel = ids[:k] if k >= 2 and len(ids) >= k else []
-        slice_s, _ = _timed(dict(REFERENCE_SHAPE), device, parallel, iterations, seed)
-        iter_s.append(slice_s / iterations)
-        used.append(max(1, len(parallel)))
-    return {"widths": list(widths), "iter_s": iter_s, "data_parallel": used}
+    parallel = [ids[:k] if k >= 2 and len(ids) >= k else [] for k in widths]
+    trainers = [_trainer(dict(REFERENCE_SHAPE), device, p, seed) for p in parallel]
+    times = np.array([[sum(trainer().slice_s for _ in range(SCALING_SAMPLE)) / SCALING_SAMPLE for trainer in trainers]
+                      for _ in range(rounds)])
+    return {"widths": list(widths), "iter_s": [float(v) for v in times.min(axis=0)],
+            "data_parallel": [max(1, len(p)) for p in parallel]}
 
 
 @dataclass
@@ -193,7 +209,7 @@ def calibrate(execution: str, gpus: list[int], device: str, c: int | None, d: in
         scaling = fit_scaling(measured["widths"], measured["iter_s"])
         beta = scaling.beta
         if d is None:
-            d = max_parallelism(beta, len(gpus), min_gain=O_TH)
+            d = max_parallelism(beta, len(gpus), min_gain=SCALING_MIN_GAIN)
             d_source = f"measured at start: beta {beta:.3g} over widths {widths} on devices {gpus[:widths[-1]]}"
     return Calibration(c, d or 1, DEFAULT_ALPHA if alpha is None else alpha, beta, c_source, d_source, curve, scaling,
                        time.monotonic() - t0)
