@@ -1,4 +1,4 @@
-"""FLUID headline comparison (thesis Ch. 3; spec Part III.1 targets F1–F10) in one seeded run.
+"""FLUID headline comparison (thesis Ch. 3, §3.4 and §3.6; figures F1–F10) in one seeded run.
 
 Prints each figure beside the paper's number, writes PNG plots and (``--json``) a flat object of headline
 figures. Everything is simulated (``gpu.sim.fluid_engine``): the paper's per-algorithm bars exist only as

@@ -6,10 +6,13 @@ every chunk of a trial's iterations as a real torch training task at that width 
 (``gpu_options(gpus=width, devices=gpus)``: widths < 1 share one device). Resizes apply at the next chunk
 boundary from the trial's checkpoint. Completions are read with the public Prefect future API
 (``as_completed``, ``future.state``) and fed back to the session; a failed trial is recorded (score 1.0 =
-accuracy 0) and the search goes on. FLUID's packing limit ``c`` (and ``alpha``) come from the device's
-measured packing curve (Eq. 3.1): the one ``benchmarks/fluid_packing.py`` saved, else a short measurement at
-start-up on a whole pool device. MLflow: one child run per trial under the flow's run, the best model
-registered.
+accuracy 0) and the search goes on. FLUID's inputs are measured (§3.5, ``tasks.fluid_profiling``): ``c``
+and ``alpha`` from the device's packing curve (Eq. 3.1: the one ``benchmarks/fluid_packing.py`` saved, else a
+short measurement at start-up), ``beta`` and ``d`` from the flow's MLP timed at several widths, and every
+trial's seconds per iteration from a short run on a ``1/c`` slice, so its runtime is ``budget * t1``. The
+controller runs on the flow's wall clock; the result and the MLflow run carry the makespan (``makespan_s``) and
+each TrialGroup's. In process mode the runner keeps ``c`` workers per device, so ``c`` packed trials train at
+once. MLflow: one child run per trial under the flow's run, the best model registered.
 
     python -m flows.trial_groups --algorithm grid --iterations 4
 """
@@ -20,7 +23,7 @@ import argparse
 import json
 import re
 import sys
-from dataclasses import replace
+import time
 from typing import Any
 
 from prefect import flow
@@ -29,15 +32,17 @@ from prefect.futures import as_completed
 from gpu.devices import Node, discover
 from gpu.errors import ConfigError, GpuflowsError
 from gpu.scenario import integer
-from gpu.schedulers.fluid import FluidParams, PackingCurve, load_packing_curve, packing_curve_path, packing_limit
-from gpu.schedulers.fluid_baselines import FifoExecutor
-from gpu.schedulers.fluid_executor import FluidExecutor, Step
+from gpu.schedulers.fluid import FluidParams, packing_limit
+from gpu.schedulers.fluid_executor import Step
+from gpu.schedulers.fluid_policies import build_executor, policy_names
 from gpu.schedulers.fluid_session import TuningSession
 from gpu.state import state_dir
 from gpu.tuning import ALGORITHMS, Choice, Grid, LogUniform, parse_space
 from gpuflows.args import error, flow_arguments, output_file
 from resource_blocks import GpuPool, MlflowTarget
-from tasks.fluid_trials import load_model, packing_curve, train_chunk
+from tasks.fluid_profiling import TrialProfiler, calibrate, trials_per_device
+from tasks.fluid_trial_log import TrialLog
+from tasks.fluid_trials import load_model, train_chunk
 from tasks.requests import gpu_options
 from tasks.flow_runtime import (flow_runner, log_flow_inputs, log_flow_outcome, pool_block, publish_mlflow_link, settings,
                                 tracking_target)
@@ -46,7 +51,7 @@ from tasks.charts import publish_pool_occupancy
 from tasks.ui import FlowProgress, publish_table
 
 SEARCHES = ("grid", "random", "hyperband", "asha", "bohb", "pbt")
-EXECUTIONS = ("fluid", "fifo")
+EXECUTIONS = policy_names()  # fifo, static_fluid, fluid: every policy the simulator offers
 MODES = ("process", "thread")
 GRID_SPACE = {"lr": Grid((0.01, 0.1)), "hidden": Grid((16, 64)), "batch_size": Choice((64,))}
 RANDOM_SPACE = {"lr": LogUniform(0.003, 0.3), "hidden": Choice((16, 32, 64, 128)), "batch_size": Choice((32, 64, 128))}
@@ -54,8 +59,6 @@ TRIAL_IDS = {  # how gpu.tuning's algorithms name trials (config @ rung): a --fa
     "grid": (r"c\d{4}@0", "c0001@0"), "random": (r"c\d{4}@0", "c0001@0"),
     "asha": (r"c\d{4}@\d+", "c0001@1"), "bohb": (r"c\d{4}@\d+", "c0001@1"),
     "hyperband": (r"c\d{4}@\d+\.\d+", "c0001@2.0"), "pbt": (r"m\d{3}@\d+", "m001@1")}
-DEFAULT_ALPHA = 1.5  # with an explicit c and no alpha: consistent with c = 2 by Eq. 3.1
-PACKING_MAX_P = 4  # levels of the start-up measurement (c is capped at the largest level measured)
 
 
 def make_algorithm(algorithm: str, trials: int, iterations: int, seed: int, space: dict | None,
@@ -85,86 +88,6 @@ def make_algorithm(algorithm: str, trials: int, iterations: int, seed: int, spac
                seed=seed)
 
 
-class TrialLog:
-    """A child MLflow run per trial under the flow's run (no-op when tracking is off)."""
-
-    def __init__(self, parent: str | None, tracking_uri: str):
-        self.parent, self.runs, self.client, self.exp = parent, {}, None, None
-        if parent is not None:
-            from mlflow import MlflowClient
-
-            self.client = MlflowClient(tracking_uri)
-            self.exp = self.client.get_run(parent).info.experiment_id
-        self.tracking_uri = tracking_uri
-
-    def open(self, trial, algorithm: str, execution: str) -> None:
-        if self.client is None:
-            return
-        from mlflow.entities import Param
-
-        run = self.client.create_run(self.exp, run_name=f"trial-{trial.trial_id}", tags={
-            "mlflow.parentRunId": self.parent, "trial_id": trial.trial_id, "trial": trial.trial_id, "algorithm": algorithm,
-            "execution": execution, "checkpoint_from": trial.checkpoint or "none"})
-        params = [Param(k, str(v)) for k, v in trial.config.items()]
-        params += [Param("budget", str(trial.budget)), Param("resume_from", str(trial.resume_from))]
-        self.client.log_batch(run.info.run_id, params=params)
-        self.runs[trial.trial_id] = run.info.run_id
-
-    def chunk(self, out: dict[str, Any], step0: int) -> None:
-        if self.client is None:
-            return
-        from mlflow.entities import Metric, RunTag
-
-        rid = self.runs[out["trial_id"]]
-        metrics = [Metric("width", float(out["width"]), 0, step0), Metric("gpu_fraction", out["fraction"], 0, step0),
-                   Metric("data_parallel_devices", out["data_parallel"], 0, step0)]
-        for i, (loss, acc) in enumerate(zip(out["loss"], out["val_accuracy"])):
-            metrics += [Metric("loss", loss, 0, step0 + i + 1), Metric("val_accuracy", acc, 0, step0 + i + 1)]
-        devices = ",".join(map(str, out["devices"]))
-        tags = [RunTag("devices", devices), RunTag("width", f"{out['width']:.3f}"), RunTag("execution_note", out["note"]),
-                RunTag(f"placement.{step0:04d}", f"node={out['node']} devices={devices} fraction={out['fraction']:g} "
-                                                 f"width={out['width']:g} data_parallel={out['data_parallel']}")]
-        self.client.log_batch(rid, metrics=metrics, tags=tags)
-
-    def close(self, trial_id: str, ok: bool, error: str | None = None) -> None:
-        if self.client is None:
-            return
-        if error:
-            self.client.set_tag(self.runs[trial_id], "error", error[:500])
-        self.client.set_terminated(self.runs[trial_id], "FINISHED" if ok else "FAILED")
-
-    def register(self, trial_id: str, model, name: str) -> str | None:
-        if self.client is None:
-            return None
-        import mlflow
-        import mlflow.pytorch
-
-        mlflow.set_tracking_uri(self.tracking_uri)
-        with mlflow.start_run(run_id=self.runs[trial_id]):
-            info = mlflow.pytorch.log_model(model, name="model", registered_model_name=name,
-                                            serialization_format="pickle", pip_requirements=["torch==2.13.0"])
-        self.client.set_terminated(self.runs[trial_id], "FINISHED")
-        return str(info.registered_model_version)
-
-    def search(self, c: int | None, d: int, alpha: float, source: str, curve: PackingCurve | None) -> None:
-        """FLUID's parameters on the parent run, and the packing curve they came from (metrics by p)."""
-        if self.client is None:
-            return
-        from mlflow.entities import Metric, Param
-
-        params = [Param("fluid.c", str(c)), Param("fluid.d", str(d)), Param("fluid.alpha", f"{alpha:.4g}"),
-                  Param("fluid.c_source", source[:500])]
-        metrics = []
-        if curve is not None:
-            params.append(Param("packing.o_th", str(curve.o_th)))
-            metrics = [Metric("packing_alpha", curve.alpha, 0, 0), Metric("packing_c", curve.c, 0, 0),
-                       Metric("packing_t1_s", curve.t1, 0, 0)]
-            metrics += [Metric("packing_iters_per_s", x, 0, p) for p, x in zip(curve.ps, curve.throughputs)]
-            metrics += [Metric("packing_marginal_benefit", o, 0, p)
-                        for p, o in zip(curve.ps[1:], curve.marginal_benefit)]
-        self.client.log_batch(self.parent, metrics=metrics, params=params)
-
-
 def _finished(inflight: dict) -> list:
     """Wait for a chunk to finish, then every finished chunk in submission order.
 
@@ -176,20 +99,6 @@ def _finished(inflight: dict) -> list:
     return [f for f in inflight if f is first or f.state.is_final()]
 
 
-def _packing_curve(device: str, gpu: int, iterations: int) -> tuple[PackingCurve, str]:
-    """The device's saved packing curve (``benchmarks/fluid_packing.py``), else a short one measured now.
-
-    The measurement runs as a task holding pool device ``gpu`` whole, so it sees that device alone (on a
-    simulated pool: this machine's CPU, where the trials will run too).
-    """
-    saved = load_packing_curve(device)
-    if saved is not None:
-        return saved, f"saved curve {packing_curve_path(device)}"
-    with gpu_options(gpus=1.0, devices=(gpu,)):
-        measured = packing_curve.submit(iterations, PACKING_MAX_P).result()
-    return measured, f"measured at start on {device} (device {gpu}, p = 1..{PACKING_MAX_P} x {iterations} iterations)"
-
-
 def _search(algorithm: str, trials: int, iterations: int, seed: int, space: dict | None, min_iterations: int,
             generations: int, execution: str, gpus: list[int], device: str, c: int | None, d: int,
             alpha: float | None, packing_iterations: int, chunk: int, fail_trial: str | None, tracking_uri: str,
@@ -197,17 +106,13 @@ def _search(algorithm: str, trials: int, iterations: int, seed: int, space: dict
     """The search itself, in the flow run (its chunks on the flow's GPU task runner); ``parent``: its MLflow run."""
     algo = make_algorithm(algorithm, trials, iterations, seed, space, min_iterations, generations)
     log = TrialLog(parent, tracking_uri)
-    curve, source = None, "given"
-    if c is None and execution == "fluid":
-        curve, source = _packing_curve(device, gpus[0], packing_iterations)
-        c, alpha = curve.c, curve.alpha if alpha is None else alpha
-    elif c is None:
-        source = "fifo: one trial per GPU, no packing"
-    alpha = DEFAULT_ALPHA if alpha is None else alpha
-    log.search(c, d, alpha, source, curve)
-    executor = (FluidExecutor(gpus, FluidParams(c=c, d=d), dynamic=True) if execution == "fluid"
-                else FifoExecutor(gpus))
-    session = TuningSession(algo, executor, profile=lambda t: replace(t, alpha=alpha))
+    cal = calibrate(execution, gpus, device, c, d, alpha, packing_iterations, seed)
+    log.search(cal)
+    executor = build_executor(execution, gpus, FluidParams(c=cal.c, d=cal.d))
+    profiler = TrialProfiler(1.0 / cal.c, cal.alpha, cal.beta, seed)
+    session = TuningSession(algo, executor, profile=profiler)
+    t0 = time.monotonic()
+    now = lambda: time.monotonic() - t0  # noqa: E731 - the world's clock FLUID's controller is driven by
     ckpt_dir = state_dir() / "trial_groups" / (parent or f"{algorithm}-{execution}-{seed}")
     ckpt = lambda tid: str(ckpt_dir / f"{tid.replace('@', '_')}.pt")  # noqa: E731
     width: dict[str, float] = {}
@@ -248,7 +153,7 @@ def _search(algorithm: str, trials: int, iterations: int, seed: int, space: dict
         for p in step.resizes:
             width[p.trial_id], where[p.trial_id] = p.width, p.gpus  # applied when its next chunk is submitted
 
-    apply(session.start())
+    apply(session.start(now()))
     while inflight:
         for fut in _finished(inflight):
             tid, asked = inflight.pop(fut), pinned.pop(fut)
@@ -265,7 +170,8 @@ def _search(algorithm: str, trials: int, iterations: int, seed: int, space: dict
                 log.chunk(out, int(t.resume_from) + done_iters[tid])
                 placements.setdefault(tid, []).append(
                     {"fluid_devices": list(asked),
-                     **{k: out[k] for k in ("start", "width", "devices", "fraction", "data_parallel", "loss")}})
+                     **{k: out[k] for k in ("start", "width", "devices", "fraction", "data_parallel", "loss", "slice_s",
+                                            "started_at", "finished_at")}})
                 done_iters[tid] += out["iterations"]
                 total_iters += out["iterations"]
                 session.report_progress(tid, done_iters[tid])
@@ -274,13 +180,14 @@ def _search(algorithm: str, trials: int, iterations: int, seed: int, space: dict
                     continue
                 scores[tid] = 1.0 - out["val_accuracy"][-1]
                 log.close(tid, ok=True)
-            step = session.report_complete(tid, scores[tid])
+            step = session.report_complete(now(), tid, scores[tid])
             for stopped in step.stops:
                 inflight_ids = {v: k for k, v in inflight.items()}
                 if stopped in inflight_ids:
                     done_iters[stopped] = budget(stopped)  # its running chunk is its last
             apply(step)
         bar.update(len(scores), f"failed {len(failures)}, running {len(inflight)}, iterations {total_iters}")
+    makespan = now()
     bar.close()
     ok = [r for r in algo.results if r.trial_id not in failures]
     if not ok:
@@ -295,9 +202,20 @@ def _search(algorithm: str, trials: int, iterations: int, seed: int, space: dict
          "best": r.trial_id == best.trial_id} for r in algo.results],
         f"FLUID {execution} / {algorithm}: every trial's configuration, result and the GPU widths it was given")
     publish_pool_occupancy()
-    return {"algorithm": algorithm, "execution": execution, "c": c, "d": d, "alpha": alpha, "c_source": source,
+    curve, scaling = cal.curve, cal.scaling
+    return {"algorithm": algorithm, "execution": execution, "c": cal.c, "d": cal.d, "alpha": cal.alpha,
+            "beta": cal.beta, "c_source": cal.c_source, "d_source": cal.d_source,
             "packing_curve": None if curve is None else {"ps": list(curve.ps), "iters_per_s": list(curve.throughputs),
                                                          "alpha": curve.alpha, "c": curve.c},
+            "scaling": None if scaling is None else {"widths": list(scaling.widths), "iter_s": list(scaling.iter_times),
+                                                     "beta": scaling.beta},
+            "makespan_s": makespan, "group_makespans_s": executor.group_makespans,
+            "calibration_s": cal.seconds, "profiling_s": profiler.seconds, "profiles": dict(profiler.profiles),
+            "trial_times": {tid: {"config": dict(session.trial(tid).config),
+                                  "iter_time_s": session.trial(tid).iter_time_s,
+                                  "h1_s": session.trial(tid).h1,
+                                  "slice_s": sum(ch["slice_s"] for ch in placements.get(tid, []))}
+                            for tid in scores},
             "trials": len(scores), "failures": failures, "errors": errors,
             "best_trial": best.trial_id, "best_config": best.config, "best_val_accuracy": 1.0 - best.score,
             "iterations_trained": total_iters, "scores": scores, "widths": widths_seen, "placements": placements,
@@ -306,15 +224,27 @@ def _search(algorithm: str, trials: int, iterations: int, seed: int, space: dict
             "model_version": version}
 
 
+def device_model(block: GpuPool) -> str:
+    """The device model that keys the saved packing curve: trials on a simulated pool train on this machine's CPU."""
+    node = discover(block.simulated, block.device_backend).nodes[0]
+    return "cpu" if not node.devices or node.devices[0].simulated else node.devices[0].name
+
+
 def runner_settings(parameters: dict) -> dict:
-    """The flow's GPU task runner from its own parameters (``pool``, ``mode``, ``tracking``); any entry point."""
-    return settings(parameters, experiment="gpuflows-fluid")
+    """The flow's GPU task runner from its own parameters (``pool``, ``mode``, ``tracking``); any entry point.
+
+    Process mode keeps as many workers per device set as FLUID may pack trials on a device
+    (``trials_per_device``): with ``c = 3`` three trials sharing a device run at once, none waits for a worker.
+    """
+    out = settings(parameters, experiment="gpuflows-fluid")
+    out["workers_per_device_set"] = trials_per_device(parameters.get("c"), device_model(out["pool"]))
+    return out
 
 
 @flow(name="fluid-trial-groups", task_runner=GpuTaskRunner(configure=runner_settings))
 def trial_groups(algorithm: str = "grid", trials: int = 4, iterations: int = 4, pool: GpuPool | str | None = None,
                  execution: str = "fluid", seed: int = 0, space: dict | None = None, min_iterations: int = 1,
-                 generations: int = 2, c: int | None = None, d: int = 1, alpha: float | None = None,
+                 generations: int = 2, c: int | None = None, d: int | None = None, alpha: float | None = None,
                  chunk: int = 2, mode: str = "process", packing_iterations: int = 300,
                  tracking: MlflowTarget | bool | str | None = None, fail_trial: str | None = None,
                  model_name: str | None = None, progress: bool = True) -> dict:
@@ -325,13 +255,18 @@ def trial_groups(algorithm: str = "grid", trials: int = 4, iterations: int = 4, 
         trials: configs to sample (random/asha/bohb) or PBT population; grid uses its grid, hyperband its brackets.
         iterations: budget per fully trained config (epochs); ``min_iterations`` the smallest rung.
         pool: GpuPool block, saved block name, or None (saved default or simulated 2 x 16 GiB).
-        execution: "fluid" (StaticFluid + DynamicFluid) or "fifo" (one whole GPU per trial).
+        execution: "fluid" (StaticFluid + DynamicFluid), "static_fluid" (Algorithm 3.1 only) or "fifo" (one whole
+            GPU per trial): ``gpu.schedulers.fluid_policies``, the simulator's policies.
         space: raw search space for ``gpu.tuning.parse_space`` (needs lr, hidden, batch_size).
         c: FLUID's packing limit (trials per GPU). None derives it from the pool device's packing curve (Eq. 3.1):
             the curve ``benchmarks/fluid_packing.py`` last saved for that device in the state folder, else one
             measured at start-up (p = 1..4 trainers of this flow's MLP x ``packing_iterations`` iterations, a task
             holding one pool device whole; a few seconds on CPU). Curve, alpha and c are logged on the parent run.
-        d: FLUID's parallelism limit (GPUs per trial). chunk: iterations per task (resizes apply between chunks).
+        d: FLUID's parallelism limit (GPUs per trial). None derives it from beta (Eq. 3.2), fitted to the flow's MLP
+            timed at widths 1..min(GPUs, 4) on whole devices at start-up (``tasks.fluid_profiling``); beta is
+            measured whenever the pool has 2+ GPUs. chunk: iterations per task (resizes apply between chunks).
+            Every trial's seconds per iteration is profiled on a 1/c slice before FLUID places it (once per model
+            shape), so StaticFluid weighs trials by measured runtime, not by budget.
         alpha: packing overhead FLUID assumes for a trial sharing a GPU (Eq. 3.2). None: the curve's fitted alpha
             when c is derived, else 1.5 (consistent with c = 2 by Eq. 3.1). At 1.0 DynamicFluid never moves a
             packed trial to a whole GPU.
@@ -348,19 +283,20 @@ def trial_groups(algorithm: str = "grid", trials: int = 4, iterations: int = 4, 
     block = runner.pool if runner else pool_block(pool)
     target = runner.tracking if runner else tracking_target(tracking)
     node = discover(block.simulated, block.device_backend).nodes[0]
-    # the device model keys the saved packing curve: trials on a simulated pool train on this machine's CPU
-    device = "cpu" if node.devices[0].simulated else node.devices[0].name
+    device = device_model(block)
     parent = publish_mlflow_link(runner) if target.enabled else None
     log_flow_inputs("fluid", f"{execution}-{algorithm}", {
         "algorithm": algorithm, "execution": execution, "trials": trials, "iterations": iterations, "seed": seed,
-        "pool": block.name, "pool_gpus": len(node.devices), "c": "derived" if c is None else c, "d": d,
+        "pool": block.name, "pool_gpus": len(node.devices), "c": "derived" if c is None else c,
+        "d": "derived" if d is None else d,
         "alpha": "derived" if alpha is None else alpha, "chunk": chunk, "mode": mode})
     summary = _search(algorithm, trials, iterations, seed, space, min_iterations, generations, execution,
                       [dev.index for dev in node.devices], device, c, d, None if alpha is None else float(alpha),
                       packing_iterations, chunk, fail_trial, target.resolved_uri(),
                       model_name or f"trial-groups-{algorithm}", progress, parent)
     log_flow_outcome({"best_val_accuracy": summary["best_val_accuracy"], "trials_run": summary["trials"],
-                      "trials_failed": len(summary["failures"]), "iterations_trained": summary["iterations_trained"]})
+                      "trials_failed": len(summary["failures"]), "iterations_trained": summary["iterations_trained"],
+                      "makespan_s": summary["makespan_s"], "profiling_s": summary["profiling_s"]})
     return summary
 
 
@@ -379,7 +315,7 @@ def prepare(pool: GpuPool | str | None, tracking: MlflowTarget | bool | None, *,
         raise ConfigError("chunk", chunk, "must be a whole number of iterations > 0")
     if isinstance(packing_iterations, bool) or not isinstance(packing_iterations, int) or packing_iterations <= 0:
         raise ConfigError("packing_iterations", packing_iterations, "must be a whole number of iterations > 0")
-    FluidParams(c=2 if c is None else c, d=d)
+    FluidParams(c=2 if c is None else c, d=1 if d is None else d)
     if alpha is not None:
         packing_limit(alpha)  # ConfigError naming alpha when < 1
     pattern, example = TRIAL_IDS[algorithm]
@@ -405,7 +341,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chunk", type=int, default=2, help="iterations per task (default 2)")
     parser.add_argument("--c", type=int, default=None,
                         help="FLUID packing limit, trials per GPU (default: from the device's packing curve)")
-    parser.add_argument("--d", type=int, default=1, help="FLUID parallelism limit, GPUs per trial (default 1)")
+    parser.add_argument("--d", type=int, default=None,
+                        help="FLUID parallelism limit, GPUs per trial (default: from the measured scaling, beta -> d)")
     parser.add_argument("--alpha", type=float, default=None,
                         help="packing overhead (Eq. 3.2; default: the curve's alpha, or 1.5 with --c)")
     parser.add_argument("--packing-iterations", type=int, default=300,
@@ -425,7 +362,10 @@ def main(argv: list[str] | None = None) -> int:
         summary = trial_groups(**kwargs)
     except GpuflowsError as exc:
         return error(exc)
-    print(f"FLUID c = {summary['c']}, d = {summary['d']}, alpha = {summary['alpha']:.3f} ({summary['c_source']})")
+    print(f"FLUID c = {summary['c']}, d = {summary['d']}, alpha = {summary['alpha']:.3f}, beta = {summary['beta']:.3f}"
+          f" (c: {summary['c_source']}; d: {summary['d_source']})")
+    print(f"makespan {summary['makespan_s']:.1f} s (profiling {summary['profiling_s']:.1f} s of it; calibration "
+          f"{summary['calibration_s']:.1f} s before it)")
     print(f"{summary['algorithm']}/{summary['execution']}: {summary['trials']} trials, "
           f"{summary['iterations_trained']} iterations, failed {summary['failures'] or 'none'}")
     print(f"best {summary['best_trial']} {summary['best_config']} val_accuracy {summary['best_val_accuracy']:.3f}"

@@ -73,7 +73,7 @@ SYSTEMS: dict[str, System] = {s.name: s for s in (
            "gpu.schedulers.ekya_controller:EkyaController", ("gpu.schedulers.ekya_policies:POLICY_FORMS",),
            "scenarios/ekya/table_2_1.yaml", "flows.continuous_retraining"),
     System("fluid", "Yu, FLUID (Salus/FLUID thesis, ch. 3)", "gpu.sim.fluid:run",
-           "gpu.schedulers.fluid_executor:FluidExecutor", ("gpu.sim.fluid:POLICIES",),
+           "gpu.schedulers.fluid_executor:FluidExecutor", ("gpu.schedulers.fluid_policies:POLICIES",),
            "scenarios/fluid/toy.yaml", "flows.trial_groups"),
     System("cilantro", "Bhardwaj et al., Cilantro, OSDI 2023", "gpu.sim.cilantro:run",
            "gpu.schedulers.cilantro.round:CilantroRound",

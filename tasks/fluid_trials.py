@@ -11,12 +11,18 @@ process, each batch split over the GPUs: a tiny MLP does not warrant a DDP proce
 cannot (a simulated pool, or fewer CUDA devices than the placement), it runs on one device and says so: the
 chunk's result carries ``data_parallel`` (devices actually used) and a ``note`` the flow logs to MLflow.
 
+Each chunk's training is timed with ``tasks.slices.on_slice``: the result carries ``slice_s`` (the chunk's
+training time on the slice it held) and its wall-clock ``started_at``/``finished_at``, so the flow can compare
+what FLUID predicted with what ran and show trials packed on one device running at once.
+
 ``packing_curve`` measures Eq. 3.1 on the device it was placed on (``tasks.fluid_packing``), for a flow that
-derives FLUID's ``c`` at start-up.
+derives FLUID's ``c`` at start-up; ``tasks.fluid_profiling`` measures each trial's iteration time and ``beta``
+with the same training loop (``train_epochs``).
 """
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +31,7 @@ from prefect import get_run_logger, task
 from gpu.schedulers.fluid import PackingCurve
 from tasks.fluid_packing import build_mlp, digits_split, measure_packing_curve
 from tasks.requests import current_placement
+from tasks.slices import on_slice
 
 
 def data_parallel_ids(placed: Any) -> list[int]:
@@ -41,7 +48,34 @@ def data_parallel_ids(placed: Any) -> list[int]:
     return ids if torch.cuda.device_count() > max(ids) else []
 
 
-def _model_and_optimizer(config: dict[str, Any], checkpoint: str | None):
+def train_epochs(net, optimizer, data: tuple, batch: int, iterations: int) -> tuple[list[float], list[float]]:
+    """``iterations`` epochs over the training split, validating after each: (losses, validation accuracies).
+
+    One FLUID iteration is one epoch here; the trial chunks and the profiler (``tasks.fluid_profiling``) both
+    run this loop, so a profiled iteration is exactly the work a trial's iteration does.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    xt, yt, xv, yv = data
+    losses, accuracies = [], []
+    for _ in range(iterations):
+        net.train()
+        total = 0.0
+        for idx in torch.randperm(len(xt)).split(batch):
+            optimizer.zero_grad()
+            loss = F.cross_entropy(net(xt[idx]), yt[idx])
+            loss.backward()
+            optimizer.step()
+            total += float(loss.detach()) * len(idx)
+        net.eval()
+        with torch.no_grad():
+            accuracies.append(float((net(xv).argmax(1) == yv).float().mean()))
+        losses.append(total / len(xt))
+    return losses, accuracies
+
+
+def model_and_optimizer(config: dict[str, Any], checkpoint: str | None = None):
     import torch
 
     model = build_mlp(config["hidden"])
@@ -57,7 +91,7 @@ def _model_and_optimizer(config: dict[str, Any], checkpoint: str | None):
 
 def load_model(config: dict[str, Any], checkpoint: str):
     """The trained model saved in ``checkpoint`` (for registering the best trial)."""
-    return _model_and_optimizer(config, checkpoint)[0].eval()
+    return model_and_optimizer(config, checkpoint)[0].eval()
 
 
 @task(name="fluid-packing-curve")
@@ -76,10 +110,10 @@ def train_chunk(trial_id: str, config: dict[str, Any], start: int, iterations: i
     """Train ``iterations`` epochs of one trial from ``load_from`` and save the state to ``save_to``.
 
     Returns ``{"trial_id", "start", "iterations", "loss": [...], "val_accuracy": [...], "devices", "device",
-    "width", "fraction", "node", "data_parallel", "note"}`` (placement as the runner granted it).
+    "width", "fraction", "node", "data_parallel", "note", "slice_s", "started_at", "finished_at"}`` (placement
+    as the runner granted it; ``slice_s`` the training time on that slice, ``tasks.slices``).
     """
     import torch
-    import torch.nn.functional as F
 
     log = get_run_logger()
     placed = current_placement()
@@ -100,29 +134,18 @@ def train_chunk(trial_id: str, config: dict[str, Any], start: int, iterations: i
     torch.set_num_threads(1)
     torch.manual_seed(seed * 100_003 + start)
     xt, yt, xv, yv = digits_split(seed)
-    model, optimizer = _model_and_optimizer(config, load_from)
+    model, optimizer = model_and_optimizer(config, load_from)
     model.to(device)
     net = torch.nn.DataParallel(model, device_ids=parallel) if parallel else model
-    xt, yt, xv, yv = xt.to(device), yt.to(device), xv.to(device), yv.to(device)
-    batch = int(config["batch_size"])
-    losses, accuracies = [], []
-    for _ in range(iterations):
-        net.train()
-        total = 0.0
-        for idx in torch.randperm(len(xt)).split(batch):
-            optimizer.zero_grad()
-            loss = F.cross_entropy(net(xt[idx]), yt[idx])
-            loss.backward()
-            optimizer.step()
-            total += float(loss.detach()) * len(idx)
-        net.eval()
-        with torch.no_grad():
-            accuracies.append(float((net(xv).argmax(1) == yv).float().mean()))
-        losses.append(total / len(xt))
+    data = tuple(t.to(device) for t in (xt, yt, xv, yv))
+    started_at = time.time()
+    with on_slice(placed) as clock:
+        losses, accuracies = train_epochs(net, optimizer, data, int(config["batch_size"]), iterations)
+    finished_at = time.time()
     Path(save_to).parent.mkdir(parents=True, exist_ok=True)
     torch.save({"model": model.cpu().state_dict(), "optimizer": optimizer.state_dict(),
                 "iterations": start + iterations}, save_to)
     return {"trial_id": trial_id, "start": start, "iterations": iterations, "loss": losses,
             "val_accuracy": accuracies, "devices": devices, "device": device, "width": width, "fraction": fraction,
             "node": placed.placement.node if placed is not None else "", "data_parallel": max(1, len(parallel)),
-            "note": note}
+            "note": note, "slice_s": clock.timing.slice_s, "started_at": started_at, "finished_at": finished_at}

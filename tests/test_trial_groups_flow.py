@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from flows.trial_groups import SEARCHES, _packing_curve, main, make_algorithm, trial_groups
+from flows.trial_groups import SEARCHES, main, make_algorithm, trial_groups
 from gpu.errors import ConfigError
 from gpu.schedulers.fluid import FluidParams, fit_packing_curve, save_packing_curve
 from gpu.schedulers.fluid_executor import FluidExecutor
@@ -91,10 +91,12 @@ def test_c_is_derived_from_a_packing_curve_measured_at_start_and_logged(hyperban
 
 
 def test_a_saved_packing_curve_is_used_without_measuring(state_dir):
-    """The benchmark's saved curve for the device wins (``_packing_curve`` returns before submitting a task)."""
+    """The benchmark's saved curve for the device wins (returned before submitting a task)."""
+    from tasks.fluid_profiling import saved_or_measured_curve
+
     saved = fit_packing_curve([1, 2, 3], [100.0, 190.0, 200.0])
     save_packing_curve(saved, "NVIDIA Test GPU", iterations=2000)
-    curve, source = _packing_curve("NVIDIA Test GPU", 0, iterations=1)
+    curve, source = saved_or_measured_curve("NVIDIA Test GPU", 0, iterations=1)
     assert curve == saved and "packing-nvidia-test-gpu.json" in source
 
 
@@ -218,7 +220,7 @@ def test_every_tuning_algorithm_drives_a_fluid_session(algorithm):
         seen.add(tid)
         trial = session.trial(tid)
         assert trial.checkpoint is None or trial.checkpoint in seen
-        step = session.report_complete(tid, 1.0 / (1 + trial.resume_from + trial.budget))
+        step = session.report_complete(0.0, tid, 1.0 / (1 + trial.resume_from + trial.budget))
     assert session.finished and seen == {r.trial_id for r in algo.results}
     assert max(r.iterations for r in algo.results) <= 4
     resumed = [t for t in seen if session.trial(t).checkpoint]

@@ -8,11 +8,12 @@
 * ``runtime`` — Eq. 3.2, the runtime model ``h_{i,w}`` with packing overhead ``alpha`` and scaling
   overhead ``beta``.
 * ``fit_packing_curve`` — Eq. 3.1: marginal packing benefit ``O^p`` from a measured packing curve, the fitted
-  ``alpha`` and the packing limit ``c`` (largest p with ``O^p > O_th``; spec Part IV items 13 and 26).
+  ``alpha`` and the packing limit ``c`` (largest p with ``O^p > O_th``; the thesis gives no ``O_th``).
 * ``save_packing_curve``/``load_packing_curve`` — the last measured curve per device in the state folder, so a
   flow can take ``c`` from the benchmark's measurement instead of re-measuring.
-* ``max_parallelism`` — ``d`` from a measured ``beta`` (spec Part IV item 14; the thesis uses Paleo).
-* ``lower_bound``/``theorem1_bound``/``theorem2_bound`` — Theorem 1 (additive form, spec item 23) and
+* ``fit_scaling`` — ``t1`` and ``beta`` of Eq. 3.2 from iteration times measured at several widths (§3.5);
+  ``max_parallelism`` — ``d`` from ``beta`` (largest width that still speeds a trial up).
+* ``lower_bound``/``theorem1_bound``/``theorem2_bound`` — Theorem 1 (in its provable additive form) and
   Theorem 2 / Eq. 3.3, used by tests and the benchmark to check StaticFluid on random instances.
 
 Widths: a width < 1 is a fraction of one GPU shared with other trials (always ``1/c``), a width >= 1 is a whole
@@ -78,7 +79,7 @@ class Trial:
 
     @property
     def h1(self) -> float:
-        """``h_{i,1}``: runtime of the whole budget on one GPU (spec item 20)."""
+        """``h_{i,1}``: runtime of the whole budget on one GPU (Eq. 3.2 at w = 1)."""
         return self.budget * self.iter_time_s
 
 
@@ -140,7 +141,7 @@ class StaticPlan:
 
 
 def static_fluid(trials: Sequence[Trial], n: int, params: FluidParams) -> StaticPlan:
-    """Algorithm 3.1 (StaticFluid): widths for a new TrialGroup on ``n`` idle GPUs (``n = |M'|``, item 17)."""
+    """Algorithm 3.1 (StaticFluid): widths for a new TrialGroup on ``n`` idle GPUs (``n = |M'|``, Alg. 3.1 line 1)."""
     if not trials:
         raise ConfigError("trials", [], "StaticFluid needs at least one trial")
     if n < 0:
@@ -175,9 +176,9 @@ class Resize:
 
 
 def dynamic_fluid(running: Sequence[RunningTrial], n: int, params: FluidParams) -> tuple[Resize, ...]:
-    """Algorithm 3.2 (DynamicFluid): resizes over the group's ``n`` GPUs (idle + committed, item 17).
+    """Algorithm 3.2 (DynamicFluid): resizes over the group's ``n`` GPUs (idle + committed).
 
-    Lines 5/7 read "update to ``w'_i``" (item 21). Only widths that change are returned, in non-increasing
+    Lines 5/7 read "update to ``w'_i``". Only widths that change are returned, in non-increasing
     ``h_{i,1}`` order; the caller applies scale-downs before scale-ups so freed GPUs can be reused.
     """
     live = [r for r in running if r.h1_remaining > 0]
@@ -208,7 +209,10 @@ class PackingCurve:
 
 
 def packing_limit(alpha: float, o_th: float = 0.05, p_max: int = 64) -> int:
-    """Largest p (<= p_max) with model ``O^q = 1 - alpha (q-1)/q > o_th`` for every 2 <= q <= p (item 13)."""
+    """Largest p (<= p_max) with model ``O^q = 1 - alpha (q-1)/q > o_th`` for every 2 <= q <= p.
+
+    Eq. 3.1 with the packing model of Eq. 3.2, ``T^p = t1 alpha^(p-1)``.
+    """
     if not alpha >= 1:
         raise ConfigError("alpha", alpha, "packing overhead must be >= 1")
     if not 0 <= o_th < 1:
@@ -227,7 +231,7 @@ def fit_packing_curve(ps: Sequence[int], throughputs: Sequence[float], o_th: flo
     Args:
         ps: numbers of identical trials packed on one device (must include 1, distinct, >= 2 points).
         throughputs: aggregate iterations/s of all p trials together (per-trial time is ``p / throughput``).
-        o_th: marginal-benefit threshold ``O_th`` (not given in the thesis; default 0.05, item 13).
+        o_th: marginal-benefit threshold ``O_th`` (not given in the thesis; default 0.05).
 
     Returns:
         PackingCurve with the measured ``O^p``, the least-squares ``alpha >= 1`` (scipy ``curve_fit`` in log
@@ -282,26 +286,68 @@ def load_packing_curve(device: str) -> PackingCurve | None:
     return fit_packing_curve(raw["ps"], raw["throughputs"], raw.get("o_th", 0.05))
 
 
-def max_parallelism(beta: float, n: int) -> int:
-    """``d`` from a measured scaling overhead: largest ``w <= n`` with ``h_w < h_{w-1}``, i.e. ``w < beta/(beta-1)``."""
+def max_parallelism(beta: float, n: int, min_gain: float = 0.0) -> int:
+    """``d`` from a scaling overhead: the largest ``w <= n`` whose every step up cuts ``h`` by more than ``min_gain``.
+
+    ``h_w / h_{w-1} = beta (w-1) / w`` (Eq. 3.2), so ``w`` qualifies while ``w < beta / (beta - 1 + min_gain)``.
+    With ``min_gain = 0`` any speed-up counts; a measured ``beta`` wants the same margin as the packing threshold
+    ``O_th`` (a 2 % "gain" between two timings is noise, not a reason to spread a trial over two GPUs).
+    """
     if not beta >= 1:
         raise ConfigError("beta", beta, "scaling overhead must be >= 1")
     if n < 1:
         raise ConfigError("n", n, "need at least one GPU")
-    if beta == 1:
+    if not 0 <= min_gain < 1:
+        raise ConfigError("min_gain", min_gain, "must be in [0, 1)")
+    if beta - 1.0 + min_gain <= 0:
         return n
-    limit = beta / (beta - 1.0)
+    limit = beta / (beta - 1.0 + min_gain)
     return int(max(1, min(n, math.ceil(limit) - 1)))
 
 
+@dataclass(frozen=True)
+class ScalingCurve:
+    """Eq. 3.2 fitted to measured seconds per iteration at several widths: ``h_w = t1 / w * beta**(w - 1)``."""
+
+    widths: tuple[int, ...]
+    iter_times: tuple[float, ...]
+    t1: float
+    beta: float
+
+
+def fit_scaling(widths: Sequence[int], iter_times: Sequence[float]) -> ScalingCurve:
+    """Least-squares ``t1`` and ``beta >= 1`` from iteration times measured at whole-GPU widths (§3.5: measured).
+
+    In log space ``log h_w + log w = log t1 + (w - 1) log beta`` is a line (numpy ``polyfit``); when its slope
+    comes out negative (superlinear scaling, outside Eq. 3.2) the bounded optimum is ``beta = 1``.
+    A trial that does not speed up at all (``h_2 = h_1``) fits ``beta = 2``: ``d = 1``.
+    """
+    w = np.asarray(widths, dtype=float)
+    h = np.asarray(iter_times, dtype=float)
+    if w.size < 2 or w.size != h.size:
+        raise ConfigError("widths", list(widths), "need >= 2 widths and one iteration time per width")
+    if np.any(w < 1) or np.any(w != np.round(w)) or len(set(w)) != w.size or 1 not in w:
+        raise ConfigError("widths", list(widths), "must be distinct whole numbers of GPUs including 1")
+    if np.any(~(h > 0)):
+        raise ConfigError("iter_times", list(iter_times), "must all be > 0 seconds")
+    order = np.argsort(w)
+    w, h = w[order], h[order]
+    y = np.log(h * w)
+    log_beta, log_t1 = np.polyfit(w - 1, y, 1)
+    if log_beta < 0:
+        log_beta, log_t1 = 0.0, float(np.mean(y))
+    return ScalingCurve(tuple(int(v) for v in w), tuple(float(v) for v in h), float(np.exp(log_t1)),
+                        float(np.exp(log_beta)))
+
+
 def lower_bound(trials: Sequence[Trial], n: int, d: int) -> float:
-    """The thesis's OPT lower bound: ``max(sum h_i1 / n, max_i min_{1<=w<=min(d,n)} h_{i,w})`` (spec F2)."""
+    """The OPT lower bound: ``max(sum h_i1 / n, max_i min_{1<=w<=min(d,n)} h_{i,w})`` (thesis appendix, Theorem 1)."""
     best_single = max(min(runtime(t.h1, w, t.alpha, t.beta) for w in range(1, min(d, n) + 1)) for t in trials)
     return max(sum(t.h1 for t in trials) / n, best_single)
 
 
 def theorem1_bound(trials: Sequence[Trial], n: int, d: int) -> float:
-    """Theorem 1 in its provable additive form: ``2 OPT + max h_1`` (spec item 23), with OPT -> lower bound."""
+    """Theorem 1 in its provable additive form: ``2 OPT + max h_1``, with OPT -> lower bound."""
     return 2.0 * lower_bound(trials, n, d) + max(t.h1 for t in trials)
 
 

@@ -1,14 +1,18 @@
 """FLUID's executor: turns StaticFluid/DynamicFluid widths into placements on concrete GPUs (thesis §3.3.3).
 
-FLUID acts only "when new TrialGroups are added or some resources are freed": ``submit_group`` runs
+FLUID acts only "when new TrialGroups are added or some resources are freed" (§3.3.3): ``on_group`` runs
 Algorithm 3.1 on the idle GPUs, starts wide trials on ``floor(w*)`` dedicated GPUs and packs small ones ``c``
-per GPU longest-first (next-fit-decreasing-height, Lemmas 1–2), queueing the rest; ``on_complete`` frees
+per GPU longest-first (next-fit-decreasing-height, Lemmas 1–2), queueing the rest; ``on_trial_done`` frees
 slots and starts queued trials on any slot with room (Lemma 1); ``rebalance`` runs Algorithm 3.2 for every
 group whose queue is empty (resizes take effect at the end of the trial's current iteration). Several groups
-at once are served in submission order and StaticFluid only uses idle GPUs (spec item 24).
+at once are served in submission order and StaticFluid only uses idle GPUs (the thesis schedules "idle
+resources" only; docs/fluid.md).
 
-Every call returns a ``Step`` (frozen): which trials start, which change width, which stop — exactly what a
-Prefect flow launches on GPU-pool slices. The simulator (``gpu.sim.fluid``) drives the same object.
+``FluidExecutor`` is a ``gpu.contract.Controller`` (system ``"fluid"``, hooks ``on_group`` and
+``on_trial_done``, each taking the world's ``now`` first). Every call returns a ``Step`` (frozen): which trials
+start, which change width, which stop — exactly what a Prefect flow launches on GPU-pool slices. The simulator
+(``gpu.sim.fluid``) drives the same object on its virtual clock, the flow on the wall clock; ``now`` also gives
+each TrialGroup's makespan (arrival to its last trial's end, the quantity FLUID minimises, §3.3.2).
 """
 
 from __future__ import annotations
@@ -59,6 +63,32 @@ class Step:
         return Step(tuple(starts.values()), tuple(resizes.values()), stops)
 
 
+class GroupClock:
+    """When each TrialGroup arrived and when its last trial ended, on the world's clock (§3.3.2 makespan)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.arrived: dict[str, float] = {}
+        self.makespans: dict[str, float] = {}
+        self._left: dict[str, int] = {}
+
+    def tick(self, now: float) -> None:
+        """Advance to ``now``; a world whose clock runs backwards is a bug worth naming."""
+        if not now >= self.now:
+            raise ConfigError("now", now, f"the world's clock went backwards (last event at {self.now})")
+        self.now = float(now)
+
+    def start(self, group_id: str, members: int) -> None:
+        self.arrived[group_id] = self.now
+        self._left[group_id] = members
+
+    def finish(self, group_id: str) -> None:
+        """One of the group's trials ended (or was dropped); the last one closes its makespan."""
+        self._left[group_id] -= 1
+        if self._left[group_id] == 0:
+            self.makespans[group_id] = self.now - self.arrived[group_id]
+
+
 @dataclass
 class PlacementBook:
     """Which trial holds which share of which GPU (the executor's view; real leases live in ``gpu.ledger``)."""
@@ -106,6 +136,8 @@ class PlacementBook:
 class FluidExecutor:
     """Runs TrialGroups with StaticFluid (and DynamicFluid unless ``dynamic=False``) on a set of GPUs.
 
+    A ``gpu.contract.Controller``: ``policy`` is ``"fluid"`` (Algorithms 3.1 + 3.2) or ``"static_fluid"``.
+
     Args:
         gpus: ids of the GPUs this tuning job may use (e.g. pool device indices).
         params: ``c``, ``d``, ``epsilon``.
@@ -114,6 +146,9 @@ class FluidExecutor:
             work (default ``c * len(gpus)``, so packing can add concurrency; Fig. 3.10 fixes it at 8).
     """
 
+    system = "fluid"
+    hooks = ("on_group", "on_trial_done")
+
     def __init__(self, gpus: list[int], params: FluidParams, dynamic: bool = True, concurrency: int | None = None):
         if not gpus:
             raise ConfigError("gpus", gpus, "FLUID needs at least one GPU")
@@ -121,6 +156,8 @@ class FluidExecutor:
             raise ConfigError("concurrency", concurrency, "must be >= 1 trials")
         self.params = params
         self.dynamic = dynamic
+        self.policy = "fluid" if dynamic else "static_fluid"
+        self.clock = GroupClock()
         self.book = PlacementBook(list(gpus))
         self._concurrency = concurrency
         self.trials: dict[str, Trial] = {}
@@ -146,13 +183,20 @@ class FluidExecutor:
         return not self.book.running and not self.queued
 
     # --- events -----------------------------------------------------------------------------------------
-    def submit_group(self, group: TrialGroup) -> Step:
+    @property
+    def group_makespans(self) -> dict[str, float]:
+        """Seconds from each finished TrialGroup's arrival to its last trial's end (§3.3.2)."""
+        return dict(self.clock.makespans)
+
+    def on_group(self, now: float, group: TrialGroup) -> Step:
         """Algorithm 3.1 on the idle GPUs; wide trials start at once, small ones pack or queue."""
         if group.group_id in self.queues:
             raise ConfigError("group_id", group.group_id, "already submitted")
         for t in group.trials:
             if t.trial_id in self.trials:
                 raise ConfigError("trial_id", t.trial_id, "already submitted in another group")
+        self.clock.tick(now)
+        self.clock.start(group.group_id, len(group.trials))
         idle = self.book.idle()
         plan = static_fluid(group.trials, len(idle), self.params)
         self.queues[group.group_id] = []
@@ -174,15 +218,17 @@ class FluidExecutor:
         self._known(trial_id)
         self.done[trial_id] = min(float(iterations_done), self.trials[trial_id].budget)
 
-    def on_complete(self, trial_id: str) -> Step:
+    def on_trial_done(self, now: float, trial_id: str) -> Step:
         """A trial finished its budget: free its slots and start queued trials on them."""
         self._known(trial_id)
+        self.clock.tick(now)
         self._forget(trial_id)
         return self._drain()
 
-    def terminate(self, trial_id: str) -> Step:
+    def terminate(self, now: float, trial_id: str) -> Step:
         """The algorithm drops a trial (early stop): stop it if running, drop it if queued."""
         self._known(trial_id)
+        self.clock.tick(now)
         was_running = trial_id in self.book.running
         self._forget(trial_id)
         return Step(stops=(trial_id,) if was_running else ()).then(self._drain())
@@ -232,10 +278,11 @@ class FluidExecutor:
     def _forget(self, trial_id: str) -> None:
         if trial_id in self.book.running:
             self.book.free(trial_id)
-        queue = self.queues[self.group_of[trial_id]]
-        if trial_id in queue:
-            queue.remove(trial_id)
+        gid = self.group_of[trial_id]
+        if trial_id in self.queues[gid]:
+            self.queues[gid].remove(trial_id)
         del self.trials[trial_id], self.done[trial_id], self.group_of[trial_id]
+        self.clock.finish(gid)
 
     def _h1_remaining(self, trial_id: str) -> float:
         t = self.trials[trial_id]

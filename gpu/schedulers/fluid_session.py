@@ -3,18 +3,21 @@
 The tuning algorithm (2a) submits TrialGroups, FLUID (2b) places them, results (3b) flow back. A Prefect
 flow (or the simulator) owns the clock and the trial processes and calls:
 
-* ``start()`` once -> ``Step`` (launch ``step.starts`` on their GPU slices);
+* ``start(now)`` once -> ``Step`` (launch ``step.starts`` on their GPU slices);
 * ``report_progress(trial_id, iterations_done)`` as trials finish iterations (DynamicFluid's remaining work);
-* ``report_complete(trial_id, score)`` when a trial ends -> ``Step`` (new starts; ``step.resizes`` to apply at
-  each trial's next iteration boundary: checkpoint, relaunch on the new placement; ``step.stops``).
+* ``report_complete(now, trial_id, score)`` when a trial ends -> ``Step`` (new starts; ``step.resizes`` to apply
+  at each trial's next iteration boundary: checkpoint, relaunch on the new placement; ``step.stops``).
 
-``profile`` attaches measured ``iter_time_s``/``alpha``/``beta`` to each trial before FLUID sees it (§3.5:
-FLUID profiles a few iterations and reuses the numbers for the whole session).
+``now`` is the world's clock (the simulator's virtual time, the flow's wall clock since it started).
+``profile`` (one call per TrialGroup, so a profiler can measure the group's trials side by side) attaches
+measured ``iter_time_s``/``alpha``/``beta`` to each trial before FLUID sees it (§3.5:
+"FLUID thus uses a small fraction of resources to profile current trials and reuse the result throughout the
+whole tuning session"); the flow's profiler is ``tasks.fluid_profiling``, the simulator's ``Workload.profile``.
 """
 
 from __future__ import annotations
 
-from typing import Callable, Protocol
+from typing import Callable, Protocol, Sequence
 
 from gpu.schedulers.fluid import Trial, TrialGroup
 from gpu.schedulers.fluid_executor import Placement, Step
@@ -22,7 +25,11 @@ from gpu.tuning.base import TuningAlgorithm
 
 
 class Executor(Protocol):
-    """What FluidExecutor and the FIFO baseline both offer."""
+    """What FluidExecutor and the FIFO baseline both offer (a ``gpu.contract.Controller`` plus these)."""
+
+    system: str
+    policy: str
+    hooks: tuple[str, ...]
 
     @property
     def running(self) -> dict[str, Placement]: ...
@@ -31,11 +38,14 @@ class Executor(Protocol):
 
     def idle(self) -> bool: ...
 
-    def submit_group(self, group: TrialGroup) -> Step: ...
+    @property
+    def group_makespans(self) -> dict[str, float]: ...
+
+    def on_group(self, now: float, group: TrialGroup) -> Step: ...
 
     def on_progress(self, trial_id: str, iterations_done: float) -> None: ...
 
-    def on_complete(self, trial_id: str) -> Step: ...
+    def on_trial_done(self, now: float, trial_id: str) -> Step: ...
 
     def rebalance(self) -> Step: ...
 
@@ -44,25 +54,25 @@ class TuningSession:
     """Couples a tuning algorithm (what to train) with an executor (how it runs)."""
 
     def __init__(self, algorithm: TuningAlgorithm, executor: Executor,
-                 profile: Callable[[Trial], Trial] | None = None):
+                 profile: Callable[[Sequence[Trial]], Sequence[Trial]] | None = None):
         self.algorithm = algorithm
         self.executor = executor
-        self.profile = profile or (lambda t: t)
+        self.profile = profile or (lambda trials: trials)
         self.trials: dict[str, Trial] = {}
         self.groups = 0
 
-    def start(self) -> Step:
+    def start(self, now: float = 0.0) -> Step:
         """Hand out the first TrialGroups and place them."""
-        return self._pump()
+        return self._pump(now)
 
     def report_progress(self, trial_id: str, iterations_done: float) -> None:
         self.executor.on_progress(trial_id, iterations_done)
 
-    def report_complete(self, trial_id: str, score: float) -> Step:
+    def report_complete(self, now: float, trial_id: str, score: float) -> Step:
         """Free the trial's slots, tell the algorithm, place new work, then let DynamicFluid resize."""
-        step = self.executor.on_complete(trial_id)
+        step = self.executor.on_trial_done(now, trial_id)
         self.algorithm.on_trial_complete(trial_id, score)
-        return step.then(self._pump())
+        return step.then(self._pump(now))
 
     def trial(self, trial_id: str) -> Trial:
         """The profiled trial (config, budget, checkpoint to resume from)."""
@@ -72,11 +82,11 @@ class TuningSession:
     def finished(self) -> bool:
         return self.algorithm.finished and self.executor.idle()
 
-    def _pump(self) -> Step:
+    def _pump(self, now: float) -> Step:
         step = Step()
         while (group := self.algorithm.suggest(self.executor.open_slots())) is not None:
-            group = TrialGroup(group.group_id, tuple(self.profile(t) for t in group.trials))
+            group = TrialGroup(group.group_id, tuple(self.profile(group.trials)))
             self.trials.update((t.trial_id, t) for t in group.trials)
             self.groups += 1
-            step = step.then(self.executor.submit_group(group))
+            step = step.then(self.executor.on_group(now, group))
         return step.then(self.executor.rebalance())

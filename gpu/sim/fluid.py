@@ -22,22 +22,10 @@ from gpu.scenario import (choose, integer, known_fields, load_scenario, mapping,
                           require)
 from gpu.schedulers.fluid import (FluidParams, PackingCurve, Trial, fit_packing_curve, lower_bound, max_parallelism,
                                   packing_limit)
-from gpu.schedulers.fluid_baselines import FifoExecutor
-from gpu.schedulers.fluid_executor import FluidExecutor
+from gpu.schedulers.fluid_policies import POLICIES, build_executor
 from gpu.sim.fluid_engine import RunResult, simulate
 from gpu.sim.fluid_workload import Workload
 from gpu.tuning import ALGORITHMS, FixedTrials, TuningAlgorithm, parse_space
-
-POLICIES = ("fifo", "static_fluid", "fluid")
-
-
-def build_executor(policy: str, gpus: int, params: FluidParams, concurrency: int | None = None):
-    """The executor behind a policy name."""
-    choose(policy, "policy", list(POLICIES))
-    if policy == "fifo":
-        return FifoExecutor(list(range(gpus)))
-    return FluidExecutor(list(range(gpus)), params, dynamic=policy == "fluid", concurrency=concurrency)
-
 
 MAX_GPUS = 100_000  # the executors keep per-GPU state: a typo like 1e9 would exhaust memory, not simulate
 SCENARIO_KEYS = ("name", "gpus", "seed", "policies", "fluid", "workload", "trials", "algorithm")

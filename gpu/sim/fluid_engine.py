@@ -1,4 +1,4 @@
-"""Discrete-event execution of one tuning job on ``n`` simulated GPUs (spec Part III.1 model).
+"""Discrete-event execution of one tuning job on ``n`` simulated GPUs (the runtime model of thesis Eq. 3.2).
 
 The same ``TuningSession``/executor a Prefect flow drives is driven here by ``gpu.sim.events.EventLoop``.
 Progress model: a trial on ``k >= 1`` GPUs runs ``k / (t_1 beta**(k-1))`` iterations/s; a trial sharing a
@@ -100,14 +100,15 @@ class _Simulation:
         self.runs.pop(tid)
         trial = self.session.trial(tid)
         self.work += trial.budget * trial.iter_time_s
-        self.apply(self.session.report_complete(tid, self.workload.score(trial)))
+        self.apply(self.session.report_complete(self.loop.now, tid, self.workload.score(trial)))
 
 
 def simulate(policy: str, algorithm: TuningAlgorithm, executor: Executor, workload: Workload, gpus: int,
              epsilon: float = 0.0) -> RunResult:
     """Run ``algorithm`` to completion under ``executor`` on ``gpus`` GPUs; return makespan and utilisation."""
-    sim = _Simulation(TuningSession(algorithm, executor, workload.profile), workload, epsilon)
-    sim.apply(sim.session.start())
+    session = TuningSession(algorithm, executor, lambda trials: [workload.profile(t) for t in trials])
+    sim = _Simulation(session, workload, epsilon)
+    sim.apply(sim.session.start(sim.loop.now))
     sim.loop.run()
     if not sim.session.finished:
         raise GpuflowsError(f"policy {policy}: simulation stalled with work left (algorithm {algorithm.name})")

@@ -1,4 +1,4 @@
-"""Synthetic trials for the FLUID simulator (spec Part III.1): runtimes, overheads and learning curves.
+"""Synthetic trials for the FLUID simulator (thesis Eq. 3.2 runtimes): runtimes, overheads and learning curves.
 
 A trial's per-iteration time ``t_1`` is ``iter_time_s`` times a mean-one log-normal factor with coefficient
 of variation ``runtime_cv``, drawn from a seed derived from the config (the same config always has the same

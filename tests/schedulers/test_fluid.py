@@ -53,7 +53,7 @@ def test_wide_trials_are_capped_at_d():
 
 
 def test_width_floor_leaves_a_fraction_unallocated():
-    """w* = 1.9 gets one GPU; the rest is left for DynamicFluid (spec item 18)."""
+    """w* = 1.9 gets one GPU; the rest is left for DynamicFluid (Alg. 3.1's floor)."""
     plan = static_fluid([Trial("a", 19), Trial("b", 21)], 4, FluidParams(c=2, d=4))
     assert plan.width("a") == 1.0 and plan.width("b") == 2.0
 
@@ -113,8 +113,8 @@ def test_static_fluid_stays_under_theorem_2_bound_on_random_instances():
         assert makespan < theorem2_bound(trials, n, d)
 
 
-def test_fit_packing_curve_recovers_alpha_and_the_spec_c():
-    """alpha = 1.25 gives O^4 = 0.0625 > 0.05 and O^5 = 0 (spec II.1), so c = 4."""
+def test_fit_packing_curve_recovers_alpha_and_c():
+    """alpha = 1.25 gives O^4 = 0.0625 > 0.05 and O^5 = 0 (Eq. 3.1), so c = 4."""
     ps = np.arange(1, 9)
     throughputs = ps / (0.1 * 1.25 ** (ps - 1))
     curve = fit_packing_curve(ps, throughputs)
@@ -178,53 +178,100 @@ def _group(*budgets, gid="g"):
 
 def test_executor_packs_small_trials_c_per_gpu_and_queues_the_rest():
     ex = FluidExecutor([0, 1], FluidParams(c=2, d=2))
-    step = ex.submit_group(_group(*[1.0] * 5))
+    step = ex.on_group(0.0, _group(*[1.0] * 5))
     assert [p.gpus for p in step.starts] == [(0,), (0,), (1,), (1,)]
     assert all(p.width == 0.5 for p in step.starts) and ex.queued == 1
 
 
 def test_queued_trial_starts_on_the_slot_its_neighbour_frees():
     ex = FluidExecutor([0], FluidParams(c=2, d=1))
-    ex.submit_group(_group(3.0, 2.0, 1.0))
-    step = ex.on_complete("g1")
+    ex.on_group(0.0, _group(3.0, 2.0, 1.0))
+    step = ex.on_trial_done(1.0, "g1")
     assert step.starts == (Placement("g2", 0.5, (0,)),)
 
 
 def test_rebalance_scales_a_lone_trial_out_onto_freed_gpus():
     ex = FluidExecutor([0, 1, 2, 3], FluidParams(c=2, d=4))
-    ex.submit_group(_group(30.0, 10.0))
-    ex.on_complete("g1")
+    ex.on_group(0.0, _group(30.0, 10.0))
+    ex.on_trial_done(1.0, "g1")
     step = ex.rebalance()
     assert step.resizes == (Placement("g0", 4.0, (0, 1, 2, 3)),)
 
 
 def test_static_only_executor_never_resizes():
     ex = FluidExecutor([0, 1, 2, 3], FluidParams(c=2, d=4), dynamic=False)
-    ex.submit_group(_group(30.0, 10.0))
-    ex.on_complete("g1")
+    ex.on_group(0.0, _group(30.0, 10.0))
+    ex.on_trial_done(1.0, "g1")
     assert ex.rebalance() == Step()
 
 
 def test_removed_gpu_stops_and_requeues_its_trials():
     ex = FluidExecutor([0, 1], FluidParams(c=1, d=1))
-    ex.submit_group(_group(5.0, 5.0))
+    ex.on_group(0.0, _group(5.0, 5.0))
     step = ex.on_resources_changed([0])
     assert step.stops == ("g1",) and ex.queued == 1 and set(ex.running) == {"g0"}
 
 
 def test_terminating_a_queued_trial_drops_it():
     ex = FluidExecutor([0], FluidParams(c=1, d=1))
-    ex.submit_group(_group(5.0, 4.0))
-    assert ex.terminate("g1") == Step() and ex.queued == 0
+    ex.on_group(0.0, _group(5.0, 4.0))
+    assert ex.terminate(1.0, "g1") == Step() and ex.queued == 0
 
 
 def test_fifo_baseline_runs_one_trial_per_gpu_in_submission_order():
     ex = FifoExecutor([0, 1])
-    step = ex.submit_group(_group(1.0, 9.0, 5.0))
+    step = ex.on_group(0.0, _group(1.0, 9.0, 5.0))
     assert [(p.trial_id, p.width) for p in step.starts] == [("g0", 1.0), ("g1", 1.0)]
-    assert ex.on_complete("g0").starts == (Placement("g2", 1.0, (0,)),)
+    assert ex.on_trial_done(1.0, "g0").starts == (Placement("g2", 1.0, (0,)),)
 
 
 def test_a_resize_of_a_just_started_trial_edits_its_start():
     step = Step(starts=(Placement("t", 0.5, (0,)),)).then(Step(resizes=(Placement("t", 2.0, (0, 1)),)))
     assert step == Step(starts=(Placement("t", 2.0, (0, 1)),))
+
+
+@pytest.mark.parametrize("policy", ["fifo", "static_fluid", "fluid"])
+def test_every_fluid_policy_is_a_contract_controller(policy):
+    from gpu.contract import contract_violations
+    from gpu.schedulers.fluid_policies import build_executor, policy_names
+
+    ex = build_executor(policy, 2, FluidParams(c=2, d=2))
+    assert policy in policy_names() and (ex.system, ex.policy) == ("fluid", policy)
+    assert ex.hooks == ("on_group", "on_trial_done") and contract_violations(ex) == []
+
+
+def test_group_makespan_is_measured_on_the_worlds_clock():
+    """The toy group (Fig. 3.5) arrives at 0 and its last trial ends at 10.4 s under Static+DynamicFluid."""
+    ex = FluidExecutor(list(range(5)), FluidParams(c=2, d=5))
+    result = _toy("fluid", ex)
+    assert list(ex.group_makespans.values()) == [pytest.approx(result.makespan_s)] == [10.4]
+
+
+def test_a_clock_running_backwards_is_refused():
+    ex = FluidExecutor([0], FluidParams(c=2, d=1))
+    ex.on_group(5.0, _group(3.0, 2.0))
+    with pytest.raises(ConfigError) as err:
+        ex.on_trial_done(4.0, "g1")
+    assert err.value.field == "now"
+
+
+def test_fit_scaling_recovers_beta_and_a_trial_that_does_not_scale_stays_on_one_gpu():
+    from gpu.schedulers.fluid import fit_scaling
+
+    widths = [1, 2, 3, 4]
+    fit = fit_scaling(widths, [runtime(0.2, w, beta=1.25) for w in widths])
+    assert fit.t1 == pytest.approx(0.2) and fit.beta == pytest.approx(1.25)
+    assert max_parallelism(fit.beta, 8) == 4
+    flat = fit_scaling([1, 2], [0.2, 0.196])  # 2 % faster on two GPUs: noise, not scaling
+    assert max_parallelism(flat.beta, 8) == 2 and max_parallelism(flat.beta, 8, min_gain=0.05) == 1
+
+
+def test_fit_scaling_names_bad_measurements():
+    from gpu.schedulers.fluid import fit_scaling
+
+    with pytest.raises(ConfigError) as err:
+        fit_scaling([2, 3], [0.1, 0.1])
+    assert err.value.field == "widths"
+    with pytest.raises(ConfigError) as err:
+        fit_scaling([1, 2], [0.1, 0.0])
+    assert err.value.field == "iter_times"
