@@ -120,14 +120,22 @@ def _set_aside_if_unused(tracking_uri: str, db: Path) -> bool:
     return True
 
 
+# MLflow 3's UI opens an experiment without this tag as a GenAI one (traces overview, no run table); these
+# experiments hold training and scheduling runs, so they open on the runs table with Compare.
+EXPERIMENT_KIND_TAG, MODEL_TRAINING = "mlflow.experimentKind", "custom_model_development"
+
+
 def ensure_experiment(client: Any, name: str) -> str:
-    """The experiment's id, creating it with artifacts in the state folder (not ./mlruns)."""
+    """The experiment's id, creating it with artifacts in the state folder (not ./mlruns), marked as a
+    model-training experiment for MLflow's UI."""
     exp = client.get_experiment_by_name(name)
     if exp is not None:
+        if EXPERIMENT_KIND_TAG not in exp.tags:  # made before the tag was set
+            client.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG, MODEL_TRAINING)
         return exp.experiment_id
     location = (state_dir() / "mlartifacts" / name).as_uri()
     try:
-        return client.create_experiment(name, artifact_location=location)
+        return client.create_experiment(name, artifact_location=location, tags={EXPERIMENT_KIND_TAG: MODEL_TRAINING})
     except Exception:  # created concurrently by another process
         return client.get_experiment_by_name(name).experiment_id
 
@@ -175,9 +183,18 @@ class TaskRecord:
 REVIEW_FIELDS = ("stream", "window", "trial", "trial_id", "round", "job", "config", "policy", "epoch")
 
 
+# Parameters that carry a reviewed field under another name: Ekya's tasks take their stream as ``spec``
+# (a ``StreamSpec``, whose ``name`` is the stream's).
+FIELD_ALIASES = {"spec": "stream"}
+# The fields a nested run's name shows after the task's name, e.g. ``retrain cam1 w1``.
+NAME_FIELDS = (("stream", ""), ("window", "w"), ("round", "r"), ("trial_id", ""), ("trial", ""), ("job", ""))
+
+
 def task_fields(parameters: dict[str, Any]) -> dict[str, str]:
     """What a placed task worked on, from its call's parameters (stream, window, trial, round, job...): the
     runner puts it in ``TaskRecord.extra``, which its nested run carries as tags and params."""
+    parameters = {**{field: parameters[alias] for alias, field in FIELD_ALIASES.items()
+                     if alias in parameters and field not in parameters}, **parameters}
     out = {}
     for key in REVIEW_FIELDS:
         value = parameters.get(key)
@@ -196,6 +213,12 @@ def flow_run_name(system: str, label: str | None = None, when: float | None = No
     """A run name a reviewer can read in MLflow's run list: ``ekya-thief-2026-11-24T16:40``."""
     stamp = time.strftime("%Y-%m-%dT%H:%M", time.localtime(when or time.time()))
     return "-".join(str(p) for p in (system, label, stamp) if p)
+
+
+def task_run_name(task: str, fields: dict[str, str]) -> str:
+    """A nested run's name that says what the task did, so MLflow's run list tells them apart:
+    ``task_run_name("retrain", {"stream": "cam1", "window": "1"}) == "retrain cam1 w1"``."""
+    return " ".join([task, *(f"{prefix}{fields[key]}" for key, prefix in NAME_FIELDS if key in fields)])
 
 
 def _task_run(parent_run_id: str, r: TaskRecord) -> dict[str, Any]:
@@ -217,7 +240,8 @@ def _task_run(parent_run_id: str, r: TaskRecord) -> dict[str, Any]:
     if r.gpu_memory_mb is not None:
         metrics[GPU_MEMORY_METRIC] = r.gpu_memory_mb
     status = "FINISHED" if r.state == "COMPLETED" else ("KILLED" if r.state == "CANCELLED" else "FAILED")
-    return {"name": r.name, "start": int(r.submitted_at * 1000), "end": int((r.finished_at or time.time()) * 1000),
+    return {"name": task_run_name(r.name, r.extra), "start": int(r.submitted_at * 1000),
+            "end": int((r.finished_at or time.time()) * 1000),
             "status": status, "params": {k: str(v) for k, v in params.items()},
             "tags": {"mlflow.parentRunId": parent_run_id, **holder_tags(), "prefect.task_run_id": r.task_run_id,
                      "gpuflows.state": r.state, **{k: str(v) for k, v in r.extra.items()}},
