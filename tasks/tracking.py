@@ -221,8 +221,9 @@ def task_run_name(task: str, fields: dict[str, str]) -> str:
     return " ".join([task, *(f"{prefix}{fields[key]}" for key, prefix in NAME_FIELDS if key in fields)])
 
 
-def _task_run(parent_run_id: str, r: TaskRecord) -> dict[str, Any]:
-    """A placed task as one nested run: name, times, status, tags, params and metrics (written in one go)."""
+def _task_run(parent_run_id: str, r: TaskRecord, prefect_ui: str | None = None) -> dict[str, Any]:
+    """A placed task as one nested run: name, times, status, tags, params and metrics (written in one go);
+    with the Prefect UI's address, the tag ``prefect.task_run_url`` links the task run it records."""
     p = r.placement or {}
     params = {"node": p.get("node", ""), "devices": ",".join(str(i) for i in p.get("devices", [])) or "none",
               "fraction": p.get("fraction", 0.0), "memory_bytes": p.get("memory", 0), "cpus": p.get("cpus", 0.0),
@@ -244,7 +245,8 @@ def _task_run(parent_run_id: str, r: TaskRecord) -> dict[str, Any]:
             "end": int((r.finished_at or time.time()) * 1000),
             "status": status, "params": {k: str(v) for k, v in params.items()},
             "tags": {"mlflow.parentRunId": parent_run_id, **holder_tags(), "prefect.task_run_id": r.task_run_id,
-                     "gpuflows.state": r.state, **{k: str(v) for k, v in r.extra.items()}},
+                     "gpuflows.state": r.state, **{k: str(v) for k, v in r.extra.items()},
+                     **({"prefect.task_run_url": f"{prefect_ui}/runs/task-run/{r.task_run_id}"} if prefect_ui else {})},
             "metrics": metrics}
 
 
@@ -383,7 +385,9 @@ class RunTracker:
         self._records.extend(records)
         if client is None:
             return
-        runs = [_task_run(self.parent_run_id, r) for r in records]
+        flow_url = self.tags.get("prefect.flow_run_url", "")
+        ui = flow_url.split("/runs/flow-run/")[0] if "/runs/flow-run/" in flow_url else None
+        runs = [_task_run(self.parent_run_id, r, ui) for r in records]
         try:
             if _bulk_insert(client, exp_id, runs):
                 return

@@ -60,7 +60,7 @@ def test_nested_runs_carry_window_and_stream(ekya_pair):
     exp = client.get_experiment_by_name("gpuflows-ekya")
     parent = summaries["thief"]["mlflow_run_id"]
     children = client.search_runs([exp.experiment_id], f"tags.mlflow.parentRunId = '{parent}'", max_results=1000)
-    windows = [r for r in children if "window" in r.data.tags]
+    windows = [r for r in children if "window" in r.data.tags and "prefect.task_run_id" not in r.data.tags]
     assert {r.data.tags["window"] for r in windows} == {"0", "1"}
     assert all(f"{s}.config" in r.data.params for r in windows for s in ("cam0", "cam1"))
     tasks = [r for r in children if "prefect.task_run_id" in r.data.tags]
@@ -148,3 +148,80 @@ def test_task_fields_name_what_a_task_worked_on():
     assert fields == {"stream": "cam0", "window": "1", "config": "e5-all-d50"}
     run = _task_run("parent", TaskRecord("retrain", "id", 1.0, extra=fields))
     assert run["tags"]["stream"] == "cam0" and run["params"]["window"] == "1"
+
+
+def test_ekya_task_runs_name_their_stream_and_window(ekya_pair):
+    """Ekya's tasks take their stream as ``spec``: the nested run still says which stream and window it served."""
+    from mlflow import MlflowClient
+
+    summaries, uri = ekya_pair
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("gpuflows-ekya")
+    parent = summaries["thief"]["mlflow_run_id"]
+    retrains = client.search_runs([exp.experiment_id], f"tags.mlflow.parentRunId = '{parent}' and "
+                                  "tags.`prefect.task_run_id` != '' and params.config != ''", max_results=1000)
+    infers = [r for r in client.search_runs([exp.experiment_id], f"tags.mlflow.parentRunId = '{parent}'",
+                                            max_results=1000) if r.info.run_name.startswith("infer_segment")]
+    assert infers and {r.data.tags["stream"] for r in infers} == {"cam0", "cam1"}
+    for r in [*retrains, *infers]:
+        assert r.info.run_name.endswith(f" {r.data.tags['stream']} w{r.data.tags['window']}"), r.info.run_name
+
+
+def test_experiments_open_as_model_training_in_the_mlflow_ui(ekya_pair):
+    """MLflow 3 opens an experiment without ``mlflow.experimentKind`` as GenAI (traces, no run table)."""
+    from mlflow import MlflowClient
+
+    _, uri = ekya_pair
+    exp = MlflowClient(uri).get_experiment_by_name("gpuflows-ekya")
+    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
+
+
+def test_the_mlflow_run_link_shows_the_runs_readable_name(ekya_pair):
+    """The flow run's ``mlflow-run`` artifact names the MLflow run as its run list does (``ekya-thief-...``)."""
+    from mlflow import MlflowClient
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey
+
+    summaries, uri = ekya_pair
+    run = MlflowClient(uri).get_run(summaries["thief"]["mlflow_run_id"])
+    with get_client(sync_client=True) as client:
+        (link,) = client.read_artifacts(artifact_filter=ArtifactFilter(
+            key=ArtifactFilterKey(any_=["mlflow-run"]),
+            flow_run_id=ArtifactFilterFlowRunId(any_=[run.data.tags["prefect.flow_run_id"]])))
+    assert f"[{run.info.run_name}](" in link.data and run.info.run_name.startswith("ekya-thief-20")
+
+
+def test_task_run_name_says_what_the_task_did():
+    from tasks.tracking import task_fields, task_run_name
+
+    class StreamSpec:
+        name = "cam1"
+
+    fields = task_fields({"spec": StreamSpec(), "window": 2})
+    assert fields == {"stream": "cam1", "window": "2"}
+    assert task_run_name("retrain", fields) == "retrain cam1 w2"
+    assert task_run_name("run_service", {"round": "3", "job": "db"}) == "run_service r3 db"
+    assert task_run_name("train_golden", {}) == "train_golden"
+
+
+def test_a_nested_run_links_its_prefect_task_run():
+    from tasks.tracking import TaskRecord, _task_run
+
+    run = _task_run("parent", TaskRecord("retrain", "tr-1", 1.0), "http://127.0.0.1:4200")
+    assert run["tags"]["prefect.task_run_url"] == "http://127.0.0.1:4200/runs/task-run/tr-1"
+    assert "prefect.task_run_url" not in _task_run("parent", TaskRecord("retrain", "tr-1", 1.0))["tags"]
+
+
+@pytest.mark.slow
+def test_pool_demo_command_logs_to_the_pool_experiment(state_dir):
+    """``python -m flows.pool_demo`` logs to ``gpuflows-pool`` (its flow's own default), under a readable name."""
+    from mlflow import MlflowClient
+
+    from flows.pool_demo import main
+
+    assert main(["--tasks", "2", "--steps", "2", "--mode", "thread", "--pool", "review-pool-demo"]) == 0
+    client = MlflowClient(MlflowTarget().resolved_uri())
+    exp = client.get_experiment_by_name("gpuflows-pool")
+    assert exp is not None and client.get_experiment_by_name("gpuflows") is None
+    (run,) = client.search_runs([exp.experiment_id], "tags.`prefect.flow_name` = 'pool-demo'")
+    assert run.info.run_name.startswith("pool-20") and run.data.params["tasks"] == "2"
