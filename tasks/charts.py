@@ -339,7 +339,7 @@ def _mlflow_where(name: str, run_id: str | None, tracking_uri: str | None) -> st
             from tasks.flow_runtime import mlflow_run_url
 
             got = MlflowClient(tracking_uri).get_run(run_id)
-            run = f"[{got.info.run_name}]({mlflow_run_url(tracking_uri, got.info.experiment_id, run_id)}/artifacts)"
+            run = f"[{got.info.run_name}]({mlflow_run_url(tracking_uri, got.info.experiment_id, run_id, 'artifacts')})"
         except Exception as exc:  # noqa: BLE001 - the id then
             log.debug("MLflow run %s not read for the chart's link: %r", run_id, exc)
     return f"Also `charts/{name}` of MLflow run {run}."

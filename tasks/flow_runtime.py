@@ -49,10 +49,13 @@ def flow_runner() -> PlacingTaskRunner | None:
     return runner.resolve() if isinstance(runner, PlacingTaskRunner) else None
 
 
-def mlflow_run_url(tracking_uri: str, experiment_id: str, run_id: str) -> str:
-    """Where the MLflow UI shows the run: the tracking server itself, or ``mlflow ui`` on its default port."""
+def mlflow_run_url(tracking_uri: str, experiment_id: str, run_id: str, tab: str = "") -> str:
+    """Where the MLflow UI shows the run (``tab``: e.g. "artifacts"): the tracking server itself, or ``mlflow ui``
+    on its default port. MLflow 3's UI starts in its GenAI view (traces, no run table) unless the URL asks for
+    ``workflowType=machine_learning``, the view with runs, params, metrics and Compare."""
     base = tracking_uri.rstrip("/") if tracking_uri.startswith(("http://", "https://")) else "http://127.0.0.1:5000"
-    return f"{base}/#/experiments/{experiment_id}/runs/{run_id}"
+    page = f"/{tab}" if tab else ""
+    return f"{base}/#/experiments/{experiment_id}/runs/{run_id}{page}?workflowType=machine_learning"
 
 
 def _link_markdown(uri: str, experiment: str, experiment_id: str, run_id: str, run_name: str) -> str:

@@ -120,22 +120,14 @@ def _set_aside_if_unused(tracking_uri: str, db: Path) -> bool:
     return True
 
 
-# MLflow 3's UI opens an experiment without this tag as a GenAI one (traces overview, no run table); these
-# experiments hold training and scheduling runs, so they open on the runs table with Compare.
-EXPERIMENT_KIND_TAG, MODEL_TRAINING = "mlflow.experimentKind", "custom_model_development"
-
-
 def ensure_experiment(client: Any, name: str) -> str:
-    """The experiment's id, creating it with artifacts in the state folder (not ./mlruns), marked as a
-    model-training experiment for MLflow's UI."""
+    """The experiment's id, creating it with artifacts in the state folder (not ./mlruns)."""
     exp = client.get_experiment_by_name(name)
     if exp is not None:
-        if EXPERIMENT_KIND_TAG not in exp.tags:  # made before the tag was set
-            client.set_experiment_tag(exp.experiment_id, EXPERIMENT_KIND_TAG, MODEL_TRAINING)
         return exp.experiment_id
     location = (state_dir() / "mlartifacts" / name).as_uri()
     try:
-        return client.create_experiment(name, artifact_location=location, tags={EXPERIMENT_KIND_TAG: MODEL_TRAINING})
+        return client.create_experiment(name, artifact_location=location)
     except Exception:  # created concurrently by another process
         return client.get_experiment_by_name(name).experiment_id
 

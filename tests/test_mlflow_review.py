@@ -167,13 +167,14 @@ def test_ekya_task_runs_name_their_stream_and_window(ekya_pair):
         assert r.info.run_name.endswith(f" {r.data.tags['stream']} w{r.data.tags['window']}"), r.info.run_name
 
 
-def test_experiments_open_as_model_training_in_the_mlflow_ui(ekya_pair):
-    """MLflow 3 opens an experiment without ``mlflow.experimentKind`` as GenAI (traces, no run table)."""
-    from mlflow import MlflowClient
+def test_links_open_mlflow_on_its_model_training_view():
+    """MLflow 3's UI opens in its GenAI view (no run table) unless the link asks for the model-training one."""
+    from tasks.flow_runtime import mlflow_run_url
 
-    _, uri = ekya_pair
-    exp = MlflowClient(uri).get_experiment_by_name("gpuflows-ekya")
-    assert exp.tags["mlflow.experimentKind"] == "custom_model_development"
+    assert mlflow_run_url("sqlite:///x.db", "2", "abc") == (
+        "http://127.0.0.1:5000/#/experiments/2/runs/abc?workflowType=machine_learning")
+    assert mlflow_run_url("http://mlflow:5000/", "2", "abc", "artifacts") == (
+        "http://mlflow:5000/#/experiments/2/runs/abc/artifacts?workflowType=machine_learning")
 
 
 def test_the_mlflow_run_link_shows_the_runs_readable_name(ekya_pair):
