@@ -11,6 +11,7 @@ export GPUFLOWS_STATE_DIR ?= $(CURDIR)/.state
 export PREFECT_HOME ?= $(GPUFLOWS_STATE_DIR)/prefect
 export GPUFLOWS_HOME ?= $(CURDIR)
 PORT ?= 4200
+MLFLOW_PORT ?= 5000
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 60
 export RAY_AUTH_MODE := disabled
@@ -43,12 +44,15 @@ test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
 
 # The Prefect UI and API on this home's database (runs of the embedded server included): http://127.0.0.1:$(PORT)
+# The UI asks PREFECT_SERVER_API_PORT (not --port) where its API is: without it PORT=4291 serves a UI that
+# calls 4200 and shows "Can't connect to Server API".
 server: $(STAMP)
 	mkdir -p "$(PREFECT_HOME)"
-	$(VENV)/bin/prefect server start --port $(PORT)
+	PREFECT_SERVER_API_PORT=$(PORT) $(VENV)/bin/prefect server start --port $(PORT)
 
+# The MLflow UI on the flows' store: http://127.0.0.1:$(MLFLOW_PORT) (the flows' `mlflow-run` links assume 5000).
 mlflow-ui: $(STAMP)
-	$(VENV)/bin/mlflow ui --backend-store-uri "sqlite:///$(GPUFLOWS_STATE_DIR)/mlflow.db"
+	$(VENV)/bin/mlflow ui --backend-store-uri "sqlite:///$(GPUFLOWS_STATE_DIR)/mlflow.db" --port $(MLFLOW_PORT)
 
 # With `make server` running: the work pool and every deployment of prefect.yaml, then a process worker.
 deploy: $(STAMP)

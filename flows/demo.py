@@ -30,7 +30,7 @@ def comparison_table(summaries: dict[str, dict]) -> str:
     lines = ["measured mean accuracy   " + "  ".join(f"{p:>8s}" for p in policies)]
     for w in range(windows):
         lines.append(f"  window {w:<16d}" + "  ".join(f"{summaries[p]['windows'][w]['mean']:8.3f}" for p in policies))
-    lines.append("  all windows           " + "  ".join(f"{summaries[p]['mean_accuracy']:8.3f}" for p in policies))
+    lines.append(f"  {'all windows':<23s}" + "  ".join(f"{summaries[p]['mean_accuracy']:8.3f}" for p in policies))
     if {"thief", "uniform"} <= set(policies):
         gain = summaries["thief"]["mean_accuracy"] - summaries["uniform"]["mean_accuracy"]
         lines.append(f"thief - uniform: {gain:+.3f} ({100 * gain:+.1f} accuracy points)")

@@ -104,13 +104,15 @@ def check(tasks: int, steps: int) -> None:
 
 
 def format_timeline(rows: list[dict], width: int = 60) -> str:
-    """Text table of placements plus one Gantt line per GPU (a letter per task)."""
+    """Text table of placements (``gpus``: the GPUs the task held, its per-device fraction times its devices)
+    plus one Gantt line per GPU (a letter per task: A = task 0)."""
     t0 = min(r["start"] for r in rows)
     span = max(r["end"] for r in rows) - t0 or 1.0
     lines = [f"{'task':>4} {'gpus':>5} {'devices':>8} {'memory':>8} {'start s':>8} {'end s':>7} {'acc':>5}"]
     for r in sorted(rows, key=lambda r: r["start"]):
         mem = f"{r['memory'] / 2**30:.0f}GiB" if r["memory"] else "-"
-        lines.append(f"{r['task']:>4} {r['fraction']:>5.2f} {','.join(map(str, r['devices'])) or 'cpu':>8} {mem:>8} "
+        gpus = r["fraction"] * max(1, len(r["devices"]))
+        lines.append(f"{r['task']:>4} {gpus:>5.2f} {','.join(map(str, r['devices'])) or 'cpu':>8} {mem:>8} "
                      f"{r['start'] - t0:>8.2f} {r['end'] - t0:>7.2f} {r['accuracy']:>5.2f}")
     devices = sorted({d for r in rows for d in r["devices"]})
     lines.append("")
@@ -122,7 +124,8 @@ def format_timeline(rows: list[dict], width: int = 60) -> str:
                 b = max(a + 1, int((r["end"] - t0) / span * (width - 1)))
                 for k in range(a, b):
                     lane[k] = chr(ord("A") + r["task"] % 26) if lane[k] == " " else "#"
-        lines.append(f"gpu{d} |{''.join(lane)}|  ('#' = slices shared at once)")
+        lines.append(f"gpu{d} |{''.join(lane)}|")
+    lines.append(f"{'':5}letter = the task holding the device (A = task 0, B = task 1, ...); '#' = several at once")
     return "\n".join(lines)
 
 
@@ -141,8 +144,9 @@ def main(argv: list[str] | None = None) -> int:
         pool_path(args.pool)
     except GpuflowsError as exc:
         return error(exc)
+    # None: the flow's default target, whose experiment is gpuflows-pool (a bare MlflowTarget() names "gpuflows")
     rows = pool_demo(args.tasks, args.steps, pool=GpuPool(name=args.pool, simulated=args.simulated), mode=args.mode,
-                     tracking=MlflowTarget(enabled=not args.no_tracking))
+                     tracking=False if args.no_tracking else None)
     print(format_timeline(rows))
     return 0
 

@@ -310,7 +310,7 @@ def publish_chart(path: Path, key: str, title: str, description: str, mlflow_run
         from prefect.context import FlowRunContext
 
         if FlowRunContext.get() is not None:
-            where = f"Also `charts/{Path(path).name}` of MLflow run `{mlflow_run_id}`." if mlflow_run_id else ""
+            where = _mlflow_where(Path(path).name, mlflow_run_id, tracking_uri)
             body = (f"![{title}](data:image/png;base64,{base64.b64encode(data).decode()})"
                     if len(data) <= MAX_INLINE_BYTES else f"*(chart of {len(data) // 1024} KiB: too big to embed)*")
             create_markdown_artifact(f"### {title}\n\n{body}\n\n{where}", key=key,
@@ -324,6 +324,25 @@ def publish_chart(path: Path, key: str, title: str, description: str, mlflow_run
             MlflowClient(tracking_uri).log_artifact(mlflow_run_id, str(path), "charts")
         except Exception as exc:  # noqa: BLE001
             log.warning("could not log chart %s to MLflow run %s: %r", key, mlflow_run_id, exc)
+
+
+def _mlflow_where(name: str, run_id: str | None, tracking_uri: str | None) -> str:
+    """The line under a chart saying where MLflow keeps it: a link to the run's artifacts when the run's
+    experiment can be read (the MLflow UI URL of ``tasks.flow_runtime.mlflow_run_url``), else the run id."""
+    if not run_id:
+        return ""
+    run = f"`{run_id}`"
+    if tracking_uri:
+        try:
+            from mlflow import MlflowClient
+
+            from tasks.flow_runtime import mlflow_run_url
+
+            got = MlflowClient(tracking_uri).get_run(run_id)
+            run = f"[{got.info.run_name}]({mlflow_run_url(tracking_uri, got.info.experiment_id, run_id, 'artifacts')})"
+        except Exception as exc:  # noqa: BLE001 - the id then
+            log.debug("MLflow run %s not read for the chart's link: %r", run_id, exc)
+    return f"Also `charts/{name}` of MLflow run {run}."
 
 
 def _registry() -> sqlite3.Connection:

@@ -49,10 +49,27 @@ def flow_runner() -> PlacingTaskRunner | None:
     return runner.resolve() if isinstance(runner, PlacingTaskRunner) else None
 
 
-def mlflow_run_url(tracking_uri: str, experiment_id: str, run_id: str) -> str:
-    """Where the MLflow UI shows the run: the tracking server itself, or ``mlflow ui`` on its default port."""
+def mlflow_run_url(tracking_uri: str, experiment_id: str, run_id: str, tab: str = "") -> str:
+    """Where the MLflow UI shows the run (``tab``: e.g. "artifacts"): the tracking server itself, or ``mlflow ui``
+    on its default port. MLflow 3's UI starts in its GenAI view (traces, no run table) unless the URL asks for
+    ``workflowType=machine_learning``, the view with runs, params, metrics and Compare."""
     base = tracking_uri.rstrip("/") if tracking_uri.startswith(("http://", "https://")) else "http://127.0.0.1:5000"
-    return f"{base}/#/experiments/{experiment_id}/runs/{run_id}"
+    page = f"/{tab}" if tab else ""
+    return f"{base}/#/experiments/{experiment_id}/runs/{run_id}{page}?workflowType=machine_learning"
+
+
+def _link_markdown(uri: str, experiment: str, experiment_id: str, run_id: str, run_name: str) -> str:
+    """The ``mlflow-run`` artifact's text: the MLflow run by name, linked, and how to serve a local store."""
+    url = mlflow_run_url(uri, experiment_id, run_id)
+    served = "" if uri.startswith(("http://", "https://")) else (
+        f"\n\nThe store is `{uri}`: serve it with `mlflow ui --backend-store-uri {uri}`, then open the link.")
+    return (f"**MLflow run** [{run_name}]({url}) — run `{run_id}` in experiment `{experiment}` (id {experiment_id}); "
+            f"its tags `prefect.flow_run_id` and `prefect.flow_run_url` point back to this flow run.{served}")
+
+
+# MLflow run id -> (the ``mlflow-run`` artifact's id, the link's other fields), so the link can follow the run's
+# readable name once ``log_flow_inputs`` gives it one.
+_LINKS: dict[str, tuple[Any, tuple[str, str, str]]] = {}
 
 
 def publish_mlflow_link(runner: PlacingTaskRunner | None = None) -> str | None:
@@ -69,15 +86,24 @@ def publish_mlflow_link(runner: PlacingTaskRunner | None = None) -> str | None:
 
     uri = runner.tracking.resolved_uri()
     run = MlflowClient(uri).get_run(run_id)
-    url = mlflow_run_url(uri, run.info.experiment_id, run_id)
-    served = "" if uri.startswith(("http://", "https://")) else (
-        f"\n\nThe store is `{uri}`: serve it with `mlflow ui --backend-store-uri {uri}`, then open the link.")
-    create_markdown_artifact(
-        f"**MLflow run** [{run.info.run_name}]({url}) — run `{run_id}` in experiment "
-        f"`{runner.tracking.experiment}` (id {run.info.experiment_id}); its tags `prefect.flow_run_id` and "
-        f"`prefect.flow_run_url` point back to this flow run.{served}",
-        key="mlflow-run", description="The MLflow run of this flow run (per-task placements, metrics, models)")
+    fields = (uri, runner.tracking.experiment, run.info.experiment_id)
+    artifact_id = create_markdown_artifact(
+        _link_markdown(*fields, run_id, run.info.run_name), key="mlflow-run",
+        description="The MLflow run of this flow run (per-task placements, metrics, models)")
+    _LINKS[run_id] = (artifact_id, fields)
     return run_id
+
+
+def _rename_link(run_id: str, run_name: str) -> None:
+    """Show the MLflow run's new name in this flow run's ``mlflow-run`` artifact (published before the rename)."""
+    if run_id not in _LINKS:
+        return
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import ArtifactUpdate
+
+    artifact_id, fields = _LINKS.pop(run_id)
+    with get_client(sync_client=True) as client:
+        client.update_artifact(artifact_id, ArtifactUpdate(data=_link_markdown(*fields, run_id, run_name)))
 
 
 def settings(parameters: dict[str, Any], default_pool: GpuPool | None = None, experiment: str | None = None,
@@ -110,7 +136,10 @@ def log_flow_inputs(system: str, label: str | None, params: dict[str, Any]) -> N
 
     tracker = flow_tracker()
     if tracker is not None:
-        tracker.log_flow_inputs({"system": system, **params}, run_name=flow_run_name(system, label))
+        run_name = flow_run_name(system, label)
+        tracker.log_flow_inputs({"system": system, **params}, run_name=run_name)
+        if tracker.parent_run_id is not None:
+            _rename_link(tracker.parent_run_id, run_name)
 
 
 def log_flow_outcome(metrics: dict[str, Any]) -> None:

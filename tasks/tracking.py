@@ -177,9 +177,18 @@ class TaskRecord:
 REVIEW_FIELDS = ("stream", "window", "trial", "trial_id", "round", "job", "config", "policy", "epoch")
 
 
+# Parameters that carry a reviewed field under another name: Ekya's tasks take their stream as ``spec``
+# (a ``StreamSpec``, whose ``name`` is the stream's).
+FIELD_ALIASES = {"spec": "stream"}
+# The fields a nested run's name shows after the task's name, e.g. ``retrain cam1 w1``.
+NAME_FIELDS = (("stream", ""), ("window", "w"), ("round", "r"), ("trial_id", ""), ("trial", ""), ("job", ""))
+
+
 def task_fields(parameters: dict[str, Any]) -> dict[str, str]:
     """What a placed task worked on, from its call's parameters (stream, window, trial, round, job...): the
     runner puts it in ``TaskRecord.extra``, which its nested run carries as tags and params."""
+    parameters = {**{field: parameters[alias] for alias, field in FIELD_ALIASES.items()
+                     if alias in parameters and field not in parameters}, **parameters}
     out = {}
     for key in REVIEW_FIELDS:
         value = parameters.get(key)
@@ -200,8 +209,15 @@ def flow_run_name(system: str, label: str | None = None, when: float | None = No
     return "-".join(str(p) for p in (system, label, stamp) if p)
 
 
-def _task_run(parent_run_id: str, r: TaskRecord) -> dict[str, Any]:
-    """A placed task as one nested run: name, times, status, tags, params and metrics (written in one go)."""
+def task_run_name(task: str, fields: dict[str, str]) -> str:
+    """A nested run's name that says what the task did, so MLflow's run list tells them apart:
+    ``task_run_name("retrain", {"stream": "cam1", "window": "1"}) == "retrain cam1 w1"``."""
+    return " ".join([task, *(f"{prefix}{fields[key]}" for key, prefix in NAME_FIELDS if key in fields)])
+
+
+def _task_run(parent_run_id: str, r: TaskRecord, prefect_ui: str | None = None) -> dict[str, Any]:
+    """A placed task as one nested run: name, times, status, tags, params and metrics (written in one go);
+    with the Prefect UI's address, the tag ``prefect.task_run_url`` links the task run it records."""
     p = r.placement or {}
     params = {"node": p.get("node", ""), "devices": ",".join(str(i) for i in p.get("devices", [])) or "none",
               "fraction": p.get("fraction", 0.0), "memory_bytes": p.get("memory", 0), "cpus": p.get("cpus", 0.0),
@@ -219,10 +235,12 @@ def _task_run(parent_run_id: str, r: TaskRecord) -> dict[str, Any]:
     if r.gpu_memory_mb is not None:
         metrics[GPU_MEMORY_METRIC] = r.gpu_memory_mb
     status = "FINISHED" if r.state == "COMPLETED" else ("KILLED" if r.state == "CANCELLED" else "FAILED")
-    return {"name": r.name, "start": int(r.submitted_at * 1000), "end": int((r.finished_at or time.time()) * 1000),
+    return {"name": task_run_name(r.name, r.extra), "start": int(r.submitted_at * 1000),
+            "end": int((r.finished_at or time.time()) * 1000),
             "status": status, "params": {k: str(v) for k, v in params.items()},
             "tags": {"mlflow.parentRunId": parent_run_id, **holder_tags(), "prefect.task_run_id": r.task_run_id,
-                     "gpuflows.state": r.state, **{k: str(v) for k, v in r.extra.items()}},
+                     "gpuflows.state": r.state, **{k: str(v) for k, v in r.extra.items()},
+                     **({"prefect.task_run_url": f"{prefect_ui}/runs/task-run/{r.task_run_id}"} if prefect_ui else {})},
             "metrics": metrics}
 
 
@@ -366,7 +384,9 @@ class RunTracker:
         self._records.extend(records)
         if client is None:
             return
-        runs = [_task_run(self.parent_run_id, r) for r in records]
+        flow_url = self.tags.get("prefect.flow_run_url", "")
+        ui = flow_url.split("/runs/flow-run/")[0] if "/runs/flow-run/" in flow_url else None
+        runs = [_task_run(self.parent_run_id, r, ui) for r in records]
         try:
             if _bulk_insert(client, exp_id, runs):
                 return

@@ -148,3 +148,81 @@ def test_task_fields_name_what_a_task_worked_on():
     assert fields == {"stream": "cam0", "window": "1", "config": "e5-all-d50"}
     run = _task_run("parent", TaskRecord("retrain", "id", 1.0, extra=fields))
     assert run["tags"]["stream"] == "cam0" and run["params"]["window"] == "1"
+
+
+def test_ekya_task_runs_name_their_stream_and_window(ekya_pair):
+    """Ekya's tasks take their stream as ``spec``: the nested run still says which stream and window it served."""
+    from mlflow import MlflowClient
+
+    summaries, uri = ekya_pair
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("gpuflows-ekya")
+    parent = summaries["thief"]["mlflow_run_id"]
+    retrains = client.search_runs([exp.experiment_id], f"tags.mlflow.parentRunId = '{parent}' and "
+                                  "tags.`prefect.task_run_id` != '' and params.config != ''", max_results=1000)
+    infers = [r for r in client.search_runs([exp.experiment_id], f"tags.mlflow.parentRunId = '{parent}'",
+                                            max_results=1000) if r.info.run_name.startswith("infer_segment")]
+    assert infers and {r.data.tags["stream"] for r in infers} == {"cam0", "cam1"}
+    for r in [*retrains, *infers]:
+        assert r.info.run_name.endswith(f" {r.data.tags['stream']} w{r.data.tags['window']}"), r.info.run_name
+
+
+def test_links_open_mlflow_on_its_model_training_view():
+    """MLflow 3's UI opens in its GenAI view (no run table) unless the link asks for the model-training one."""
+    from tasks.flow_runtime import mlflow_run_url
+
+    assert mlflow_run_url("sqlite:///x.db", "2", "abc") == (
+        "http://127.0.0.1:5000/#/experiments/2/runs/abc?workflowType=machine_learning")
+    assert mlflow_run_url("http://mlflow:5000/", "2", "abc", "artifacts") == (
+        "http://mlflow:5000/#/experiments/2/runs/abc/artifacts?workflowType=machine_learning")
+
+
+def test_the_mlflow_run_link_shows_the_runs_readable_name(ekya_pair):
+    """The flow run's ``mlflow-run`` artifact names the MLflow run as its run list does (``ekya-thief-...``)."""
+    from mlflow import MlflowClient
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey
+
+    summaries, uri = ekya_pair
+    run = MlflowClient(uri).get_run(summaries["thief"]["mlflow_run_id"])
+    with get_client(sync_client=True) as client:
+        (link,) = client.read_artifacts(artifact_filter=ArtifactFilter(
+            key=ArtifactFilterKey(any_=["mlflow-run"]),
+            flow_run_id=ArtifactFilterFlowRunId(any_=[run.data.tags["prefect.flow_run_id"]])))
+    assert f"[{run.info.run_name}](" in link.data and run.info.run_name.startswith("ekya-thief-20")
+
+
+def test_task_run_name_says_what_the_task_did():
+    from tasks.tracking import task_fields, task_run_name
+
+    class StreamSpec:
+        name = "cam1"
+
+    fields = task_fields({"spec": StreamSpec(), "window": 2})
+    assert fields == {"stream": "cam1", "window": "2"}
+    assert task_run_name("retrain", fields) == "retrain cam1 w2"
+    assert task_run_name("run_service", {"round": "3", "job": "db"}) == "run_service r3 db"
+    assert task_run_name("train_golden", {}) == "train_golden"
+
+
+def test_a_nested_run_links_its_prefect_task_run():
+    from tasks.tracking import TaskRecord, _task_run
+
+    run = _task_run("parent", TaskRecord("retrain", "tr-1", 1.0), "http://127.0.0.1:4200")
+    assert run["tags"]["prefect.task_run_url"] == "http://127.0.0.1:4200/runs/task-run/tr-1"
+    assert "prefect.task_run_url" not in _task_run("parent", TaskRecord("retrain", "tr-1", 1.0))["tags"]
+
+
+@pytest.mark.slow
+def test_pool_demo_command_logs_to_the_pool_experiment(state_dir):
+    """``python -m flows.pool_demo`` logs to ``gpuflows-pool`` (its flow's own default), under a readable name."""
+    from mlflow import MlflowClient
+
+    from flows.pool_demo import main
+
+    assert main(["--tasks", "2", "--steps", "2", "--mode", "thread", "--pool", "review-pool-demo"]) == 0
+    client = MlflowClient(MlflowTarget().resolved_uri())
+    exp = client.get_experiment_by_name("gpuflows-pool")
+    assert exp is not None and client.get_experiment_by_name("gpuflows") is None
+    (run,) = client.search_runs([exp.experiment_id], "tags.`prefect.flow_name` = 'pool-demo'")
+    assert run.info.run_name.startswith("pool-20") and run.data.params["tasks"] == "2"
