@@ -92,7 +92,7 @@ def misreport(job: str, factor: float) -> Transform:
         if v.name != job:
             return v
         hi = 1.0 if v.spec.slo <= 1 else np.inf  # fractions stay fractions
-        fb = v.feedback and Feedback(v.feedback.alloc, v.feedback.load, min(hi, v.feedback.perf * factor))
+        fb = None if v.feedback is None else Feedback(v.feedback.alloc, v.feedback.load, min(hi, v.feedback.perf * factor))
         return replace(v, perf_lcb=np.minimum(v.perf_lcb * factor, hi), perf_ucb=np.minimum(v.perf_ucb * factor, hi),
                        feedback=fb)
     return told
@@ -157,11 +157,11 @@ def per_job(cfg: MultiTenantConfig, seed: int) -> dict[str, float]:
     return out
 
 
-def misreporting(cfg: MultiTenantConfig, seed: int) -> dict[str, float]:
+def misreporting(cfg: MultiTenantConfig, seed: int, policies: tuple[str, ...] = LEARNING) -> dict[str, float]:
     """Fig. 3.11: the misreporting job's true utility, under- and over-reporting, relative to truthful."""
     j = [job.spec.name for job in cfg.jobs].index(MISREPORTER)
     out = {}
-    for name in LEARNING:
+    for name in policies:
         key = name.replace("-", "_")
         truthful = run(cfg, make_policy(name), seed).job_utility[j]
         out[f"fig3_11_{key}_truthful_utility"] = float(truthful)
