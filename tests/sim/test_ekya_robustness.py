@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from benchmarks.ekya_robustness import (annotation_delay, best_uniform, estimation_error, make_policy, profiling_cost,
+from benchmarks.ekya_robustness import (annotation_delay, best_uniform, cloud, estimation_error, make_policy, profiling_cost,
                                         run_policy, with_annotation_delay, with_estimation_error)
 from gpu.sim.ekya import simulate_policy
 from gpu.sim.ekya_workloads import generate
@@ -53,3 +53,10 @@ def test_labels_arriving_at_the_window_end_mean_no_retraining(scenario):
     late = with_annotation_delay(make_policy("thief", scenario), scenario.window_s, scenario.window_s)
     assert run_policy(scenario, late) == pytest.approx(simulate_policy(scenario, "noretrain").mean_accuracy, abs=1e-6)
     assert best_uniform(scenario) > run_policy(scenario, late)
+
+
+def test_cloud_retraining_improves_with_bandwidth_and_plain_cellular_trails_the_edge_thief():
+    """Table 2.3: over one 4G subscription the transfers eat the 400 s window; more bandwidth helps."""
+    out = cloud(windows=2, seed=0)
+    assert out["cloud_cellular_accuracy"] < out["cloud_satellite_accuracy"] < out["cloud_cellular_2x_accuracy"]
+    assert out["cloud_cellular_accuracy"] < out["cloud_edge_thief_accuracy"]
