@@ -7,6 +7,8 @@ not consult the profiles (docs/ekya.md, "Robustness evaluations"):
   ``sigma`` (accuracy points) is added to every retraining config's *estimated* accuracy when the
   thief queries the profiles; the simulator still deploys the config's true accuracy. The paper:
   "with up to 20% error ... the maximum accuracy drop is 3%".
+- **Profiled cost error** (§2.4: the micro-profiler also predicts each config's GPU cost): the thief sees
+  every config's GPU-seconds times ``1 + N(0, sigma)``; retraining then takes the true time.
 - **Profiling cost** (§2.4 "Micro-profiling design": micro-profiling is 100x cheaper than profiling
   every config on all the data): each window, a stream's retraining job first pays ``cost_factor``
   times the GPU-seconds of all its configs (0.01 = micro-profiling, 1.0 = exhaustive, 100x more).
@@ -30,6 +32,7 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -45,6 +48,7 @@ from gpu.sim.ekya_workloads import generate  # noqa: E402
 UNIFORM = ("uniform_cfg1_50", "uniform_cfg2_50", "uniform_cfg2_90", "uniform_cfg2_30", "uniform_cfg1_90")
 STREAMS, GPUS = 8, 4.0  # Table 2.3's setup: 8 videos on 4 GPUs
 ERRORS = (0.0, 0.05, 0.10, 0.20)
+COST_ERRORS = (0.1, 0.2, 0.5)
 COST_FACTORS = {"micro": 0.01, "exhaustive": 1.0}
 DELAYS_S = (0.0, 25.0, 50.0, 100.0)
 CLOUD_WINDOW_S, UPLOAD_MB, MODEL_MB = 400.0, 160.0, 398.0  # §2.6: 400 s windows, per-camera data, ResNet18
@@ -56,17 +60,37 @@ def run_policy(scenario: EkyaScenario, policy: Policy) -> float:
     return _Run(scenario, policy).run().mean_accuracy
 
 
+def told_thief(scenario: EkyaScenario, estimate: dict[RetrainConfig, RetrainConfig], name: str) -> Policy:
+    """The thief deciding from ``estimate`` (true config -> the profiler's estimate of it).
+
+    Retraining then takes the config's *true* GPU-seconds: a job whose cost was under-estimated may not
+    finish inside the window (the simulator discards it), one over-estimated finishes early.
+    """
+    thief, alpha = make_policy("thief", scenario), scenario.params.retrain_scaling
+
+    def decide(states, gpus, window_s, start=None) -> EkyaDecision:
+        true = {(st.name, c.name): c for st in states for c in st.configs}
+        d = thief.decide([replace(st, configs=tuple(estimate[c] for c in st.configs)) for st in states],
+                         gpus, window_s, start)
+        return replace(d, streams=tuple(
+            replace(sd, retrain_s=true[sd.stream, sd.config].gpu_seconds / sd.retrain_gpus ** alpha)
+            if sd.config is not None and (sd.stream, sd.config) in true else sd for sd in d.streams))
+
+    return Policy(name, decide, thief.reinvoke)
+
+
 def with_estimation_error(scenario: EkyaScenario, sigma: float, rng: np.random.Generator) -> Policy:
     """The thief seeing every config's accuracy plus N(0, sigma), clipped to [0, 1] (Fig. 2.11b)."""
-    thief = make_policy("thief", scenario)
     estimate = {c: replace(c, accuracy=float(np.clip(c.accuracy + rng.normal(0.0, sigma), 0.0, 1.0)))
                 for s in scenario.streams for w in s.windows for c in w.configs}
+    return told_thief(scenario, estimate, f"thief_error_{sigma:g}")
 
-    def decide(states, gpus, window_s, start=None):
-        seen = [replace(st, configs=tuple(estimate[c] for c in st.configs)) for st in states]
-        return thief.decide(seen, gpus, window_s, start)
 
-    return Policy(f"thief_error_{sigma:g}", decide, thief.reinvoke)
+def with_cost_error(scenario: EkyaScenario, sigma: float, rng: np.random.Generator) -> Policy:
+    """The thief seeing every config's GPU-seconds times 1 + N(0, sigma), at least 5% of the truth."""
+    estimate = {c: replace(c, gpu_seconds=c.gpu_seconds * max(0.05, 1.0 + rng.normal(0.0, sigma)))
+                for s in scenario.streams for w in s.windows for c in w.configs}
+    return told_thief(scenario, estimate, f"thief_cost_error_{sigma:g}")
 
 
 def with_profiling_cost(scenario: EkyaScenario, cost_factor: float) -> EkyaScenario:
@@ -107,7 +131,8 @@ def cloud_retraining(scenario: EkyaScenario, uplink_mbps: float, downlink_mbps: 
     return Policy(f"cloud_{uplink_mbps:g}_{downlink_mbps:g}", decide, reinvoke=False)
 
 
-def best_uniform(scenario: EkyaScenario, wrap=lambda p: p) -> float:
+def best_uniform(scenario: EkyaScenario, wrap: Callable[[Policy], Policy] = lambda p: p) -> float:
+    """Highest mean accuracy of the uniform baselines, each wrapped by ``wrap``."""
     return max(run_policy(scenario, wrap(make_policy(p, scenario))) for p in UNIFORM)
 
 
@@ -122,6 +147,13 @@ def estimation_error(scenario: EkyaScenario, trials: int, seed: int) -> dict[str
     base = out["robust_error_0pct_thief_accuracy"]
     out["robust_error_max_drop"] = base - min(out[f"robust_error_{round(s * 100)}pct_thief_accuracy"] for s in ERRORS)
     return out
+
+
+def cost_error(scenario: EkyaScenario, trials: int, seed: int) -> dict[str, float]:
+    """Thief accuracy (mean over noise draws) at each relative error of the profiled GPU-seconds."""
+    return {f"robust_cost_error_{round(sigma * 100)}pct_thief_accuracy": float(np.mean(
+        [run_policy(scenario, with_cost_error(scenario, sigma, np.random.default_rng([seed, 1000 + t])))
+         for t in range(trials)])) for sigma in COST_ERRORS}
 
 
 def profiling_cost(scenario: EkyaScenario) -> dict[str, float]:
@@ -156,8 +188,8 @@ def cloud(windows: int, seed: int) -> dict[str, float]:
 def evaluate(windows: int, trials: int, seed: int) -> dict[str, float]:
     """Every robustness figure on seeded 8-stream, 4-GPU workloads."""
     scenario = generate(STREAMS, GPUS, windows=windows, seed=seed)
-    return {**estimation_error(scenario, trials, seed), **profiling_cost(scenario), **annotation_delay(scenario),
-            **cloud(windows, seed)}
+    return {**estimation_error(scenario, trials, seed), **cost_error(scenario, trials, seed),
+            **profiling_cost(scenario), **annotation_delay(scenario), **cloud(windows, seed)}
 
 
 def rows(out: dict[str, float]) -> list[tuple[str, str, str]]:
@@ -167,6 +199,9 @@ def rows(out: dict[str, float]) -> list[tuple[str, str, str]]:
           f"{out[f'robust_error_{round(s * 100)}pct_thief_accuracy']:.1%} "
           f"({base - out[f'robust_error_{round(s * 100)}pct_thief_accuracy']:+.1%})",
           "max drop 3% up to 20% error") for s in ERRORS]
+    r.append(("2.4 profiled cost error 10/20/50%: thief",
+              " / ".join(f"{out[f'robust_cost_error_{round(s * 100)}pct_thief_accuracy']:.1%}" for s in COST_ERRORS),
+              "(no figure)"))
     r.append(("2.11b ... best uniform (ignores profiles)", f"{out['robust_error_best_uniform_accuracy']:.1%}", "-"))
     r.append(("2.4 profiling: micro (1x) / exhaustive (100x) thief",
               f"{out['robust_profiling_micro_thief_accuracy']:.1%} / {out['robust_profiling_exhaustive_thief_accuracy']:.1%}",

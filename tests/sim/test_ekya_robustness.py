@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from benchmarks.ekya_robustness import (annotation_delay, best_uniform, cloud, estimation_error, make_policy, profiling_cost,
-                                        run_policy, with_annotation_delay, with_estimation_error)
+                                        run_policy, with_annotation_delay, with_cost_error, with_estimation_error)
 from gpu.sim.ekya import simulate_policy
 from gpu.sim.ekya_workloads import generate
 
@@ -60,3 +60,11 @@ def test_cloud_retraining_improves_with_bandwidth_and_plain_cellular_trails_the_
     out = cloud(windows=2, seed=0)
     assert out["cloud_cellular_accuracy"] < out["cloud_satellite_accuracy"] < out["cloud_cellular_2x_accuracy"]
     assert out["cloud_cellular_accuracy"] < out["cloud_edge_thief_accuracy"]
+
+
+def test_cost_errors_up_to_20pct_barely_move_the_thief(scenario):
+    """A retraining job takes its true time whatever the profiler said; small cost errors change little."""
+    plain = simulate_policy(scenario, "thief").mean_accuracy
+    noisy = [run_policy(scenario, with_cost_error(scenario, 0.2, np.random.default_rng(t))) for t in range(3)]
+    assert np.mean(noisy) > plain - 0.02
+    assert np.mean(noisy) > best_uniform(scenario)
