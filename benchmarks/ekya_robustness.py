@@ -97,7 +97,7 @@ def with_profiling_cost(scenario: EkyaScenario, cost_factor: float) -> EkyaScena
     """Every config of a stream's window also pays ``cost_factor`` x the GPU-seconds of all its configs."""
     def window(w: WindowSpec) -> WindowSpec:
         overhead = cost_factor * sum(c.gpu_seconds for c in w.configs)
-        return replace(w, configs=tuple(RetrainConfig(c.name, c.accuracy, c.gpu_seconds + overhead) for c in w.configs))
+        return replace(w, configs=tuple(replace(c, gpu_seconds=c.gpu_seconds + overhead) for c in w.configs))
 
     streams = tuple(ScenarioStream(s.name, s.inference, tuple(window(w) for w in s.windows)) for s in scenario.streams)
     return replace(scenario, streams=streams)
