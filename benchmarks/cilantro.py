@@ -23,6 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from benchmarks import cilantro_learning  # noqa: E402
 from gpu.scenario import load_scenario  # noqa: E402
 from gpu.schedulers.cilantro import POLICIES  # noqa: E402
 from gpu.sim.cilantro import simulate_all, summarize  # noqa: E402
@@ -94,6 +95,10 @@ def main(argv: list[str] | None = None) -> int:
           f"cilantro / resource-fair = {ms.summary['ms_cilantro_vs_resource_fair']:.2f} (paper 0.18)")
     out.update(s)
     out.update(ms.summary)
+    print("\nLearning and robustness (5-user environments; docs/cilantro.md):")
+    learning = cilantro_learning.evaluate(args.quick)  # Figs. 3.9-3.11, 3.13-center/right
+    cilantro_learning.print_rows(cilantro_learning.rows(learning))
+    out.update(learning)
     _plots(runs, Path(args.plots))
     print(f"\nplots in {args.plots}; total {time.time() - t0:.0f} s")
     if args.json:

@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from benchmarks import ekya_robustness  # noqa: E402
 from gpu.schedulers.ekya import StreamState, thief_schedule  # noqa: E402
 from gpu.sim.ekya import simulate_policy  # noqa: E402
 from gpu.sim.ekya_scenario import load  # noqa: E402
@@ -129,6 +130,10 @@ def main(argv: list[str] | None = None) -> int:
     rows.append(("8 thief runtime, 10 streams x 8 GPUs x 18 configs",
                  f"{secs:.3f} s = {secs / WINDOW_S:.2%} of 200 s ({calls} PickConfigs)", "9.4 s = 4.7%; target <= 5%"))
     out["thief_mean_accuracy"] = by_gpus["thief"][2]
+
+    robust = ekya_robustness.evaluate(windows, 3 if args.quick else 10, seed)  # Fig. 2.11b, §2.4 profiling, delay
+    out.update(robust)
+    rows += ekya_robustness.rows(robust)
 
     width = max(len(r[0]) for r in rows)
     print(f"{'target':<{width}}  {'ours':<34}  paper")
