@@ -168,9 +168,11 @@ def run_gang(ledger, esl: Escher, size: int, steps: int, timeout_s: float, seed:
                 # the decided gang-<g> unit, backed by the ghost so the member inherits its devices (P4)
                 ledger.lease_resource(ghost.lease_id, gang.resource, 1)
             break
-        except AllocationTimeout:
+        except BaseException as exc:
             for ghost in ghosts:  # roll back: the ghosts' gang-<g> units die with their leases
                 ledger.release(ghost.lease_id)
+            if not isinstance(exc, AllocationTimeout):
+                raise
             back_off = controller.on_timer(time.time() - arrived)
             time.sleep(max(0.0, back_off.wake_at - (time.time() - arrived)))
             step = controller.on_retry(time.time() - arrived)
