@@ -26,7 +26,16 @@ def test_a_one_node_pool_and_a_gang_too_wide_for_process_mode_are_refused():
         prepare(GpuPool(name="one", device_backend="simulated"), False, **GOOD)
     with pytest.raises(ConfigError, match="gang_size"):
         prepare(DEFAULT_POOL, False, **{**GOOD, "gang_size": 3, "mode": "process"})
-    assert main(["--nodes", "1"]) != 0
+
+
+@pytest.mark.parametrize("argv, field", [(["--nodes", "1"], "nodes"), (["--gang-size", "0"], "gang_size"),
+                                         (["--gang-size", "5"], "gang_size"), (["--mode", "fork"], "mode"),
+                                         (["--team-weights", "1", "-2"], "team_weights[1]"),
+                                         (["--pool", "a/b"], "pool name")])
+def test_a_bad_argument_is_one_line_naming_it_before_any_flow_run(state_dir, capsys, argv, field):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"error: {field}=") and "\n" not in err
 
 
 @pytest.mark.slow
