@@ -389,7 +389,8 @@ class PlacingTaskRunner(TaskRunner[PrefectConcurrentFuture]):
 
         The seam for runners whose tasks share a lease that something else holds for longer than a task
         (a Salus device executor admits a task into a memory lane of the device it leases): they override
-        this and ``_release`` together. Raises what ``LedgerClient.allocate`` raises.
+        this and ``_release`` together (an override without ``timeout`` serves tasks without a preference
+        list). Raises what ``LedgerClient.allocate`` raises.
         """
         timeout = self.allocation_timeout if timeout is ... else timeout
         placement = self._ledger.allocate(request, timeout, cancel_event)
