@@ -87,7 +87,7 @@ SYSTEMS: dict[str, System] = {s.name: s for s in (
            "scenarios/salus/fair_three_jobs.yaml", "flows.colocation"),
     System("escher", "Bhardwaj, ESCHER: Expressive Scheduling with Ephemeral Resources, SoCC 2021 (thesis ch. 4)",
            "gpu.sim.escher:run", "gpu.schedulers.escher_hfs:HierarchicalFairShare", ("gpu.sim.escher:POLICIES",),
-           "scenarios/escher/small.yaml"),
+           "scenarios/escher/small.yaml", "flows.escher_policies"),
     System("orloj", "Yu, ORLOJ (PhD thesis, U. Michigan 2022, ch. 4)", "gpu.sim.orloj:run",
            "gpu.schedulers.orloj_controller:OrlojController", ("gpu.sim.orloj_workload:POLICY_NAMES",),
            "scenarios/orloj/small.yaml"),

@@ -24,6 +24,8 @@ class GpuPool(Block):
     device_backend: Literal["auto", "nvml", "simulated"] = Field(
         default="auto", description="'auto' uses NVML GPUs when found, else the simulated devices.")
     simulated: str = Field(default="2x16GiB", description="Simulated devices as COUNT x MEMORY.")
+    nodes: int = Field(default=1, ge=1, le=64, description="Simulated nodes node0..node<N-1>, each with the "
+                       "'simulated' devices (more than 1: always simulated; ESCHER's multi-node placement).")
     shared: bool = Field(default=True, description="Share the ledger across processes (else private, in memory).")
     ray_address: str | None = Field(default=None, description="Ray cluster address for the Ray backend (None: local Ray).")
     lease_ttl_s: float = Field(default=30.0, gt=0, allow_inf_nan=False,
@@ -35,7 +37,9 @@ class GpuPool(Block):
 
     def open_ledger(self, policy=None):
         """The pool's ledger on this machine (see ``gpu.pool.open_pool``)."""
+        from gpu.devices import simulated_nodes
         from gpu.pool import open_pool
 
-        return open_pool(self.name, simulated=self.simulated, backend=self.device_backend, policy=policy,
+        spec = simulated_nodes(self.simulated, self.nodes) if self.nodes > 1 else None
+        return open_pool(self.name, spec=spec, simulated=self.simulated, backend=self.device_backend, policy=policy,
                          shared=self.shared, lease_ttl=self.lease_ttl_s)

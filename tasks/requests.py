@@ -9,6 +9,14 @@
     with gpu_options(gpus=1):            # per-call override, like prefect_ray's remote_options
         train.submit(...)
 
+    with gpu_options(gpus=1, prefer=[{"node": "node0"}, {}]):   # soft constraint: node0 if it can be had
+        train.submit(...)
+
+``prefer`` is ESCHER's soft constraint (thesis §4.4g, Fig. 4.4a): requests in preference order, each
+the task's request with that entry's fields replaced (``resources`` are added to the task's own, the
+AND-composition of §4.4h). The runner tries each for its share of the allocation timeout and falls back
+down the list (OR-composition / conflict relaxation: ``[{"resources": {"anti-x": 1}}, {}]``).
+
 The request is stored on the task's function, so ``task.with_options(...)`` keeps it.
 """
 
@@ -21,10 +29,12 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any, Iterator, Mapping, Sequence
 
+from gpu.errors import ConfigError
 from gpu.ledger import Placement
 from gpu.placement import Request
 
 _ATTR = "__gpuflows_request__"
+_PREFERENCE_FIELDS = ("gpus", "memory", "cpus", "resources", "node", "devices")
 _OVERRIDES: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("gpuflows_overrides", default={})
 _PLACEMENT: contextvars.ContextVar["TaskPlacement | None"] = contextvars.ContextVar("gpuflows_placement", default=None)
 PLACEMENT_ENV = "GPUFLOWS_PLACEMENT"
@@ -32,11 +42,15 @@ PLACEMENT_ENV = "GPUFLOWS_PLACEMENT"
 
 def gpu_request(gpus: float = 0.0, memory: int | str = 0, cpus: float = 0.0,
                 resources: Mapping[str, float] | None = None, node: str | None = None,
-                devices: Sequence[int] | None = None):
-    """Decorator that declares what a task needs from the pool (works above or below ``@task``)."""
+                devices: Sequence[int] | None = None, prefer: Sequence[Mapping[str, Any]] | None = None):
+    """Decorator that declares what a task needs from the pool (works above or below ``@task``);
+    ``prefer``: soft constraints, requests in preference order (see the module docstring)."""
     spec = dict(gpus=gpus, memory=memory, cpus=cpus, resources=dict(resources or {}), node=node,
                 devices=None if devices is None else tuple(devices))
     Request(**spec)  # validate now, at import time, with a clear error
+    if prefer is not None:
+        preferences(spec, prefer)
+        spec["prefer"] = [dict(entry) for entry in prefer]
 
     def wrap(obj):
         fn = getattr(obj, "fn", obj)
@@ -48,8 +62,12 @@ def gpu_request(gpus: float = 0.0, memory: int | str = 0, cpus: float = 0.0,
 
 @contextmanager
 def gpu_options(**overrides: Any) -> Iterator[None]:
-    """Override the request of every task submitted inside this block (nested blocks merge)."""
-    Request(**{k: v for k, v in overrides.items() if k != "label"})
+    """Override the request of every task submitted inside this block (nested blocks merge; an inner
+    ``prefer`` replaces an outer one)."""
+    base = {k: v for k, v in overrides.items() if k not in ("label", "prefer")}
+    Request(**base)
+    if overrides.get("prefer") is not None:
+        preferences(base, overrides["prefer"])
     token = _OVERRIDES.set({**_OVERRIDES.get(), **overrides})
     try:
         yield
@@ -57,13 +75,36 @@ def gpu_options(**overrides: Any) -> Iterator[None]:
         _OVERRIDES.reset(token)
 
 
-def resolve_request(task: Any, default: Mapping[str, Any] | None = None) -> Request:
-    """The request for one submission: runner default < task declaration < gpu_options block."""
+def preferences(base: Mapping[str, Any], prefer: Sequence[Mapping[str, Any]]) -> tuple[Request, ...]:
+    """``base`` (request fields) refined by each entry of ``prefer``, in order: an entry's fields replace
+    the base's, its ``resources`` are added to the base's. ConfigError('prefer') for an empty list or an
+    entry that is not a mapping of request fields."""
+    if isinstance(prefer, (str, bytes, Mapping)) or not isinstance(prefer, Sequence) or not prefer:
+        raise ConfigError("prefer", prefer, "must be a non-empty list of request fields, most preferred first")
+    out = []
+    for i, entry in enumerate(prefer):
+        unknown = sorted(set(entry) - set(_PREFERENCE_FIELDS)) if isinstance(entry, Mapping) else None
+        if unknown is None or unknown:
+            raise ConfigError(f"prefer[{i}]", entry, f"must map request fields {_PREFERENCE_FIELDS} to values")
+        resources = {**dict(base.get("resources") or {}), **dict(entry.get("resources") or {})}
+        out.append(Request(**{**base, **entry, "resources": resources}))
+    return tuple(out)
+
+
+def resolve_requests(task: Any, default: Mapping[str, Any] | None = None) -> tuple[Request, ...]:
+    """The requests for one submission, most preferred first (one unless ``prefer`` was given):
+    runner default < task declaration < gpu_options block."""
     spec: dict[str, Any] = dict(default or {})
     spec.update(getattr(getattr(task, "fn", task), _ATTR, {}))
     spec.update(_OVERRIDES.get())
     spec.setdefault("label", getattr(task, "name", ""))
-    return Request(**spec)
+    prefer = spec.pop("prefer", None)
+    return (Request(**spec),) if prefer is None else preferences(spec, prefer)
+
+
+def resolve_request(task: Any, default: Mapping[str, Any] | None = None) -> Request:
+    """The most preferred request for one submission (see ``resolve_requests``)."""
+    return resolve_requests(task, default)[0]
 
 
 @dataclass(frozen=True)
@@ -125,7 +166,6 @@ def current_placement() -> TaskPlacement | None:
 def task_ledger():
     """The ledger of the pool the running task was placed by (its placement carries the pool's id):
     the runner's own in thread mode, the pool file from a worker process, the ledger actor on Ray."""
-    from gpu.errors import ConfigError
     from gpu.ledger import open_ledger
 
     tp = current_placement()

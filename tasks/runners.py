@@ -22,21 +22,23 @@ import uuid
 from concurrent.futures import BrokenExecutor, CancelledError, Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from pathlib import Path
+from types import EllipsisType
 from typing import Any, Callable, Iterable
 
 from prefect.futures import PrefectConcurrentFuture, PrefectFuture, wait
 from prefect.task_runners import TaskRunner
 from prefect.utilities.collections import visit_collection
 
-from gpu.errors import AllocationTimeout
+from gpu.errors import AllocationTimeout, NeverFitsError
 from gpu.ledger import LedgerClient, Placement, register_worker
 from gpu.placement import Request, check_ever_fits
 from resource_blocks import GpuPool, MlflowTarget, SchedulerPolicy
-from tasks.requests import TaskPlacement, resolve_request
+from tasks.requests import TaskPlacement, resolve_requests
 from tasks.tracking import RunTracker, TaskRecord, flow_tracker, task_fields
 
 _CANCEL_GRACE = 2.0       # seconds __exit__ gives cancelled tasks to stop and release their leases
 _WATCHDOG_INTERVAL = 0.1  # seconds between a process worker's checks that its flow process lives
+PREFERENCE_TIMEOUT_S = 5.0  # a preference's wait when the runner has no allocation timeout (Fig. 4.4a's timeout)
 
 
 def flow_mlflow_run_id(timeout: float = 60.0) -> str | None:
@@ -68,6 +70,14 @@ def api_url_env() -> dict[str, str]:
 
     server = SubprocessASGIServer()
     return {"PREFECT_API_URL": server.api_url} if server.running else {}
+
+
+def _ever_fits(request: Request, capacity) -> bool:
+    try:
+        check_ever_fits(request, capacity)
+        return True
+    except NeverFitsError:
+        return False
 
 
 def _upstream_futures(parameters: dict[str, Any], wait_for: Iterable[PrefectFuture] | None) -> list[PrefectFuture]:
@@ -286,10 +296,13 @@ class PlacingTaskRunner(TaskRunner[PrefectConcurrentFuture]):
                dependencies: dict[str, set] | None = None) -> PrefectConcurrentFuture:
         if not self._started or self._dispatcher is None:
             raise RuntimeError("Task runner is not started")
-        request = resolve_request(task, self.default_request)
+        requests = resolve_requests(task, self.default_request)
         capacity = getattr(self._ensure_ledger(), "capacity", None)
-        if capacity is not None:
-            check_ever_fits(request, capacity)  # fail at once, in the flow, naming the request
+        if capacity is not None:  # fail at once, in the flow, naming the request (a preference list: all of them)
+            fits = [r for r in requests if _ever_fits(r, capacity)]
+            if not fits:
+                check_ever_fits(requests[0], capacity)
+            requests = tuple(fits)
         self._ensure_tracker()
         task_run_id = uuid.uuid4()
         cancel_event = threading.Event()
@@ -297,14 +310,14 @@ class PlacingTaskRunner(TaskRunner[PrefectConcurrentFuture]):
         record = TaskRecord(task.name, str(task_run_id), time.time(), extra=task_fields(parameters))
         ctx = contextvars.copy_context()
         future = self._dispatcher.submit(ctx.run, self._dispatch, task, task_run_id, parameters, wait_for,
-                                         dependencies, request, cancel_event, record)
+                                         dependencies, requests, cancel_event, record)
         self._dispatched[task_run_id] = future
         future.add_done_callback(lambda _: self._dispatched.pop(task_run_id, None))
         return PrefectConcurrentFuture(task_run_id=task_run_id, wrapped_future=future)
 
     def _dispatch(self, task, task_run_id: uuid.UUID, parameters: dict[str, Any],
                   wait_for: Iterable[PrefectFuture] | None, dependencies: dict[str, set] | None,
-                  request: Request, cancel_event: threading.Event, record: TaskRecord):
+                  requests: tuple[Request, ...], cancel_event: threading.Event, record: TaskRecord):
         """Runs in a dispatcher thread: upstream -> lease -> execute -> release -> settle the final state."""
         from prefect.states import Cancelled, Crashed, Failed
 
@@ -319,7 +332,7 @@ class PlacingTaskRunner(TaskRunner[PrefectConcurrentFuture]):
             if cancel_event.is_set():
                 raise InterruptedError(f"task {task.name!r} was cancelled before it started")
             if upstream_ok:
-                placement = self._acquire(task, task_run_id, request, cancel_event)
+                placement = self._acquire_preferred(task, task_run_id, requests, cancel_event)
                 record.placement = placement.to_dict()
                 record.placed_at = time.time()
                 if cancel_event.is_set():
@@ -344,14 +357,43 @@ class PlacingTaskRunner(TaskRunner[PrefectConcurrentFuture]):
             self._tracker.task_finished(record)
         return state
 
-    def _acquire(self, task, task_run_id: uuid.UUID, request: Request, cancel_event: threading.Event) -> Placement:
-        """Take the task's own lease from the pool ledger, waiting for room (``allocation_timeout``).
+    def _acquire_preferred(self, task, task_run_id: uuid.UUID, requests: tuple[Request, ...],
+                           cancel_event: threading.Event) -> Placement:
+        """The first of ``requests`` (most preferred first) the ledger grants, each tried for its share of the
+        allocation timeout (ESCHER's soft constraints, Fig. 4.4a: no grant in time → cancel, next one).
+
+        Without an allocation timeout each but the last waits ``PREFERENCE_TIMEOUT_S`` and the last waits
+        as long as it takes. A try that gives up is withdrawn by the ledger (a grant that raced it is
+        released), so no lease of an abandoned preference outlives it.
+        """
+        if len(requests) == 1:
+            return self._acquire(task, task_run_id, requests[0], cancel_event)
+        total = self.allocation_timeout
+        shares = [PREFERENCE_TIMEOUT_S] * (len(requests) - 1) + [None] if total is None else \
+            [total / len(requests)] * len(requests)
+        for request, share in zip(requests[:-1], shares):
+            try:
+                return self._acquire(task, task_run_id, request, cancel_event, timeout=share)
+            except (AllocationTimeout, NeverFitsError):
+                continue
+        try:
+            return self._acquire(task, task_run_id, requests[-1], cancel_event, timeout=shares[-1])
+        except AllocationTimeout as exc:
+            raise AllocationTimeout(f"task {task.name!r} got none of its {len(requests)} preferred requests "
+                                    f"within {total}s: {exc}") from exc
+
+    def _acquire(self, task, task_run_id: uuid.UUID, request: Request, cancel_event: threading.Event,
+                 timeout: float | None | EllipsisType = ...) -> Placement:
+        """Take the task's own lease from the pool ledger, waiting for room (``timeout``, by default the
+        runner's ``allocation_timeout``).
 
         The seam for runners whose tasks share a lease that something else holds for longer than a task
         (a Salus device executor admits a task into a memory lane of the device it leases): they override
-        this and ``_release`` together. Raises what ``LedgerClient.allocate`` raises.
+        this and ``_release`` together (an override without ``timeout`` serves tasks without a preference
+        list). Raises what ``LedgerClient.allocate`` raises.
         """
-        placement = self._ledger.allocate(request, self.allocation_timeout, cancel_event)
+        timeout = self.allocation_timeout if timeout is ... else timeout
+        placement = self._ledger.allocate(request, timeout, cancel_event)
         with self._leases_lock:
             self._held[placement.lease_id] = task_run_id
         # the ledger's heartbeat reports a lease taken away while the task runs (fencing)
