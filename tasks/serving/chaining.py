@@ -38,17 +38,20 @@ class QueryChainer:
     def __init__(self, controller: NexusController, frontend: Frontend):
         self.controller = controller
         self.parents = controller.chains.parents
+        chains = controller.chains
+        self._joined = frozenset(p for j in chains.joins for p in chains.inputs[j])  # parents of a join
         self.frontend = frontend
         self.parent_of: dict[int, int] = {}
 
     def parent_done(self, session_id: str, ids: np.ndarray | int, deadline_ns: np.ndarray | int, finish_ns: int,
                     inputs) -> None:
         """A worker served a batch of stage ``session_id``: issue its on-time requests' children."""
-        issues = self.controller.chain(finish_ns, session_id, deadline_ns)
+        ids = np.atleast_1d(ids)
+        queries = np.array([self.root(i) for i in ids.tolist()]) if session_id in self._joined else None
+        issues = self.controller.chain(finish_ns, session_id, deadline_ns, queries)
         if not issues:
             return
         rows = inputs.numpy() if hasattr(inputs, "numpy") else np.asarray(inputs)
-        ids = np.atleast_1d(ids)
         for issue in issues:
             issued = self.frontend.chain(issue.session_id, rows[issue.parents], finish_ns, issue.deadlines)
             self.parent_of.update(zip(issued, ids[issue.parents].tolist()))
