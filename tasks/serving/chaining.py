@@ -27,8 +27,8 @@ from tasks.serving.stats import Outcome
 
 class QueryChainer:
     """Turns the controller's chaining decisions into requests and remembers each issued request's parent
-    (``root``: its query's first request; parents, not roots, are stored because a child's own children may be
-    issued before its push returns).
+    (``root``: its query's first request), before the request is pushed: a child's own children may be issued
+    while its push runs the batch, and they need their query.
 
     Args:
         controller: decides the children (its clock in ``ns``: the workers stamp ``perf_counter_ns``).
@@ -44,17 +44,21 @@ class QueryChainer:
         self.parent_of: dict[int, int] = {}
 
     def parent_done(self, session_id: str, ids: np.ndarray | int, deadline_ns: np.ndarray | int, finish_ns: int,
-                    inputs) -> None:
-        """A worker served a batch of stage ``session_id``: issue its on-time requests' children."""
+                    inputs, node: int | None = None) -> None:
+        """A worker (on ``node``) served a batch of stage ``session_id``: issue its on-time requests' children,
+        each with its query for joins and per-query routing, handed off from ``node``."""
         ids = np.atleast_1d(ids)
-        queries = np.array([self.root(i) for i in ids.tolist()]) if session_id in self._joined else None
+        need = session_id in self._joined or self.frontend.per_query
+        queries = np.array([self.root(i) for i in ids.tolist()]) if need else None
         issues = self.controller.chain(finish_ns, session_id, deadline_ns, queries)
         if not issues:
             return
         rows = inputs.numpy() if hasattr(inputs, "numpy") else np.asarray(inputs)
         for issue in issues:
-            issued = self.frontend.chain(issue.session_id, rows[issue.parents], finish_ns, issue.deadlines)
-            self.parent_of.update(zip(issued, ids[issue.parents].tolist()))
+            parents = ids[issue.parents].tolist()
+            self.frontend.chain(issue.session_id, rows[issue.parents], finish_ns, issue.deadlines,
+                                None if queries is None else queries[issue.parents], node,
+                                lambda issued, parents=parents: self.parent_of.update(zip(issued, parents)))
 
     def root(self, request_id: int) -> int:
         """The first request of the query ``request_id`` belongs to (itself for a root stage's request)."""
