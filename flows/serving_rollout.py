@@ -84,7 +84,10 @@ class EpochMark:
 def _spec(spec: dict | str | None, duration_s: float | None, batch_policy: str | None, placement: str | None = None):
     from tasks.serving.spec import PLACEMENTS, load_spec, parse_spec
 
-    parsed = parse_spec(spec) if isinstance(spec, dict) else load_spec(str(spec or DEFAULT_SPEC))
+    path = Path(str(spec or DEFAULT_SPEC))
+    if not isinstance(spec, dict) and not path.is_absolute() and not path.exists():
+        path = DEFAULT_SPEC.parent.parent.parent / path  # a shipped spec named from the package root (deployments)
+    parsed = parse_spec(spec) if isinstance(spec, dict) else load_spec(str(path))
     if duration_s is not None:
         parsed = replace(parsed, duration_s=positive(duration_s, "duration_s"))
     if batch_policy is not None:

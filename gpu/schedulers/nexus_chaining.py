@@ -7,8 +7,8 @@ root-to-leaf path ends by the query's arrival + its end-to-end SLO. Each parent 
 Poisson(γ) children (γ: the stage's average fan-out, §6.2, e.g. faces per frame); a dropped or late parent
 issues none — its query is bad already.
 
-Joins (a DAG such as a ResNet block's diamond ``a → {b, c} → d``; Nona, Ding et al., §II-A: "a task runs
-when all its inputs arrived"): a child listed with several parents, ``{"q/d": (("q/b", "q/c"), 1.0)}``, is
+Joins (a DAG such as a ResNet block's diamond ``a → {b, c} → d``, whose tasks "use the outputs of their parent
+tasks as inputs", Nona, Pit-Claudel et al., §I): a child listed with several parents, ``{"q/d": (("q/b", "q/c"), 1.0)}``, is
 issued once per query, when the last of its parents finished — on time only if every parent was — due by the
 latest parent's deadline plus its own budget. A query with a join is a job of tasks, each run once per query:
 every edge of it has γ = 1 and issues exactly one child (no Poisson draw). Matching parents of one query needs

@@ -1,7 +1,7 @@
 """Nona as a placement option of the serving rollout: a query's stages as Nona's DAG, θ solved, a plan that
 hosts every stage on every node, and the per-query routing that follows each query's sampled placement.
 
-Nona (Ding et al., "Nona: A Stochastic Congestion-Aware Job Scheduler for Real-Time Inference Queries")
+Nona (Pit-Claudel et al., "Nona: A Stochastic Congestion-Aware Job Scheduler for Real-Time Inference Queries")
 places each query's tasks on servers by sampling a grouping from θ, solved offline against an M/G/1 model of
 the bottleneck link (§III). Mapped onto the serving stack:
 

@@ -1,4 +1,4 @@
-"""Multi-parent query stages: a join runs once per query, after all its parents (Nona §II-A; a ResNet block)."""
+"""Multi-parent query stages: a join runs once per query, after all its parents (Nona §I: tasks take their parents' outputs; a ResNet block)."""
 
 import numpy as np
 import pytest
