@@ -184,13 +184,15 @@ class Frontend:
 
     def chain(self, session_id: str, xs: np.ndarray, arrival_ns: int, deadline_ns: np.ndarray | int,
               queries: np.ndarray | None = None, from_node: int | None = None,
-              record: Callable[[range], None] | None = None) -> range:
+              record: Callable[[range], None] | None = None, others: list[list[int]] | None = None) -> range:
         """Requests of a query stage issued by its parent stage's finished requests (a worker's thread, while it
         records the parent batch): ``xs`` their inputs, ``arrival_ns`` the parent batch's finish, ``deadline_ns``
         one for all or one per request (the parent's deadline plus this stage's budget: unused slack carries
         over); ``queries``: each one's query (its root request's id), for per-query routing; ``from_node``:
         the node the parent batch ran on (a request sent elsewhere is a cross-node hand-off, over ``link``);
-        ``record``: called with their ids before any is pushed (the chainer's parent links). Returns their ids (a range apart from the load generator's)."""
+        ``record``: called with their ids before any is pushed (the chainer's parent links); ``others``: for a
+        join, per request the nodes its other parents ran on (their outputs cross too). Returns their ids (a
+        range apart from the load generator's)."""
         k = len(xs)
         if k == 1 and not isinstance(deadline_ns, int):  # a request alone takes the rings' scalar path: ints
             deadline_ns = int(deadline_ns[0])
@@ -205,14 +207,16 @@ class Frontend:
             groups = self._groups(one, pick, nodes, k)
             if record is not None:
                 record(range(first, first + k))
-            if from_node is not None:
-                self.handoffs += k
-                self.cross_node += sum(k if m is None else int(m.sum()) for w, m in groups
-                                       if w is not None and getattr(w, "node_id", from_node) != from_node)
-        if from_node is None or self.link is None:
+            remote = None
+            if from_node is not None:  # per group: how many parents' outputs each of its requests needs moved
+                remote = [_remote(getattr(w, "node_id", from_node), from_node, others, mask, k) if w is not None
+                          else np.zeros(k, int) for w, mask in groups]
+                self.handoffs += k + (sum(map(len, others)) if others else 0)
+                self.cross_node += sum(int(r.sum()) for r in remote)
+        if remote is None or self.link is None:
             self._dispatch(session_id, groups, first, k, arrival_ns, deadline_ns, xs)
         else:
-            self._hand_off(session_id, groups, first, k, arrival_ns, deadline_ns, xs, from_node)
+            self._hand_off(session_id, groups, remote, first, k, arrival_ns, deadline_ns, xs)
         return range(first, first + k)
 
     def _groups(self, one: Any, pick: Any, nodes: np.ndarray | None, k: int) -> list[tuple[Any, np.ndarray | None]]:
@@ -242,21 +246,23 @@ class Frontend:
                 target.push(session_id, np.arange(first, first + k)[mask], _part(arrival, mask),
                             _part(deadline, mask), rows[mask], **tag)
 
-    def _hand_off(self, session_id: str, groups: list, first: int, k: int, arrival: int,
-                  deadline: np.ndarray | int, rows: np.ndarray, from_node: int) -> None:
-        """Push the requests that stay on ``from_node`` now; send each other node's share over the link as one
-        transfer of their bytes, pushed to its worker when it has crossed."""
+    def _hand_off(self, session_id: str, groups: list, remote: list[np.ndarray], first: int, k: int, arrival: int,
+                  deadline: np.ndarray | int, rows: np.ndarray) -> None:
+        """Push the requests whose inputs are all on their worker's node now; send the remote parents' outputs
+        for each worker's others over the link as one transfer of their bytes (back-to-back transfers of one
+        FIFO link end when the last does), and push those requests when it has crossed."""
         per_row = float(self.handoff_bytes.get(session_id, rows[0].nbytes if k else 0))
-        for w, mask in groups:
-            if w is None or getattr(w, "node_id", from_node) == from_node:
+        for (w, mask), moved in zip(groups, remote):
+            mask = np.ones(k, bool) if mask is None else mask
+            wait = mask & (moved > 0)
+            if w is None or not wait.any():
                 self._dispatch(session_id, [(w, mask)], first, k, arrival, deadline, rows)
                 continue
-            if mask is None:
-                mask = np.ones(k, bool)
-            if mask.any():
-                ids, dl, xs = np.arange(first, first + k)[mask], _part(deadline, mask), rows[mask]
-                self.link.send(arrival, per_row * len(ids),
-                               lambda w=w, ids=ids, dl=dl, xs=xs: w.push(session_id, ids, arrival, dl, xs))
+            if (mask & ~wait).any():
+                self._dispatch(session_id, [(w, mask & ~wait)], first, k, arrival, deadline, rows)
+            ids, dl, xs = np.arange(first, first + k)[wait], _part(deadline, wait), rows[wait]
+            self.link.send(arrival, per_row * float(moved[wait].sum()),
+                           lambda w=w, ids=ids, dl=dl, xs=xs: w.push(session_id, ids, arrival, dl, xs))
 
     def add_chained(self, counts: Mapping[str, int]) -> None:
         """Count requests that query stages issued elsewhere (a Ray actor's frontend), per session."""
@@ -272,6 +278,15 @@ class Frontend:
             for sid in out:
                 self.counts[sid] = 0
         return out
+
+
+def _remote(target: int, from_node: int, others: list[list[int]] | None, mask: np.ndarray | None,
+            k: int) -> np.ndarray:
+    """Per request (0 outside ``mask``): how many of its parents' outputs are on a node other than ``target``."""
+    moved = np.full(k, int(target != from_node))
+    if others:
+        moved += np.array([sum(n != target for n in o) for o in others])
+    return moved if mask is None else moved * mask
 
 
 def _part(stamps: np.ndarray | int, mask: np.ndarray) -> np.ndarray | int:
