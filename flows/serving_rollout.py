@@ -245,6 +245,9 @@ def serving_rollout(spec: dict | str | None = None, duration_s: float | None = N
                                                                                                sp.epoch.beacon_s)
     progress.close()
     result = _summarise(sp, rt, load, marks, beacons, profiles)
+    if routing is not None:  # θ per (class, subgraph root), aligned with its Ω (logged in serving/summary.json)
+        result["nona_theta"] = {f"{k}:{root}": list(th) for (k, root), th
+                                in routing.controller.table.entries[0].thetas.items()}
     columns = ("epoch", "start_s", "end_s", "replanned", "gpus", "unassigned_rps", "offered_rps", "throughput_rps",
                "slo_attainment", "bad_rate", "p99_latency_ms")
     publish_table("serving-rollout-epochs", [{k: e[k] for k in columns} for e in result["epochs"]],
@@ -418,7 +421,7 @@ def _log_mlflow(tracking: MlflowTarget, parent: str | None, sp, result: dict, ma
                     for k in ("offered_rps", "throughput_rps", "bad_rate", "gpus", "gpu_share")]
     client.log_batch(parent, metrics=metrics, params=[
         Param("spec", sp.name), Param("batch_policy", sp.batch_policy), Param("load_balancer", sp.load_balancer),
-        Param("preset", sp.preset), Param("models", ",".join(sp.models))])
+        Param("preset", sp.preset), Param("models", ",".join(sp.models)), Param("placement", sp.placement)])
     for e, m in zip(result["epochs"], marks):
         run = client.create_run(exp_id, run_name=f"epoch-{e['epoch']}", tags={"mlflow.parentRunId": parent,
                                                                             "nexus.replanned": str(e["replanned"])})

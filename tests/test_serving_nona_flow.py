@@ -36,6 +36,8 @@ def test_nona_placement_crosses_the_slow_link_less_and_finishes_queries_sooner(s
     assert nona["cross_node_share"] < 0.5 * shares["cross_node_share"]
     assert nona["queries"]["block"]["mean_jct_ms"] < shares["queries"]["block"]["mean_jct_ms"]
     assert nona["link_transfers"] < shares["link_transfers"]
+    theta = nona["nona_theta"]["block:a"]  # the diamond's one subgraph, rooted at a: its 5 groupings
+    assert len(theta) == 5 and sum(theta) == pytest.approx(1.0) and "nona_theta" not in shares
 
 
 def test_the_shipped_nona_spec_has_a_join_and_a_link():
