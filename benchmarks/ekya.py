@@ -1,8 +1,8 @@
-"""Ekya headline reproduction (spec ekya.md §7 targets 1-8) on the trace-driven simulator.
+"""Ekya headline reproduction (thesis §2.6, headline results 1-8) on the trace-driven simulator.
 
 Runs the Table 2.1 toy example and the synthetic workloads of ``gpu.sim.ekya_workloads`` and prints
 each result next to the paper's number. Synthetic curves can only match directions, orderings and
-rough magnitudes (spec §7); the toy example is fully specified.
+rough magnitudes; the toy example is fully specified.
 
     python benchmarks/ekya.py [--quick] [--json OUT] [--plots DIR] [--seed N]
 """

@@ -1,23 +1,27 @@
-"""Cilantro allocation rounds as a Prefect flow (issue #6; thesis ch. 3, §3.3 Fig. 3.3, §3.4, §3.7).
+"""Cilantro allocation rounds as a Prefect flow (thesis ch. 3, §3.3 Fig. 3.3, §3.4, §3.7).
 
 Jobs — by default two torch inference services replaying the Cilantro Twitter trace and one torch
-training job (``tasks.cilantro_jobs``) — share ``capacity`` GPU units of a pool. Every round:
+training job (``tasks.cilantro_jobs``) — share ``capacity`` GPU units of a pool. The decisions are taken
+by :class:`gpu.schedulers.cilantro.round.CilantroRound`, the controller the simulator drives too; this flow
+is its world with measured outcomes. Every round:
 
-1. **decide** — each job's load UCB for the round comes from its ARIMA forecaster (services; ℓ ≡ 1
-   for training), its performance bounds on the allocation grid ``unit · {0, 1, …}`` from its
-   interval-tree learner (``policy.learner == "online"``), the jobs' true curves (``"oracle"``) or
-   nothing (``"none"``); the chosen Cilantro policy turns the frozen ``Snapshot`` into ``{job: GPUs}``;
-2. **run** — every job runs the round as a Prefect task placed by ``GpuTaskRunner`` on a slice of
-   its allocation (``with gpu_options(gpus=a_j)``); the slice size sets its compute budget (see
-   ``tasks.cilantro_jobs`` for the compute model) and it reports SLO attainment or throughput per
-   report period;
-3. **learn** — reports update the learners and forecasters (the first ``warmup_reports`` of each
-   job are skipped), W_S, W_E and F_NJC (eqs. 3.1–3.3, ``gpu.schedulers.cilantro.metrics``) are
-   computed, the whole state (learners, forecasters, policy, RNG, round number, last allocation,
-   checkpoints, the round's MLflow record) is written to ``state_dir()/cilantro/<run_name>.json``, and
-   then the round is logged as an MLflow run nested under the flow's run (a crash in between logs it
-   on the next run, once). A job whose task fails keeps its learner unchanged,
-   scores utility 0 for the round (F_NJC counts it as fully deprived), and the next round goes on.
+1. **run** — every job runs the round as a Prefect task placed by ``GpuTaskRunner`` on a slice of its
+   allocation (``with gpu_options(gpus=a_j)``); it really serves its requests (or takes its training steps)
+   with its torch model, times each on its slice (``tasks.slices.on_slice``) and reports the SLO attainment
+   or steps/s it measured, per report period;
+2. **learn and decide** — ``on_round(now, reports)`` folds the reports into each job's interval-tree learner
+   and ARIMA load forecaster (the first ``warmup_reports`` of each job are skipped) and decides the next
+   round: load UCBs from the forecasters (services; ℓ ≡ 1 for training), performance bounds on the grid
+   ``unit · {0, 1, …}`` from the learners (``policy.learner == "online"``) or nothing (``"none"``), the
+   policy's allocation ``{job: GPUs}``. W_S, W_E and F_NJC (eqs. 3.1–3.3) are computed from the reports;
+3. **keep** — the whole state (learners, forecasters, policy, RNG, the next round's decision, checkpoints,
+   the round's MLflow record) is written to ``state_dir()/cilantro/<run_name>.json``, then the round is
+   logged as an MLflow run nested under the flow's run (a crash in between logs it on the next run, once).
+   A job whose task fails keeps its learner unchanged, scores utility 0 for the round (F_NJC counts it as
+   fully deprived), and the next round goes on.
+
+Oracle policies need the jobs' true curves, which only the simulator has (``gpuflows simulate cilantro``);
+the flow refuses them.
 
 ``rounds`` is how many rounds *this* flow run executes: with ``resume=True`` a run named like an
 earlier one continues after that run's last completed round, so a killed flow loses at most the
@@ -26,9 +30,6 @@ round in progress and a scheduled deployment keeps learning across runs.
 Allocations are in GPU units. With ``capacity <= 1`` every job holds a fraction of one device
 (``unit`` is the fraction granularity, e.g. 0.05); a larger capacity needs a whole ``unit`` (whole
 GPUs) because the pool grants fractions only within one device.
-
-Learners, forecasters and the JSON state live in ``tasks.cilantro_allocator``; the jobs in
-``tasks.cilantro_jobs``.
 
     python -m flows.allocation_rounds --rounds 3 --policy cilantro-njc
 """
@@ -57,8 +58,8 @@ from gpu.schedulers.cilantro.fair import ResourceFair
 from gpu.schedulers.cilantro.types import JobSpec
 from gpuflows.args import error, flow_arguments, output_file, simulated
 from resource_blocks import GpuPool, MlflowTarget
-from tasks.cilantro_allocator import (Allocator, RoundSettings, load_state, round_metrics, run_lock, save_state,
-                                      state_path)
+from tasks.cilantro_allocator import (RoundBook, RoundSettings, load_state, open_book, report_of, round_metrics,
+                                      run_lock, save_state, state_path)
 from tasks.cilantro_jobs import JobConfig, RoundWindow, run_service, run_trainer
 from tasks.requests import gpu_options
 from tasks.flow_runtime import (flow_runner, log_flow_inputs, log_flow_outcome, pool_block, publish_mlflow_link, settings,
@@ -72,10 +73,12 @@ MODES = ("process", "thread")
 _SLO_FREE = (ResourceFair,)  # the only policy whose decision never reads a performance or an SLO
 _RUN_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,99}$")  # Prefect artifact keys: lowercase letters, digits, '-'
 
-DEFAULT_JOBS: tuple[JobConfig, ...] = (
-    JobConfig("svc-a", "service", 0.95, "linear", cost_ms=4.0, base_load=60.0, latency_slo_ms=50.0, trace_offset=0),
-    JobConfig("svc-b", "service", 0.90, "sqrt", cost_ms=6.0, base_load=40.0, latency_slo_ms=50.0, trace_offset=700),
-    JobConfig("trainer", "training", 20.0, "linear", cost_ms=20.0),
+DEFAULT_JOBS: tuple[JobConfig, ...] = (  # sized for one CPU core per simulated GPU (see docs/cilantro.md)
+    JobConfig("svc-a", "service", 0.95, "linear", scale_ms=0.6, base_load=400.0, latency_slo_ms=20.0, trace_offset=0,
+              hidden=1024, rows=256),
+    JobConfig("svc-b", "service", 0.90, "sqrt", scale_ms=0.6, base_load=250.0, latency_slo_ms=20.0, trace_offset=700,
+              hidden=2048, rows=128),
+    JobConfig("trainer", "training", 120.0, "linear", scale_ms=2.2, hidden=1024, rows=256),
 )
 
 
@@ -91,8 +94,11 @@ def _round_record(s: RoundSettings, parent: str, row: dict, results: dict[str, d
             values[f"load_{name}"] = float(np.mean(res["loads"]))
             values[f"throughput_{name}"] = res["throughput"]
             values[f"accuracy_{name}"] = res["accuracy"]
+            values[f"work_ms_{name}"] = res["work_ms"]
         if name in row["demands"]:
             values[f"demand_{name}"] = row["demands"][name]
+        values[f"perf_lcb_{name}"] = row["perf_lcb"][name]
+        values[f"perf_ucb_{name}"] = row["perf_ucb"][name]
     values.update({f"utility_{n}": u for n, u in row["utilities"].items()})
     values.update({k: row[k] for k in ("social_welfare", "egalitarian_welfare", "njc_fairness") if k in row})
     values.update(decision_time_s=row["decision_s"], allocated_total=sum(row["allocation"].values()),
@@ -132,20 +138,20 @@ def _log_round(client: Any, rec: dict) -> str:
     return run_id
 
 
-def _log_unlogged(s: RoundSettings, alloc_state: Allocator) -> tuple[dict[int, str], list[str]]:
+def _log_unlogged(s: RoundSettings, book: RoundBook) -> tuple[dict[int, str], list[str]]:
     """Log the saved round records not yet known to be in MLflow, oldest first: ``{round: run id}`` and errors.
 
-    A logged record leaves ``alloc_state.unlogged`` (the next save drops it from the file); on a failure the
+    A logged record leaves ``book.unlogged`` (the next save drops it from the file); on a failure the
     rest stay there for the next flow run of this run_name, and the error is logged and returned.
     """
     logged: dict[int, str] = {}
     try:
         client = open_client(s.tracking_uri)
-        for rec in list(alloc_state.unlogged):
+        for rec in list(book.unlogged):
             logged[rec["round"]] = _log_round(client, rec)
-            alloc_state.unlogged.remove(rec)
+            book.unlogged.remove(rec)
     except Exception as exc:
-        msg = (f"rounds {[r['round'] for r in alloc_state.unlogged]} not logged to MLflow yet, kept in the state "
+        msg = (f"rounds {[r['round'] for r in book.unlogged]} not logged to MLflow yet, kept in the state "
                f"for the next run: {exc!r}")
         get_run_logger().error(msg)
         return logged, [msg]
@@ -155,7 +161,7 @@ def _log_unlogged(s: RoundSettings, alloc_state: Allocator) -> tuple[dict[int, s
 def _run_jobs(s: RoundSettings, alloc: dict[str, float], r: int, ckpt_dir: Path,
               checkpoints: dict[str, str | None]) -> tuple[dict[str, dict | None], dict[str, str | None]]:
     """Submit every job's round on a slice of its allocation; collect reports (None for a failed job)."""
-    window = RoundWindow(r, s.round_s, s.report_s, s.capacity / len(s.jobs), s.trace_step, s.interference, s.seed)
+    window = RoundWindow(r, s.round_s, s.report_s, s.capacity / len(s.jobs), s.trace_step, s.seed)
     futures, new_ckpt = {}, dict(checkpoints)
     for job in s.jobs:
         with gpu_options(gpus=alloc[job.name]):
@@ -178,44 +184,51 @@ def _run_jobs(s: RoundSettings, alloc: dict[str, float], r: int, ckpt_dir: Path,
 
 def _rounds(s: RoundSettings, parent: str | None) -> dict:
     saved = load_state(s.run_name)
-    alloc_state = Allocator(s, saved if s.resume else None)
+    book = open_book(s, saved)
     if saved and not s.resume:  # starting over still owes MLflow the saved run's unlogged rounds
-        alloc_state.unlogged = saved.get("unlogged", [])
+        book.unlogged = saved.get("unlogged", [])
     tracker = flow_tracker()
     # a crashed run's rounds, now that the tracker marked that run's dead runs KILLED (the parent was awaited)
-    errors = _log_unlogged(s, alloc_state)[1] if s.tracking_uri and alloc_state.unlogged else []
+    errors = _log_unlogged(s, book)[1] if s.tracking_uri and book.unlogged else []
     ckpt_dir = state_path(s.run_name).with_suffix("")
-    start, rows = alloc_state.next_round, []
+    ctl = book.ctl
+    t0 = time.perf_counter()
+    decision = ctl.planned or ctl.on_round(ctl.next_round * s.round_s, {})  # a resumed run applies the saved plan
+    decision_s = time.perf_counter() - t0
+    start, rows = decision.round_index, []
     progress = FlowProgress(f"cilantro-{s.run_name}", s.rounds, f"Cilantro {s.policy}", unit="rounds").start()
     for r in range(start, start + s.rounds):
         t0 = time.perf_counter()
-        alloc, ucbs = alloc_state.decide(r)
-        decision_s = time.perf_counter() - t0
-        demands = dict(alloc_state.policy.get_state().get("demands", {}))
-        results, checkpoints = _run_jobs(s, alloc, r, ckpt_dir, alloc_state.checkpoints)
-        alloc_state.observe(results)
-        row = {"round": r, "allocation": alloc, "load_ucb": ucbs, "demands": demands, "decision_s": decision_s,
+        alloc = dict(decision.allocation)
+        results, checkpoints = _run_jobs(s, alloc, r, ckpt_dir, book.checkpoints)
+        row = {"round": r, "allocation": alloc, "load_ucb": dict(decision.load_ucb),
+               "perf_lcb": dict(decision.perf_lcb), "perf_ucb": dict(decision.perf_ucb),
+               "demands": dict(decision.demands), "decision_s": decision_s,
                "failed": [n for n, v in results.items() if v is None],
                "held": {n: v["alloc"] for n, v in results.items() if v},
                "throughput": {n: v["throughput"] for n, v in results.items() if v},
-               **round_metrics(s, alloc_state.specs, results)}
+               "work_ms": {n: v["work_ms"] for n, v in results.items() if v},
+               **round_metrics(s, book.specs, results)}
+        t1 = time.perf_counter()
+        decision = ctl.on_round((r + 1) * s.round_s, {n: report_of(v) for n, v in results.items()})
+        decision_s = time.perf_counter() - t1
         row["wall_s"] = time.perf_counter() - t0
         if parent is not None:
-            alloc_state.unlogged.append(_round_record(s, parent, row, results))
-        stale = [p for n, p in alloc_state.checkpoints.items() if p and p != checkpoints[n]]
-        alloc_state.checkpoints, alloc_state.previous, alloc_state.next_round = checkpoints, alloc, r + 1
-        alloc_state.history.append({k: row[k] for k in ("round", "allocation", "utilities") if k in row})
-        save_state(s.run_name, alloc_state.to_state())  # the round is kept from here on, its MLflow record too
+            book.unlogged.append(_round_record(s, parent, row, results))
+        stale = [p for n, p in book.checkpoints.items() if p and p != checkpoints[n]]
+        book.checkpoints = checkpoints
+        book.history.append({k: row[k] for k in ("round", "allocation", "utilities") if k in row})
+        save_state(s.run_name, book.to_state())  # the round is kept from here on, its MLflow record too
         for p in stale:  # only once the state no longer points at them
             Path(p).unlink(missing_ok=True)
-        logged, failed = _log_unlogged(s, alloc_state) if alloc_state.unlogged and s.tracking_uri else ({}, [])
+        logged, failed = _log_unlogged(s, book) if book.unlogged and s.tracking_uri else ({}, [])
         row["mlflow_run_id"], errors = logged.get(r), errors + failed
         rows.append(row)
         progress.advance(note=f"round {r}" + (f", failed {','.join(row['failed'])}" if row["failed"] else ""))
     progress.close()
     publish_cilantro_rounds(s.run_name, s.policy, rows, parent, s.tracking_uri)
     publish_pool_occupancy()
-    return {"run_name": s.run_name, "policy": s.policy, "start_round": start, "next_round": alloc_state.next_round,
+    return {"run_name": s.run_name, "policy": s.policy, "start_round": start, "next_round": ctl.next_round,
             "resumed": s.resume and saved is not None, "rounds": rows, "state_path": str(state_path(s.run_name)),
             "mlflow_run_id": parent, "mlflow_errors": errors + (tracker.flush() if tracker else [])}
 
@@ -248,7 +261,7 @@ def _jobs(jobs: list[dict] | None) -> tuple[JobConfig, ...]:
 
 def settings_from(*, rounds: int, round_s: float, policy: str, capacity: float, unit: float, resume: bool,
                   run_name: str, jobs: list[dict] | None, report_s: float, max_change: float | None, trace_step: int,
-                  interference: float, warmup_reports: int, seed: int, pool_gpus: int) -> RoundSettings:
+                  warmup_reports: int, seed: int, pool_gpus: int) -> RoundSettings:
     """Validate the flow's parameters; every bad value raises one ConfigError naming it."""
     if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
         raise ConfigError("rounds", rounds, "must be a whole number >= 1")
@@ -257,6 +270,10 @@ def settings_from(*, rounds: int, round_s: float, policy: str, capacity: float, 
                                                 "and the flow's Prefect artifact key, which allows nothing else)")
     seed = integer(seed, "seed", minimum=0)  # numpy's seed sequences refuse negatives
     chosen = make_policy(policy)  # ConfigError naming ``policy`` if unknown
+    if chosen.learner == "oracle":
+        raise ConfigError("policy", policy, "an oracle is given each job's true curve, which only the simulator "
+                                            "knows (gpuflows simulate cilantro); the flow measures, so choose a "
+                                            "learning policy such as cilantro-" + policy.split("-")[-1])
     capacity = _number(capacity, "capacity")
     if capacity > pool_gpus:
         raise ConfigError("capacity", capacity, f"the pool has only {pool_gpus} GPU(s)")
@@ -272,9 +289,6 @@ def settings_from(*, rounds: int, round_s: float, policy: str, capacity: float, 
         max_change = _number(max_change, "max_change", strict=False)
     if isinstance(trace_step, bool) or not isinstance(trace_step, int) or trace_step < 1:
         raise ConfigError("trace_step", trace_step, "must be a whole number >= 1")
-    interference = _number(interference, "interference", strict=False)
-    if interference > 0.5:
-        raise ConfigError("interference", interference, "must be in [0, 0.5]")
     if isinstance(warmup_reports, bool) or not isinstance(warmup_reports, int) or warmup_reports < 0:
         raise ConfigError("warmup_reports", warmup_reports, "must be a whole number >= 0")
     job_cfgs = _jobs(jobs)
@@ -283,7 +297,7 @@ def settings_from(*, rounds: int, round_s: float, policy: str, capacity: float, 
         if j.slo is None and not isinstance(chosen, _SLO_FREE):
             raise ConfigError(f"{j.name}.slo", None, f"policy {policy!r} needs an SLO for every job")
     return RoundSettings(run_name, policy, rounds, round_s, report_s, capacity, unit, max_change, trace_step,
-                         interference, warmup_reports, seed, bool(resume), job_cfgs)
+                         warmup_reports, seed, bool(resume), job_cfgs)
 
 
 DEFAULT_POOL = GpuPool(name="cilantro", simulated="1x16GiB")
@@ -298,17 +312,18 @@ def runner_settings(parameters: dict) -> dict:
 
 
 @flow(name="cilantro-allocation-rounds", task_runner=GpuTaskRunner(configure=runner_settings))
-def allocation_rounds(rounds: int = 3, round_s: float = 60.0, policy: str = "cilantro-njc",
+def allocation_rounds(rounds: int = 3, round_s: float = 10.0, policy: str = "cilantro-njc",
                       pool: GpuPool | str | None = None, capacity: float = 1.0, unit: float = 0.05,
                       resume: bool = True, run_name: str = "cilantro", jobs: list[dict] | None = None,
-                      report_s: float = 10.0, max_change: float | None = 0.2, trace_step: int = 10,
-                      interference: float = 0.05, warmup_reports: int = 0, seed: int = 0, mode: str = "process",
+                      report_s: float = 2.5, max_change: float | None = 0.2, trace_step: int = 10,
+                      warmup_reports: int = 0, seed: int = 0, mode: str = "process",
                       tracking: MlflowTarget | bool | str | None = None) -> dict:
     """Run ``rounds`` Cilantro allocation rounds of real jobs sharing ``capacity`` GPUs of ``pool``.
 
     Args:
         rounds: rounds this flow run executes (after the saved ones when resuming).
-        round_s, report_s: virtual seconds per round and per job report (10 s as in the paper).
+        round_s, report_s: seconds of each slice's own clock per round and per job report (the paper: 120 s and
+            10 s; a round costs up to ``round_s`` of real compute, so the default rounds are shorter).
         policy: a Cilantro policy name (``gpu.schedulers.cilantro.POLICIES``), e.g. cilantro-njc, cilantro-ew.
         pool: GpuPool block, the name of a saved one, or None (a simulated 1 x 16 GiB pool "cilantro").
         capacity: GPU units shared by the jobs (<= the pool's GPUs); unit: allocation granularity.
@@ -316,7 +331,6 @@ def allocation_rounds(rounds: int = 3, round_s: float = 60.0, policy: str = "cil
         jobs: job mappings (``tasks.cilantro_jobs.JobConfig`` fields); None = 2 services + 1 trainer.
         max_change: B, the largest change of a job's allocation per round in GPU units (None: unbounded).
         trace_step: trace values advanced per report (time compression of the Twitter trace).
-        interference: relative noise of a slice's speed per report.
         warmup_reports: reports per job ignored by its learner.
         mode: GpuTaskRunner mode, "process" or "thread".
         tracking: MlflowTarget block, the name of a saved one, False to switch MLflow off, None for the default target.
@@ -330,7 +344,7 @@ def allocation_rounds(rounds: int = 3, round_s: float = 60.0, policy: str = "cil
     block, _, s = prepare(pool, mode, tracking, rounds=rounds, round_s=round_s, policy=policy,
                           capacity=capacity, unit=unit, resume=resume, run_name=run_name, jobs=jobs,
                           report_s=report_s, max_change=max_change, trace_step=trace_step,
-                          interference=interference, warmup_reports=warmup_reports, seed=seed)
+                          warmup_reports=warmup_reports, seed=seed)
     with run_lock(s.run_name):
         parent = publish_mlflow_link(flow_runner()) if s.tracking_uri else None
         log_flow_inputs("cilantro", policy, {"policy": policy, "rounds": rounds, "round_s": round_s, "pool": block.name,
@@ -388,8 +402,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flows.allocation_rounds", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=3, help="rounds to run now (default 3)")
-    parser.add_argument("--round-s", type=float, default=60.0, help="virtual seconds per round (default 60)")
-    parser.add_argument("--report-s", type=float, default=10.0, help="virtual seconds per report (default 10)")
+    parser.add_argument("--round-s", type=float, default=10.0,
+                        help="seconds of slice time per round (default 10; costs up to that much compute)")
+    parser.add_argument("--report-s", type=float, default=2.5, help="seconds per job report (default 2.5)")
     parser.add_argument("--policy", default="cilantro-njc", help=f"one of {sorted(POLICIES)} (default cilantro-njc)")
     parser.add_argument("--capacity", type=float, default=1.0, help="GPU units shared by the jobs (default 1)")
     parser.add_argument("--unit", type=float, default=0.05, help="allocation granularity in GPUs (default 0.05)")

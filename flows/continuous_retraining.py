@@ -1,28 +1,31 @@
-"""Ekya continuous retraining as a Prefect flow (issue #4): drifting streams share a GPU pool
-for retraining and inference; Ekya's thief scheduler (or the uniform baseline) splits it.
+"""Ekya continuous retraining as a Prefect flow: drifting streams share a GPU pool for retraining and
+inference; an Ekya policy (the thief scheduler or a baseline, thesis §2.4, §2.6) splits it.
 
-Per retraining window (thesis §2.4, spec ekya.md §3-§4):
+Per retraining window (thesis §2.4):
 
 1. micro-profiling tasks: the golden model labels a sample of each stream's frames, every
-   (layers, data fraction) pair is trained for a few epochs, ``micro_profile`` extrapolates each
-   config's accuracy and GPU-seconds; every 2 windows the worst configs are pruned;
-2. the decision: ``thief_schedule`` (``policy="thief"``) or ``uniform_schedule``
-   (``policy="uniform"``: fixed config, ``uniform_share`` of each stream's ``G/|V|`` to inference);
-3. retraining tasks on the decided GPU share (``gpu_options(gpus=...)``); when one completes
-   (``prefect.futures.as_completed``) its GPUs go back to its stream's inference and the thief is
-   re-invoked for the rest of the window with running jobs as ``RunningRetrain`` (the uniform
-   baseline keeps its split);
-4. inference tasks serve the live frames of each period between two such events at the frame
-   rate the stream's inference share sustains (``tasks.ekya_tasks.infer_segment``); measured
-   accuracy = share of frames answered correctly against the true labels.
+   (layers, data fraction) pair is trained for a few epochs with its epoch cost measured on the task's
+   slice, the deployed model is timed per frame; ``micro_profile`` extrapolates each config's accuracy
+   and GPU-seconds; every 2 windows the worst configs are pruned (policies that choose configs);
+2. the decision: ``EkyaController.on_window_start`` runs the policy (``policy``: any name of
+   ``gpu.schedulers.ekya_policies`` - ``thief``, ``thief_start_splits``, ``noretrain``, ``fixedres``,
+   ``uniform_<cfg>_<pct>``, ``fixedconfig_<cfg>`` - or ``uniform``, short for
+   ``uniform_<uniform_config>_<100 x uniform_share>``);
+3. retraining tasks on the decided GPU share (``gpu_options(gpus=...)``); each one's measured duration
+   on its slice says when it deploys; ``EkyaController.on_job_done`` then returns its GPUs to its
+   stream's inference and re-invokes the thief (and FixedConfig) for the rest of the window;
+4. inference tasks serve the live frames of each period between two such events at the frame rate
+   the stream's inference share sustains, measured on that share (``tasks.ekya_tasks.infer_segment``);
+   measured accuracy = share of frames answered correctly against the true labels.
 
-Time inside a window is virtual (``window_s`` seconds; a retraining job ends ``gpu_seconds / gpus``
-after it starts), so decisions and accuracies do not depend on how loaded this machine is; the
-torch work in every task is real. A retraining that fails or is cancelled is handled when the
-flow sees it: its stream keeps serving the previous model, its GPUs go back to inference, the
-window's MLflow run records it, and the next window proceeds. One MLflow run per window
-(nested under the flow's run) records allocations, configs, predicted and measured accuracy;
-each deployed-or-not retrained model is a version of the registered model ``<prefix>-<stream>``.
+Time inside a window is slice time (``window_s`` slice seconds; ``tasks.ekya_window``): the measured
+work divided by the share it ran on, so decisions follow the real torch work (make a stream's work
+heavier and its jobs take longer) but not how loaded this machine happens to be. The simulator
+(``gpuflows simulate ekya``) drives the same controller with modelled outcomes. A retraining that fails
+or is cancelled is handled when the flow sees it: its stream keeps serving the previous model, its GPUs
+go back to inference, the window's MLflow run records it, and the next window proceeds. One MLflow run
+per window (nested under the flow's run) records allocations, configs, predicted and measured accuracy
+and durations; each retrained model is a version of the registered model ``<prefix>-<stream>``.
 
     python -m flows.continuous_retraining --streams 2 --windows 2 --policy thief
 """
@@ -33,23 +36,24 @@ import argparse
 import json
 import sys
 
-from prefect import flow
+from prefect import flow, get_run_logger
 
 from gpu.devices import discover
 from gpu.errors import ConfigError, GpuflowsError
 from gpu.scenario import fraction, integer, positive
 from gpu.schedulers.ekya import EkyaParams
+from gpu.schedulers.ekya_policies import make_policy, policy_names
 from gpuflows.args import error, flow_arguments, output_file, simulated
 from resource_blocks import GpuPool, MlflowTarget
 from tasks.ekya_tasks import WindowSettings, config_grid
-from tasks.ekya_window import RunSettings, WindowResult, run_window, start_streams
+from tasks.ekya_window import RunSettings, WindowResult, make_controller, run_window, start_streams
 from tasks.flow_runtime import (flow_runner, log_flow_inputs, log_flow_outcome, pool_block, publish_mlflow_link, settings,
                                 tracking_target)
 from tasks.runners import GpuTaskRunner
+from tasks.tracking import flow_tracker
 from tasks.charts import publish_pool_occupancy
 from tasks.ui import FlowProgress, publish_ekya_windows
 
-POLICIES = ("thief", "uniform")
 MODES = ("process", "thread")
 
 
@@ -58,44 +62,81 @@ def runner_settings(parameters: dict) -> dict:
     return settings(parameters, experiment="gpuflows-ekya")
 
 
+def policy_slug(policy: str) -> str:
+    """``policy`` as Prefect artifact keys allow it (lowercase letters, digits, dashes)."""
+    return policy.lower().replace("_", "-").replace(".", "-")
+
+
 def _windows(run: RunSettings, parent: str | None) -> dict:
     """The windows themselves, in the flow run (its tasks on the flow's GPU task runner)."""
     from tasks.ekya_tracking import WindowLogger
 
     logger = WindowLogger.for_flow(run, parent)
-    golden, streams = start_streams(run)
+    controller = make_controller(run)
+    golden, streams = start_streams(run, controller)
     results: list[WindowResult] = []
-    with FlowProgress(f"ekya-{run.policy}", run.windows, f"Ekya {run.policy}", unit="windows") as progress:
+    errors: list[str] = []
+    slug = policy_slug(run.policy)
+    with FlowProgress(f"ekya-{slug}", run.windows, f"Ekya {run.policy}", unit="windows") as progress:
         for w in range(run.windows):
-            result = run_window(run, w, streams, golden)
-            logger.log_window(result, streams)
+            result = run_window(run, w, streams, golden, controller)
+            try:  # a tracking store that fails costs the review, not the retraining
+                logger.log_window(result, streams)
+            except Exception as exc:
+                errors.append(f"window {w} not logged to MLflow: {exc!r}")
+                get_run_logger().error(errors[-1])
             results.append(result)
             progress.advance(note=f"mean accuracy {result.mean_measured:.3f}")
     plot = logger.log_plot(results)
-    publish_ekya_windows(run.policy, results, logger.parent_run_id, run.tracking_uri)
+    publish_ekya_windows(slug, results, logger.parent_run_id, run.tracking_uri)
     publish_pool_occupancy()
-    return summarise(run, results, plot, logger.parent_run_id)
+    summary = summarise(run, results, plot, logger.parent_run_id)
+    tracker = flow_tracker()
+    summary["mlflow_errors"] = errors + (tracker.flush() if tracker else [])
+    return summary
+
+
+def _retrainings(r: WindowResult) -> dict[str, dict]:
+    """Per stream, the window's retraining job: config, GPUs, predicted vs measured duration (slice s)."""
+    return {j.stream: {"config": j.config.name, "gpus": j.gpus, "state": j.outcome, "start_s": j.start,
+                       "predicted_s": j.expected_s, "measured_s": j.measured_s,
+                       "predicted_accuracy": j.predicted.accuracy,
+                       "measured_accuracy": j.result.val_accuracy if j.result else None} for j in r.jobs}
 
 
 def summarise(run: RunSettings, results: list[WindowResult], plot: str | None, parent: str | None) -> dict:
-    """What the flow returns: per window and stream the measured accuracy, and the means."""
+    """What the flow returns: per window and stream the decision, the measured accuracy, and the means."""
     windows = [{"window": r.window, "accuracy": r.measured, "predicted": r.predicted, "configs": r.configs,
+                "allocation": r.start_alloc, "retrainings": _retrainings(r),
+                "profiled_gpu_s": {s: {c: p.gpu_seconds for c, p in cfgs.items()} for s, cfgs in r.predicted_configs.items()},
                 "failures": r.failures, "mean": r.mean_measured} for r in results]
-    return {"policy": run.policy, "streams": list(results[0].measured) if results else [],
+    return {"policy": run.policy, "scheduler": run.scheduler, "streams": list(results[0].measured) if results else [],
             "windows": windows, "mean_accuracy": sum(r.mean_measured for r in results) / len(results),
             "mlflow_run_id": parent, "plot": plot}
 
 
+def scheduler_name(policy: str, uniform_config: str, uniform_share: float) -> str:
+    """The Ekya policy ``policy`` names: ``uniform`` is short for ``uniform_<uniform_config>_<pct>``."""
+    if policy == "uniform":
+        return f"uniform_{uniform_config}_{round(100 * uniform_share)}"
+    return policy
+
+
 def _check(streams: int, windows: int, window_s: float, policy: str, mode: str, seed: int, fail_stream: str | None,
-           fail_window: int, uniform_config: str, uniform_share: float, full_rate_gpus: float,
-           profile_gpus: float, a_min: float, delta: float) -> None:
+           fail_window: int, uniform_config: str, uniform_share: float, profile_gpus: float, a_min: float,
+           delta: float, objects_per_frame: dict[str, int] | None) -> None:
     for name, value in (("streams", streams), ("windows", windows)):
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise ConfigError(name, value, "must be a whole number > 0")
     if isinstance(window_s, bool) or not isinstance(window_s, (int, float)) or not window_s > 0:
-        raise ConfigError("window_s", window_s, "must be a number of seconds > 0")
-    if policy not in POLICIES:
-        raise ConfigError("policy", policy, f"choose one of {POLICIES}")
+        raise ConfigError("window_s", window_s, "must be a number of slice seconds > 0")
+    grid = config_grid()
+    if uniform_config not in [c.name for c in grid]:
+        raise ConfigError("uniform_config", uniform_config, f"choose one of {[c.name for c in grid]}")
+    fraction(uniform_share, "uniform_share")
+    if not isinstance(policy, str) or not policy:
+        raise ConfigError("policy", policy, f"choose uniform or one of {list(policy_names(grid))}")
+    make_policy(scheduler_name(policy, uniform_config, uniform_share), grid)  # ConfigError('policy') if unknown
     if mode not in MODES:
         raise ConfigError("mode", mode, f"choose one of {MODES}")
     integer(seed, "seed", minimum=0)  # numpy's generators refuse negatives
@@ -104,24 +145,25 @@ def _check(streams: int, windows: int, window_s: float, policy: str, mode: str, 
         raise ConfigError("fail_stream", fail_stream, f"not one of the streams {names}")
     if isinstance(fail_window, bool) or not isinstance(fail_window, int) or not 0 <= fail_window < windows:
         raise ConfigError("fail_window", fail_window, f"not one of the windows 0..{windows - 1}")
-    grid = [c.name for c in config_grid()]
-    if uniform_config not in grid:
-        raise ConfigError("uniform_config", uniform_config, f"choose one of {grid}")
-    fraction(uniform_share, "uniform_share")
-    positive(full_rate_gpus, "full_rate_gpus")
+    if objects_per_frame is not None and not isinstance(objects_per_frame, dict):
+        raise ConfigError("objects_per_frame", objects_per_frame, "must map stream names to whole numbers >= 1")
+    for stream, k in (objects_per_frame or {}).items():
+        if stream not in names:
+            raise ConfigError("objects_per_frame", objects_per_frame, f"{stream!r} is not one of the streams {names}")
+        integer(k, f"objects_per_frame[{stream}]", minimum=1)
     positive(profile_gpus, "profile_gpus")
     EkyaParams(delta=delta, a_min=a_min)  # checks them as the thief will read them
 
 
 def prepare(pool: GpuPool | str | None, tracking: MlflowTarget | bool | None, *, streams: int, windows: int,
-            window_s: float, policy: str, seed: int, mode: str, a_min: float, delta: float, full_rate_gpus: float,
+            window_s: float, policy: str, seed: int, mode: str, a_min: float, delta: float,
             frames: int, labelled: int, uniform_config: str, uniform_share: float, profile_gpus: float,
-            fail_stream: str | None, fail_window: int,
-            registry_prefix: str) -> tuple[GpuPool, MlflowTarget, RunSettings]:
+            fail_stream: str | None, fail_window: int, registry_prefix: str,
+            objects_per_frame: dict[str, int] | None = None) -> tuple[GpuPool, MlflowTarget, RunSettings]:
     """The flow's pool, MLflow target and settings, every parameter checked: the flow calls it for deployment runs,
     ``main`` before the flow, so a bad argument fails before a flow run starts."""
     _check(streams, windows, window_s, policy, mode, seed, fail_stream, fail_window, uniform_config, uniform_share,
-           full_rate_gpus, profile_gpus, a_min, delta)
+           profile_gpus, a_min, delta, objects_per_frame)
     runner = flow_runner()  # in the flow run: the pool and target its runner resolved from these parameters
     block = runner.pool if runner else pool_block(pool)
     target = runner.tracking if runner else tracking_target(tracking)
@@ -130,51 +172,57 @@ def prepare(pool: GpuPool | str | None, tracking: MlflowTarget | bool | None, *,
         raise ConfigError("pool", block.name, "has no GPUs (simulated or NVML) to split between retraining and "
                                               "inference")
     settings = WindowSettings(frames=frames, labelled=labelled, golden_seed=seed)
-    run = RunSettings(policy=policy, streams=streams, windows=windows, window_s=float(window_s), seed=seed,
-                      pool_gpus=gpus, a_min=a_min, delta=delta, full_rate_gpus=full_rate_gpus,
-                      uniform_config=uniform_config, uniform_share=uniform_share, profile_gpus=profile_gpus,
+    run = RunSettings(policy=policy, scheduler=scheduler_name(policy, uniform_config, uniform_share), streams=streams,
+                      windows=windows, window_s=float(window_s), seed=seed, pool_gpus=gpus, a_min=a_min, delta=delta,
+                      profile_gpus=profile_gpus, objects_per_frame=dict(objects_per_frame or {}),
                       fail_stream=fail_stream, fail_window=fail_window, registry_prefix=registry_prefix,
                       settings=settings, experiment=target.experiment, tracking_uri=target.resolved_uri())
     return block, target, run
 
 
 @flow(name="ekya-continuous-retraining", task_runner=GpuTaskRunner(configure=runner_settings))
-def continuous_retraining(streams: int = 4, windows: int = 3, window_s: float = 200.0, policy: str = "thief",
+def continuous_retraining(streams: int = 4, windows: int = 3, window_s: float = 1.0, policy: str = "thief",
                           pool: GpuPool | str | None = None, seed: int = 0, mode: str = "process",
                           tracking: MlflowTarget | bool | str | None = None, a_min: float = 0.3, delta: float = 0.1,
-                          full_rate_gpus: float = 0.5, frames: int = 1000, labelled: int = 1000,
+                          frames: int = 1000, labelled: int = 1000,
                           uniform_config: str = "e5-all-d50", uniform_share: float = 0.5,
                           profile_gpus: float = 0.25, fail_stream: str | None = None, fail_window: int = 0,
-                          registry_prefix: str = "ekya") -> dict:
+                          registry_prefix: str = "ekya", objects_per_frame: dict[str, int] | None = None) -> dict:
     """Ekya continuous retraining of ``streams`` drifting digit streams over ``windows`` windows.
 
     Args:
-        streams, windows, window_s: problem size; ``window_s`` is virtual seconds per window.
-        policy: "thief" (Ekya) or "uniform" (fixed ``uniform_config``, ``uniform_share`` to inference).
+        streams, windows, window_s: problem size; ``window_s`` is slice seconds per window (measured torch
+            work divided by the share it ran on; see ``tasks.ekya_window``).
+        policy: an Ekya policy name (``gpu.schedulers.ekya_policies``: thief, thief_start_splits, noretrain,
+            fixedres, uniform_<cfg>_<pct>, fixedconfig_<cfg> with <cfg> from ``tasks.ekya_tasks.config_grid``)
+            or "uniform" (fixed ``uniform_config``, ``uniform_share`` to inference).
         pool: GpuPool block, the name of a saved one, or None (saved default or simulated 2 x 16 GiB).
         seed: drift, golden model and training seeds.
         mode: GpuTaskRunner mode ("process": one worker process per device set; "thread").
         tracking: MlflowTarget block, the name of a saved one, False to switch MLflow off, None for the default target.
         a_min, delta: thief's minimum instantaneous accuracy and steal quantum (GPUs).
-        full_rate_gpus: GPUs one stream's inference needs for the full frame rate.
         frames, labelled: live frames per window, frames per window the golden model labels.
         profile_gpus: GPU share of each micro-profiling task.
         fail_stream, fail_window: fault injection - that stream's retraining raises in that window.
         registry_prefix: registered models are named ``<registry_prefix>-<stream>``.
+        objects_per_frame: stream -> training samples each of its labelled frames yields (default 1): a busy
+            camera's retraining does that many times the torch work per epoch, with the same configs.
 
     Returns:
         ``{"policy", "streams", "windows": [{"window", "accuracy": {stream: measured}, "predicted",
-        "configs", "failures", "mean"}], "mean_accuracy", "mlflow_run_id", "plot"}``.
+        "configs", "failures", "mean"}], "mean_accuracy", "mlflow_run_id", "plot", "mlflow_errors"}``
+        (``mlflow_errors``: what could not be logged to MLflow; empty when everything was).
     """
     block, _, run = prepare(
         pool, tracking, streams=streams, windows=windows, window_s=window_s, policy=policy, seed=seed, mode=mode,
-        a_min=a_min, delta=delta, full_rate_gpus=full_rate_gpus, frames=frames, labelled=labelled,
+        a_min=a_min, delta=delta, frames=frames, labelled=labelled,
         uniform_config=uniform_config, uniform_share=uniform_share, profile_gpus=profile_gpus,
+        objects_per_frame=objects_per_frame,
         fail_stream=fail_stream, fail_window=fail_window, registry_prefix=registry_prefix)
     parent = publish_mlflow_link(flow_runner())
     log_flow_inputs("ekya", policy, {"policy": policy, "streams": streams, "windows": windows, "window_s": window_s,
                                      "seed": seed, "pool": block.name, "pool_gpus": run.pool_gpus, "mode": mode or "",
-                                     "frames": frames, "labelled": labelled})
+                                     "frames": frames, "labelled": labelled, "scheduler": run.scheduler})
     summary = _windows(run, parent)
     log_flow_outcome({"mean_accuracy": summary["mean_accuracy"],
                       "windows_failed": sum(bool(w["failures"]) for w in summary["windows"])})
@@ -194,13 +242,27 @@ def format_summary(summary: dict) -> str:
     return "\n".join(lines)
 
 
+def _stream_counts(pairs: list[str]) -> dict[str, int]:
+    """``["cam1=8"]`` -> ``{"cam1": 8}`` (the flow checks the names and counts)."""
+    out: dict[str, int] = {}
+    for pair in pairs:
+        stream, _, count = pair.partition("=")
+        try:
+            out[stream] = int(count)
+        except ValueError:
+            raise ConfigError("objects_per_frame", pair, "must be STREAM=K with a whole number K") from None
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m flows.continuous_retraining", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--streams", type=int, default=2, help="number of streams (default 2)")
     parser.add_argument("--windows", type=int, default=2, help="retraining windows (default 2)")
-    parser.add_argument("--window-s", type=float, default=200.0, help="virtual seconds per window (default 200)")
-    parser.add_argument("--policy", default="thief", help=f"one of {POLICIES} (default thief)")
+    parser.add_argument("--window-s", type=float, default=1.0, help="slice seconds per window (default 1)")
+    parser.add_argument("--policy", default="thief", help="uniform or an Ekya policy: "
+                        f"{', '.join(policy_names(config_grid())[:4])}, uniform_<cfg>_<pct>, fixedconfig_<cfg> "
+                        "(default thief)")
     parser.add_argument("--pool", default=None, help="saved GpuPool block name (default: simulated 2 x 16 GiB)")
     parser.add_argument("--simulated", type=simulated, default="2x16GiB",
                         help="simulated devices when no pool block is named")
@@ -208,15 +270,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--fail-stream", default=None, help="inject a retraining failure in this stream (e.g. cam1)")
     parser.add_argument("--fail-window", type=int, default=0, help="window of the injected failure (default 0)")
+    parser.add_argument("--objects-per-frame", action="append", default=[], metavar="STREAM=K",
+                        help="a busy camera: STREAM's labelled frames yield K training samples each (repeatable)")
     parser.add_argument("--no-tracking", action="store_true", help="switch MLflow tracking off")
     parser.add_argument("--json", type=output_file, metavar="OUT", help="also write the summary as JSON")
     args = parser.parse_args(argv)
-    kwargs = flow_arguments(
-        continuous_retraining, streams=args.streams, windows=args.windows, window_s=args.window_s,
-        policy=args.policy, pool=args.pool or GpuPool(name="ekya", device_backend="auto", simulated=args.simulated),
-        seed=args.seed, mode=args.mode, tracking=False if args.no_tracking else None, fail_stream=args.fail_stream,
-        fail_window=args.fail_window)
     try:
+        kwargs = flow_arguments(
+            continuous_retraining, streams=args.streams, windows=args.windows, window_s=args.window_s,
+            policy=args.policy, pool=args.pool or GpuPool(name="ekya", device_backend="auto", simulated=args.simulated),
+            seed=args.seed, mode=args.mode, tracking=False if args.no_tracking else None, fail_stream=args.fail_stream,
+            fail_window=args.fail_window, objects_per_frame=_stream_counts(args.objects_per_frame) or None)
         kwargs["pool"], kwargs["tracking"], _ = prepare(**kwargs)  # every argument checked before the run starts
         summary = continuous_retraining(**kwargs)
     except GpuflowsError as exc:

@@ -70,7 +70,7 @@ class System:
 
 SYSTEMS: dict[str, System] = {s.name: s for s in (
     System("ekya", "Bhardwaj et al., Ekya, NSDI 2022", "gpu.sim.ekya:run",
-           "gpu.schedulers.ekya_controller:EkyaController", ("gpu.sim.ekya:POLICY_FORMS",),
+           "gpu.schedulers.ekya_controller:EkyaController", ("gpu.schedulers.ekya_policies:POLICY_FORMS",),
            "scenarios/ekya/table_2_1.yaml", "flows.continuous_retraining"),
     System("fluid", "Yu, FLUID (Salus/FLUID thesis, ch. 3)", "gpu.sim.fluid:run",
            "gpu.schedulers.fluid_executor:FluidExecutor", ("gpu.sim.fluid:POLICIES",),

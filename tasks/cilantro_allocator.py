@@ -1,13 +1,14 @@
-"""The learning half of a Cilantro allocation round, for ``flows.allocation_rounds`` (thesis ch. 3, §3.3 Fig. 3.3).
+"""The flow's side of Cilantro's allocation rounds, for ``flows.allocation_rounds`` (thesis ch. 3, §3.3 Fig. 3.3).
 
-:class:`Allocator` owns one run's learners (``IntervalBinaryTree`` per job, on ``x = a/ℓ``), load
-forecasters (``ArimaForecaster`` per service), the policy and its RNG: ``decide(r)`` builds the
-frozen ``Snapshot`` from them and calls ``policy.decide``; ``observe(results)`` feeds the jobs'
-reports back. ``to_state()``/``Allocator(settings, state)`` round-trip everything through plain
-JSON, which :func:`save_state` writes atomically to ``state_dir()/cilantro/<run_name>.json`` after
-each completed round; :func:`run_lock` keeps two flow runs off one run's state. The state also carries
-``unlogged``: the MLflow records of rounds saved but not yet known to be logged, so a crash between the
-save and the logging neither loses nor (logging is idempotent) duplicates a round.
+The round itself (learners, load forecasts, policy, RNG, the decision) is
+:class:`gpu.schedulers.cilantro.round.CilantroRound`, the same controller the simulator drives. Here:
+the flow's settings (:class:`RoundSettings`), its jobs as the round knows them (:func:`round_jobs`: an
+``IntervalBinaryTree`` per job on ``x = a/ℓ``, an ``ArimaForecaster`` per service), and :class:`RoundBook`,
+which adds what only the flow keeps (trainer checkpoints, history, unlogged MLflow records) and round-trips
+through plain JSON; :func:`save_state` writes it atomically to ``state_dir()/cilantro/<run_name>.json``
+after each completed round and :func:`run_lock` keeps two flow runs off one run's state. ``unlogged`` holds
+the MLflow records of rounds saved but not yet known to be logged, so a crash between the save and the
+logging neither loses nor (logging is idempotent) duplicates a round.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import math
 import os
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -26,11 +28,12 @@ import numpy as np
 from gpu.errors import ConfigError
 from gpu.schedulers.cilantro import make_policy
 from gpu.schedulers.cilantro.forecasters import ArimaForecaster
-from gpu.schedulers.cilantro.learners import IntervalBinaryTree, learner_from_state
+from gpu.schedulers.cilantro.learners import IntervalBinaryTree
 from gpu.schedulers.cilantro.metrics import egalitarian_welfare, njc_fairness, social_welfare
-from gpu.schedulers.cilantro.types import Feedback, JobSpec, JobView, Snapshot
+from gpu.schedulers.cilantro.round import CilantroRound, JobReport, LoadForecasts, RoundJob
+from gpu.schedulers.cilantro.types import JobSpec
 from gpu.state import state_dir
-from tasks.cilantro_jobs import JobConfig, expected_perf
+from tasks.cilantro_jobs import JobConfig
 
 STATE_VERSION = 1
 
@@ -47,7 +50,6 @@ class RoundSettings:
     unit: float
     max_change: float | None
     trace_step: int
-    interference: float
     warmup_reports: int
     seed: int
     resume: bool
@@ -74,8 +76,14 @@ def state_path(run_name: str) -> Path:
 
 
 def load_state(run_name: str) -> dict | None:
+    """The saved state of ``run_name`` (None if there is none); a file that is not JSON is a ConfigError naming it."""
     path = state_path(run_name)
-    return json.loads(path.read_text()) if path.is_file() else None
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except ValueError as exc:
+        raise ConfigError("state", str(path), f"is not a saved Cilantro state ({exc}); use another run_name") from None
 
 
 def save_state(run_name: str, state: dict) -> Path:
@@ -102,20 +110,28 @@ def run_lock(run_name: str) -> Iterator[None]:
         yield
 
 
-class Allocator:
-    """Learners, load forecasters, the policy and its RNG for one run; round-trips through JSON."""
+def round_jobs(s: RoundSettings) -> tuple[RoundJob, ...]:
+    """The flow's jobs as the round controller knows them: an interval tree per job on ``x = a/ℓ`` (services:
+    up to ``learner_upper``; training, ℓ ≡ 1: up to R) and no true curve (the flow measures, it is not told)."""
+    out = []
+    for j in s.jobs:
+        upper, bounds = (j.learner_upper, (0.0, 1.0)) if j.kind == "service" else (s.capacity, (0.0, math.inf))
+        out.append(RoundJob(JobSpec(j.name, j.slo, j.utility, j.weight, j.kind), upper, bounds,
+                            partial(IntervalBinaryTree, upper, j.lipschitz, bounds=bounds)))
+    return tuple(out)
+
+
+class RoundBook:
+    """One flow run's rounds: the :class:`CilantroRound` controller plus what the flow keeps beside it
+    (checkpoints, a short history, unlogged MLflow records); round-trips through one JSON file."""
 
     def __init__(self, s: RoundSettings, state: dict | None = None):
         self.s = s
-        self.policy = make_policy(s.policy)
-        self.specs = {j.name: JobSpec(j.name, j.slo, j.utility, j.weight, j.kind) for j in s.jobs}
-        self.learners = {j.name: IntervalBinaryTree(j.learner_upper if j.kind == "service" else s.capacity, j.lipschitz,
-                                                    bounds=(0.0, 1.0) if j.kind == "service" else (0.0, math.inf))
-                         for j in s.jobs}
-        self.forecasters = {j.name: ArimaForecaster() for j in s.jobs if j.kind == "service"}
-        self.rng = np.random.default_rng([s.seed, 7])
-        self.next_round, self.previous, self.seen = 0, None, {j.name: 0 for j in s.jobs}
-        self.feedback: dict[str, Feedback | None] = {j.name: None for j in s.jobs}
+        loads = LoadForecasts({j.name: ArimaForecaster() for j in s.jobs if j.kind == "service"},
+                              {j.name: j.base_load for j in s.jobs}, s.reports)
+        self.ctl = CilantroRound(round_jobs(s), make_policy(s.policy), capacity=s.capacity, unit=s.unit,
+                                 max_change=s.max_change, loads=loads, seed=s.seed, warmup_reports=s.warmup_reports)
+        self.specs = {j.spec.name: j.spec for j in self.ctl.jobs}
         self.checkpoints: dict[str, str | None] = {j.name: None for j in s.jobs}
         self.history: list[dict] = []
         self.unlogged: list[dict] = []
@@ -127,64 +143,35 @@ class Allocator:
             if state["fingerprint"][key] != value:
                 raise ConfigError(key, value, f"run {self.s.run_name!r} was saved with {key}={state['fingerprint'][key]!r}; "
                                               "use another run_name or resume=False")
-        self.policy.set_state(state["policy"])
-        self.learners = {k: learner_from_state(v) for k, v in state["learners"].items()}
-        for name, fc in self.forecasters.items():
-            fc.set_state(state["forecasters"][name])
-        self.rng.bit_generator.state = state["rng"]
-        self.next_round, self.previous, self.seen = state["next_round"], state["previous"], state["seen"]
-        self.feedback = {k: None if v is None else Feedback(*v) for k, v in state["feedback"].items()}
+        self.ctl.restore(state)
         self.checkpoints, self.history = state["checkpoints"], state["history"]
         self.unlogged = state.get("unlogged", [])
 
     def to_state(self) -> dict:
         return {"version": STATE_VERSION, "run_name": self.s.run_name, "fingerprint": self.s.fingerprint(),
-                "next_round": self.next_round, "previous": self.previous, "seen": self.seen,
-                "policy": self.policy.get_state(), "rng": self.rng.bit_generator.state,
-                "learners": {k: v.get_state() for k, v in self.learners.items()},
-                "forecasters": {k: v.get_state() for k, v in self.forecasters.items()},
-                "feedback": {k: None if f is None else [f.alloc, f.load, f.perf] for k, f in self.feedback.items()},
-                "checkpoints": self.checkpoints, "history": self.history[-100:], "unlogged": self.unlogged}
+                **self.ctl.save(), "checkpoints": self.checkpoints, "history": self.history[-100:],
+                "unlogged": self.unlogged}
 
-    def load_ucb(self, job: JobConfig) -> float:
-        """Upper 90 % bound of the job's load over the next round (round 0: the nominal load)."""
-        if job.kind == "training":
-            return 1.0
-        fc = self.forecasters[job.name]
-        return fc.forecast(self.s.reports)[2] if fc.history else job.base_load
 
-    def decide(self, r: int) -> tuple[dict[str, float], dict[str, float]]:
-        """This round's allocation ``{job: GPUs}`` and the load UCBs it was decided for."""
-        grid, views, ucbs = self.s.grid, [], {}
-        for j in self.s.jobs:
-            ucb = ucbs[j.name] = max(self.load_ucb(j), 1e-6)
-            spec, fb, lr = self.specs[j.name], self.feedback[j.name], self.learners[j.name]
-            cap = lr.upper * ucb
-            if self.policy.learner == "online":
-                lcb, hi = lr.bounds(grid, ucb)
-                views.append(JobView(spec, grid, lcb, hi, ucb, fb, demand_cap=cap))
-            elif self.policy.learner == "oracle":
-                truth = expected_perf(j, grid, ucb, self.s.report_s, self.s.seed)
-                views.append(JobView(spec, grid, truth, truth, ucb, fb, demand_cap=cap))
-            else:
-                g = np.array([0.0, self.s.capacity])
-                views.append(JobView(spec, g, np.full(2, lr.lo), np.full(2, lr.hi), ucb, fb, demand_cap=cap))
-        snap = Snapshot(self.s.capacity, tuple(views), self.s.unit, self.previous, self.s.max_change, r)
-        alloc = self.policy.decide(snap, self.rng)
-        return {k: round(float(v), 9) for k, v in alloc.items()}, ucbs
+def open_book(s: RoundSettings, saved: dict | None) -> RoundBook:
+    """The run's book, resumed from ``saved`` when asked to; a state file this version cannot read is one
+    ConfigError naming the file (never a KeyError deep in a learner)."""
+    if not (s.resume and saved is not None):
+        return RoundBook(s)
+    try:
+        return RoundBook(s, saved)
+    except ConfigError:
+        raise
+    except (KeyError, TypeError, ValueError, IndexError) as exc:
+        raise ConfigError("state", str(state_path(s.run_name)),
+                          f"cannot be resumed ({type(exc).__name__}: {exc}); use another run_name or resume=False") from None
 
-    def observe(self, results: dict[str, dict | None]) -> None:
-        """Feed each job's reports to its learner (after the warm-up) and its loads to its forecaster."""
-        for name, res in results.items():
-            if res is None:
-                continue
-            for load, perf, sigma in zip(res["loads"], res["perf"], res["sigma"]):
-                self.seen[name] += 1
-                if self.seen[name] > self.s.warmup_reports:
-                    self.learners[name].update(res["alloc"], load, perf, sigma)
-                if name in self.forecasters:
-                    self.forecasters[name].update(load)
-            self.feedback[name] = Feedback(res["alloc"], float(np.mean(res["loads"])), float(np.mean(res["perf"])))
+
+def report_of(result: dict | None) -> JobReport | None:
+    """A job task's result as the feedback the round folds (None for a failed job)."""
+    if result is None:
+        return None
+    return JobReport(float(result["alloc"]), tuple(result["loads"]), tuple(result["perf"]), tuple(result["sigma"]))
 
 
 def round_metrics(s: RoundSettings, specs: dict[str, JobSpec], results: dict[str, dict | None]) -> dict[str, Any]:

@@ -1,41 +1,46 @@
-"""The real jobs that share the pool in the Cilantro allocation-rounds flow (issue #6, thesis ch. 3 §3.7).
+"""The real jobs that share the pool in the Cilantro allocation-rounds flow (thesis ch. 3 §3.7), and what they
+measure.
 
 Two kinds of job, each run once per round as a Prefect task on the GPU slice its allocation bought
-(``with gpu_options(gpus=a_j)``; the task reads the slice size from ``current_placement()``):
+(``with gpu_options(gpus=a_j)``; the task reads its slice from ``current_placement()``):
 
-* **inference service** (``kind="service"``) — a tiny torch MLP trained on scikit-learn's digits
-  answers requests that arrive as a Poisson process whose rate replays the Cilantro Twitter trace
-  (``gpu/data/cilantro/twitter_1476_data``, via ``gpu.sim.cilantro_workloads``), scaled so the trace
-  median is ``base_load`` requests/s, advancing ``trace_step`` trace values per report (time
-  compression). Performance = the fraction of requests answered within ``latency_slo_ms`` (the
-  paper's latency SLO attainment); every served request is really classified by the model.
-* **training job** (``kind="training"``) — the same kind of MLP trained with Adam on digits
-  minibatches, resumed from the previous round's checkpoint. Performance = steps/s (throughput).
+* **inference service** (``kind="service"``) — a torch MLP (``hidden`` units) trained on scikit-learn's digits
+  answers requests; a request is a page of ``rows`` digit images to classify. Requests arrive as a Poisson
+  process whose rate replays the Cilantro Twitter trace (``gpu/data/cilantro/twitter_1476_data``, via
+  ``gpu.sim.cilantro_workloads``), scaled so the trace median is ``base_load`` requests/s, advancing
+  ``trace_step`` trace values per report (time compression). Performance = the fraction of requests answered
+  within ``latency_slo_ms`` (the paper's latency SLO attainment).
+* **training job** (``kind="training"``) — an MLP of the same shape trained with Adam on minibatches of
+  ``rows`` digits, resumed from the previous round's checkpoint. Performance = steps/s (throughput).
 
-How a slice of size ``f`` (GPU units) becomes work capacity — the compute model, one for both
-kinds: during report ``k`` the slice delivers ``f · (1 + η ε_k)`` GPU-seconds per second
-(``η`` = ``interference``, ε ~ N(0, 1) seeded per job and round, the spec's optional interference
-noise). A request costs ``cost_ms`` full-GPU milliseconds, so the service is a FIFO queue with
-service time ``cost_ms / (f (1 + η ε_k))``; requests still unanswered at the end of the round
-miss the SLO and are dropped. A training step costs ``cost_ms`` full-GPU milliseconds, so a round
-runs ``⌊f · (1 + η ε_k) · report_s / cost⌋`` real optimizer steps per report. Time is virtual
-(``round_s`` seconds of it per round, replayed as fast as the real torch work goes), so
-SLO attainment and throughput depend on ``f`` and the load, not on how busy this machine is; the
-amount of real work done (requests classified, steps taken) is proportional to ``f``.
+**Everything reported is measured.** Each request is really classified and each step really taken, inside
+``tasks.slices.on_slice``, which turns the measured work into time on the task's slice (on a real GPU the
+synchronised wall time the slice delivered, contention included; on a simulated pool the thread's CPU time
+divided by the share). A round is ``round_s`` seconds of the slice's own clock (``SliceTimeline``): a
+request starts when it has arrived and the slice is free, and holds it for its measured slice time
+(one server per device of the placement); a request that cannot be answered before the round ends misses
+the SLO (and is dropped unserved if it cannot even start); a trainer takes steps back to back until the
+round is over. So make the model wider or a request bigger and the job reports lower attainment or fewer
+steps at the same allocation: nothing in the reports comes from a formula or a configured cost. One round
+costs about ``round_s`` × the pool's busy fraction of real compute time.
 
-Each task reports per report period ``(load, perf, σ)`` for the learners — σ = ``0.5/√N`` for a
-fraction of ``N`` requests (the largest binomial standard error, as in ``gpu.sim.cilantro``) and
-``η · perf`` for throughput — plus the performance the same arrivals would have had on the fair
-share ``R/n`` (the denominator of F_NJC, eq. 3.3).
+Each task reports per report period ``(load, perf, σ)`` for the learners — σ = ``0.5/√N`` for a fraction of
+``N`` requests (the largest binomial standard error, as in ``gpu.sim.cilantro``), and for steps/s the larger
+of one step per report and the spread of the measured step times — plus the performance the same arrivals
+would have had on the fair share ``R/n`` (the denominator of F_NJC, eq. 3.3). That counterfactual is not run:
+it replays the round's measured per-request work (full-device seconds = slice time × share, exact on a
+simulated pool) on a fair-share timeline.
 """
 
 from __future__ import annotations
 
+import heapq
 import math
 import time
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 from prefect import task
@@ -43,9 +48,11 @@ from prefect import task
 from gpu.errors import ConfigError
 from gpu.sim.cilantro_workloads import TRACE_MEDIAN, load_trace
 from tasks.requests import TaskPlacement, current_placement
+from tasks.slices import on_slice
 
 KINDS = ("service", "training")
-_TRAIN_ROWS = 1200  # digits rows used for training; the rest are the requests / held-out set
+_TRAIN_ROWS = 1200  # digits rows used for training; the remaining 597 are the requests' images
+_REQUEST_ROWS = 1797 - _TRAIN_ROWS
 
 
 @dataclass(frozen=True)
@@ -59,10 +66,14 @@ class JobConfig:
         slo: target of the performance metric (a fraction in (0, 1] or steps/s); None = no SLO.
         utility: "linear", "quadratic" or "sqrt" (``min(1, p/SLO)^k``).
         weight: the job's entitlement weight.
-        cost_ms: full-GPU milliseconds per request (service) or per training step (training).
+        scale_ms: the a-priori full-GPU milliseconds of one request (service) or step (training). It only
+            sizes the job's learner (its domain and slope bound, as the paper's profiles give ``int_ub`` and
+            ``L``); what the job reports is measured from its real work.
         base_load: requests/s at the trace median (service).
         latency_slo_ms: latency bound of a request (service).
         trace_offset: where in the trace this service starts.
+        hidden: hidden units of the job's MLP (the real work per image).
+        rows: digit images per request (service) or per training minibatch (at most 597).
     """
 
     name: str
@@ -70,48 +81,55 @@ class JobConfig:
     slo: float | None
     utility: str = "linear"
     weight: float = 1.0
-    cost_ms: float = 4.0
-    base_load: float = 60.0
-    latency_slo_ms: float = 50.0
+    scale_ms: float = 0.6
+    base_load: float = 400.0
+    latency_slo_ms: float = 20.0
     trace_offset: int = 0
+    hidden: int = 1024
+    rows: int = 256
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ConfigError(f"{self.name}.kind", self.kind, f"unknown; choose one of {list(KINDS)}")
-        for field in ("cost_ms", "base_load", "latency_slo_ms"):
+        for field in ("scale_ms", "base_load", "latency_slo_ms"):
             value = getattr(self, field)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                raise ConfigError(f"{self.name}.{field}", value, "must be a number > 0")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+                raise ConfigError(f"{self.name}.{field}", value, "must be a finite number > 0")
+        for field, top in (("hidden", 65536), ("rows", _REQUEST_ROWS)):
+            value = getattr(self, field)
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top:
+                raise ConfigError(f"{self.name}.{field}", value, f"must be a whole number in [1, {top}]")
         if self.kind == "service" and self.slo is not None and not 0 < self.slo <= 1:
             raise ConfigError(f"{self.name}.slo", self.slo, "a service's SLO is a fraction of requests in (0, 1]")
 
     @property
-    def cost_s(self) -> float:
-        return self.cost_ms / 1000.0
+    def scale_s(self) -> float:
+        return self.scale_ms / 1000.0
 
     @property
     def learner_upper(self) -> float:
-        """Right end of the learner's input ``x = a/ℓ``: at ``4·cost`` GPU per req/s the queue is at
-        25 % utilisation and the curve is flat; training (ℓ ≡ 1) saturates nowhere, see the flow."""
-        return 4.0 * self.cost_s
+        """Right end of a service learner's input ``x = a/ℓ``: at ``4·scale`` GPU per req/s the slice is busy a
+        quarter of the time and attainment is flat (training, ℓ ≡ 1, saturates nowhere: the flow uses R)."""
+        return 4.0 * self.scale_s
 
     @property
     def lipschitz(self) -> float:
-        """Slope bound of perf vs ``x``: services rise 0 → 1 within ``x ∈ [cost/1.2, 2 cost]``
-        (≈ 0.85/cost), so 2/cost is safe; training is exactly linear with slope 1/cost."""
-        return 2.0 / self.cost_s if self.kind == "service" else 1.5 / self.cost_s
+        """Slope bound of perf vs ``x``: attainment rises 0 → 1 about where the slice's busy fraction falls
+        from 1 to 1/2 (``x ∈ [w, 2w]`` for work ``w`` per request), so 2/scale; steps/s is linear with slope
+        1/w, bounded by 1.5/scale while the real step takes at least 2/3 of ``scale_ms``."""
+        return 2.0 / self.scale_s if self.kind == "service" else 1.5 / self.scale_s
 
 
 @dataclass(frozen=True)
 class RoundWindow:
-    """The round every job runs in: its index, virtual length, report period and seeds."""
+    """The round every job runs in: its index, length and report period (seconds of the slice's clock),
+    the fair share R/n, the trace compression and the seed."""
 
     round_index: int
     round_s: float
     report_s: float
     fair_share: float
     trace_step: int = 1
-    interference: float = 0.05
     seed: int = 0
 
     @property
@@ -126,15 +144,32 @@ def slice_size(placement: TaskPlacement | None) -> float:
     return float(placement.fraction) * len(placement.gpu_indices)
 
 
+class SliceTimeline:
+    """One round on a slice's clock: ``devices`` servers, each a share of one device, FIFO.
+
+    ``run(arrival, work)`` starts a piece of work when it has arrived and a server is free, and calls
+    ``work()`` for its measured duration on the slice (at least 1 µs: a clock tick); it returns the completion
+    time, or None when the round ends first (``work`` is not called when the piece cannot even start).
+    """
+
+    def __init__(self, devices: int, end: float):
+        self.free = [0.0] * max(0, devices)  # a heap of the servers' next free times
+        self.end = end
+
+    def run(self, arrival: float, work: Callable[[], float]) -> float | None:
+        if not self.free:
+            return None
+        start = max(arrival, self.free[0])
+        if start >= self.end:
+            return None
+        done = start + max(work(), 1e-6)
+        heapq.heapreplace(self.free, done)
+        return done if done <= self.end else None
+
+
 def _job_rng(window: RoundWindow, job: JobConfig, stream: int) -> np.random.Generator:
     key = [window.seed, window.round_index, stream] + [ord(c) for c in job.name]
     return np.random.default_rng(key)
-
-
-def speeds(window: RoundWindow, job: JobConfig, alloc: float) -> np.ndarray:
-    """GPU-seconds per second the slice delivers in each report (interference noise, ≥ 0)."""
-    eps = _job_rng(window, job, 1).standard_normal(window.reports)
-    return np.maximum(alloc * (1.0 + window.interference * eps), 0.0)
 
 
 def service_loads(job: JobConfig, window: RoundWindow) -> np.ndarray:
@@ -146,37 +181,13 @@ def service_loads(job: JobConfig, window: RoundWindow) -> np.ndarray:
     return pingpong[idx] * job.base_load / TRACE_MEDIAN
 
 
-def arrivals(job: JobConfig, window: RoundWindow, rates: np.ndarray | None = None) -> list[np.ndarray]:
-    """Poisson arrival times (virtual seconds since the round start), one array per report."""
+def arrivals(job: JobConfig, window: RoundWindow) -> list[np.ndarray]:
+    """Poisson arrival times (seconds since the round start), one array per report."""
     rng = _job_rng(window, job, 2)
-    rates = service_loads(job, window) if rates is None else rates
     out = []
-    for k, rate in enumerate(rates):
+    for k, rate in enumerate(service_loads(job, window)):
         n = rng.poisson(rate * window.report_s)
         out.append(np.sort(k * window.report_s + rng.uniform(0.0, window.report_s, n)))
-    return out
-
-
-def queue_latencies(times: list[np.ndarray], speed: np.ndarray, job: JobConfig, window: RoundWindow) -> list[np.ndarray]:
-    """FIFO service of the arrivals; latency (s) per request, ``inf`` if unanswered by the round's end.
-
-    A request that starts service in report ``k`` takes ``cost / speed_k`` seconds (Lindley's recursion).
-    """
-    end_of_round = window.reports * window.report_s
-    service = [job.cost_s / v if v > 0 else math.inf for v in np.asarray(speed, dtype=float).tolist()]
-    last = window.reports - 1
-    free_at = 0.0
-    out = []
-    for ts in times:
-        lat = np.full(len(ts), np.inf)
-        for i, t in enumerate(ts.tolist()):  # plain floats: ~10x faster than numpy scalars
-            start = t if t > free_at else free_at
-            done = start + service[min(int(start // window.report_s), last)]
-            if done > end_of_round:
-                break  # unanswered by the end of the round (and so is everything behind it)
-            free_at = done
-            lat[i] = done - t
-        out.append(lat)
     return out
 
 
@@ -186,20 +197,14 @@ def attainment(latencies: list[np.ndarray], job: JobConfig) -> np.ndarray:
     return np.array([float(np.mean(lat <= bound)) if len(lat) else 1.0 for lat in latencies])
 
 
-def expected_perf(job: JobConfig, alloc_grid: np.ndarray, load: float, report_s: float, seed: int = 0) -> np.ndarray:
-    """The job's true curve at a constant load: what oracle policies are given (same compute model, no noise)."""
-    grid = np.asarray(alloc_grid, dtype=float)
-    if job.kind == "training":
-        return grid / job.cost_s
-    window = RoundWindow(0, 4 * report_s, report_s, 0.0, interference=0.0, seed=seed)
-    times = arrivals(job, window, np.full(window.reports, load))
-    return np.array([attainment(queue_latencies(times, np.full(window.reports, a), job, window), job).mean()
-                     for a in grid])
+def _fair_slices(window: RoundWindow) -> tuple[int, float]:
+    """The fair share R/n as devices × share of each: a fraction of one device, or whole devices."""
+    return max(1, math.floor(window.fair_share + 1e-9)), min(1.0, window.fair_share)
 
 
 def _torch():
-    """torch with one intra-op thread: these models are tiny, and jobs sharing a CPU with more threads
-    spin against each other (500 steps: 0.3 s CPU with 1 thread, 8 s with 2 on a loaded 2-core box)."""
+    """torch with one intra-op thread: jobs sharing a CPU with more threads spin against each other, and
+    ``on_slice`` measures the calling thread's CPU time on a simulated pool."""
     import torch
 
     if torch.get_num_threads() != 1:
@@ -216,22 +221,22 @@ def _digits(device: str):
     return (torch.tensor(x / 16.0, dtype=torch.float32, device=device), torch.tensor(y, device=device))
 
 
-def _mlp(seed: int, device: str):
+def _mlp(seed: int, hidden: int, device: str):
     import torch
 
     torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 10)).to(device)
+    return torch.nn.Sequential(torch.nn.Linear(64, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 10)).to(device)
 
 
 @lru_cache(maxsize=8)
-def _service_model(seed: int, device: str):
-    """The service's classifier, trained once per worker (200 Adam steps on the training rows)."""
+def _classifier(hidden: int, device: str):
+    """A service's classifier, trained once per worker (200 Adam steps on the training rows)."""
     import torch
 
     xs, ys = _digits(device)
-    model = _mlp(seed, device)
+    model = _mlp(0, hidden, device)
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-    gen = torch.Generator().manual_seed(seed)
+    gen = torch.Generator().manual_seed(0)
     for _ in range(200):
         idx = torch.randint(0, _TRAIN_ROWS, (64,), generator=gen).to(device)
         opt.zero_grad()
@@ -240,51 +245,88 @@ def _service_model(seed: int, device: str):
     return model.eval()
 
 
+def service_model(job: JobConfig, device: str):
+    """The model a service answers its requests with."""
+    return _classifier(job.hidden, device)
+
+
 @task(name="cilantro-service")
 def run_service(job: JobConfig, window: RoundWindow) -> dict:
-    """Serve one round of trace-driven requests on this task's slice; report SLO attainment per report."""
+    """Serve one round of trace-driven requests on this task's slice; report measured SLO attainment per report."""
     torch = _torch()
-
     t0 = time.perf_counter()
     placement = current_placement()
-    alloc = slice_size(placement)
-    device = placement.device if placement else "cpu"
+    alloc, device = slice_size(placement), placement.device if placement else "cpu"
     times = arrivals(job, window)
-    lat = queue_latencies(times, speeds(window, job, alloc), job, window)
-    fair = attainment(queue_latencies(times, speeds(window, job, window.fair_share), job, window), job)
-    served = np.concatenate([np.isfinite(v) for v in lat]) if lat else np.zeros(0, bool)
+    xs, ys = _digits(device)
+    pages = torch.cat([xs[_TRAIN_ROWS:], xs[_TRAIN_ROWS:]])  # a request is rows consecutive images of these
+    labels = torch.cat([ys[_TRAIN_ROWS:], ys[_TRAIN_ROWS:]])
+    starts = _job_rng(window, job, 3).integers(0, _REQUEST_ROWS, sum(len(t) for t in times)).tolist()
+    model = service_model(job, device)
+    timeline = SliceTimeline(len(placement.gpu_indices) if alloc > 0 else 0, window.round_s)
+    work_s: list[float] = []  # full-device seconds of each served request
     correct = 0
-    if served.any():
-        xs, ys = _digits(device)
-        pick = _job_rng(window, job, 3).integers(_TRAIN_ROWS, len(ys), int(served.sum()))
-        model = _service_model(0, device)  # trains on first use: outside no_grad
-        with torch.no_grad():
-            pred = model(xs[pick]).argmax(dim=1)
-        correct = int((pred == ys[pick]).sum())
+
+    def answer(i: int) -> float:
+        nonlocal correct
+        page = pages[starts[i]: starts[i] + job.rows]
+        with torch.no_grad(), on_slice(placement) as clock:
+            pred = model(page).argmax(dim=1)
+        correct += int((pred == labels[starts[i]: starts[i] + job.rows]).sum())
+        work_s.append(clock.timing.slice_s * clock.timing.share)
+        return clock.timing.slice_s
+
+    lat, i = [], 0
+    for ts in times:
+        out = np.full(len(ts), np.inf)
+        for n, t in enumerate(ts.tolist()):
+            done = timeline.run(t, lambda: answer(i))
+            if done is not None:
+                out[n] = done - t
+            i += 1
+        lat.append(out)
+    typical = float(np.median(work_s)) if work_s else 0.0
+    fair = attainment(_replay_fair(times, work_s, typical, window), job)
     counts = np.array([len(ts) for ts in times])
-    finite = np.concatenate(lat)[served] if served.any() else np.zeros(0)
+    finite = np.concatenate(lat)[np.isfinite(np.concatenate(lat))] if lat else np.zeros(0)
     return {
         "job": job.name, "kind": job.kind, "alloc": alloc, "device": device,
         "loads": (counts / window.report_s).tolist(), "perf": attainment(lat, job).tolist(),
         "sigma": (0.5 / np.sqrt(np.maximum(counts, 1))).tolist(), "fair_perf": fair.tolist(),
-        "requests": int(counts.sum()), "served": int(served.sum()), "throughput": float(served.sum() / window.round_s),
-        "accuracy": correct / max(1, int(served.sum())),
+        "requests": int(counts.sum()), "served": len(finite), "throughput": len(finite) / window.round_s,
+        "accuracy": correct / max(1, len(work_s) * job.rows), "work_ms": typical * 1000,
         "p99_latency_ms": float(np.percentile(finite, 99) * 1000) if len(finite) else math.inf,
         "wall_s": time.perf_counter() - t0,
     }
 
 
+def _replay_fair(times: list[np.ndarray], work_s: list[float], typical: float, window: RoundWindow) -> list[np.ndarray]:
+    """Latencies the same arrivals would have had on the fair share: the measured full-device work of each
+    served request (the median for those the real slice never started), replayed on a fair-share timeline."""
+    devices, share = _fair_slices(window)
+    timeline = SliceTimeline(devices, window.round_s)
+    i, out = 0, []
+    for ts in times:
+        lat = np.full(len(ts), np.inf)
+        for n, t in enumerate(ts.tolist()):
+            w = work_s[i] if i < len(work_s) else typical
+            done = timeline.run(t, lambda: w / share)
+            if done is not None:
+                lat[n] = done - t
+            i += 1
+        out.append(lat)
+    return out
+
+
 @task(name="cilantro-trainer")
 def run_trainer(job: JobConfig, window: RoundWindow, checkpoint_in: str | None, checkpoint_out: str) -> dict:
-    """Train for one round on this task's slice (steps bought by its compute budget); report steps/s."""
+    """Train for one round on this task's slice, steps back to back; report measured steps/s per report."""
     torch = _torch()
-
     t0 = time.perf_counter()
     placement = current_placement()
-    alloc = slice_size(placement)
-    device = placement.device if placement else "cpu"
+    alloc, device = slice_size(placement), placement.device if placement else "cpu"
     xs, ys = _digits(device)
-    model = _mlp(window.seed, device)
+    model = _mlp(window.seed, job.hidden, device)
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     total = 0
     if checkpoint_in and Path(checkpoint_in).is_file():
@@ -293,30 +335,41 @@ def run_trainer(job: JobConfig, window: RoundWindow, checkpoint_in: str | None, 
         opt.load_state_dict(ckpt["opt"])
         total = int(ckpt["steps"])
     gen = torch.Generator().manual_seed(int(_job_rng(window, job, 4).integers(2**31)))
-    budget = speeds(window, job, alloc) * window.report_s / job.cost_s
-    steps = np.diff(np.floor(np.concatenate([[0.0], np.cumsum(budget)]))).astype(int)  # carry fractions over
-    loss = math.nan
-    model.train()
-    for n in steps:
-        for _ in range(int(n)):
-            idx = torch.randint(0, _TRAIN_ROWS, (32,), generator=gen).to(device)
+    timeline = SliceTimeline(len(placement.gpu_indices) if alloc > 0 else 0, window.round_s)
+    done_at, work_s, loss = [], [], math.nan
+
+    def step() -> float:
+        nonlocal loss
+        idx = torch.randint(0, _TRAIN_ROWS, (job.rows,), generator=gen).to(device)
+        with on_slice(placement) as clock:
             opt.zero_grad()
             out = torch.nn.functional.cross_entropy(model(xs[idx]), ys[idx])
             out.backward()
             opt.step()
-            loss = float(out.detach())
+        loss = float(out.detach())
+        work_s.append(clock.timing.slice_s * clock.timing.share)
+        return clock.timing.slice_s
+
+    model.train()
+    while (done := timeline.run(0.0, step)) is not None:
+        done_at.append(done)
+    steps = np.bincount(np.minimum((np.array(done_at) // window.report_s).astype(int), window.reports - 1),
+                        minlength=window.reports)
     total += int(steps.sum())
     with torch.no_grad():
         accuracy = float((model.eval()(xs[_TRAIN_ROWS:]).argmax(dim=1) == ys[_TRAIN_ROWS:]).float().mean())
     Path(checkpoint_out).parent.mkdir(parents=True, exist_ok=True)
     torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "steps": total}, checkpoint_out)
     perf = steps / window.report_s
-    fair = speeds(window, job, window.fair_share) / job.cost_s
+    w = np.array(work_s) if work_s else np.full(1, math.nan)
+    spread = float(w.std() / w.mean()) if work_s else 0.0
+    devices, share = _fair_slices(window)
+    fair_rate = devices * share / float(np.median(w)) if work_s else 0.0  # the same steps on the fair share
     return {
         "job": job.name, "kind": job.kind, "alloc": alloc, "device": device,
         "loads": [1.0] * window.reports, "perf": perf.tolist(),
-        "sigma": np.maximum(max(window.interference, 0.01) * perf, 1.0 / window.report_s).tolist(),
-        "fair_perf": fair.tolist(), "steps": int(steps.sum()), "total_steps": total,
+        "sigma": np.maximum(spread * perf, 1.0 / window.report_s).tolist(),
+        "fair_perf": [fair_rate] * window.reports, "steps": int(steps.sum()), "total_steps": total,
         "throughput": float(steps.sum() / window.round_s), "loss": loss, "accuracy": accuracy,
-        "wall_s": time.perf_counter() - t0,
+        "work_ms": float(np.median(w)) * 1000 if work_s else 0.0, "wall_s": time.perf_counter() - t0,
     }

@@ -1,23 +1,31 @@
 """Ekya's torch work as Prefect tasks: golden model, micro-profiling, retraining, inference.
 
-Setup (thesis §2.2, §2.4, spec ekya.md §3.4-§3.6): every stream serves a small classifier
+Setup (thesis §2.2, §2.4): every stream serves a small classifier
 (64-``hidden``-10 MLP); a larger "golden" model (64-128-128-10, trained once on all of digits
 under random drift) labels a sample of each window's frames, and retraining fine-tunes the
 deployed model on those labels (knowledge distillation). Inference accuracy is measured against
 the true labels.
 
-Retraining configurations (spec §3.6, §8): epochs x layers retrained ("last" = only the output
-layer, "all") x fraction of the window's labelled data. GPU time is *virtual* on a simulated pool:
-``gpu_seconds`` = samples x epochs x ``sample_gpu_s`` x the FLOP share the backward pass touches
-(a whole GPU = 1.0); the real CPU seconds are reported beside it. The micro-profiler trains each
-(layers, fraction) pair on ``profile_fraction`` of that data for ``profile_epochs`` epochs from
-the deployed model (batch scaled down by the same fraction, so an epoch has as many optimiser
-steps as the real one) and records golden-label validation accuracy after every epoch; the engine's
-``micro_profile`` fits and extrapolates it (one profile run serves every epoch count).
+Retraining configurations (thesis §2.4, "Retraining configurations"): epochs x layers retrained
+("last" = only the output layer, "all") x fraction of the window's labelled data.
 
-Inference at frame rate ``r`` processes evenly spaced frames and answers the others with the
-newest processed frame's prediction (stale; ``tasks.streams.serve``); at rate 0 the stream is
-not served and those frames count as wrong.
+Every cost the scheduler sees is *measured* from the torch work on the task's slice with
+``tasks.slices.on_slice`` (GPU: synchronised wall time on the slice; simulated pool: the thread's CPU
+time divided by the share). Times are reported two ways: ``slice_s``, the time on the slice the task
+held (what the window's timeline advances by), and ``gpu_s = slice_s x share``, the same work on one
+whole GPU (Ekya's "GPU seconds", what the thief's cost model divides by a share). The micro-profiler
+trains each (layers, fraction) pair on ``profile_fraction`` of that data for ``profile_epochs`` epochs
+from the deployed model (batch scaled down by the same fraction, so an epoch has as many optimiser
+steps as the real one), records golden-label validation accuracy and the measured GPU-seconds of every
+epoch (training steps only); the engine's ``micro_profile`` fits and extrapolates it (one profile run
+serves every epoch count). It also times the deployed model on single frames: the inference cost that
+says how much GPU the live frame rate needs.
+
+Inference serves a period of ``period_s`` slice seconds: the model runs frame by frame on the task's
+slice, the measured time gives the frame rate the slice sustains (``min(1, period_s / slice_s)``), and
+the stream is served at that rate: evenly spaced frames are processed and the others answered with the
+newest processed frame's prediction (stale; ``tasks.streams.serve``). With no GPUs the stream is not
+served and those frames count as wrong.
 """
 
 from __future__ import annotations
@@ -36,7 +44,8 @@ from gpu.errors import ConfigError
 from gpu.schedulers.ekya_profiler import ProfileObservation
 from gpu.state import state_dir
 from tasks.requests import current_placement
-from tasks.streams import StreamSpec, augmented_digits, processed_mask, serve, window_frames
+from tasks.slices import on_slice
+from tasks.streams import StreamSpec, augmented_digits, processed_mask, serve, training_views, window_frames
 
 LAYERS = ("last", "all")
 GOLDEN_HIDDEN = (128, 128)
@@ -62,7 +71,7 @@ class ConfigSpec:
 
 def config_grid(epochs: tuple[int, ...] = (5, 15, 30), layers: tuple[str, ...] = LAYERS,
                 fractions: tuple[float, ...] = (0.25, 0.5, 1.0)) -> tuple[ConfigSpec, ...]:
-    """The 18-config space of spec §3.6: epochs x layers retrained x data fraction."""
+    """The 18-config space (thesis §2.4, the paper's code): epochs x layers retrained x data fraction."""
     return tuple(ConfigSpec(f"e{e}-{lay}-d{round(f * 100)}", e, lay, f)
                  for lay in layers for f in fractions for e in epochs)
 
@@ -76,7 +85,6 @@ class WindowSettings:
     hidden: int = 32
     profile_fraction: float = 0.5  # of each config's data (paper: 5-10%; our windows are small)
     profile_epochs: int = 5
-    sample_gpu_s: float = 0.012  # virtual GPU-seconds per sample-epoch, all layers, whole GPU
     batch: int = 32
     lr: float = 0.01
     golden_seed: int = 0
@@ -88,8 +96,6 @@ class WindowSettings:
                 raise ConfigError(name, v, "must be a whole number (frames/labelled >= 10, others >= 1)")
         if not 0 < self.profile_fraction <= 1:
             raise ConfigError("profile_fraction", self.profile_fraction, "must be in (0, 1]")
-        if not self.sample_gpu_s > 0:
-            raise ConfigError("sample_gpu_s", self.sample_gpu_s, "must be > 0")
 
     @property
     def n_train(self) -> int:
@@ -110,25 +116,26 @@ def small_net(settings: WindowSettings):
     return _net((settings.hidden,))
 
 
-def layer_cost(layers: str, hidden: int) -> float:
-    """Share of an all-layers training step's FLOPs that retraining ``layers`` costs (forward + backward)."""
-    macs = [64 * hidden, hidden * 10]
-    forward = sum(macs)
-    return (forward + 2 * (macs[-1] if layers == "last" else forward)) / (3 * forward)
-
-
-def gpu_seconds(config: ConfigSpec, settings: WindowSettings) -> float:
-    """Virtual GPU-seconds (whole GPU) to retrain with ``config`` on this window's data."""
-    samples = max(1, round(config.data_fraction * settings.n_train))
-    return samples * config.epochs * settings.sample_gpu_s * layer_cost(config.layers, settings.hidden)
-
-
 def _setup() -> Any:
     import torch
 
     torch.set_num_threads(1)  # tasks run side by side on few cores
     p = current_placement()
-    return torch.device(p.device if p else "cpu")
+    device = torch.device(p.device if p else "cpu")
+    _warm_up(str(device))
+    return device
+
+
+@lru_cache(maxsize=None)
+def _warm_up(device: str) -> None:
+    """One training step before anything is timed: torch's first step (lazy kernels, allocator) costs
+    seconds, which would otherwise land in the first measured epoch."""
+    import torch
+
+    model = small_net(WindowSettings()).to(device)
+    x = torch.zeros(4, 64, device=device)
+    torch.nn.functional.cross_entropy(model(x), torch.zeros(4, dtype=torch.long, device=device)).backward()
+    torch.optim.Adam(model.parameters()).step()
 
 
 def _accuracy(model, x: np.ndarray, y: np.ndarray, device) -> float:
@@ -142,9 +149,20 @@ def _predict(model, x: np.ndarray, device) -> np.ndarray:
         return model(torch.as_tensor(x, device=device)).argmax(1).cpu().numpy()
 
 
+@dataclass(frozen=True)
+class Fit:
+    """What a training run did: validation accuracy per epoch and the measured time of its training steps."""
+
+    history: tuple[float, ...]  # validation accuracy after each epoch (empty without ``val``)
+    epochs: int  # epochs run
+    slice_s: float  # time of the training steps on the task's slice (``tasks.slices``)
+    gpu_s: float  # the same work on one whole GPU (slice_s x share)
+
+
 def _fit(model, x: np.ndarray, y: np.ndarray, epochs: int, layers: str, settings: WindowSettings, seed: int,
-         device, val: tuple[np.ndarray, np.ndarray] | None = None) -> list[float]:
-    """Train ``model`` in place; returns validation accuracy after each epoch (empty without ``val``)."""
+         device, val: tuple[np.ndarray, np.ndarray] | None = None, budget_s: float = float("inf")) -> Fit:
+    """Train ``model`` in place, timing each epoch's steps on the slice; stop once ``budget_s`` slice
+    seconds are spent (the window has ended for this job)."""
     import torch
 
     params = list(model.parameters())
@@ -154,19 +172,23 @@ def _fit(model, x: np.ndarray, y: np.ndarray, epochs: int, layers: str, settings
     opt = torch.optim.Adam(trainable, lr=settings.lr)
     gen = torch.Generator().manual_seed(seed)
     xs, ys = torch.as_tensor(x, device=device), torch.as_tensor(y, device=device)
-    history = []
-    for _ in range(epochs):
+    history, slice_s, gpu_s, done = [], 0.0, 0.0, 0
+    while done < epochs and slice_s <= budget_s:
         model.train()
-        for idx in torch.randperm(len(xs), generator=gen).split(settings.batch):
-            opt.zero_grad()
-            torch.nn.functional.cross_entropy(model(xs[idx]), ys[idx]).backward()
-            opt.step()
+        with on_slice() as clock:
+            for idx in torch.randperm(len(xs), generator=gen).split(settings.batch):
+                opt.zero_grad()
+                torch.nn.functional.cross_entropy(model(xs[idx]), ys[idx]).backward()
+                opt.step()
+        slice_s += clock.timing.slice_s
+        gpu_s += clock.timing.slice_s * clock.timing.share
+        done += 1
         model.eval()
         if val is not None:
             history.append(_accuracy(model, *val, device))
     for p in params:
         p.requires_grad_(True)
-    return history
+    return Fit(tuple(history), done, slice_s, gpu_s)
 
 
 def _load(state: dict, settings: WindowSettings, device):
@@ -230,20 +252,34 @@ def bootstrap_model(spec: StreamSpec, settings: WindowSettings, samples: int = 8
 
 @dataclass(frozen=True)
 class WindowProfile:
-    """What micro-profiling one stream's window found (accuracies against golden labels)."""
+    """What micro-profiling one stream's window found (accuracies against golden labels, costs measured)."""
 
     stream: str
     golden_labels: np.ndarray  # for the window's labelled frames (train split first)
     current_accuracy: float  # deployed model on the golden-labelled validation split
     golden_accuracy: float  # golden labels vs true labels on the labelled frames
-    observations: tuple[ProfileObservation, ...]
+    observations: tuple[ProfileObservation, ...]  # seconds_per_epoch: measured GPU-seconds (whole GPU)
+    frame_gpu_s: float  # measured GPU-seconds (whole GPU) the deployed model takes per live frame
     real_s: float
+
+
+def _frame_by_frame(model, x: np.ndarray, device) -> tuple[np.ndarray, float, float]:
+    """Predictions for ``x`` one frame at a time (as a live stream arrives), with the slice and GPU time."""
+    import torch
+
+    out = np.empty(len(x), dtype=np.int64)
+    with torch.no_grad(), on_slice() as clock:
+        frames = torch.as_tensor(x, device=device)
+        for k in range(len(x)):
+            out[k] = int(model(frames[k:k + 1]).argmax(1)[0])
+    return out, clock.timing.slice_s, clock.timing.slice_s * clock.timing.share
 
 
 @task(cache_policy=NO_CACHE)
 def profile_window(spec: StreamSpec, window: int, model_state: dict, golden_path: str,
                    configs: tuple[ConfigSpec, ...], settings: WindowSettings) -> WindowProfile:
-    """Golden-label the window's sample, then micro-profile every (layers, fraction) pair of ``configs``."""
+    """Golden-label the window's sample, time the deployed model per frame, then micro-profile every
+    (layers, fraction) pair of ``configs`` (accuracy and measured GPU-seconds per epoch)."""
     import copy
 
     start = time.perf_counter()
@@ -253,6 +289,7 @@ def profile_window(spec: StreamSpec, window: int, model_state: dict, golden_path
     n = settings.n_train
     val = (x[n:], golden[n:])
     model = _load(model_state, settings, device)
+    _, _, infer_gpu_s = _frame_by_frame(model, x[n:], device)
     observations = []
     rng = np.random.default_rng([spec.seed, window, 7])
     for layers, fraction in sorted({(c.layers, c.data_fraction) for c in configs}):
@@ -260,15 +297,16 @@ def profile_window(spec: StreamSpec, window: int, model_state: dict, golden_path
         sample = rng.choice(n, size=size, replace=False)
         trial = copy.deepcopy(model)
         # An epoch on the sample takes as many optimiser steps as one on the config's data, so the
-        # per-epoch curve stands for the full-data curve (spec §8.12) without a 1/fraction bias.
+        # per-epoch curve stands for the full-data curve (thesis §2.4, "Micro-profiler") without a 1/fraction bias.
         small = replace(settings, batch=max(2, round(settings.batch * size / (fraction * n))))
-        accs = _fit(trial, x[sample], golden[sample], settings.profile_epochs, layers, small, spec.seed, device, val)
-        per_epoch = size * settings.sample_gpu_s * layer_cost(layers, settings.hidden)
-        observations += [ProfileObservation(c.name, tuple(float(k) for k in range(1, len(accs) + 1)), tuple(accs),
+        xs, ys = training_views(spec, x[sample], golden[sample], window)
+        fit = _fit(trial, xs, ys, settings.profile_epochs, layers, small, spec.seed, device, val)
+        per_epoch = max(fit.gpu_s / fit.epochs, 1e-9)
+        observations += [ProfileObservation(c.name, tuple(float(k) for k in range(1, fit.epochs + 1)), fit.history,
                                             per_epoch, size / n, float(c.epochs), c.data_fraction)
                          for c in configs if (c.layers, c.data_fraction) == (layers, fraction)]
     return WindowProfile(spec.name, golden, _accuracy(model, *val, device), float(np.mean(golden == y_true)),
-                         tuple(observations), time.perf_counter() - start)
+                         tuple(observations), max(infer_gpu_s / max(1, len(x) - n), 1e-9), time.perf_counter() - start)
 
 
 @dataclass(frozen=True)
@@ -278,7 +316,9 @@ class RetrainResult:
     state: dict
     val_accuracy: float  # against golden labels
     epochs_done: int
-    complete: bool  # False: stopped at the window end (model discarded)
+    complete: bool  # False: the window ended first (the model is discarded)
+    slice_s: float  # measured time of the retraining on its slice: when it deploys, after its start
+    gpu_s: float  # the same work on one whole GPU
     real_s: float
 
 
@@ -288,10 +328,10 @@ class InjectedFailure(RuntimeError):
 
 @task(cache_policy=NO_CACHE)
 def retrain(spec: StreamSpec, window: int, model_state: dict, golden_labels: np.ndarray, config: ConfigSpec,
-            settings: WindowSettings, epochs: int | None = None, fail: bool = False) -> RetrainResult:
+            settings: WindowSettings, budget_s: float = float("inf"), fail: bool = False) -> RetrainResult:
     """Fine-tune the deployed model with ``config`` on the window's golden-labelled frames.
 
-    ``epochs`` below ``config.epochs`` is the budget left in the window: the job stops there and
+    The job stops once its measured slice time passes ``budget_s`` (what is left of the window) and then
     reports ``complete=False``.
     """
     start = time.perf_counter()
@@ -300,14 +340,15 @@ def retrain(spec: StreamSpec, window: int, model_state: dict, golden_labels: np.
     n = settings.n_train
     rng = np.random.default_rng([spec.seed, window, 11])
     data = rng.choice(n, size=max(1, round(config.data_fraction * n)), replace=False)
+    xs, ys = training_views(spec, x[data], golden_labels[data], window)
     model = _load(model_state, settings, device)
-    todo = config.epochs if epochs is None else min(epochs, config.epochs)
     if fail:
-        _fit(model, x[data], golden_labels[data], 1, config.layers, settings, spec.seed, device)
+        _fit(model, xs, ys, 1, config.layers, settings, spec.seed, device)
         raise InjectedFailure(f"injected failure while retraining {spec.name} with {config.name} in window {window}")
-    _fit(model, x[data], golden_labels[data], todo, config.layers, settings, spec.seed, device)
+    fit = _fit(model, xs, ys, config.epochs, config.layers, settings, spec.seed, device, budget_s=budget_s)
     return RetrainResult(spec.name, config.name, _cpu_state(model),
-                         _accuracy(model, x[n:], golden_labels[n:], device), todo, todo == config.epochs,
+                         _accuracy(model, x[n:], golden_labels[n:], device), fit.epochs,
+                         fit.epochs == config.epochs and fit.slice_s <= budget_s, fit.slice_s, fit.gpu_s,
                          time.perf_counter() - start)
 
 
@@ -318,21 +359,23 @@ class SegmentResult:
     frames: int
     processed: int
     correct: int  # served answers equal to the true label
+    rate: float = 0.0  # frame rate the slice sustained (measured)
+    slice_s: float = 0.0  # measured time to run the model on every frame of the period on the slice
 
 
 @task(cache_policy=NO_CACHE)
-def infer_segment(spec: StreamSpec, window: int, model_state: dict, first: int, last: int, rate: float,
+def infer_segment(spec: StreamSpec, window: int, model_state: dict, first: int, last: int, period_s: float,
                   settings: WindowSettings) -> SegmentResult:
-    """Serve live frames ``[first, last)`` at frame rate ``rate``; stale answers for skipped frames."""
+    """Serve live frames ``[first, last)`` that arrive over ``period_s`` slice seconds at the frame rate the
+    task's slice sustains (measured); stale answers for skipped frames."""
     device = _setup()
     x, y = _frames(spec, window, settings.frames, "live")
     x, y = x[first:last], y[first:last]
+    preds, slice_s, _ = _frame_by_frame(_load(model_state, settings, device), x, device)
+    rate = min(1.0, period_s / slice_s) if slice_s > 0 else 1.0
     mask = processed_mask(len(y), rate)
-    preds = np.full(len(y), -1)
-    if mask.any():
-        preds[mask] = _predict(_load(model_state, settings, device), x[mask], device)
-    answers = serve(preds, mask)
-    return SegmentResult(spec.name, first, len(y), int(mask.sum()), int(np.sum(answers == y)))
+    answers = serve(np.where(mask, preds, -1), mask)
+    return SegmentResult(spec.name, first, len(y), int(mask.sum()), int(np.sum(answers == y)), rate, slice_s)
 
 
 def checkpoint(state: dict, path: Path) -> Path:

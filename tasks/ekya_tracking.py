@@ -6,7 +6,8 @@ Window run (child of the flow's run from ``flow_mlflow_run_id()``): params ``<st
 CANCELLED, CRASHED, DISCARDED or NONE), ``<stream>.deployed_version``; metrics
 ``<stream>.predicted_accuracy`` (the scheduler's window average), ``<stream>.measured_accuracy``
 (true labels), ``<stream>.profiled_accuracy`` / ``<stream>.retrained_val_accuracy`` (predicted vs
-reached by the retrained model, golden labels), ``<stream>.golden_label_accuracy``, the means;
+reached by the retrained model, golden labels), ``<stream>.predicted_retrain_s`` / ``<stream>.measured_retrain_s``
+(the controller's predicted vs the measured retraining duration, slice seconds), ``<stream>.golden_label_accuracy``, the means;
 tags ``policy``, ``window``, ``failed_retrains``; artifact ``events.json`` (allocations over time).
 Each completed retraining is a version of the registered model ``<prefix>-<stream>`` with tags
 ``window``, ``config``, ``policy``, ``deployed``; the deployed one holds the alias ``champion``. Models are logged with
@@ -92,6 +93,9 @@ class WindowLogger:
                         f"{n}.start_model_accuracy": result.profiles[n].current_accuracy}
             if job is not None:
                 metrics[f"{n}.profiled_accuracy"] = job.predicted.accuracy
+                metrics[f"{n}.predicted_retrain_s"] = job.expected_s
+                if job.result is not None:
+                    metrics[f"{n}.measured_retrain_s"] = job.result.slice_s
                 if job.result is not None:
                     metrics[f"{n}.retrained_val_accuracy"] = job.result.val_accuracy
         self.client.log_batch(rid, metrics=[Metric(k, float(v), 0, w) for k, v in metrics.items()], params=params,
@@ -132,7 +136,7 @@ class WindowLogger:
                     self.client.set_registered_model_alias(name, CHAMPION, version)
 
     def log_plot(self, results: list[WindowResult]) -> str:
-        """Accuracy over (virtual) time per stream as a PNG in the state folder, logged to the flow's run."""
+        """Accuracy over (slice) time per stream as a PNG in the state folder, logged to the flow's run."""
         import matplotlib
 
         matplotlib.use("Agg")
@@ -154,7 +158,7 @@ class WindowLogger:
             ax.hlines(r.mean_measured, r.window * self.run.window_s, (r.window + 1) * self.run.window_s,
                       colors="black", lw=2)
         mean = sum(r.mean_measured for r in results) / len(results)
-        ax.set(xlabel="time (virtual s)", ylabel="inference accuracy", ylim=(0, 1.02),
+        ax.set(xlabel="time (slice s)", ylabel="inference accuracy", ylim=(0, 1.02),
                title=f"Ekya continuous retraining, policy={self.run.policy}: mean {mean:.3f} (black: window means)")
         ax.legend(loc="lower left", ncol=len(names), fontsize=8)
         out = state_dir() / "ekya" / "plots" / f"accuracy-{self.run.policy}-{self.parent_run_id or 'untracked'}.png"

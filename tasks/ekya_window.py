@@ -1,49 +1,56 @@
 """One Ekya retraining window inside the continuous-retraining flow: profile, decide, run, re-plan.
 
-The window's clock is virtual (``RunSettings.window_s``): a retraining job on ``g`` GPUs deploys
-its model ``gpu_seconds / g`` after it starts (the engine's EstimateAccuracy model, alpha = 1);
-events are taken in that order, each as soon as its task has really finished
-(``prefect.futures.as_completed``). A failed or cancelled job is handled at the virtual time the
-flow learns of it (the last event). Between two events every stream's inference runs with a fixed
-model and GPU share; each such period is one ``infer_segment`` task on that share. Jobs the
-uniform baseline starts that cannot end in the window train for the epochs that fit and are
-discarded (spec §8.11).
+The decisions are ``gpu.schedulers.ekya_controller.EkyaController``'s, the object the simulator drives
+too; this module is the *measured* world that feeds it. Every outcome comes from the torch work on its
+slice (``tasks.slices.on_slice``): the micro-profiler's epoch costs (so the scheduler's cost estimate
+for a config is measured, not a formula), each retraining's duration, and the frame rate each
+inference share sustains.
+
+The window's timeline is in **slice seconds** (``RunSettings.window_s``): the time the measured work
+takes on the slice the task held (on a simulated pool: the work's CPU time divided by the share). A
+retraining job started at ``t`` deploys at ``t + slice_s`` of its measured run; one that would end
+after the window stops there (its model is discarded). Slice time is independent of how loaded the
+machine is and a window of a second or less holds the whole toy workload, so tests stay short.
+
+Events are taken in slice-time order: when jobs are running the loop waits for all of them to have
+really finished (``prefect.futures.as_completed``), then hands the earliest to the controller, whose
+re-invocation may start new jobs at that instant. A failed or cancelled job is handed over at the
+current time. Between two events every stream's inference runs with a fixed model and GPU share; each
+such period is one ``infer_segment`` task on that share.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from prefect.futures import PrefectFuture, as_completed
 
-from gpu.schedulers.ekya import (EkyaDecision, EkyaParams, InferenceProfile, RetrainConfig, RunningRetrain,
-                                 StreamState, infer_job, thief_schedule, train_job)
-from gpu.schedulers.ekya_baselines import uniform_schedule
+from gpu.schedulers.ekya import EkyaParams, InferenceProfile, RetrainConfig, StreamState, infer_job, train_job
+from gpu.schedulers.ekya_controller import EkyaController, EkyaStep, RetrainStart
 from gpu.schedulers.ekya_placement import to_gpu_requests
-from gpu.schedulers.ekya_profiler import micro_profile, prune_configs
+from gpu.schedulers.ekya_policies import make_policy
+from gpu.schedulers.ekya_profiler import micro_profile, profiled_gpu_seconds, prune_configs
 from tasks.ekya_tasks import (ConfigSpec, RetrainResult, SegmentResult, WindowProfile, WindowSettings,
-                              bootstrap_model, config_grid, gpu_seconds, infer_segment, profile_window, retrain,
-                              train_golden)
+                              bootstrap_model, config_grid, infer_segment, profile_window, retrain, train_golden)
 from tasks.requests import gpu_options
 from tasks.streams import StreamSpec, inference_profile_points, make_streams
+
+_FAILED = ("FAILED", "CANCELLED", "CRASHED")
 
 
 @dataclass(frozen=True)
 class RunSettings:
     """Everything a flow run's windows need (validated by ``continuous_retraining``)."""
 
-    policy: str
+    policy: str  # as the user named it (labels, MLflow tags)
+    scheduler: str  # the Ekya policy it stands for (``gpu.schedulers.ekya_policies``)
     streams: int
     windows: int
-    window_s: float
+    window_s: float  # slice seconds per window
     seed: int
     pool_gpus: int
     a_min: float
     delta: float
-    full_rate_gpus: float
-    uniform_config: str
-    uniform_share: float
     profile_gpus: float
     fail_stream: str | None
     fail_window: int
@@ -51,6 +58,7 @@ class RunSettings:
     settings: WindowSettings
     experiment: str
     tracking_uri: str
+    objects_per_frame: dict[str, int] = field(default_factory=dict)  # stream -> training samples per frame
 
     @property
     def params(self) -> EkyaParams:
@@ -71,13 +79,19 @@ class StreamRuntime:
 class _Job:
     stream: str
     config: ConfigSpec
-    predicted: RetrainConfig
+    predicted: RetrainConfig  # the micro-profiler's accuracy and GPU-seconds
     gpus: float
     start: float
-    finish: float  # virtual end (may exceed the window: truncated, discarded)
+    expected_s: float  # the controller's predicted duration on ``gpus``
     future: PrefectFuture | None
     outcome: str = "RUNNING"  # COMPLETED, FAILED, CANCELLED, CRASHED, DISCARDED
     result: RetrainResult | None = None
+    observed: str | None = None  # the task's final state once seen (handed to the controller in slice-time order)
+
+    @property
+    def measured_s(self) -> float | None:
+        """The measured duration on its slice (None until it has run)."""
+        return None if self.result is None else self.result.slice_s
 
 
 @dataclass
@@ -101,34 +115,49 @@ class WindowResult:
         return sum(self.measured.values()) / len(self.measured)
 
 
-def start_streams(run: RunSettings) -> tuple[str, list[StreamRuntime]]:
-    """Golden model once (its checkpoint path), then every stream's first model on its undrifted history."""
+def make_controller(run: RunSettings) -> EkyaController:
+    """The run's controller: its policy over the flow's config grid and the pool's GPUs."""
+    return EkyaController(make_policy(run.scheduler, config_grid(), run.params), run.pool_gpus)
+
+
+def start_streams(run: RunSettings, controller: EkyaController) -> tuple[str, list[StreamRuntime]]:
+    """Golden model once (its checkpoint path), then every stream's first model on its undrifted history.
+
+    A policy with one fixed config profiles only that config; ``noretrain`` profiles none.
+    """
     golden = train_golden.submit(run.seed)
-    specs = make_streams(run.streams, run.seed)
+    specs = [replace(s, objects_per_frame=run.objects_per_frame.get(s.name, 1)) for s in make_streams(run.streams, run.seed)]
     futures = [bootstrap_model.submit(s, run.settings) for s in specs]
-    grid = config_grid()
-    configs = tuple(c for c in grid if c.name == run.uniform_config) if run.policy == "uniform" else grid
+    rule = controller.rule
+    configs = tuple(c for c in config_grid() if rule.retrains and rule.config in (None, c.name))
     return golden.result(), [StreamRuntime(s, f.result(), configs=configs) for s, f in zip(specs, futures)]
 
 
-def _predict(profile: WindowProfile, configs: tuple[ConfigSpec, ...], settings: WindowSettings) -> dict[str, RetrainConfig]:
-    """Micro-profiler fit per config; if a curve cannot be fitted, the best accuracy observed."""
+def _predict(profile: WindowProfile) -> dict[str, RetrainConfig]:
+    """Micro-profiler fit per config; if a curve cannot be fitted, the best accuracy observed. Costs are
+    the measured epoch costs either way."""
     out = {}
     for obs in profile.observations:
         try:
             out[obs.config] = micro_profile(obs, start_accuracy=profile.current_accuracy)
         except (RuntimeError, ValueError):
-            cfg = next(c for c in configs if c.name == obs.config)
-            out[obs.config] = RetrainConfig(obs.config, max(obs.accuracies), gpu_seconds(cfg, settings))
+            out[obs.config] = RetrainConfig(obs.config, max(obs.accuracies), profiled_gpu_seconds(obs))
     return out
+
+
+def inference_profile(profile: WindowProfile, spec: StreamSpec, run: RunSettings) -> InferenceProfile:
+    """The stream's inference configs from measurement: the live frame rate needs ``frame_gpu_s`` GPU-seconds
+    per frame times ``frames / window_s`` frames per slice second of one GPU."""
+    full_rate = max(1e-6, profile.frame_gpu_s * run.settings.frames / run.window_s)
+    return InferenceProfile(full_rate, inference_profile_points(spec.persistence))
 
 
 class _Window:
     """The event loop of one window (mutable; lives only inside ``run_window``)."""
 
-    def __init__(self, run: RunSettings, w: int, streams: list[StreamRuntime], profile: InferenceProfile,
+    def __init__(self, run: RunSettings, w: int, streams: list[StreamRuntime], controller: EkyaController,
                  profiles: dict[str, WindowProfile], predicted: dict[str, dict[str, RetrainConfig]]):
-        self.run, self.w, self.streams, self.profile = run, w, {s.spec.name: s for s in streams}, profile
+        self.run, self.w, self.streams, self.controller = run, w, {s.spec.name: s for s in streams}, controller
         self.profiles, self.predicted = profiles, predicted
         self.accuracy = {n: p.current_accuracy for n, p in profiles.items()}  # deployed model, golden labels
         self.infer: dict[str, float] = {}
@@ -139,44 +168,39 @@ class _Window:
         self.segments: list[tuple[str, float, float, float, PrefectFuture | SegmentResult]] = []
         self.events: list[dict] = []
 
-    def requests(self, alloc: dict[str, float]) -> dict[str, float]:
+    def requests(self, step: EkyaStep) -> dict[str, float]:
         """GPUs each job can hold on the pool's devices (packing may shrink a fraction)."""
-        held = {train_job(j.stream): j.gpus for j in self.running()}
-        full = {**held, **alloc}
+        full = {**step.allocation(), **{train_job(j.stream): j.gpus for j in self.running()}}
         total = sum(full.values())
         scale = min(1.0, self.run.pool_gpus / total) if total > 0 else 1.0
         shares = {job: g * scale / self.run.pool_gpus for job, g in full.items()}
-        return {r.job: r.gpus for r in to_gpu_requests(shares, self.run.pool_gpus) if r.job in alloc}
+        return {r.job: r.gpus for r in to_gpu_requests(shares, self.run.pool_gpus)}
 
     def running(self) -> list[_Job]:
         return [j for j in self.jobs.values() if j.outcome == "RUNNING"]
 
-    def apply(self, decision: EkyaDecision, kind: str) -> None:
-        alloc = {job: g for job, g in decision.allocation().items()}
-        got = self.requests(alloc)
-        for d in decision.streams:
-            self.infer[d.stream] = got.get(infer_job(d.stream), 0.0)
-            if d.config is not None and got.get(train_job(d.stream), 0.0) > 0:
-                self.start_job(d.stream, d.config, got[train_job(d.stream)])
+    def apply(self, step: EkyaStep, kind: str) -> None:
+        got = self.requests(step)
+        self.infer = {s: got.get(infer_job(s), 0.0) for s in step.infer}
+        for start in step.starts:
+            self.start_job(start, got.get(train_job(start.stream), 0.0))
         self.close_segments(self.t)
         self.open_segments()
-        self.events.append({"t": round(self.t, 3), "event": kind, "allocation": {**got}})
+        self.events.append({"t": round(self.t, 6), "event": kind, "allocation": {
+            **{infer_job(s): g for s, g in self.infer.items()}, **{train_job(j.stream): j.gpus for j in self.running()}}})
 
-    def start_job(self, name: str, config_name: str, gpus: float) -> None:
-        stream = self.streams[name]
-        cfg = next(c for c in stream.configs if c.name == config_name)
-        duration = gpu_seconds(cfg, self.run.settings) / gpus
-        finish = self.t + duration
-        epochs = cfg.epochs if finish <= self.run.window_s else math.floor(cfg.epochs * (self.run.window_s - self.t) / duration)
-        job = _Job(name, cfg, self.predicted[name][config_name], gpus, self.t, finish, None)
-        self.jobs[name] = job
-        if epochs < 1:  # holds its GPUs to the window end without finishing an epoch
+    def start_job(self, start: RetrainStart, gpus: float) -> None:
+        stream = self.streams[start.stream]
+        cfg = next(c for c in stream.configs if c.name == start.config)
+        job = _Job(start.stream, cfg, self.predicted[start.stream][start.config], gpus, self.t, start.expected_s, None)
+        self.jobs[start.stream] = job
+        if gpus <= 0:  # the devices could not hold it: it never runs
             job.outcome = "DISCARDED"
             return
-        fail = name == self.run.fail_stream and self.w == self.run.fail_window
-        with gpu_options(gpus=gpus, label=f"retrain {name}"):  # the lease's name on the occupancy chart
-            job.future = retrain.submit(stream.spec, self.w, stream.model, self.profiles[name].golden_labels, cfg,
-                                        self.run.settings, epochs=epochs, fail=fail)
+        fail = start.stream == self.run.fail_stream and self.w == self.run.fail_window
+        with gpu_options(gpus=gpus, label=f"retrain {start.stream}"):  # the lease's name on the occupancy chart
+            job.future = retrain.submit(stream.spec, self.w, stream.model, self.profiles[start.stream].golden_labels,
+                                        cfg, self.run.settings, budget_s=self.run.window_s - self.t, fail=fail)
 
     def close_segments(self, t: float, only_changed: bool = True) -> None:
         """End the inference periods that change at ``t`` (all of them at the window end).
@@ -191,12 +215,11 @@ class _Window:
                 continue
             first, last = round(t0 / self.run.window_s * n), round(t / self.run.window_s * n)
             if last > first:
-                rate = self.profile.frame_rate(gpus)
-                if rate <= 0:  # not served: every frame of the period counts as wrong
+                if gpus <= 0:  # not served: every frame of the period counts as wrong
                     result: PrefectFuture | SegmentResult = SegmentResult(name, first, last - first, 0, 0)
                 else:
                     with gpu_options(gpus=gpus, label=f"infer {name}"):
-                        result = infer_segment.submit(stream.spec, self.w, self.models[name], first, last, rate,
+                        result = infer_segment.submit(stream.spec, self.w, self.models[name], first, last, t - t0,
                                                       self.run.settings)
                 self.segments.append((name, t0, t, gpus, result))
             del self.open[name]
@@ -208,99 +231,68 @@ class _Window:
                 self.open[name] = (self.t, self.infer.get(name, 0.0), id(stream.model))
                 self.models[name] = stream.model
 
-    def replan(self, kind: str) -> None:
-        """Re-invoke the scheduler for the rest of the window (uniform: freed GPUs stay with the stream)."""
-        if self.run.policy != "thief" or self.t >= self.run.window_s:
-            self.close_segments(self.t)
-            self.open_segments()
-            self.events.append({"t": round(self.t, 3), "event": kind, "allocation": dict(self.infer)})
-            return
-        states, start = [], {}
-        for name in self.streams:
-            job = self.jobs.get(name)
-            start[infer_job(name)] = self.infer[name]
-            if job is not None and job.outcome == "RUNNING":
-                running = RunningRetrain(job.config.name, job.predicted.accuracy, job.finish - self.t, job.gpus)
-                states.append(StreamState(name, self.accuracy[name], (), self.profile, running))
-            elif job is None:
-                states.append(StreamState(name, self.accuracy[name], tuple(self.predicted[name].values()), self.profile))
-                start[train_job(name)] = 0.0
-            else:
-                states.append(StreamState(name, self.accuracy[name], (), self.profile))
-        free = max(0.0, self.run.pool_gpus - sum(j.gpus for j in self.running()))
-        scale = min(1.0, free / sum(start.values())) if sum(start.values()) > 0 else 1.0
-        decision = thief_schedule(states, free, self.run.window_s - self.t, self.run.params,
-                                  start={k: v * scale for k, v in start.items()})
-        self.apply(decision, kind)
-
     def finish_job(self, job: _Job, t: float) -> None:
-        """A retraining ended at virtual ``t``: deploy its model if better, free its GPUs, re-plan."""
-        state = job.future.state
+        """A retraining ended at slice time ``t``: deploy its model if better, then ask the controller."""
         self.t = max(self.t, t)
-        job.outcome = state.type.value if not state.is_completed() else "COMPLETED"
         if job.outcome == "COMPLETED":
-            job.result = state.result()
             stream = self.streams[job.stream]
             if job.result.val_accuracy >= self.accuracy[job.stream]:
                 stream.model, stream.version = job.result.state, f"w{self.w}-{job.config.name}"
                 self.accuracy[job.stream] = job.result.val_accuracy
-        self.infer[job.stream] = self.infer.get(job.stream, 0.0) + job.gpus
-        self.replan(f"{job.stream} retraining {job.outcome.lower()}")
+        step = self.controller.on_job_done(self.t, job.stream, self.accuracy[job.stream])
+        self.apply(step, f"{job.stream} retraining {job.outcome.lower()}")
 
     def loop(self) -> None:
-        """Take retraining completions in virtual-time order, failures as soon as they are seen."""
-        done: set[str] = set()
+        """Hand retraining ends to the controller in slice-time order, failures at once."""
         while True:
             live = [j for j in self.running() if j.future is not None]
-            failed = [j for j in live if j.stream in done and not j.future.state.is_completed()]
-            if failed:
-                self.finish_job(failed[0], self.t)
-                continue
-            due = [j for j in live if j.finish <= self.run.window_s]
-            if not due:
+            if not live:
                 return
-            head = min(due, key=lambda j: (j.finish, j.stream))
-            if head.stream in done:
-                self.finish_job(head, head.finish)
+            for future in as_completed([j.future for j in live]):
+                future.wait()
+            for job in live:
+                if job.observed is None:
+                    state = job.future.state
+                    job.observed = "COMPLETED" if state.is_completed() else state.type.value
+                    job.result = state.result() if state.is_completed() else None
+            failed = [j for j in live if j.observed in _FAILED]
+            if failed:
+                job = min(failed, key=lambda j: j.stream)
+                job.outcome = job.observed
+                self.finish_job(job, self.t)
                 continue
-            waiting = {j.future: j for j in live if j.stream not in done}
-            finished = next(iter(as_completed(list(waiting))))
-            finished.wait()
-            done.add(waiting[finished].stream)
+            head = min(live, key=lambda j: (j.start + j.result.slice_s, j.stream))
+            if not head.result.complete:  # the earliest end is past the window: nothing more happens in it
+                return
+            head.outcome = "COMPLETED"
+            self.finish_job(head, head.start + head.result.slice_s)
 
     def end(self) -> list[tuple[str, float, float, float, SegmentResult]]:
-        """Close the last period, let jobs that cannot finish run out, collect the measurements."""
+        """Close the last period, mark jobs the window cut short, collect the measurements."""
         self.close_segments(self.run.window_s, only_changed=False)
         for job in self.running():
-            if job.future is not None:
-                job.future.wait()
-                state = job.future.state
-                job.outcome = "DISCARDED" if state.is_completed() else state.type.value
+            job.outcome = "DISCARDED" if job.observed in (None, "COMPLETED") else job.observed
         return [(n, t0, t1, g, r if isinstance(r, SegmentResult) else r.result()) for n, t0, t1, g, r in self.segments]
 
 
-def run_window(run: RunSettings, w: int, streams: list[StreamRuntime], golden: str) -> WindowResult:
+def run_window(run: RunSettings, w: int, streams: list[StreamRuntime], golden: str,
+               controller: EkyaController) -> WindowResult:
     """Profile, decide, retrain and serve one window; ``streams`` is updated in place."""
     with gpu_options(gpus=run.profile_gpus):
         futures = {s.spec.name: profile_window.submit(s.spec, w, s.model, golden, s.configs, run.settings)
                    for s in streams}
     profiles = {n: f.result() for n, f in futures.items()}
-    predicted = {s.spec.name: _predict(profiles[s.spec.name], s.configs, run.settings) for s in streams}
-    if run.policy == "thief" and w % 2 == 1:  # prune every 2 windows (spec §3.4.5, §8.13)
+    predicted = {s.spec.name: _predict(profiles[s.spec.name]) for s in streams}
+    if controller.rule.picks_configs and w % 2 == 1:  # prune every 2 windows (thesis §2.4, "Micro-profiler")
         for s in streams:
             keep = {c.name for c in prune_configs(list(predicted[s.spec.name].values()))}
             s.configs = tuple(c for c in s.configs if c.name in keep)
             predicted[s.spec.name] = {n: c for n, c in predicted[s.spec.name].items() if n in keep}
-    profile = InferenceProfile(run.full_rate_gpus, inference_profile_points(streams[0].spec.persistence))
-    states = [StreamState(s.spec.name, profiles[s.spec.name].current_accuracy,
-                          tuple(predicted[s.spec.name].values()), profile) for s in streams]
-    if run.policy == "thief":
-        decision = thief_schedule(states, run.pool_gpus, run.window_s, run.params)
-    else:
-        decision = uniform_schedule(states, run.pool_gpus, run.window_s, run.uniform_config, run.uniform_share,
-                                    run.params)
-    window = _Window(run, w, streams, profile, profiles, predicted)
-    window.apply(decision, "window start")
+    states = [StreamState(s.spec.name, profiles[s.spec.name].current_accuracy, tuple(predicted[s.spec.name].values()),
+                          inference_profile(profiles[s.spec.name], s.spec, run)) for s in streams]
+    window = _Window(run, w, streams, controller, profiles, predicted)
+    step = controller.on_window_start(0.0, states, run.window_s)
+    window.apply(step, "window start")
     window.loop()
     segments = window.end()
     measured = {}
@@ -308,8 +300,8 @@ def run_window(run: RunSettings, w: int, streams: list[StreamRuntime], golden: s
         mine = [seg for n, _, _, _, seg in segments if n == s.spec.name]
         measured[s.spec.name] = sum(x.correct for x in mine) / max(1, sum(x.frames for x in mine))
     jobs = list(window.jobs.values())
+    decision = step.decision
     return WindowResult(w, measured, {d.stream: d.expected_accuracy for d in decision.streams},
                         {d.stream: d.config for d in decision.streams}, dict(window.events[0]["allocation"]),
-                        profiles, predicted, jobs, [j.stream for j in jobs if j.outcome in ("FAILED", "CANCELLED", "CRASHED")],
+                        profiles, predicted, jobs, [j.stream for j in jobs if j.outcome in _FAILED],
                         window.events, segments)
-

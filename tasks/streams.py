@@ -16,6 +16,9 @@ accuracy and must be retrained. Here every stream is a seeded sequence of digit 
 - temporal persistence: an object stays in view for a run of frames (geometric run length, mean
   ``persistence``), so a stale prediction is often still right - what makes frame sub-sampling
   cost less than its rate (``inference_profile_points``).
+- objects per frame: a busy camera (``objects_per_frame`` = k) gives every labelled frame k training
+  samples (the frame and k - 1 jittered views of it, ``training_views``), so its retraining does k times
+  the torch work per epoch for the same configuration; inference still answers once per frame.
 
 Window ``-1`` is the stream's history (no drift) that the deployed model was first trained on.
 Everything is a pure function of ``(spec, window, part)``; no torch here.
@@ -63,6 +66,7 @@ class StreamSpec:
     persistence: float = 2.5  # mean frames an object stays in view
     drift: float = 1.0  # how fast the stream changes (0: static camera); scales the class-mix churn
     classes_per_window: int = 1  # new digits appearing per window
+    objects_per_frame: int = 1  # training samples each labelled frame yields (a busy camera has more)
 
     def __post_init__(self) -> None:
         if not self.initial_classes:
@@ -74,6 +78,9 @@ class StreamSpec:
         if isinstance(self.classes_per_window, bool) or not isinstance(self.classes_per_window, int) \
                 or self.classes_per_window < 0:
             raise ConfigError(f"{self.name}.classes_per_window", self.classes_per_window, "must be a whole number >= 0")
+        if isinstance(self.objects_per_frame, bool) or not isinstance(self.objects_per_frame, int) \
+                or self.objects_per_frame < 1:
+            raise ConfigError(f"{self.name}.objects_per_frame", self.objects_per_frame, "must be a whole number >= 1")
 
 
 @dataclass(frozen=True)
@@ -172,6 +179,18 @@ def window_frames(spec: StreamSpec, window: int, n: int, part: str = "live") -> 
     by_class = [np.flatnonzero(targets == c) for c in range(N_CLASSES)]
     picks = np.array([rng.choice(by_class[c]) for c in labels])
     return transform(images[picks], cond.rotation, cond.noise, cond.brightness, rng), labels
+
+
+def training_views(spec: StreamSpec, x: np.ndarray, y: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """The training samples ``spec``'s labelled frames ``x`` (labels ``y``) yield: each frame, then
+    ``objects_per_frame - 1`` views of it with 0.05 pixel noise (seeded), frame by frame."""
+    k = spec.objects_per_frame
+    if k == 1:
+        return x, y
+    views = np.repeat(x, k, axis=0)
+    jitter = np.random.default_rng([spec.seed, seed, k]).normal(0.0, 0.05, views.shape).astype(np.float32)
+    jitter[::k] = 0.0  # the frame itself first
+    return np.clip(views + jitter, 0.0, 1.0), np.repeat(y, k)
 
 
 def augmented_digits(n: int, seed: int, max_rotation: float = 60.0, max_noise: float = 0.35) -> tuple[np.ndarray, np.ndarray]:

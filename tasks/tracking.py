@@ -35,6 +35,8 @@ log = logging.getLogger("gpuflows.tracking")
 HOST_TAG, PID_TAG, PSTART_TAG = "gpuflows.host", "gpuflows.pid", "gpuflows.pstart"
 _OPENED: set[str] = set()  # tracking URIs whose store this process has opened
 _OPEN_LOCK = threading.Lock()
+_LINGER_S = 0.2    # how long the writer gathers finished tasks into one batch
+_BATCH_MAX = 512   # records per batch at most
 _TRACKERS: dict[str, RunTracker] = {}  # by flow run id, for flow_tracker()
 
 
@@ -299,9 +301,14 @@ class RunTracker:
         status = None
         while status is None:
             items = [self._queue.get()]
-            while True:  # everything queued meanwhile goes in one batch: one transaction on a SQL store
+            # Tasks finish one by one: waiting a little (``_LINGER_S``) lets one transaction on a SQL store
+            # carry many of them. Each SQLite call hands the GIL back, and with the flow's task threads busy
+            # every hand-back can wait out Python's switch interval, so fewer, larger batches cost the flow
+            # less. A flush or the final status ends the wait at once.
+            deadline = time.monotonic() + _LINGER_S
+            while isinstance(items[-1], TaskRecord) and len(items) < _BATCH_MAX:
                 try:
-                    items.append(self._queue.get_nowait())
+                    items.append(self._queue.get(timeout=max(0.0, deadline - time.monotonic())))
                 except queue.Empty:
                     break
             batch: list[TaskRecord] = []

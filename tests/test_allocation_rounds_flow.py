@@ -13,7 +13,7 @@ from resource_blocks import GpuPool, MlflowTarget
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
 
-SMALL = dict(round_s=20.0, report_s=5.0, trace_step=10)
+SMALL = dict(round_s=2.0, report_s=0.5, trace_step=10)
 
 
 def sim_pool(name: str) -> GpuPool:
@@ -105,13 +105,13 @@ def test_job_without_slo_is_rejected_when_the_policy_needs_one(state_dir):
                              mode="thread")
     fair = ar.settings_from(rounds=1, round_s=20.0, policy="resource-fair", capacity=1.0, unit=0.05, resume=True,
                             run_name="fair", jobs=jobs, report_s=5.0, max_change=None, trace_step=1,
-                            interference=0.0, warmup_reports=0, seed=0, pool_gpus=1)
+                            warmup_reports=0, seed=0, pool_gpus=1)
     assert [j.slo for j in fair.jobs] == [None, 20.0]  # an equal split needs no SLO
 
 
 def test_capacity_beyond_the_pool_and_fractional_multi_gpu_units_are_rejected():
     base = dict(rounds=1, round_s=20.0, policy="cilantro-njc", resume=True, run_name="x", jobs=None, report_s=5.0,
-                max_change=0.2, trace_step=1, interference=0.0, warmup_reports=0, seed=0)
+                max_change=0.2, trace_step=1, warmup_reports=0, seed=0)
     with pytest.raises(ConfigError, match="capacity=3.0: the pool has only 2"):
         ar.settings_from(capacity=3.0, unit=1.0, pool_gpus=2, **base)
     with pytest.raises(ConfigError, match="unit=0.5"):

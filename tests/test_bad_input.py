@@ -265,7 +265,7 @@ def test_a_cilantro_run_name_must_be_a_valid_prefect_artifact_key(name, ok):
     import flows.allocation_rounds as ar
 
     args = dict(rounds=1, round_s=20.0, policy="cilantro-njc", capacity=1.0, unit=0.05, resume=True, run_name=name,
-                jobs=None, report_s=5.0, max_change=0.2, trace_step=1, interference=0.0, warmup_reports=0, seed=0,
+                jobs=None, report_s=5.0, max_change=0.2, trace_step=1, warmup_reports=0, seed=0,
                 pool_gpus=1)
     if ok:
         s = ar.settings_from(**args)

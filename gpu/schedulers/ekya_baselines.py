@@ -1,6 +1,6 @@
 """Ekya's baselines: the uniform scheduler and the two ablations of Fig. 2.10a.
 
-Paper: Ekya thesis Chapter 2, §2.6 "Baselines" and "Component-wise contribution" (spec §5):
+Paper: Ekya thesis Chapter 2, §2.6 "Baselines" and "Component-wise contribution":
 
 - *Uniform (Cfg X, Y%)*: every stream gets ``G/|V|`` GPUs, Y% of it for inference and the rest for
   retraining with the fixed config X, whatever it costs (prior cluster/video schedulers).

@@ -1,6 +1,6 @@
 """Ekya's micro-profiler: predict each retraining config's accuracy and cost from a short trial.
 
-Paper: Ekya thesis Chapter 2, §2.4 "Micro-profiler" (spec ekya.md §3.4, §8.12-§8.13). Each config is
+Paper: Ekya thesis Chapter 2, §2.4 "Micro-profiler". Each config is
 trained on a small data sample (10%) for a few epochs (5); the accuracy-vs-epoch points are fitted
 to the Optimus curve ``acc(k) = 1 - (1/(b0*k + b1) + b2)`` with b >= 0 (scipy ``curve_fit``,
 anchored at (0 epochs, current accuracy)) and extrapolated to the config's full epoch count.
@@ -88,11 +88,15 @@ class ProfileObservation:
                 raise ConfigError(f"{self.config}.{name}", v, "must be a finite number > 0")
 
 
+def profiled_gpu_seconds(obs: ProfileObservation) -> float:
+    """The config's full-data GPU-seconds: the profiled epoch cost rescaled linearly in epochs and data."""
+    return obs.seconds_per_epoch * obs.epochs_target * (obs.data_fraction / obs.profiled_fraction)
+
+
 def micro_profile(obs: ProfileObservation, start_accuracy: float | None = None) -> RetrainConfig:
     """Predicted ``RetrainConfig`` (accuracy at ``epochs_target``, full-data GPU-seconds) for one config."""
     curve = fit_accuracy_curve(obs.epochs, obs.accuracies, start_accuracy)
-    gpu_seconds = obs.seconds_per_epoch * obs.epochs_target * (obs.data_fraction / obs.profiled_fraction)
-    return RetrainConfig(obs.config, float(curve.predict(obs.epochs_target)), gpu_seconds)
+    return RetrainConfig(obs.config, float(curve.predict(obs.epochs_target)), profiled_gpu_seconds(obs))
 
 
 def pareto_front(configs: Sequence[RetrainConfig]) -> tuple[RetrainConfig, ...]:

@@ -1,11 +1,10 @@
 """Simulator of Cilantro's multi-tenant experiment (thesis ch. 3, §3.7, Table 3.2, Figs. 3.8–3.9).
 
-Jobs report every ``report_s`` (10 s) with noise; every ``round_s`` (120 s) the allocation
-round runs exactly as the Prefect flow will: update learners with the round's reports, forecast
-each load's UCB, build the :class:`~gpu.schedulers.cilantro.types.Snapshot`, call the policy's
-``decide``. Metrics (eqs. 3.1–3.3, 3.8) are computed per report from the *true* performance at
-the actual loads and time-averaged. Ground truth, loads and noise follow the spec §8:
-latency jobs observe ``Binomial(N, p)/N`` with ``N = ℓ·10 s`` and report ``σ = 0.5/√N`` (the
+Jobs report every ``report_s`` (10 s) with noise; every ``round_s`` (120 s) the round controller
+:class:`~gpu.schedulers.cilantro.round.CilantroRound` — the one the Prefect flow drives — folds the
+reports into the learners and decides the next round. Metrics (eqs. 3.1–3.3, 3.8) are computed per
+report from the *true* performance at the actual loads and time-averaged. Ground truth and loads follow
+the authors' code (docs/cilantro.md); latency jobs observe ``Binomial(N, p)/N`` with ``N = ℓ·10 s`` and report ``σ = 0.5/√N`` (the
 largest binomial standard error; the code's ``10/√(2N)`` is looser still), ML jobs observe
 ``p·(1 + 0.05 ε)``. Load forecasts depend only on the trace, so they are computed once and shared
 by every policy (the flow gives each job its own forecaster).
@@ -18,6 +17,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 
@@ -28,7 +28,8 @@ from gpu.schedulers.cilantro import POLICIES, make_policy
 from gpu.schedulers.cilantro.forecasters import ArimaForecaster, EwmaForecaster
 from gpu.schedulers.cilantro.learners import IntervalBinaryTree, SaturatingLearner
 from gpu.schedulers.cilantro.metrics import njc_fairness, njc_fairness_resource, useful_usage
-from gpu.schedulers.cilantro.types import Feedback, JobView, Policy, Snapshot
+from gpu.schedulers.cilantro.round import CilantroRound, JobReport, LoadForecasts, RoundJob
+from gpu.schedulers.cilantro.types import Policy
 from gpu.sim.cilantro_scenario import MultiTenantConfig, SimJob, parse_multitenant, run_static
 
 METRICS = ("social_welfare", "egalitarian_welfare", "njc_fairness", "njc_fairness_resource", "useful_usage")
@@ -48,20 +49,48 @@ class PolicyRun:
         return float(self.rounds[metric].mean())
 
 
+def make_forecaster(cfg: MultiTenantConfig) -> ArimaForecaster | EwmaForecaster:
+    """The scenario's load forecaster (``forecaster`` field)."""
+    if cfg.forecaster == "arima":
+        return ArimaForecaster(d=cfg.arima_d, confidence=cfg.forecast_confidence, window=cfg.forecast_window)
+    return EwmaForecaster(confidence=cfg.forecast_confidence)
+
+
 def load_ucbs(cfg: MultiTenantConfig, loads: np.ndarray) -> np.ndarray:
-    """Load UCB per (round, job) for the next round, from each job's forecaster fed with past reports."""
+    """Load UCB per (round, job) for rounds ``0 … rounds`` (the last one follows the final round), from the
+    round's own forecasts (:class:`~gpu.schedulers.cilantro.round.LoadForecasts`) fed with past reports."""
     k = cfg.reports_per_round
-    out = np.ones((cfg.rounds, len(cfg.jobs)))
-    for j, job in enumerate(cfg.jobs):
-        if job.profile.throughput:
-            continue
-        fc = (ArimaForecaster(d=cfg.arima_d, confidence=cfg.forecast_confidence, window=cfg.forecast_window)
-              if cfg.forecaster == "arima" else EwmaForecaster(confidence=cfg.forecast_confidence))
-        for r in range(cfg.rounds):
-            for v in loads[j, max(0, (r - 1) * k): r * k]:
-                fc.update(v)
-            out[r, j] = fc.forecast(k)[2] if r > 0 else job.profile.p50_load
+    names = [job.spec.name for job in cfg.jobs]
+    forecasts = LoadForecasts({job.spec.name: make_forecaster(cfg) for job in cfg.jobs if not job.profile.throughput},
+                              {job.spec.name: job.profile.p50_load for job in cfg.jobs}, k)
+    out = np.ones((cfg.rounds + 1, len(cfg.jobs)))
+    for r in range(cfg.rounds + 1):
+        for j, name in enumerate(names):
+            if r > 0:
+                forecasts.observe(name, tuple(loads[j, (r - 1) * k: r * k]))
+            out[r, j] = forecasts.ucb(name, r)
     return out
+
+
+@dataclass
+class SharedLoads:
+    """Load UCBs computed once per seed (:func:`load_ucbs`) and read by every policy's round: the forecasts
+    depend only on the trace, so the policies share them."""
+
+    names: list[str]
+    table: np.ndarray
+
+    def observe(self, job: str, loads: tuple[float, ...]) -> None:
+        return None
+
+    def ucb(self, job: str, round_index: int) -> float:
+        return float(self.table[round_index, self.names.index(job)])
+
+    def get_state(self) -> dict:
+        return {}
+
+    def set_state(self, state: dict) -> None:
+        return None
 
 
 def make_learner(cfg: MultiTenantConfig, job: SimJob) -> IntervalBinaryTree | SaturatingLearner:
@@ -74,28 +103,10 @@ def make_learner(cfg: MultiTenantConfig, job: SimJob) -> IntervalBinaryTree | Sa
     return IntervalBinaryTree(p.int_ub, lip, bounds=p.perf_bounds, **beta)
 
 
-class _Round:
-    """Builds one round's job views from learners (online), the truth (oracle) or nothing."""
-
-    def __init__(self, cfg: MultiTenantConfig):
-        self.cfg = cfg
-        self.grid = np.arange(int(cfg.capacity / cfg.unit + 1e-9) + 1) * cfg.unit
-
-    def views(self, kind: str, learners: list, ucb: np.ndarray, feedback: list[Feedback | None]) -> tuple[JobView, ...]:
-        out = []
-        for j, job in enumerate(self.cfg.jobs):
-            p, cap = job.profile, job.profile.int_ub * ucb[j]
-            if kind == "online":
-                lcb, hi = learners[j].bounds(self.grid, ucb[j])
-                out.append(JobView(job.spec, self.grid, lcb, hi, ucb[j], feedback[j], demand_cap=cap))
-            elif kind == "oracle":
-                truth = p.perf(self.grid, ucb[j])
-                out.append(JobView(job.spec, self.grid, truth, truth, ucb[j], feedback[j], demand_cap=cap))
-            else:
-                lo, hi = p.perf_bounds
-                g = np.array([0.0, self.cfg.capacity])
-                out.append(JobView(job.spec, g, np.full(2, lo), np.full(2, hi), ucb[j], feedback[j], demand_cap=cap))
-        return tuple(out)
+def round_jobs(cfg: MultiTenantConfig) -> tuple[RoundJob, ...]:
+    """The scenario's jobs as the round controller knows them: learner, interval end, true curve."""
+    return tuple(RoundJob(job.spec, job.profile.int_ub, job.profile.perf_bounds, partial(make_learner, cfg, job),
+                          truth=job.profile.perf) for job in cfg.jobs)
 
 
 def simulate_policy(cfg: MultiTenantConfig, policy: Policy, seed: int, loads: np.ndarray, ucbs: np.ndarray,
@@ -103,34 +114,29 @@ def simulate_policy(cfg: MultiTenantConfig, policy: Policy, seed: int, loads: np
                     keep_allocations: bool = False) -> tuple[PolicyRun, dict]:
     """Run ``policy`` for rounds ``[start_round, stop_round)``; returns its traces and a resumable state.
 
-    ``state`` (from a previous call's return) restores learners, policy, RNGs and the last
-    allocation, so a run split in two equals one uninterrupted run.
+    The world of :class:`~gpu.schedulers.cilantro.round.CilantroRound`: outcomes come from the profiled true
+    curves with report noise (:func:`_observe`). ``state`` (from a previous call's return) restores the
+    round (learners, policy, RNG, planned decision) and the noise RNG, so a run split in two equals one
+    uninterrupted run.
     """
     n, k, stop = len(cfg.jobs), cfg.reports_per_round, cfg.rounds if stop_round is None else stop_round
-    rng = np.random.default_rng([seed, 7])
+    names = [job.spec.name for job in cfg.jobs]
+    ctl = CilantroRound(round_jobs(cfg), policy, capacity=cfg.capacity, unit=cfg.unit, max_change=cfg.max_change,
+                        loads=SharedLoads(names, ucbs), seed=seed, warmup_reports=cfg.warmup_reports)
     noise = np.random.default_rng([seed, 11])
-    learners = [make_learner(cfg, job) for job in cfg.jobs] if policy.learner == "online" else []
-    prev, feedback, seen = None, [None] * n, np.zeros(n, dtype=int)
     if state is not None:
-        rng.bit_generator.state, noise.bit_generator.state = state["rng"], state["noise"]
-        for lr, s in zip(learners, state["learners"]):
-            lr.set_state(s)
-        policy.set_state(state["policy"])
-        prev = state["previous"]
-        feedback = [None if f is None else Feedback(*f) for f in state["feedback"]]
-        seen = np.array(state["seen"], dtype=int)
-    builder = _Round(cfg)
+        ctl.restore(state["round"])
+        noise.bit_generator.state = state["noise"]
     fair_alloc = cfg.capacity / n
     unit_demand = np.array([job.profile.unit_demand(job.spec.slo) for job in cfg.jobs])
     traces = {m: [] for m in METRICS}
     job_util, times, allocs = np.zeros(n), [], []
+    t0 = time.perf_counter()
+    decision = ctl.planned or ctl.on_round(start_round * cfg.round_s, {})
+    decide_s = time.perf_counter() - t0
     for r in range(start_round, stop):
-        t0 = time.perf_counter()
-        snap = Snapshot(cfg.capacity, builder.views(policy.learner, learners, ucbs[r], feedback), cfg.unit, prev,
-                        cfg.max_change, r)
-        alloc = policy.decide(snap, rng)
-        a = np.array([alloc[job.spec.name] for job in cfg.jobs])
-        decide_s = time.perf_counter() - t0
+        alloc = decision.allocation
+        a = np.array([alloc[name] for name in names])
         ld = loads[:, r * k:(r + 1) * k]
         perf = np.vstack([job.profile.perf(a[j], ld[j]) for j, job in enumerate(cfg.jobs)])
         util = np.vstack([job.spec.utility_of(perf[j]) for j, job in enumerate(cfg.jobs)])
@@ -143,28 +149,21 @@ def simulate_policy(cfg: MultiTenantConfig, policy: Policy, seed: int, loads: np
         traces["useful_usage"].append(np.mean([useful_usage(a, demands[:, s], cfg.capacity) for s in range(k)]))
         job_util += util.mean(axis=1)
         reward, sigma = _observe(cfg, perf, ld, noise)
-        t1 = time.perf_counter()
-        for j, lr in enumerate(learners):
-            for s in range(k):
-                seen[j] += 1
-                if seen[j] > cfg.warmup_reports:
-                    lr.update(a[j], ld[j, s], reward[j, s], sigma[j, s])
-        times.append(decide_s + time.perf_counter() - t1)
-        feedback = [Feedback(float(a[j]), float(ld[j].mean()), float(reward[j].mean())) for j in range(n)]
-        prev = alloc
         if keep_allocations:
-            allocs.append(alloc)
+            allocs.append(dict(alloc))
+        t0 = time.perf_counter()
+        decision = ctl.on_round((r + 1) * cfg.round_s, {
+            name: JobReport(float(a[j]), tuple(ld[j].tolist()), tuple(reward[j].tolist()), tuple(sigma[j].tolist()))
+            for j, name in enumerate(names)})
+        times.append(decide_s)
+        decide_s = time.perf_counter() - t0
     run = PolicyRun(policy.name, {m: np.array(v) for m, v in traces.items()}, job_util / max(1, stop - start_round),
                     np.array(times), allocs)
-    out_state = {"rng": rng.bit_generator.state, "noise": noise.bit_generator.state,
-                 "learners": [lr.get_state() for lr in learners], "policy": policy.get_state(), "previous": prev,
-                 "feedback": [None if f is None else [f.alloc, f.load, f.perf] for f in feedback],
-                 "seen": seen.tolist()}
-    return run, out_state
+    return run, {"round": ctl.save(), "noise": noise.bit_generator.state}
 
 
 def _observe(cfg: MultiTenantConfig, perf: np.ndarray, loads: np.ndarray, noise: np.random.Generator):
-    """Noisy rewards and the σ each client reports (spec §8.4)."""
+    """Noisy rewards and the σ each client reports (module docstring)."""
     reward, sigma = np.empty_like(perf), np.empty_like(perf)
     for j, job in enumerate(cfg.jobs):
         if job.profile.throughput:

@@ -1,7 +1,7 @@
 """Scenario parsing for the Cilantro simulator and the static Fig. 3.4 example (docs/cilantro.md).
 
 ``multitenant`` scenarios become a frozen :class:`MultiTenantConfig`; ``static`` scenarios (jobs
-with utility ``min(1, a/d_j)``, thesis Fig. 3.4 / spec §11 A3) are evaluated on exact curves.
+with utility ``min(1, a/d_j)``, thesis Fig. 3.4) are evaluated on exact curves.
 """
 
 from __future__ import annotations

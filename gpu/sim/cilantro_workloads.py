@@ -1,4 +1,4 @@
-"""Workloads of the Cilantro multi-tenant experiment (thesis ch. 3, §3.7, Fig. 3.7; spec §6, §8).
+"""Workloads of the Cilantro multi-tenant experiment (thesis ch. 3, §3.7, Fig. 3.7).
 
 Loads the profiled performance curves and the Twitter load trace shipped in ``gpu/data/cilantro``
 (MIT, from ``romilbhardwaj/cilantro``; see that folder's README) and builds the paper's 20-job
@@ -23,7 +23,7 @@ DATA = Path(__file__).resolve().parents[1] / "data" / "cilantro"
 PROFILES = ("craydb0", "craydb1", "craymltrain", "craypredserv")
 TRACE_MEDIAN = 2382.0
 
-# The code's dummy workloads (spec §8.8), x = resources per unit load.
+# The code's dummy workloads (the authors' code), x = resources per unit load.
 SYNTHETIC: dict[str, Callable[[np.ndarray], np.ndarray]] = {
     "dataserving": lambda x: np.tanh(750.42 * x),
     "datacaching": lambda x: 1 - 1 / (1 + 623.45 * x),

@@ -1,4 +1,4 @@
-"""Seeded synthetic Ekya workloads shaped like the paper's evaluation (spec ekya.md §5-§7, §8.19).
+"""Seeded synthetic Ekya workloads shaped like the paper's evaluation (thesis §2.6).
 
 Real profiles need video and trained models; these curves only reproduce the *shape* the paper
 describes, so results match directions and rough magnitudes, not absolute accuracies:
@@ -9,12 +9,12 @@ describes, so results match directions and rough magnitudes, not absolute accura
 - "Cfg 1"/"Cfg 2" are the high-/low-cost points of the Pareto front measured on two hold-out
   streams (§2.6); they are renamed ``cfg1``/``cfg2`` in every stream so uniform policies can use them.
 - Inference: full frame rate needs 0.25 GPU (ResNet18 in the paper's code); accuracy vs frame rate
-  follows the code's Cityscapes sub-sampling profile (spec §3.6).
+  follows the code's Cityscapes sub-sampling profile.
 - Drift: each window's stale-model accuracy is drawn in [0.40, 0.70]; a retrained model loses
   ``drift`` (up to ~22%, §2.2) per window, more for longer windows. Longer windows give more
   training data (GPU-seconds grow with ``window_s``) but a lower ceiling (a compressed model cannot
   fit a window that drifted more), and very short windows give too little data to gain much.
-- Retraining throughput on x GPUs is ``x**0.8`` of a whole GPU's (spec §8.14's synthetic concave
+- Retraining throughput on x GPUs is ``x**0.8`` of a whole GPU's (a synthetic concave
   scaling; the paper gives no profile), so fractional shares are not penalised against whole GPUs.
 - Stream ``k`` is drawn from its own seeded generator, so the first k streams of a larger workload
   are the same k streams (the paper's fixed stream order, Fig. 2.6).

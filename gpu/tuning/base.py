@@ -1,4 +1,4 @@
-"""The contract between a tuning algorithm and FLUID (thesis §3.3.2–3.3.3, spec Part IV item 12).
+"""The contract between a tuning algorithm and FLUID (thesis §3.3.2–3.3.3: a batch of trials handed out together is one TrialGroup).
 
 An algorithm decides *what* to train; FLUID decides *how*. The algorithm hands out work as TrialGroups
 through ``suggest(slots)`` and learns through ``on_trial_complete(trial_id, score)`` (scores are losses:

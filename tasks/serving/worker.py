@@ -1,6 +1,6 @@
 """A serving worker: one placed Nexus GPU node executing its sessions' batches with a pluggable batch policy.
 
-Nexus §6.3 (node runtime, "batch-aware dispatch"; spec §3.6, the authors' ``backend/gpu_executor.cpp``):
+Nexus §6.3 (node runtime, "batch-aware dispatch"; the authors' ``backend/gpu_executor.cpp``):
 the worker keeps one deadline-ordered queue per session placed on its GPU and visits the sessions
 round-robin. At each visit it asks the batch policy (``gpu.batching``: ``EarlyDropPolicy`` for Nexus,
 ``LazyDropPolicy``, ``FixedBatchPolicy``, or any other ``BatchPolicy`` such as ORLOJ's) what to run and what

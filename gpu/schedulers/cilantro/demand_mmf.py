@@ -10,7 +10,7 @@ then the demands are water-filled (:func:`gpu.schedulers.cilantro.fair.max_min_f
 (no demand yet) is the equal split. Fed with the true curves (``learner = "oracle"``) the same
 class is Oracle-NJC. The code profile of the authors is ``beta=0.7, clip_demands=False``.
 
-Example (§11 A5): band ``p̂ = min(1, a/40)``, ``p̌ = min(1, max(0, (a−20)/40))``, SLO 0.5 →
+Example: band ``p̂ = min(1, a/40)``, ``p̌ = min(1, max(0, (a−20)/40))``, SLO 0.5 →
 ``d̂ = 40``, ``d̄ = 30``, ``d = 37.5``.
 """
 

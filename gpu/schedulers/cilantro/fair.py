@@ -6,7 +6,7 @@ left gets its demand, otherwise the rest is split in proportion to entitlements.
 with at least ``min(d_j, e_j R)``, so F_NJC = 1, and no job can gain without a poorer one losing.
 Resource-Fair is the same procedure with all demands infinite (an equal or weighted split).
 
-Example (§11 A4): ``max_min_fair([5, 20, 40, 80], 100)`` → ``[5, 20, 37.5, 37.5]``.
+Example: ``max_min_fair([5, 20, 40, 80], 100)`` → ``[5, 20, 37.5, 37.5]``.
 """
 
 from __future__ import annotations

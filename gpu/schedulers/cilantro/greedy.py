@@ -4,7 +4,7 @@
 utility and allocates it to the bottom half" — using last round's *observed* utilities (authors'
 ``maximin.py: EgalWelfareGreedy``, at most 9 jobs changed per round, so ``max_pairs = 4``).
 
-Example (§11 A11): from (20, 20, 20) with utilities (1, .4, .22) → (19, 20, 21).
+Example: from (20, 20, 20) with utilities (1, .4, .22) → (19, 20, 21).
 """
 
 from __future__ import annotations

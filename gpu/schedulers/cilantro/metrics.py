@@ -51,8 +51,8 @@ def egalitarian_welfare(utilities: Sequence[float] | np.ndarray) -> float:
 def njc_fairness(utilities: Sequence[float] | np.ndarray, fair_share_utilities: Sequence[float] | np.ndarray) -> float:
     """Eq. (3.3): ``min_j u_j(a_j) / u_j(R/n)``, clipped to [0, 1].
 
-    A job whose fair-share utility is 0 has no justified complaint (ratio 1) — the spec's choice
-    for the 0/0 case the paper leaves open (§10.7).
+    A job whose fair-share utility is 0 has no justified complaint (ratio 1) — our choice
+    for the 0/0 case the paper leaves open.
     """
     u = np.asarray(utilities, dtype=float)
     fair = np.asarray(fair_share_utilities, dtype=float)

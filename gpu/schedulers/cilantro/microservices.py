@@ -9,7 +9,7 @@ search on *observed* P99, one proposal per round); ε-greedy (explore a random s
 the best split seen).
 
 :class:`ServiceGraph` is the simulated ground truth (DeathStarBench Hotel Reservation's 19 services,
-spec §4): each request type is a chain of services; a service with work ``w`` (CPU-s per visit),
+thesis §3.7): each request type is a chain of services; a service with work ``w`` (CPU-s per visit),
 visit rate ``λ`` and ``c`` CPUs has mean latency ``w / (1 − ρ)``, ``ρ = λw/c`` (saturated: a steep
 penalty), and the P99 is ``ln 100 ×`` the slowest request type's mean (exponential tails).
 """

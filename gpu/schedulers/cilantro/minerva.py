@@ -4,7 +4,7 @@ Minerva targets egalitarian QoS: a job doing poorly gets a larger weight. The au
 (``minerva.py``) forecasts each job's reward with ARIMA, ``û_j = min(r̂_j, SLO)/SLO``, sets weights
 ``(a_j + 1e-4)/(û_j + 1e-4)`` and splits the pool in proportion, with a floor of 0.00101·R per job.
 
-Example (§11 A11): from (20, 20, 20) with utilities (1, .4, .2222) → shares (0.12566, 0.31259, 0.56175).
+Example: from (20, 20, 20) with utilities (1, .4, .2222) → shares (0.12566, 0.31259, 0.56175).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Both keep a demand per job, adjust it from last round's observed performance and hand the
 demands to max-min fairness (the authors' adaptations; their published code never calls the
-adjustment, so we implement the stated intent, spec §3.6):
+adjustment, so we implement the stated intent):
 
 * Parties: slack ``(p − SLO)/SLO``; ``< 0.05`` → demand + 20 (upsize when the SLO is at risk),
   ``> 0.2`` → demand − 5 (downsize when there is plenty of headroom);

@@ -13,7 +13,7 @@ search for EW); on a unit grid both problems have exact, fast solutions, which w
   iff the fewest units each job needs to reach ``t`` fit in the pool — then leftover units go to
   the worst-off jobs.
 
-Example (§11 A3, R = 60, ``u_j = min(1, a/d_j)``, ``d = (10, 50, 90)``): social → ``(10, 50, 0)``,
+Example (Fig. 3.4, R = 60, ``u_j = min(1, a/d_j)``, ``d = (10, 50, 90)``): social → ``(10, 50, 0)``,
 egalitarian → ``(4, 20, 36)``.
 """
 

@@ -1,0 +1,65 @@
+"""The Cilantro flow's jobs report what they measured on their slice: steps/s grow with the share, a heavier
+model answers fewer requests in time, and a job without a slice serves nothing."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tasks.cilantro_jobs as cj
+from gpu.ledger import Placement
+from tasks.requests import TaskPlacement, placed
+
+WINDOW = cj.RoundWindow(0, 1.0, 0.25, 1 / 3, trace_step=1, seed=0)
+SERVICE = cj.JobConfig("svc", "service", 0.9, base_load=200.0, hidden=1024, rows=256)
+TRAINER = cj.JobConfig("trainer", "training", 50.0, scale_ms=2.2, hidden=1024, rows=256)
+
+
+def on_share(fraction: float) -> TaskPlacement:
+    return TaskPlacement(Placement("l1", "n0", (0,), fraction, 0), "cpu", "")
+
+
+def test_the_slice_timeline_serves_in_arrival_order_and_stops_at_the_round_end():
+    tl = cj.SliceTimeline(1, end=0.5)
+    done = [tl.run(t, lambda: 0.15) for t in (0.0, 0.1, 0.2, 0.3)]
+    assert done[:3] == pytest.approx([0.15, 0.3, 0.45]) and done[3] is None  # 0.6 > 0.5: missed
+    calls = []
+    assert tl.run(0.4, lambda: calls.append(1) or 0.1) is None and calls == []  # cannot start: not run at all
+    two = cj.SliceTimeline(2, end=1.0)
+    assert [two.run(0.0, lambda: 0.4) for _ in range(3)] == pytest.approx([0.4, 0.4, 0.8])
+
+
+@pytest.mark.slow
+def test_a_trainer_on_twice_the_share_takes_about_twice_the_measured_steps(tmp_path):
+    steps = {}
+    for share in (0.2, 0.4):
+        with placed(on_share(share)):
+            out = cj.run_trainer.fn(TRAINER, WINDOW, None, str(tmp_path / f"t{share}.pt"))
+        steps[share] = out["steps"]
+        assert out["alloc"] == share and out["work_ms"] > 0 and len(out["perf"]) == WINDOW.reports
+    assert 1.5 < steps[0.4] / steps[0.2] < 2.6
+
+
+@pytest.mark.slow
+def test_a_wider_model_on_the_same_share_answers_fewer_requests_within_the_slo(monkeypatch):
+    with placed(on_share(0.35)):
+        light = cj.run_service.fn(SERVICE, WINDOW)
+        monkeypatch.setattr(cj, "service_model", lambda job, device: cj._classifier(job.hidden * 4, device))
+        heavy = cj.run_service.fn(SERVICE, WINDOW)
+    assert light["requests"] == heavy["requests"]  # the same arrivals
+    assert heavy["work_ms"] > 2.5 * light["work_ms"]
+    assert np.mean(heavy["perf"]) < np.mean(light["perf"]) - 0.3
+    assert light["accuracy"] > 0.8
+
+
+def test_a_service_without_a_slice_serves_nothing():
+    out = cj.run_service.fn(SERVICE, WINDOW)  # no placement: zero GPUs
+    assert out["alloc"] == 0.0 and out["served"] == 0 and max(out["perf"]) == 0.0
+
+
+@pytest.mark.parametrize("field,value", [("rows", 0), ("rows", 598), ("hidden", 2.5), ("scale_ms", float("inf"))])
+def test_bad_job_fields_name_the_field(field, value):
+    from gpu.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=f"svc.{field}="):
+        cj.JobConfig("svc", "service", 0.9, **{field: value})
