@@ -87,8 +87,8 @@ class Frontend:
         self.link = link
         self.handoff_bytes = dict(handoff_bytes or {})
         self._workers: dict[int, Any] = {}
-        self.handoffs = 0    # requests issued by a query stage whose parent's node is known ...
-        self.cross_node = 0  # ... and those sent to another node (over the link, when there is one)
+        self.handoffs = 0    # parent → child edges of the requests query stages issued (a join: one per parent) ...
+        self.cross_node = 0  # ... and those between two nodes (over the link, when there is one)
 
     def set_plan(self, plan: Plan, workers: Mapping[int, Any]) -> None:
         """Install the routing table of ``plan``; ``workers`` maps node id → the worker running it."""
