@@ -12,7 +12,14 @@ runner's flow run (experiment ``gpuflows-nexus``), with a time-series plot; what
 named in the result's ``mlflow_errors``. ``backend="ray"`` (under ``GpuRayTaskRunner``) runs the
 profiling tasks on Ray and each GPU node's worker as a Ray actor leasing from the runner's ledger.
 
+Placement (the spec's ``placement``, or ``--placement``): ``nexus`` as above; ``shares`` and ``nona`` host every
+stage of the spec on each of ``placement.nodes`` nodes (a fixed plan, no re-planning), ``shares`` routing each
+request by its session's shares and ``nona`` routing each query by the placement it samples from θ, solved
+once before the rollout from the profiled stage latencies and the link (Nona, §III; ``tasks.serving.nona``).
+The spec's ``link`` emulates the bottleneck link the hand-offs between nodes queue on (``tasks.serving.link``).
+
     python -m flows.serving_rollout --duration-s 20
+    python -m flows.serving_rollout --spec scenarios/serving/diamond_nona.yaml --placement nona
     python -m flows.serving_rollout --duration-s 10 --backend ray
 """
 
@@ -74,14 +81,21 @@ class EpochMark:
     replanned: bool
 
 
-def _spec(spec: dict | str | None, duration_s: float | None, batch_policy: str | None):
-    from tasks.serving.spec import load_spec, parse_spec
+def _spec(spec: dict | str | None, duration_s: float | None, batch_policy: str | None, placement: str | None = None):
+    from tasks.serving.spec import PLACEMENTS, load_spec, parse_spec
 
-    parsed = parse_spec(spec) if isinstance(spec, dict) else load_spec(str(spec or DEFAULT_SPEC))
+    path = Path(str(spec or DEFAULT_SPEC))
+    if not isinstance(spec, dict) and not path.is_absolute() and not path.exists():
+        path = DEFAULT_SPEC.parent.parent.parent / path  # a shipped spec named from the package root (deployments)
+    parsed = parse_spec(spec) if isinstance(spec, dict) else load_spec(str(path))
     if duration_s is not None:
         parsed = replace(parsed, duration_s=positive(duration_s, "duration_s"))
     if batch_policy is not None:
         parsed = replace(parsed, batch_policy=choose(batch_policy, "batch_policy", list(POLICIES)))
+    if placement is not None:
+        parsed = replace(parsed, placement=choose(placement, "placement", list(PLACEMENTS)))
+    if parsed.placement == "nona" and parsed.link_mu is None:
+        raise ConfigError("link.mu", None, "placement nona solves θ against the link: give its capacity (bytes/s)")
     return parsed
 
 
@@ -130,7 +144,8 @@ def runner_settings(parameters: dict) -> dict:
 @flow(name="serving-rollout", task_runner=GpuTaskRunner(configure=runner_settings))
 def serving_rollout(spec: dict | str | None = None, duration_s: float | None = None,
                     batch_policy: str | None = None, backend: str = "local", pool: GpuPool | str | None = None,
-                    mode: str = "process", tracking: MlflowTarget | bool | str | None = None) -> dict[str, Any]:
+                    mode: str = "process", tracking: MlflowTarget | bool | str | None = None,
+                    placement: str | None = None) -> dict[str, Any]:
     """Profile, plan, roll out and serve the spec's trace, re-planning every epoch; returns the figures.
 
     Args:
@@ -145,6 +160,7 @@ def serving_rollout(spec: dict | str | None = None, duration_s: float | None = N
         mode: GpuTaskRunner mode of the profiling tasks ("process" or "thread").
         tracking: MlflowTarget block, the name of a saved one, False to switch MLflow off, None for experiment
             "gpuflows-nexus" (every Nexus run's experiment).
+        placement: override the spec's placement (``nexus``, ``shares`` or ``nona``; module docstring).
 
     Returns:
         The figures (``_summarise``: per epoch and over the run, queries, dispatch overhead), ``mlflow_run_id``
@@ -155,7 +171,9 @@ def serving_rollout(spec: dict | str | None = None, duration_s: float | None = N
     from tasks.serving.runtime import LocalServingRuntime
     from tasks.serving.spec import check_slos
 
-    sp = _spec(spec, duration_s, batch_policy)
+    sp = _spec(spec, duration_s, batch_policy, placement)
+    if sp.placement != "nexus" and backend != "local":
+        raise ConfigError("placement", sp.placement, "is served by the local backend only")
     if mode not in MODES:
         raise ConfigError("mode", mode, f"choose one of {MODES}")
     if backend not in BACKENDS:
@@ -171,7 +189,8 @@ def serving_rollout(spec: dict | str | None = None, duration_s: float | None = N
     parent = publish_mlflow_link(runner) if tracking.enabled else None
     log_flow_inputs("nexus", sp.batch_policy, {"spec": sp.name, "batch_policy": sp.batch_policy,
                                                "duration_s": sp.duration_s, "models": ",".join(sp.models),
-                                               "backend": backend, "pool": pool.name, "seed": sp.seed, "mode": mode})
+                                               "backend": backend, "pool": pool.name, "seed": sp.seed, "mode": mode,
+                                               "placement": sp.placement})
     futures, prev = {}, None
     for m in sp.models:  # one at a time: concurrent profiling on shared devices would skew the timings
         prev = futures[m] = profile_serving_model.submit(m, sp.training_steps, sp.seed, sp.profile_repeats,
@@ -184,7 +203,15 @@ def serving_rollout(spec: dict | str | None = None, duration_s: float | None = N
     planner = EpochPlanner(SquishyPacker(profiles, sp.preset), sessions, sp.epoch, max_gpus=pool_gpus)
     chains = sp.chains()  # a query as a DAG (see tasks.serving.spec)
     # the controller the simulator runs, here on the real clock: epochs, routing and chaining
-    controller = NexusController(planner, chains=chains, load_balancer=sp.load_balancer, rng=sp.seed, time_unit="ns")
+    controller = NexusController(planner if sp.placement == "nexus" else None, chains=chains,
+                                 load_balancer=sp.load_balancer, rng=sp.seed, time_unit="ns")
+    routing, handoff = None, _handoff_bytes(sp)
+    if sp.placement != "nexus":  # every node hosts every stage; the plan stays fixed
+        from tasks.serving.nona import replicated_plan
+
+        controller.plan = replicated_plan(sessions, profiles, sp.nodes)
+    if sp.placement == "nona":
+        routing = _nona_routing(sp, profiles, handoff)
     trace = sp.trace(sessions, issued=set(chains))
     data = load_digits_tensors(sp.seed)
     marks = [EpochMark(0.0, controller.plan, True)]
@@ -192,7 +219,8 @@ def serving_rollout(spec: dict | str | None = None, duration_s: float | None = N
     factory = _policy_factory(sp.batch_policy, models, profiles, sessions,
                               data.x_test[:ORLOJ_PROFILE_REQUESTS].numpy())
     with LocalServingRuntime(models, profiles, ledger, None, sp.preset, seed=sp.seed, backend=backend,
-                             controller=controller, policy_factory=factory) as rt:
+                             controller=controller, policy_factory=factory, query_routing=routing,
+                             link_mu=sp.link_mu, handoff_bytes=handoff) as rt:
         rt.apply(controller.plan)
         progress = FlowProgress("serving-rollout", sp.duration_s, f"serving {sp.name}", unit="s of trace").start()
 
@@ -217,6 +245,9 @@ def serving_rollout(spec: dict | str | None = None, duration_s: float | None = N
                                                                                                sp.epoch.beacon_s)
     progress.close()
     result = _summarise(sp, rt, load, marks, beacons, profiles)
+    if routing is not None:  # θ per (class, subgraph root), aligned with its Ω (logged in serving/summary.json)
+        result["nona_theta"] = {f"{k}:{root}": list(th) for (k, root), th
+                                in routing.controller.table.entries[0].thetas.items()}
     columns = ("epoch", "start_s", "end_s", "replanned", "gpus", "unassigned_rps", "offered_rps", "throughput_rps",
                "slo_attainment", "bad_rate", "p99_latency_ms")
     publish_table("serving-rollout-epochs", [{k: e[k] for k in columns} for e in result["epochs"]],
@@ -235,6 +266,28 @@ def serving_rollout(spec: dict | str | None = None, duration_s: float | None = N
     tracker = flow_tracker()
     result["mlflow_errors"] = errors + (tracker.flush() if tracker else [])
     return result
+
+
+def _handoff_bytes(sp) -> dict[str, float] | None:
+    """Bytes per hand-off to each non-root query stage (the spec's ``link.bytes``; None: the input rows')."""
+    if sp.handoff_bytes is None:
+        return None
+    return {child: sp.handoff_bytes for child in sp.chains()}
+
+
+def _nona_routing(sp, profiles, handoff):
+    """θ for the spec's queries on its nodes and link, solved before the rollout (Nona §III-A: offline)."""
+    from tasks.serving.nona import solve_routing, stage_dag
+
+    dags = {q.query_id: stage_dag(q.query_id, {st.name: st.model for st in q.stages}, sp.stage_inputs(q), profiles,
+                                  handoff) for q in sp.queries if len(q.stages) > 1}
+    if not dags:
+        raise ConfigError("placement", "nona", "places multi-stage queries: the spec has none")
+    routing = solve_routing(dags, {q.query_id: q.rate for q in sp.queries}, list(range(sp.nodes)), sp.link_mu,
+                            sp.seed)
+    get_run_logger().info("Nona θ solved: %s", {f"{k}/{r}": [round(x, 3) for x in th] for (k, r), th
+                                                 in routing.controller.table.entries[0].thetas.items()})
+    return routing
 
 
 def _summarise(sp, rt, load, marks: list[EpochMark], beacons: list[dict], profiles) -> dict[str, Any]:
@@ -259,9 +312,42 @@ def _summarise(sp, rt, load, marks: list[EpochMark], beacons: list[dict], profil
             "epochs": epochs, "max_gpus": max(e["gpus"] for e in epochs), "replans": sum(m.replanned for m in marks[1:]),
             **total.metrics(), **overhead, "smallest_batch1_us": batch1_us,
             "dispatch_overhead_frac_of_batch1": overhead["dispatch_overhead_us"] / batch1_us,
-            "loadgen_max_lag_ms": load.max_lag_ms, "queries": queries,
+            "loadgen_max_lag_ms": load.max_lag_ms, "queries": queries, "placement": sp.placement,
+            **_handoff_figures(rt),
             **({"query_bad_rate": sum(q["queries"] * q["bad_rate"] for q in queries.values()) / served}
                if served else {})}
+
+
+def _handoff_figures(rt) -> dict[str, float]:
+    """Hand-offs between query stages, those that crossed nodes, and the emulated link's load and wait."""
+    fe = rt.frontend
+    out = {"handoffs": float(fe.handoffs), "cross_node_handoffs": float(fe.cross_node),
+           "cross_node_share": fe.cross_node / fe.handoffs if fe.handoffs else 0.0}
+    if rt.link is not None:
+        out.update(link_transfers=float(rt.link.transfers),
+                   link_mean_wait_ms=rt.link.wait_ns / max(1, rt.link.transfers) / 1e6,
+                   link_busy_s=rt.link.busy_ns / 1e9)
+    return out
+
+
+def _query_jct(outcomes, root_session: str, stages: set[str], root) -> np.ndarray:
+    """Job completion time (ms) of every query whose requests all finished: last finish − root arrival."""
+    arrival: dict[int, float] = {}
+    last: dict[int, float] = {}
+    lost: set[int] = set()
+    for o in outcomes:
+        if o.session_id == root_session:
+            q = o.request_id
+            arrival[q] = o.arrival_ms
+        elif o.session_id in stages:
+            q = root(o.request_id)
+        else:
+            continue
+        if not np.isfinite(o.finish_ms):
+            lost.add(q)
+        else:
+            last[q] = max(last.get(q, -np.inf), o.finish_ms)
+    return np.array([last[q] - a for q, a in arrival.items() if q in last and q not in lost])
 
 
 def _query_figures(sp, rt) -> dict[str, dict[str, float]]:
@@ -276,7 +362,10 @@ def _query_figures(sp, rt) -> dict[str, dict[str, float]]:
         stages = [f"{q.query_id}/{st.name}" for st in q.stages if st.parent is not None]
         if stages:
             n, bad = query_bad_rate(outcomes, f"{q.query_id}/{q.root}", stages, rt.chainer.root)
-            out[q.query_id] = {"queries": n, "bad_rate": bad}
+            jct = _query_jct(outcomes, f"{q.query_id}/{q.root}", set(stages), rt.chainer.root)
+            out[q.query_id] = {"queries": n, "bad_rate": bad,
+                               "mean_jct_ms": float(jct.mean()) if len(jct) else float("nan"),
+                               "p99_jct_ms": float(np.percentile(jct, 99)) if len(jct) else float("nan")}
     return out
 
 
@@ -332,7 +421,7 @@ def _log_mlflow(tracking: MlflowTarget, parent: str | None, sp, result: dict, ma
                     for k in ("offered_rps", "throughput_rps", "bad_rate", "gpus", "gpu_share")]
     client.log_batch(parent, metrics=metrics, params=[
         Param("spec", sp.name), Param("batch_policy", sp.batch_policy), Param("load_balancer", sp.load_balancer),
-        Param("preset", sp.preset), Param("models", ",".join(sp.models))])
+        Param("preset", sp.preset), Param("models", ",".join(sp.models)), Param("placement", sp.placement)])
     for e, m in zip(result["epochs"], marks):
         run = client.create_run(exp_id, run_name=f"epoch-{e['epoch']}", tags={"mlflow.parentRunId": parent,
                                                                             "nexus.replanned": str(e["replanned"])})
@@ -366,9 +455,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=output_file, default=None, help="write the result (figures per epoch) to this file")
     ap.add_argument("--backend", choices=("local", "ray"), default="local",
                     help="workers as threads here (local) or Ray actors (ray: the pool's ray_address, else a local Ray)")
+    ap.add_argument("--placement", choices=("nexus", "shares", "nona"), default=None,
+                    help="override the spec's placement (nexus: packed plan; shares/nona: every stage on every node)")
     args = ap.parse_args(argv)
     try:  # a bad spec, duration, policy or pool name fails here, before a Prefect server starts
-        _spec(args.spec, args.duration_s, args.batch_policy)
+        _spec(args.spec, args.duration_s, args.batch_policy, args.placement)
         pool_path(args.pool)
     except GpuflowsError as exc:
         return error(exc)
@@ -381,7 +472,7 @@ def main(argv: list[str] | None = None) -> int:
         rollout = serving_rollout.with_options(task_runner=GpuRayTaskRunner(configure=runner_settings))
     try:
         result = rollout(args.spec, args.duration_s, args.batch_policy, args.backend, pool=pool, mode=args.mode,
-                         tracking=tracking)
+                         tracking=tracking, placement=args.placement)
     except GpuflowsError as exc:
         return error(exc)
     for e in result["epochs"]:
@@ -393,7 +484,12 @@ def main(argv: list[str] | None = None) -> int:
           f"{100 * result['dispatch_overhead_frac_of_batch1']:.1f}% of the smallest model's batch-1 latency "
           f"({result['smallest_batch1_us']:.1f} us); accuracy {result['accuracy']:.3f}")
     for qid, q in result["queries"].items():
-        print(f"query {qid} (served as a DAG): {q['queries']} queries, {100 * q['bad_rate']:.2f}% bad")
+        print(f"query {qid} (served as a DAG): {q['queries']} queries, {100 * q['bad_rate']:.2f}% bad, "
+              f"mean JCT {q['mean_jct_ms']:.2f} ms, p99 {q['p99_jct_ms']:.2f} ms")
+    if result["handoffs"]:
+        print(f"placement {result['placement']}: {result['cross_node_handoffs']:.0f} of {result['handoffs']:.0f} "
+              f"hand-offs crossed nodes" + (f", link mean wait {result['link_mean_wait_ms']:.2f} ms"
+                                            if "link_mean_wait_ms" in result else ""))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1, default=str))
     return 0

@@ -40,6 +40,8 @@ SMALL = {
     "ekya-continuous-retraining": ({"streams": 1, "windows": 1, "frames": 100, "labelled": 100, "mode": "thread",
                                     "registry_prefix": "deploy-test"}, "ekya-windows-thief"),
     "serving-rollout": ({"spec": TINY_SERVING_SPEC, "mode": "thread"}, "serving-rollout-epochs"),
+    "serving-rollout-nona": ({"spec": "scenarios/serving/diamond_nona.yaml", "placement": "nona", "duration_s": 2,
+                              "mode": "thread"}, "serving-rollout-epochs"),
     "fluid-trial-groups": ({"algorithm": "random", "trials": 2, "iterations": 1, "chunk": 1, "c": 2, "alpha": 1.5,
                             "mode": "thread", "progress": False}, "fluid-trials-random"),
     "cilantro-allocation-rounds": ({"rounds": 1, "round_s": 10.0, "report_s": 5.0, "mode": "thread",

@@ -7,6 +7,14 @@ root-to-leaf path ends by the query's arrival + its end-to-end SLO. Each parent 
 Poisson(γ) children (γ: the stage's average fan-out, §6.2, e.g. faces per frame); a dropped or late parent
 issues none — its query is bad already.
 
+Joins (a DAG such as a ResNet block's diamond ``a → {b, c} → d``, whose tasks "use the outputs of their parent
+tasks as inputs", Nona, Pit-Claudel et al., §I): a child listed with several parents, ``{"q/d": (("q/b", "q/c"), 1.0)}``, is
+issued once per query, when the last of its parents finished — on time only if every parent was — due by the
+latest parent's deadline plus its own budget. A query with a join is a job of tasks, each run once per query:
+every edge of it has γ = 1 and issues exactly one child (no Poisson draw). Matching parents of one query needs
+each finished request's query (``issue(..., queries=...)``: its root request's id), which both worlds track.
+Nexus's Poisson(γ) chaining and its SLO split stay as they are for trees.
+
 This is the one implementation: the simulator (``gpu.sim.nexus_engine``, virtual ms) and the serving runtime
 (``tasks.serving.chaining``, ``perf_counter_ns``) both ask :meth:`QueryChains.issue`, through the Nexus
 controller, and only turn its answer into their own requests.
@@ -48,11 +56,15 @@ class Issue:
     deadlines: np.ndarray
 
 
+JOIN_SWEEP = 4096  # waiting joins held before the ones that can no longer be on time are forgotten
+
+
 class QueryChains:
-    """The stage tree of every query and the stage budgets of the plan in force.
+    """The stage DAG of every query and the stage budgets of the plan in force.
 
     Args:
-        chains: ``{child stage session: (parent stage session, γ)}``.
+        chains: ``{child stage session: (parent stage session, γ)}``; a join lists its parents as a tuple,
+            ``(("q/b", "q/c"), 1.0)``.
         rng: the fan-out draws (a seed or a generator).
         time_unit: the world's clock, ``ms`` (floats) or ``ns`` (integers), see :data:`TICKS_PER_MS`.
     """
@@ -62,15 +74,36 @@ class QueryChains:
         if time_unit not in TICKS_PER_MS:
             raise ConfigError("time_unit", time_unit, f"choose one of {list(TICKS_PER_MS)}")
         self.chains = dict(chains)
+        self.inputs: dict[str, tuple[str, ...]] = {}  # child -> its parent stages
         self.children: dict[str, list[tuple[str, float]]] = {}
         for child, (parent, gamma) in self.chains.items():
             if not (isinstance(gamma, (int, float)) and math.isfinite(gamma) and gamma >= 0):
                 raise ConfigError(f"{child}.gamma", gamma, "must be a finite fan-out >= 0")
-            if child == parent or self._has_ancestor(parent, child):
-                raise ConfigError("chains", child, f"a stage cannot be its own ancestor (parent {parent!r})")
-            self.children.setdefault(parent, []).append((child, float(gamma)))
+            parents = (parent,) if isinstance(parent, str) else tuple(parent)
+            if not parents or len(set(parents)) != len(parents):
+                raise ConfigError(f"{child}.parents", parents, "need one or more distinct parent stages")
+            self.inputs[child] = parents
+            for p in parents:
+                self.children.setdefault(p, []).append((child, float(gamma)))
+        for child, parents in self.inputs.items():
+            if any(p == child or self._has_ancestor(p, child) for p in parents):
+                raise ConfigError("chains", child, f"a stage cannot be its own ancestor (parents {list(parents)})")
         self.parents = frozenset(self.children)
         self.roots = {sid: self._top(sid) for sid in [*self.children, *self.chains]}  # stage -> its query's root
+        self.joins = frozenset(c for c, ps in self.inputs.items() if len(ps) > 1)
+        for join in self.joins:
+            tops = {self.roots[p] for p in self.inputs[join]}
+            if len(tops) != 1:
+                raise ConfigError(f"{join}.parents", list(self.inputs[join]), "a join's parents must be stages of "
+                                                                               "one query")
+        dag_roots = {self.roots[j] for j in self.joins}
+        self.exact = frozenset(c for c in self.chains if self.roots[c] in dag_roots)  # issued once per query
+        for child in self.exact:
+            if self.chains[child][1] != 1:
+                raise ConfigError(f"{child}.gamma", self.chains[child][1], "a query with a join runs each stage once "
+                                                                           "per query: γ must be 1")
+        self._dag_parents = frozenset(p for c in self.exact for p in self.inputs[c])
+        self._waiting: dict[tuple[str, int], list] = {}  # (join, query) -> [parents arrived, all on time, deadline]
         self.time_unit = time_unit
         self._per_ms = TICKS_PER_MS[time_unit]
         self._tol = TOL_MS * self._per_ms  # on time: finish <= deadline + TOL_MS, as ``nexus_profiles.fits``
@@ -80,22 +113,25 @@ class QueryChains:
         self._lock = threading.Lock()  # the runtime issues from every worker thread
 
     def _has_ancestor(self, sid: str, ancestor: str) -> bool:
-        seen = set()
-        while sid in self.chains and sid not in seen:
-            seen.add(sid)
-            sid = self.chains[sid][0]
-            if sid == ancestor:
-                return True
+        seen, todo = set(), [sid]
+        while todo:
+            u = todo.pop()
+            for p in self.inputs.get(u, ()):
+                if p == ancestor:
+                    return True
+                if p not in seen:
+                    seen.add(p)
+                    todo.append(p)
         return False
 
     def _top(self, sid: str) -> str:
-        while sid in self.chains:
-            sid = self.chains[sid][0]
+        while sid in self.inputs:
+            sid = self.inputs[sid][0]
         return sid
 
     def depth(self, sid: str) -> int:
-        """Number of stages above ``sid``."""
-        return 0 if sid not in self.chains else 1 + self.depth(self.chains[sid][0])
+        """Number of stages on the longest path above ``sid``."""
+        return 0 if sid not in self.inputs else 1 + max(self.depth(p) for p in self.inputs[sid])
 
     def set_plan(self, plan, ready_ms: Mapping[str, float] | None = None) -> None:
         """Take the stage budgets of ``plan`` (a ``gpu.schedulers.nexus.Plan``): a session's SLO plus the CPU
@@ -118,15 +154,19 @@ class QueryChains:
             self._fanouts[child] = block, at + k
         return block[at:at + k]
 
-    def issue(self, now: float | int, session_id: str, deadlines: np.ndarray | float | int) -> tuple[Issue, ...]:
+    def issue(self, now: float | int, session_id: str, deadlines: np.ndarray | float | int,
+              queries: np.ndarray | None = None) -> tuple[Issue, ...]:
         """The children of a batch of stage ``session_id`` that finished at ``now`` (its requests' ``deadlines``).
 
-        Only parents that finished on time issue; a stage with no children issues nothing.
+        Only parents that finished on time issue; a stage with no children issues nothing. ``queries``: each
+        request's query (its root request's id), needed when a child is a join; a join's ``Issue.parents``
+        names the request whose arrival completed it.
         """
         kids = self.children.get(session_id)
         if not kids:
             return ()
-        if type(deadlines) in (int, float):  # a batch of one, the runtime's common case at low load: no mask
+        if type(deadlines) in (int, float) and session_id not in self._dag_parents:
+            # a batch of one, the runtime's common case at low load: no mask
             if now > deadlines + self._tol:
                 return ()
             fanouts = [(child, int(self._fanout(child, gamma, 1)[0])) for child, gamma in kids]
@@ -134,11 +174,38 @@ class QueryChains:
                          for child, n in fanouts if n)
         due = np.atleast_1d(deadlines)
         on_time = now <= due + self._tol
-        if not on_time.any():
-            return ()
         out = []
         for child, gamma in kids:
-            idx = np.repeat(np.arange(len(due)), self._fanout(child, gamma, len(due)) * on_time)
+            if child in self.joins:
+                if queries is None:
+                    raise ConfigError("queries", None, f"{child!r} joins several stages: pass each request's query")
+                idx, dl = self._join(now, child, due, on_time, np.atleast_1d(queries))
+            else:
+                n = on_time if child in self.exact else self._fanout(child, gamma, len(due)) * on_time
+                idx = np.repeat(np.arange(len(due)), n)
+                dl = due[idx]
             if len(idx):
-                out.append(Issue(child, idx, due[idx] + self.budget(child)))
+                out.append(Issue(child, idx, dl + self.budget(child)))
         return tuple(out)
+
+    def _join(self, now, child: str, due: np.ndarray, on_time: np.ndarray,
+              queries: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Count one parent's arrival per request towards ``child``'s join of its query; the requests that
+        completed a join on time and the join's deadlines (the latest parent's)."""
+        need = len(self.inputs[child])
+        done, dl = [], []
+        with self._lock:
+            for i, q in enumerate(queries.tolist()):
+                entry = self._waiting.setdefault((child, q), [0, True, due[i]])
+                entry[0] += 1
+                entry[1] = entry[1] and bool(on_time[i])
+                entry[2] = max(entry[2], due[i])
+                if entry[0] == need:
+                    del self._waiting[(child, q)]
+                    if entry[1]:
+                        done.append(i)
+                        dl.append(entry[2])
+            if len(self._waiting) > JOIN_SWEEP:  # parents dropped before finishing never arrive: forget the joins
+                self._waiting = {k: e for k, e in self._waiting.items()  # that could no longer be on time
+                                 if now <= e[2] + self.budget(k[0]) + self._tol}
+        return np.asarray(done, np.intp), np.asarray(dl, due.dtype)

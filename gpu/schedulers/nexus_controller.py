@@ -54,7 +54,8 @@ class NexusController:
     Args:
         planner: the epoch planner (its current plan is the first decision); None for a fixed plan that the
             world installs and no epoch changes (the §7.2 experiments, one ``simulate_plan``).
-        chains: ``{child stage session: (parent stage session, γ)}``, queries served as DAGs.
+        chains: ``{child stage session: (parent stage session, γ)}``, queries served as DAGs (a join lists its
+            parents as a tuple, ``nexus_chaining``).
         policy: the serving configuration (``nexus_strategies``); it names the load balancer unless
             ``load_balancer`` is given.
         rng: seed or generator of the routing (weighted random) and fan-out draws.
@@ -97,6 +98,8 @@ class NexusController:
         pushes to); None when no GPU hosts it (the world drops its requests)."""
         return self.router.picker(session_id, targets)
 
-    def chain(self, now: float | int, session_id: str, deadlines: np.ndarray | float | int) -> tuple[Issue, ...]:
-        """The next stages' requests of a batch of ``session_id`` finished at ``now`` (``QueryChains.issue``)."""
-        return self.chains.issue(now, session_id, deadlines)
+    def chain(self, now: float | int, session_id: str, deadlines: np.ndarray | float | int,
+              queries: np.ndarray | None = None) -> tuple[Issue, ...]:
+        """The next stages' requests of a batch of ``session_id`` finished at ``now`` (``QueryChains.issue``;
+        ``queries``: each request's query, for joins)."""
+        return self.chains.issue(now, session_id, deadlines, queries)

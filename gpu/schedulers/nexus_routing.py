@@ -16,12 +16,17 @@ whatever stands for its GPUs (node ids, worker threads, a simulated GPU's queue)
 simulator (``gpu/sim/nexus_engine.py``) route through it, so for the same shares they send the same request
 sequence to the same GPUs.
 
+Per-query routing (:class:`QueryRouting`): a seam that may route each request of a multi-stage query by its
+query (the id of the query's root request) instead of by its session's shares — Nona places a whole query
+at once (``gpu.schedulers.nona_policy.NonaRouting``). The default, :class:`PlanShares`, routes nothing
+itself: every request follows its session's shares, as Nexus does.
+
 Example: ``DeficitRoundRobin("ab", [2, 1]).pick_many(6)`` → ``[0, 0, 1, 0, 0, 1]``.
 """
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence, TypeVar
+from typing import Any, Mapping, Protocol, Sequence, TypeVar
 
 import numpy as np
 
@@ -135,3 +140,24 @@ class Router:
         """A balancer over the session's GPUs as ``targets[node id]``; None when no GPU hosts the session."""
         nodes, weights = self.nodes(session_id)
         return balancer(self.kind, [targets[n] for n in nodes], weights, self.rng) if nodes else None
+
+
+class QueryRouting(Protocol):
+    """Where each request of a query stage goes, keyed by its query (the id of the query's root request)."""
+
+    def set_hosts(self, hosts: Mapping[str, Sequence[int]]) -> None:
+        """The plan in force: session → the node ids that host it."""
+
+    def where(self, now: float, session_id: str, queries: np.ndarray) -> np.ndarray | None:
+        """Node id per request of ``session_id`` (``queries``: each request's query) at ``now`` (s), or None
+        to route them by the session's shares."""
+
+
+class PlanShares:
+    """The default routing: no per-query choice, every request follows its session's plan shares (Nexus §5)."""
+
+    def set_hosts(self, hosts: Mapping[str, Sequence[int]]) -> None:
+        return None
+
+    def where(self, now: float, session_id: str, queries: np.ndarray) -> np.ndarray | None:
+        return None

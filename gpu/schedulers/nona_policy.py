@@ -161,6 +161,10 @@ class NonaController:
         self.entry = 0
         self._sampler = GroupingSampler.from_solution(policy, dags, table.entries[0], servers, seed)
 
+    @property
+    def dags(self) -> dict[str, Dag]:
+        return dict(self._dags)
+
     def on_arrival(self, now: float, query: Query) -> Placement:
         return self._sampler.decide(query)
 
@@ -180,3 +184,59 @@ class NonaController:
         """Install a re-solved scenario (the world solved it after ``TableChoice.resolve``); a failed re-solve
         simply never calls this, so the table in force stays."""
         self.table = LookupTable(self.table.entries + (solution,))
+
+
+class NonaRouting:
+    """Nona as the serving frontend's per-query routing (``gpu.schedulers.nexus_routing.QueryRouting``).
+
+    A query's first request (its root stage's) samples the query's placement from the table entry in force
+    (``NonaController.on_arrival``, §III-C), among the nodes that host every stage of its class; each of its
+    stage requests then goes to the node its task drew. The sample is seeded by (seed, the root request's id),
+    so a query's stages, routed one by one as they are issued, all read the same placement.
+
+    Args:
+        controller: places arrivals (its classes are the DAGs' names).
+        stages: serving session → (class, task), e.g. ``{"q/a": ("q", "a")}``; other sessions are left to
+            their shares.
+        cache: placements kept (a query's stages usually arrive within its SLO; one evicted is re-sampled
+            identically).
+
+    Example: ``where(0.0, "q/b", np.array([7, 8]))`` → ``array([2, 0])``.
+    """
+
+    def __init__(self, controller: NonaController, stages: Mapping[str, tuple[str, str]], cache: int = 1 << 16):
+        self.controller = controller
+        self.stages = dict(stages)
+        for sid, (klass, task) in self.stages.items():
+            dag = controller.dags.get(klass)
+            if dag is None or task not in dag.tasks:
+                raise ConfigError(f"stages.{sid}", (klass, task), "names no task of the controller's DAGs")
+        self._cache = cache
+        self._servers: dict[str, tuple[int, ...]] = {}
+        self._placed: dict[int, Placement] = {}
+
+    def set_hosts(self, hosts: Mapping[str, Sequence[int]]) -> None:
+        """Each class may use the nodes hosting all of its stages (none: its stages follow their shares)."""
+        by_class: dict[str, set[int]] = {}
+        for sid, (klass, _) in self.stages.items():
+            nodes = set(hosts.get(sid, ()))
+            by_class[klass] = by_class[klass] & nodes if klass in by_class else nodes
+        self._servers = {k: tuple(sorted(v)) for k, v in by_class.items()}
+        self._placed.clear()
+
+    def where(self, now: float, session_id: str, queries: np.ndarray) -> np.ndarray | None:
+        """The node each request of ``session_id`` goes to: its task's server in its query's placement."""
+        stage = self.stages.get(session_id)
+        if stage is None or not self._servers.get(stage[0]):
+            return None
+        klass, task = stage
+        if len(self._placed) > self._cache:
+            self._placed.clear()
+        out = np.empty(len(queries), np.int64)
+        for i, q in enumerate(np.asarray(queries).tolist()):
+            placement = self._placed.get(q)
+            if placement is None:
+                placement = self.controller.on_arrival(now, Query(q, klass, self._servers[klass]))
+                self._placed[q] = placement
+            out[i] = placement.server(task)
+        return out

@@ -260,6 +260,8 @@ class _Chains:
     def __init__(self, loop: EventLoop, result: SimResult, controller: NexusController, ready_ms: Mapping[str, float]):
         self.loop, self.result, self.ctl, self.ready_ms = loop, result, controller, ready_ms
         self.roots = controller.chains.roots
+        chains = controller.chains
+        self.joined = frozenset(p for j in chains.joins for p in chains.inputs[j])  # parents of a join
         self.routes: dict[str, DeficitRoundRobin | WeightedRandom] = {}  # over (slot, GPU) pairs
 
     def route(self, sid: str, picker: DeficitRoundRobin | WeightedRandom) -> None:
@@ -276,7 +278,8 @@ class _Chains:
 
     def _arrive(self, parent: str, done: list[Request]) -> None:
         now = self.loop.now
-        for issue in self.ctl.chain(now, parent, np.array([r.deadline_ms for r in done])):
+        queries = np.array([r.request_id for r in done]) if parent in self.joined else None
+        for issue in self.ctl.chain(now, parent, np.array([r.deadline_ms for r in done]), queries):
             child = issue.session_id
             ready = self.ready_ms.get(child, 0.0)  # pre-processed by the CPU pool first (OL)
             reqs = [Request(done[p].request_id, child, now + ready, float(d))
@@ -345,8 +348,8 @@ def simulate_plan(plan: Plan, profiles: Mapping[str, BatchProfile], policy: Batc
     for sid, delay in ready.items():
         if sid not in by_id or not (np.isfinite(delay) and delay >= 0):
             raise ConfigError(f"ready_ms.{sid}", delay, "need a session of the plan and a finite delay >= 0")
-    for child, (parent, _) in chains.items():
-        if child not in by_id or parent not in by_id:
+    for child, parents in ctl.chains.inputs.items():
+        if child not in by_id or any(p not in by_id for p in parents):
             raise ConfigError("chains", child, "child and parent must both be sessions of the plan")
     ctl.install(plan, ready)
     result = SimResult(duration_s, batch_log=[] if log_batches else None)

@@ -14,6 +14,14 @@ in the ring's ``app`` column to the worker, which hands it to the policy as ``Re
 with its own SLO gets ``arrival + its SLO`` as deadline (the session's otherwise), so such a queue is no longer
 deadline-ordered and needs an object policy (``LocalServingRuntime`` refuses a span policy then).
 
+Per-query routing (``query_routing``, ``gpu.schedulers.nexus_routing.QueryRouting``): a seam keyed by each
+request's query (its root request's id) that may send a query's stages where it chose — Nona's sampled
+placement (``gpu.schedulers.nona_policy.NonaRouting``); the default follows the shares. Hand-offs: a request
+a query stage issues knows the node its parent ran on; one issued to another node is a cross-node hand-off
+(``handoffs`` / ``cross_node`` count them) and, with an emulated ``link`` (``tasks.serving.link``), reaches
+its worker only after crossing it: ``handoff_bytes[child session]`` bytes per request (default: the bytes of
+its input row).
+
 Example: shares {1: 2/3, 2: 1/3} → DRR over 300 requests sends 200 to node 1 and 100 to node 2.
 """
 
@@ -22,13 +30,14 @@ from __future__ import annotations
 import threading
 import time
 from contextlib import contextmanager
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np
 
 from gpu.errors import ConfigError
 from gpu.schedulers.nexus import Plan
-from gpu.schedulers.nexus_routing import Router
+from gpu.schedulers.nexus_routing import PlanShares, QueryRouting, Router
+from tasks.serving.link import EmulatedLink
 from tasks.serving.ring import as_rows
 from tasks.serving.stats import Recorder
 
@@ -47,7 +56,9 @@ class Frontend:
     """
 
     def __init__(self, recorder: Recorder, load_balancer: str = "drr", seed: int = 0, chained_ids: int = CHAINED_IDS,
-                 router: Router | None = None, apps: Mapping[str, float | None] | None = None):
+                 router: Router | None = None, apps: Mapping[str, float | None] | None = None,
+                 query_routing: QueryRouting | None = None, link: EmulatedLink | None = None,
+                 handoff_bytes: Mapping[str, float] | None = None):
         self.apps = tuple(sorted(apps or {}))  # ring code k is ``apps[k - 1]``; 0 is "no application"
         self._app_code = {a: k for k, a in enumerate(self.apps, 1)}
         self._app_slo_ns: dict[int, int] = {}
@@ -71,6 +82,13 @@ class Frontend:
         self._holding: list[Any] = []  # workers that can hold a turn's pushes (Ray handles)
         self._next_chained = chained_ids
         self.chained = 0
+        self.query_routing = query_routing or PlanShares()
+        self.per_query = not isinstance(self.query_routing, PlanShares)
+        self.link = link
+        self.handoff_bytes = dict(handoff_bytes or {})
+        self._workers: dict[int, Any] = {}
+        self.handoffs = 0    # parent → child edges of the requests query stages issued (a join: one per parent) ...
+        self.cross_node = 0  # ... and those between two nodes (over the link, when there is one)
 
     def set_plan(self, plan: Plan, workers: Mapping[int, Any]) -> None:
         """Install the routing table of ``plan``; ``workers`` maps node id → the worker running it."""
@@ -86,6 +104,8 @@ class Frontend:
                 pick = self.router.picker(sid, workers)
             routes[sid] = (round(float(s.slo_ms) * 1e6), one, pick)
             self.counts.setdefault(sid, 0)
+        self.query_routing.set_hosts({s.session_id: self.router.nodes(s.session_id)[0] for s in plan.sessions})
+        self._workers = dict(workers)
         self._routes = routes
         self._holding = [w for w in dict.fromkeys(workers.values()) if hasattr(w, "flush")]
 
@@ -122,7 +142,7 @@ class Frontend:
         application that sent it (one of ``apps``), if any."""
         t0 = time.perf_counter_ns()
         route = self._routes.get(session_id)
-        if route is None or route[1] is None or app is not None:  # the general path
+        if route is None or route[1] is None or app is not None or self.per_query:  # the general path
             return self.submit_many(session_id, x, arrival_ns, app).start
         rid = self._next_id
         self._next_id = rid + 1
@@ -156,17 +176,23 @@ class Frontend:
         arrival = t0 if arrival_ns is None else arrival_ns
         deadline = arrival + slo
         self.counts[session_id] += k
-        self._dispatch(session_id, one, pick, pick.pick_many(k) if one is None and pick else None, first, k,
-                       arrival, deadline, rows, code)
+        nodes = self.query_routing.where(t0 / 1e9, session_id, np.arange(first, first + k)) if self.per_query else None
+        self._dispatch(session_id, self._groups(one, pick, nodes, k), first, k, arrival, deadline, rows, code)
         self.submitted += k
         self.route_ns += time.perf_counter_ns() - t0
         return ids
 
-    def chain(self, session_id: str, xs: np.ndarray, arrival_ns: int, deadline_ns: np.ndarray | int) -> range:
+    def chain(self, session_id: str, xs: np.ndarray, arrival_ns: int, deadline_ns: np.ndarray | int,
+              queries: np.ndarray | None = None, from_node: int | None = None,
+              record: Callable[[range], None] | None = None, others: list[list[int]] | None = None) -> range:
         """Requests of a query stage issued by its parent stage's finished requests (a worker's thread, while it
         records the parent batch): ``xs`` their inputs, ``arrival_ns`` the parent batch's finish, ``deadline_ns``
         one for all or one per request (the parent's deadline plus this stage's budget: unused slack carries
-        over). Returns their ids (a range apart from the load generator's)."""
+        over); ``queries``: each one's query (its root request's id), for per-query routing; ``from_node``:
+        the node the parent batch ran on (a request sent elsewhere is a cross-node hand-off, over ``link``);
+        ``record``: called with their ids before any is pushed (the chainer's parent links); ``others``: for a
+        join, per request the nodes its other parents ran on (their outputs cross too). Returns their ids (a
+        range apart from the load generator's)."""
         k = len(xs)
         if k == 1 and not isinstance(deadline_ns, int):  # a request alone takes the rings' scalar path: ints
             deadline_ns = int(deadline_ns[0])
@@ -176,27 +202,67 @@ class Frontend:
             self.counts[session_id] = self.counts.get(session_id, 0) + k
             self.chained += k
             _, one, pick = self._routes.get(session_id, (0, None, None))
-            to = pick.pick_many(k) if one is None and pick else None
-        self._dispatch(session_id, one, pick, to, first, k, arrival_ns, deadline_ns, xs)
+            nodes = (self.query_routing.where(arrival_ns / 1e9, session_id, queries)
+                     if self.per_query and queries is not None else None)
+            groups = self._groups(one, pick, nodes, k)
+            if record is not None:
+                record(range(first, first + k))
+            remote = None
+            if from_node is not None:  # per group: how many parents' outputs each of its requests needs moved
+                remote = [_remote(getattr(w, "node_id", from_node), from_node, others, mask, k) if w is not None
+                          else np.zeros(k, int) for w, mask in groups]
+                self.handoffs += k + (sum(map(len, others)) if others else 0)
+                self.cross_node += sum(int(r.sum()) for r in remote)
+        if remote is None or self.link is None:
+            self._dispatch(session_id, groups, first, k, arrival_ns, deadline_ns, xs)
+        else:
+            self._hand_off(session_id, groups, remote, first, k, arrival_ns, deadline_ns, xs)
         return range(first, first + k)
 
-    def _dispatch(self, session_id: str, one: Any, pick: Any, to: np.ndarray | None, first: int, k: int,
-                  arrival: np.ndarray | int, deadline: np.ndarray | int, rows: np.ndarray, app: int = 0) -> None:
-        """Requests ``first .. first + k`` into the ring of their worker (or of the workers ``to`` picked for
-        each), with their application's code when they have one; dropped when the plan gives the session no
-        GPU."""
-        tag = {"app": app} if app else {}
+    def _groups(self, one: Any, pick: Any, nodes: np.ndarray | None, k: int) -> list[tuple[Any, np.ndarray | None]]:
+        """(worker, mask of the requests it gets or None for all) for ``k`` requests: by the per-query
+        ``nodes``, else the session's only worker, else the shares' picks; ``(None, None)``: nothing hosts it."""
+        if nodes is not None:
+            return [(self._workers[int(n)], nodes == n) for n in np.unique(nodes)]
         if one is not None:
-            one.push(session_id, first, arrival, deadline, rows, **tag)
-        elif to is not None:
-            for j, target in enumerate(pick.targets):
-                mask = to == j
-                if mask.any():
-                    target.push(session_id, np.arange(first, first + k)[mask], _part(arrival, mask),
-                                _part(deadline, mask), rows[mask], **tag)
-        else:
-            self.recorder.dropped(session_id, -1, np.arange(first, first + k), np.full(k, arrival, np.int64),
-                                  np.full(k, deadline, np.int64))
+            return [(one, None)]
+        if pick is not None:
+            to = pick.pick_many(k)
+            return [(target, to == j) for j, target in enumerate(pick.targets)]
+        return [(None, None)]
+
+    def _dispatch(self, session_id: str, groups: list, first: int, k: int, arrival: np.ndarray | int,
+                  deadline: np.ndarray | int, rows: np.ndarray, app: int = 0) -> None:
+        """Requests ``first .. first + k`` into the rings of their workers (``_groups``), with their
+        application's code when they have one; dropped when the plan gives the session no GPU."""
+        tag = {"app": app} if app else {}
+        for target, mask in groups:
+            if target is None:
+                self.recorder.dropped(session_id, -1, np.arange(first, first + k), np.full(k, arrival, np.int64),
+                                      np.full(k, deadline, np.int64))
+            elif mask is None:
+                target.push(session_id, first, arrival, deadline, rows, **tag)
+            elif mask.any():
+                target.push(session_id, np.arange(first, first + k)[mask], _part(arrival, mask),
+                            _part(deadline, mask), rows[mask], **tag)
+
+    def _hand_off(self, session_id: str, groups: list, remote: list[np.ndarray], first: int, k: int, arrival: int,
+                  deadline: np.ndarray | int, rows: np.ndarray) -> None:
+        """Push the requests whose inputs are all on their worker's node now; send the remote parents' outputs
+        for each worker's others over the link as one transfer of their bytes (back-to-back transfers of one
+        FIFO link end when the last does), and push those requests when it has crossed."""
+        per_row = float(self.handoff_bytes.get(session_id, rows[0].nbytes if k else 0))
+        for (w, mask), moved in zip(groups, remote):
+            mask = np.ones(k, bool) if mask is None else mask
+            wait = mask & (moved > 0)
+            if w is None or not wait.any():
+                self._dispatch(session_id, [(w, mask)], first, k, arrival, deadline, rows)
+                continue
+            if (mask & ~wait).any():
+                self._dispatch(session_id, [(w, mask & ~wait)], first, k, arrival, deadline, rows)
+            ids, dl, xs = np.arange(first, first + k)[wait], _part(deadline, wait), rows[wait]
+            self.link.send(arrival, per_row * float(moved[wait].sum()),
+                           lambda w=w, ids=ids, dl=dl, xs=xs: w.push(session_id, ids, arrival, dl, xs))
 
     def add_chained(self, counts: Mapping[str, int]) -> None:
         """Count requests that query stages issued elsewhere (a Ray actor's frontend), per session."""
@@ -212,6 +278,15 @@ class Frontend:
             for sid in out:
                 self.counts[sid] = 0
         return out
+
+
+def _remote(target: int, from_node: int, others: list[list[int]] | None, mask: np.ndarray | None,
+            k: int) -> np.ndarray:
+    """Per request (0 outside ``mask``): how many of its parents' outputs are on a node other than ``target``."""
+    moved = np.full(k, int(target != from_node))
+    if others:
+        moved += np.array([sum(n != target for n in o) for o in others])
+    return moved if mask is None else moved * mask
 
 
 def _part(stamps: np.ndarray | int, mask: np.ndarray) -> np.ndarray | int:

@@ -33,8 +33,10 @@ from gpu.schedulers.nexus import GpuNode, Plan
 from gpu.schedulers.nexus_controller import NexusController
 from gpu.schedulers.nexus_overflow import route_unassigned
 from gpu.schedulers.nexus_profiles import PRESETS, BatchProfile
+from gpu.schedulers.nexus_routing import QueryRouting
 from tasks.serving.chaining import QueryChainer
 from tasks.serving.frontend import Frontend
+from tasks.serving.link import EmulatedLink
 from tasks.serving.stats import Recorder
 from tasks.serving.worker import ServingWorker, check_policy
 
@@ -89,6 +91,12 @@ class LocalServingRuntime:
             runtime's own from ``chains``, ``load_balancer`` and ``seed``; with a controller those two stay unset.
         apps: application id → its own SLO in ms (None: its session's), for ``frontend.submit(..., app=...)``;
             the workers hand each request's application to the policy (``Frontend``). Local backend only.
+        query_routing: per-query routing of multi-stage queries (``Frontend``; e.g. Nona's
+            ``gpu.schedulers.nona_policy.NonaRouting``); default: every request follows its session's shares.
+        link_mu: emulate a bottleneck link of this many bytes/s between nodes (``tasks.serving.link``):
+            cross-node hand-offs between query stages queue on it FIFO; None: hand-offs cost nothing.
+        handoff_bytes: bytes a hand-off to each child stage session carries per request (default: its input
+            row's), e.g. the parent's measured activation size.
     """
 
     def __init__(self, models: Mapping[str, nn.Module], profiles: Mapping[str, BatchProfile], ledger: LedgerClient,
@@ -98,7 +106,8 @@ class LocalServingRuntime:
                  policy_factory: Callable[[], BatchPolicy] | None = None, gc_threshold: int | None = 100_000,
                  run_inline: bool = True, backend: str = "local",
                  chains: Mapping[str, tuple[str, float]] | None = None, controller: NexusController | None = None,
-                 apps: Mapping[str, float | None] | None = None):
+                 apps: Mapping[str, float | None] | None = None, query_routing: QueryRouting | None = None,
+                 link_mu: float | None = None, handoff_bytes: Mapping[str, float] | None = None):
         if backend not in BACKENDS:
             raise ConfigError("backend", backend, f"unknown serving backend; choose one of {list(BACKENDS)}")
         if controller is not None and (chains or load_balancer != "drr"):
@@ -122,7 +131,11 @@ class LocalServingRuntime:
         self.recorder = Recorder()
         self.controller = controller or NexusController(chains=chains, load_balancer=load_balancer, rng=seed,
                                                         time_unit="ns")
-        self.frontend = Frontend(self.recorder, router=self.controller.router, apps=apps)
+        if (query_routing is not None or link_mu is not None) and backend != "local":
+            raise ConfigError("backend", backend, "per-query routing and the emulated link are local-backend only")
+        self.link = EmulatedLink(link_mu).start() if link_mu is not None else None
+        self.frontend = Frontend(self.recorder, router=self.controller.router, apps=apps, query_routing=query_routing,
+                                 link=self.link, handoff_bytes=handoff_bytes)
         self.chainer = QueryChainer(self.controller, self.frontend)
         self.seed = seed
         self.allocation_timeout = allocation_timeout
@@ -269,6 +282,11 @@ class LocalServingRuntime:
     def close(self) -> None:
         """Stop every worker (draining its queue) and release every lease."""
         errors: list[BaseException] = []
+        if self.link is not None:  # deliver the hand-offs in flight before the workers drain
+            try:
+                self.link.close()
+            except Exception as exc:
+                errors.append(exc)
         for nid in list(self.workers):
             try:
                 self._retire(nid)

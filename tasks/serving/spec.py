@@ -10,11 +10,22 @@ Format (YAML or JSON; ``docs/serving.md``)::
     trace: {duration_s: 30, seed: 0, phases: [{at_s: 0, scale: 1}, {at_s: 10, scale: 3, rates: {mlp: 100}}]}
     epoch: {epoch_s: 10, min_epoch_s: 5, beacon_s: 1, avg_interval_s: 2}
     runtime: {batch_policy: early_drop, load_balancer: drr, training_steps: 300}
+    placement: {policy: nona, nodes: 2}  # nexus (default) | shares | nona
+    link: {mu: 2560000, bytes: 25600}     # emulated bottleneck link: bytes/s, bytes per hand-off
 
 Queries are split into one session per stage (``query/stage``) by the DP of Nexus §6.2 once the models
 are profiled. A query is served as a DAG (``tasks.serving.chaining``: the trace drives its root stage,
 finished stage requests issue the next stage's — with the Ray backend, from the actor that ran them).
 A phase's ``scale`` multiplies every base rate (sessions and queries); its ``rates`` set some absolutely.
+
+A stage may list several parents (``parents: [b, c]``): a join, run once per query after all of them
+(``gpu.schedulers.nexus_chaining``). A query with a join runs each stage once per query (γ = 1) and, the §6.2
+DP being for trees, gets the §7.2 even split: every stage ``slo_ms / (stages on its longest path)``.
+
+Placement (``docs/serving.md``): ``nexus`` plans with squishy bin packing and routes by its shares; ``shares``
+and ``nona`` host every stage on each of ``nodes`` nodes, ``shares`` routing each request by its session's
+shares and ``nona`` each query by the placement it samples from θ (``tasks.serving.nona``). ``link``
+emulates a bottleneck link between nodes (``tasks.serving.link``).
 """
 
 from __future__ import annotations
@@ -26,6 +37,7 @@ from gpu.batching import POLICIES
 from gpu.errors import ConfigError
 from gpu.scenario import choose, entries, integer, label, load_scenario, mapping, number, positive, require, section
 from gpu.schedulers.nexus import Session
+from gpu.schedulers.nexus_chaining import QueryChains
 from gpu.schedulers.nexus_epoch import EpochConfig
 from gpu.schedulers.nexus_profiles import PRESETS, BatchProfile
 from gpu.schedulers.nexus_query import Query, QueryStage, profile_throughput, split_slo
@@ -33,10 +45,13 @@ from gpu.schedulers.nexus_routing import LOAD_BALANCERS
 from tasks.serving.loadgen import RatePhase, RateTrace
 from tasks.serving.models import check_model
 
-_TOP = {"name", "preset", "sessions", "queries", "trace", "epoch", "runtime"}
+_TOP = {"name", "preset", "sessions", "queries", "trace", "epoch", "runtime", "placement", "link"}
 _SESSION = {"id", "model", "slo_ms", "rate"}
 _QUERY = {"id", "slo_ms", "rate", "stages"}
-_STAGE = {"name", "model", "parent", "gamma"}
+_STAGE = {"name", "model", "parent", "parents", "gamma"}
+_PLACEMENT = {"policy", "nodes"}
+PLACEMENTS = ("nexus", "shares", "nona")
+_LINK = {"mu", "bytes"}
 _TRACE = {"duration_s", "seed", "phases"}
 _PHASE = {"at_s", "scale", "rates"}
 _RUNTIME = {"batch_policy", "load_balancer", "training_steps", "profile_repeats"}
@@ -61,6 +76,20 @@ class ServingSpec:
     load_balancer: str = "drr"
     training_steps: int = 300
     profile_repeats: int = 10
+    joins: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # "query/stage" -> all its parent stages
+    placement: str = "nexus"
+    nodes: int = 2
+    link_mu: float | None = None
+    handoff_bytes: float | None = None
+
+    def stage_inputs(self, query: Query) -> dict[str, tuple[str, ...]]:
+        """Stage → its parent stages (a join lists all of them) for every non-root stage of ``query``."""
+        return {st.name: tuple(p.split("/", 1)[1] for p in self.joins[f"{query.query_id}/{st.name}"])
+                if f"{query.query_id}/{st.name}" in self.joins else (st.parent,)
+                for st in query.stages if st.parent is not None}
+
+    def has_join(self, query: Query) -> bool:
+        return any(k.split("/", 1)[0] == query.query_id for k in self.joins)
 
     @property
     def models(self) -> list[str]:
@@ -70,13 +99,17 @@ class ServingSpec:
         """Sessions plus one session per query stage with the DP's SLO split (needs the measured profiles)."""
         out = list(self.sessions)
         for q in self.queries:
+            if self.has_join(q):
+                out += _even_dag_split(q, self.stage_inputs(q))
+                continue
             tput = {st.name: profile_throughput(profiles[st.model], self.preset) for st in q.stages}
             out += split_slo(q, tput, epsilon_ms).sessions(q)
         return out
 
     def chains(self) -> dict[str, tuple[str, float]]:
         """``{stage session: (parent stage session, γ)}`` for every non-root query stage."""
-        return {f"{q.query_id}/{st.name}": (f"{q.query_id}/{st.parent}", st.gamma)
+        return {f"{q.query_id}/{st.name}": (self.joins.get(f"{q.query_id}/{st.name}", f"{q.query_id}/{st.parent}"),
+                                            st.gamma)
                 for q in self.queries for st in q.stages if st.parent is not None}
 
     def trace(self, sessions: list[Session], issued: Collection[str] = ()) -> RateTrace:
@@ -104,6 +137,20 @@ class ServingSpec:
 
 
 
+def _even_dag_split(query: Query, inputs: Mapping[str, tuple[str, ...]]) -> list[Session]:
+    """A DAG query's sessions: every stage at the root's rate, its budget the SLO over the longest path's
+    stages (Nexus §7.2's even split; every path then fits the SLO)."""
+    levels: dict[str, int] = {}
+
+    def level(u: str) -> int:
+        if u not in levels:
+            levels[u] = 1 + max((level(p) for p in inputs.get(u, ())), default=0)
+        return levels[u]
+
+    share = query.slo_ms / max(level(st.name) for st in query.stages)
+    return [Session(f"{query.query_id}/{st.name}", st.model, share, query.rate) for st in query.stages]
+
+
 def _sessions(raw: list[dict[str, Any]]) -> list[Session]:
     """``sessions: [{id, model, slo_ms, rate}]``; types here, ranges in ``Session`` (named by its id)."""
     out = []
@@ -116,10 +163,10 @@ def _sessions(raw: list[dict[str, Any]]) -> list[Session]:
     return out
 
 
-def _queries(raw: list[dict[str, Any]]) -> list[Query]:
+def _queries(raw: list[dict[str, Any]]) -> tuple[list[Query], dict[str, tuple[str, ...]]]:
     """``queries: [{id, slo_ms, rate, stages: [{name, model, parent, gamma}]}]``; types here, the tree and
     the ranges in ``Query``."""
-    out = []
+    out, joins = [], {}
     for i, q in enumerate(raw):
         where = f"queries[{i}]."
         qid = label(require(q, "id", where), f"{where}id")
@@ -128,13 +175,29 @@ def _queries(raw: list[dict[str, Any]]) -> list[Query]:
             at = f"{where}stages[{j}]."
             name = label(require(st, "name", at), f"{at}name")
             parent = st.get("parent")
+            if "parents" in st:
+                if parent is not None:
+                    raise ConfigError(f"{at}parents", st["parents"], "give parent or parents, not both")
+                raw_parents = st["parents"]
+                if not isinstance(raw_parents, (list, tuple)):
+                    raise ConfigError(f"{at}parents", raw_parents, "must be a list of stage names")
+                many = [label(p, f"{at}parents") for p in raw_parents]
+                if len(many) < 2 or len(set(many)) != len(many):
+                    raise ConfigError(f"{at}parents", raw_parents, "a join needs two or more distinct parents")
+                parent = many[0]
+                joins[f"{qid}/{name}"] = tuple(f"{qid}/{p}" for p in many)
             stages.append(QueryStage(name, check_model(label(require(st, "model", at), f"{at}model"),
                                                        f"{qid}.{name}.model"),
                                      None if parent is None else label(parent, f"{at}parent"),
                                      number(st.get("gamma", 1.0), f"{at}gamma")))
         out.append(Query(qid, tuple(stages), number(require(q, "slo_ms", where), f"{where}slo_ms"),
                          number(require(q, "rate", where), f"{where}rate")))
-    return out
+        names = {st.name for st in stages}
+        for child, parents in joins.items():
+            for p in parents:
+                if child.startswith(f"{qid}/") and p.split("/", 1)[1] not in names:
+                    raise ConfigError(f"{child}.parents", p.split("/", 1)[1], "no such stage")
+    return out, joins
 
 
 def _phases(raw: Any, ids: set[str]) -> tuple[dict, ...]:
@@ -173,7 +236,7 @@ def parse_spec(raw: Mapping[str, Any], name: str = "serving") -> ServingSpec:
             raise ConfigError(key, raw[key], f"unknown spec field; expected one of {sorted(_TOP)}")
     preset = choose(raw.get("preset", "paper"), "preset", list(PRESETS))
     sessions = _sessions(entries(raw.get("sessions"), "sessions", _SESSION))
-    queries = _queries(entries(raw.get("queries"), "queries", _QUERY))
+    queries, joins = _queries(entries(raw.get("queries"), "queries", _QUERY))
     if not sessions and not queries:
         raise ConfigError("sessions", [], "a serving spec needs at least one session or query")
     ids = [s.session_id for s in sessions] + [q.query_id for q in queries]
@@ -183,14 +246,22 @@ def parse_spec(raw: Mapping[str, Any], name: str = "serving") -> ServingSpec:
     phases = _phases(trace.get("phases"), set(ids))
     epoch = _epoch(raw.get("epoch"))
     rt = section(raw.get("runtime"), "runtime", _RUNTIME)
-    return ServingSpec(
+    place = section(raw.get("placement"), "placement", _PLACEMENT)
+    link = section(raw.get("link"), "link", _LINK)
+    spec = ServingSpec(
         name=str(raw.get("name", name)), sessions=tuple(sessions), queries=tuple(queries), phases=phases,
         duration_s=positive(trace.get("duration_s", 30.0), "trace.duration_s"),
         seed=integer(trace.get("seed", 0), "trace.seed", minimum=0), preset=preset, epoch=epoch,
         batch_policy=choose(rt.get("batch_policy", "early_drop"), "runtime.batch_policy", list(POLICIES)),
         load_balancer=choose(rt.get("load_balancer", "drr"), "runtime.load_balancer", list(LOAD_BALANCERS)),
         training_steps=integer(rt.get("training_steps", 300), "runtime.training_steps", minimum=1),
-        profile_repeats=integer(rt.get("profile_repeats", 10), "runtime.profile_repeats", minimum=1))
+        profile_repeats=integer(rt.get("profile_repeats", 10), "runtime.profile_repeats", minimum=1),
+        joins=joins, placement=choose(place.get("policy", "nexus"), "placement.policy", list(PLACEMENTS)),
+        nodes=integer(place.get("nodes", 2), "placement.nodes", minimum=1),
+        link_mu=positive(link["mu"], "link.mu") if "mu" in link else None,
+        handoff_bytes=positive(link["bytes"], "link.bytes") if "bytes" in link else None)
+    QueryChains(spec.chains())  # joins' γ, parents of one query, no cycles: checked before anything runs
+    return spec
 
 
 def load_spec(path: str) -> ServingSpec:

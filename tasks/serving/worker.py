@@ -101,7 +101,7 @@ class ServingWorker:
         device: torch device string of the placement (``"cpu"`` on a simulated pool).
         accounting: latency preset the plan used (``paper`` charges the bare mean ℓ(b)).
         run_inline: when idle, let the pushing thread run the batch (run to completion, no thread wake-up).
-        on_done: called as ``on_done(session_id, ids, deadlines, finish_ns, inputs)`` after each served batch of
+        on_done: called as ``on_done(session_id, ids, deadlines, finish_ns, inputs, node_id)`` after each served batch of
             a session in ``parents`` (query stages whose finished requests issue the next stage's,
             ``tasks.serving.chaining``).
         input_width: values per request the models take (a digits image; None: whatever the first request
@@ -450,7 +450,7 @@ class ServingWorker:
         t2 = _now()
         self.recorder.served(slot.placement.session_id, self.node_id, ids, arrival, deadline, t2, preds)
         if slot.on_done is not None:
-            slot.on_done(slot.placement.session_id, ids, deadline, t2, rows)
+            slot.on_done(slot.placement.session_id, ids, deadline, t2, rows, self.node_id)
         self.execute_ns += t2 - t1
         self.batches += 1
         b = 1 if one else len(preds)

@@ -1,0 +1,126 @@
+"""Nona in the serving runtime: joins on real workers, per-query routing by the sampled placement, and the
+emulated bottleneck link that makes cross-node hand-offs cost (Nona §III)."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from gpu.devices import discover
+from gpu.errors import ConfigError
+from gpu.ledger import PoolLedger
+from gpu.schedulers.nexus import Session
+from gpu.schedulers.nona_policy import Query
+from tasks.serving.link import EmulatedLink
+from tasks.serving.loadgen import LoadGenerator, RateTrace
+from tasks.serving.models import load_digits_tensors, load_or_train, profile_model
+from tasks.serving.nona import replicated_plan, solve_routing, stage_dag
+from tasks.serving.runtime import LocalServingRuntime
+
+DIAMOND = {"q/b": ("q/a", 1.0), "q/c": ("q/a", 1.0), "q/d": (("q/b", "q/c"), 1.0)}
+INPUTS = {"b": ["a"], "c": ["a"], "d": ["b", "c"]}
+MODELS = {u: "digits_mlp" for u in "abcd"}
+
+
+@pytest.fixture(scope="module")
+def served():
+    torch.set_num_threads(1)
+    data = load_digits_tensors()
+    models = {"digits_mlp": load_or_train("digits_mlp", steps=60)}
+    profiles = {"digits_mlp": profile_model("digits_mlp", models["digits_mlp"], repeats=5, warmup=2)}
+    return data, models, profiles
+
+
+def diamond_sessions(rate: float = 40.0) -> list[Session]:
+    return [Session(f"q/{u}", "digits_mlp", 25.0, rate) for u in "abcd"]
+
+
+def by_session(outcomes):
+    out: dict[str, dict[int, object]] = {}
+    for o in outcomes:
+        out.setdefault(o.session_id, {})[o.request_id] = o
+    return out
+
+
+def test_a_diamond_query_runs_its_join_once_after_both_branches(served):
+    data, models, profiles = served
+    with LocalServingRuntime(models, profiles, PoolLedger(discover("2x16GiB", "simulated")), chains=DIAMOND,
+                             seed=1) as rt:
+        rt.apply(replicated_plan(diamond_sessions(), profiles, nodes=2))
+        load = LoadGenerator(rt.frontend.submit, RateTrace.constant({"q/a": 40.0}, 1.0), data.x_test,
+                             data.y_test).run()
+    by = by_session(rt.recorder.outcomes)
+    assert len(by["q/a"]) == load.sent
+    on_time = {r for r, o in by["q/a"].items() if o.finish_ms <= o.deadline_ms}
+    joins: dict[int, list] = {}
+    for o in by["q/d"].values():
+        joins.setdefault(rt.chainer.root(o.request_id), []).append(o)
+    assert set(joins) <= set(by["q/a"]) and all(len(v) == 1 for v in joins.values())  # once per query
+    assert len(joins) >= 0.9 * len(on_time)
+    branches = {u: {rt.chainer.root(r): o for r, o in by[f"q/{u}"].items()} for u in "bc"}
+    for root, (d,) in joins.items():
+        b, c = branches["b"][root], branches["c"][root]
+        assert d.arrival_ms == pytest.approx(max(b.finish_ms, c.finish_ms), abs=1e-6)  # after the last branch
+        assert d.deadline_ms == pytest.approx(max(b.deadline_ms, c.deadline_ms) + 25.0, abs=1e-6)
+
+
+def test_each_query_s_requests_land_where_its_sampled_placement_said(served):
+    data, models, profiles = served
+    dag = stage_dag("q", MODELS, INPUTS, profiles)
+    routing = solve_routing({"q": dag}, {"q": 40.0}, [0, 1], mu=1e5)  # a slow link: few queries spread out
+    with LocalServingRuntime(models, profiles, PoolLedger(discover("2x16GiB", "simulated")), chains=DIAMOND,
+                             query_routing=routing, seed=1) as rt:
+        rt.apply(replicated_plan(diamond_sessions(), profiles, nodes=2))
+        LoadGenerator(rt.frontend.submit, RateTrace.constant({"q/a": 40.0}, 1.0), data.x_test, data.y_test).run()
+    ctl = routing.controller
+    outcomes = [o for o in rt.recorder.outcomes if o.node_id >= 0]
+    assert {o.session_id for o in outcomes} == {"q/a", "q/b", "q/c", "q/d"}
+    for o in outcomes:
+        root = rt.chainer.root(o.request_id)
+        placement = ctl.on_arrival(0.0, Query(root, "q", (0, 1)))  # the same sample: seeded by the query
+        assert o.node_id == placement.server(o.session_id.split("/")[1])
+    assert rt.frontend.handoffs == sum(len(INPUTS[o.session_id[2:]]) for o in rt.recorder.outcomes
+                                       if o.session_id != "q/a")  # one per edge: the join has two
+
+
+def test_the_emulated_link_serves_hand_offs_first_come_first_served_at_bytes_over_mu():
+    link = EmulatedLink(1e6).start()
+    got: list[tuple[str, int]] = []
+    t0 = time.perf_counter_ns()
+    done = [link.send(t0, 1000, lambda k=k: got.append((k, time.perf_counter_ns()))) for k in "xyz"]
+    assert [d - t0 for d in done] == [1_000_000, 2_000_000, 3_000_000]  # 1 kB at 1 MB/s: 1 ms each, queued
+    link.close()
+    assert [k for k, _ in got] == ["x", "y", "z"] and all(t >= d for (_, t), d in zip(got, done))
+    assert link.transfers == 3 and link.wait_ns == 3_000_000 and link.busy_ns == 3_000_000
+    with pytest.raises(ConfigError, match="link.mu"):
+        EmulatedLink(0)
+
+
+def test_a_congested_link_charges_every_cross_node_hand_off_a_join_included(served):
+    """Weighted-random shares over two nodes spread a query's stages; with a link of μ = 256 kB/s (1 ms per
+    256 B request) every cross-node hand-off queues on it, and the counters show how many crossed."""
+    data, models, profiles = served
+    with LocalServingRuntime(models, profiles, PoolLedger(discover("2x16GiB", "simulated")), chains=DIAMOND,
+                             link_mu=256e3, load_balancer="weighted_random", seed=1) as rt:
+        rt.apply(replicated_plan(diamond_sessions(), profiles, nodes=2))
+        LoadGenerator(rt.frontend.submit, RateTrace.constant({"q/a": 40.0}, 1.0), data.x_test, data.y_test).run()
+    fe = rt.frontend
+    by = by_session(rt.recorder.outcomes)
+    stage = {u: {rt.chainer.root(r): o for r, o in by[f"q/{u}"].items()} for u in "abcd"}
+    edges = crossed = 0  # every parent → child edge of a served child, and those between two nodes
+    for u, parents in INPUTS.items():
+        for root, child in stage[u].items():
+            edges += len(parents)
+            crossed += sum(stage[p][root].node_id != child.node_id for p in parents)
+    assert fe.handoffs == edges and fe.cross_node == crossed  # a join's earlier parent is charged too
+    assert 0.25 * edges < crossed < 0.75 * edges  # weighted random over 2 nodes: about half
+    assert rt.link.bytes == 256 * crossed and rt.link.busy_ns >= 1_000_000 * crossed * 0.99
+    for u in "bcd":  # a child waiting on the link arrives no sooner than its transfer ends
+        for root, child in stage[u].items():
+            remote = sum(stage[p][root].node_id != child.node_id for p in INPUTS[u])
+            if remote and np.isfinite(child.finish_ms):
+                assert child.finish_ms - child.arrival_ms >= remote * 1.0 - 1e-3
+    assert np.isfinite(rt.link.utilisation(10**9))

@@ -1,0 +1,73 @@
+"""The serving rollout with ``placement: nona`` on the shipped diamond spec, in a Prefect server: Nona keeps
+queries on one node when the emulated link is slow, so fewer hand-offs cross it and queries finish sooner than
+under the sessions' shares on the same nodes (Nona §II's motivating trade-off)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpu.errors import ConfigError
+from resource_blocks import GpuPool, MlflowTarget
+from tasks.runners import GpuTaskRunner
+from tasks.serving.spec import load_spec
+
+SPEC = str(Path(__file__).resolve().parent.parent / "scenarios" / "serving" / "diamond_nona.yaml")
+
+
+def runner(name: str) -> GpuTaskRunner:
+    return GpuTaskRunner(pool=GpuPool(name=name, device_backend="simulated"), mode="thread",
+                         tracking=MlflowTarget(enabled=False))
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("prefect_server")
+def test_nona_placement_crosses_the_slow_link_less_and_finishes_queries_sooner(state_dir):
+    from flows.serving_rollout import serving_rollout
+
+    results = {p: serving_rollout.with_options(task_runner=runner(f"nona-{p}"))(SPEC, duration_s=4, placement=p)
+               for p in ("shares", "nona")}
+    shares, nona = results["shares"], results["nona"]
+    for r in results.values():
+        assert r["queries"]["block"]["queries"] > 100 and r["handoffs"] > 300  # b, c, d of every query
+        assert GpuPool(name=f"nona-{r['placement']}", device_backend="simulated").open_ledger().leases() == []
+    assert shares["cross_node_share"] > 0.3  # weighted random over 2 nodes: about half
+    assert nona["cross_node_share"] < 0.5 * shares["cross_node_share"]
+    assert nona["queries"]["block"]["mean_jct_ms"] < shares["queries"]["block"]["mean_jct_ms"]
+    assert nona["link_transfers"] < shares["link_transfers"]
+    theta = nona["nona_theta"]["block:a"]  # the diamond's one subgraph, rooted at a: its 5 groupings
+    assert len(theta) == 5 and sum(theta) == pytest.approx(1.0) and "nona_theta" not in shares
+
+
+def test_the_shipped_nona_spec_has_a_join_and_a_link():
+    sp = load_spec(SPEC)
+    assert sp.placement == "nona" and sp.link_mu == 2_560_000 and sp.nodes == 2
+    assert sp.chains()["block/d"] == (("block/b", "block/c"), 1.0)
+
+
+def test_nona_placement_without_a_link_is_refused_before_anything_runs():
+    from flows.serving_rollout import _spec
+
+    spec = {"queries": [{"id": "q", "slo_ms": 100, "rate": 10, "stages": [
+        {"name": "a", "model": "digits_mlp"}, {"name": "b", "model": "digits_mlp", "parent": "a"}]}]}
+    with pytest.raises(ConfigError, match="link.mu"):
+        _spec(spec, None, None, "nona")
+    with pytest.raises(ConfigError, match="placement"):
+        _spec(spec, None, None, "nonaa")
+
+
+def test_a_join_with_fanout_or_an_unknown_parent_is_named():
+    from tasks.serving.spec import parse_spec
+
+    def spec(d):
+        return {"queries": [{"id": "q", "slo_ms": 100, "rate": 10, "stages": [
+            {"name": "a", "model": "digits_mlp"}, {"name": "b", "model": "digits_mlp", "parent": "a"},
+            {"name": "c", "model": "digits_mlp", "parent": "a"}, d]}]}
+
+    with pytest.raises(ConfigError, match="gamma"):
+        parse_spec(spec({"name": "d", "model": "digits_mlp", "parents": ["b", "c"], "gamma": 2}))
+    with pytest.raises(ConfigError, match="parents"):
+        parse_spec(spec({"name": "d", "model": "digits_mlp", "parents": ["b", "x"]}))
+    with pytest.raises(ConfigError, match="parents"):
+        parse_spec(spec({"name": "d", "model": "digits_mlp", "parent": "b", "parents": ["b", "c"]}))
