@@ -41,7 +41,8 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from gpu.schedulers.ekya import EkyaDecision, RetrainConfig  # noqa: E402
-from gpu.sim.ekya import Policy, _Run, make_policy  # noqa: E402
+from gpu.schedulers.ekya_policies import EkyaPolicy, make_policy  # noqa: E402
+from gpu.sim.ekya import simulate_policy  # noqa: E402
 from gpu.sim.ekya_scenario import EkyaScenario, ScenarioStream, WindowSpec  # noqa: E402
 from gpu.sim.ekya_workloads import generate  # noqa: E402
 
@@ -55,12 +56,12 @@ CLOUD_WINDOW_S, UPLOAD_MB, MODEL_MB = 400.0, 160.0, 398.0  # §2.6: 400 s window
 LINKS_MBPS = {"cellular": (5.1, 17.5), "satellite": (8.5, 15.0), "cellular_2x": (10.2, 35.0)}  # Table 2.3
 
 
-def run_policy(scenario: EkyaScenario, policy: Policy) -> float:
+def run_policy(scenario: EkyaScenario, policy: EkyaPolicy) -> float:
     """Mean inference accuracy of ``policy`` over every stream and window of ``scenario``."""
-    return _Run(scenario, policy).run().mean_accuracy
+    return simulate_policy(scenario, policy).mean_accuracy
 
 
-def told_thief(scenario: EkyaScenario, estimate: dict[RetrainConfig, RetrainConfig], name: str) -> Policy:
+def told_thief(scenario: EkyaScenario, estimate: dict[RetrainConfig, RetrainConfig], name: str) -> EkyaPolicy:
     """The thief deciding from ``estimate`` (true config -> the profiler's estimate of it).
 
     Retraining then takes the config's *true* GPU-seconds: a job whose cost was under-estimated may not
@@ -76,17 +77,17 @@ def told_thief(scenario: EkyaScenario, estimate: dict[RetrainConfig, RetrainConf
             replace(sd, retrain_s=true[sd.stream, sd.config].gpu_seconds / sd.retrain_gpus ** alpha)
             if sd.config is not None and (sd.stream, sd.config) in true else sd for sd in d.streams))
 
-    return Policy(name, decide, thief.reinvoke)
+    return EkyaPolicy(name, decide, thief.reinvoke)
 
 
-def with_estimation_error(scenario: EkyaScenario, sigma: float, rng: np.random.Generator) -> Policy:
+def with_estimation_error(scenario: EkyaScenario, sigma: float, rng: np.random.Generator) -> EkyaPolicy:
     """The thief seeing every config's accuracy plus N(0, sigma), clipped to [0, 1] (Fig. 2.11b)."""
     estimate = {c: replace(c, accuracy=float(np.clip(c.accuracy + rng.normal(0.0, sigma), 0.0, 1.0)))
                 for s in scenario.streams for w in s.windows for c in w.configs}
     return told_thief(scenario, estimate, f"thief_error_{sigma:g}")
 
 
-def with_cost_error(scenario: EkyaScenario, sigma: float, rng: np.random.Generator) -> Policy:
+def with_cost_error(scenario: EkyaScenario, sigma: float, rng: np.random.Generator) -> EkyaPolicy:
     """The thief seeing every config's GPU-seconds times 1 + N(0, sigma), at least 5% of the truth."""
     estimate = {c: replace(c, gpu_seconds=c.gpu_seconds * max(0.05, 1.0 + rng.normal(0.0, sigma)))
                 for s in scenario.streams for w in s.windows for c in w.configs}
@@ -103,7 +104,7 @@ def with_profiling_cost(scenario: EkyaScenario, cost_factor: float) -> EkyaScena
     return replace(scenario, streams=streams)
 
 
-def with_annotation_delay(policy: Policy, window_s: float, delay_s: float) -> Policy:
+def with_annotation_delay(policy: EkyaPolicy, window_s: float, delay_s: float) -> EkyaPolicy:
     """``policy`` deciding over the window minus the labels' remaining delay; retraining deploys after it."""
     def decide(states, gpus, remaining_s, start=None) -> EkyaDecision:
         wait = max(0.0, delay_s - (window_s - remaining_s))  # labels still to come at this decision
@@ -113,10 +114,10 @@ def with_annotation_delay(policy: Policy, window_s: float, delay_s: float) -> Po
         return replace(d, streams=tuple(replace(sd, retrain_s=sd.retrain_s + wait) if sd.config is not None else sd
                                         for sd in d.streams))
 
-    return Policy(f"{policy.name}_delay_{delay_s:g}", decide, policy.reinvoke)
+    return EkyaPolicy(f"{policy.name}_delay_{delay_s:g}", decide, policy.reinvoke)
 
 
-def cloud_retraining(scenario: EkyaScenario, uplink_mbps: float, downlink_mbps: float) -> Policy:
+def cloud_retraining(scenario: EkyaScenario, uplink_mbps: float, downlink_mbps: float) -> EkyaPolicy:
     """Edge GPUs serve inference only; stream k's best config arrives from the cloud after the transfers."""
     serve = make_policy("noretrain", scenario)
     n = len(scenario.streams)
@@ -128,10 +129,10 @@ def cloud_retraining(scenario: EkyaScenario, uplink_mbps: float, downlink_mbps: 
         return replace(d, streams=tuple(replace(sd, config=best[sd.stream], retrain_gpus=0.0, retrain_s=arrival[k])
                                         if sd.stream in best else sd for k, sd in enumerate(d.streams)))
 
-    return Policy(f"cloud_{uplink_mbps:g}_{downlink_mbps:g}", decide, reinvoke=False)
+    return EkyaPolicy(f"cloud_{uplink_mbps:g}_{downlink_mbps:g}", decide, reinvoke=False)
 
 
-def best_uniform(scenario: EkyaScenario, wrap: Callable[[Policy], Policy] = lambda p: p) -> float:
+def best_uniform(scenario: EkyaScenario, wrap: Callable[[EkyaPolicy], EkyaPolicy] = lambda p: p) -> float:
     """Highest mean accuracy of the uniform baselines, each wrapped by ``wrap``."""
     return max(run_policy(scenario, wrap(make_policy(p, scenario))) for p in UNIFORM)
 

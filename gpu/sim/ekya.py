@@ -113,9 +113,10 @@ class _Run:
         return self.result
 
 
-def simulate_policy(scenario: EkyaScenario, policy: str) -> PolicyResult:
-    """Run one named policy over every window of ``scenario``."""
-    return _Run(scenario, make_policy(policy, scenario)).run()
+def simulate_policy(scenario: EkyaScenario, policy: str | EkyaPolicy) -> PolicyResult:
+    """Run one policy (a name, or an ``EkyaPolicy`` such as a thief fed perturbed profiles) over every
+    window of ``scenario``."""
+    return _Run(scenario, make_policy(policy, scenario) if isinstance(policy, str) else policy).run()
 
 
 def simulate(scenario: EkyaScenario, policies: Sequence[str] | None = None) -> SimulationReport:
