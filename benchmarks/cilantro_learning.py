@@ -37,7 +37,7 @@ if str(ROOT) not in sys.path:
 
 from gpu.scenario import load_scenario  # noqa: E402
 from gpu.schedulers.cilantro import make_policy  # noqa: E402
-from gpu.schedulers.cilantro.types import Feedback, JobView, Policy, Snapshot  # noqa: E402
+from gpu.schedulers.cilantro.types import Feedback, JobView, AllocationPolicy, Snapshot  # noqa: E402
 from gpu.sim.cilantro import PolicyRun, load_ucbs, simulate_policy  # noqa: E402
 from gpu.sim.cilantro_scenario import MultiTenantConfig, parse_multitenant  # noqa: E402
 
@@ -50,10 +50,10 @@ SYNTHETIC_JOBS = [{"name": w, "workload": w, "slo": 0.9, "utility": u} for w, u 
                    ("dataanalytics", "quadratic"), ("websearch", "linear"))]
 
 
-class ToldPolicy(Policy):
+class ToldPolicy(AllocationPolicy):
     """``inner`` deciding from snapshots whose job views ``transform`` rewrote (what it is told, not the truth)."""
 
-    def __init__(self, inner: Policy, transform: Transform, name: str):
+    def __init__(self, inner: AllocationPolicy, transform: Transform, name: str):
         self.inner, self.transform, self.name, self.learner = inner, transform, name, inner.learner
         self.seen: list[Snapshot] = []
 
@@ -69,7 +69,7 @@ class ToldPolicy(Policy):
         self.inner.set_state(state)
 
 
-def run(cfg: MultiTenantConfig, policy: Policy, seed: int) -> PolicyRun:
+def run(cfg: MultiTenantConfig, policy: AllocationPolicy, seed: int) -> PolicyRun:
     """One policy over the whole horizon; loads and load forecasts depend only on the seed."""
     loads = cfg.loads(seed)
     return simulate_policy(cfg, policy, seed, loads, load_ucbs(cfg, loads))[0]

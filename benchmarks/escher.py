@@ -24,7 +24,7 @@ import numpy as np
 
 from gpu.devices import simulated_nodes
 from gpu.ledger import PoolLedger
-from gpu.placement import Request
+from gpu.placement import ResourceRequest
 from gpu.sim import escher as sim
 from gpu.sim.escher_workloads import AlphaZero, FairShare, Tune, WordCount
 from gpu.sim.escher_gangs import GangLoad
@@ -52,7 +52,7 @@ def creation_latency(folder: str, ks: tuple[int, ...], shared: bool = False) -> 
         for i in range(k):
             ledger.set_resource(f"r{i}", 1, f"node{i % NODES}")
         for i in range(k):
-            ledger.release(ledger.allocate(Request(resources={f"r{i}": 1}), timeout=10).lease_id)
+            ledger.release(ledger.allocate(ResourceRequest(resources={f"r{i}": 1}), timeout=10).lease_id)
         out[k] = 1000 * (_clock() - start) / k
         ledger.close()
     return out
@@ -74,7 +74,7 @@ def makespan_vs_present(folder: str, tasks: int, present: tuple[int, ...], reps:
             for _ in range(reps):
                 start = _clock()
                 for _ in range(50):
-                    ledger.release(ledger.allocate(Request(cpus=1)).lease_id)
+                    ledger.release(ledger.allocate(ResourceRequest(cpus=1)).lease_id)
                 best = min(best, _clock() - start)
             out[n] += best
     for ledger in ledgers.values():
@@ -89,7 +89,7 @@ def latency_vs_requested(folder: str, present: int, requested: tuple[int, ...], 
     with ledger._tx("bulk-create resources for the benchmark") as db:
         db.executemany("INSERT INTO resources (node, name, capacity) VALUES (?,?,?)", ((f"node{i % NODES}", f"e{i}", 1e6) for i in range(present)))
         db.executemany("INSERT INTO resources (node, name, capacity) VALUES (?,?,?)", (("node0", f"c{i}", 1e6) for i in range(max(requested))))
-    requests = {m: Request(resources={f"c{i}": 1 for i in range(m)}) for m in requested}
+    requests = {m: ResourceRequest(resources={f"c{i}": 1 for i in range(m)}) for m in requested}
     samples: dict[int, list[float]] = {m: [] for m in requested}
     for _ in range(reps):                      # in turn, so noise hits every size alike
         for m, request in requests.items():

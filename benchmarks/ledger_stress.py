@@ -58,7 +58,7 @@ from typing import Any, Callable, Iterable
 from gpu.devices import PoolSpec, parse_simulated
 from gpu.errors import AllocationTimeout
 from gpu.ledger import PoolLedger
-from gpu.placement import Request
+from gpu.placement import ResourceRequest
 from gpuflows.args import output_file
 
 CLIENTS = (16, 48, 96, 192)
@@ -69,7 +69,7 @@ OVERRUN_TARGET_MS, RECLAIM_TARGET_S, RATIO_TARGET = 100.0, 1.0, 0.8
 # The pool is small on purpose: 16 clients already keep it full (mean demand ~0.4 GPU each, 6 GPUs' worth),
 # so grants/s is bounded by the pool at every client count and a drop at 192 is the ledger's own doing.
 NODES, NODE_GPUS, NODE_CPUS = ("n0", "n1"), "2x16GiB", 8
-# name: (weight, Request keywords); "license" 1 per node, "token" 2 on n1.
+# name: (weight, ResourceRequest keywords); "license" 1 per node, "token" 2 on n1.
 SHAPES: dict[str, tuple[int, dict]] = {
     "frac25": (20, {"gpus": 0.25}), "frac50": (15, {"gpus": 0.5}), "mem4g": (10, {"memory": "4GiB"}),
     "gpu1": (8, {"gpus": 1}), "gpu2": (4, {"gpus": 2, "memory": "8GiB"}), "cpu4": (10, {"cpus": 4}),
@@ -218,7 +218,7 @@ def _client(proc: int, cfg: dict, spec: PoolSpec, start, t0, ready) -> None:
             rec = inflight[i] = {"label": label, "shape": shape, "timeout": rng.uniform(*cfg["timeout"]),
                                  "stage": "allocate", "t_call": time.time()}
             try:
-                p = ledger.allocate(Request(**SHAPES[shape][1], label=label), timeout=rec["timeout"])
+                p = ledger.allocate(ResourceRequest(**SHAPES[shape][1], label=label), timeout=rec["timeout"])
             except Exception as exc:
                 kind = "timeout" if isinstance(exc, AllocationTimeout) else "error"
                 write({**rec, "kind": kind, "t_ret": time.time(), "error": f"{type(exc).__name__}: {exc}"[:200]})
@@ -249,7 +249,7 @@ def _client(proc: int, cfg: dict, spec: PoolSpec, start, t0, ready) -> None:
 
 
 def _holder(path: str, spec: PoolSpec, q) -> None:
-    p = PoolLedger(spec, path).allocate(Request(gpus=1, label="holder"), timeout=30)
+    p = PoolLedger(spec, path).allocate(ResourceRequest(gpus=1, label="holder"), timeout=30)
     q.put((time.time(), p.to_dict()))
     time.sleep(3600)  # until kill -9
 

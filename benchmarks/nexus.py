@@ -37,8 +37,8 @@ from pathlib import Path
 
 import numpy as np
 
-from gpu.batching import BatchContext, EarlyDropPolicy, LazyDropPolicy, Request, make_policy
-from gpu.schedulers.nexus import GpuNode, Placement, Plan, Session, SquishyPacker, gpu_lower_bound
+from gpu.batching import BatchContext, EarlyDropPolicy, LazyDropPolicy, InferenceRequest, make_policy
+from gpu.schedulers.nexus import GpuNode, SessionPlacement, Plan, Session, SquishyPacker, gpu_lower_bound
 from gpu.schedulers.nexus_prefix import PrefixGroup, variant_profiles
 from gpu.schedulers.nexus_profiles import linear_profile, published_profiles
 from gpu.schedulers.nexus_synthetic import MIB, SUFFIX_FC_MEMORY_BYTES, synthetic_profile, synthetic_profiles
@@ -130,7 +130,7 @@ def drop_policies(alphas: list[float], duration_s: float, seed: int, iters: int)
         for name in ("early_drop", "lazy_drop"):
             def bad(rate: float) -> float:
                 sess = Session("s", "m", 100.0, rate)
-                plan = Plan("fixed", "paper", (GpuNode(0, 50.0, (Placement("s", "m", 100.0, 25, rate, 50.0, 100.0),),
+                plan = Plan("fixed", "paper", (GpuNode(0, 50.0, (SessionPlacement("s", "m", 100.0, 25, rate, 50.0, 100.0),),
                                                        saturated=True),), (sess,))
                 return simulate_plan(plan, {"m": prof}, make_policy(name), duration_s=duration_s, seed=seed).bad_rate
 
@@ -191,7 +191,7 @@ def prefix_batching(ms: tuple[int, ...], iters: int, seed: int) -> dict[int, dic
 def decision_overhead_us(repeats: int = 2000) -> dict[str, float]:
     """Mean wall time of one ``decide`` call per request it schedules (µs), queue of 64, window 16."""
     prof = published_profiles()["vgg_s"]
-    queue = [Request(i, "app", float(i), 100.0 + i) for i in range(64)]
+    queue = [InferenceRequest(i, "app", float(i), 100.0 + i) for i in range(64)]
     out = {}
     for pol in (EarlyDropPolicy(), LazyDropPolicy()):
         ctx = BatchContext(20.0, prof.latency, 16, prof.max_batch)

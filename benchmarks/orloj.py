@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gpu.batching import BatchContext, Request
+from gpu.batching import BatchContext, InferenceRequest
 from gpu.schedulers.orloj_hull import LineQueue
 from gpu.sim.orloj import Setup, build_policy, ratios, serve, sweep
 from gpu.sim.orloj_workload import load
@@ -164,7 +164,7 @@ def decision_time(quick: bool) -> dict:
     out = {}
     apps = [a.app_id for a in setup.case.apps]
     for n in (10, 100, 1000) if quick else (10, 100, 1000, 10000):
-        queue = [Request(i, apps[i % len(apps)], 0.0, float(d)) for i, d in
+        queue = [InferenceRequest(i, apps[i % len(apps)], 0.0, float(d)) for i, d in
                  enumerate(np.sort(rng.uniform(100, 5000, n)))]
         reps = 20 if n <= 1000 else 5
         t0 = time.perf_counter()

@@ -124,12 +124,12 @@ def ledger_pairs_per_s(shared: bool, pairs_per_thread: int) -> float:
     """allocate+release pairs per second from LEDGER_THREADS threads on a simulated 2 x 16 GiB pool."""
     from gpu.devices import parse_simulated, PoolSpec
     from gpu.ledger import PoolLedger
-    from gpu.placement import Request
+    from gpu.placement import ResourceRequest
 
     folder = Path(tempfile.mkdtemp(prefix="gpuflows-ledger-"))
     path = folder / "pool.sqlite" if shared else None
     ledger = PoolLedger(PoolSpec((parse_simulated("2x16GiB", "bench"),)), path)
-    request = Request(gpus=0.05, label="bench")  # 40 slots: 16 threads never wait for each other
+    request = ResourceRequest(gpus=0.05, label="bench")  # 40 slots: 16 threads never wait for each other
     start = threading.Barrier(LEDGER_THREADS + 1)
     errors: list[BaseException] = []
 

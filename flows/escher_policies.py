@@ -37,7 +37,7 @@ from typing import Any
 from prefect import flow, task
 
 from gpu.errors import AllocationTimeout, ConfigError, GpuflowsError
-from gpu.placement import Request
+from gpu.placement import ResourceRequest
 from gpu.schedulers.escher import Escher, NodeSpec
 from gpu.schedulers.escher_gang import AppSpaceGang, Gang
 from gpu.schedulers.escher_hfs import HierarchicalFairShare
@@ -153,7 +153,7 @@ def team_job(user: str, i: int, steps: int) -> dict:
 def run_gang(ledger, esl: Escher, size: int, steps: int, timeout_s: float, seed: int) -> dict:
     """AppSpace gang (§4.4e) driven with the real clock: ghosts → ``gang-<g>`` per ghost's node → members."""
     spread = anti_affinity(esl, "gang-ghosts")
-    gang = Gang("dp", tuple(Request(gpus=1, resources=spread) for _ in range(size)))
+    gang = Gang("dp", tuple(ResourceRequest(gpus=1, resources=spread) for _ in range(size)))
     controller = AppSpaceGang(gang, timeout=timeout_s, seed=seed)
     arrived = time.time()
     step = controller.on_arrival(0.0)

@@ -21,7 +21,7 @@ Implementations:
 
 Every shipped policy decides over arrays (:class:`SpanPolicy`: the queue's deadline column → how many to
 drop from the head and how many to run next), which the real runtime calls on its ring buffers; its
-object API ``decide(queue, ctx)`` adapts a ``Request`` queue onto that one implementation.
+object API ``decide(queue, ctx)`` adapts a ``InferenceRequest`` queue onto that one implementation.
 
 Example: with ℓ(b) = b + 10 ms, target 4 and deadlines {5, 12, 30, 45, 60, 95} ms at t = 0,
 ``EarlyDropPolicy().decide(q, ctx)`` → ``BatchDecision(run=(2, 3, 4, 5), drop=(0, 1))``.
@@ -39,7 +39,7 @@ from gpu.errors import ConfigError
 
 
 @dataclass(frozen=True, slots=True)
-class Request:
+class InferenceRequest:
     """One inference request waiting in a model's queue (times in ms on the worker's clock).
 
     ``app_id`` names the application (several apps may share a model session); ``predicted_exec_ms`` is an
@@ -97,13 +97,13 @@ class BatchPolicy(Protocol):
 
     name: str
 
-    def decide(self, queue: Sequence[Request], ctx: BatchContext) -> BatchDecision:
+    def decide(self, queue: Sequence[InferenceRequest], ctx: BatchContext) -> BatchDecision:
         """Return the batch to run now and the requests to drop. Must not mutate ``queue``; a stateless policy is
         idempotent, a stateful one may change its state only through ``observe``."""
         ...
 
 
-def observe_batch(policy: BatchPolicy, batch: Sequence[Request], started_ms: float, finished_ms: float) -> None:
+def observe_batch(policy: BatchPolicy, batch: Sequence[InferenceRequest], started_ms: float, finished_ms: float) -> None:
     """Tell ``policy`` how long a batch it chose really ran, if it listens (its optional ``observe`` hook)."""
     observe = getattr(policy, "observe", None)
     if observe is not None:
@@ -182,11 +182,11 @@ class SpanPolicy(Protocol):
 
 
 class _RequestColumns(Mapping):
-    """The columns of a ``Request`` queue, built only when a policy reads one."""
+    """The columns of a ``InferenceRequest`` queue, built only when a policy reads one."""
 
     _ATTR = {"arrival": "arrival_ms", "request_id": "request_id", "app": "app_id"}
 
-    def __init__(self, queue: Sequence[Request]):
+    def __init__(self, queue: Sequence[InferenceRequest]):
         self._queue = queue
 
     def __getitem__(self, key: str) -> np.ndarray:
@@ -206,7 +206,7 @@ _DEADLINE = attrgetter("deadline_ms")
 class _SpanAdapter:
     """The object API (``decide(queue, ctx)``) of a span policy: one implementation of each rule."""
 
-    def decide(self, queue: Sequence[Request], ctx: BatchContext) -> BatchDecision:
+    def decide(self, queue: Sequence[InferenceRequest], ctx: BatchContext) -> BatchDecision:
         deadlines = np.fromiter(map(_DEADLINE, queue), float, len(queue))
         n_drop, n_run, wake = self.decide_span(deadlines, ctx.now_ms, ctx.latency_ms,  # type: ignore[attr-defined]
                                                ctx.target_batch, ctx.max_batch, ctx.post_ms, _RequestColumns(queue))

@@ -44,7 +44,7 @@ from gpu.ledger_file import LOCK_TIMEOUT_S, LedgerFile, describe_error
 from gpu.liveness import HOST, Owner, process_alive, process_start, process_state
 from gpu.wakeup import SAFETY_POLL_S, Doorbells, drain
 from gpu.placement import (
-    Choice, DeviceState, FifoBestFit, NodeState, PlacementPolicy, Request, Waiting, apply_choice,
+    DeviceChoice, DeviceState, FifoBestFit, NodeState, PlacementPolicy, ResourceRequest, Waiting, apply_choice,
     awaits_missing_resource, check_ever_fits, plan_grants,
 )
 from gpu.scenario import number, positive
@@ -108,13 +108,13 @@ def _create_schema(db: sqlite3.Connection) -> None:
 
 
 @functools.lru_cache(maxsize=8192)
-def _parse_request(text: str) -> Request:
+def _parse_request(text: str) -> ResourceRequest:
     """A ticket's request from its committed row text (keyed by content, never by ticket id)."""
-    return Request.from_dict(json.loads(text))
+    return ResourceRequest.from_dict(json.loads(text))
 
 
 @dataclass(frozen=True)
-class Placement:
+class Lease:
     """A granted slice: what the task may use and how to point CUDA at it.
 
     ``generation`` is the lease's fencing token: it grows with every grant of the pool, so work
@@ -153,7 +153,7 @@ class Placement:
         return d
 
     @classmethod
-    def from_dict(cls, d: Mapping) -> "Placement":
+    def from_dict(cls, d: Mapping) -> "Lease":
         return cls(**{**d, "devices": tuple(d["devices"]), "resources": dict(d.get("resources") or {})})
 
 
@@ -165,10 +165,10 @@ class LedgerClient:
     poll_interval: float = 0.2
 
     def __init__(self) -> None:
-        self._held: dict[str, Placement] = {}
+        self._held: dict[str, Lease] = {}
         self._watchers: dict[str, Callable[[str], None]] = {}
 
-    def _hold(self, placement: Placement | None) -> Placement | None:
+    def _hold(self, placement: Lease | None) -> Lease | None:
         if placement is not None:
             self._held[placement.lease_id] = placement
         return placement
@@ -188,10 +188,10 @@ class LedgerClient:
             if callback is not None:
                 callback(reason)
 
-    def submit(self, request: Request, priority: float = 0.0) -> int:
+    def submit(self, request: ResourceRequest, priority: float = 0.0) -> int:
         raise NotImplementedError
 
-    def try_grant(self, ticket: int) -> Placement | None:
+    def try_grant(self, ticket: int) -> Lease | None:
         raise NotImplementedError
 
     def cancel(self, ticket: int) -> None:
@@ -231,7 +231,7 @@ class LedgerClient:
         """``set_resource(name, 0, node)``."""
         self.set_resource(name, 0, node)
 
-    def submit_and_try(self, request: Request, priority: float = 0.0) -> tuple[int, Placement | None]:
+    def submit_and_try(self, request: ResourceRequest, priority: float = 0.0) -> tuple[int, Lease | None]:
         """``submit`` then a first ``try_grant``; ledgers override it to do both in one step."""
         ticket = self.submit(request, priority)
         try:
@@ -240,8 +240,8 @@ class LedgerClient:
             self.cancel(ticket)
             raise
 
-    def allocate(self, request: Request, timeout: float | None = None,
-                 cancel_event: threading.Event | None = None, priority: float = 0.0) -> Placement:
+    def allocate(self, request: ResourceRequest, timeout: float | None = None,
+                 cancel_event: threading.Event | None = None, priority: float = 0.0) -> Lease:
         """Wait (FIFO by default) until ``request`` is granted; raise AllocationTimeout after ``timeout``
         seconds, or InterruptedError when ``cancel_event`` is set. Never-fitting requests raise at once."""
         ticket, placement = self.submit_and_try(request, priority)
@@ -262,8 +262,8 @@ class LedgerClient:
             raise
 
     @contextmanager
-    def lease(self, request: Request, timeout: float | None = None) -> Iterator[Placement]:
-        """``with ledger.lease(Request(gpus=0.5)) as p:`` releases on exit, also after an exception."""
+    def lease(self, request: ResourceRequest, timeout: float | None = None) -> Iterator[Lease]:
+        """``with ledger.lease(ResourceRequest(gpus=0.5)) as p:`` releases on exit, also after an exception."""
         placement = self.allocate(request, timeout)
         try:
             yield placement
@@ -271,7 +271,7 @@ class LedgerClient:
             self.release(placement.lease_id)
 
 
-def _raise_if_done(request: Request, timeout: float | None, deadline: float | None,
+def _raise_if_done(request: ResourceRequest, timeout: float | None, deadline: float | None,
                    cancel_event: threading.Event | None) -> None:
     if cancel_event is not None and cancel_event.is_set():
         raise InterruptedError(f"request {request.describe()} was cancelled while waiting")
@@ -313,7 +313,7 @@ class PoolLedger(LedgerClient):
         self._capacity = [NodeState(n.name, tuple(DeviceState(d.index, d.memory_total, uuid=d.uuid) for d in n.devices),
                                     n.cpus, n.cpus) for n in spec.nodes]
         super().__init__()
-        self._outcomes: dict[int, Placement | BaseException | None] = {}
+        self._outcomes: dict[int, Lease | BaseException | None] = {}
         self._abandoned: set[int] = set()
         self._poked = False
         self._closed = threading.Event()
@@ -530,8 +530,8 @@ class PoolLedger(LedgerClient):
         o = owner or self.owner
         return o.key, o.host, o.pid, o.pstart
 
-    def _placement(self, row) -> Placement:
-        return Placement(row[0], row[1], tuple(json.loads(row[2])), row[3], row[4], row[5], json.loads(row[6]),
+    def _placement(self, row) -> Lease:
+        return Lease(row[0], row[1], tuple(json.loads(row[2])), row[3], row[4], row[5], json.loads(row[6]),
                          row[7], self.spec.simulated, row[8], row[9] or 0, self.pool_id)
 
     def _event(self, db: sqlite3.Connection, kind: str, lease_row, reason: str = "") -> None:
@@ -594,7 +594,7 @@ class PoolLedger(LedgerClient):
             cursor = db.execute(f"SELECT {columns} FROM tickets ORDER BY {order}")
             batches = iter(lambda: cursor.fetchmany(_PLAN_BATCH), [])
         nodes: list[NodeState] | None = None
-        chosen: list[tuple[Waiting, Choice, str]] = []
+        chosen: list[tuple[Waiting, DeviceChoice, str]] = []
         for rows in batches:
             if not rows:
                 break
@@ -618,7 +618,7 @@ class PoolLedger(LedgerClient):
         """The ephemeral resources any waiting ticket asks for (all a plan can need to read)."""
         return {k for (text,) in db.execute("SELECT DISTINCT request FROM tickets") for k in _parse_request(text).resources}
 
-    def _grant(self, db: sqlite3.Connection, chosen: list[tuple[Waiting, Choice, str]]) -> None:
+    def _grant(self, db: sqlite3.Connection, chosen: list[tuple[Waiting, DeviceChoice, str]]) -> None:
         """Turn planned tickets into leases of their owners, each with the next fencing generation."""
         row = db.execute("SELECT value FROM meta WHERE key='generation'").fetchone()
         generation = int(row[0]) if row else 0
@@ -639,7 +639,7 @@ class PoolLedger(LedgerClient):
         db.execute("INSERT OR REPLACE INTO meta VALUES ('generation', ?)", (str(generation),))
 
     @staticmethod
-    def _backer(db: sqlite3.Connection, request: Request, node: str) -> tuple | None:
+    def _backer(db: sqlite3.Connection, request: ResourceRequest, node: str) -> tuple | None:
         """The ghost lease (id, devices, fraction, memory) behind a lease-backed resource ``request`` names
         on ``node``, for a request of no GPU of its own: its grant runs on the ghost's devices."""
         if request.uses_gpu or not request.resources:
@@ -655,7 +655,7 @@ class PoolLedger(LedgerClient):
         db.execute("DELETE FROM leases WHERE id=?", (lease_id,))
         db.execute("DELETE FROM resources WHERE lease=?", (lease_id,))
 
-    def _granted(self, db: sqlite3.Connection, ticket: int) -> Placement | None:
+    def _granted(self, db: sqlite3.Connection, ticket: int) -> Lease | None:
         row = db.execute(f"SELECT {_LEASE_COLS} FROM leases WHERE ticket=?", (ticket,)).fetchone()
         return self._placement(row) if row else None
 
@@ -701,31 +701,31 @@ class PoolLedger(LedgerClient):
         return freed
 
     # -- requests ---------------------------------------------------------------------------
-    def _check(self, request: Request) -> None:
+    def _check(self, request: ResourceRequest) -> None:
         if request.node is not None and request.node not in {n.name for n in self._capacity}:
             raise ConfigError("node", request.node, f"not in this pool (nodes: {[n.name for n in self._capacity]})")
         check_ever_fits(request, self._capacity)
 
-    def _insert_ticket(self, db: sqlite3.Connection, request: Request, priority: float, owner: Owner | None) -> int:
+    def _insert_ticket(self, db: sqlite3.Connection, request: ResourceRequest, priority: float, owner: Owner | None) -> int:
         now = time.time()
         cur = db.execute("INSERT INTO tickets (owner, host, pid, pstart, request, priority, created_at, expires_at) "
                          "VALUES (?,?,?,?,?,?,?,?)",
                          (*self._owner_row(owner), json.dumps(request.to_dict()), priority, now, now + self.lease_ttl))
         return int(cur.lastrowid)
 
-    def submit(self, request: Request, priority: float = 0.0, owner: Owner | None = None) -> int:
+    def submit(self, request: ResourceRequest, priority: float = 0.0, owner: Owner | None = None) -> int:
         """Queue ``request`` (granted as soon as the policy places it); NeverFitsError if it never can."""
         return self.submit_and_try(request, priority, owner)[0]
 
-    def submit_and_try(self, request: Request, priority: float = 0.0, owner: Owner | None = None,
-                       busy: float | None = None) -> tuple[int, Placement | None]:
+    def submit_and_try(self, request: ResourceRequest, priority: float = 0.0, owner: Owner | None = None,
+                       busy: float | None = None) -> tuple[int, Lease | None]:
         """Queue ``request`` and plan the queue in one transaction (most requests fit at once)."""
         self._check(request)
         self._start_threads()
         def work(db: sqlite3.Connection) -> _Finish:
             ticket = self._insert_ticket(db, request, priority, owner)
 
-            def finish(db: sqlite3.Connection) -> tuple[int, Placement | None]:
+            def finish(db: sqlite3.Connection) -> tuple[int, Lease | None]:
                 placement = self._granted(db, ticket)
                 if placement is None and self._reclaim(db):
                     placement = self._granted(db, ticket)
@@ -735,7 +735,7 @@ class PoolLedger(LedgerClient):
         ticket, placement = self._shared_tx("queue a request", busy, work)
         return ticket, placement if owner else self._hold(placement)
 
-    def grant_all(self, requests: Sequence[Request], owner: Owner | None = None) -> list[Placement] | None:
+    def grant_all(self, requests: Sequence[ResourceRequest], owner: Owner | None = None) -> list[Lease] | None:
         """Grant every one of ``requests`` in one transaction, or none of them (None): an all-or-none gang
         grant, the analogue of ESCHER's FrameSpace gang scheduling (§4.4e) and of a Ray placement group.
         It does not queue: the caller retries when the pool changes. Requests already waiting keep their
@@ -760,7 +760,7 @@ class PoolLedger(LedgerClient):
             placements = [self._granted(db, t) for t in tickets]
         return placements if owner else [self._hold(p) for p in placements]
 
-    def try_grant(self, ticket: int, owner: Owner | None = None) -> Placement | None:
+    def try_grant(self, ticket: int, owner: Owner | None = None) -> Lease | None:
         """The lease ``ticket`` was granted, or None while it waits (looking for dead holders if due)."""
         with self._tx("check a request") as db:
             placement = self._granted(db, ticket)
@@ -771,8 +771,8 @@ class PoolLedger(LedgerClient):
                     placement = self._granted(db, ticket)
         return placement if owner else self._hold(placement)
 
-    def allocate(self, request: Request, timeout: float | None = None,
-                 cancel_event: threading.Event | None = None, priority: float = 0.0) -> Placement:
+    def allocate(self, request: ResourceRequest, timeout: float | None = None,
+                 cancel_event: threading.Event | None = None, priority: float = 0.0) -> Lease:
         """Wait (FIFO by default) until ``request`` is granted; AllocationTimeout after ``timeout`` s,
         InterruptedError once ``cancel_event`` is set; a never-fitting request raises at once.
 
@@ -793,7 +793,7 @@ class PoolLedger(LedgerClient):
             try:
                 while True:
                     outcome = self._outcomes[ticket]
-                    if isinstance(outcome, Placement):
+                    if isinstance(outcome, Lease):
                         return self._hold(outcome)
                     if isinstance(outcome, BaseException):
                         raise outcome
@@ -851,7 +851,7 @@ class PoolLedger(LedgerClient):
             tx.execute("UPDATE tickets SET expires_at=? WHERE owner=?", (expires, key))
             return {r[0] for r in tx.execute("SELECT id FROM leases WHERE owner=?", (key,))}
 
-    def check(self, placement: Placement) -> None:
+    def check(self, placement: Lease) -> None:
         """Raise LeaseLost unless this exact lease (id and generation) is still held: a fencing check."""
         with self._tx("check a lease") as db:
             row = db.execute("SELECT generation FROM leases WHERE id=?", (placement.lease_id,)).fetchone()
@@ -954,14 +954,14 @@ class PoolLedger(LedgerClient):
                 queued = {r[0] for r in db.execute(f"SELECT id FROM tickets WHERE id IN ({marks})", waiting)}
             finally:
                 db.execute("COMMIT")
-        outcomes: dict[int, Placement | BaseException] = {r[0]: self._placement(r[1:]) for r in granted}
+        outcomes: dict[int, Lease | BaseException] = {r[0]: self._placement(r[1:]) for r in granted}
         for ticket in waiting:
             if ticket not in outcomes and ticket not in queued:
                 outcomes[ticket] = LedgerError(f"pool {self.path}: request ticket {ticket} was dropped from the queue "
                                                "(this process looked dead or stopped heartbeating)")
         self._deliver(outcomes)
 
-    def _deliver(self, outcomes: Mapping[int, Placement | BaseException]) -> None:
+    def _deliver(self, outcomes: Mapping[int, Lease | BaseException]) -> None:
         with self._cv:
             for ticket, outcome in outcomes.items():
                 if ticket in self._outcomes and ticket not in self._abandoned:
@@ -1046,7 +1046,7 @@ class PoolLedger(LedgerClient):
             self._reclaim(db)
             return self._free_state(db)
 
-    def leases(self) -> list[Placement]:
+    def leases(self) -> list[Lease]:
         with self._tx("read the leases") as db:
             rows = db.execute(f"SELECT {_LEASE_COLS} FROM leases").fetchall()
         return [self._placement(r) for r in rows]

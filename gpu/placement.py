@@ -18,7 +18,7 @@ _EPS = 1e-9
 
 
 @dataclass(frozen=True)
-class Request:
+class ResourceRequest:
     """A task's demand: GPUs (a fraction < 1 shares one device; >= 1 means whole devices),
     GPU memory per device, CPUs, named ephemeral resources, and an optional node.
 
@@ -92,7 +92,7 @@ class Request:
                 "devices": None if self.devices is None else list(self.devices)}
 
     @classmethod
-    def from_dict(cls, d: Mapping) -> "Request":
+    def from_dict(cls, d: Mapping) -> "ResourceRequest":
         return cls(**d)
 
 
@@ -125,7 +125,7 @@ class NodeState:
 
 
 @dataclass(frozen=True)
-class Choice:
+class DeviceChoice:
     """Where a request lands: node, device indices, compute share and memory per device."""
 
     node: str
@@ -139,7 +139,7 @@ class Waiting:
     """A request waiting in the ledger's queue; ``ticket`` grows with arrival (FIFO order)."""
 
     ticket: int
-    request: Request
+    request: ResourceRequest
     priority: float = 0.0
 
 
@@ -150,10 +150,10 @@ class PlacementPolicy(Protocol):
 
     def order(self, waiting: Sequence[Waiting]) -> list[Waiting]: ...
 
-    def choose(self, request: Request, nodes: Sequence[NodeState]) -> Choice | None: ...
+    def choose(self, request: ResourceRequest, nodes: Sequence[NodeState]) -> DeviceChoice | None: ...
 
 
-def _node_admits(request: Request, node: NodeState) -> bool:
+def _node_admits(request: ResourceRequest, node: NodeState) -> bool:
     if request.node is not None and request.node != node.name:
         return False
     if node.cpus_free + _EPS < request.cpus:
@@ -161,26 +161,26 @@ def _node_admits(request: Request, node: NodeState) -> bool:
     return all(node.resources_free.get(k, 0.0) + _EPS >= v for k, v in request.resources.items())
 
 
-def candidate_choices(request: Request, nodes: Sequence[NodeState]) -> Iterable[tuple[float, Choice]]:
+def candidate_choices(request: ResourceRequest, nodes: Sequence[NodeState]) -> Iterable[tuple[float, DeviceChoice]]:
     """Every feasible landing spot with its leftover (smaller is a tighter fit)."""
     for node in nodes:
         if not _node_admits(request, node):
             continue
         if not request.uses_gpu:
-            yield node.cpus_free - request.cpus, Choice(node.name, (), 0.0, 0)
+            yield node.cpus_free - request.cpus, DeviceChoice(node.name, (), 0.0, 0)
             continue
         devices = [d for d in node.devices if request.devices is None or d.index in request.devices]
         if request.whole_devices:
             idle = [d for d in devices if d.idle and d.memory_total >= request.memory]
             if len(idle) >= request.whole_devices:
                 picked = tuple(d.index for d in idle[: request.whole_devices])
-                yield float(len(idle) - request.whole_devices), Choice(node.name, picked, 1.0, request.memory or idle[0].memory_total)
+                yield float(len(idle) - request.whole_devices), DeviceChoice(node.name, picked, 1.0, request.memory or idle[0].memory_total)
             continue
         for d in devices:
             share = request.gpus if request.gpus > 0 else request.memory / d.memory_total
             if d.compute_free + _EPS >= share and d.memory_free >= request.memory:
                 leftover = (d.compute_free - share) + (d.memory_free - request.memory) / max(d.memory_total, 1) * 1e-3
-                yield leftover, Choice(node.name, (d.index,), share, request.memory)
+                yield leftover, DeviceChoice(node.name, (d.index,), share, request.memory)
 
 
 @dataclass
@@ -197,12 +197,12 @@ class FifoBestFit:
     def order(self, waiting: Sequence[Waiting]) -> list[Waiting]:
         return sorted(waiting, key=lambda w: (-w.priority, w.ticket))
 
-    def choose(self, request: Request, nodes: Sequence[NodeState]) -> Choice | None:
+    def choose(self, request: ResourceRequest, nodes: Sequence[NodeState]) -> DeviceChoice | None:
         best = min(candidate_choices(request, nodes), key=lambda c: c[0], default=None)
         return best[1] if best else None
 
 
-def apply_choice(nodes: Sequence[NodeState], request: Request, choice: Choice) -> list[NodeState]:
+def apply_choice(nodes: Sequence[NodeState], request: ResourceRequest, choice: DeviceChoice) -> list[NodeState]:
     """The node states after granting ``choice`` (used to plan several grants in one pass)."""
     out = []
     for node in nodes:
@@ -221,7 +221,7 @@ def apply_choice(nodes: Sequence[NodeState], request: Request, choice: Choice) -
     return out
 
 
-def awaits_missing_resource(request: Request, nodes: Sequence[NodeState]) -> bool:
+def awaits_missing_resource(request: ResourceRequest, nodes: Sequence[NodeState]) -> bool:
     """Whether ``request`` names an ephemeral resource that exists on none of the nodes it may use.
 
     Such a request waits for another task to create the resource (ESCHER's task signalling,
@@ -233,12 +233,12 @@ def awaits_missing_resource(request: Request, nodes: Sequence[NodeState]) -> boo
 
 
 def plan_grants(policy: PlacementPolicy, waiting: Sequence[Waiting], nodes: Sequence[NodeState],
-                until: int | None = None) -> dict[int, Choice]:
+                until: int | None = None) -> dict[int, DeviceChoice]:
     """Which waiting tickets the policy grants now, in its order (stopping at the first misfit
     unless the policy backfills; a request waiting for a resource nobody has created yet is
     passed over, see ``awaits_missing_resource``). With ``until``, stop once that ticket is
     decided: tickets after it in the order cannot change its grant."""
-    grants: dict[int, Choice] = {}
+    grants: dict[int, DeviceChoice] = {}
     for w in policy.order(waiting):
         if w.request.resources and awaits_missing_resource(w.request, nodes):
             if w.ticket == until:
@@ -256,7 +256,7 @@ def plan_grants(policy: PlacementPolicy, waiting: Sequence[Waiting], nodes: Sequ
     return grants
 
 
-def check_ever_fits(request: Request, capacity: Sequence[NodeState]) -> None:
+def check_ever_fits(request: ResourceRequest, capacity: Sequence[NodeState]) -> None:
     """Raise NeverFitsError when ``request`` cannot fit even an empty pool.
 
     Ephemeral resources are not checked: they may be created later (ESCHER's task signalling).

@@ -16,9 +16,9 @@ import threading
 from typing import Any
 
 from gpu.devices import Device, Node, PoolSpec, nvml_devices, parse_simulated
-from gpu.ledger import LedgerClient, Placement, PoolLedger
+from gpu.ledger import LedgerClient, Lease, PoolLedger
 from gpu.liveness import Owner
-from gpu.placement import NodeState, Request
+from gpu.placement import NodeState, ResourceRequest
 from tasks.requests import PLACEMENT_ENV, TaskPlacement
 from tasks.runners import PlacingTaskRunner, api_url_env
 
@@ -88,13 +88,13 @@ class RayLedger(LedgerClient):
             if lease_id not in alive and lease_id in self._held:
                 self._lose([lease_id], self._ray.get(self._actor.loss_reason.remote(lease_id)))
 
-    def submit(self, request: Request, priority: float = 0.0) -> int:
+    def submit(self, request: ResourceRequest, priority: float = 0.0) -> int:
         return self._ray.get(self._actor.submit.remote(request, priority, self.owner))
 
-    def try_grant(self, ticket: int) -> Placement | None:
+    def try_grant(self, ticket: int) -> Lease | None:
         return self._hold(self._ray.get(self._actor.try_grant.remote(ticket, self.owner)))
 
-    def submit_and_try(self, request: Request, priority: float = 0.0) -> tuple[int, Placement | None]:
+    def submit_and_try(self, request: ResourceRequest, priority: float = 0.0) -> tuple[int, Lease | None]:
         ticket, placement = self._ray.get(self._actor.submit_and_try.remote(request, priority, self.owner))
         return ticket, self._hold(placement)
 
@@ -106,7 +106,7 @@ class RayLedger(LedgerClient):
         self._watchers.pop(lease_id, None)
         return self._ray.get(self._actor.release.remote(lease_id))
 
-    def check(self, placement: Placement) -> None:
+    def check(self, placement: Lease) -> None:
         """Raise LeaseLost unless the actor still has this exact lease (fencing)."""
         self._ray.get(self._actor.check.remote(placement))
 
@@ -125,7 +125,7 @@ class RayLedger(LedgerClient):
     def free_state(self) -> list[NodeState]:
         return self._ray.get(self._actor.free_state.remote())
 
-    def leases(self) -> list[Placement]:
+    def leases(self) -> list[Lease]:
         return self._ray.get(self._actor.leases.remote())
 
     def events(self, since_id: int = 0) -> list[dict]:
@@ -230,7 +230,7 @@ class GpuRayTaskRunner(PlacingTaskRunner):
         from prefect.utilities.engine import resolve_inputs_sync
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-        placement = placement or Placement("", "", (), 0.0, 0)
+        placement = placement or Lease("", "", (), 0.0, 0)
         device = "cpu" if placement.simulated or not placement.devices else "cuda:0"
         tp = TaskPlacement(placement, device, placement.cuda_visible_devices)
         # A CPU-only task that reserved no CPUs is bounded by nothing in the ledger; with num_cpus=0

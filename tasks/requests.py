@@ -30,8 +30,8 @@ from dataclasses import asdict, dataclass
 from typing import Any, Iterator, Mapping, Sequence
 
 from gpu.errors import ConfigError
-from gpu.ledger import Placement
-from gpu.placement import Request
+from gpu.ledger import Lease
+from gpu.placement import ResourceRequest
 
 _ATTR = "__gpuflows_request__"
 _PREFERENCE_FIELDS = ("gpus", "memory", "cpus", "resources", "node", "devices")
@@ -47,7 +47,7 @@ def gpu_request(gpus: float = 0.0, memory: int | str = 0, cpus: float = 0.0,
     ``prefer``: soft constraints, requests in preference order (see the module docstring)."""
     spec = dict(gpus=gpus, memory=memory, cpus=cpus, resources=dict(resources or {}), node=node,
                 devices=None if devices is None else tuple(devices))
-    Request(**spec)  # validate now, at import time, with a clear error
+    ResourceRequest(**spec)  # validate now, at import time, with a clear error
     if prefer is not None:
         preferences(spec, prefer)
         spec["prefer"] = [dict(entry) for entry in prefer]
@@ -65,7 +65,7 @@ def gpu_options(**overrides: Any) -> Iterator[None]:
     """Override the request of every task submitted inside this block (nested blocks merge; an inner
     ``prefer`` replaces an outer one)."""
     base = {k: v for k, v in overrides.items() if k not in ("label", "prefer")}
-    Request(**base)
+    ResourceRequest(**base)
     if overrides.get("prefer") is not None:
         preferences(base, overrides["prefer"])
     token = _OVERRIDES.set({**_OVERRIDES.get(), **overrides})
@@ -75,7 +75,7 @@ def gpu_options(**overrides: Any) -> Iterator[None]:
         _OVERRIDES.reset(token)
 
 
-def preferences(base: Mapping[str, Any], prefer: Sequence[Mapping[str, Any]]) -> tuple[Request, ...]:
+def preferences(base: Mapping[str, Any], prefer: Sequence[Mapping[str, Any]]) -> tuple[ResourceRequest, ...]:
     """``base`` (request fields) refined by each entry of ``prefer``, in order: an entry's fields replace
     the base's, its ``resources`` are added to the base's. ConfigError('prefer') for an empty list or an
     entry that is not a mapping of request fields."""
@@ -87,11 +87,11 @@ def preferences(base: Mapping[str, Any], prefer: Sequence[Mapping[str, Any]]) ->
         if unknown is None or unknown:
             raise ConfigError(f"prefer[{i}]", entry, f"must map request fields {_PREFERENCE_FIELDS} to values")
         resources = {**dict(base.get("resources") or {}), **dict(entry.get("resources") or {})}
-        out.append(Request(**{**base, **entry, "resources": resources}))
+        out.append(ResourceRequest(**{**base, **entry, "resources": resources}))
     return tuple(out)
 
 
-def resolve_requests(task: Any, default: Mapping[str, Any] | None = None) -> tuple[Request, ...]:
+def resolve_requests(task: Any, default: Mapping[str, Any] | None = None) -> tuple[ResourceRequest, ...]:
     """The requests for one submission, most preferred first (one unless ``prefer`` was given):
     runner default < task declaration < gpu_options block."""
     spec: dict[str, Any] = dict(default or {})
@@ -99,10 +99,10 @@ def resolve_requests(task: Any, default: Mapping[str, Any] | None = None) -> tup
     spec.update(_OVERRIDES.get())
     spec.setdefault("label", getattr(task, "name", ""))
     prefer = spec.pop("prefer", None)
-    return (Request(**spec),) if prefer is None else preferences(spec, prefer)
+    return (ResourceRequest(**spec),) if prefer is None else preferences(spec, prefer)
 
 
-def resolve_request(task: Any, default: Mapping[str, Any] | None = None) -> Request:
+def resolve_request(task: Any, default: Mapping[str, Any] | None = None) -> ResourceRequest:
     """The most preferred request for one submission (see ``resolve_requests``)."""
     return resolve_requests(task, default)[0]
 
@@ -125,7 +125,7 @@ class Lane:
 class TaskPlacement:
     """What a running task was given: where to put tensors and how much it may use."""
 
-    placement: Placement
+    placement: Lease
     device: str                 # torch device string: 'cuda:N' on real GPUs, 'cpu' on a simulated pool
     visible_devices: str        # CUDA_VISIBLE_DEVICES the task runs under ('' in thread mode)
     lane: Lane | None = None    # set when a Salus executor admitted the task into a lane of its device
@@ -152,7 +152,7 @@ class TaskPlacement:
     def from_env(cls, text: str) -> "TaskPlacement":
         d = json.loads(text)
         lane = Lane(**d["lane"]) if d.get("lane") else None
-        return cls(Placement.from_dict(d["placement"]), d["device"], d["visible_devices"], lane)
+        return cls(Lease.from_dict(d["placement"]), d["device"], d["visible_devices"], lane)
 
 
 def current_placement() -> TaskPlacement | None:

@@ -30,8 +30,8 @@ from prefect.task_runners import TaskRunner
 from prefect.utilities.collections import visit_collection
 
 from gpu.errors import AllocationTimeout, NeverFitsError
-from gpu.ledger import LedgerClient, Placement, register_worker
-from gpu.placement import Request, check_ever_fits
+from gpu.ledger import LedgerClient, Lease, register_worker
+from gpu.placement import ResourceRequest, check_ever_fits
 from resource_blocks import GpuPool, MlflowTarget, SchedulerPolicy
 from tasks.requests import TaskPlacement, resolve_requests
 from tasks.tracking import RunTracker, TaskRecord, flow_tracker, task_fields
@@ -72,7 +72,7 @@ def api_url_env() -> dict[str, str]:
     return {"PREFECT_API_URL": server.api_url} if server.running else {}
 
 
-def _ever_fits(request: Request, capacity) -> bool:
+def _ever_fits(request: ResourceRequest, capacity) -> bool:
     try:
         check_ever_fits(request, capacity)
         return True
@@ -113,7 +113,7 @@ class PlacingTaskRunner(TaskRunner[PrefectConcurrentFuture]):
             tracking = MlflowTarget(enabled=tracking)
         self.tracking = tracking
         self.default_request = dict(default_request or {})
-        Request(**self.default_request)
+        ResourceRequest(**self.default_request)
         if max_concurrency < 1:
             raise ValueError(f"max_concurrency={max_concurrency!r}: must be >= 1")
         self.max_concurrency = max_concurrency
@@ -317,7 +317,7 @@ class PlacingTaskRunner(TaskRunner[PrefectConcurrentFuture]):
 
     def _dispatch(self, task, task_run_id: uuid.UUID, parameters: dict[str, Any],
                   wait_for: Iterable[PrefectFuture] | None, dependencies: dict[str, set] | None,
-                  requests: tuple[Request, ...], cancel_event: threading.Event, record: TaskRecord):
+                  requests: tuple[ResourceRequest, ...], cancel_event: threading.Event, record: TaskRecord):
         """Runs in a dispatcher thread: upstream -> lease -> execute -> release -> settle the final state."""
         from prefect.states import Cancelled, Crashed, Failed
 
@@ -326,7 +326,7 @@ class PlacingTaskRunner(TaskRunner[PrefectConcurrentFuture]):
             wait(upstream)
         # A task whose upstream failed will not run: don't hold a slice for it.
         upstream_ok = all(f.state.is_completed() for f in upstream)
-        placement: Placement | None = None
+        placement: Lease | None = None
         lost: str | None = None
         try:
             if cancel_event.is_set():
@@ -357,8 +357,8 @@ class PlacingTaskRunner(TaskRunner[PrefectConcurrentFuture]):
             self._tracker.task_finished(record)
         return state
 
-    def _acquire_preferred(self, task, task_run_id: uuid.UUID, requests: tuple[Request, ...],
-                           cancel_event: threading.Event) -> Placement:
+    def _acquire_preferred(self, task, task_run_id: uuid.UUID, requests: tuple[ResourceRequest, ...],
+                           cancel_event: threading.Event) -> Lease:
         """The first of ``requests`` (most preferred first) the ledger grants, each tried for its share of the
         allocation timeout (ESCHER's soft constraints, Fig. 4.4a: no grant in time → cancel, next one).
 
@@ -382,8 +382,8 @@ class PlacingTaskRunner(TaskRunner[PrefectConcurrentFuture]):
             raise AllocationTimeout(f"task {task.name!r} got none of its {len(requests)} preferred requests "
                                     f"within {total}s: {exc}") from exc
 
-    def _acquire(self, task, task_run_id: uuid.UUID, request: Request, cancel_event: threading.Event,
-                 timeout: float | None | EllipsisType = ...) -> Placement:
+    def _acquire(self, task, task_run_id: uuid.UUID, request: ResourceRequest, cancel_event: threading.Event,
+                 timeout: float | None | EllipsisType = ...) -> Lease:
         """Take the task's own lease from the pool ledger, waiting for room (``timeout``, by default the
         runner's ``allocation_timeout``).
 
@@ -400,7 +400,7 @@ class PlacingTaskRunner(TaskRunner[PrefectConcurrentFuture]):
         self._ledger.watch(placement.lease_id, functools.partial(self._lease_lost, placement.lease_id))
         return placement
 
-    def _release(self, placement: Placement, task_name: str) -> str | None:
+    def _release(self, placement: Lease, task_name: str) -> str | None:
         """Give the task's slice back; return why the task must fail if its lease was taken away while it ran.
 
         A lease that is gone (``release()`` is False) or that the ledger reported lost was reclaimed:
@@ -506,7 +506,7 @@ class PlacingTaskRunner(TaskRunner[PrefectConcurrentFuture]):
             self._context_cache = cached
         return cached[1], cached[2]
 
-    def _measure_gpu(self, placement: Placement, record: TaskRecord) -> None:
+    def _measure_gpu(self, placement: Lease, record: TaskRecord) -> None:
         """At the end of the task: the share it held (``gpu_share``) and, on real GPUs only, NVML's
         utilisation and memory in use averaged over its devices; nothing measured on a simulated pool."""
         from gpu.devices import nvml_readings
@@ -524,7 +524,7 @@ class PlacingTaskRunner(TaskRunner[PrefectConcurrentFuture]):
     @abc.abstractmethod
     def _execute(self, task, task_run_id: uuid.UUID, parameters: dict[str, Any],
                  wait_for: Iterable[PrefectFuture] | None, dependencies: dict[str, set] | None,
-                 placement: Placement | None, cancel_event: threading.Event):
+                 placement: Lease | None, cancel_event: threading.Event):
         """Run the task through Prefect's engine with ``placement`` and return its final State."""
 
 
@@ -621,8 +621,8 @@ class GpuTaskRunner(PlacingTaskRunner):
     def _open_ledger(self) -> LedgerClient:
         return self.pool.open_ledger(self.policy.placement_policy())
 
-    def _task_placement(self, placement: Placement | None) -> TaskPlacement:
-        placement = placement or Placement("", "", (), 0.0, 0)
+    def _task_placement(self, placement: Lease | None) -> TaskPlacement:
+        placement = placement or Lease("", "", (), 0.0, 0)
         if placement.simulated or not placement.devices:
             return TaskPlacement(placement, "cpu", "" if self.mode == "thread" else placement.cuda_visible_devices)
         if self.mode == "thread":

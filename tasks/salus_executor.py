@@ -35,8 +35,8 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 from gpu.errors import ConfigError
-from gpu.ledger import LedgerClient, Placement
-from gpu.placement import Request
+from gpu.ledger import LedgerClient, Lease
+from gpu.placement import ResourceRequest
 from gpu.schedulers.salus import Ask, SalusController, SalusJob, SalusStep
 from gpu.schedulers.salus_lanes import Margins
 from gpu.units import parse_memory
@@ -131,11 +131,11 @@ class SalusExecutor:
         self._jobs: dict[str, _Job] = {}
         self._t0 = time.monotonic()
         self._ledger = ledger
-        self.placement: Placement | None = None
+        self.placement: Lease | None = None
         self.lost: str | None = None
         self.switches: deque[tuple[float, int, str]] = deque(maxlen=10_000)  # (now, lane, job): latest grants
         if lease and ledger is not None:
-            self.placement = ledger.allocate(Request(gpus=1, devices=(device,), label=f"salus-gpu{device}"),
+            self.placement = ledger.allocate(ResourceRequest(gpus=1, devices=(device,), label=f"salus-gpu{device}"),
                                              allocation_timeout)
             ledger.watch(self.placement.lease_id, self._lease_lost)
         self.address = os.path.join(tempfile.mkdtemp(prefix="gpuflows-salus-"), "token.sock")

@@ -28,8 +28,8 @@ import uuid
 from typing import Any
 
 from gpu.errors import ConfigError
-from gpu.ledger import Placement
-from gpu.placement import Request
+from gpu.ledger import Lease
+from gpu.placement import ResourceRequest
 from gpu.schedulers.salus_policies import ADMISSIONS, POLICIES
 from tasks.requests import Lane, TaskPlacement, resolve_request
 from tasks.runners import GpuTaskRunner
@@ -99,7 +99,7 @@ class SalusTaskRunner(GpuTaskRunner):
                     max_jobs=self.max_jobs_per_device, allocation_timeout=self.allocation_timeout)
             return self._executors[device]
 
-    def _pick_device(self, request: Request) -> int:
+    def _pick_device(self, request: ResourceRequest) -> int:
         if request.devices:
             return request.devices[0]
         with self._executors_lock:
@@ -107,11 +107,11 @@ class SalusTaskRunner(GpuTaskRunner):
                     if d in self._executors else 0 for d in self.salus_devices}
         return min(self.salus_devices, key=lambda d: (load[d], d))
 
-    def _acquire(self, task, task_run_id: uuid.UUID, request: Request, cancel_event: threading.Event) -> Placement:
+    def _acquire(self, task, task_run_id: uuid.UUID, request: ResourceRequest, cancel_event: threading.Event) -> Lease:
         job = declared_job(task, new_job_id(task.name))
         executor = self.executor(self._pick_device(request))
         lane = executor.admit(job, cancel_event, self.allocation_timeout)
-        device = executor.placement or Placement("", "", (executor.device,), 1.0, 0)
+        device = executor.placement or Lease("", "", (executor.device,), 1.0, 0)
         placement = dataclasses.replace(device, lease_id=f"{device.lease_id}#{job.job_id}", label=task.name,
                                         memory=lane.memory_cap)
         with self._leases_lock:
@@ -119,7 +119,7 @@ class SalusTaskRunner(GpuTaskRunner):
         self._lanes[placement.lease_id] = (executor, lane)
         return placement
 
-    def _release(self, placement: Placement, task_name: str) -> str | None:
+    def _release(self, placement: Lease, task_name: str) -> str | None:
         """The job left its lane (finished, failed, cancelled or crashed): the executor frees it."""
         executor, lane = self._lanes.pop(placement.lease_id)
         executor.leave(lane.job_id)
@@ -132,7 +132,7 @@ class SalusTaskRunner(GpuTaskRunner):
         return (f"the Salus executor of gpu{executor.device} lost its device lease while task {task_name!r} "
                 f"ran: {lost}")
 
-    def _task_placement(self, placement: Placement | None) -> TaskPlacement:
+    def _task_placement(self, placement: Lease | None) -> TaskPlacement:
         tp = super()._task_placement(placement)
         held = self._lanes.get(placement.lease_id) if placement is not None else None
         return dataclasses.replace(tp, lane=held[1]) if held else tp

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from gpu.batching import (BatchContext, BatchPolicy, EarlyDropPolicy, FixedBatchPolicy, LazyDropPolicy, Request,
+from gpu.batching import (BatchContext, BatchPolicy, EarlyDropPolicy, FixedBatchPolicy, LazyDropPolicy, InferenceRequest,
                           make_policy)
 from gpu.errors import ConfigError
 
@@ -13,7 +13,7 @@ def lat(b):
 
 
 def queue(deadlines):
-    return [Request(i, "app", 0.0, d) for i, d in enumerate(deadlines)]
+    return [InferenceRequest(i, "app", 0.0, d) for i, d in enumerate(deadlines)]
 
 
 T9 = [5, 12, 30, 45, 60, 95]

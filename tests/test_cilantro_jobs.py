@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import tasks.cilantro_jobs as cj
-from gpu.ledger import Placement
+from gpu.ledger import Lease
 from tasks.requests import TaskPlacement, placed
 
 WINDOW = cj.RoundWindow(0, 1.0, 0.25, 1 / 3, trace_step=1, seed=0)
@@ -16,7 +16,7 @@ TRAINER = cj.JobConfig("trainer", "training", 50.0, scale_ms=2.2, hidden=1024, r
 
 
 def on_share(fraction: float) -> TaskPlacement:
-    return TaskPlacement(Placement("l1", "n0", (0,), fraction, 0), "cpu", "")
+    return TaskPlacement(Lease("l1", "n0", (0,), fraction, 0), "cpu", "")
 
 
 def test_the_slice_timeline_serves_in_arrival_order_and_stops_at_the_round_end():

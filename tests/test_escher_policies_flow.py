@@ -77,7 +77,7 @@ def test_a_gang_whose_ghosts_cannot_all_start_rolls_back_and_starts_once_they_ca
     from prefect import flow
 
     from flows.escher_policies import run_gang
-    from gpu.placement import Request
+    from gpu.placement import ResourceRequest
     from gpu.schedulers.escher import Escher
     from tasks.runners import GpuTaskRunner
 
@@ -87,7 +87,7 @@ def test_a_gang_whose_ghosts_cannot_all_start_rolls_back_and_starts_once_they_ca
     @flow(task_runner=runner)
     def gang_flow():
         ledger = runner.ledger()
-        busy = ledger.allocate(Request(gpus=1, node="node3", label="busy"), timeout=1)
+        busy = ledger.allocate(ResourceRequest(gpus=1, node="node3", label="busy"), timeout=1)
         threading.Timer(1.5, ledger.release, (busy.lease_id,)).start()
         return run_gang(ledger, Escher(ledger), size=4, steps=3, timeout_s=0.5, seed=0)
 

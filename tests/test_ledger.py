@@ -16,7 +16,7 @@ import pytest
 from gpu.devices import discover, parse_simulated, PoolSpec
 from gpu.errors import AllocationTimeout, ConfigError, NeverFitsError
 from gpu.ledger import PoolLedger
-from gpu.placement import Request
+from gpu.placement import ResourceRequest
 
 
 def pool(spec: str = "2x16GiB", path=None, **kw) -> PoolLedger:
@@ -37,9 +37,9 @@ def replay_max_usage(events: list[dict]) -> dict[int, float]:
 
 def test_fractions_share_one_device_best_fit():
     ledger = pool()
-    a = ledger.allocate(Request(gpus=0.5))
-    b = ledger.allocate(Request(gpus=0.25))
-    c = ledger.allocate(Request(gpus=0.5))
+    a = ledger.allocate(ResourceRequest(gpus=0.5))
+    b = ledger.allocate(ResourceRequest(gpus=0.25))
+    c = ledger.allocate(ResourceRequest(gpus=0.5))
     assert a.devices == b.devices            # best fit packs the partly used device
     assert c.devices != a.devices            # 0.75 used: 0.5 no longer fits there
     assert (a.fraction, b.fraction) == (0.5, 0.25)
@@ -47,53 +47,53 @@ def test_fractions_share_one_device_best_fit():
 
 def test_whole_gpu_requests_take_idle_devices_and_set_cuda_visible_devices():
     ledger = pool("4x16GiB")
-    frac = ledger.allocate(Request(gpus=0.1))
-    two = ledger.allocate(Request(gpus=2))
+    frac = ledger.allocate(ResourceRequest(gpus=0.1))
+    two = ledger.allocate(ResourceRequest(gpus=2))
     assert len(two.devices) == 2 and frac.devices[0] not in two.devices
     assert two.cuda_visible_devices == ",".join(map(str, two.devices))
     with pytest.raises(ConfigError, match="gpus=1.5"):
-        Request(gpus=1.5)
+        ResourceRequest(gpus=1.5)
 
 
 def test_memory_request_places_by_memory_not_fraction():
     ledger = pool("2x16GiB")
-    a = ledger.allocate(Request(memory="12GiB"))
-    b = ledger.allocate(Request(memory="12GiB"))
+    a = ledger.allocate(ResourceRequest(memory="12GiB"))
+    b = ledger.allocate(ResourceRequest(memory="12GiB"))
     assert a.devices != b.devices
     assert a.fraction == pytest.approx(0.75)
     with pytest.raises(AllocationTimeout):
-        ledger.allocate(Request(memory="8GiB"), timeout=0.05)
+        ledger.allocate(ResourceRequest(memory="8GiB"), timeout=0.05)
 
 
 def test_pinned_request_lands_on_its_device_and_waits_for_it():
     ledger = pool("2x16GiB")
-    first = ledger.allocate(Request(gpus=0.5, devices=(1,)))
+    first = ledger.allocate(ResourceRequest(gpus=0.5, devices=(1,)))
     assert first.devices == (1,)                      # best fit alone would take device 0
-    second = ledger.allocate(Request(gpus=0.5, devices=[1]))
+    second = ledger.allocate(ResourceRequest(gpus=0.5, devices=[1]))
     assert second.devices == (1,)
     with pytest.raises(AllocationTimeout):            # device 0 is idle, but the pin forbids it
-        ledger.allocate(Request(gpus=0.25, devices=(1,)), timeout=0.05)
+        ledger.allocate(ResourceRequest(gpus=0.25, devices=(1,)), timeout=0.05)
     with pytest.raises(NeverFitsError, match=r"devices=\[7\]"):
-        ledger.allocate(Request(gpus=0.5, devices=(7,)))
+        ledger.allocate(ResourceRequest(gpus=0.5, devices=(7,)))
     with pytest.raises(ConfigError, match="devices"):
-        Request(gpus=0.5, devices=(1, 1))
+        ResourceRequest(gpus=0.5, devices=(1, 1))
 
 
 def test_request_that_can_never_fit_fails_at_once_naming_request_and_totals():
     ledger = pool("2x16GiB")
     with pytest.raises(NeverFitsError) as err:
-        ledger.allocate(Request(gpus=4, label="big"))
+        ledger.allocate(ResourceRequest(gpus=4, label="big"))
     assert "big(gpus=4" in str(err.value) and "2 GPU(s) of 16GiB" in str(err.value)
     with pytest.raises(NeverFitsError, match="memory=32GiB"):
-        ledger.allocate(Request(gpus=0.5, memory="32GiB"))
+        ledger.allocate(ResourceRequest(gpus=0.5, memory="32GiB"))
     assert ledger.waiting() == 0
 
 
 def test_request_that_fits_later_waits_then_is_placed():
     ledger = pool("1x16GiB")
-    held = ledger.allocate(Request(gpus=1))
+    held = ledger.allocate(ResourceRequest(gpus=1))
     got = []
-    waiter = threading.Thread(target=lambda: got.append(ledger.allocate(Request(gpus=0.5), timeout=30)))
+    waiter = threading.Thread(target=lambda: got.append(ledger.allocate(ResourceRequest(gpus=0.5), timeout=30)))
     waiter.start()
     deadline = time.monotonic() + 10
     while ledger.waiting() != 1 and time.monotonic() < deadline:  # the waiter's ticket is queued
@@ -109,9 +109,9 @@ def test_fifo_head_blocks_later_requests_unless_backfill():
 
     for backfill, small_first in ((False, False), (True, True)):
         ledger = pool("2x16GiB", policy=FifoBestFit(backfill=backfill))
-        held = ledger.allocate(Request(gpus=0.5))
-        big = ledger.submit(Request(gpus=2))
-        small = ledger.submit(Request(gpus=0.25))
+        held = ledger.allocate(ResourceRequest(gpus=0.5))
+        big = ledger.submit(ResourceRequest(gpus=2))
+        small = ledger.submit(ResourceRequest(gpus=0.25))
         assert (ledger.try_grant(small) is not None) is small_first
         assert ledger.try_grant(big) is None
         ledger.release(held.lease_id)
@@ -124,7 +124,7 @@ def test_ledger_never_overcommits_under_many_threads_and_releases_everything():
     def worker(seed: int) -> None:
         rnd = random.Random(seed)
         for _ in range(40):
-            req = Request(gpus=rnd.choice([0.25, 0.5, 1, 2]), memory=rnd.choice([0, "4GiB"]))
+            req = ResourceRequest(gpus=rnd.choice([0.25, 0.5, 1, 2]), memory=rnd.choice([0, "4GiB"]))
             try:
                 with ledger.lease(req, timeout=30):
                     for n in ledger.free_state():
@@ -144,21 +144,21 @@ def test_ledger_never_overcommits_under_many_threads_and_releases_everything():
 
 def test_ephemeral_resources_create_resize_delete_while_held():
     ledger = pool("1x16GiB")
-    waiting_for_signal = ledger.submit(Request(resources={"signal": 1}))  # ESCHER task signalling
+    waiting_for_signal = ledger.submit(ResourceRequest(resources={"signal": 1}))  # ESCHER task signalling
     assert ledger.try_grant(waiting_for_signal) is None                 # not created yet: waits, no error
     ledger.set_resource("signal", 1)
     sig = ledger.try_grant(waiting_for_signal)
     assert sig is not None
     ledger.set_resource("slots", 2)
-    a = ledger.allocate(Request(resources={"slots": 1}))
-    b = ledger.allocate(Request(resources={"slots": 1}))
+    a = ledger.allocate(ResourceRequest(resources={"slots": 1}))
+    b = ledger.allocate(ResourceRequest(resources={"slots": 1}))
     ledger.set_resource("slots", 1)                                    # shrink below use: holders keep it
     assert ledger.resources()["n0"]["slots"] == (1.0, -1.0)
     ledger.release(a.lease_id)
     with pytest.raises(AllocationTimeout):
-        ledger.allocate(Request(resources={"slots": 1}), timeout=0.05)
+        ledger.allocate(ResourceRequest(resources={"slots": 1}), timeout=0.05)
     ledger.release(b.lease_id)
-    c = ledger.allocate(Request(resources={"slots": 1}), timeout=1)
+    c = ledger.allocate(ResourceRequest(resources={"slots": 1}), timeout=1)
     ledger.delete_resource("slots")
     assert "slots" not in ledger.resources().get("n0", {})
     ledger.release(c.lease_id)
@@ -169,10 +169,10 @@ _HAMMER = """
 import sys
 from gpu.devices import PoolSpec, parse_simulated
 from gpu.ledger import PoolLedger
-from gpu.placement import Request
+from gpu.placement import ResourceRequest
 ledger = PoolLedger(PoolSpec((parse_simulated("2x16GiB", "n0", cpus=8),)), sys.argv[1])
 for i in range(60):
-    with ledger.lease(Request(gpus=[0.5, 1, 0.25][i % 3]), timeout=60):
+    with ledger.lease(ResourceRequest(gpus=[0.5, 1, 0.25][i % 3]), timeout=60):
         pass
 """
 
@@ -192,9 +192,9 @@ _HOLDER = """
 import sys
 from gpu.devices import PoolSpec, parse_simulated
 from gpu.ledger import PoolLedger
-from gpu.placement import Request
+from gpu.placement import ResourceRequest
 ledger = PoolLedger(PoolSpec((parse_simulated("1x16GiB", "n0", cpus=8),)), sys.argv[1])
-p = ledger.allocate(Request(gpus=1))
+p = ledger.allocate(ResourceRequest(gpus=1))
 print(p.lease_id, flush=True)
 sys.stdin.read()   # hold the lease until killed
 """
@@ -208,9 +208,9 @@ def test_lease_of_a_killed_process_is_reclaimed(tmp_path):
     ledger = pool("1x16GiB", path=path)
     assert [p.lease_id for p in ledger.leases()] == [lease_id]
     with pytest.raises(AllocationTimeout):
-        ledger.allocate(Request(gpus=1), timeout=0.1)
+        ledger.allocate(ResourceRequest(gpus=1), timeout=0.1)
     holder.kill()  # SIGKILL: no cleanup runs in the holder
-    placement = ledger.allocate(Request(gpus=1), timeout=10)
+    placement = ledger.allocate(ResourceRequest(gpus=1), timeout=10)
     assert placement.devices == (0,)
     assert any(e["kind"] == "reclaim" and e["lease_id"] == lease_id for e in ledger.events())
     holder.wait()
@@ -253,15 +253,15 @@ def test_bad_simulated_spec_names_the_value():
 ])
 def test_a_request_with_a_non_finite_or_non_numeric_amount_is_refused_naming_it(kwargs, named):
     with pytest.raises(ConfigError, match=re.escape(named)):
-        Request(**kwargs)
+        ResourceRequest(**kwargs)
 
 
 def test_a_refused_request_leaves_a_shared_pool_usable(tmp_path):
     # NaN would be stored as NULL by SQLite and break every later grant on the pool, in every process
     ledger = pool("1x16GiB", path=tmp_path / "p.sqlite")
     with pytest.raises(ConfigError):
-        ledger.allocate(Request(gpus=0.5, cpus=math.nan))
-    assert ledger.allocate(Request(gpus=0.5)).devices == (0,)
+        ledger.allocate(ResourceRequest(gpus=0.5, cpus=math.nan))
+    assert ledger.allocate(ResourceRequest(gpus=0.5)).devices == (0,)
     with pytest.raises(ConfigError, match=r"lease_ttl=inf"):
         pool("1x16GiB", lease_ttl=math.inf)
 
@@ -269,7 +269,7 @@ def test_a_refused_request_leaves_a_shared_pool_usable(tmp_path):
 def test_reopening_a_pool_with_other_devices_while_leased_is_refused(tmp_path):
     path = tmp_path / "p.sqlite"
     first = pool("2x16GiB", path=path)
-    first.allocate(Request(gpus=1))
+    first.allocate(ResourceRequest(gpus=1))
     with pytest.raises(ConfigError, match="different device set"):
         pool("4x16GiB", path=path)
 

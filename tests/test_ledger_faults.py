@@ -19,7 +19,7 @@ import pytest
 from gpu.devices import PoolSpec, parse_simulated
 from gpu.errors import AllocationTimeout, LeaseLost, LedgerError, LedgerReplaced
 from gpu.ledger import PoolLedger, register_worker
-from gpu.placement import Request
+from gpu.placement import ResourceRequest
 
 _HOLDER = """
 import sys, threading
@@ -29,9 +29,9 @@ if sys.argv[3] != "-":                        # stand in for a process on anothe
     import gpu.ledger; gpu.ledger.HOST = sys.argv[3]
 from gpu.devices import PoolSpec, parse_simulated
 from gpu.ledger import PoolLedger
-from gpu.placement import Request
+from gpu.placement import ResourceRequest
 ledger = PoolLedger(PoolSpec((parse_simulated("2x16GiB", "n0", cpus=8),)), sys.argv[1], lease_ttl=float(sys.argv[2]))
-p = ledger.allocate(Request(gpus=1, label="held"))
+p = ledger.allocate(ResourceRequest(gpus=1, label="held"))
 ledger.watch(p.lease_id, lambda reason: print("LOST", reason, flush=True))
 print(p.lease_id, ledger.owner.key, flush=True)
 for line in sys.stdin:                        # commands from the test
@@ -71,14 +71,14 @@ def pool(path: Path | None, **kw) -> PoolLedger:
 def waiter(path: Path, **kw) -> PoolLedger:
     """This process's client of the pool, already holding the GPU the holder left free."""
     ledger = pool(path, **kw)
-    ledger.allocate(Request(gpus=1), timeout=1)
+    ledger.allocate(ResourceRequest(gpus=1), timeout=1)
     return ledger
 
 
 def take_holders_gpu(ledger: PoolLedger, timeout: float) -> float:
     """Seconds until this process gets the holder's GPU, or AllocationTimeout."""
     start = time.monotonic()
-    ledger.allocate(Request(gpus=1), timeout=timeout)
+    ledger.allocate(ResourceRequest(gpus=1), timeout=timeout)
     return time.monotonic() - start
 
 
@@ -106,13 +106,13 @@ def test_a_failed_grant_never_leaks_into_the_next_request(path, monkeypatch):
     for db in ledger._idle:
         db.execute(f"PRAGMA max_page_count={limit['pages']}")
     with pytest.raises(LedgerError, match="disk holding it is full") as err:
-        ledger.allocate(Request(gpus=0.25, label="x" * 9000), timeout=1)
+        ledger.allocate(ResourceRequest(gpus=0.25, label="x" * 9000), timeout=1)
     assert "Traceback" not in str(err.value) and str(path) in str(err.value)
     monkeypatch.undo()
     for db in ledger._idle:
         db.execute("PRAGMA max_page_count=1073741823")
-    whole = ledger.allocate(Request(gpus=1, label="whole"), timeout=1)
-    other = ledger.allocate(Request(gpus=1, label="other"), timeout=1)
+    whole = ledger.allocate(ResourceRequest(gpus=1, label="whole"), timeout=1)
+    other = ledger.allocate(ResourceRequest(gpus=1, label="other"), timeout=1)
     assert (whole.fraction, whole.label, other.label) == (1.0, "whole", "other")
     assert whole.devices != other.devices
     assert sorted(p.label for p in pool(path).leases()) == ["other", "whole"]
@@ -143,7 +143,7 @@ def test_a_held_write_lock_reclaims_nothing_and_timeouts_still_hold(path):
     blocker.execute("BEGIN IMMEDIATE")
     start = time.monotonic()
     with pytest.raises(AllocationTimeout):
-        ledger.allocate(Request(gpus=0.5), timeout=0.4)
+        ledger.allocate(ResourceRequest(gpus=0.5), timeout=0.4)
     assert time.monotonic() - start < 0.5
     deadline = time.monotonic() + 1.0                # three TTLs of stalled heartbeats
     while time.monotonic() < deadline:
@@ -152,7 +152,7 @@ def test_a_held_write_lock_reclaims_nothing_and_timeouts_still_hold(path):
     assert holder.lease_id in {p.lease_id for p in ledger.leases()}
     assert holder.say("check") == "held"
     with pytest.raises(AllocationTimeout):
-        ledger.allocate(Request(gpus=0.5), timeout=0.5)
+        ledger.allocate(ResourceRequest(gpus=0.5), timeout=0.5)
     holder.kill()
 
 
@@ -209,14 +209,14 @@ def test_a_wiped_pool_file_is_refused_while_its_holders_live(path, wipe):
         holder.kill()
     for suffix in ("", "-wal", "-shm"):
         Path(f"{path}{suffix}").unlink(missing_ok=True)
-    assert pool(path).allocate(Request(gpus=1), timeout=1).devices == (0,)   # no holder left: a fresh pool
+    assert pool(path).allocate(ResourceRequest(gpus=1), timeout=1).devices == (0,)   # no holder left: a fresh pool
 
 
 def test_a_request_for_a_resource_nobody_created_waits_off_the_head(path):
     """ESCHER's signalling (P2): the consumer queued before the producer does not block the pool."""
     ledger = pool(path)
-    consumer = ledger.submit(Request(resources={"signal-t1": 1}, label="t2"))
-    producer = ledger.allocate(Request(gpus=0.5, label="t1"), timeout=1)        # behind it in the queue
+    consumer = ledger.submit(ResourceRequest(resources={"signal-t1": 1}, label="t2"))
+    producer = ledger.allocate(ResourceRequest(gpus=0.5, label="t1"), timeout=1)        # behind it in the queue
     assert producer.label == "t1" and ledger.try_grant(consumer) is None
     ledger.set_resource("signal-t1", 1)
     assert ledger.try_grant(consumer).label == "t2"
@@ -236,7 +236,7 @@ def test_a_worker_registers_only_in_an_existing_pool(tmp_path):
 
 def test_fencing_check_names_the_lease_and_the_reason(path):
     ledger = pool(path)
-    placement = ledger.allocate(Request(gpus=0.5, label="fenced"), timeout=1)
+    placement = ledger.allocate(ResourceRequest(gpus=0.5, label="fenced"), timeout=1)
     ledger.check(placement)
     assert ledger.release(placement.lease_id)
     with pytest.raises(LeaseLost, match="fenced"):
@@ -256,7 +256,7 @@ def test_threads_waiting_behind_a_held_lock_time_out_and_leave_nothing_behind(pa
 
     def ask(timeout: float) -> None:
         try:
-            ledger.allocate(Request(gpus=0.25), timeout=timeout)
+            ledger.allocate(ResourceRequest(gpus=0.25), timeout=timeout)
             outcomes.append("granted")
         except AllocationTimeout:
             outcomes.append(f"timeout after {timeout}")
@@ -268,5 +268,5 @@ def test_threads_waiting_behind_a_held_lock_time_out_and_leave_nothing_behind(pa
     assert time.monotonic() - start < 1.0 and all(o.startswith("timeout") for o in outcomes) and len(outcomes) == 8
     blocker.execute("ROLLBACK")
     assert ledger.leases() == [] and ledger.waiting() == 0
-    granted = [ledger.allocate(Request(gpus=0.25), timeout=5.0) for _ in range(8)]
+    granted = [ledger.allocate(ResourceRequest(gpus=0.25), timeout=5.0) for _ in range(8)]
     assert len({(p.devices, p.lease_id) for p in granted}) == 8  # the whole pool, as if nothing happened

@@ -13,7 +13,7 @@ import pytest
 from gpu.devices import simulated_nodes
 from gpu.errors import ConfigError
 from gpu.ledger import PoolLedger, open_ledger
-from gpu.placement import Request
+from gpu.placement import ResourceRequest
 from tasks.requests import TaskPlacement, placed, set_resource
 
 
@@ -24,7 +24,7 @@ def three_nodes(path=None) -> PoolLedger:
 def test_a_local_pool_can_have_several_simulated_nodes():
     ledger = three_nodes()
     assert [n.name for n in ledger.free_state()] == ["node0", "node1", "node2"]
-    placed_on = {ledger.allocate(Request(gpus=1, cpus=4)).node for _ in range(3)}
+    placed_on = {ledger.allocate(ResourceRequest(gpus=1, cpus=4)).node for _ in range(3)}
     assert placed_on == {"node0", "node1", "node2"}          # each node's 4 CPUs hold one such task
 
 
@@ -38,7 +38,7 @@ def test_cluster_status_lists_every_node_with_physical_and_ephemeral_availabilit
     ledger = three_nodes()
     ledger.set_resource("load_bal", 1)
     ledger.set_resource("data-7", 5, "node1")
-    ledger.allocate(Request(cpus=1, resources={"data-7": 2}))
+    ledger.allocate(ResourceRequest(cpus=1, resources={"data-7": 2}))
     status = ledger.cluster_status()
     assert set(status) == {"node0", "node1", "node2"}
     assert status["node1"]["data-7"] == (5.0, 3.0)
@@ -63,7 +63,7 @@ def test_adjust_resource_is_atomic_across_processes_sharing_a_pool_file(tmp_path
 
 def test_adjust_resource_grants_a_waiting_request_and_rejects_bad_deltas():
     ledger = three_nodes()
-    waiting = ledger.submit(Request(resources={"queue": 1}))
+    waiting = ledger.submit(ResourceRequest(resources={"queue": 1}))
     assert ledger.try_grant(waiting) is None
     ledger.adjust_resource("queue", 1, "node2")
     assert ledger.try_grant(waiting).node == "node2"
@@ -76,21 +76,21 @@ def test_adjust_resource_grants_a_waiting_request_and_rejects_bad_deltas():
 
 def test_a_placement_names_its_pool_and_a_task_sets_a_resource_on_its_own_node():
     ledger = three_nodes()
-    ledger.allocate(Request(cpus=4), timeout=1)                          # node0 full: the task lands elsewhere
-    placement = ledger.allocate(Request(cpus=1, label="t1"), timeout=1)
+    ledger.allocate(ResourceRequest(cpus=4), timeout=1)                          # node0 full: the task lands elsewhere
+    placement = ledger.allocate(ResourceRequest(cpus=1, label="t1"), timeout=1)
     assert placement.pool == ledger.pool_id
     with placed(TaskPlacement(placement, "cpu", "")):
         set_resource("coloc-t1", 1)                                      # None: the task's node (P1)
     assert {n for n, res in ledger.cluster_status().items() if "coloc-t1" in res} == {placement.node}
-    partner = ledger.allocate(Request(resources={"coloc-t1": 1}), timeout=1)
+    partner = ledger.allocate(ResourceRequest(resources={"coloc-t1": 1}), timeout=1)
     assert partner.node == placement.node
 
 
 _WORKER = """
 import json, sys
-from gpu.ledger import Placement
+from gpu.ledger import Lease
 from tasks.requests import TaskPlacement, placed, set_resource
-with placed(TaskPlacement(Placement.from_dict(json.loads(sys.argv[1])), "cpu", "")):
+with placed(TaskPlacement(Lease.from_dict(json.loads(sys.argv[1])), "cpu", "")):
     set_resource("data-0", 3)
 """
 
@@ -99,8 +99,8 @@ def test_a_task_in_another_process_reaches_its_pool_through_the_placement(tmp_pa
     import json
 
     ledger = three_nodes(tmp_path / "pool.sqlite")
-    ledger.allocate(Request(cpus=4), timeout=1)
-    placement = ledger.allocate(Request(cpus=1), timeout=1)
+    ledger.allocate(ResourceRequest(cpus=4), timeout=1)
+    placement = ledger.allocate(ResourceRequest(cpus=1), timeout=1)
     subprocess.run([sys.executable, "-c", _WORKER, json.dumps(placement.to_dict())], check=True, timeout=60)
     assert ledger.cluster_status()[placement.node]["data-0"] == (3.0, 3.0)
     assert open_ledger(ledger.pool_id) is ledger                          # this process: the open one
@@ -114,15 +114,15 @@ def test_open_ledger_refuses_unknown_pools():
 def test_a_gpu_ghost_lends_its_devices_to_the_tasks_of_its_resource_and_takes_the_resource_with_it(tmp_path):
     """ESCHER's gang ghost on GPUs: the member asks only for ``gang-g`` yet runs on the ghost's GPU."""
     ledger = three_nodes(tmp_path / "pool.sqlite")
-    ghost = ledger.allocate(Request(gpus=1, node="node1", label="ghost"), timeout=1)
+    ghost = ledger.allocate(ResourceRequest(gpus=1, node="node1", label="ghost"), timeout=1)
     ledger.lease_resource(ghost.lease_id, "gang-g", 2)
-    members = [ledger.allocate(Request(resources={"gang-g": 1}, label=f"m{i}"), timeout=1) for i in range(2)]
+    members = [ledger.allocate(ResourceRequest(resources={"gang-g": 1}, label=f"m{i}"), timeout=1) for i in range(2)]
     assert {(m.node, m.devices, m.cuda_visible_devices) for m in members} == {("node1", ghost.devices,
                                                                                 ghost.cuda_visible_devices)}
     node1 = next(n for n in ledger.free_state() if n.name == "node1")
     used = [d.index for d in node1.devices if d.compute_free < 1]
     assert used == list(ghost.devices)                                   # counted once, for the ghost
-    assert ledger.allocate(Request(gpus=1, node="node1"), timeout=1).devices != ghost.devices
+    assert ledger.allocate(ResourceRequest(gpus=1, node="node1"), timeout=1).devices != ghost.devices
     ledger.release(ghost.lease_id)
     assert "gang-g" not in ledger.cluster_status()["node1"]             # dies with the lease
     from gpu.errors import LeaseLost
@@ -142,11 +142,11 @@ def test_a_dead_ghosts_resource_is_reclaimed_with_its_lease_so_its_gang_cannot_s
     dead.wait()
     ledger = three_nodes()
     ghost_owner = Owner(HOST, dead.pid, 1, "ghost")
-    _, ghost = ledger.submit_and_try(Request(gpus=1, node="node0"), owner=ghost_owner)
+    _, ghost = ledger.submit_and_try(ResourceRequest(gpus=1, node="node0"), owner=ghost_owner)
     ledger.lease_resource(ghost.lease_id, "gang-g", 1)
-    member = ledger.submit(Request(resources={"gang-g": 1}))
+    member = ledger.submit(ResourceRequest(resources={"gang-g": 1}))
     assert ledger.try_grant(member) is not None                          # granted while the ghost lived
     with ledger._tx("reclaim now") as db:
         assert ledger._reclaim(db, force=True) == 1
     assert "gang-g" not in ledger.cluster_status()["node0"]
-    assert ledger.try_grant(ledger.submit(Request(resources={"gang-g": 1}))) is None
+    assert ledger.try_grant(ledger.submit(ResourceRequest(resources={"gang-g": 1}))) is None

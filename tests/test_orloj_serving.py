@@ -11,7 +11,7 @@ from gpu.batching import make_policy
 from gpu.devices import discover
 from gpu.errors import ConfigError
 from gpu.ledger import PoolLedger
-from gpu.schedulers.nexus import GpuNode, Placement, Plan, Session
+from gpu.schedulers.nexus import GpuNode, SessionPlacement, Plan, Session
 from gpu.schedulers.nexus_profiles import linear_profile
 from gpu.schedulers.orloj import Histogram
 from tasks.serving.frontend import Frontend
@@ -38,7 +38,7 @@ def digits():
 
 
 def plan() -> Plan:
-    node = GpuNode(0, 10.0, (Placement("s", "digits_mlp", SLO_MS, 4, 10.0, 1.0, 11.0),))
+    node = GpuNode(0, 10.0, (SessionPlacement("s", "digits_mlp", SLO_MS, 4, 10.0, 1.0, 11.0),))
     return Plan("test", "paper", (node,), (Session("s", "digits_mlp", SLO_MS, 10.0),))
 
 
@@ -104,7 +104,7 @@ def test_the_worker_reports_every_batch_to_a_policy_that_observes(digits):
 def test_each_worker_gets_its_own_policy_and_span_policies_refuse_per_app_slos(digits):
     _, models = digits
     pool = PoolLedger(discover("2x16GiB", "simulated"))
-    nodes = tuple(GpuNode(i, 10.0, (Placement("s", "digits_mlp", SLO_MS, 4, 5.0, 1.0, 11.0),)) for i in (0, 1))
+    nodes = tuple(GpuNode(i, 10.0, (SessionPlacement("s", "digits_mlp", SLO_MS, 4, 5.0, 1.0, 11.0),)) for i in (0, 1))
     two = Plan("test", "paper", nodes, (Session("s", "digits_mlp", SLO_MS, 10.0),))
     with LocalServingRuntime(models, PROFILES, pool, policy_factory=lambda: make_policy("clipper"),
                              apps={"a": None}) as rt:
@@ -152,7 +152,7 @@ def test_the_worker_serves_digits_dynamic_with_orloj_and_accounts_for_every_requ
     p99 = max(h.quantile(0.99) for h in hists.values())
     slo = 200 * p99  # a loaded 2-core test machine: what is checked is the accounting, not the timing
     policy = make_policy("orloj", histograms=hists, model=PaddedBatchModel(c0))
-    node = GpuNode(0, 10.0, (Placement("s", "digits_dynamic", slo, 8, 10.0, 1.0, 11.0),))
+    node = GpuNode(0, 10.0, (SessionPlacement("s", "digits_dynamic", slo, 8, 10.0, 1.0, 11.0),))
     one = Plan("test", "paper", (node,), (Session("s", "digits_dynamic", slo, 10.0),))
     profiles = {"digits_dynamic": linear_profile("digits_dynamic", 0.05, c0, 16)}
     rec = Recorder()

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gpu.pool import open_pool, pool_names, read_pool
-from gpu.placement import Request
+from gpu.placement import ResourceRequest
 from gpuflows.cli import main
 
 
@@ -27,7 +27,7 @@ def test_the_pool_list_shows_layouts_and_leases(state_dir, capsys):
     assert main(["pool", "--list"]) == 0
     assert "no pools yet" in capsys.readouterr().out
     ledger = open_pool("demo", simulated="2x16GiB")
-    lease = ledger.allocate(Request(gpus=0.5), timeout=5)
+    lease = ledger.allocate(ResourceRequest(gpus=0.5), timeout=5)
     open_pool("big", simulated="4x8GiB").close()
     assert main(["pool", "--list"]) == 0
     lines = capsys.readouterr().out.splitlines()

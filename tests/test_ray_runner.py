@@ -431,11 +431,11 @@ import gpu.liveness
 if sys.argv[3] != "-":                        # stand in for a driver on another machine
     gpu.liveness.HOST = sys.argv[3]
 import ray
-from gpu.placement import Request
+from gpu.placement import ResourceRequest
 from tasks.ray_runner import NAMESPACE, RayLedger
 ray.init(address=sys.argv[1], namespace=NAMESPACE, log_to_driver=False)
 ledger = RayLedger(ray.get_actor(sys.argv[2], namespace=NAMESPACE), 0.6)
-p = ledger.allocate(Request(gpus=1, node=sys.argv[4], devices=(0,)), timeout=60)
+p = ledger.allocate(ResourceRequest(gpus=1, node=sys.argv[4], devices=(0,)), timeout=60)
 ledger.watch(p.lease_id, lambda reason: print("LOST", reason, flush=True))
 print(p.lease_id, flush=True)
 sys.stdin.read()
@@ -447,8 +447,8 @@ def test_ledger_actor_frees_a_dead_drivers_slice_fences_a_silent_one_and_passes_
     second, a driver on another host that stops heartbeating loses its slice and is told when it
     resumes, and a request for a resource nobody created does not hold the queue's head."""
     from gpu.errors import LeaseLost
-    from gpu.ledger import Placement
-    from gpu.placement import FifoBestFit, Request
+    from gpu.ledger import Lease
+    from gpu.placement import FifoBestFit, ResourceRequest
     from tasks.ray_runner import RayLedger, _LedgerActor, cluster_spec
 
     ray.init(address=two_node_run["address"], namespace=NAMESPACE, log_to_driver=False)
@@ -457,7 +457,7 @@ def test_ledger_actor_frees_a_dead_drivers_slice_fences_a_silent_one_and_passes_
         cluster_spec("2x16GiB"), FifoBestFit(), 0.6)
     ledger = RayLedger(actor, 0.6)
     node = ledger.capacity[0].name
-    slot = Request(gpus=1, node=node, devices=(0,))
+    slot = ResourceRequest(gpus=1, node=node, devices=(0,))
 
     def driver(host: str) -> tuple[subprocess.Popen, str]:
         proc = subprocess.Popen([sys.executable, "-c", _RAY_DRIVER, two_node_run["address"], name, host, node],
@@ -482,12 +482,12 @@ def test_ledger_actor_frees_a_dead_drivers_slice_fences_a_silent_one_and_passes_
         lost = silent.stdout.readline()
         assert lost.startswith("LOST") and "no heartbeat" in lost
         with pytest.raises(LeaseLost):
-            ledger.check(Placement(lease_id, node, (0,), 1.0, 0))
+            ledger.check(Lease(lease_id, node, (0,), 1.0, 0))
         silent.kill()
         ledger.release(mine.lease_id)
 
-        consumer = ledger.submit(Request(resources={"signal-t1": 1}))
-        assert ledger.allocate(Request(gpus=0.5), timeout=2).fraction == 0.5
+        consumer = ledger.submit(ResourceRequest(resources={"signal-t1": 1}))
+        assert ledger.allocate(ResourceRequest(gpus=0.5), timeout=2).fraction == 0.5
         ledger.set_resource("signal-t1", 1)
         assert ledger.try_grant(consumer) is not None
     finally:
@@ -500,7 +500,7 @@ def test_ray_ledger_serves_the_escher_resource_api_and_a_task_reaches_it_through
     and a task's set_resource(name, cap) lands on the node the task runs on."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    from gpu.placement import FifoBestFit, Request
+    from gpu.placement import FifoBestFit, ResourceRequest
     from gpu.schedulers.escher import Escher
     from gpu.schedulers.escher_primitives import anti_affinity, with_task
     from tasks.ray_runner import RayLedger, _LedgerActor, cluster_spec
@@ -529,16 +529,16 @@ def test_ray_ledger_serves_the_escher_resource_api_and_a_task_reaches_it_through
         assert ledger.adjust_resource("L", 1, nodes[0]) == {nodes[0]: 1.0}
         assert ledger.adjust_resource("L", 2, nodes[0]) == {nodes[0]: 3.0}
         need = anti_affinity(Escher(ledger), "pair")
-        spread = [ledger.allocate(Request(resources=need), timeout=5) for _ in range(2)]
+        spread = [ledger.allocate(ResourceRequest(resources=need), timeout=5) for _ in range(2)]
         assert {p.node for p in spread} == set(nodes)
-        producer = ledger.allocate(Request(cpus=0.5, node=nodes[1]), timeout=5)
+        producer = ledger.allocate(ResourceRequest(cpus=0.5, node=nodes[1]), timeout=5)
         assert producer.pool == f"ray:{name}"
         ran_on = ray.get(ray.remote(num_cpus=0)(set_resource_on_my_node).options(
             scheduling_strategy=NodeAffinitySchedulingStrategy(producer.node, soft=False)).remote(
             TaskPlacement(producer, "cpu", "").to_env()))
         assert ran_on == nodes[1]
         assert ledger.cluster_status()[nodes[1]]["coloc-t1"] == (2.0, 2.0)
-        assert ledger.allocate(Request(resources=with_task("t1")), timeout=5).node == nodes[1]
+        assert ledger.allocate(ResourceRequest(resources=with_task("t1")), timeout=5).node == nodes[1]
     finally:
         ledger.close()
         ray.shutdown()

@@ -12,7 +12,7 @@ from prefect import flow, task
 from prefect.states import StateType
 
 from gpu.errors import NeverFitsError
-from gpu.placement import Request
+from gpu.placement import ResourceRequest
 from resource_blocks import GpuPool, MlflowTarget
 from tasks.requests import current_placement, gpu_options, gpu_request
 from tasks.runners import GpuTaskRunner, flow_mlflow_run_id
@@ -186,6 +186,6 @@ def test_request_precedence_default_then_task_then_block():
         with gpu_options(gpus=2):
             r = resolve_request(where_am_i.with_options(name="renamed"))
     assert (r.gpus, r.memory, r.label) == (2.0, 2 * 2**30, "renamed")
-    assert r == Request(gpus=2, memory=2 * 2**30, label="renamed")
+    assert r == ResourceRequest(gpus=2, memory=2 * 2**30, label="renamed")
     with gpu_options(devices=[1]):
         assert resolve_request(where_am_i).devices == (1,)

@@ -10,7 +10,7 @@ from prefect import flow, task
 from prefect.states import StateType
 
 from gpu.errors import ConfigError
-from gpu.placement import Request
+from gpu.placement import ResourceRequest
 from resource_blocks import GpuPool
 from tasks.requests import current_placement, gpu_options, gpu_request, resolve_requests
 from tasks.runners import GpuTaskRunner
@@ -60,7 +60,7 @@ def test_a_task_lands_on_its_second_choice_when_the_first_cannot_be_had_and_leak
     @flow(task_runner=runner)
     def preferring():
         ledger = runner.ledger()
-        holder = ledger.allocate(Request(gpus=1, devices=(0,), label="someone else"), timeout=1)
+        holder = ledger.allocate(ResourceRequest(gpus=1, devices=(0,), label="someone else"), timeout=1)
         start = time.time()
         with gpu_options(gpus=1, prefer=[{"devices": [0]}, {}]):
             fallback = where_am_i.submit().result()
@@ -108,7 +108,7 @@ def test_a_task_that_gets_none_of_its_preferences_fails_and_holds_nothing(state_
     @flow(task_runner=runner)
     def starved_state():
         ledger = runner.ledger()
-        holder = ledger.allocate(Request(gpus=1), timeout=1)
+        holder = ledger.allocate(ResourceRequest(gpus=1), timeout=1)
         with gpu_options(gpus=1, prefer=[{"devices": [0]}, {}]):
             future = where_am_i.submit()
             future.wait()

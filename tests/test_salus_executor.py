@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from gpu.errors import ConfigError, NeverFitsError
-from gpu.ledger import Placement
+from gpu.ledger import Lease
 from gpu.schedulers.salus import SalusJob
 from resource_blocks import GpuPool
 from tasks.requests import Lane, TaskPlacement
@@ -129,7 +129,7 @@ def test_executor_holds_the_device_lease_for_its_life(state_dir):
 
 
 def test_lane_travels_in_the_task_placement_env():
-    tp = TaskPlacement(Placement("l1", "n", (0,), 1.0, 0), "cpu", "0", Lane(2, "job-x", 3 * 2 ** 30, "/tmp/s.sock"))
+    tp = TaskPlacement(Lease("l1", "n", (0,), 1.0, 0), "cpu", "0", Lane(2, "job-x", 3 * 2 ** 30, "/tmp/s.sock"))
     back = TaskPlacement.from_env(tp.to_env())
     assert back == tp and back.memory_cap == 3 * 2 ** 30
     assert TaskPlacement.from_env(TaskPlacement(tp.placement, "cpu", "0").to_env()).lane is None

@@ -15,7 +15,7 @@ from gpu.batching import BatchDecision, EarlyDropPolicy, make_policy
 from gpu.devices import discover
 from gpu.errors import ConfigError
 from gpu.ledger import PoolLedger
-from gpu.schedulers.nexus import GpuNode, Placement, Plan, Session, SquishyPacker
+from gpu.schedulers.nexus import GpuNode, SessionPlacement, Plan, Session, SquishyPacker
 from gpu.schedulers.nexus_routing import DeficitRoundRobin, WeightedRandom
 from tasks.serving.frontend import Frontend
 from tasks.serving.loadgen import LoadGenerator, RatePhase, RateTrace
@@ -42,7 +42,7 @@ def ledger() -> PoolLedger:
 
 def one_node_plan(session: Session, batch: int, profiles) -> Plan:
     p = profiles[session.model]
-    node = GpuNode(0, 10.0, (Placement(session.session_id, session.model, session.slo_ms, batch, session.rate,
+    node = GpuNode(0, 10.0, (SessionPlacement(session.session_id, session.model, session.slo_ms, batch, session.rate,
                                        p.latency(batch), 10.0 + p.latency(batch)),))
     return Plan("test", "paper", (node,), (session,))
 
@@ -70,7 +70,7 @@ def test_profiles_of_our_models_are_contiguous_and_plannable(served):
     (3.0, 10.0, True, 1.00),    # a saturated node takes the whole GPU whatever its occupancy
 ])
 def test_a_node_leases_its_occupancy_rounded_up_to_the_share_step(busy_ms, duty_ms, saturated, share):
-    node = GpuNode(0, duty_ms, (Placement("s", "m", 100.0, 1, 10.0, busy_ms, 100.0),), saturated)
+    node = GpuNode(0, duty_ms, (SessionPlacement("s", "m", 100.0, 1, 10.0, busy_ms, 100.0),), saturated)
     assert lease_share(node) == pytest.approx(share)
 
 
@@ -322,7 +322,7 @@ class _Sink:
 
 def test_frontend_routes_by_rate_shares():
     s = Session("s", "m", 100.0, 150.0)
-    nodes = tuple(GpuNode(i, 10.0, (Placement("s", "m", 100.0, 1, r, 1.0, 11.0),)) for i, r in ((0, 100.0), (1, 50.0)))
+    nodes = tuple(GpuNode(i, 10.0, (SessionPlacement("s", "m", 100.0, 1, r, 1.0, 11.0),)) for i, r in ((0, 100.0), (1, 50.0)))
     plan = Plan("test", "paper", nodes, (s,))
     sinks = {0: _Sink(), 1: _Sink()}
     front = Frontend(Recorder(), "drr")
@@ -344,7 +344,7 @@ def test_frontend_routes_by_rate_shares():
 @pytest.mark.parametrize("balancer", ["drr", "weighted_random"])
 def test_frontend_submit_many_routes_a_burst_by_rate_shares(balancer):
     s = Session("s", "m", 100.0, 150.0)
-    nodes = tuple(GpuNode(i, 10.0, (Placement("s", "m", 100.0, 1, r, 1.0, 11.0),)) for i, r in ((0, 100.0), (1, 50.0)))
+    nodes = tuple(GpuNode(i, 10.0, (SessionPlacement("s", "m", 100.0, 1, r, 1.0, 11.0),)) for i, r in ((0, 100.0), (1, 50.0)))
     sinks = {0: _Sink(), 1: _Sink()}
     front = Frontend(Recorder(), balancer, seed=3)
     front.set_plan(Plan("test", "paper", nodes, (s,)), sinks)

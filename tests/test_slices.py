@@ -5,13 +5,13 @@ import pytest
 import torch
 
 from gpu.contract import contract_violations, is_frozen_decision
-from gpu.ledger import Placement
+from gpu.ledger import Lease
 from tasks.requests import TaskPlacement, placed
 from tasks.slices import MPS_PIPE_ENV, mps_environment, on_slice
 
 
 def _placement(fraction: float) -> TaskPlacement:
-    return TaskPlacement(Placement("l1", "n0", (0,), fraction, 0), "cpu", "")
+    return TaskPlacement(Lease("l1", "n0", (0,), fraction, 0), "cpu", "")
 
 
 def _work(n: int) -> float:

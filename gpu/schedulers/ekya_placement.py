@@ -2,7 +2,7 @@
 
 Ekya allocates fractions of a pooled ``G`` GPUs (thesis §2.4, MPS-shared fractions); a ledger places
 requests on physical devices, where a request < 1 GPU shares one device and a request >= 1 GPU
-takes whole devices (``gpu.placement.Request``). The rounding rule (ours; the paper does not place fractions), chosen so the sum
+takes whole devices (``gpu.placement.ResourceRequest``). The rounding rule (ours; the paper does not place fractions), chosen so the sum
 never exceeds the pool and every device holds at most 1.0 GPU:
 
 1. ``gpus = share * pool_gpus``, rounded down to ``step`` (default 0.01 GPU).
@@ -16,7 +16,7 @@ Example::
     >>> [(r.job, r.gpus, r.devices) for r in to_gpu_requests({"A/infer": 0.5, "A/train": 0.25}, 2)]
     [('A/infer', 1.0, (0,)), ('A/train', 0.5, (1,))]
 
-A flow turns each into ``Request(gpus=r.gpus, label=r.job)`` for the ledger.
+A flow turns each into ``ResourceRequest(gpus=r.gpus, label=r.job)`` for the ledger.
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ Example::
 
     esl = Escher(ledger, caller_node="node0")
     esl.set_resource("load_bal", 1, NodeSpec({"CPU": 1}))        # every node with a free CPU
-    request = Request(cpus=1, resources=all_of({"load_bal": 1}, {"data-7": 1}))
+    request = ResourceRequest(cpus=1, resources=all_of({"load_bal": 1}, {"data-7": 1}))
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from gpu.errors import ConfigError
-from gpu.placement import Request
+from gpu.placement import ResourceRequest
 from gpu.schedulers.escher import Actions, SetResource
 from gpu.scenario import positive
 
@@ -34,10 +34,10 @@ LOCK = "gang-lock"
 
 @dataclass(frozen=True)
 class Gang:
-    """A gang: ``members`` are the physical bundles that must run together (e.g. 8 x ``Request(cpus=1)``)."""
+    """A gang: ``members`` are the physical bundles that must run together (e.g. 8 x ``ResourceRequest(cpus=1)``)."""
 
     gang_id: str
-    members: tuple[Request, ...]
+    members: tuple[ResourceRequest, ...]
 
     def __post_init__(self) -> None:
         if not self.members:
@@ -47,14 +47,14 @@ class Gang:
     def resource(self) -> str:
         return f"gang-{self.gang_id}"
 
-    def ghost(self, i: int) -> Request:
+    def ghost(self, i: int) -> ResourceRequest:
         """Ghost ``i``: member ``i``'s physical bundle, held for the member."""
         m = self.members[i]
         return replace(m, resources=dict(m.resources), label=f"ghost-{self.gang_id}-{i}")
 
-    def member(self, i: int) -> Request:
+    def member(self, i: int) -> ResourceRequest:
         """Member ``i`` as it launches once the ghosts hold the bundles: one unit of ``gang-<g>``, nothing physical."""
-        return Request(resources={self.resource: 1.0}, label=f"{self.gang_id}-{i}")
+        return ResourceRequest(resources={self.resource: 1.0}, label=f"{self.gang_id}-{i}")
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,7 @@ class GangStep:
     rollback: bool = False
     unlock: bool = False
     actions: Actions = Actions()
-    launch: tuple[Request, ...] = ()
+    launch: tuple[ResourceRequest, ...] = ()
     wake_at: float | None = None
 
 
@@ -162,8 +162,8 @@ class LibSpaceGang:
         return Actions((SetResource(LOCK, 1.0, node),))
 
     @staticmethod
-    def lock_request(gang_id: str) -> Request:
-        return Request(resources={LOCK: 1.0}, label=f"lock-{gang_id}")
+    def lock_request(gang_id: str) -> ResourceRequest:
+        return ResourceRequest(resources={LOCK: 1.0}, label=f"lock-{gang_id}")
 
     def on_arrival(self, now: float) -> GangStep:
         return GangStep(lock=True)

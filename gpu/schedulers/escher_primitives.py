@@ -1,7 +1,7 @@
 """ESCHER's primitives P1–P4 (§4.4) and the Table 4.2 policies built from them, as ESL calls.
 
 Each policy is a few ``set_resource`` calls plus a requirement vector a task attaches to its
-``Request(resources=...)``; none reads a task queue or touches the ledger's matching (the paper's point:
+``ResourceRequest(resources=...)``; none reads a task queue or touches the ledger's matching (the paper's point:
 "ESLs do not need to reason about tasks"). Names are namespaced strings (§4.5 "namespacing of resources": ``coloc-<id>``,
 ``done-<id>``, ``q-<name>``, ``anti-<group>``, ``lb-<name>``, ``data-<id>``).
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Mapping, Sequence
 
 from gpu.errors import AllocationTimeout, ConfigError
-from gpu.placement import Request
+from gpu.placement import ResourceRequest
 from gpu.schedulers.escher import Escher, NodeSpec
 from gpu.scenario import integer, positive
 
@@ -78,7 +78,7 @@ class SoftConstraint:
         return Attempt(self._index, self.preferences[self._index], now + self.timeout)
 
 
-def allocate_preferred(ledger, request: Request, preferences: Sequence[Mapping[str, float]],
+def allocate_preferred(ledger, request: ResourceRequest, preferences: Sequence[Mapping[str, float]],
                        timeout: float) -> tuple[int, object]:
     """Fig. 4.4a on a ledger: ``request`` with each preference's resources added, ``timeout`` s each;
     returns (preference index, placement); AllocationTimeout when none was granted."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from gpu.errors import ConfigError
 from gpu.schedulers.fluid import Trial, TrialGroup
-from gpu.schedulers.fluid_executor import GroupClock, Placement, PlacementBook, Step
+from gpu.schedulers.fluid_executor import GroupClock, TrialPlacement, PlacementBook, Step
 
 
 class FifoExecutor:
@@ -31,7 +31,7 @@ class FifoExecutor:
         self.queue: list[str] = []
 
     @property
-    def running(self) -> dict[str, Placement]:
+    def running(self) -> dict[str, TrialPlacement]:
         return dict(self.book.running)
 
     @property

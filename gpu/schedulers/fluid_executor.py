@@ -26,10 +26,10 @@ _TOL = 1e-9
 
 
 @dataclass(frozen=True)
-class Placement:
+class TrialPlacement:
     """Where a trial runs: ``width`` < 1 is that fraction of ``gpus[0]``; >= 1 is ``len(gpus)`` whole GPUs.
 
-    Example: ``Placement("c0001@0", 0.5, (3,))`` shares GPU 3; ``Placement("c0007@2", 3.0, (0, 1, 2))``.
+    Example: ``TrialPlacement("c0001@0", 0.5, (3,))`` shares GPU 3; ``TrialPlacement("c0007@2", 3.0, (0, 1, 2))``.
     """
 
     trial_id: str
@@ -41,8 +41,8 @@ class Placement:
 class Step:
     """One scheduling decision: trials to start, trials to move to a new placement, trials to stop."""
 
-    starts: tuple[Placement, ...] = ()
-    resizes: tuple[Placement, ...] = ()
+    starts: tuple[TrialPlacement, ...] = ()
+    resizes: tuple[TrialPlacement, ...] = ()
     stops: tuple[str, ...] = ()
 
     def then(self, later: Step) -> Step:
@@ -96,7 +96,7 @@ class PlacementBook:
     gpus: list[int]
     load: dict[int, float] = field(default_factory=dict)
     residents: dict[int, set[str]] = field(default_factory=dict)
-    running: dict[str, Placement] = field(default_factory=dict)
+    running: dict[str, TrialPlacement] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if len(set(self.gpus)) != len(self.gpus):
@@ -117,15 +117,15 @@ class PlacementBook:
         idle = self.idle()
         return idle[0] if idle else None
 
-    def place(self, trial_id: str, width: float, gpus: tuple[int, ...]) -> Placement:
+    def place(self, trial_id: str, width: float, gpus: tuple[int, ...]) -> TrialPlacement:
         share = width if width < 1 else 1.0
         for g in gpus:
             self.load[g] += share
             self.residents[g].add(trial_id)
-        self.running[trial_id] = Placement(trial_id, width, gpus)
+        self.running[trial_id] = TrialPlacement(trial_id, width, gpus)
         return self.running[trial_id]
 
-    def free(self, trial_id: str) -> Placement:
+    def free(self, trial_id: str) -> TrialPlacement:
         p = self.running.pop(trial_id)
         for g in p.gpus:
             self.load[g] = max(0.0, self.load[g] - (p.width if p.width < 1 else 1.0))
@@ -167,7 +167,7 @@ class FluidExecutor:
 
     # --- what a flow asks -------------------------------------------------------------------------------
     @property
-    def running(self) -> dict[str, Placement]:
+    def running(self) -> dict[str, TrialPlacement]:
         return dict(self.book.running)
 
     @property
@@ -300,7 +300,7 @@ class FluidExecutor:
                 starts.append(self.book.place(queue.pop(0), width, (g,)))
         return Step(tuple(starts))
 
-    def _resize(self, trial_id: str, width: float) -> Placement | None:
+    def _resize(self, trial_id: str, width: float) -> TrialPlacement | None:
         """Apply one DynamicFluid resize if the GPUs exist; keep the trial's first GPU where possible."""
         old = self.book.running[trial_id]
         if width < 1:

@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Callable, Protocol, Sequence
 
 from gpu.schedulers.fluid import Trial, TrialGroup
-from gpu.schedulers.fluid_executor import Placement, Step
+from gpu.schedulers.fluid_executor import TrialPlacement, Step
 from gpu.tuning.base import TuningAlgorithm
 
 
@@ -32,7 +32,7 @@ class Executor(Protocol):
     hooks: tuple[str, ...]
 
     @property
-    def running(self) -> dict[str, Placement]: ...
+    def running(self) -> dict[str, TrialPlacement]: ...
 
     def open_slots(self) -> int: ...
 

@@ -11,7 +11,7 @@ Baselines (§7.2; docs/nexus.md): ``batch_oblivious`` gives each session a share
 ∝ R_i/T_i and runs every model at its solo max batch; ``no_colocation`` is Algorithm 1 without merging.
 
 Example: ``SquishyPacker(profiles).plan([Session("a", "vgg16", 200, 700)])`` →
-``Plan(nodes=(GpuNode(0, 96.4 ms, (Placement('a', batch=28, rate=290.6),)), …))``.
+``Plan(nodes=(GpuNode(0, 96.4 ms, (SessionPlacement('a', batch=28, rate=290.6),)), …))``.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ class Session:
 
 
 @dataclass(frozen=True)
-class Placement:
+class SessionPlacement:
     """One session's slice of one GPU: run ``batch`` inputs once per duty cycle, taking ``rate`` req/s."""
 
     session_id: str
@@ -65,7 +65,7 @@ class GpuNode:
 
     node_id: int
     duty_cycle_ms: float
-    placements: tuple[Placement, ...]
+    placements: tuple[SessionPlacement, ...]
     saturated: bool = False
     memory_bytes: int = 0
 
@@ -234,7 +234,7 @@ class SquishyPacker:
                 if max_gpus is not None and len(nodes) >= max_gpus:
                     unassigned[s.session_id] = unassigned.get(s.session_id, 0.0) + tput
                     continue
-                nodes.append(GpuNode(len(nodes), lat, (Placement(s.session_id, s.model, s.slo_ms, cap, tput, lat,
+                nodes.append(GpuNode(len(nodes), lat, (SessionPlacement(s.session_id, s.model, s.slo_ms, cap, tput, lat,
                                                                   acc.worst_case(p, lat, cap)),),
                                      saturated=True, memory_bytes=p.memory(cap)))
             r = s.rate - n * tput
@@ -338,7 +338,7 @@ class SquishyPacker:
     def _freeze(self, node: _Node, node_id: int) -> GpuNode:
         acc = self.accounting
         placements = tuple(
-            Placement(m.session.session_id, m.session.model, m.session.slo_ms, b, m.rate, lat,
+            SessionPlacement(m.session.session_id, m.session.model, m.session.slo_ms, b, m.rate, lat,
                       acc.worst_case(m.profile, node.duty_ms, b))
             for m, b, lat in zip(node.members, node.batches, node.latencies))
         mem = sum(m.profile.memory(m.cap) for m in node.members)
@@ -387,7 +387,7 @@ def batch_oblivious_plan(sessions: Sequence[Session], profiles: Mapping[str, Bat
     nodes = []
     for k, members in enumerate(m for m in per_gpu if m):
         duty = sum(acc.latency(p, b) for _, p, b, _ in members)
-        placements = tuple(Placement(s.session_id, s.model, s.slo_ms, b, r, acc.latency(p, b),
+        placements = tuple(SessionPlacement(s.session_id, s.model, s.slo_ms, b, r, acc.latency(p, b),
                                      acc.worst_case(p, duty, b)) for s, p, b, r in members)
         nodes.append(GpuNode(k, duty, placements, saturated=len(members) == 1,
                              memory_bytes=sum(p.memory(b) for _, p, b, _ in members)))

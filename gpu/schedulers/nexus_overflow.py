@@ -31,7 +31,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Mapping
 
-from gpu.schedulers.nexus import GpuNode, Placement, Plan, Session, ceil_batch
+from gpu.schedulers.nexus import GpuNode, SessionPlacement, Plan, Session, ceil_batch
 from gpu.schedulers.nexus_profiles import PRESETS, TITAN_X_MEMORY_BYTES, Accounting, BatchProfile, fits
 
 _TOL = 1e-6  # relative rate below which a remainder counts as placed
@@ -113,7 +113,7 @@ def _overbook(nodes: dict[int, GpuNode], s: Session, profiles: Mapping[str, Batc
         spread = {nid: grown(nodes[nid], left * frac) for nid, frac in shares.items()}
         options.append((min(slack(n) for n in spread.values()), spread))
     memory = prof.memory(acc.max_batch(prof, s.slo_ms, s.session_id))
-    seed = Placement(s.session_id, s.model, s.slo_ms, prof.batches[0], 0.0, 0.0, 0.0)
+    seed = SessionPlacement(s.session_id, s.model, s.slo_ms, prof.batches[0], 0.0, 0.0, 0.0)
     for n in nodes.values():
         if n.node_id in shares:
             continue
@@ -139,7 +139,7 @@ def _demand_ms(acc: Accounting, prof: BatchProfile, duty_ms: float, rate: float)
 
 
 def _take(n: GpuNode, s: Session, prof: BatchProfile, acc: Accounting, cap: int, left: float,
-          memory_room: int) -> tuple[float, Placement | None]:
+          memory_room: int) -> tuple[float, SessionPlacement | None]:
     """Most of ``left`` req/s node ``n`` can add for ``s`` keeping Σℓ ≤ d, d + ℓ(b) ≤ SLO, b ≤ B and memory."""
     own = next((p for p in n.placements if p.session_id == s.session_id), None)
     if own is None and n.memory_bytes > memory_room:
@@ -158,7 +158,7 @@ def _take(n: GpuNode, s: Session, prof: BatchProfile, acc: Accounting, cap: int,
         x = min(left, max(good) * 1000.0 / d - have) if good else 0.0
     if x <= _TOL * left:
         return 0.0, None
-    seed = own or Placement(s.session_id, s.model, s.slo_ms, floor, 0.0, 0.0, 0.0)
+    seed = own or SessionPlacement(s.session_id, s.model, s.slo_ms, floor, 0.0, 0.0, 0.0)
     return x, _rerouted(seed, have + x, d, prof, acc, floor)
 
 
@@ -166,13 +166,13 @@ def _hosts(n: GpuNode, sid: str) -> bool:
     return any(p.session_id == sid for p in n.placements)
 
 
-def _with(n: GpuNode, p: Placement, memory: int) -> GpuNode:
+def _with(n: GpuNode, p: SessionPlacement, memory: int) -> GpuNode:
     """``n`` hosting one more session ``p`` that needs ``memory`` bytes."""
     return replace(n, placements=n.placements + (p,), saturated=False, memory_bytes=n.memory_bytes + memory)
 
 
-def _rerouted(p: Placement, rate: float, duty_ms: float, prof: BatchProfile, acc: Accounting, floor: int
-              ) -> Placement:
+def _rerouted(p: SessionPlacement, rate: float, duty_ms: float, prof: BatchProfile, acc: Accounting, floor: int
+              ) -> SessionPlacement:
     """``p`` at ``rate`` on a node of duty ``duty_ms``: batch ⌈d·r⌉ within the SLO-feasible ones, ≥ ``floor``."""
     cap = acc.max_batch(prof, p.slo_ms, p.session_id)
     feasible = [b for b in prof.batches if b <= cap and fits(acc.worst_case(prof, duty_ms, b), p.slo_ms)]

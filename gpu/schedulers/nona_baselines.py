@@ -20,7 +20,7 @@ import numpy as np
 
 from gpu.errors import ConfigError
 from gpu.schedulers.nona_dag import Dag, branches, groupings, subgraphs, undistributed
-from gpu.schedulers.nona_policy import Placement, Query
+from gpu.schedulers.nona_policy import QueryPlacement, Query
 
 
 def undistributed_thetas(dags: Mapping[str, Dag], servers: int) -> dict[tuple[str, str], tuple[float, ...]]:
@@ -65,8 +65,8 @@ class RandomPlacement:
     def __init__(self, dags: Mapping[str, Dag], seed: int = 0):
         self._dags, self.seed = dict(dags), int(seed)
 
-    def decide(self, query: Query) -> Placement:
+    def decide(self, query: Query) -> QueryPlacement:
         rng = np.random.default_rng((self.seed, query.id))
         dag = self._dags[query.klass]
         chosen = rng.choice(np.asarray(query.servers), size=len(dag.tasks))
-        return Placement(query.id, query.klass, tuple((t, int(s)) for t, s in zip(dag.tasks, chosen)))
+        return QueryPlacement(query.id, query.klass, tuple((t, int(s)) for t, s in zip(dag.tasks, chosen)))

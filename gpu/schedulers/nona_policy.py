@@ -7,7 +7,7 @@ source's server, the other parts go to distinct other servers chosen uniformly, 
 becomes the next subgraph's source. Tasks then run on their servers in DAG order.
 
 * ``GroupingSampler`` — that rule for any θ (Nona, Nona*, Expert, Opportunistic, undistributed): a
-  ``gpu.contract.DecisionPolicy`` from ``Query`` to a frozen ``Placement``. The random stream is seeded by
+  ``gpu.contract.DecisionPolicy`` from ``Query`` to a frozen ``QueryPlacement``. The random stream is seeded by
   (seed, query id), so the same query always gets the same placement.
 * ``NonaController`` — the ``gpu.contract.Controller`` a world drives: ``on_arrival`` places a query;
   ``on_epoch`` takes measured rates and switches to the nearest lookup-table entry, asking for a re-solve when
@@ -36,10 +36,10 @@ class Query:
 
 
 @dataclass(frozen=True)
-class Placement:
+class QueryPlacement:
     """Where every task of one query runs, and which grouping each subgraph drew.
 
-    Example: ``Placement(7, "f", (("sum", 3), ("det", 3), ("det_sparse", 12), ("add", 3)), (1,))``.
+    Example: ``QueryPlacement(7, "f", (("sum", 3), ("det", 3), ("det_sparse", 12), ("add", 3)), (1,))``.
     """
 
     query: int
@@ -91,7 +91,7 @@ class GroupingSampler:
                       seed: int = 0) -> GroupingSampler:
         return cls(name, dags, solution.thetas, servers, seed)
 
-    def decide(self, query: Query) -> Placement:
+    def decide(self, query: Query) -> QueryPlacement:
         """Sample the query's placement; only ``query`` and the seed matter (no clock, no live state)."""
         if query.klass not in self._plans:
             raise ConfigError("query.klass", query.klass, f"unknown class; expected one of {sorted(self._plans)}")
@@ -113,7 +113,7 @@ class GroupingSampler:
                 where.update({t: s for t in tasks})
             where[sink] = part_server[g.l] if g.parts else home
         dag = self._dags[query.klass]
-        return Placement(query.id, query.klass, tuple((t, where[t]) for t in dag.tasks), tuple(drawn))
+        return QueryPlacement(query.id, query.klass, tuple((t, where[t]) for t in dag.tasks), tuple(drawn))
 
 
 def _within(omega: tuple[Grouping, ...], theta: np.ndarray, live: int) -> np.ndarray:
@@ -165,7 +165,7 @@ class NonaController:
     def dags(self) -> dict[str, Dag]:
         return dict(self._dags)
 
-    def on_arrival(self, now: float, query: Query) -> Placement:
+    def on_arrival(self, now: float, query: Query) -> QueryPlacement:
         return self._sampler.decide(query)
 
     def on_epoch(self, now: float, rates: Mapping[str, float]) -> TableChoice:
@@ -213,7 +213,7 @@ class NonaRouting:
                 raise ConfigError(f"stages.{sid}", (klass, task), "names no task of the controller's DAGs")
         self._cache = cache
         self._servers: dict[str, tuple[int, ...]] = {}
-        self._placed: dict[int, Placement] = {}
+        self._placed: dict[int, QueryPlacement] = {}
 
     def set_hosts(self, hosts: Mapping[str, Sequence[int]]) -> None:
         """Each class may use the nodes hosting all of its stages (none: its stages follow their shares)."""

@@ -32,7 +32,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from gpu.batching import BatchContext, BatchDecision, PaddedBatchModel, Request
+from gpu.batching import BatchContext, BatchDecision, PaddedBatchModel, InferenceRequest
 from gpu.errors import ConfigError
 
 MIXES = ("round_robin", "iid", "request_aware", "own_app")
@@ -290,7 +290,7 @@ class OrlojPolicy:
                                          self.cost_steps)
         return out
 
-    def decide(self, queue: Sequence[Request], ctx: BatchContext) -> BatchDecision:
+    def decide(self, queue: Sequence[InferenceRequest], ctx: BatchContext) -> BatchDecision:
         """One iteration of Algorithm 4.1: drop the hopeless, pick the batch size, pop the best-scored."""
         if not queue:
             return BatchDecision()

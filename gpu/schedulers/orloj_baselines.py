@@ -23,11 +23,11 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from gpu.batching import BatchContext, BatchDecision, Request
+from gpu.batching import BatchContext, BatchDecision, InferenceRequest
 from gpu.errors import ConfigError
 
 
-def _edf(queue: Sequence[Request]) -> np.ndarray:
+def _edf(queue: Sequence[InferenceRequest]) -> np.ndarray:
     """Queue positions by deadline (a queue with per-app SLOs is not deadline-ordered)."""
     return np.argsort([r.deadline_ms for r in queue], kind="stable")
 
@@ -52,7 +52,7 @@ class ClockworkLike:
         if not (np.isfinite(self.window_ms) and self.window_ms >= 0):
             raise ConfigError("window_ms", self.window_ms, "need a finite window >= 0 ms")
 
-    def decide(self, queue: Sequence[Request], ctx: BatchContext) -> BatchDecision:
+    def decide(self, queue: Sequence[InferenceRequest], ctx: BatchContext) -> BatchDecision:
         """EDF; drop what cannot finish even alone; the largest batch predicted to meet its earliest deadline."""
         order = _edf(queue)
         deadlines = np.array([queue[i].deadline_ms for i in order])
@@ -69,7 +69,7 @@ class ClockworkLike:
         self._predicted_finish = ctx.now_ms + ctx.latency_ms(len(batch))
         return BatchDecision(run=tuple(batch), drop=tuple(drop))
 
-    def observe(self, batch: Sequence[Request], started_ms: float, finished_ms: float) -> None:
+    def observe(self, batch: Sequence[InferenceRequest], started_ms: float, finished_ms: float) -> None:
         self._next_fails = finished_ms > self._predicted_finish + self.window_ms
 
 
@@ -88,11 +88,11 @@ class ClipperLike:
         if not 0 < self.backoff < 1:
             raise ConfigError("backoff", self.backoff, "need a multiplicative back-off in (0, 1)")
 
-    def decide(self, queue: Sequence[Request], ctx: BatchContext) -> BatchDecision:
+    def decide(self, queue: Sequence[InferenceRequest], ctx: BatchContext) -> BatchDecision:
         n = min(len(queue), self.size, ctx.max_batch)
         return BatchDecision(run=tuple(range(n)))
 
-    def observe(self, batch: Sequence[Request], started_ms: float, finished_ms: float) -> None:
+    def observe(self, batch: Sequence[InferenceRequest], started_ms: float, finished_ms: float) -> None:
         """Latency objective = the batch's tightest SLO (Clipper's per-application latency objective)."""
         if not batch:
             return

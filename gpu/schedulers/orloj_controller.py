@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, Mapping
 
-from gpu.batching import BatchContext, BatchPolicy, Request, observe_batch
+from gpu.batching import BatchContext, BatchPolicy, InferenceRequest, observe_batch
 from gpu.schedulers.orloj_profiler import OnlineProfiler
 
 
@@ -27,8 +27,8 @@ class Dispatch:
     """What the worker does now: run ``run`` as one batch, drop ``drop``; time ``profile``'s requests alone
     (report them in the next ``BatchDone``); with nothing to run, call ``on_wake`` at ``wake_at_ms``."""
 
-    run: tuple[Request, ...] = ()
-    drop: tuple[Request, ...] = ()
+    run: tuple[InferenceRequest, ...] = ()
+    drop: tuple[InferenceRequest, ...] = ()
     profile: tuple[int, ...] = ()
     wake_at_ms: float | None = None
 
@@ -58,12 +58,12 @@ class OrlojController:
                  profiler: OnlineProfiler | None = None, publish_ms: float = math.inf):
         self.batch_policy, self.context, self.profiler = batch_policy, context, profiler
         self.policy = batch_policy.name
-        self.queue: list[Request] = []
-        self.running: tuple[Request, ...] = ()
+        self.queue: list[InferenceRequest] = []
+        self.running: tuple[InferenceRequest, ...] = ()
         self.publish_ms, self._next_publish = publish_ms, publish_ms
-        self._asked: dict[int, Request] = {}  # requests sent to be timed alone, by id
+        self._asked: dict[int, InferenceRequest] = {}  # requests sent to be timed alone, by id
 
-    def on_arrival(self, now: float, request: Request) -> Dispatch:
+    def on_arrival(self, now: float, request: InferenceRequest) -> Dispatch:
         self.queue.append(request)
         return Dispatch() if self.running else self._next(now)
 

@@ -29,7 +29,7 @@ from gpu.schedulers.cilantro.forecasters import ArimaForecaster, EwmaForecaster
 from gpu.schedulers.cilantro.learners import IntervalBinaryTree, SaturatingLearner
 from gpu.schedulers.cilantro.metrics import njc_fairness, njc_fairness_resource, useful_usage
 from gpu.schedulers.cilantro.round import CilantroRound, JobReport, LoadForecasts, RoundJob
-from gpu.schedulers.cilantro.types import Policy
+from gpu.schedulers.cilantro.types import AllocationPolicy
 from gpu.sim.cilantro_scenario import MultiTenantConfig, SimJob, parse_multitenant, run_static
 
 METRICS = ("social_welfare", "egalitarian_welfare", "njc_fairness", "njc_fairness_resource", "useful_usage")
@@ -109,7 +109,7 @@ def round_jobs(cfg: MultiTenantConfig) -> tuple[RoundJob, ...]:
                           truth=job.profile.perf) for job in cfg.jobs)
 
 
-def simulate_policy(cfg: MultiTenantConfig, policy: Policy, seed: int, loads: np.ndarray, ucbs: np.ndarray,
+def simulate_policy(cfg: MultiTenantConfig, policy: AllocationPolicy, seed: int, loads: np.ndarray, ucbs: np.ndarray,
                     *, start_round: int = 0, stop_round: int | None = None, state: dict | None = None,
                     keep_allocations: bool = False) -> tuple[PolicyRun, dict]:
     """Run ``policy`` for rounds ``[start_round, stop_round)``; returns its traces and a resumable state.

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from gpu.devices import simulated_nodes
-from gpu.ledger import Placement
-from gpu.placement import FifoBestFit, Request
+from gpu.ledger import Lease
+from gpu.placement import FifoBestFit, ResourceRequest
 from gpu.schedulers.escher import Actions, SetResource
 from gpu.schedulers.escher_gang import GANG_DESIGNS, AppSpaceGang, FrameSpaceGang, Gang, GangStep, LibSpaceGang
 from gpu.sim.escher_world import Timing, World
@@ -68,7 +68,7 @@ class GangWorld:
         for i in range(self.load.gangs):
             t += float(self.rng.exponential(1 / self.load.arrival_rate))
             size = int(self.rng.choice(self.load.sizes))
-            gang = Gang(f"g{i}", tuple(Request(cpus=1) for _ in range(size)))
+            gang = Gang(f"g{i}", tuple(ResourceRequest(cpus=1) for _ in range(size)))
             self.world.loop.at(t, lambda gang=gang: self._arrive(gang))
         self.world.loop.run()
         return [r.latency for r in self.runs if r.latency is not None]
@@ -104,10 +104,10 @@ class GangWorld:
     def _submit_ghost(self, run: _Run, i: int) -> None:
         w, attempt = self.world, run.attempt
 
-        def granted(p: Placement) -> None:
+        def granted(p: Lease) -> None:
             w.loop.after(w.latency(), lambda: started(p))
 
-        def started(p: Placement) -> None:
+        def started(p: Lease) -> None:
             if attempt != run.attempt:
                 w.release(p.lease_id)                   # a ghost of a rolled-back attempt ends at once
                 return
@@ -130,7 +130,7 @@ class GangWorld:
         if attempt == run.attempt and not run.ctrl.done:
             self._do(run, run.ctrl.on_timer(self.world.now))
 
-    def _locked(self, run: _Run, lock: Placement) -> None:
+    def _locked(self, run: _Run, lock: Lease) -> None:
         run.lock = lock.lease_id
         self._do(run, run.ctrl.on_locked(self.world.now))
 
@@ -152,12 +152,12 @@ class GangWorld:
     def _launch(self, run: _Run, step: GangStep) -> None:
         w = self.world
 
-        def started(p: Placement) -> None:
+        def started(p: Lease) -> None:
             run.running += 1
             if run.running == len(step.launch):
                 run.latency = w.now - run.arrived
 
-        def ended(p: Placement) -> None:
+        def ended(p: Lease) -> None:
             run.running -= 1
             if run.running == 0:
                 for lease in run.ghosts.values():        # ghosts exit with the gang, freeing the bundles

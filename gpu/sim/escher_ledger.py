@@ -16,9 +16,9 @@ from typing import Callable, Sequence
 
 from gpu.devices import PoolSpec
 from gpu.errors import ConfigError, LeaseLost
-from gpu.ledger import LedgerClient, Placement, status_of
+from gpu.ledger import LedgerClient, Lease, status_of
 from gpu.placement import (
-    DeviceState, FifoBestFit, NodeState, PlacementPolicy, Request, Waiting, apply_choice, check_ever_fits, plan_grants,
+    DeviceState, FifoBestFit, NodeState, PlacementPolicy, ResourceRequest, Waiting, apply_choice, check_ever_fits, plan_grants,
 )
 from gpu.scenario import number, positive
 
@@ -27,7 +27,7 @@ class SimLedger(LedgerClient):
     """An in-memory ledger for the event-driven simulator (no threads, no clock, no SQLite)."""
 
     def __init__(self, spec: PoolSpec, policy: PlacementPolicy | None = None,
-                 on_grant: Callable[[int, Placement], None] | None = None):
+                 on_grant: Callable[[int, Lease], None] | None = None):
         super().__init__()
         self.policy = policy or FifoBestFit()
         self.on_grant = on_grant
@@ -39,8 +39,8 @@ class SimLedger(LedgerClient):
         self._caps: dict[str, dict[str, float]] = {n.name: {} for n in self.capacity}
         self._used: dict[str, dict[str, float]] = {n.name: {} for n in self.capacity}
         self._waiting: dict[int, Waiting] = {}
-        self._granted: dict[int, Placement] = {}
-        self._leases: dict[str, tuple[Placement, Request]] = {}
+        self._granted: dict[int, Lease] = {}
+        self._leases: dict[str, tuple[Lease, ResourceRequest]] = {}
         self._backed: dict[tuple[str, str], str] = {}          # (node, resource) -> the ghost lease behind it
         self._tickets = itertools.count(1)
         self._lease_ids = itertools.count(1)
@@ -64,7 +64,7 @@ class SimLedger(LedgerClient):
     def waiting(self) -> int:
         return len(self._waiting)
 
-    def leases(self) -> list[Placement]:
+    def leases(self) -> list[Lease]:
         return [p for p, _ in self._leases.values()]
 
     # -- resources ----------------------------------------------------------------------------
@@ -108,14 +108,14 @@ class SimLedger(LedgerClient):
         self._plan()
 
     # -- requests -----------------------------------------------------------------------------
-    def submit(self, request: Request, priority: float = 0.0) -> int:
+    def submit(self, request: ResourceRequest, priority: float = 0.0) -> int:
         check_ever_fits(request, self.capacity)
         ticket = next(self._tickets)
         self._waiting[ticket] = Waiting(ticket, request, priority)
         self._plan()
         return ticket
 
-    def try_grant(self, ticket: int) -> Placement | None:
+    def try_grant(self, ticket: int) -> Lease | None:
         """The lease of ``ticket`` while it is held (asked again, the same lease), None while it waits."""
         placement = self._granted.get(ticket)
         return self._hold(placement) if placement is not None and placement.lease_id in self._leases else None
@@ -141,7 +141,7 @@ class SimLedger(LedgerClient):
         self._plan()
         return True
 
-    def grant_all(self, requests: Sequence[Request]) -> list[Placement] | None:
+    def grant_all(self, requests: Sequence[ResourceRequest]) -> list[Lease] | None:
         """All-or-none in one step (FrameSpace): the same rule as ``PoolLedger.grant_all``."""
         nodes = self.free_state()
         choices = []
@@ -154,7 +154,7 @@ class SimLedger(LedgerClient):
         return [self._hold(self._lease(request, choice)) for request, choice in zip(requests, choices)]
 
     # -- faults ---------------------------------------------------------------------------------
-    def fail_node(self, node: str) -> list[Placement]:
+    def fail_node(self, node: str) -> list[Lease]:
         """The node is gone with its ephemeral resources; the leases on it are lost (returned)."""
         self._node(node)
         self._alive.discard(node)
@@ -176,13 +176,13 @@ class SimLedger(LedgerClient):
         self._plan()
 
     # -- matching -------------------------------------------------------------------------------
-    def _lease(self, request: Request, choice) -> Placement:
+    def _lease(self, request: ResourceRequest, choice) -> Lease:
         ghost = None if request.uses_gpu else next(
             (self._leases[self._backed[(choice.node, k)]][0] for k in request.resources
              if (choice.node, k) in self._backed), None)
         devices, fraction, memory = (ghost.devices, ghost.fraction, ghost.memory) if ghost else \
             (choice.devices, choice.fraction, choice.memory)
-        placement = Placement(f"sim-{next(self._lease_ids)}", choice.node, devices, fraction, memory, request.cpus,
+        placement = Lease(f"sim-{next(self._lease_ids)}", choice.node, devices, fraction, memory, request.cpus,
                               dict(request.resources), request.label, True, 0.0, 0, self.pool_id)
         self._leases[placement.lease_id] = (placement, request)
         self._free[choice.node] = apply_choice([self._free[choice.node]], request, choice)[0]
@@ -192,7 +192,7 @@ class SimLedger(LedgerClient):
         self.grants += 1
         return placement
 
-    def _give_back(self, placement: Placement, request: Request) -> None:
+    def _give_back(self, placement: Lease, request: ResourceRequest) -> None:
         f = self._free[placement.node]
         lent = not request.uses_gpu        # devices a ghost lent (or none): the ghost's lease accounts for them
         devices = tuple(DeviceState(d.index, d.memory_total, d.compute_free + placement.fraction,

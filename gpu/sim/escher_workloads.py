@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gpu.devices import simulated_nodes
-from gpu.placement import FifoBestFit, Request
+from gpu.placement import FifoBestFit, ResourceRequest
 from gpu.schedulers.escher import Actions, Escher, SetResource
 from gpu.schedulers.escher_hfs import HierarchicalFairShare
 from gpu.schedulers.escher_primitives import ElasticLoadBalancer, colocate, store_data, with_task
@@ -70,11 +70,11 @@ def wordcount(load: WordCount, placement: str, input_gb: float, nodes: int, band
             def write(i=i, home=home) -> None:                    # the chunk's writer, on its node
                 esl = Escher(world.ledger, caller_node=home)
                 need = store_data(esl, f"chunk{i}")               # line 1
-                world.run_task(Request(cpus=1, resources=need), mapper_time(home), on_end=ended)   # line 2
+                world.run_task(ResourceRequest(cpus=1, resources=need), mapper_time(home), on_end=ended)   # line 2
             world.loop.after(timing.set_resource, write)
         else:
             node = home if placement == "native" else f"node{int(rng.integers(nodes))}"
-            world.run_task(Request(cpus=1, node=node), mapper_time(home), on_end=ended)
+            world.run_task(ResourceRequest(cpus=1, node=node), mapper_time(home), on_end=ended)
     world.loop.run()
     return {"makespan_s": done["end"], "transfer_share": done["transfer"] / (done["transfer"] + done["compute"])}
 
@@ -130,7 +130,7 @@ def fair_share(load: FairShare, timing: Timing, seed: int) -> list[dict[str, flo
         def end(p) -> None:
             running[user] -= 1
 
-        world.run_task(Request(cpus=1, resources={resource[user]: 1}), lambda p: work + warmup[0], start, end)
+        world.run_task(ResourceRequest(cpus=1, resources={resource[user]: 1}), lambda p: work + warmup[0], start, end)
 
     def arrive(user: str, team: str, weight: float) -> None:
         if team not in teams:
@@ -195,16 +195,16 @@ def alphazero_placements(load: AlphaZero, placement: str, timing: Timing, seed: 
                 esl = Escher(world.ledger, caller_node=p.node)
                 world.loop.after(timing.set_resource, lambda: (
                     colocate(esl, f"pred{i}"),
-                    world.run_task(Request(cpus=4, resources=with_task(f"pred{i}")), 3600.0, aggregator_started(i))))
+                    world.run_task(ResourceRequest(cpus=4, resources=with_task(f"pred{i}")), 3600.0, aggregator_started(i))))
             else:
                 node = p.node if placement == "hardcoded" else None
                 resources = {} if node else agg_lb.requirement
-                world.run_task(Request(cpus=4, node=node, resources=resources), 3600.0, aggregator_started(i))
+                world.run_task(ResourceRequest(cpus=4, node=node, resources=resources), 3600.0, aggregator_started(i))
                 world.esl.apply(agg_lb.on_arrival(world.now, world.ledger.cluster_status(), world.ledger.waiting()))
         return started
 
     for i in range(load.pairs):
-        world.run_task(Request(gpus=1, resources=lb.requirement), 3600.0, predictor_started(i))
+        world.run_task(ResourceRequest(gpus=1, resources=lb.requirement), 3600.0, predictor_started(i))
         world.esl.apply(lb.on_arrival(0.0, world.ledger.cluster_status(), world.ledger.waiting()))
     world.loop.run(until=60.0)
     return together[0], last[0]
@@ -254,7 +254,7 @@ def tune(load: Tune, migrate: bool, timing: Timing, seed: int) -> dict[str, floa
     lb = ElasticLoadBalancer("short")
     world.esl.apply(lb.setup(world.ledger.cluster_status()))
     for i, d in enumerate(load.short_s):
-        world.run_task(Request(gpus=1, resources=lb.requirement, label=f"short{i}"), d)
+        world.run_task(ResourceRequest(gpus=1, resources=lb.requirement, label=f"short{i}"), d)
         world.esl.apply(lb.on_arrival(0.0, world.ledger.cluster_status(), 1))
     workers: dict[str, str] = {}                   # lease id -> node
     state = {"work": 0.0, "since": 0.0, "rate": 0.0, "migrated_at": -1.0, "moving": False}
@@ -270,7 +270,7 @@ def tune(load: Tune, migrate: bool, timing: Timing, seed: int) -> dict[str, floa
 
     def launch() -> None:
         for _ in range(load.long_gpus):
-            world.run_task(Request(gpus=1, resources={"trial-long": 1}, label="long"), 1e9, on_start=started)
+            world.run_task(ResourceRequest(gpus=1, resources={"trial-long": 1}, label="long"), 1e9, on_start=started)
 
     def started(p) -> None:
         workers[p.lease_id] = p.node

@@ -15,8 +15,8 @@ from typing import Callable
 import numpy as np
 
 from gpu.devices import PoolSpec
-from gpu.ledger import Placement
-from gpu.placement import PlacementPolicy, Request
+from gpu.ledger import Lease
+from gpu.placement import PlacementPolicy, ResourceRequest
 from gpu.schedulers.escher import Actions, Escher
 from gpu.sim.escher_ledger import SimLedger
 from gpu.sim.events import EventLoop
@@ -41,7 +41,7 @@ class World:
         self.rng = np.random.default_rng(seed)
         self.ledger = SimLedger(spec, policy, on_grant=self._granted)
         self.esl = Escher(self.ledger)
-        self._waiting: dict[int, Callable[[Placement], None]] = {}
+        self._waiting: dict[int, Callable[[Lease], None]] = {}
         self.on_release: list[Callable[[], None]] = []
 
     @property
@@ -65,7 +65,7 @@ class World:
         elif then is not None:
             then()
 
-    def submit(self, request: Request, on_grant: Callable[[Placement], None]) -> int:
+    def submit(self, request: ResourceRequest, on_grant: Callable[[Lease], None]) -> int:
         """Queue ``request``; ``on_grant(placement)`` when the scheduler grants it (at once if it fits)."""
         ticket = self.ledger.submit(request)
         placement = self.ledger.try_grant(ticket)
@@ -84,27 +84,27 @@ class World:
             for callback in list(self.on_release):
                 callback()
 
-    def _granted(self, ticket: int, placement: Placement) -> None:
+    def _granted(self, ticket: int, placement: Lease) -> None:
         callback = self._waiting.pop(ticket, None)
         if callback is not None:
             self.ledger.try_grant(ticket)
             callback(placement)
 
-    def run_task(self, request: Request, duration: float | Callable[[Placement], float],
-                 on_start: Callable[[Placement], None] | None = None,
-                 on_end: Callable[[Placement], None] | None = None) -> int:
+    def run_task(self, request: ResourceRequest, duration: float | Callable[[Lease], float],
+                 on_start: Callable[[Lease], None] | None = None,
+                 on_end: Callable[[Lease], None] | None = None) -> int:
         """Queue a task: it starts a scheduling latency after its grant, runs ``duration`` (or
         ``duration(placement)``), then frees its lease."""
-        def granted(p: Placement) -> None:
+        def granted(p: Lease) -> None:
             self.loop.after(self.latency(), lambda: started(p))
 
-        def started(p: Placement) -> None:
+        def started(p: Lease) -> None:
             if on_start is not None:
                 on_start(p)
             d = duration(p) if callable(duration) else duration
             self.loop.after(d, lambda: ended(p))
 
-        def ended(p: Placement) -> None:
+        def ended(p: Lease) -> None:
             self.release(p.lease_id)
             if on_end is not None:
                 on_end(p)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gpu.errors import GpuflowsError
-from gpu.schedulers.fluid_executor import Placement, Step
+from gpu.schedulers.fluid_executor import TrialPlacement, Step
 from gpu.schedulers.fluid_session import Executor, TuningSession
 from gpu.sim.events import EventHandle, EventLoop
 from gpu.sim.fluid_workload import Workload
@@ -67,7 +67,7 @@ class _Simulation:
             self.session.report_progress(tid, r.done)
         self.last = now
 
-    def _rate(self, p: Placement, running: dict[str, Placement]) -> float:
+    def _rate(self, p: TrialPlacement, running: dict[str, TrialPlacement]) -> float:
         t = self.session.trial(p.trial_id)
         if p.width >= 1:
             k = len(p.gpus)

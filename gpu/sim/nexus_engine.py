@@ -1,4 +1,4 @@
-"""Request-level simulation of a Nexus plan: arrivals, routing, per-GPU round-robin, batch policy, drops.
+"""InferenceRequest-level simulation of a Nexus plan: arrivals, routing, per-GPU round-robin, batch policy, drops.
 
 Built on the shared ``EventLoop`` (the paper has no simulator; docs/nexus.md). Each session's requests
 arrive as a Poisson (or uniform, random phase; or the superposition of several uniform streams, e.g. one
@@ -34,7 +34,7 @@ from typing import Callable, Mapping, NamedTuple
 
 import numpy as np
 
-from gpu.batching import BatchContext, BatchPolicy, PaddedBatchModel, Request, observe_batch
+from gpu.batching import BatchContext, BatchPolicy, PaddedBatchModel, InferenceRequest, observe_batch
 from gpu.errors import ConfigError
 from gpu.schedulers.nexus import Plan
 from gpu.schedulers.nexus_overflow import route_unassigned
@@ -125,8 +125,8 @@ class _Slot:
         self.sid, self.arrivals, self.ids, self.slo_ms, self.batch = sid, arrivals, ids, slo_ms, batch
         self.profile, self.stats = profile, stats
         self.next = 0
-        self.queue: deque[Request] = deque()
-        self.issued: deque[Request] = deque()  # chained requests issued by parents, in arrival order
+        self.queue: deque[InferenceRequest] = deque()
+        self.issued: deque[InferenceRequest] = deque()  # chained requests issued by parents, in arrival order
         self.planned_latency = lambda b: planned.latency(profile, b)
 
     def admit(self, now: float) -> None:
@@ -135,7 +135,7 @@ class _Slot:
         end = int(np.searchsorted(self.arrivals, now, side="right"))
         for i in range(self.next, end):
             t = float(self.arrivals[i])
-            self.queue.append(Request(int(self.ids[i]), self.sid, t, t + self.slo_ms))
+            self.queue.append(InferenceRequest(int(self.ids[i]), self.sid, t, t + self.slo_ms))
         self.next = end
         while self.issued and self.issued[0].arrival_ms <= now:
             r = self.issued.popleft()
@@ -145,18 +145,18 @@ class _Slot:
         drawn = float(self.arrivals[self.next]) if self.next < len(self.arrivals) else np.inf
         return min(drawn, self.issued[0].arrival_ms) if self.issued else drawn
 
-    def waiting(self) -> list[Request]:
+    def waiting(self) -> list[InferenceRequest]:
         """Everything not yet served: the queue, issued and drawn arrivals still to come."""
-        ahead = [Request(int(self.ids[i]), self.sid, float(t), float(t) + self.slo_ms)
+        ahead = [InferenceRequest(int(self.ids[i]), self.sid, float(t), float(t) + self.slo_ms)
                  for i, t in enumerate(self.arrivals[self.next:], start=self.next)]
         return [*self.queue, *self.issued, *ahead]
 
 
-def _deadline(r: Request) -> float:
+def _deadline(r: InferenceRequest) -> float:
     return r.deadline_ms
 
 
-def _remove(queue: deque, positions: tuple[int, ...]) -> list[Request]:
+def _remove(queue: deque, positions: tuple[int, ...]) -> list[InferenceRequest]:
     """Pop the given queue positions (fast path for a prefix, the common case)."""
     if not positions:
         return []
@@ -229,7 +229,7 @@ class _Gpu:
         if np.isfinite(nxt):
             self.schedule(max(nxt, now))
 
-    def _execute(self, slot: _Slot, batch: list[Request], now: float) -> None:
+    def _execute(self, slot: _Slot, batch: list[InferenceRequest], now: float) -> None:
         cost = self.costs.get(slot.profile.model)
         if cost is not None:  # a dynamic model: the batch runs as long as its slowest request (Eq. 4.3/4.4)
             dur = cost.model.batch_ms(cost.sample(self.rng, len(batch)))
@@ -268,21 +268,21 @@ class _Chains:
         """Where a chained session's requests go: ``picker`` over its (slot, GPU) pairs."""
         self.routes[sid] = picker
 
-    def lost(self, sid: str, requests: list[Request]) -> None:
+    def lost(self, sid: str, requests: list[InferenceRequest]) -> None:
         if requests and sid in self.roots:
             self.result.bad_queries.setdefault(self.roots[sid], set()).update(r.request_id for r in requests)
 
-    def issue(self, sid: str, done: list[Request], finish: float) -> None:
+    def issue(self, sid: str, done: list[InferenceRequest], finish: float) -> None:
         if done and sid in self.ctl.chains.parents:
             self.loop.at(finish, lambda: self._arrive(sid, done))
 
-    def _arrive(self, parent: str, done: list[Request]) -> None:
+    def _arrive(self, parent: str, done: list[InferenceRequest]) -> None:
         now = self.loop.now
         queries = np.array([r.request_id for r in done]) if parent in self.joined else None
         for issue in self.ctl.chain(now, parent, np.array([r.deadline_ms for r in done]), queries):
             child = issue.session_id
             ready = self.ready_ms.get(child, 0.0)  # pre-processed by the CPU pool first (OL)
-            reqs = [Request(done[p].request_id, child, now + ready, float(d))
+            reqs = [InferenceRequest(done[p].request_id, child, now + ready, float(d))
                     for p, d in zip(issue.parents.tolist(), issue.deadlines.tolist())]
             stats = self.result.sessions.setdefault(child, SessionStats())
             stats.offered += len(reqs)

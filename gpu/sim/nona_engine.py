@@ -38,7 +38,7 @@ import numpy as np
 from gpu.contract import Controller
 from gpu.schedulers.nona import Cluster
 from gpu.schedulers.nona_dag import Dag
-from gpu.schedulers.nona_policy import Placement, Query
+from gpu.schedulers.nona_policy import QueryPlacement, Query
 from gpu.sim.events import EventLoop
 
 BACKGROUND_COMPUTE, BACKGROUND_COMM = "background-compute", "background-comm"
@@ -49,7 +49,7 @@ class Placer(Protocol):
 
     name: str
 
-    def decide(self, query: Query) -> Placement: ...
+    def decide(self, query: Query) -> QueryPlacement: ...
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from typing import Callable
 
 import numpy as np
 
-from gpu.batching import BatchContext, BatchPolicy, PaddedBatchModel, Request, make_policy
+from gpu.batching import BatchContext, BatchPolicy, PaddedBatchModel, InferenceRequest, make_policy
 from gpu.errors import ConfigError
 from gpu.report import SimulationReport
 from gpu.schedulers.orloj import Histogram, LatencyTable
@@ -45,7 +45,7 @@ BASELINES = ("clockwork", "nexus", "clipper")
 
 @dataclass
 class Outcome:
-    """Request counts of one run, and the policy's decision time."""
+    """InferenceRequest counts of one run, and the policy's decision time."""
 
     offered: int = 0
     good: int = 0
@@ -124,7 +124,7 @@ class _World:
         self.charge = charge_decisions
         self.profile: tuple[int, ...] = ()  # ids to report as timed alone with the next finished batch
 
-    def arrive(self, request: Request) -> None:
+    def arrive(self, request: InferenceRequest) -> None:
         self._apply(*self._call(self.ctrl.on_arrival, request))
 
     def wake(self) -> None:
@@ -179,7 +179,7 @@ def serve(setup: Setup, policy: BatchPolicy, slo_ms: float, seed: int, duration_
                            publish_s * 1000.0)
     world = _World(loop, ctrl, setup.model, alone, out, charge_decisions)
     for i, t in enumerate(times):
-        r = Request(i, apps[which[i]], float(t), float(t) + slo_ms)
+        r = InferenceRequest(i, apps[which[i]], float(t), float(t) + slo_ms)
         loop.at(float(t), lambda r=r: world.arrive(r))
     loop.run(until=duration_s * 1000.0 + 20 * slo_ms)
     out.dropped += len(ctrl.queue)  # never served before the drain horizon

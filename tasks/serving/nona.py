@@ -24,7 +24,7 @@ from __future__ import annotations
 from typing import Mapping, Sequence
 
 from gpu.errors import ConfigError
-from gpu.schedulers.nexus import GpuNode, Placement, Plan, Session
+from gpu.schedulers.nexus import GpuNode, SessionPlacement, Plan, Session
 from gpu.schedulers.nexus_profiles import BatchProfile
 from gpu.schedulers.nona import Cluster, LookupTable, NonaModel, QueryClass, solve
 from gpu.schedulers.nona_dag import Dag
@@ -71,6 +71,6 @@ def replicated_plan(sessions: Sequence[Session], profiles: Mapping[str, BatchPro
         placements = []
         for s in sessions:
             lat = profiles[s.model].latency(batch)
-            placements.append(Placement(s.session_id, s.model, s.slo_ms, batch, s.rate / nodes, lat, 2 * lat))
+            placements.append(SessionPlacement(s.session_id, s.model, s.slo_ms, batch, s.rate / nodes, lat, 2 * lat))
         out.append(GpuNode(n, sum(p.latency_ms for p in placements), tuple(placements)))
     return Plan("nona", "paper", tuple(out), tuple(sessions))

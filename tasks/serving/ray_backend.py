@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from gpu.batching import BatchPolicy
-from gpu.ledger import Placement
+from gpu.ledger import Lease
 from gpu.schedulers.nexus import GpuNode, Plan
 from gpu.schedulers.nexus_controller import NexusController
 from gpu.schedulers.nexus_profiles import Accounting, BatchProfile
@@ -150,7 +150,7 @@ class RayWorkerHandle:
     """
 
     def __init__(self, node: GpuNode, models: Mapping[str, torch.nn.Module], profiles: Mapping[str, BatchProfile],
-                 policy: BatchPolicy, lease: Placement, recorder: Recorder, accounting: Accounting,
+                 policy: BatchPolicy, lease: Lease, recorder: Recorder, accounting: Accounting,
                  device: str = "cpu", ray_node_id: str | None = None, chainer: QueryChainer | None = None,
                  seed: int = 0):
         import ray

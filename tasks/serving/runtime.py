@@ -1,7 +1,7 @@
 """The local serving runtime: rolls a Nexus plan out onto the GPU pool as worker threads with leases.
 
 Each plan node becomes one :class:`~tasks.serving.worker.ServingWorker` thread in this process that holds
-a lease on the pool ledger for the node's duty share (``Request(gpus=share)``, share = the node's
+a lease on the pool ledger for the node's duty share (``ResourceRequest(gpus=share)``, share = the node's
 occupancy ℓ-time / duty cycle rounded up to 1/20, saturated nodes a whole GPU), and runs on the lease's
 device. Why leases from the ledger and not one Prefect task per worker through ``GpuTaskRunner``: a
 serving worker lives for the whole rollout and must receive each request in microseconds from the
@@ -26,8 +26,8 @@ from torch import nn
 
 from gpu.batching import BatchPolicy, EarlyDropPolicy, SpanPolicy
 from gpu.errors import AllocationTimeout, ConfigError
-from gpu.ledger import LedgerClient, Placement
-from gpu.placement import Request
+from gpu.ledger import LedgerClient, Lease
+from gpu.placement import ResourceRequest
 from gpu.scenario import choose
 from gpu.schedulers.nexus import GpuNode, Plan
 from gpu.schedulers.nexus_controller import NexusController
@@ -51,7 +51,7 @@ def lease_share(node: GpuNode) -> float:
     return min(1.0, max(SHARE_STEP, math.ceil(node.occupancy / SHARE_STEP - 1e-9) * SHARE_STEP))
 
 
-def placement_device(placement: Placement) -> str:
+def placement_device(placement: Lease) -> str:
     """Torch device of a lease: ``cuda:N`` on a real GPU (when torch sees CUDA), else ``cpu``."""
     if placement.simulated or not placement.devices or not torch.cuda.is_available():
         return "cpu"
@@ -142,7 +142,7 @@ class LocalServingRuntime:
         self.label = label
         self.run_inline = run_inline
         self.workers: dict[int, ServingWorker] = {}
-        self.leases: dict[int, Placement] = {}
+        self.leases: dict[int, Lease] = {}
         self.plan: Plan | None = None
         self._retired = {"busy_ns": 0, "execute_ns": 0, "execute1_ns": 0, "batches": 0,
                          "batches1": 0, "served": 0, "inline_batches": 0, "inline_execute_ns": 0, "push_ns": 0}
@@ -157,10 +157,10 @@ class LocalServingRuntime:
     def _new_policy(self) -> BatchPolicy:
         return check_policy(self._policy_factory()) if self._policy_factory else self._policy
 
-    def _lease(self, node: GpuNode, plan: Plan) -> Placement:
+    def _lease(self, node: GpuNode, plan: Plan) -> Lease:
         share = lease_share(node)
         try:
-            return self.ledger.allocate(Request(gpus=share, label=f"{self.label}-node-{node.node_id}"),
+            return self.ledger.allocate(ResourceRequest(gpus=share, label=f"{self.label}-node-{node.node_id}"),
                                         self.allocation_timeout)
         except AllocationTimeout as exc:
             total = sum(lease_share(n) for n in plan.nodes)
@@ -210,7 +210,7 @@ class LocalServingRuntime:
             self._retire(nid)
         self.plan = plan
 
-    def _start_worker(self, node: GpuNode, lease: Placement, device: str) -> Any:
+    def _start_worker(self, node: GpuNode, lease: Lease, device: str) -> Any:
         if self.backend == "ray":
             from tasks.serving.ray_backend import RayWorkerHandle
 

@@ -15,7 +15,7 @@ model's batch-1 latency): the frontend's thread appends a burst to the session's
 :class:`~tasks.serving.ring.RequestRing` (array slices, no object per request); a span policy
 (``gpu.batching.SpanPolicy``) gets the deadline column and returns ``(n_drop, n_run)``; the batch runs on a
 view of the input rows and goes to the recorder as arrays. A policy with only the object API
-(``decide(queue, ctx)``) gets ``Request`` objects built from the ring (the slow path). The worker thread runs
+(``decide(queue, ctx)``) gets ``InferenceRequest`` objects built from the ring (the slow path). The worker thread runs
 under ``torch.inference_mode``; its model copies need no gradients, so a forward outside it builds no graph.
 
 Run to completion: when the worker is idle, the pushing (frontend) thread runs the batch itself under the
@@ -39,9 +39,9 @@ from torch import nn
 
 import numpy as np
 
-from gpu.batching import BatchContext, BatchPolicy, Request, SpanPolicy
+from gpu.batching import BatchContext, BatchPolicy, InferenceRequest, SpanPolicy
 from gpu.errors import ConfigError
-from gpu.schedulers.nexus import GpuNode, Placement
+from gpu.schedulers.nexus import GpuNode, SessionPlacement
 from gpu.schedulers.nexus_profiles import PAPER, Accounting, BatchProfile
 from tasks.serving.models import INPUT_FEATURES
 from tasks.serving.ring import RequestRing
@@ -63,7 +63,7 @@ class _Slot:
 
     __slots__ = ("placement", "model", "latency_ns", "latency_ms", "max_batch", "ring", "retiring", "on_done")
 
-    def __init__(self, placement: Placement, model: nn.Module, profile: BatchProfile, accounting: Accounting,
+    def __init__(self, placement: SessionPlacement, model: nn.Module, profile: BatchProfile, accounting: Accounting,
                  width: int | None):
         self.placement = placement
         self.model = model
@@ -75,8 +75,8 @@ class _Slot:
         self.retiring = False
         self.on_done: Callable[..., None] | None = None  # a query stage with children: issue them
 
-    def requests(self, apps: tuple[str, ...], start: int | None = None, end: int | None = None) -> list[Request]:
-        """Rows ``[start, end)`` (default: the queue) as ``Request`` objects (ms), for a policy with only the
+    def requests(self, apps: tuple[str, ...], start: int | None = None, end: int | None = None) -> list[InferenceRequest]:
+        """Rows ``[start, end)`` (default: the queue) as ``InferenceRequest`` objects (ms), for a policy with only the
         object API; ``app_id`` is the application by the ring's ``app`` code (``apps[code - 1]``), or the
         session for code 0 (a request submitted without an application)."""
         r = self.ring
@@ -84,7 +84,7 @@ class _Slot:
         t = r.tail if end is None else end
         sid = self.placement.session_id
         names = (sid, *apps)
-        return [Request(i, names[c], a / 1e6, d / 1e6) for i, c, a, d in
+        return [InferenceRequest(i, names[c], a / 1e6, d / 1e6) for i, c, a, d in
                 zip(r.request_id[h:t].tolist(), r.app[h:t].tolist(), r.arrival[h:t].tolist(),
                     r.deadline[h:t].tolist())]
 

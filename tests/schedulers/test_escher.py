@@ -11,7 +11,7 @@ from gpu.contract import contract_violations
 from gpu.devices import simulated_nodes
 from gpu.errors import AllocationTimeout, ConfigError
 from gpu.ledger import PoolLedger
-from gpu.placement import FifoBestFit, Request
+from gpu.placement import FifoBestFit, ResourceRequest
 from gpu.schedulers.escher import Escher, NodeSpec, all_of, largest_remainder
 from gpu.schedulers.escher_hfs import HierarchicalFairShare, water_fill
 from gpu.schedulers.escher_primitives import (
@@ -31,7 +31,7 @@ def ledger(request):
     lg.close()
 
 
-def grant(ledger, request: Request):
+def grant(ledger, request: ResourceRequest):
     """Queue ``request`` and return its placement, or None while it waits."""
     return ledger.try_grant(ledger.submit(request))
 
@@ -43,9 +43,9 @@ def over_capacity(ledger) -> list[str]:
 
 
 def test_colocated_task_lands_on_its_partners_node(ledger):
-    producer = grant(ledger, Request(cpus=1, label="t1", node="node1"))
+    producer = grant(ledger, ResourceRequest(cpus=1, label="t1", node="node1"))
     Escher(ledger, caller_node=producer.node).set_resource("coloc-t1", 1e6)     # P1, run by T1
-    partners = [grant(ledger, Request(cpus=1, resources=with_task("t1"))) for _ in range(3)]
+    partners = [grant(ledger, ResourceRequest(cpus=1, resources=with_task("t1"))) for _ in range(3)]
     assert {p.node for p in partners} == {"node1"}
     assert over_capacity(ledger) == []
 
@@ -53,12 +53,12 @@ def test_colocated_task_lands_on_its_partners_node(ledger):
 def test_colocate_helper_runs_on_the_callers_node(ledger):
     esl = Escher(ledger, caller_node="node2")
     assert colocate(esl, "p7") == {"coloc-p7": 1.0}
-    assert grant(ledger, Request(resources=with_task("p7"))).node == "node2"
+    assert grant(ledger, ResourceRequest(resources=with_task("p7"))).node == "node2"
 
 
 def test_anti_affine_tasks_run_on_distinct_nodes_and_a_fourth_waits(ledger):
     need = anti_affinity(Escher(ledger), "trials")
-    placed = [grant(ledger, Request(cpus=1, resources=need)) for _ in range(4)]
+    placed = [grant(ledger, ResourceRequest(cpus=1, resources=need)) for _ in range(4)]
     assert len({p.node for p in placed[:3]}) == 3
     assert placed[3] is None
 
@@ -69,7 +69,7 @@ def test_elastic_load_balancing_spreads_within_one_task_per_node(ledger):
     assert contract_violations(lb) == []
     tickets = []
     for i in range(10):
-        tickets.append(ledger.submit(Request(resources=lb.requirement, label=f"w{i}")))
+        tickets.append(ledger.submit(ResourceRequest(resources=lb.requirement, label=f"w{i}")))
         pending = sum(ledger.try_grant(t) is None for t in tickets)
         esl.apply(lb.on_arrival(float(i), esl.get_cluster_status(), pending))
     counts = {}
@@ -82,8 +82,8 @@ def test_elastic_load_balancing_spreads_within_one_task_per_node(ledger):
 def test_t2_queued_before_t1_runs_after_t1_signals_under_fifo(ledger):
     """P2 under the default FIFO: the consumer waits off the head, the producer goes first."""
     assert isinstance(ledger.policy, FifoBestFit) and not ledger.policy.backfill
-    t2 = ledger.submit(Request(cpus=1, resources=after("t1"), label="t2"))
-    t1 = grant(ledger, Request(cpus=1, label="t1"))
+    t2 = ledger.submit(ResourceRequest(cpus=1, resources=after("t1"), label="t2"))
+    t1 = grant(ledger, ResourceRequest(cpus=1, label="t1"))
     assert t1 is not None and ledger.try_grant(t2) is None
     ledger.release(t1.lease_id)
     signal(Escher(ledger), "t1")                                       # T1 ends
@@ -92,7 +92,7 @@ def test_t2_queued_before_t1_runs_after_t1_signals_under_fifo(ledger):
 
 def test_a_barrier_waits_for_every_predecessor(ledger):
     esl = Escher(ledger)
-    t = ledger.submit(Request(resources=after("a", "b")))
+    t = ledger.submit(ResourceRequest(resources=after("a", "b")))
     signal(esl, "a")
     assert ledger.try_grant(t) is None
     signal(esl, "b")
@@ -101,7 +101,7 @@ def test_a_barrier_waits_for_every_predecessor(ledger):
 
 def test_a_queue_lets_exactly_the_released_batch_through(ledger):
     esl, q = Escher(ledger), Queue("jobs", "node0")
-    wrappers = [ledger.submit(Request(resources=q.requirement, label=f"w{i}")) for i in range(5)]
+    wrappers = [ledger.submit(ResourceRequest(resources=q.requirement, label=f"w{i}")) for i in range(5)]
     q.release(esl, 2)
     through = []
     for w in wrappers:
@@ -116,7 +116,7 @@ def test_a_queue_lets_exactly_the_released_batch_through(ledger):
 
 def test_data_locality_runs_the_mapper_where_the_chunk_was_written(ledger):
     need = store_data(Escher(ledger, caller_node="node2"), "chunk-9")
-    assert grant(ledger, Request(cpus=1, resources=need)).node == "node2"
+    assert grant(ledger, ResourceRequest(cpus=1, resources=need)).node == "node2"
 
 
 def test_a_resource_named_by_two_composed_policies_is_summed_with_a_warning(caplog):
@@ -131,28 +131,28 @@ def test_composition_concatenates_and_conflict_relaxation_drops_anti_affinity(le
     both = all_of({"fair_a": 1}, anti)
     assert both == {"fair_a": 1.0, "anti-x": 1.0}
     assert all_of({"a": 1}, {"a": 2}) == {"a": 3.0}                    # a collision is summed, and said
-    placed = [grant(ledger, Request(resources=both)) for _ in range(3)]
+    placed = [grant(ledger, ResourceRequest(resources=both)) for _ in range(3)]
     assert len({p.node for p in placed}) == 3
     soft = SoftConstraint([both, {"fair_a": 1}], timeout=1.0)
     first = soft.on_arrival(0.0)
-    attempt = ledger.submit(Request(resources=first.resources))
+    attempt = ledger.submit(ResourceRequest(resources=first.resources))
     assert first.index == 0 and ledger.try_grant(attempt) is None
     relaxed = soft.on_timer(1.0)
     ledger.cancel(attempt)                                             # the ESL cancels before resubmitting
-    assert relaxed.index == 1 and grant(ledger, Request(resources=relaxed.resources)) is not None
+    assert relaxed.index == 1 and grant(ledger, ResourceRequest(resources=relaxed.resources)) is not None
 
 
 def test_soft_constraints_on_the_local_ledger_fall_back_after_the_timeout():
     ledger = PoolLedger(SPEC, None)
-    index, placement = allocate_preferred(ledger, Request(cpus=1), [{"gpu-pref": 1}, {}], timeout=0.05)
+    index, placement = allocate_preferred(ledger, ResourceRequest(cpus=1), [{"gpu-pref": 1}, {}], timeout=0.05)
     assert index == 1 and placement.cpus == 1
     Escher(ledger).set_resource("gpu-pref", 1, "node1")
-    index, placement = allocate_preferred(ledger, Request(cpus=1), [{"gpu-pref": 1}, {}], timeout=1)
+    index, placement = allocate_preferred(ledger, ResourceRequest(cpus=1), [{"gpu-pref": 1}, {}], timeout=1)
     assert (index, placement.node) == (0, "node1")
     with pytest.raises(AllocationTimeout):
-        allocate_preferred(ledger, Request(cpus=1), [{"nowhere": 1}], timeout=0.05)
+        allocate_preferred(ledger, ResourceRequest(cpus=1), [{"nowhere": 1}], timeout=0.05)
     with pytest.raises(ConfigError, match="preferences"):
-        allocate_preferred(ledger, Request(cpus=1), [], timeout=1)
+        allocate_preferred(ledger, ResourceRequest(cpus=1), [], timeout=1)
 
 
 def test_soft_constraint_reports_unschedulable_after_the_last_preference():
@@ -170,7 +170,7 @@ def test_objective_function_preferences_halve_gamma(ledger):
     setup_objective(Escher(ledger), alpha=1, beta=1)
     prefs = objective_preferences(memory=0.5, cpu=0.5, alpha=1, beta=1, k=3)
     assert [p["obj"] for p in prefs] == [1.0, 0.5, 0.25, 0.125]
-    assert grant(ledger, Request(resources=prefs[0])) is not None
+    assert grant(ledger, ResourceRequest(resources=prefs[0])) is not None
     with pytest.raises(ConfigError, match="memory"):
         objective_preferences(memory=1.5, cpu=0, alpha=1, beta=1)
 
@@ -178,10 +178,10 @@ def test_objective_function_preferences_halve_gamma(ledger):
 def test_bin_packing_prefers_the_most_loaded_node_that_fits(ledger):
     esl = Escher(ledger)
     bin_packing(esl)
-    grant(ledger, Request(cpus=3, node="node1"))
+    grant(ledger, ResourceRequest(cpus=3, node="node1"))
     prefs = packing_preferences(esl.get_cluster_status(), {"CPU": 1})
     assert prefs[0] == {"pack-node1": 1.0}
-    assert grant(ledger, Request(cpus=1, resources=prefs[0])).node == "node1"
+    assert grant(ledger, ResourceRequest(cpus=1, resources=prefs[0])).node == "node1"
     assert packing_preferences(esl.get_cluster_status(), {"CPU": 2})[0] == {"pack-node0": 1.0}
 
 
@@ -196,7 +196,7 @@ def test_weighted_fair_queues_release_in_proportion_to_weights(ledger):
 
 def test_node_spec_by_vector_num_nodes_and_bad_specs(ledger):
     esl = Escher(ledger)
-    grant(ledger, Request(cpus=4, node="node0"))
+    grant(ledger, ResourceRequest(cpus=4, node="node0"))
     assert esl.set_resource("x", 1, NodeSpec({"CPU": 2})) == ("node1", "node2")
     assert esl.set_resource("y", 1, NodeSpec({"CPU": 2}, num_nodes=1)) == ("node1",)
     assert esl.set_resource(None, 2, "node2", label="z") == ("node2",)
@@ -265,9 +265,9 @@ def test_appspace_gang_on_the_local_ledger_rolls_back_then_runs_all_or_none():
 
     ledger = PoolLedger(SPEC, None)
     esl = Escher(ledger)
-    blocker = ledger.allocate(Request(cpus=3, node="node0"))
-    ledger.allocate(Request(cpus=3, node="node1"))
-    gang = AppSpaceGang(Gang("g0", tuple(Request(cpus=1) for _ in range(8))), timeout=1.0)
+    blocker = ledger.allocate(ResourceRequest(cpus=3, node="node0"))
+    ledger.allocate(ResourceRequest(cpus=3, node="node1"))
+    gang = AppSpaceGang(Gang("g0", tuple(ResourceRequest(cpus=1) for _ in range(8))), timeout=1.0)
     step = gang.on_arrival(0.0)
     tickets = {i: ledger.submit(gang.gang.ghost(i)) for i in step.submit}
     ghosts = []
@@ -302,22 +302,22 @@ def test_appspace_gang_on_the_local_ledger_rolls_back_then_runs_all_or_none():
 
 
 def test_framespace_grant_all_is_all_or_none_on_the_ledger(ledger):
-    ledger_busy = grant(ledger, Request(cpus=4, node="node0"))
+    ledger_busy = grant(ledger, ResourceRequest(cpus=4, node="node0"))
     assert ledger_busy is not None
-    assert ledger.grant_all([Request(cpus=4)] * 3) is None               # 2 free nodes for 3 bundles: none
+    assert ledger.grant_all([ResourceRequest(cpus=4)] * 3) is None               # 2 free nodes for 3 bundles: none
     assert len(ledger.leases()) == 1
-    gang = ledger.grant_all([Request(cpus=4)] * 2)
+    gang = ledger.grant_all([ResourceRequest(cpus=4)] * 2)
     assert sorted(p.node for p in gang) == ["node1", "node2"]
 
 
 @pytest.mark.parametrize("kind", ["local", "sim"])
 def test_a_gpu_ghost_lends_its_device_on_both_ledgers(kind):
     ledger = PoolLedger(SPEC, None) if kind == "local" else SimLedger(SPEC)
-    ghost = grant(ledger, Request(gpus=1, node="node2"))
+    ghost = grant(ledger, ResourceRequest(gpus=1, node="node2"))
     ledger.lease_resource(ghost.lease_id, "gang-x", 1)
-    member = grant(ledger, Request(resources={"gang-x": 1}))
+    member = grant(ledger, ResourceRequest(resources={"gang-x": 1}))
     assert (member.node, member.devices) == ("node2", ghost.devices)
     ledger.release(member.lease_id)
-    assert grant(ledger, Request(gpus=1, node="node2")) is None          # still the ghost's, counted once
+    assert grant(ledger, ResourceRequest(gpus=1, node="node2")) is None          # still the ghost's, counted once
     ledger.release(ghost.lease_id)
     assert "gang-x" not in ledger.cluster_status()["node2"]

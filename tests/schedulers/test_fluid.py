@@ -10,7 +10,7 @@ from gpu.schedulers.fluid import (FluidParams, RunningTrial, Trial, TrialGroup, 
                                   load_packing_curve, max_parallelism, packing_curve_path, packing_limit, runtime,
                                   save_packing_curve, static_fluid, theorem1_bound, theorem2_bound)
 from gpu.schedulers.fluid_baselines import FifoExecutor
-from gpu.schedulers.fluid_executor import FluidExecutor, Placement, Step
+from gpu.schedulers.fluid_executor import FluidExecutor, TrialPlacement, Step
 from gpu.sim.fluid_engine import simulate
 from gpu.sim.fluid_workload import Workload
 from gpu.tuning import FixedTrials
@@ -187,7 +187,7 @@ def test_queued_trial_starts_on_the_slot_its_neighbour_frees():
     ex = FluidExecutor([0], FluidParams(c=2, d=1))
     ex.on_group(0.0, _group(3.0, 2.0, 1.0))
     step = ex.on_trial_done(1.0, "g1")
-    assert step.starts == (Placement("g2", 0.5, (0,)),)
+    assert step.starts == (TrialPlacement("g2", 0.5, (0,)),)
 
 
 def test_rebalance_scales_a_lone_trial_out_onto_freed_gpus():
@@ -195,7 +195,7 @@ def test_rebalance_scales_a_lone_trial_out_onto_freed_gpus():
     ex.on_group(0.0, _group(30.0, 10.0))
     ex.on_trial_done(1.0, "g1")
     step = ex.rebalance()
-    assert step.resizes == (Placement("g0", 4.0, (0, 1, 2, 3)),)
+    assert step.resizes == (TrialPlacement("g0", 4.0, (0, 1, 2, 3)),)
 
 
 def test_static_only_executor_never_resizes():
@@ -222,12 +222,12 @@ def test_fifo_baseline_runs_one_trial_per_gpu_in_submission_order():
     ex = FifoExecutor([0, 1])
     step = ex.on_group(0.0, _group(1.0, 9.0, 5.0))
     assert [(p.trial_id, p.width) for p in step.starts] == [("g0", 1.0), ("g1", 1.0)]
-    assert ex.on_trial_done(1.0, "g0").starts == (Placement("g2", 1.0, (0,)),)
+    assert ex.on_trial_done(1.0, "g0").starts == (TrialPlacement("g2", 1.0, (0,)),)
 
 
 def test_a_resize_of_a_just_started_trial_edits_its_start():
-    step = Step(starts=(Placement("t", 0.5, (0,)),)).then(Step(resizes=(Placement("t", 2.0, (0, 1)),)))
-    assert step == Step(starts=(Placement("t", 2.0, (0, 1)),))
+    step = Step(starts=(TrialPlacement("t", 0.5, (0,)),)).then(Step(resizes=(TrialPlacement("t", 2.0, (0, 1)),)))
+    assert step == Step(starts=(TrialPlacement("t", 2.0, (0, 1)),))
 
 
 @pytest.mark.parametrize("policy", ["fifo", "static_fluid", "fluid"])

@@ -5,7 +5,7 @@ import pytest
 
 from gpu.contract import contract_violations, is_frozen_decision
 from gpu.errors import ConfigError
-from gpu.schedulers.nexus import GpuNode, Placement, Plan, Session, SquishyPacker
+from gpu.schedulers.nexus import GpuNode, SessionPlacement, Plan, Session, SquishyPacker
 from gpu.schedulers.nexus_chaining import QueryChains
 from gpu.schedulers.nexus_controller import EpochDecision, NexusController, policy_names
 from gpu.schedulers.nexus_epoch import EpochPlanner
@@ -16,8 +16,8 @@ PROFILES = {"m": linear_profile("m", 1.0, 10.0, 64)}
 
 def two_stage_plan(budget_ms: float = 20.0) -> Plan:
     sessions = (Session("q/d", "m", 50.0, 20.0), Session("q/r", "m", budget_ms, 60.0))
-    node = GpuNode(0, 40.0, (Placement("q/d", "m", 50.0, 8, 20.0, 10.0, 50.0),
-                             Placement("q/r", "m", budget_ms, 8, 60.0, 5.0, 45.0)))
+    node = GpuNode(0, 40.0, (SessionPlacement("q/d", "m", 50.0, 8, 20.0, 10.0, 50.0),
+                             SessionPlacement("q/r", "m", budget_ms, 8, 60.0, 5.0, 45.0)))
     return Plan("fixed", "paper", (node,), sessions)
 
 
@@ -74,7 +74,7 @@ def test_a_fixed_plan_controller_never_replans():
 
 def test_routing_follows_the_installed_plan_shares_with_drr():
     """Shares 4:2:1 over three GPUs → DRR picks exactly 40/20/10 of 70 requests, in the authors' order."""
-    nodes = tuple(GpuNode(i, 100.0, (Placement("s", "m", 50.0, 1, rate, 1.0, 51.0),))
+    nodes = tuple(GpuNode(i, 100.0, (SessionPlacement("s", "m", 50.0, 1, rate, 1.0, 51.0),))
                   for i, rate in enumerate((40.0, 20.0, 10.0)))
     ctl = NexusController()
     ctl.install(Plan("fixed", "paper", nodes, (Session("s", "m", 50.0, 70.0),)))

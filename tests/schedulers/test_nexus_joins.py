@@ -5,7 +5,7 @@ import pytest
 
 from gpu.batching import make_policy
 from gpu.errors import ConfigError
-from gpu.schedulers.nexus import GpuNode, Placement, Plan, Session
+from gpu.schedulers.nexus import GpuNode, SessionPlacement, Plan, Session
 from gpu.schedulers.nexus_chaining import QueryChains
 from gpu.schedulers.nexus_profiles import linear_profile
 from gpu.sim.nexus_engine import simulate_plan
@@ -15,7 +15,7 @@ DIAMOND = {"q/b": ("q/a", 1.0), "q/c": ("q/a", 1.0), "q/d": (("q/b", "q/c"), 1.0
 
 def diamond_plan() -> Plan:
     sessions = tuple(Session(f"q/{u}", "m", 20.0, 20.0) for u in "abcd")
-    node = GpuNode(0, 20.0, tuple(Placement(f"q/{u}", "m", 20.0, 4, 20.0, 2.0, 20.0) for u in "abcd"))
+    node = GpuNode(0, 20.0, tuple(SessionPlacement(f"q/{u}", "m", 20.0, 4, 20.0, 2.0, 20.0) for u in "abcd"))
     return Plan("fixed", "paper", (node,), sessions)
 
 

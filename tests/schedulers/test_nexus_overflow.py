@@ -5,7 +5,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from gpu.schedulers.nexus import GpuNode, Placement, Plan, Session, SquishyPacker
+from gpu.schedulers.nexus import GpuNode, SessionPlacement, Plan, Session, SquishyPacker
 from gpu.schedulers.nexus_overflow import route_unassigned
 from gpu.schedulers.nexus_profiles import PAPER, linear_profile
 from gpu.schedulers.nexus_synthetic import synthetic_profiles
@@ -45,8 +45,8 @@ def test_hosted_session_overflow_follows_its_planned_shares_at_a_batch_within_it
 
 def test_session_without_a_gpu_goes_whole_to_the_node_with_most_headroom():
     prof = linear_profile("m", 1.0, 10.0, 64)
-    full = Placement("a", "m", 100.0, 40, 800.0, 50.0, 100.0)
-    half = Placement("b", "m", 100.0, 10, 200.0, 20.0, 70.0)
+    full = SessionPlacement("a", "m", 100.0, 40, 800.0, 50.0, 100.0)
+    half = SessionPlacement("b", "m", 100.0, 10, 200.0, 20.0, 70.0)
     sessions = (Session("a", "m", 100.0, 800.0), Session("b", "m", 100.0, 200.0), Session("c", "m", 100.0, 300.0))
     plan = Plan("squishy", "paper", (GpuNode(0, 50.0, (full,)), GpuNode(1, 50.0, (half,))), sessions,
                 (("c", 300.0),))
@@ -65,7 +65,7 @@ def test_plan_without_unassigned_load_is_returned_unchanged():
 def test_session_without_a_gpu_that_fits_no_gpu_memory_stays_unassigned():
     gib = 1 << 30
     prof = linear_profile("m", 1.0, 10.0, 64, memory_bytes=gib)
-    node = GpuNode(0, 50.0, (Placement("a", "m", 100.0, 10, 200.0, 20.0, 70.0),), memory_bytes=gib)
+    node = GpuNode(0, 50.0, (SessionPlacement("a", "m", 100.0, 10, 200.0, 20.0, 70.0),), memory_bytes=gib)
     sessions = (Session("a", "m", 100.0, 200.0), Session("c", "m", 100.0, 300.0))
     plan = Plan("squishy", "paper", (node,), sessions, (("c", 300.0),))
     assert route_unassigned(plan, {"m": prof}, device_memory_bytes=2 * gib).nodes[0].placements[-1].session_id == "c"
@@ -75,9 +75,9 @@ def test_session_without_a_gpu_that_fits_no_gpu_memory_stays_unassigned():
 
 def full_and_idle_nodes(idle_duty_ms: float):
     """Session a fills GPU 0 (SLO 80 ms, ℓ(b) = b + 10 ms); GPU 1 hosts b at duty 40 ms; GPU 2 hosts c, idler."""
-    a = Placement("a", "m", 80.0, 30, 750.0, 40.0, 80.0)
-    b = Placement("b", "m", 80.0, 8, 200.0, 18.0, 58.0)
-    c = Placement("c", "m", 200.0, 3, 100.0, 13.0, idle_duty_ms + 13.0)
+    a = SessionPlacement("a", "m", 80.0, 30, 750.0, 40.0, 80.0)
+    b = SessionPlacement("b", "m", 80.0, 8, 200.0, 18.0, 58.0)
+    c = SessionPlacement("c", "m", 200.0, 3, 100.0, 13.0, idle_duty_ms + 13.0)
     sessions = (Session("a", "m", 80.0, 950.0), Session("b", "m", 80.0, 200.0), Session("c", "m", 200.0, 100.0))
     nodes = (GpuNode(0, 40.0, (a,)), GpuNode(1, 40.0, (b,)), GpuNode(2, idle_duty_ms, (c,)))
     return nodes, sessions

@@ -6,7 +6,7 @@ from math import factorial
 import numpy as np
 import pytest
 
-from gpu.batching import BatchContext, PaddedBatchModel, Request
+from gpu.batching import BatchContext, PaddedBatchModel, InferenceRequest
 from gpu.errors import ConfigError
 from gpu.schedulers.orloj import (Histogram, OrlojPolicy, RESET_EXPONENT, batch_latency, line_coefficients,
                                   max_cdf, priority_scores, step_cost_scores)
@@ -138,7 +138,7 @@ def test_scores_stay_finite_far_from_the_base_time():
 
 def _random_queue(rng, n, now):
     apps = list(TWO_APPS)
-    return [Request(i, apps[rng.integers(2)], now - 5, now + float(rng.uniform(-10, 600))) for i in range(n)]
+    return [InferenceRequest(i, apps[rng.integers(2)], now - 5, now + float(rng.uniform(-10, 600))) for i in range(n)]
 
 
 def test_algorithm_4_1_invariants_on_random_queues():
@@ -168,14 +168,14 @@ def test_algorithm_4_1_invariants_on_random_queues():
 def test_the_most_urgent_feasible_requests_win_the_batch():
     """Of 3 queued, a batch of 2 takes the two closest to their deadline that can still make it."""
     policy = OrlojPolicy({"a": Histogram([10, 20], [1])}, PaddedBatchModel(2.0), batch_sizes=(1, 2))
-    queue = [Request(0, "a", 0, 1000.0), Request(1, "a", 0, 60.0), Request(2, "a", 0, 45.0)]
+    queue = [InferenceRequest(0, "a", 0, 1000.0), InferenceRequest(1, "a", 0, 60.0), InferenceRequest(2, "a", 0, 45.0)]
     dec = policy.decide(queue, BatchContext(0.0, float, 1, 2))
     assert sorted(dec.run) == [1, 2] and dec.drop == ()
 
 
 def test_new_histograms_change_the_batch_size():
     policy = OrlojPolicy({"a": Histogram([10, 20], [1])}, batch_sizes=(1, 2, 4))
-    queue = [Request(i, "a", 0, 70.0) for i in range(4)]
+    queue = [InferenceRequest(i, "a", 0, 70.0) for i in range(4)]
     assert len(policy.decide(queue, ctx()).run) == 2  # E[L_B(4)] = 4·E[max of 4] = 72 > 70
     policy.update_histograms({"a": Histogram([5, 10], [1])})
     assert len(policy.decide(queue, ctx()).run) == 4

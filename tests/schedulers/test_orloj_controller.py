@@ -1,6 +1,6 @@
 """The ORLOJ worker loop as a contract controller: hooks take ``now`` first and return frozen dispatches."""
 
-from gpu.batching import BatchContext, Request, make_policy
+from gpu.batching import BatchContext, InferenceRequest, make_policy
 from gpu.contract import contract_violations, is_frozen_decision
 from gpu.schedulers.orloj import Histogram
 from gpu.schedulers.orloj_controller import BatchDone, OrlojController
@@ -19,7 +19,7 @@ def test_the_controller_follows_the_contract():
 
 def test_one_batch_at_a_time_and_the_next_when_it_finishes():
     ctrl = OrlojController(make_policy("clipper"), context)
-    r1, r2, r3 = (Request(i, "a", float(i), 500.0) for i in range(3))
+    r1, r2, r3 = (InferenceRequest(i, "a", float(i), 500.0) for i in range(3))
     assert ctrl.on_arrival(0.0, r1).run == (r1,)
     assert ctrl.on_arrival(1.0, r2).run == () and ctrl.on_arrival(2.0, r3).run == ()
     nxt = ctrl.on_job_done(40.0, BatchDone(0.0))
@@ -31,7 +31,7 @@ def test_sampled_requests_come_back_timed_alone_and_reach_orloj():
     """§4.3.2: a finished request is sent to be timed alone; its measurement reaches ORLOJ's histograms."""
     policy = make_policy("orloj", histograms={"a": Histogram([10, 20], [1])})
     ctrl = OrlojController(policy, context, OnlineProfiler(sample_rate=1.0, min_samples=1), publish_ms=0.0)
-    reqs = [Request(i, "a", 0.0, 10_000.0) for i in range(3)]
+    reqs = [InferenceRequest(i, "a", 0.0, 10_000.0) for i in range(3)]
     assert ctrl.on_arrival(0.0, reqs[0]).run == (reqs[0],)
     for r in reqs[1:]:
         ctrl.on_arrival(1.0, r)

@@ -5,7 +5,7 @@ from dataclasses import replace
 import pytest
 
 from gpu.errors import ConfigError
-from gpu.schedulers.nexus import GpuNode, Placement, Plan, Session, SquishyPacker
+from gpu.schedulers.nexus import GpuNode, SessionPlacement, Plan, Session, SquishyPacker
 from gpu.schedulers.nexus_profiles import linear_profile, serial_preprocess
 from gpu.schedulers.nexus_synthetic import synthetic_profiles
 from gpu.batching import make_policy
@@ -42,7 +42,7 @@ def test_serial_preprocess_pads_the_forward_but_charges_only_the_real_inputs():
 def test_an_overlapped_request_joins_a_batch_only_after_its_preprocessing():
     # GPU budget SLO − p = 10 ms of a 50 ms SLO, ℓ(1) = 6 ms: ready at t + p, done at t + p + 6 ≤ t + 50
     p, slo = 40.0, 10.0
-    plan = Plan("fixed", "paper", (GpuNode(0, slo, (Placement("s", "m", slo, 1, 10.0, 6.0, slo),)),),
+    plan = Plan("fixed", "paper", (GpuNode(0, slo, (SessionPlacement("s", "m", slo, 1, 10.0, 6.0, slo),)),),
                 (Session("s", "m", slo, 10.0),))
     runs = [simulate_plan(plan, {"m": linear_profile("m", 0.0, 6.0, 1)}, make_policy("early_drop"), duration_s=2.0,
                           arrivals="uniform", ready_ms=ready, log_batches=True) for ready in (None, {"s": p})]

@@ -8,7 +8,7 @@ import pytest
 
 from gpu.batching import make_policy
 from gpu.errors import ConfigError
-from gpu.schedulers.nexus import GpuNode, Placement, Plan, Session, SquishyPacker
+from gpu.schedulers.nexus import GpuNode, SessionPlacement, Plan, Session, SquishyPacker
 from gpu.schedulers.nexus_profiles import linear_profile
 from gpu.schedulers.nexus_synthetic import synthetic_profiles
 from gpu.schedulers.nexus_query import Query, QueryStage
@@ -39,7 +39,7 @@ def test_every_shipped_scenario_runs_nexus(path):
 def one_gpu(rate, alpha=0.5):
     prof = linear_profile("m", alpha, 50 - 25 * alpha, 64)
     sess = Session("s", "m", 100.0, rate)
-    plan = Plan("fixed", "paper", (GpuNode(0, 50.0, (Placement("s", "m", 100.0, 25, rate, 50.0, 100.0),),
+    plan = Plan("fixed", "paper", (GpuNode(0, 50.0, (SessionPlacement("s", "m", 100.0, 25, rate, 50.0, 100.0),),
                                            saturated=True),), (sess,))
     return plan, {"m": prof}
 
@@ -218,8 +218,8 @@ def test_a_query_counts_once_and_is_bad_when_any_of_its_stage_requests_is():
 def test_chained_stage_requests_are_issued_by_finished_parents_with_inherited_slack():
     profiles = {"d": linear_profile("d", 0.0, 10.0, 8), "r": linear_profile("r", 0.0, 5.0, 8)}
     sessions = (Session("q/d", "d", 50.0, 20.0), Session("q/r", "r", 20.0, 60.0))
-    node = GpuNode(0, 40.0, (Placement("q/d", "d", 50.0, 8, 20.0, 10.0, 50.0),
-                             Placement("q/r", "r", 20.0, 8, 60.0, 5.0, 45.0)))
+    node = GpuNode(0, 40.0, (SessionPlacement("q/d", "d", 50.0, 8, 20.0, 10.0, 50.0),
+                             SessionPlacement("q/r", "r", 20.0, 8, 60.0, 5.0, 45.0)))
     plan = Plan("fixed", "paper", (node,), sessions)
     res = simulate_plan(plan, profiles, make_policy("early_drop"), duration_s=10, arrivals="uniform", seed=4,
                         chains={"q/r": ("q/d", 3.0)})
@@ -236,8 +236,8 @@ def test_a_run_given_a_controller_chains_and_routes_by_it():
 
     profiles = {"d": linear_profile("d", 0.0, 10.0, 8), "r": linear_profile("r", 0.0, 5.0, 8)}
     sessions = (Session("q/d", "d", 50.0, 20.0), Session("q/r", "r", 20.0, 60.0))
-    node = GpuNode(0, 40.0, (Placement("q/d", "d", 50.0, 8, 20.0, 10.0, 50.0),
-                             Placement("q/r", "r", 20.0, 8, 60.0, 5.0, 45.0)))
+    node = GpuNode(0, 40.0, (SessionPlacement("q/d", "d", 50.0, 8, 20.0, 10.0, 50.0),
+                             SessionPlacement("q/r", "r", 20.0, 8, 60.0, 5.0, 45.0)))
     plan = Plan("fixed", "paper", (node,), sessions)
     ctl = NexusController(chains={"q/r": ("q/d", 0.5)}, rng=4)
     res = simulate_plan(plan, profiles, make_policy("early_drop"), duration_s=10, arrivals="uniform", seed=4,
@@ -254,8 +254,8 @@ def test_a_run_given_a_controller_chains_and_routes_by_it():
 def test_a_dropped_parent_issues_no_children_and_loses_its_query():
     profiles = {"d": linear_profile("d", 0.0, 30.0, 1), "r": linear_profile("r", 0.0, 1.0, 8)}
     sessions = (Session("q/d", "d", 60.0, 100.0), Session("q/r", "r", 20.0, 100.0))
-    node = GpuNode(0, 31.0, (Placement("q/d", "d", 60.0, 1, 100.0, 30.0, 60.0),
-                             Placement("q/r", "r", 20.0, 1, 100.0, 1.0, 31.0)))
+    node = GpuNode(0, 31.0, (SessionPlacement("q/d", "d", 60.0, 1, 100.0, 30.0, 60.0),
+                             SessionPlacement("q/r", "r", 20.0, 1, 100.0, 1.0, 31.0)))
     res = simulate_plan(Plan("fixed", "paper", (node,), sessions), profiles, make_policy("early_drop"),
                         duration_s=20, arrivals="uniform", seed=4, chains={"q/r": ("q/d", 1.0)})
     parents, children = res.sessions["q/d"], res.sessions["q/r"]
@@ -388,7 +388,7 @@ def test_simulator_routes_every_request_to_the_gpu_the_serving_frontend_picks():
     from tasks.serving.stats import Recorder
 
     session = Session("s", "m", 50.0, 70.0)
-    nodes = tuple(GpuNode(i, 100.0, (Placement("s", "m", 50.0, 1, rate, 1.0, 51.0),))
+    nodes = tuple(GpuNode(i, 100.0, (SessionPlacement("s", "m", 50.0, 1, rate, 1.0, 51.0),))
                   for i, rate in enumerate((40.0, 20.0, 10.0)))
     plan = Plan("fixed", "paper", nodes, (session,))
     res = simulate_plan(plan, {"m": linear_profile("m", 0.0, 1.0, 1)}, make_policy("early_drop"), duration_s=1.0,

@@ -5,7 +5,7 @@ from dataclasses import replace
 
 import pytest
 
-from gpu.batching import BatchContext, Request
+from gpu.batching import BatchContext, InferenceRequest
 from gpu.errors import ConfigError
 from gpu.schedulers.orloj_baselines import ClipperLike, ClockworkLike, nexus_plan_batch
 from gpu.sim.orloj import Setup, build_policy, serve, sweep
@@ -52,25 +52,25 @@ def ctx(now):
 
 def test_clockwork_like_fails_the_batch_planned_after_an_overrun():
     policy = ClockworkLike(batch_sizes=(1, 2, 4))
-    queue = [Request(i, "a", 0.0, 100.0 + i) for i in range(6)]
+    queue = [InferenceRequest(i, "a", 0.0, 100.0 + i) for i in range(6)]
     first = policy.decide(queue, ctx(0.0))
     assert first.run == (0, 1, 2, 3)  # largest batch predicted (40 ms) to meet the earliest deadline
     policy.observe([queue[i] for i in first.run], 0.0, 55.0)  # ran 15 ms past its prediction
     second = policy.decide(queue[4:], ctx(55.0))
     assert second.run == () and sorted(second.drop) == [0, 1]
-    third = policy.decide([Request(9, "a", 55.0, 200.0)], ctx(55.0))
+    third = policy.decide([InferenceRequest(9, "a", 55.0, 200.0)], ctx(55.0))
     assert third.run == (0,)
 
 
 def test_clipper_like_adds_one_while_within_the_slo_and_backs_off_ten_percent():
     policy = ClipperLike()
-    batch = [Request(0, "a", 0.0, 50.0)]
+    batch = [InferenceRequest(0, "a", 0.0, 50.0)]
     for _ in range(11):
         policy.observe(batch, 0.0, 40.0)
     assert policy.size == 12
     policy.observe(batch, 0.0, 60.0)
     assert policy.size == 10  # floor(12 · 0.9)
-    assert policy.decide([Request(i, "a", 0, 1) for i in range(30)], ctx(0.0)).run == tuple(range(10))
+    assert policy.decide([InferenceRequest(i, "a", 0, 1) for i in range(30)], ctx(0.0)).run == tuple(range(10))
 
 
 def test_nexus_plans_the_largest_batch_that_fits_twice_in_the_slo():
@@ -130,7 +130,7 @@ def test_orloj_runs_per_gpu_on_a_multi_gpu_nexus_plan_with_a_dynamic_model():
     import numpy as np
 
     from gpu.batching import make_policy
-    from gpu.schedulers.nexus import GpuNode, Placement, Plan, Session
+    from gpu.schedulers.nexus import GpuNode, SessionPlacement, Plan, Session
     from gpu.schedulers.nexus_profiles import linear_profile
     from gpu.sim.nexus_engine import AloneTimes, simulate_plan
 
@@ -139,7 +139,7 @@ def test_orloj_runs_per_gpu_on_a_multi_gpu_nexus_plan_with_a_dynamic_model():
     mean = float(np.mean([a.mean_ms for a in setup.case.apps]))
     profile = linear_profile("m", mean - setup.model.c0, setup.model.c0, 16)  # what a data-independent profile sees
     slo = 3 * setup.p99_ms
-    plan = Plan("fixed", "paper", tuple(GpuNode(i, slo / 2, (Placement("s", "m", slo, 4, 6.0, 0.0, 0.0),))
+    plan = Plan("fixed", "paper", tuple(GpuNode(i, slo / 2, (SessionPlacement("s", "m", slo, 4, 6.0, 0.0, 0.0),))
                                         for i in range(2)), (Session("s", "m", slo, 12.0),))
     made = []
 

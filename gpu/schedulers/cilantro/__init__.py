@@ -26,10 +26,10 @@ from gpu.schedulers.cilantro.greedy import GreedyEW
 from gpu.schedulers.cilantro.minerva import Minerva
 from gpu.schedulers.cilantro.quasar import Quasar
 from gpu.schedulers.cilantro.reactive import MIAD, Parties
-from gpu.schedulers.cilantro.types import Allocation, Feedback, JobSpec, JobView, Policy, Snapshot
+from gpu.schedulers.cilantro.types import Allocation, Feedback, JobSpec, JobView, AllocationPolicy, Snapshot
 from gpu.schedulers.cilantro.welfare import WelfarePolicy
 
-POLICIES: dict[str, Callable[[], Policy]] = {
+POLICIES: dict[str, Callable[[], AllocationPolicy]] = {
     "oracle-sw": lambda: WelfarePolicy("oracle-sw", "social", learner="oracle"),
     "oracle-ew": lambda: WelfarePolicy("oracle-ew", "egalitarian", learner="oracle"),
     "oracle-njc": lambda: DemandMMF("oracle-njc", learner="oracle"),
@@ -49,11 +49,11 @@ POLICIES: dict[str, Callable[[], Policy]] = {
 }
 
 
-def make_policy(name: str) -> Policy:
+def make_policy(name: str) -> AllocationPolicy:
     """A fresh policy by its paper name; ConfigError naming ``policy`` if unknown."""
     if name not in POLICIES:
         raise ConfigError("policy", name, f"unknown; choose one of {sorted(POLICIES)}")
     return POLICIES[name]()
 
 
-__all__ = ["POLICIES", "make_policy", "Allocation", "Feedback", "JobSpec", "JobView", "Policy", "Snapshot"]
+__all__ = ["POLICIES", "make_policy", "Allocation", "Feedback", "JobSpec", "JobView", "AllocationPolicy", "Snapshot"]

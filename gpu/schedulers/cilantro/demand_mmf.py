@@ -22,7 +22,7 @@ import numpy as np
 
 from gpu.errors import ConfigError
 from gpu.schedulers.cilantro.fair import demand_mmf_units
-from gpu.schedulers.cilantro.types import Allocation, JobView, Policy, Snapshot, as_allocation
+from gpu.schedulers.cilantro.types import Allocation, JobView, AllocationPolicy, Snapshot, as_allocation
 
 
 def demand_bounds(job: JobView) -> tuple[float, float]:
@@ -47,7 +47,7 @@ def recommend_demand(d_hat: float, d_bar: float, beta: float, previous: float | 
     return float(d)
 
 
-class DemandMMF(Policy):
+class DemandMMF(AllocationPolicy):
     """Cilantro-NJC (``learner="online"``) or Oracle-NJC (``learner="oracle"``).
 
     Args:

@@ -15,7 +15,7 @@ from scipy.optimize import nnls
 
 from gpu.schedulers.cilantro.allocation import finalize
 from gpu.schedulers.cilantro.fair import demand_mmf_units
-from gpu.schedulers.cilantro.types import Allocation, JobView, Policy, Snapshot, as_allocation
+from gpu.schedulers.cilantro.types import Allocation, JobView, AllocationPolicy, Snapshot, as_allocation
 
 
 def _features(alloc: np.ndarray, load: np.ndarray) -> np.ndarray:
@@ -23,7 +23,7 @@ def _features(alloc: np.ndarray, load: np.ndarray) -> np.ndarray:
     return np.column_stack([np.ones_like(a), load / a, np.log(a), a])
 
 
-class Ernest(Policy):
+class Ernest(AllocationPolicy):
     """Parametric scaling model per job, fitted by non-negative least squares."""
 
     name = "ernest"

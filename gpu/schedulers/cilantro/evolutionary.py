@@ -18,7 +18,7 @@ import numpy as np
 
 from gpu.schedulers.cilantro.allocation import finalize
 from gpu.schedulers.cilantro.metrics import egalitarian_welfare, social_welfare
-from gpu.schedulers.cilantro.types import Allocation, Policy, Snapshot, as_allocation
+from gpu.schedulers.cilantro.types import Allocation, AllocationPolicy, Snapshot, as_allocation
 
 
 def _split(shares: np.ndarray, total: int, min_units: int) -> np.ndarray:
@@ -68,7 +68,7 @@ def evolve(objective: Callable[[np.ndarray], np.ndarray], n: int, total: int, rn
     return pop[int(np.argmax(vals))]
 
 
-class EvoAlgPolicy(Policy):
+class EvoAlgPolicy(AllocationPolicy):
     """EvoAlg-SW / EvoAlg-EW: evolutionary search on observed welfare, one proposal per round."""
 
     learner = "none"

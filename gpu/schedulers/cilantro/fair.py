@@ -17,7 +17,7 @@ import numpy as np
 
 from gpu.errors import ConfigError
 from gpu.schedulers.cilantro.allocation import finalize
-from gpu.schedulers.cilantro.types import Allocation, Policy, Snapshot, as_allocation
+from gpu.schedulers.cilantro.types import Allocation, AllocationPolicy, Snapshot, as_allocation
 
 
 def max_min_fair(demands: Sequence[float] | np.ndarray, capacity: float,
@@ -57,7 +57,7 @@ def demand_mmf_units(snapshot: Snapshot, demands: np.ndarray, rng: np.random.Gen
     return finalize(snapshot, target, rng, fill=bool(demands.sum() > snapshot.capacity))
 
 
-class ResourceFair(Policy):
+class ResourceFair(AllocationPolicy):
     """Equal (or weight-proportional) split of the pool, whatever the jobs need (Table 3.2 baseline)."""
 
     name = "resource-fair"

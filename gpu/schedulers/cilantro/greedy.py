@@ -12,10 +12,10 @@ from __future__ import annotations
 import numpy as np
 
 from gpu.schedulers.cilantro.allocation import finalize
-from gpu.schedulers.cilantro.types import Allocation, Policy, Snapshot, as_allocation
+from gpu.schedulers.cilantro.types import Allocation, AllocationPolicy, Snapshot, as_allocation
 
 
-class GreedyEW(Policy):
+class GreedyEW(AllocationPolicy):
     """Feedback-driven maximin hill-climbing, one unit per job pair per round."""
 
     name = "greedy-ew"

@@ -15,7 +15,7 @@ import numpy as np
 
 from gpu.schedulers.cilantro.allocation import finalize
 from gpu.schedulers.cilantro.forecasters import ArimaForecaster
-from gpu.schedulers.cilantro.types import Allocation, Policy, Snapshot, as_allocation
+from gpu.schedulers.cilantro.types import Allocation, AllocationPolicy, Snapshot, as_allocation
 
 FLOOR = 0.00101
 
@@ -26,7 +26,7 @@ def minerva_shares(prev: np.ndarray, utilities: np.ndarray) -> np.ndarray:
     return FLOOR + (1 - len(prev) * FLOOR) * w / w.sum()
 
 
-class Minerva(Policy):
+class Minerva(AllocationPolicy):
     """Reward-forecast–driven proportional reallocation (no performance model)."""
 
     name = "minerva"

@@ -15,7 +15,7 @@ import numpy as np
 
 from gpu.schedulers.cilantro.allocation import finalize
 from gpu.schedulers.cilantro.fair import demand_mmf_units
-from gpu.schedulers.cilantro.types import Allocation, Policy, Snapshot, as_allocation
+from gpu.schedulers.cilantro.types import Allocation, AllocationPolicy, Snapshot, as_allocation
 
 
 def complete_nonnegative(values: np.ndarray, mask: np.ndarray, rank: int, rng: np.random.Generator,
@@ -31,7 +31,7 @@ def complete_nonnegative(values: np.ndarray, mask: np.ndarray, rank: int, rng: n
     return u @ v.T
 
 
-class Quasar(Policy):
+class Quasar(AllocationPolicy):
     """Collaborative-filtering demand estimates, then max-min fairness."""
 
     name = "quasar"

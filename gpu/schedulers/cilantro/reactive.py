@@ -18,10 +18,10 @@ from typing import Any, Mapping
 import numpy as np
 
 from gpu.schedulers.cilantro.fair import demand_mmf_units
-from gpu.schedulers.cilantro.types import Allocation, Policy, Snapshot, as_allocation
+from gpu.schedulers.cilantro.types import Allocation, AllocationPolicy, Snapshot, as_allocation
 
 
-class _ReactiveDemands(Policy):
+class _ReactiveDemands(AllocationPolicy):
     learner = "none"
 
     def __init__(self) -> None:

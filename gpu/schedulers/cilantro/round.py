@@ -32,7 +32,7 @@ import numpy as np
 from gpu.errors import ConfigError
 from gpu.schedulers.cilantro import POLICIES
 from gpu.schedulers.cilantro.learners import learner_from_state
-from gpu.schedulers.cilantro.types import Feedback, JobSpec, JobView, Policy, Snapshot
+from gpu.schedulers.cilantro.types import Feedback, JobSpec, JobView, AllocationPolicy, Snapshot
 
 
 def policy_names() -> list[str]:
@@ -183,7 +183,7 @@ class CilantroRound:
     system = "cilantro"
     hooks = ("on_round",)
 
-    def __init__(self, jobs: tuple[RoundJob, ...], policy: Policy, *, capacity: float, unit: float,
+    def __init__(self, jobs: tuple[RoundJob, ...], policy: AllocationPolicy, *, capacity: float, unit: float,
                  max_change: float | None, loads: LoadSource, seed: int = 0, warmup_reports: int = 0):
         if policy.learner == "oracle" and any(j.truth is None for j in jobs):
             missing = next(j.name for j in jobs if j.truth is None)

@@ -139,7 +139,7 @@ class Snapshot:
         return np.array([round(self.previous.get(j.name, 0.0) / self.unit) for j in self.jobs], dtype=int)
 
 
-class Policy:
+class AllocationPolicy:
     """Base of every allocation policy: ``decide`` plus JSON state for resuming after a crash.
 
     ``learner`` tells the caller which bounds to put in the snapshot: ``"online"`` (learned

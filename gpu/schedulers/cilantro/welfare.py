@@ -23,7 +23,7 @@ import numpy as np
 
 from gpu.errors import ConfigError
 from gpu.schedulers.cilantro.allocation import box_bounds, fill_leftover
-from gpu.schedulers.cilantro.types import Allocation, Policy, Snapshot, as_allocation
+from gpu.schedulers.cilantro.types import Allocation, AllocationPolicy, Snapshot, as_allocation
 
 OBJECTIVES = ("social", "egalitarian", "proportional")
 
@@ -78,7 +78,7 @@ def max_min(values: np.ndarray, lo: np.ndarray, hi: np.ndarray, total: int) -> n
     return need(levels[lo_i])
 
 
-class WelfarePolicy(Policy):
+class WelfarePolicy(AllocationPolicy):
     """Cilantro-SW / -EW / -PF (``learner="online"``) or Oracle-SW / -EW (``learner="oracle"``).
 
     Args:
