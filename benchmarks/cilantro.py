@@ -26,9 +26,9 @@ if str(ROOT) not in sys.path:
 from benchmarks import cilantro_learning  # noqa: E402
 from gpu.scenario import load_scenario  # noqa: E402
 from gpu.schedulers.cilantro import POLICIES  # noqa: E402
-from gpu.sim.cilantro import simulate_all, summarize  # noqa: E402
-from gpu.sim.cilantro_microservices import run_microservices  # noqa: E402
-from gpu.sim.cilantro_scenario import parse_multitenant, static_example  # noqa: E402
+from gpu.sim.cilantro.run import simulate_all, summarize  # noqa: E402
+from gpu.sim.cilantro.microservices import run_microservices  # noqa: E402
+from gpu.sim.cilantro.scenario import parse_multitenant, static_example  # noqa: E402
 
 PAPER = {  # Table 3.2: W_S, W_E, F_NJC, useful usage
     "oracle-sw": (0.892, 0.324, 0.336, 0.964), "oracle-ew": (0.752, 0.412, 0.272, 0.997),

@@ -38,8 +38,8 @@ if str(ROOT) not in sys.path:
 from gpu.scenario import load_scenario  # noqa: E402
 from gpu.schedulers.cilantro import make_policy  # noqa: E402
 from gpu.schedulers.cilantro.types import Feedback, JobView, AllocationPolicy, Snapshot  # noqa: E402
-from gpu.sim.cilantro import PolicyRun, load_ucbs, simulate_policy  # noqa: E402
-from gpu.sim.cilantro_scenario import MultiTenantConfig, parse_multitenant  # noqa: E402
+from gpu.sim.cilantro.run import PolicyRun, load_ucbs, simulate_policy  # noqa: E402
+from gpu.sim.cilantro.scenario import MultiTenantConfig, parse_multitenant  # noqa: E402
 
 Transform = Callable[[Snapshot, JobView], JobView]
 LEARNING = ("cilantro-sw", "cilantro-ew", "cilantro-njc")

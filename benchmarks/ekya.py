@@ -1,6 +1,6 @@
 """Ekya headline reproduction (thesis §2.6, headline results 1-8) on the trace-driven simulator.
 
-Runs the Table 2.1 toy example and the synthetic workloads of ``gpu.sim.ekya_workloads`` and prints
+Runs the Table 2.1 toy example and the synthetic workloads of ``gpu.sim.ekya.workloads`` and prints
 each result next to the paper's number. Synthetic curves can only match directions, orderings and
 rough magnitudes; the toy example is fully specified.
 
@@ -20,10 +20,10 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks import ekya_robustness  # noqa: E402
-from gpu.schedulers.ekya import StreamState, thief_schedule  # noqa: E402
-from gpu.sim.ekya import simulate_policy  # noqa: E402
-from gpu.sim.ekya_scenario import load  # noqa: E402
-from gpu.sim.ekya_workloads import generate  # noqa: E402
+from gpu.schedulers.ekya.thief import StreamState, thief_schedule  # noqa: E402
+from gpu.sim.ekya.run import simulate_policy  # noqa: E402
+from gpu.sim.ekya.scenario import load  # noqa: E402
+from gpu.sim.ekya.workloads import generate  # noqa: E402
 
 UNIFORM = ("uniform_cfg1_50", "uniform_cfg2_90", "uniform_cfg2_50", "uniform_cfg2_30", "uniform_cfg1_90")
 WINDOW_S = 200.0

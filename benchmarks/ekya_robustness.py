@@ -40,11 +40,11 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from gpu.schedulers.ekya import EkyaDecision, RetrainConfig  # noqa: E402
-from gpu.schedulers.ekya_policies import EkyaPolicy, make_policy  # noqa: E402
-from gpu.sim.ekya import simulate_policy  # noqa: E402
-from gpu.sim.ekya_scenario import EkyaScenario, ScenarioStream, WindowSpec  # noqa: E402
-from gpu.sim.ekya_workloads import generate  # noqa: E402
+from gpu.schedulers.ekya.thief import EkyaDecision, RetrainConfig  # noqa: E402
+from gpu.schedulers.ekya.policies import EkyaPolicy, make_policy  # noqa: E402
+from gpu.sim.ekya.run import simulate_policy  # noqa: E402
+from gpu.sim.ekya.scenario import EkyaScenario, ScenarioStream, WindowSpec  # noqa: E402
+from gpu.sim.ekya.workloads import generate  # noqa: E402
 
 UNIFORM = ("uniform_cfg1_50", "uniform_cfg2_50", "uniform_cfg2_90", "uniform_cfg2_30", "uniform_cfg1_90")
 STREAMS, GPUS = 8, 4.0  # Table 2.3's setup: 8 videos on 4 GPUs

@@ -4,7 +4,7 @@ Fig. 4.8 is measured on the real pool ledger (``gpu.ledger.PoolLedger``, 50 simu
 process, in memory; creation also on a pool file): the cost of ``set_resource`` and of matching with
 many ephemeral resources. A request that fits is granted in the transaction that queues it, so no
 waiter's polling enters these numbers. The
-application figures (4.5, 4.6, 4.7) come from the simulator (``gpu.sim.escher``) running the real ESLs;
+application figures (4.5, 4.6, 4.7) come from the simulator (``gpu.sim.escher.run``) running the real ESLs;
 numbers the paper measured on EC2 and a simulator cannot know are calibrated inputs, marked so.
 
     python benchmarks/escher.py [--quick] [--json OUT] [--plots DIR] [--seed N]
@@ -25,10 +25,10 @@ import numpy as np
 from gpu.devices import simulated_nodes
 from gpu.ledger import PoolLedger
 from gpu.placement import ResourceRequest
-from gpu.sim import escher as sim
-from gpu.sim.escher_workloads import AlphaZero, FairShare, Tune, WordCount
-from gpu.sim.escher_gangs import GangLoad
-from gpu.sim.escher_world import Timing
+from gpu.sim.escher import run as sim
+from gpu.sim.escher.workloads import AlphaZero, FairShare, Tune, WordCount
+from gpu.sim.escher.gangs import GangLoad
+from gpu.sim.escher.world import Timing
 
 NODES = 50   # Fig. 4.8: a 50-node Ray cluster
 _clock = time.process_time
@@ -104,7 +104,7 @@ def latency_vs_requested(folder: str, present: int, requested: tuple[int, ...], 
 def lines_of_code() -> dict[str, int]:
     """Effort (§4.5): lines an application adds per policy, counted from our code (statements, no
     docstrings/comments): the WordCount change, a gang design's controller."""
-    from gpu.schedulers import escher_gang
+    from gpu.schedulers.escher import gang as escher_gang
 
     def count(obj) -> int:
         src = inspect.getsource(obj).splitlines()

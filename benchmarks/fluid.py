@@ -1,7 +1,7 @@
 """FLUID headline comparison (thesis Ch. 3, §3.4 and §3.6; figures F1–F10) in one seeded run.
 
 Prints each figure beside the paper's number, writes PNG plots and (``--json``) a flat object of headline
-figures. Everything is simulated (``gpu.sim.fluid_engine``): the paper's per-algorithm bars exist only as
+figures. Everything is simulated (``gpu.sim.fluid.engine``): the paper's per-algorithm bars exist only as
 figures, so only direction and rough size are comparable.
 
     python benchmarks/fluid.py [--quick] [--json OUT] [--plots DIR] [--seed N]
@@ -18,12 +18,12 @@ from typing import Callable
 
 import numpy as np
 
-from gpu.schedulers.fluid import (FluidParams, Trial, lower_bound, max_parallelism, packing_limit, theorem1_bound,
+from gpu.schedulers.fluid.algorithms import (FluidParams, Trial, lower_bound, max_parallelism, packing_limit, theorem1_bound,
                                   theorem2_bound)
-from gpu.schedulers.fluid_executor import FluidExecutor
-from gpu.sim.fluid import build_executor
-from gpu.sim.fluid_engine import RunResult, simulate
-from gpu.sim.fluid_workload import Workload
+from gpu.schedulers.fluid.executor import FluidExecutor
+from gpu.sim.fluid.run import build_executor
+from gpu.sim.fluid.engine import RunResult, simulate
+from gpu.sim.fluid.workload import Workload
 from gpu.tuning import ASHA, BOHB, PBT, Choice, FixedTrials, GridSearch, Hyperband, LogUniform, SuccessiveHalving
 from gpu.tuning import SyncBOHB, TuningAlgorithm, Uniform
 

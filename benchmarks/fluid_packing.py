@@ -3,10 +3,10 @@
 G1 (thesis Eq. 3.1, §3.5): p = 1..8 identical trainers of the trial_groups flow's MLP on scikit-learn's digits
 (``tasks.fluid_packing``) run concurrently on one device, each for the same number of iterations; the per-trial
 time per iteration ``T^p`` gives ``O^p``, the fitted ``alpha`` and the packing limit ``c``
-(``gpu.schedulers.fluid.fit_packing_curve``, scipy ``curve_fit``).
+(``gpu.schedulers.fluid.algorithms.fit_packing_curve``, scipy ``curve_fit``).
 G5 (StaticFluid on n = 1): a 16-trial grid (learning rate x hidden width) trained with ``c`` trials at a time
 (w = 1/c, launch on idle) vs one at a time; the makespan ratio is the speed-up (paper target >= 2x on a GPU).
-The curve is saved as the device's latest (``gpu.schedulers.fluid.save_packing_curve``, state folder): the
+The curve is saved as the device's latest (``gpu.schedulers.fluid.algorithms.save_packing_curve``, state folder): the
 flow takes its ``c`` and ``alpha`` from it instead of measuring a short curve at start-up.
 
 Work is bounded by iterations, never by wall time, so a busy machine makes the run slower but not longer in
@@ -30,7 +30,7 @@ import sys
 import time
 from pathlib import Path
 
-from gpu.schedulers.fluid import fit_packing_curve, save_packing_curve
+from gpu.schedulers.fluid.algorithms import fit_packing_curve, save_packing_curve
 from tasks.fluid_packing import Trainers
 
 LEVELS = tuple(range(1, 9))

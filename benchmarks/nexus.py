@@ -38,13 +38,13 @@ from pathlib import Path
 import numpy as np
 
 from gpu.batching import BatchContext, EarlyDropPolicy, LazyDropPolicy, InferenceRequest, make_policy
-from gpu.schedulers.nexus import GpuNode, SessionPlacement, Plan, Session, SquishyPacker, gpu_lower_bound
-from gpu.schedulers.nexus_prefix import PrefixGroup, variant_profiles
-from gpu.schedulers.nexus_profiles import linear_profile, published_profiles
-from gpu.schedulers.nexus_synthetic import MIB, SUFFIX_FC_MEMORY_BYTES, synthetic_profile, synthetic_profiles
-from gpu.schedulers.nexus_query import Query, QueryStage, even_split, profile_throughput, split_slo
-from gpu.sim.nexus import STRATEGIES, NexusScenario, evaluate, fewest_gpus, max_load
-from gpu.sim.nexus_engine import simulate_plan
+from gpu.schedulers.nexus.squishy import GpuNode, SessionPlacement, Plan, Session, SquishyPacker, gpu_lower_bound
+from gpu.schedulers.nexus.prefix import PrefixGroup, variant_profiles
+from gpu.schedulers.nexus.profiles import linear_profile, published_profiles
+from gpu.schedulers.nexus.synthetic import MIB, SUFFIX_FC_MEMORY_BYTES, synthetic_profile, synthetic_profiles
+from gpu.schedulers.nexus.query import Query, QueryStage, even_split, profile_throughput, split_slo
+from gpu.sim.nexus.run import STRATEGIES, NexusScenario, evaluate, fewest_gpus, max_load
+from gpu.sim.nexus.engine import simulate_plan
 
 from benchmarks.nexus_cases import (GAME, GAME_RESNET_ONLY, TRAFFIC, drr_bursts, game, game_row, game_summary,
                                     print_drr_bursts, print_game, print_traffic, traffic, traffic_summary)

@@ -1,11 +1,11 @@
 """Nexus case studies for ``benchmarks/nexus.py``: traffic (Fig. 11/12, §7.3.2) and game (Fig. 10, §7.3.1).
 
 Each runs the shipped ``scenarios/nexus/*_case_study*.yaml`` through the same throughput search as the
-Fig. 16 mixes (``gpu.sim.nexus.max_load``, on the scenario's own cluster), then derives the paper's ratios,
+Fig. 16 mixes (``gpu.sim.nexus.run.max_load``, on the scenario's own cluster), then derives the paper's ratios,
 prints them beside the paper's numbers and flattens them for the benchmark's JSON. Scenario choices and the
 measured numbers: ``docs/nexus.md``. Both case studies declare CPU pre-processing (10 ms per request): Nexus and
 its ablations overlap it with the GPU (OL), the §7.2 TF-like and Clipper-like baselines serialise it
-(``gpu.sim.nexus`` CPU model), and the cumulative ablations end with OL turned off.
+(``gpu.sim.nexus.run`` CPU model), and the cumulative ablations end with OL turned off.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Callable, Iterable, Mapping
 
 import numpy as np
 
-from gpu.sim.nexus import STRATEGIES, NexusScenario, load, max_load, scaled_sessions
+from gpu.sim.nexus.run import STRATEGIES, NexusScenario, load, max_load, scaled_sessions
 
 TRAFFIC = {"nexus": "nexus", "nexus_even_split": "-QA", "nexus_lazy_drop": "-ED", "batch_oblivious": "b-o",
            "batch_oblivious_lazy_drop_overlap": "-SS-ED-QA = all but OL off",
@@ -246,8 +246,8 @@ def drr_bursts(duration_s: float, seed: int, load: float = 0.5) -> dict[str, flo
     20 frames inside SSD's 190 ms GPU budget, drops most of them and then idles for the rest of the round.
     Weighted random spreads the same shares frame by frame. Returns the longest DRR run to one GPU and the
     query bad rate under each balancer (same plan, same arrivals)."""
-    from gpu.schedulers.nexus_routing import DeficitRoundRobin
-    from gpu.sim.nexus import build_plan, evaluate, paper_bad_rate
+    from gpu.schedulers.nexus.routing import DeficitRoundRobin
+    from gpu.sim.nexus.run import build_plan, evaluate, paper_bad_rate
 
     sc = case_scenarios({"nonrush": TRAFFIC_FILES["nonrush"]}, duration_s, seed)["nonrush"]
     st = STRATEGIES["batch_oblivious"]

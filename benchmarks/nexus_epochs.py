@@ -3,7 +3,7 @@
 The Fig. 16 Zipf-rates mix at 60 % of its base rates, stepped up 1.5× at 45 s, re-planned by the epoch rules
 of the authors' code (30 s epochs, 1 s beacons, early trigger outside 0.8–1.1× of the allocated throughput,
 at least 10 s apart, 10 s EWMA), once with uniform arrivals (the paper's default) and once with Poisson
-arrivals (§7.4's large deployment). Simulator: ``gpu.sim.nexus_epochs``.
+arrivals (§7.4's large deployment). Simulator: ``gpu.sim.nexus.epochs``.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Mapping
 
-from gpu.sim.nexus import NexusScenario
-from gpu.sim.nexus_epochs import EpochTimeline, scaled, step_timeline
+from gpu.sim.nexus.run import NexusScenario
+from gpu.sim.nexus.epochs import EpochTimeline, scaled, step_timeline
 
 BASE_LOAD, STEP_AT_S, STEP_SCALE, DURATION_S = 0.6, 45.0, 1.5, 120.0
 ARRIVALS = ("uniform", "poisson")

@@ -20,9 +20,9 @@ Model (every choice inferred, the paper gives none of these numbers):
   keeps as a sensitivity row (``SENSITIVITY_PREPROCESS_MS``): serialised on 4 cores it alone costs the baselines
   4–5× at one model, more than the paper's whole 1.4–2.1× against TF Serving (docs/nexus.md).
 * Dispatch: Nexus and Nexus-parallel early drop at the planned batch; TF-like waits for its fixed batch;
-  Clipper-like lazy drop — the §7.2 baselines of ``gpu.schedulers.nexus_strategies``.
+  Clipper-like lazy drop — the §7.2 baselines of ``gpu.schedulers.nexus.strategies``.
 
-Throughput is the largest total req/s (k equal-rate sessions) with ≤ 1 % bad, ``gpu.sim.nexus.max_load``.
+Throughput is the largest total req/s (k equal-rate sessions) with ≤ 1 % bad, ``gpu.sim.nexus.run.max_load``.
 """
 
 from __future__ import annotations
@@ -32,10 +32,10 @@ from dataclasses import replace
 from typing import Mapping
 
 from gpu.errors import ConfigError
-from gpu.schedulers.nexus import Session
-from gpu.schedulers.nexus_profiles import BatchProfile
-from gpu.schedulers.nexus_synthetic import synthetic_profile
-from gpu.sim.nexus import STRATEGIES, NexusScenario, max_load
+from gpu.schedulers.nexus.squishy import Session
+from gpu.schedulers.nexus.profiles import BatchProfile
+from gpu.schedulers.nexus.synthetic import synthetic_profile
+from gpu.sim.nexus.run import STRATEGIES, NexusScenario, max_load
 
 MODEL = "inception"
 BASE_RATE = 100.0  # req/s per copy at load 1; the search scales it

@@ -1,6 +1,6 @@
 """ORLOJ headline reproduction (Yu, PhD thesis U. Michigan 2022, Ch. 4 §4.5 and Appendix C), simulated.
 
-One run, the shipped ``scenarios/orloj/*.yaml`` on one simulated worker (``gpu.sim.orloj``), finish rate
+One run, the shipped ``scenarios/orloj/*.yaml`` on one simulated worker (``gpu.sim.orloj.run``), finish rate
 (mean over seeds) printed beside the thesis's tables:
 
 * RT-1/RT-3 Table C.1 bimodal mixtures (σ sweep = its std-0.5/1/2 rows, Fig. 4.10), RT-2 Table C.2 one- to
@@ -9,7 +9,7 @@ One run, the shipped ``scenarios/orloj/*.yaml`` on one simulated worker (``gpu.s
 * RT-5 the ``b`` sweep 1e-6…1e-1 on the three-modal mix (Fig. 4.13: "stable finish rate regardless of b");
 * RT-6 the three-modal mix scaled down with the measured decision time charged in simulated time (Fig. 4.14);
 * RT-4 (Fig. 4.12): decision time of the O(n) score scan against the queue length, and insertion and query
-  times of the line queue (``gpu.schedulers.orloj_hull``; the thesis's C++ hull: < 0.5 ms per insertion);
+  times of the line queue (``gpu.schedulers.orloj.hull``; the thesis's C++ hull: < 0.5 ms per insertion);
 * the headline: ORLOJ / best baseline per SLO multiplier over the synthetic cases (thesis: "51–80 %" under tight
   SLOs, "over 100 %" relaxed; from Tables C.1+C.2, 1.31 at 1.5×, 1.36 at 2×, 1.69 at 3×, 1.67 at 4× and 5×).
 
@@ -30,9 +30,9 @@ from pathlib import Path
 import numpy as np
 
 from gpu.batching import BatchContext, InferenceRequest
-from gpu.schedulers.orloj_hull import LineQueue
-from gpu.sim.orloj import Setup, build_policy, ratios, serve, sweep
-from gpu.sim.orloj_workload import load
+from gpu.schedulers.orloj.hull import LineQueue
+from gpu.sim.orloj.run import Setup, build_policy, ratios, serve, sweep
+from gpu.sim.orloj.workload import load
 
 ROOT = Path(__file__).resolve().parent.parent
 POLICIES = ("clipper", "nexus", "clockwork", "orloj")  # the thesis's column order

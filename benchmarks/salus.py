@@ -5,7 +5,7 @@ PACK/FAIR beside Table 2.1; S3 FAIR shares of three jobs at 0/15/30 s (Fig. 2.9)
 FIFO vs PACK (Fig. 2.10); S5 42 inference instances: GPUs needed exclusive / Salus / static partition, and
 the latency Salus adds (Fig. 2.11). Prints each figure beside the paper's, writes a PNG and (``--json``) a
 flat object of headline figures. Lanes are memory accounting on a simulated 16 GB device; lanes share
-compute at ``min(1, 1/sum u)`` (our model). Workload sizes are ours (``gpu.sim.salus_workloads``).
+compute at ``min(1, 1/sum u)`` (our model). Workload sizes are ours (``gpu.sim.salus.workloads``).
 
     python benchmarks/salus.py [--quick] [--json OUT] [--plots DIR] [--seed N]
 """
@@ -21,10 +21,10 @@ from pathlib import Path
 import numpy as np
 
 from gpu.errors import GpuflowsError
-from gpu.schedulers.salus import SalusController, SalusJob
-from gpu.schedulers.salus_lanes import NO_MARGINS, LaneManager
-from gpu.sim.salus_engine import SimResult, simulate
-from gpu.sim.salus_workloads import (TraceJob, all_workloads, inference_instances, tiresias_like_trace, trace_job,
+from gpu.schedulers.salus.controller import SalusController, SalusJob
+from gpu.schedulers.salus.lanes import NO_MARGINS, LaneManager
+from gpu.sim.salus.engine import SimResult, simulate
+from gpu.sim.salus.workloads import (TraceJob, all_workloads, inference_instances, tiresias_like_trace, trace_job,
                                      workload)
 
 C_MB = 16_000.0

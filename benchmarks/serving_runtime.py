@@ -45,7 +45,7 @@ import torch  # noqa: E402
 from gpu.batching import EarlyDropPolicy  # noqa: E402
 from gpu.devices import PoolSpec, discover, nvml_utilization  # noqa: E402
 from gpu.ledger import PoolLedger  # noqa: E402
-from gpu.schedulers.nexus import Session, SquishyPacker  # noqa: E402
+from gpu.schedulers.nexus.squishy import Session, SquishyPacker  # noqa: E402
 from tasks.serving.frontend import Frontend  # noqa: E402
 from tasks.serving.loadgen import LoadGenerator, RateTrace  # noqa: E402
 from tasks.serving.models import load_digits_tensors, load_or_train, profile_model  # noqa: E402

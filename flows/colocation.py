@@ -22,7 +22,7 @@ from prefect import flow, task
 from gpu.errors import ConfigError, GpuflowsError
 from gpu.pool import pool_path
 from gpu.scenario import choose, integer, positive
-from gpu.schedulers.salus_policies import POLICIES
+from gpu.schedulers.salus.policies import POLICIES
 from gpuflows.args import error, simulated
 from resource_blocks import GpuPool, MlflowTarget
 from tasks.flow_runtime import log_flow_inputs, log_flow_outcome, publish_mlflow_link, settings

@@ -8,7 +8,7 @@ Per retraining window (thesis §2.4):
    slice, the deployed model is timed per frame; ``micro_profile`` extrapolates each config's accuracy
    and GPU-seconds; every 2 windows the worst configs are pruned (policies that choose configs);
 2. the decision: ``EkyaController.on_window_start`` runs the policy (``policy``: any name of
-   ``gpu.schedulers.ekya_policies`` - ``thief``, ``thief_start_splits``, ``noretrain``, ``fixedres``,
+   ``gpu.schedulers.ekya.policies`` - ``thief``, ``thief_start_splits``, ``noretrain``, ``fixedres``,
    ``uniform_<cfg>_<pct>``, ``fixedconfig_<cfg>`` - or ``uniform``, short for
    ``uniform_<uniform_config>_<100 x uniform_share>``);
 3. retraining tasks on the decided GPU share (``gpu_options(gpus=...)``); each one's measured duration
@@ -41,8 +41,8 @@ from prefect import flow, get_run_logger
 from gpu.devices import discover
 from gpu.errors import ConfigError, GpuflowsError
 from gpu.scenario import fraction, integer, positive
-from gpu.schedulers.ekya import EkyaParams
-from gpu.schedulers.ekya_policies import make_policy, policy_names
+from gpu.schedulers.ekya.thief import EkyaParams
+from gpu.schedulers.ekya.policies import make_policy, policy_names
 from gpuflows.args import error, flow_arguments, output_file, simulated
 from resource_blocks import GpuPool, MlflowTarget
 from tasks.ekya_tasks import WindowSettings, config_grid
@@ -193,7 +193,7 @@ def continuous_retraining(streams: int = 4, windows: int = 3, window_s: float = 
     Args:
         streams, windows, window_s: problem size; ``window_s`` is slice seconds per window (measured torch
             work divided by the share it ran on; see ``tasks.ekya_window``).
-        policy: an Ekya policy name (``gpu.schedulers.ekya_policies``: thief, thief_start_splits, noretrain,
+        policy: an Ekya policy name (``gpu.schedulers.ekya.policies``: thief, thief_start_splits, noretrain,
             fixedres, uniform_<cfg>_<pct>, fixedconfig_<cfg> with <cfg> from ``tasks.ekya_tasks.config_grid``)
             or "uniform" (fixed ``uniform_config``, ``uniform_share`` to inference).
         pool: GpuPool block, the name of a saved one, or None (saved default or simulated 2 x 16 GiB).

@@ -3,7 +3,7 @@ only as ``set_resource`` calls plus resource requests (Bhardwaj, ESCHER, thesis 
 
 Every task is a small torch job run by ``GpuTaskRunner`` on a pool of several simulated nodes; no policy code
 lives in the runner or the ledger. The flow is the ESLs' world: it drives the engine's ESLs
-(``gpu.schedulers.escher*``) with its real clock and applies their decisions on the pool ledger.
+(``gpu.schedulers.escher.api*``) with its real clock and applies their decisions on the pool ledger.
 
 1. Anti-affinity + affinity (Table 4.2, P3 and P1): two serving replicas request ``anti-replicas`` (capacity 1
    per node), so they run on distinct nodes; a producer task creates ``coloc-producer`` on its own node from
@@ -38,10 +38,10 @@ from prefect import flow, task
 
 from gpu.errors import AllocationTimeout, ConfigError, GpuflowsError
 from gpu.placement import ResourceRequest
-from gpu.schedulers.escher import Escher, NodeSpec
-from gpu.schedulers.escher_gang import AppSpaceGang, Gang
-from gpu.schedulers.escher_hfs import HierarchicalFairShare
-from gpu.schedulers.escher_primitives import anti_affinity, colocate, with_task
+from gpu.schedulers.escher.api import Escher, NodeSpec
+from gpu.schedulers.escher.gang import AppSpaceGang, Gang
+from gpu.schedulers.escher.hfs import HierarchicalFairShare
+from gpu.schedulers.escher.primitives import anti_affinity, colocate, with_task
 from gpu.scenario import integer, positive
 from gpuflows.args import error
 from resource_blocks import GpuPool, MlflowTarget

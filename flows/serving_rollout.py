@@ -5,7 +5,7 @@ profiler, one placed task per model on a GPU slice of the pool (``GpuTaskRunner`
 (§6.2 DP) and plan with squishy bin packing (Algorithm 1); (3) roll the plan out — one worker thread per
 GPU node holding a lease for its duty share on the same pool ledger (``tasks/serving/runtime.py`` says why
 leases and not tasks); (4) drive the spec's rate trace with Poisson arrivals through the frontend; every
-beacon the measured rates go to the Nexus controller's ``on_epoch`` (``gpu.schedulers.nexus_controller``, the
+beacon the measured rates go to the Nexus controller's ``on_epoch`` (``gpu.schedulers.nexus.controller``, the
 one the simulator drives; it also routes and chains the query stages), whose new plans are rolled out
 incrementally; (5) log each epoch (plan, GPUs, throughput, SLO attainment, bad rate) as a nested MLflow run under the
 runner's flow run (experiment ``gpuflows-nexus``), with a time-series plot; what could not be logged is
@@ -40,10 +40,10 @@ from gpu.batching import POLICIES, make_policy
 from gpu.errors import ConfigError, GpuflowsError
 from gpu.scenario import choose, positive
 from gpu.pool import pool_path
-from gpu.schedulers.nexus import Plan, SquishyPacker
-from gpu.schedulers.nexus_controller import NexusController
-from gpu.schedulers.nexus_epoch import EpochPlanner
-from gpu.schedulers.nexus_profiles import BatchProfile
+from gpu.schedulers.nexus.squishy import Plan, SquishyPacker
+from gpu.schedulers.nexus.controller import NexusController
+from gpu.schedulers.nexus.epoch import EpochPlanner
+from gpu.schedulers.nexus.profiles import BatchProfile
 from gpuflows.args import error, output_file, simulated
 from resource_blocks import GpuPool, MlflowTarget
 from tasks.requests import current_placement, gpu_request

@@ -32,10 +32,10 @@ from prefect.futures import as_completed
 from gpu.devices import Node, discover
 from gpu.errors import ConfigError, GpuflowsError
 from gpu.scenario import integer
-from gpu.schedulers.fluid import FluidParams, packing_limit
-from gpu.schedulers.fluid_executor import Step
-from gpu.schedulers.fluid_policies import build_executor, policy_names
-from gpu.schedulers.fluid_session import TuningSession
+from gpu.schedulers.fluid.algorithms import FluidParams, packing_limit
+from gpu.schedulers.fluid.executor import Step
+from gpu.schedulers.fluid.policies import build_executor, policy_names
+from gpu.schedulers.fluid.session import TuningSession
 from gpu.state import state_dir
 from gpu.tuning import ALGORITHMS, Choice, Grid, LogUniform, parse_space
 from gpuflows.args import error, flow_arguments, output_file
@@ -256,7 +256,7 @@ def trial_groups(algorithm: str = "grid", trials: int = 4, iterations: int = 4, 
         iterations: budget per fully trained config (epochs); ``min_iterations`` the smallest rung.
         pool: GpuPool block, saved block name, or None (saved default or simulated 2 x 16 GiB).
         execution: "fluid" (StaticFluid + DynamicFluid), "static_fluid" (Algorithm 3.1 only) or "fifo" (one whole
-            GPU per trial): ``gpu.schedulers.fluid_policies``, the simulator's policies.
+            GPU per trial): ``gpu.schedulers.fluid.policies``, the simulator's policies.
         space: raw search space for ``gpu.tuning.parse_space`` (needs lr, hidden, batch_size).
         c: FLUID's packing limit (trials per GPU). None derives it from the pool device's packing curve (Eq. 3.1):
             the curve ``benchmarks/fluid_packing.py`` last saved for that device in the state folder, else one

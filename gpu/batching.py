@@ -1,6 +1,6 @@
 """Batch policies: given a model's queue of waiting requests, decide what to run next and what to drop.
 
-A serving worker (simulated in ``gpu.sim.nexus`` or real) owns the queue and the clock; it calls
+A serving worker (simulated in ``gpu.sim.nexus.run`` or real) owns the queue and the clock; it calls
 ``policy.decide(queue, ctx)`` whenever the GPU is free for this model and applies the returned
 :class:`BatchDecision`. Policies hold no runtime handles, so the same object drives the simulator and
 a real worker.
@@ -15,8 +15,8 @@ Implementations:
   then size the batch by the earliest request's remaining budget.
 * :class:`FixedBatchPolicy` — TF-Serving-style baseline: wait for the planned batch to fill (or until the
   head request must start), never drop.
-* ``orloj`` (``gpu.schedulers.orloj``) — ORLOJ's distribution-aware batching of dynamic DNNs, with its
-  Clockwork- and Clipper-like baselines (``gpu.schedulers.orloj_baselines``); these pick out of order or keep
+* ``orloj`` (``gpu.schedulers.orloj.policy``) — ORLOJ's distribution-aware batching of dynamic DNNs, with its
+  Clockwork- and Clipper-like baselines (``gpu.schedulers.orloj.baselines``); these pick out of order or keep
   state, and learn from executed batches through ``observe``.
 
 Every shipped policy decides over arrays (:class:`SpanPolicy`: the queue's deadline column → how many to
@@ -286,19 +286,19 @@ class FixedBatchPolicy(_SpanAdapter):
 
 
 def _orloj(**params) -> BatchPolicy:
-    from gpu.schedulers.orloj import OrlojPolicy
+    from gpu.schedulers.orloj.policy import OrlojPolicy
 
     return OrlojPolicy(**params)
 
 
 def _clockwork(**params) -> BatchPolicy:
-    from gpu.schedulers.orloj_baselines import ClockworkLike
+    from gpu.schedulers.orloj.baselines import ClockworkLike
 
     return ClockworkLike(**params)
 
 
 def _clipper(**params) -> BatchPolicy:
-    from gpu.schedulers.orloj_baselines import ClipperLike
+    from gpu.schedulers.orloj.baselines import ClipperLike
 
     return ClipperLike(**params)
 
@@ -307,7 +307,7 @@ POLICIES: dict[str, Callable[..., BatchPolicy]] = {
     "early_drop": EarlyDropPolicy,
     "lazy_drop": LazyDropPolicy,
     "fixed_batch": FixedBatchPolicy,
-    "orloj": _orloj,  # needs ``histograms=`` (per-application alone times), see gpu.schedulers.orloj
+    "orloj": _orloj,  # needs ``histograms=`` (per-application alone times), see gpu.schedulers.orloj.policy
     "clockwork": _clockwork,
     "clipper": _clipper,
 }

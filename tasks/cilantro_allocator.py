@@ -175,7 +175,7 @@ def report_of(result: dict | None) -> JobReport | None:
 
 
 def round_metrics(s: RoundSettings, specs: dict[str, JobSpec], results: dict[str, dict | None]) -> dict[str, Any]:
-    """Per-job utilities and W_S, W_E, F_NJC of one round, per report then averaged (as ``gpu.sim.cilantro``).
+    """Per-job utilities and W_S, W_E, F_NJC of one round, per report then averaged (as ``gpu.sim.cilantro.run``).
 
     Jobs without an SLO have no utility and are left out; a failed job scores 0 against a fair share of 1.
     """

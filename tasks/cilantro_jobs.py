@@ -7,7 +7,7 @@ Two kinds of job, each run once per round as a Prefect task on the GPU slice its
 * **inference service** (``kind="service"``) — a torch MLP (``hidden`` units) trained on scikit-learn's digits
   answers requests; a request is a page of ``rows`` digit images to classify. Requests arrive as a Poisson
   process whose rate replays the Cilantro Twitter trace (``gpu/data/cilantro/twitter_1476_data``, via
-  ``gpu.sim.cilantro_workloads``), scaled so the trace median is ``base_load`` requests/s, advancing
+  ``gpu.sim.cilantro.workloads``), scaled so the trace median is ``base_load`` requests/s, advancing
   ``trace_step`` trace values per report (time compression). Performance = the fraction of requests answered
   within ``latency_slo_ms`` (the paper's latency SLO attainment).
 * **training job** (``kind="training"``) — an MLP of the same shape trained with Adam on minibatches of
@@ -25,7 +25,7 @@ steps at the same allocation: nothing in the reports comes from a formula or a c
 costs about ``round_s`` × the pool's busy fraction of real compute time.
 
 Each task reports per report period ``(load, perf, σ)`` for the learners — σ = ``0.5/√N`` for a fraction of
-``N`` requests (the largest binomial standard error, as in ``gpu.sim.cilantro``), and for steps/s the larger
+``N`` requests (the largest binomial standard error, as in ``gpu.sim.cilantro.run``), and for steps/s the larger
 of one step per report and the spread of the measured step times — plus the performance the same arrivals
 would have had on the fair share ``R/n`` (the denominator of F_NJC, eq. 3.3). That counterfactual is not run:
 it replays the round's measured per-request work (full-device seconds = slice time × share, exact on a
@@ -46,7 +46,7 @@ import numpy as np
 from prefect import task
 
 from gpu.errors import ConfigError
-from gpu.sim.cilantro_workloads import TRACE_MEDIAN, load_trace
+from gpu.sim.cilantro.workloads import TRACE_MEDIAN, load_trace
 from tasks.requests import TaskPlacement, current_placement
 from tasks.slices import on_slice
 

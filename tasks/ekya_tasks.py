@@ -41,7 +41,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from gpu.errors import ConfigError
-from gpu.schedulers.ekya_profiler import ProfileObservation
+from gpu.schedulers.ekya.profiler import ProfileObservation
 from gpu.state import state_dir
 from tasks.requests import current_placement
 from tasks.slices import on_slice

@@ -1,6 +1,6 @@
 """One Ekya retraining window inside the continuous-retraining flow: profile, decide, run, re-plan.
 
-The decisions are ``gpu.schedulers.ekya_controller.EkyaController``'s, the object the simulator drives
+The decisions are ``gpu.schedulers.ekya.controller.EkyaController``'s, the object the simulator drives
 too; this module is the *measured* world that feeds it. Every outcome comes from the torch work on its
 slice (``tasks.slices.on_slice``): the micro-profiler's epoch costs (so the scheduler's cost estimate
 for a config is measured, not a formula), each retraining's duration, and the frame rate each
@@ -25,11 +25,11 @@ from dataclasses import dataclass, field, replace
 
 from prefect.futures import PrefectFuture, as_completed
 
-from gpu.schedulers.ekya import EkyaParams, InferenceProfile, RetrainConfig, StreamState, infer_job, train_job
-from gpu.schedulers.ekya_controller import EkyaController, EkyaStep, RetrainStart
-from gpu.schedulers.ekya_placement import to_gpu_requests
-from gpu.schedulers.ekya_policies import make_policy
-from gpu.schedulers.ekya_profiler import micro_profile, profiled_gpu_seconds, prune_configs
+from gpu.schedulers.ekya.thief import EkyaParams, InferenceProfile, RetrainConfig, StreamState, infer_job, train_job
+from gpu.schedulers.ekya.controller import EkyaController, EkyaStep, RetrainStart
+from gpu.schedulers.ekya.placement import to_gpu_requests
+from gpu.schedulers.ekya.policies import make_policy
+from gpu.schedulers.ekya.profiler import micro_profile, profiled_gpu_seconds, prune_configs
 from tasks.ekya_tasks import (ConfigSpec, RetrainResult, SegmentResult, WindowProfile, WindowSettings,
                               bootstrap_model, config_grid, infer_segment, profile_window, retrain, train_golden)
 from tasks.requests import gpu_options
@@ -43,7 +43,7 @@ class RunSettings:
     """Everything a flow run's windows need (validated by ``continuous_retraining``)."""
 
     policy: str  # as the user named it (labels, MLflow tags)
-    scheduler: str  # the Ekya policy it stands for (``gpu.schedulers.ekya_policies``)
+    scheduler: str  # the Ekya policy it stands for (``gpu.schedulers.ekya.policies``)
     streams: int
     windows: int
     window_s: float  # slice seconds per window

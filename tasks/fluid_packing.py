@@ -4,7 +4,7 @@
 preloaded torch and this module, one torch thread each): ``level(p, ...)`` starts p of them together on the
 same number of iterations, so "p trials packed on one device" means p time-sliced trainers, the way FLUID packs
 trials as separate processes (§3.3.4). ``measure_packing_curve`` runs p = 1..k and fits ``alpha`` and ``c``
-with ``gpu.schedulers.fluid.fit_packing_curve``. Used by ``benchmarks/fluid_packing.py`` (long measurement,
+with ``gpu.schedulers.fluid.algorithms.fit_packing_curve``. Used by ``benchmarks/fluid_packing.py`` (long measurement,
 saved per device in the state folder) and by the flow's start-up when no curve was saved (a short one).
 
 Prefect-free on purpose: trainer processes fork with torch and this module loaded, and nothing else.
@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 import numpy as np
 
 if TYPE_CHECKING:
-    from gpu.schedulers.fluid import PackingCurve
+    from gpu.schedulers.fluid.algorithms import PackingCurve
 
 
 @functools.lru_cache(maxsize=4)
@@ -186,7 +186,7 @@ def measure_packing_curve(device: str = "cpu", max_p: int = 4, iterations: int =
 
     ``c`` is capped at ``max_p`` (the largest level measured). A few seconds on CPU, mostly process start-up.
     """
-    from gpu.schedulers.fluid import fit_packing_curve
+    from gpu.schedulers.fluid.algorithms import fit_packing_curve
 
     with Trainers(device, workers=max_p, batch=batch) as trainers:
         levels = range(1, max_p + 1)

@@ -9,7 +9,7 @@ whole tuning session." Two measurements, both on the flow's real training loop (
   throughput, so ``t1 = slice_s * f``. The learning rate does not change the work of an iteration, so one
   profile per shape serves every trial (and every promotion) of that shape.
 * ``profile_scaling`` — the flow's reference MLP (the packing curve's model) at widths 1..k on k whole devices,
-  data-parallel where torch sees the devices; ``gpu.schedulers.fluid.fit_scaling`` gives ``beta`` (Eq. 3.2),
+  data-parallel where torch sees the devices; ``gpu.schedulers.fluid.algorithms.fit_scaling`` gives ``beta`` (Eq. 3.2),
   and ``max_parallelism`` the limit ``d``. On a simulated pool a wide trial runs on one device, its time does
   not drop, and ``d`` comes out 1: what a user of that pool would get.
 
@@ -30,7 +30,7 @@ import numpy as np
 
 from prefect import task
 
-from gpu.schedulers.fluid import (PackingCurve, ScalingCurve, Trial, fit_scaling, load_packing_curve, max_parallelism,
+from gpu.schedulers.fluid.algorithms import (PackingCurve, ScalingCurve, Trial, fit_scaling, load_packing_curve, max_parallelism,
                                   packing_curve_path)
 from tasks.fluid_packing import digits_split
 from tasks.fluid_trials import data_parallel_ids, model_and_optimizer, packing_curve, train_epochs

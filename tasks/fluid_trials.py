@@ -28,7 +28,7 @@ from typing import Any
 
 from prefect import get_run_logger, task
 
-from gpu.schedulers.fluid import PackingCurve
+from gpu.schedulers.fluid.algorithms import PackingCurve
 from tasks.fluid_packing import build_mlp, digits_split, measure_packing_curve
 from tasks.requests import current_placement
 from tasks.slices import on_slice

@@ -5,7 +5,7 @@ every operator (placeholder and output included) is one task. ``ShapeProp`` runs
 example input and records each node's output tensor, and an edge's ``b`` is the byte size of the tensor its
 producer hands over. A task's ``p`` is its FLOPs, counted with ``torch.utils.flop_counter`` while the node
 runs. Operators that do no matrix work (norms, activations, adds) count one operation per output
-element. The resulting ``gpu.schedulers.nona_dag.Dag`` is what ``contract`` and the solver take.
+element. The resulting ``gpu.schedulers.nona.dag.Dag`` is what ``contract`` and the solver take.
 
 torchvision is not installed here (a build for this torch would replace torch itself), so ``resnet18``
 rebuilds torchvision's ResNet18 (BasicBlock ×[2, 2, 2, 2], random weights) with the same module layout:
@@ -19,7 +19,7 @@ from torch import fx, nn
 from torch.fx.passes.shape_prop import ShapeProp
 from torch.utils.flop_counter import FlopCounterMode
 
-from gpu.schedulers.nona_dag import Dag
+from gpu.schedulers.nona.dag import Dag
 
 
 class _Block(nn.Module):

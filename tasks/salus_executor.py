@@ -4,7 +4,7 @@ scheduled lane by lane).
 
 ``SalusExecutor`` holds the device's lease on the pool ledger for its whole life (as the serving runtime
 does per node, ``tasks.serving.runtime``), so the pool charges Salus once for the device, not every job
-``P + E`` on its own. Inside, a ``gpu.schedulers.salus.SalusController`` decides; the executor is the
+``P + E`` on its own. Inside, a ``gpu.schedulers.salus.controller.SalusController`` decides; the executor is the
 world around it: the clock is ``time.monotonic()`` since start, and the work is the jobs' own torch
 iterations. A job marks its iterations with ``for step in salus_iterations(n):``; each pass waits for
 the lane's token (the controller's ``Run``), runs, and returns the token with the iteration's measured
@@ -37,8 +37,8 @@ from typing import Any, Iterator
 from gpu.errors import ConfigError
 from gpu.ledger import LedgerClient, Lease
 from gpu.placement import ResourceRequest
-from gpu.schedulers.salus import Ask, SalusController, SalusJob, SalusStep
-from gpu.schedulers.salus_lanes import Margins
+from gpu.schedulers.salus.controller import Ask, SalusController, SalusJob, SalusStep
+from gpu.schedulers.salus.lanes import Margins
 from gpu.units import parse_memory
 from tasks.requests import Lane, current_placement
 

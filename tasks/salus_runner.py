@@ -30,7 +30,7 @@ from typing import Any
 from gpu.errors import ConfigError
 from gpu.ledger import Lease
 from gpu.placement import ResourceRequest
-from gpu.schedulers.salus_policies import ADMISSIONS, POLICIES
+from gpu.schedulers.salus.policies import ADMISSIONS, POLICIES
 from tasks.requests import Lane, TaskPlacement, resolve_request
 from tasks.runners import GpuTaskRunner
 from tasks.salus_executor import SalusExecutor, declared_job, new_job_id

@@ -229,7 +229,7 @@ def test_inference_serves_skipped_frames_with_the_last_prediction():
 def test_every_policy_the_simulator_offers_is_selectable_in_the_flow(state_dir):
     """The flow validates against the same policy families as ``gpuflows simulate ekya``, before a run starts."""
     from flows.continuous_retraining import prepare
-    from gpu.schedulers.ekya_policies import policy_names
+    from gpu.schedulers.ekya.policies import policy_names
     from tasks.ekya_tasks import config_grid
 
     names = [n.replace("<pct>", "30") for n in policy_names(config_grid())]

@@ -78,7 +78,7 @@ def test_a_gang_whose_ghosts_cannot_all_start_rolls_back_and_starts_once_they_ca
 
     from flows.escher_policies import run_gang
     from gpu.placement import ResourceRequest
-    from gpu.schedulers.escher import Escher
+    from gpu.schedulers.escher.api import Escher
     from tasks.runners import GpuTaskRunner
 
     pool = GpuPool(name="escher-rollback", device_backend="simulated", simulated="1x16GiB", nodes=4)

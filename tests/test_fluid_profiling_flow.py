@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from flows.trial_groups import trial_groups
-from gpu.schedulers.fluid import FluidParams, static_fluid
+from gpu.schedulers.fluid.algorithms import FluidParams, static_fluid
 from resource_blocks import GpuPool
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
@@ -70,7 +70,7 @@ def test_a_heavier_trial_gets_a_whole_gpu_and_the_others_pack(light_and_heavy):
     devices = {_hidden_of(heavy, tid): tuple(chunks[0]["devices"]) for tid, chunks in heavy["placements"].items()}
     assert devices[16] == devices[32] != devices[HEAVY_HIDDEN]
     # the decision is Algorithm 3.1 on the measured runtimes, nothing else
-    from gpu.schedulers.fluid import Trial
+    from gpu.schedulers.fluid.algorithms import Trial
 
     measured = [Trial(tid, 2, iter_time_s=t["iter_time_s"]) for tid, t in heavy["trial_times"].items()]
     assert dict(static_fluid(measured, 2, FluidParams(c=2, d=1)).widths)["c0002@0"] == 1.0
@@ -127,7 +127,7 @@ def test_most_at_once_counts_overlaps():
 def test_the_runner_keeps_as_many_workers_per_device_as_fluid_may_pack(state_dir):
     """c given: c workers; c derived: the largest level of the curve it will be fitted from."""
     from flows.trial_groups import runner_settings
-    from gpu.schedulers.fluid import fit_packing_curve, save_packing_curve
+    from gpu.schedulers.fluid.algorithms import fit_packing_curve, save_packing_curve
 
     pool = GpuPool(name="fluid-workers", device_backend="simulated", simulated="1x16GiB")
     assert runner_settings({"pool": pool, "c": 3})["workers_per_device_set"] == 3

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpu.schedulers.nona_dag import contract
-from gpu.sim.nona_workloads import resnet18_graph
+from gpu.schedulers.nona.dag import contract
+from gpu.sim.nona.workloads import resnet18_graph
 
 
 @pytest.mark.slow

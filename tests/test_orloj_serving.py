@@ -11,9 +11,9 @@ from gpu.batching import make_policy
 from gpu.devices import discover
 from gpu.errors import ConfigError
 from gpu.ledger import PoolLedger
-from gpu.schedulers.nexus import GpuNode, SessionPlacement, Plan, Session
-from gpu.schedulers.nexus_profiles import linear_profile
-from gpu.schedulers.orloj import Histogram
+from gpu.schedulers.nexus.squishy import GpuNode, SessionPlacement, Plan, Session
+from gpu.schedulers.nexus.profiles import linear_profile
+from gpu.schedulers.orloj.policy import Histogram
 from tasks.serving.frontend import Frontend
 from tasks.serving.models import ARCHITECTURES, INPUT_FEATURES
 from tasks.serving.runtime import LocalServingRuntime

@@ -106,7 +106,7 @@ def rendezvous(barrier_name: str) -> dict:
 def _serve_on_ray_actors(ledger, ledger_actor) -> dict:
     """The serving runtime with the Ray backend on the runner's ledger: a real digits MLP served from a Ray
     actor for 1.5 s at a low rate (every request should be on time), and the leases during and after."""
-    from gpu.schedulers.nexus import Session, SquishyPacker
+    from gpu.schedulers.nexus.squishy import Session, SquishyPacker
     from tasks.serving.loadgen import LoadGenerator, RateTrace
     from tasks.serving.models import load_digits_tensors, load_or_train, profile_model
     from tasks.serving.runtime import LocalServingRuntime
@@ -138,7 +138,7 @@ def _serve_query_on_ray_actors(ledger) -> dict:
     requests of ``q/b``, which the plan places on node 1 (so every child crosses from one actor to the other)."""
     import dataclasses
 
-    from gpu.schedulers.nexus import Session, SquishyPacker
+    from gpu.schedulers.nexus.squishy import Session, SquishyPacker
     from tasks.serving.chaining import query_bad_rate
     from tasks.serving.loadgen import LoadGenerator, RateTrace
     from tasks.serving.models import load_digits_tensors, load_or_train, profile_model
@@ -501,8 +501,8 @@ def test_ray_ledger_serves_the_escher_resource_api_and_a_task_reaches_it_through
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     from gpu.placement import FifoBestFit, ResourceRequest
-    from gpu.schedulers.escher import Escher
-    from gpu.schedulers.escher_primitives import anti_affinity, with_task
+    from gpu.schedulers.escher.api import Escher
+    from gpu.schedulers.escher.primitives import anti_affinity, with_task
     from tasks.ray_runner import RayLedger, _LedgerActor, cluster_spec
     from tasks.requests import TaskPlacement
 

@@ -11,7 +11,7 @@ import torch
 
 from gpu.errors import ConfigError, NeverFitsError
 from gpu.ledger import Lease
-from gpu.schedulers.salus import SalusJob
+from gpu.schedulers.salus.controller import SalusJob
 from resource_blocks import GpuPool
 from tasks.requests import Lane, TaskPlacement
 from tasks.salus_executor import SalusExecutor, declared_job, salus_iterations, salus_job, salus_options

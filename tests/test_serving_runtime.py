@@ -15,8 +15,8 @@ from gpu.batching import BatchDecision, EarlyDropPolicy, make_policy
 from gpu.devices import discover
 from gpu.errors import ConfigError
 from gpu.ledger import PoolLedger
-from gpu.schedulers.nexus import GpuNode, SessionPlacement, Plan, Session, SquishyPacker
-from gpu.schedulers.nexus_routing import DeficitRoundRobin, WeightedRandom
+from gpu.schedulers.nexus.squishy import GpuNode, SessionPlacement, Plan, Session, SquishyPacker
+from gpu.schedulers.nexus.routing import DeficitRoundRobin, WeightedRandom
 from tasks.serving.frontend import Frontend
 from tasks.serving.loadgen import LoadGenerator, RatePhase, RateTrace
 from tasks.serving.models import accuracy, load_digits_tensors, load_or_train, profile_model
@@ -395,7 +395,7 @@ def test_unknown_serving_backend_is_a_config_error_naming_it():
 def test_a_plan_capped_at_the_pool_serves_its_unassigned_load_on_the_gpus_it_has(served):
     data, models, _ = served
     # the planner believes the MLP is a slow model (5 ms + 1 ms per input): 2 sessions need 3 GPUs, the pool has 1
-    from gpu.schedulers.nexus_profiles import linear_profile
+    from gpu.schedulers.nexus.profiles import linear_profile
 
     slow = {"digits_mlp": linear_profile("digits_mlp", 1.0, 5.0, 64)}
     sessions = [Session("a", "digits_mlp", 100.0, 1500.0), Session("b", "digits_mlp", 100.0, 600.0)]

@@ -12,9 +12,9 @@ import pytest
 
 from flows.trial_groups import SEARCHES, main, make_algorithm, trial_groups
 from gpu.errors import ConfigError
-from gpu.schedulers.fluid import FluidParams, fit_packing_curve, save_packing_curve
-from gpu.schedulers.fluid_executor import FluidExecutor
-from gpu.schedulers.fluid_session import TuningSession
+from gpu.schedulers.fluid.algorithms import FluidParams, fit_packing_curve, save_packing_curve
+from gpu.schedulers.fluid.executor import FluidExecutor
+from gpu.schedulers.fluid.session import TuningSession
 from resource_blocks import GpuPool, MlflowTarget
 
 pytestmark = pytest.mark.usefixtures("prefect_server")

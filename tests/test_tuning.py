@@ -134,7 +134,7 @@ def test_bad_tuning_input_raises_config_error_naming_the_field(make, field):
 
 
 def test_gpu_imports_without_ray_torch_or_prefect():
-    code = ("import sys, gpu.tuning, gpu.schedulers.fluid_session, gpu.sim.fluid; "
+    code = ("import sys, gpu.tuning, gpu.schedulers.fluid.session, gpu.sim.fluid.run; "
             "print([m for m in ('ray', 'torch', 'prefect', 'mlflow') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

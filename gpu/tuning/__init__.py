@@ -1,6 +1,6 @@
 """Hyperparameter tuning algorithms that hand out TrialGroups for FLUID to execute (thesis §3.3.2).
 
-The algorithms decide *what* to train (configs, budgets, promotions); ``gpu.schedulers.fluid_executor``
+The algorithms decide *what* to train (configs, budgets, promotions); ``gpu.schedulers.fluid.executor``
 decides *how* (GPU fractions and counts). Nothing here imports Ray at module load: grid/random variants
 use Ray Tune's variant generator inside functions only.
 """

@@ -20,7 +20,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from gpu.errors import ConfigError
-from gpu.schedulers.fluid import Trial, TrialGroup
+from gpu.schedulers.fluid.algorithms import Trial, TrialGroup
 from gpu.tuning.space import Space, sample, validate_space
 
 

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from gpu.errors import ConfigError
-from gpu.schedulers.fluid import Trial, TrialGroup
+from gpu.schedulers.fluid.algorithms import Trial, TrialGroup
 from gpu.tuning.base import ConfigSampler, RandomSampler, TuningAlgorithm, check_budget, check_count
 from gpu.tuning.space import Space
 

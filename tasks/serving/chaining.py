@@ -1,8 +1,8 @@
 """Query DAGs served as DAGs on real workers: a finished stage request issues the next stage's requests.
 
 Which children a finished batch issues and their deadlines is the Nexus controller's decision
-(``gpu.schedulers.nexus_chaining``, Nexus §6.2: Poisson(γ) children per on-time parent, each due by its parent's
-deadline plus its own stage budget), the one the simulator (``gpu.sim.nexus_engine``) asks too; here those
+(``gpu.schedulers.nexus.chaining``, Nexus §6.2: Poisson(γ) children per on-time parent, each due by its parent's
+deadline plus its own stage budget), the one the simulator (``gpu.sim.nexus.engine``) asks too; here those
 children become real requests with the parent's input as theirs (a crop of it, in a real pipeline), routed by
 the frontend.
 
@@ -20,7 +20,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from gpu.schedulers.nexus_controller import NexusController
+from gpu.schedulers.nexus.controller import NexusController
 from tasks.serving.frontend import Frontend
 from tasks.serving.stats import Outcome
 

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from gpu.schedulers.orloj import Histogram
+from gpu.schedulers.orloj.policy import Histogram
 
 
 class EarlyExitDigits(nn.Module):

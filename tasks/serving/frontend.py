@@ -3,7 +3,7 @@
 Nexus §5 ("Data plane"): the global scheduler's routing table (``Plan.rate_shares()``: session → {node:
 share}) is pushed to the frontends every epoch; each request goes to one of the session's backends in
 proportion to the throughput allocated there, by the Nexus controller's ``Router``
-(``gpu.schedulers.nexus_routing``: ``drr``, deficit round robin, the default, or ``weighted_random``) — the one
+(``gpu.schedulers.nexus.routing``: ``drr``, deficit round robin, the default, or ``weighted_random``) — the one
 the simulator routes with.
 The frontend also counts arrivals per session, which the epoch planner reads every beacon as the measured
 request rate.
@@ -14,9 +14,9 @@ in the ring's ``app`` column to the worker, which hands it to the policy as ``Re
 with its own SLO gets ``arrival + its SLO`` as deadline (the session's otherwise), so such a queue is no longer
 deadline-ordered and needs an object policy (``LocalServingRuntime`` refuses a span policy then).
 
-Per-query routing (``query_routing``, ``gpu.schedulers.nexus_routing.QueryRouting``): a seam keyed by each
+Per-query routing (``query_routing``, ``gpu.schedulers.nexus.routing.QueryRouting``): a seam keyed by each
 request's query (its root request's id) that may send a query's stages where it chose — Nona's sampled
-placement (``gpu.schedulers.nona_policy.NonaRouting``); the default follows the shares. Hand-offs: a request
+placement (``gpu.schedulers.nona.policy.NonaRouting``); the default follows the shares. Hand-offs: a request
 a query stage issues knows the node its parent ran on; one issued to another node is a cross-node hand-off
 (``handoffs`` / ``cross_node`` count them) and, with an emulated ``link`` (``tasks.serving.link``), reaches
 its worker only after crossing it: ``handoff_bytes[child session]`` bytes per request (default: the bytes of
@@ -35,8 +35,8 @@ from typing import Any, Callable, Iterator, Mapping
 import numpy as np
 
 from gpu.errors import ConfigError
-from gpu.schedulers.nexus import Plan
-from gpu.schedulers.nexus_routing import PlanShares, QueryRouting, Router
+from gpu.schedulers.nexus.squishy import Plan
+from gpu.schedulers.nexus.routing import PlanShares, QueryRouting, Router
 from tasks.serving.link import EmulatedLink
 from tasks.serving.ring import as_rows
 from tasks.serving.stats import Recorder

@@ -1,7 +1,7 @@
 """Open-loop load for the serving runtime: Poisson arrivals at rates that follow a trace of phases.
 
 A :class:`RateTrace` is piecewise constant: phase ``k`` sets every session's rate from ``start_s`` until
-the next phase. Arrivals within a phase are a Poisson process (``gpu.sim.nexus_engine.arrival_times``,
+the next phase. Arrivals within a phase are a Poisson process (``gpu.sim.nexus.engine.arrival_times``,
 the same generator the simulator uses), so a real run and a simulated run of the same trace and seed
 see the same arrival times. Every turn, the generator hands over each arrival that is due — those of one
 session in one ``submit_many`` call, as a server's event loop reads every request that arrived during its
@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from gpu.errors import ConfigError
-from gpu.sim.nexus_engine import arrival_times
+from gpu.sim.nexus.engine import arrival_times
 
 
 @dataclass(frozen=True)

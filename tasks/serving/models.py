@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from gpu.errors import ConfigError
-from gpu.schedulers.nexus_profiles import BatchProfile, profile_from_measurements
+from gpu.schedulers.nexus.profiles import BatchProfile, profile_from_measurements
 from gpu.state import state_dir
 from tasks.serving.dynamic_models import EarlyExitDigits
 

@@ -24,11 +24,11 @@ from __future__ import annotations
 from typing import Mapping, Sequence
 
 from gpu.errors import ConfigError
-from gpu.schedulers.nexus import GpuNode, SessionPlacement, Plan, Session
-from gpu.schedulers.nexus_profiles import BatchProfile
-from gpu.schedulers.nona import Cluster, LookupTable, NonaModel, QueryClass, solve
-from gpu.schedulers.nona_dag import Dag
-from gpu.schedulers.nona_policy import NonaController, NonaRouting
+from gpu.schedulers.nexus.squishy import GpuNode, SessionPlacement, Plan, Session
+from gpu.schedulers.nexus.profiles import BatchProfile
+from gpu.schedulers.nona.optimizer import Cluster, LookupTable, NonaModel, QueryClass, solve
+from gpu.schedulers.nona.dag import Dag
+from gpu.schedulers.nona.policy import NonaController, NonaRouting
 
 INPUT_BYTES = 64 * 4  # a digits request: 64 float32 features
 

@@ -36,9 +36,9 @@ import torch
 
 from gpu.batching import BatchPolicy
 from gpu.ledger import Lease
-from gpu.schedulers.nexus import GpuNode, Plan
-from gpu.schedulers.nexus_controller import NexusController
-from gpu.schedulers.nexus_profiles import Accounting, BatchProfile
+from gpu.schedulers.nexus.squishy import GpuNode, Plan
+from gpu.schedulers.nexus.controller import NexusController
+from gpu.schedulers.nexus.profiles import Accounting, BatchProfile
 from tasks.serving.chaining import QueryChainer
 from tasks.serving.frontend import CHAINED_IDS, Frontend
 from tasks.serving.models import ARCHITECTURES, INPUT_FEATURES

@@ -29,11 +29,11 @@ from gpu.errors import AllocationTimeout, ConfigError
 from gpu.ledger import LedgerClient, Lease
 from gpu.placement import ResourceRequest
 from gpu.scenario import choose
-from gpu.schedulers.nexus import GpuNode, Plan
-from gpu.schedulers.nexus_controller import NexusController
-from gpu.schedulers.nexus_overflow import route_unassigned
-from gpu.schedulers.nexus_profiles import PRESETS, BatchProfile
-from gpu.schedulers.nexus_routing import QueryRouting
+from gpu.schedulers.nexus.squishy import GpuNode, Plan
+from gpu.schedulers.nexus.controller import NexusController
+from gpu.schedulers.nexus.overflow import route_unassigned
+from gpu.schedulers.nexus.profiles import PRESETS, BatchProfile
+from gpu.schedulers.nexus.routing import QueryRouting
 from tasks.serving.chaining import QueryChainer
 from tasks.serving.frontend import Frontend
 from tasks.serving.link import EmulatedLink
@@ -86,13 +86,13 @@ class LocalServingRuntime:
             request issues the next stage's (``tasks.serving.chaining``; with Ray, from the actor that ran it);
             feed load to the root stages only. ``chainer.root(id)`` is the first request of the query a request
             belongs to (with Ray, of the requests ``sync``/``take_counts``/``close`` brought back).
-        controller: the Nexus controller that routes and chains (``gpu.schedulers.nexus_controller``, clock
+        controller: the Nexus controller that routes and chains (``gpu.schedulers.nexus.controller``, clock
             ``ns``; a flow's, whose ``on_epoch`` decides the plans ``apply`` rolls out). Default: one of this
             runtime's own from ``chains``, ``load_balancer`` and ``seed``; with a controller those two stay unset.
         apps: application id → its own SLO in ms (None: its session's), for ``frontend.submit(..., app=...)``;
             the workers hand each request's application to the policy (``Frontend``). Local backend only.
         query_routing: per-query routing of multi-stage queries (``Frontend``; e.g. Nona's
-            ``gpu.schedulers.nona_policy.NonaRouting``); default: every request follows its session's shares.
+            ``gpu.schedulers.nona.policy.NonaRouting``); default: every request follows its session's shares.
         link_mu: emulate a bottleneck link of this many bytes/s between nodes (``tasks.serving.link``):
             cross-node hand-offs between query stages queue on it FIFO; None: hand-offs cost nothing.
         handoff_bytes: bytes a hand-off to each child stage session carries per request (default: its input

@@ -19,7 +19,7 @@ finished stage requests issue the next stage's — with the Ray backend, from th
 A phase's ``scale`` multiplies every base rate (sessions and queries); its ``rates`` set some absolutely.
 
 A stage may list several parents (``parents: [b, c]``): a join, run once per query after all of them
-(``gpu.schedulers.nexus_chaining``). A query with a join runs each stage once per query (γ = 1) and, the §6.2
+(``gpu.schedulers.nexus.chaining``). A query with a join runs each stage once per query (γ = 1) and, the §6.2
 DP being for trees, gets the §7.2 even split: every stage ``slo_ms / (stages on its longest path)``.
 
 Placement (``docs/serving.md``): ``nexus`` plans with squishy bin packing and routes by its shares; ``shares``
@@ -36,12 +36,12 @@ from typing import Any, Collection, Mapping
 from gpu.batching import POLICIES
 from gpu.errors import ConfigError
 from gpu.scenario import choose, entries, integer, label, load_scenario, mapping, number, positive, require, section
-from gpu.schedulers.nexus import Session
-from gpu.schedulers.nexus_chaining import QueryChains
-from gpu.schedulers.nexus_epoch import EpochConfig
-from gpu.schedulers.nexus_profiles import PRESETS, BatchProfile
-from gpu.schedulers.nexus_query import Query, QueryStage, profile_throughput, split_slo
-from gpu.schedulers.nexus_routing import LOAD_BALANCERS
+from gpu.schedulers.nexus.squishy import Session
+from gpu.schedulers.nexus.chaining import QueryChains
+from gpu.schedulers.nexus.epoch import EpochConfig
+from gpu.schedulers.nexus.profiles import PRESETS, BatchProfile
+from gpu.schedulers.nexus.query import Query, QueryStage, profile_throughput, split_slo
+from gpu.schedulers.nexus.routing import LOAD_BALANCERS
 from tasks.serving.loadgen import RatePhase, RateTrace
 from tasks.serving.models import check_model
 

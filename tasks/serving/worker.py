@@ -41,8 +41,8 @@ import numpy as np
 
 from gpu.batching import BatchContext, BatchPolicy, InferenceRequest, SpanPolicy
 from gpu.errors import ConfigError
-from gpu.schedulers.nexus import GpuNode, SessionPlacement
-from gpu.schedulers.nexus_profiles import PAPER, Accounting, BatchProfile
+from gpu.schedulers.nexus.squishy import GpuNode, SessionPlacement
+from gpu.schedulers.nexus.profiles import PAPER, Accounting, BatchProfile
 from tasks.serving.models import INPUT_FEATURES
 from tasks.serving.ring import RequestRing
 from tasks.serving.stats import Recorder

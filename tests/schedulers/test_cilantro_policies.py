@@ -11,7 +11,7 @@ from gpu.schedulers.cilantro.demand_mmf import demand_bounds, recommend_demand
 from gpu.schedulers.cilantro.fair import max_min_fair
 from gpu.schedulers.cilantro.greedy import GreedyEW
 from gpu.schedulers.cilantro.minerva import minerva_shares
-from gpu.sim.cilantro_scenario import static_example
+from gpu.sim.cilantro.scenario import static_example
 
 
 def linear_jobs(demands, capacity, feedback=None):

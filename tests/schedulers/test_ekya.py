@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 from gpu.errors import ConfigError
-from gpu.schedulers.ekya import (EkyaParams, InferenceProfile, RetrainConfig, StreamState, estimate_accuracy,
+from gpu.schedulers.ekya.thief import (EkyaParams, InferenceProfile, RetrainConfig, StreamState, estimate_accuracy,
                                  fair_allocation, infer_job, pick_configs, thief_schedule, train_job)
-from gpu.schedulers.ekya_baselines import fixed_config_schedule, fixed_res_schedule, uniform_schedule
-from gpu.schedulers.ekya_placement import to_gpu_requests
-from gpu.sim.ekya_workloads import generate
+from gpu.schedulers.ekya.baselines import fixed_config_schedule, fixed_res_schedule, uniform_schedule
+from gpu.schedulers.ekya.placement import to_gpu_requests
+from gpu.sim.ekya.workloads import generate
 
 TOY = EkyaParams(delta=0.1, a_min=0.40)
 

@@ -9,11 +9,11 @@ import pytest
 
 from gpu.contract import contract_violations, is_frozen_decision
 from gpu.errors import ConfigError
-from gpu.schedulers.ekya import EkyaParams, RetrainConfig, StreamState, infer_job, train_job
-from gpu.schedulers.ekya_controller import EkyaController
-from gpu.schedulers.ekya_policies import make_policy, policy_names
-from gpu.sim.ekya import simulate_policy
-from gpu.sim.ekya_scenario import load
+from gpu.schedulers.ekya.thief import EkyaParams, RetrainConfig, StreamState, infer_job, train_job
+from gpu.schedulers.ekya.controller import EkyaController
+from gpu.schedulers.ekya.policies import make_policy, policy_names
+from gpu.sim.ekya.run import simulate_policy
+from gpu.sim.ekya.scenario import load
 
 TABLE_2_1 = Path(__file__).resolve().parents[2] / "scenarios" / "ekya" / "table_2_1.yaml"
 TOY = EkyaParams(delta=0.1, a_min=0.40)

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from gpu.errors import ConfigError
-from gpu.schedulers.ekya import RetrainConfig
-from gpu.schedulers.ekya_profiler import (AccuracyCurve, ProfileObservation, fit_accuracy_curve, micro_profile,
+from gpu.schedulers.ekya.thief import RetrainConfig
+from gpu.schedulers.ekya.profiler import (AccuracyCurve, ProfileObservation, fit_accuracy_curve, micro_profile,
                                           pareto_front, prune_configs)
 
 TRUE = AccuracyCurve(b0=0.4, b1=2.5, b2=0.08)

@@ -12,14 +12,14 @@ from gpu.devices import simulated_nodes
 from gpu.errors import AllocationTimeout, ConfigError
 from gpu.ledger import PoolLedger
 from gpu.placement import FifoBestFit, ResourceRequest
-from gpu.schedulers.escher import Escher, NodeSpec, all_of, largest_remainder
-from gpu.schedulers.escher_hfs import HierarchicalFairShare, water_fill
-from gpu.schedulers.escher_primitives import (
+from gpu.schedulers.escher.api import Escher, NodeSpec, all_of, largest_remainder
+from gpu.schedulers.escher.hfs import HierarchicalFairShare, water_fill
+from gpu.schedulers.escher.primitives import (
     ElasticLoadBalancer, Queue, WeightedFairQueues, after, anti_affinity, bin_packing, colocate, packing_preferences,
     signal, store_data, with_task,
 )
-from gpu.schedulers.escher_soft import SoftConstraint, allocate_preferred, objective_preferences, setup_objective
-from gpu.sim.escher_ledger import SimLedger
+from gpu.schedulers.escher.soft import SoftConstraint, allocate_preferred, objective_preferences, setup_objective
+from gpu.sim.escher.ledger import SimLedger
 
 SPEC = simulated_nodes("1x16GiB", 3, cpus=4)
 
@@ -261,7 +261,7 @@ def test_water_fill_and_largest_remainder():
 def test_appspace_gang_on_the_local_ledger_rolls_back_then_runs_all_or_none():
     """Gang of 8 one-CPU members on 12 CPUs with 6 taken: the ghosts time out, roll back (``gang-g0``
     deleted, their CPUs freed); once the blocker ends, every ghost runs and the members land on them."""
-    from gpu.schedulers.escher_gang import AppSpaceGang, Gang
+    from gpu.schedulers.escher.gang import AppSpaceGang, Gang
 
     ledger = PoolLedger(SPEC, None)
     esl = Escher(ledger)

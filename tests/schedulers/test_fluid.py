@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 
 from gpu.errors import ConfigError
-from gpu.schedulers.fluid import (FluidParams, RunningTrial, Trial, TrialGroup, dynamic_fluid, fit_packing_curve,
+from gpu.schedulers.fluid.algorithms import (FluidParams, RunningTrial, Trial, TrialGroup, dynamic_fluid, fit_packing_curve,
                                   load_packing_curve, max_parallelism, packing_curve_path, packing_limit, runtime,
                                   save_packing_curve, static_fluid, theorem1_bound, theorem2_bound)
-from gpu.schedulers.fluid_baselines import FifoExecutor
-from gpu.schedulers.fluid_executor import FluidExecutor, TrialPlacement, Step
-from gpu.sim.fluid_engine import simulate
-from gpu.sim.fluid_workload import Workload
+from gpu.schedulers.fluid.baselines import FifoExecutor
+from gpu.schedulers.fluid.executor import FluidExecutor, TrialPlacement, Step
+from gpu.sim.fluid.engine import simulate
+from gpu.sim.fluid.workload import Workload
 from gpu.tuning import FixedTrials
 
 TOY = [("a1", 4.0, {}), ("a2", 4.0, {}), ("a3", 12.0, {}), ("a4", 30.0, {})]
@@ -233,7 +233,7 @@ def test_a_resize_of_a_just_started_trial_edits_its_start():
 @pytest.mark.parametrize("policy", ["fifo", "static_fluid", "fluid"])
 def test_every_fluid_policy_is_a_contract_controller(policy):
     from gpu.contract import contract_violations
-    from gpu.schedulers.fluid_policies import build_executor, policy_names
+    from gpu.schedulers.fluid.policies import build_executor, policy_names
 
     ex = build_executor(policy, 2, FluidParams(c=2, d=2))
     assert policy in policy_names() and (ex.system, ex.policy) == ("fluid", policy)
@@ -256,7 +256,7 @@ def test_a_clock_running_backwards_is_refused():
 
 
 def test_fit_scaling_recovers_beta_and_a_trial_that_does_not_scale_stays_on_one_gpu():
-    from gpu.schedulers.fluid import fit_scaling
+    from gpu.schedulers.fluid.algorithms import fit_scaling
 
     widths = [1, 2, 3, 4]
     fit = fit_scaling(widths, [runtime(0.2, w, beta=1.25) for w in widths])
@@ -267,7 +267,7 @@ def test_fit_scaling_recovers_beta_and_a_trial_that_does_not_scale_stays_on_one_
 
 
 def test_fit_scaling_names_bad_measurements():
-    from gpu.schedulers.fluid import fit_scaling
+    from gpu.schedulers.fluid.algorithms import fit_scaling
 
     with pytest.raises(ConfigError) as err:
         fit_scaling([2, 3], [0.1, 0.1])

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 
 from gpu.errors import ConfigError
-from gpu.schedulers.nexus import (Session, SquishyPacker, batch_oblivious_plan, ceil_batch, gpu_lower_bound)
-from gpu.schedulers.nexus_profiles import linear_profile, published_profiles, table_profile
-from gpu.schedulers.nexus_synthetic import synthetic_profiles
+from gpu.schedulers.nexus.squishy import (Session, SquishyPacker, batch_oblivious_plan, ceil_batch, gpu_lower_bound)
+from gpu.schedulers.nexus.profiles import linear_profile, published_profiles, table_profile
+from gpu.schedulers.nexus.synthetic import synthetic_profiles
 
 TOY = {"A": table_profile("A", {4: 50, 8: 75, 16: 100}), "B": table_profile("B", {4: 50, 8: 90, 16: 125}),
        "C": table_profile("C", {4: 60, 8: 95, 16: 125})}

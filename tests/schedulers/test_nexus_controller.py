@@ -5,11 +5,11 @@ import pytest
 
 from gpu.contract import contract_violations, is_frozen_decision
 from gpu.errors import ConfigError
-from gpu.schedulers.nexus import GpuNode, SessionPlacement, Plan, Session, SquishyPacker
-from gpu.schedulers.nexus_chaining import QueryChains
-from gpu.schedulers.nexus_controller import EpochDecision, NexusController, policy_names
-from gpu.schedulers.nexus_epoch import EpochPlanner
-from gpu.schedulers.nexus_profiles import linear_profile
+from gpu.schedulers.nexus.squishy import GpuNode, SessionPlacement, Plan, Session, SquishyPacker
+from gpu.schedulers.nexus.chaining import QueryChains
+from gpu.schedulers.nexus.controller import EpochDecision, NexusController, policy_names
+from gpu.schedulers.nexus.epoch import EpochPlanner
+from gpu.schedulers.nexus.profiles import linear_profile
 
 PROFILES = {"m": linear_profile("m", 1.0, 10.0, 64)}
 

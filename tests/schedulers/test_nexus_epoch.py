@@ -3,9 +3,9 @@
 import pytest
 
 from gpu.errors import ConfigError
-from gpu.schedulers.nexus import Session, SquishyPacker
-from gpu.schedulers.nexus_epoch import EpochConfig, EpochPlanner
-from gpu.schedulers.nexus_profiles import linear_profile
+from gpu.schedulers.nexus.squishy import Session, SquishyPacker
+from gpu.schedulers.nexus.epoch import EpochConfig, EpochPlanner
+from gpu.schedulers.nexus.profiles import linear_profile
 
 PROFILES = {"m": linear_profile("m", 1.0, 10.0, 64)}
 

@@ -5,10 +5,10 @@ import pytest
 
 from gpu.batching import make_policy
 from gpu.errors import ConfigError
-from gpu.schedulers.nexus import GpuNode, SessionPlacement, Plan, Session
-from gpu.schedulers.nexus_chaining import QueryChains
-from gpu.schedulers.nexus_profiles import linear_profile
-from gpu.sim.nexus_engine import simulate_plan
+from gpu.schedulers.nexus.squishy import GpuNode, SessionPlacement, Plan, Session
+from gpu.schedulers.nexus.chaining import QueryChains
+from gpu.schedulers.nexus.profiles import linear_profile
+from gpu.sim.nexus.engine import simulate_plan
 
 DIAMOND = {"q/b": ("q/a", 1.0), "q/c": ("q/a", 1.0), "q/d": (("q/b", "q/c"), 1.0)}  # a → {b, c} → d
 

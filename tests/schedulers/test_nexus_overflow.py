@@ -5,10 +5,10 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from gpu.schedulers.nexus import GpuNode, SessionPlacement, Plan, Session, SquishyPacker
-from gpu.schedulers.nexus_overflow import route_unassigned
-from gpu.schedulers.nexus_profiles import PAPER, linear_profile
-from gpu.schedulers.nexus_synthetic import synthetic_profiles
+from gpu.schedulers.nexus.squishy import GpuNode, SessionPlacement, Plan, Session, SquishyPacker
+from gpu.schedulers.nexus.overflow import route_unassigned
+from gpu.schedulers.nexus.profiles import PAPER, linear_profile
+from gpu.schedulers.nexus.synthetic import synthetic_profiles
 
 
 def mixed_slo(total):

@@ -3,10 +3,10 @@
 import pytest
 
 from gpu.errors import ConfigError
-from gpu.schedulers.nexus import Session, SquishyPacker
-from gpu.schedulers.nexus_profiles import (CODE, PAPER, fit_linear, load_published_profile, profile_from_measurements,
+from gpu.schedulers.nexus.squishy import Session, SquishyPacker
+from gpu.schedulers.nexus.profiles import (CODE, PAPER, fit_linear, load_published_profile, profile_from_measurements,
                                            published_profiles, table_profile)
-from gpu.schedulers.nexus_synthetic import synthetic_profile
+from gpu.schedulers.nexus.synthetic import synthetic_profile
 
 
 @pytest.mark.parametrize("model,rows,pre_us,post_us", [("vgg16", 174, 3306.44, 1.4025), ("vgg_face", 173, 3165.01, 2.3435),

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from gpu.errors import ConfigError
-from gpu.schedulers.nexus_query import (Query, QueryStage, even_split, profile_throughput, split_slo,
+from gpu.schedulers.nexus.query import (Query, QueryStage, even_split, profile_throughput, split_slo,
                                         table_throughput)
-from gpu.schedulers.nexus_profiles import linear_profile
-from gpu.schedulers.nexus_synthetic import synthetic_profiles
+from gpu.schedulers.nexus.profiles import linear_profile
+from gpu.schedulers.nexus.synthetic import synthetic_profiles
 
 FIG3 = {"X": table_throughput({40: 200, 50: 250, 60: 300}), "Y": table_throughput({40: 300, 50: 400, 60: 500})}
 

@@ -8,13 +8,13 @@ from scipy import stats
 
 from gpu.contract import DecisionPolicy, contract_violations, is_frozen_decision
 from gpu.errors import ConfigError
-from gpu.schedulers.nona import Cluster, LookupTable, NonaModel, QueryClass, solve, solve_table, theta_vector
-from gpu.schedulers.nona_baselines import (RandomPlacement, expert_thetas, opportunistic_thetas,
+from gpu.schedulers.nona.optimizer import Cluster, LookupTable, NonaModel, QueryClass, solve, solve_table, theta_vector
+from gpu.schedulers.nona.baselines import (RandomPlacement, expert_thetas, opportunistic_thetas,
                                            undistributed_thetas)
-from gpu.schedulers.nona_dag import (Dag, Subgraph, bottlenecks, contract, contractible_edges, groupings,
+from gpu.schedulers.nona.dag import (Dag, Subgraph, bottlenecks, contract, contractible_edges, groupings,
                                      subgraphs)
-from gpu.schedulers.nona_policy import GroupingSampler, NonaController, Query
-from gpu.sim.nona_workloads import motivating_query, paper_models, resnet18_graph
+from gpu.schedulers.nona.policy import GroupingSampler, NonaController, Query
+from gpu.sim.nona.workloads import motivating_query, paper_models, resnet18_graph
 
 MOTIVATING = Cluster(servers=2, nu=1000.0, mu=10e9)  # §II: 80 Gbps, ops in ms of compute
 

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 
 from gpu.errors import ConfigError
-from gpu.schedulers.nona import Cluster, LookupTable, NonaModel, QueryClass, solve
-from gpu.schedulers.nona_dag import Dag
-from gpu.schedulers.nona_policy import NonaController, NonaRouting, Query
+from gpu.schedulers.nona.optimizer import Cluster, LookupTable, NonaModel, QueryClass, solve
+from gpu.schedulers.nona.dag import Dag
+from gpu.schedulers.nona.policy import NonaController, NonaRouting, Query
 
 STAGES = {f"q/{t}": ("q", t) for t in "abcd"}
 

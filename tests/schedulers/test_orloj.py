@@ -8,7 +8,7 @@ import pytest
 
 from gpu.batching import BatchContext, PaddedBatchModel, InferenceRequest
 from gpu.errors import ConfigError
-from gpu.schedulers.orloj import (Histogram, OrlojPolicy, RESET_EXPONENT, batch_latency, line_coefficients,
+from gpu.schedulers.orloj.policy import (Histogram, OrlojPolicy, RESET_EXPONENT, batch_latency, line_coefficients,
                                   max_cdf, priority_scores, step_cost_scores)
 
 TWO_APPS = {"short": Histogram([10, 20], [1]), "long": Histogram([40, 60], [1])}

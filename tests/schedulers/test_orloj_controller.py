@@ -2,9 +2,9 @@
 
 from gpu.batching import BatchContext, InferenceRequest, make_policy
 from gpu.contract import contract_violations, is_frozen_decision
-from gpu.schedulers.orloj import Histogram
-from gpu.schedulers.orloj_controller import BatchDone, OrlojController
-from gpu.schedulers.orloj_profiler import OnlineProfiler
+from gpu.schedulers.orloj.policy import Histogram
+from gpu.schedulers.orloj.controller import BatchDone, OrlojController
+from gpu.schedulers.orloj.profiler import OnlineProfiler
 
 
 def context(now):

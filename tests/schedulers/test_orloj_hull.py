@@ -3,8 +3,8 @@ removals; and it agrees with the Eq. 4.2 scores it is built from."""
 
 import numpy as np
 
-from gpu.schedulers.orloj import Histogram, line_coefficients, priority_scores
-from gpu.schedulers.orloj_hull import LineQueue
+from gpu.schedulers.orloj.policy import Histogram, line_coefficients, priority_scores
+from gpu.schedulers.orloj.hull import LineQueue
 
 
 def test_the_top_line_is_the_brute_force_argmax_through_inserts_moves_and_removals():

@@ -3,9 +3,9 @@
 import pytest
 
 from gpu.errors import ConfigError
-from gpu.schedulers.orloj_profiler import OnlineProfiler
-from gpu.sim.orloj import Setup, build_policy, serve
-from gpu.sim.orloj_workload import parse
+from gpu.schedulers.orloj.profiler import OnlineProfiler
+from gpu.sim.orloj.run import Setup, build_policy, serve
+from gpu.sim.orloj.workload import parse
 
 
 def test_about_one_finished_request_in_ten_is_timed_alone():

@@ -7,8 +7,8 @@ import pytest
 
 from gpu.contract import contract_violations, is_frozen_decision
 from gpu.errors import ConfigError, NeverFitsError
-from gpu.schedulers.salus import Ask, Run, SalusController, SalusJob
-from gpu.schedulers.salus_lanes import NO_MARGINS, LaneManager, Margins
+from gpu.schedulers.salus.controller import Ask, Run, SalusController, SalusJob
+from gpu.schedulers.salus.lanes import NO_MARGINS, LaneManager, Margins
 
 C = 16_000.0  # a P100's 16 GB, in MB
 

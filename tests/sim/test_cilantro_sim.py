@@ -11,8 +11,8 @@ import pytest
 
 from gpu.errors import ConfigError
 from gpu.schedulers.cilantro import make_policy
-from gpu.sim.cilantro import load_ucbs, run, simulate_policy
-from gpu.sim.cilantro_scenario import parse_multitenant
+from gpu.sim.cilantro.run import load_ucbs, run, simulate_policy
+from gpu.sim.cilantro.scenario import parse_multitenant
 from gpuflows.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -59,7 +59,7 @@ def test_online_policies_learn_beyond_the_fair_split():
 
 
 def run_cfg(cfg, names):
-    from gpu.sim.cilantro import simulate_all, summarize
+    from gpu.sim.cilantro.run import simulate_all, summarize
 
     return summarize(simulate_all(cfg, names), cfg.round_s).summary
 

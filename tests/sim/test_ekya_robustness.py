@@ -7,8 +7,8 @@ import pytest
 
 from benchmarks.ekya_robustness import (annotation_delay, best_uniform, cloud, estimation_error, make_policy, profiling_cost,
                                         run_policy, with_annotation_delay, with_cost_error, with_estimation_error)
-from gpu.sim.ekya import simulate_policy
-from gpu.sim.ekya_workloads import generate
+from gpu.sim.ekya.run import simulate_policy
+from gpu.sim.ekya.workloads import generate
 
 
 @pytest.fixture(scope="module")

@@ -10,10 +10,10 @@ import pytest
 import yaml
 
 from gpu.errors import ConfigError
-from gpu.schedulers.ekya import StreamState, thief_schedule
-from gpu.sim.ekya import run, simulate, simulate_policy
-from gpu.sim.ekya_scenario import load, parse_scenario
-from gpu.sim.ekya_workloads import generate
+from gpu.schedulers.ekya.thief import StreamState, thief_schedule
+from gpu.sim.ekya.run import run, simulate, simulate_policy
+from gpu.sim.ekya.scenario import load, parse_scenario
+from gpu.sim.ekya.workloads import generate
 from gpuflows.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]

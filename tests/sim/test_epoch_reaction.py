@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from gpu.errors import ConfigError
-from gpu.schedulers.nexus import Session
-from gpu.schedulers.nexus_synthetic import synthetic_profiles
-from gpu.sim.nexus_epochs import step_timeline
+from gpu.schedulers.nexus.squishy import Session
+from gpu.schedulers.nexus.synthetic import synthetic_profiles
+from gpu.sim.nexus.epochs import step_timeline
 
 PROFILES = synthetic_profiles()
 SESSIONS = [Session("a", "resnet50", 100.0, 900.0), Session("b", "resnet50", 50.0, 500.0)]

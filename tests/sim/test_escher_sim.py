@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from gpu.errors import ConfigError
-from gpu.sim.escher import run
-from gpu.sim.escher_gangs import GangLoad, GangWorld
-from gpu.sim.escher_workloads import FairShare, Tune, WordCount, bandwidth, fair_share, tune, wordcount
-from gpu.sim.escher_world import Timing
+from gpu.sim.escher.run import run
+from gpu.sim.escher.gangs import GangLoad, GangWorld
+from gpu.sim.escher.workloads import FairShare, Tune, WordCount, bandwidth, fair_share, tune, wordcount
+from gpu.sim.escher.world import Timing
 from gpuflows.cli import main
 
 T = Timing()

@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 from gpu.errors import ConfigError
-from gpu.sim.fluid import run
+from gpu.sim.fluid.run import run
 from gpuflows.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -5,12 +5,12 @@ from dataclasses import replace
 import pytest
 
 from gpu.errors import ConfigError
-from gpu.schedulers.nexus import GpuNode, SessionPlacement, Plan, Session, SquishyPacker
-from gpu.schedulers.nexus_profiles import linear_profile, serial_preprocess
-from gpu.schedulers.nexus_synthetic import synthetic_profiles
+from gpu.schedulers.nexus.squishy import GpuNode, SessionPlacement, Plan, Session, SquishyPacker
+from gpu.schedulers.nexus.profiles import linear_profile, serial_preprocess
+from gpu.schedulers.nexus.synthetic import synthetic_profiles
 from gpu.batching import make_policy
-from gpu.sim.nexus import STRATEGIES, NexusScenario, evaluate, max_load, run, scaled_sessions
-from gpu.sim.nexus_engine import simulate_plan
+from gpu.sim.nexus.run import STRATEGIES, NexusScenario, evaluate, max_load, run, scaled_sessions
+from gpu.sim.nexus.engine import simulate_plan
 
 NEXUS = STRATEGIES["nexus"]
 NO_OL = replace(NEXUS, name="nexus_no_overlap", overlap=False)

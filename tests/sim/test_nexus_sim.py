@@ -8,13 +8,13 @@ import pytest
 
 from gpu.batching import make_policy
 from gpu.errors import ConfigError
-from gpu.schedulers.nexus import GpuNode, SessionPlacement, Plan, Session, SquishyPacker
-from gpu.schedulers.nexus_profiles import linear_profile
-from gpu.schedulers.nexus_synthetic import synthetic_profiles
-from gpu.schedulers.nexus_query import Query, QueryStage
-from gpu.sim.nexus import (STRATEGIES, NexusScenario, build_plan, evaluate, fewest_gpus, load, max_load,
+from gpu.schedulers.nexus.squishy import GpuNode, SessionPlacement, Plan, Session, SquishyPacker
+from gpu.schedulers.nexus.profiles import linear_profile
+from gpu.schedulers.nexus.synthetic import synthetic_profiles
+from gpu.schedulers.nexus.query import Query, QueryStage
+from gpu.sim.nexus.run import (STRATEGIES, NexusScenario, build_plan, evaluate, fewest_gpus, load, max_load,
                            paper_bad_rate, run, scaled_sessions)
-from gpu.sim.nexus_engine import SessionStats, SimResult, arrival_times, simulate_plan
+from gpu.sim.nexus.engine import SessionStats, SimResult, arrival_times, simulate_plan
 from gpuflows.cli import main
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios" / "nexus"
@@ -232,7 +232,7 @@ def test_chained_stage_requests_are_issued_by_finished_parents_with_inherited_sl
 def test_a_run_given_a_controller_chains_and_routes_by_it():
     """The simulator asks the controller it is given (the one a flow would drive) for children and routes; a
     second set of chains beside it is ambiguous and refused before anything runs."""
-    from gpu.schedulers.nexus_controller import NexusController
+    from gpu.schedulers.nexus.controller import NexusController
 
     profiles = {"d": linear_profile("d", 0.0, 10.0, 8), "r": linear_profile("r", 0.0, 5.0, 8)}
     sessions = (Session("q/d", "d", 50.0, 20.0), Session("q/r", "r", 20.0, 60.0))
@@ -415,7 +415,7 @@ def test_drr_is_the_authors_bursting_drr_and_splits_by_share():
     """DRR as the authors' ``GetBackendDeficitRoundRobin``: a visit adds ``share / min share`` to the deficit and
     serves while it is ≥ 1, so a 7.1 % GPU beside a 0.36 % sliver gets ⌊0.071 / 0.0036⌋ = 19 or 20 requests in a
     row (never more than ⌈max / min⌉) and the sliver one at a time; over whole rounds the split is the shares'."""
-    from gpu.schedulers.nexus_routing import DeficitRoundRobin
+    from gpu.schedulers.nexus.routing import DeficitRoundRobin
 
     shares = [0.071] * 14 + [0.0036]
     picks = DeficitRoundRobin(range(15), shares).pick_many(27600)  # 100 rounds of 14 × 19.72 + 1
@@ -434,7 +434,7 @@ def test_drr_is_the_authors_bursting_drr_and_splits_by_share():
 def test_the_section_7_2_baselines_route_with_their_own_balancer_nexus_with_drr(monkeypatch):
     """§7.2: Clipper's load balancer / a dispatcher for TF, not Nexus's frontend: weighted random for the
     TF-/Clipper-like strategies; Nexus and every ablation of it (b-o included) route with the runtime's DRR."""
-    import gpu.sim.nexus as nexus_sim
+    import gpu.sim.nexus.run as nexus_sim
 
     baselines = {"batch_oblivious_lazy_drop", "batch_oblivious_fixed_batch"}
     assert {n for n, s in STRATEGIES.items() if s.load_balancer == "weighted_random"} == baselines

@@ -10,12 +10,12 @@ import pytest
 import yaml
 
 from gpu.errors import ConfigError
-from gpu.schedulers.nona import Cluster, NonaModel, QueryClass
-from gpu.schedulers.nona_dag import contract
-from gpu.schedulers.nona_policy import GroupingSampler
-from gpu.sim.nona import parse, run
-from gpu.sim.nona_engine import BACKGROUND_COMM, Workload, simulate
-from gpu.sim.nona_workloads import motivating_query
+from gpu.schedulers.nona.optimizer import Cluster, NonaModel, QueryClass
+from gpu.schedulers.nona.dag import contract
+from gpu.schedulers.nona.policy import GroupingSampler
+from gpu.sim.nona.run import parse, run
+from gpu.sim.nona.engine import BACKGROUND_COMM, Workload, simulate
+from gpu.sim.nona.workloads import motivating_query
 from gpuflows.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -7,9 +7,9 @@ import pytest
 
 from gpu.batching import BatchContext, InferenceRequest
 from gpu.errors import ConfigError
-from gpu.schedulers.orloj_baselines import ClipperLike, ClockworkLike, nexus_plan_batch
-from gpu.sim.orloj import Setup, build_policy, serve, sweep
-from gpu.sim.orloj_workload import AppDistribution, Case, lognormal_sigma, parse
+from gpu.schedulers.orloj.baselines import ClipperLike, ClockworkLike, nexus_plan_batch
+from gpu.sim.orloj.run import Setup, build_policy, serve, sweep
+from gpu.sim.orloj.workload import AppDistribution, Case, lognormal_sigma, parse
 from gpuflows.cli import main
 
 BIMODAL = {"name": "std-1", "apps": [{"id": "short", "normal": {"mean_ms": 50, "std_ms": 10}},
@@ -130,9 +130,9 @@ def test_orloj_runs_per_gpu_on_a_multi_gpu_nexus_plan_with_a_dynamic_model():
     import numpy as np
 
     from gpu.batching import make_policy
-    from gpu.schedulers.nexus import GpuNode, SessionPlacement, Plan, Session
-    from gpu.schedulers.nexus_profiles import linear_profile
-    from gpu.sim.nexus_engine import AloneTimes, simulate_plan
+    from gpu.schedulers.nexus.squishy import GpuNode, SessionPlacement, Plan, Session
+    from gpu.schedulers.nexus.profiles import linear_profile
+    from gpu.sim.nexus.engine import AloneTimes, simulate_plan
 
     sc = scenario()
     setup = Setup.build(sc.cases[0], sc)

@@ -7,10 +7,10 @@ import pytest
 import yaml
 
 from gpu.errors import ConfigError, NeverFitsError
-from gpu.schedulers.salus import SalusController, SalusJob
-from gpu.sim.salus import parse_jobs, run
-from gpu.sim.salus_engine import simulate
-from gpu.sim.salus_workloads import TraceJob, all_workloads, tiresias_like_trace, workload
+from gpu.schedulers.salus.controller import SalusController, SalusJob
+from gpu.sim.salus.run import parse_jobs, run
+from gpu.sim.salus.engine import simulate
+from gpu.sim.salus.workloads import TraceJob, all_workloads, tiresias_like_trace, workload
 from gpuflows.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]

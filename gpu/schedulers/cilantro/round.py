@@ -5,7 +5,7 @@ Fig. 3.3's loop: every round each job reports its load and performance; the repo
 performance learner (an upper/lower confidence band of performance vs resources per unit load, §3.6) and
 its load forecaster (a load UCB for the next round, §3.3); the policy decides the next round's allocation
 from a frozen :class:`~gpu.schedulers.cilantro.types.Snapshot` built from them. :class:`CilantroRound`
-owns that loop and nothing else: the world (``gpu.sim.cilantro`` with modelled outcomes, or
+owns that loop and nothing else: the world (``gpu.sim.cilantro.run`` with modelled outcomes, or
 ``flows.allocation_rounds`` with outcomes measured from torch work on pool slices) calls
 ``on_round(now, feedback)`` when a round ends and applies the returned :class:`RoundDecision`.
 
@@ -52,7 +52,7 @@ class Learner(Protocol):
 
 class LoadSource(Protocol):
     """Where the round's load UCBs come from: forecasters fed with the reports (:class:`LoadForecasts`), or a
-    table computed once and shared by every policy of a simulation (``gpu.sim.cilantro``)."""
+    table computed once and shared by every policy of a simulation (``gpu.sim.cilantro.run``)."""
 
     def observe(self, job: str, loads: tuple[float, ...]) -> None: ...
 

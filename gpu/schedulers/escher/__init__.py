@@ -1,0 +1,10 @@
+"""ESCHER (SoCC 2021): scheduling policies as libraries over ephemeral resources.
+
+Scheduler modules:
+
+- ``api``: ESCHER: scheduling policies as ephemeral resources over the pool ledger
+- ``gang``: Gang scheduling as ESCHER writes it (§4.4e, Table 4.2 "Gang", Fig
+- ``hfs``: Hierarchical max-min fair sharing as an ESL (ESCHER §4.4f, Fig
+- ``primitives``: ESCHER's primitives P1–P4 (§4.4) and the Table 4.2 policies built from them, as ESL calls
+- ``soft``: Soft constraints, OR-composition and conflict relaxation as an ESL (ESCHER §4.4g–h, Fig
+"""

@@ -1,0 +1,72 @@
+"""The schemes Nona is compared with (§IV-A), as θ for ``GroupingSampler`` where they need no live state.
+
+* ``undistributed_thetas`` — every subgraph stays on its source's server: no transfer ever.
+* ``opportunistic_thetas`` — "Whenever the contracted graph presents parallel branches, distribute all these
+  branches on different servers ... one of the branches is placed on the same server as the root of the
+  subgraph": π = the subgraph's branches, k and l uniform (the sink joins a random branch).
+* ``expert_thetas`` — a mix q·Opportunistic + (1−q)·undistributed; the benchmark picks q by grid search in the
+  simulator for every data point, standing in for the paper's "manually derived" Expert.
+* ``RandomPlacement`` — "Tasks allocations are chosen randomly": every task on a uniform server.
+
+Spark's fair scheduler reads live state (which servers are idle), so it is part of the simulated world
+(``gpu.sim.nona.engine``), not a sampler.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+
+from gpu.errors import ConfigError
+from gpu.schedulers.nona.dag import Dag, branches, groupings, subgraphs, undistributed
+from gpu.schedulers.nona.policy import QueryPlacement, Query
+
+
+def undistributed_thetas(dags: Mapping[str, Dag], servers: int) -> dict[tuple[str, str], tuple[float, ...]]:
+    """θ with all mass on the grouping that keeps each subgraph on one server."""
+    out = {}
+    for klass, dag in dags.items():
+        for sub in subgraphs(dag):
+            omega = groupings(sub, max_parts=servers)
+            theta = np.zeros(len(omega))
+            theta[undistributed(omega)] = 1.0
+            out[(klass, sub.root)] = tuple(theta)
+    return out
+
+
+def opportunistic_thetas(dags: Mapping[str, Dag], servers: int) -> dict[tuple[str, str], tuple[float, ...]]:
+    """θ uniform over (π = branches, any k, any l): every parallel branch on its own server."""
+    out = {}
+    for klass, dag in dags.items():
+        for sub in subgraphs(dag):
+            omega = groupings(sub, max_parts=servers)
+            split = tuple(sorted(branches(dag, sub), key=lambda part: sub.intermediates.index(part[0])))
+            hits = np.array([g.parts == split for g in omega], float)
+            if not hits.any():  # more branches than servers: stay together
+                hits[undistributed(omega)] = 1.0
+            out[(klass, sub.root)] = tuple(hits / hits.sum())
+    return out
+
+
+def expert_thetas(dags: Mapping[str, Dag], servers: int, q: float) -> dict[tuple[str, str], tuple[float, ...]]:
+    """q·Opportunistic + (1−q)·undistributed: distribute the branches of a fraction q of the queries."""
+    if not 0 <= q <= 1:
+        raise ConfigError("expert.q", q, "must be between 0 and 1")
+    opp, und = opportunistic_thetas(dags, servers), undistributed_thetas(dags, servers)
+    return {key: tuple(q * np.asarray(opp[key]) + (1 - q) * np.asarray(und[key])) for key in opp}
+
+
+class RandomPlacement:
+    """Every task of a query on a uniformly random live server: compute- and congestion-oblivious."""
+
+    name = "random"
+
+    def __init__(self, dags: Mapping[str, Dag], seed: int = 0):
+        self._dags, self.seed = dict(dags), int(seed)
+
+    def decide(self, query: Query) -> QueryPlacement:
+        rng = np.random.default_rng((self.seed, query.id))
+        dag = self._dags[query.klass]
+        chosen = rng.choice(np.asarray(query.servers), size=len(dag.tasks))
+        return QueryPlacement(query.id, query.klass, tuple((t, int(s)) for t, s in zip(dag.tasks, chosen)))

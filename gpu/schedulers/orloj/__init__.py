@@ -1,0 +1,12 @@
+"""ORLOJ (thesis ch. 4): distribution-aware batching for dynamic DNNs.
+
+Scheduler modules:
+
+- ``baselines``: The baselines of ORLOJ's evaluation (thesis §4.5) as batch policies that assume data-independent
+  latency
+- ``controller``: One GPU worker's batching loop as a ``gpu.contract.Controller``: queue, batch policy, feedback,
+  profiler
+- ``hull``: ORLOJ's priority queue as a dynamic upper envelope of lines (Yu 2022, §4.4.4, Fig
+- ``policy``: ORLOJ: distribution-aware batching for dynamic DNNs (P
+- ``profiler``: ORLOJ's online profiler (Yu 2022, §4.3.2): per-application alone times of sampled finished requests
+"""

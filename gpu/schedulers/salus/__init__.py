@@ -1,0 +1,8 @@
+"""Salus (MLSys 2020; thesis ch. 2): memory lanes and iteration-granular GPU sharing.
+
+Scheduler modules:
+
+- ``controller``: Salus on one device: admit jobs into GPU lanes and switch them at iteration boundaries (thesis Ch
+- ``lanes``: Salus GPU lanes: where a job's ephemeral memory goes (thesis Ch
+- ``policies``: Salus's iteration schedulers: which job in a lane runs the next iteration (thesis §2.4, §2.5.1)
+"""

@@ -1,0 +1,262 @@
+"""Salus on one device: admit jobs into GPU lanes and switch them at iteration boundaries (thesis Ch. 2).
+
+P. Yu, *Application-Aware Scheduling in Deep Learning Software Stacks*, PhD thesis, U. Michigan, 2022,
+Ch. 2 (= Salus, MLSys'20): the job life cycle of Fig. 2.3 — a job asks the memory manager for a lane
+(Algorithm 2.1; "this process can block, and the session will be queued"), then its iterations are
+scheduled lane by lane by the iteration scheduler (FIFO, PACK, SRTF, FAIR; §2.4).
+
+``SalusController`` is a ``gpu.contract.Controller``: the world (``gpu.sim.salus.run`` or the torch executor
+``tasks.salus_executor``) calls
+
+* ``on_arrival(now, job)`` — a job asks for a lane;
+* ``on_iteration(now, job_id, gpu_s)`` — the job's iteration ended after ``gpu_s`` seconds of GPU time;
+* ``on_job_done(now, job_id, gpu_s)`` — the job left (finished, failed or killed, mid-iteration or not),
+
+and applies the returned ``SalusStep``: who was admitted where, who waits, which lanes were laid out anew
+(auto-defragmentation) and which job runs the next iteration of each free lane. Salus "is event-driven,
+and reacts when there are jobs arriving or finishing, or at iteration boundaries" (§2.3.3.2): so is this.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from gpu.errors import ConfigError
+from gpu.schedulers.salus.lanes import LaneChoice, LaneManager, LaneMove, LaneView, Margins
+from gpu.schedulers.salus.policies import Candidate, LanePolicy, LaneSnapshot, make_policy
+
+_LANE_CAPS = {"exclusive": (1, 1), "one_lane": (1, None), "lanes": (None, None)}  # (max_lanes, max_jobs)
+
+
+@dataclass(frozen=True)
+class SalusJob:
+    """A training or inference job as Salus admits it: declared persistent and ephemeral memory (MB).
+
+    ``expected_s``: declared total GPU time (SRTF needs it, §2.4.2); ``weight``: weighted-FAIR share;
+    ``on_demand``: the job has an iteration to run only while an ``Ask`` for it waits — an inference job
+    between queries (§2.5.3), or a real job that has not yet reached its next iteration boundary; otherwise
+    (simulated training) its next iteration is always ready.
+    Example: ``SalusJob("resnet50_50", persistent_mb=340, ephemeral_mb=5200, expected_s=900)``.
+    """
+
+    job_id: str
+    persistent_mb: float
+    ephemeral_mb: float
+    expected_s: float | None = None
+    weight: float = 1.0
+    on_demand: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.job_id, str) or not self.job_id:
+            raise ConfigError("job_id", self.job_id, "must be a non-empty name")
+        for name in ("persistent_mb", "ephemeral_mb", "expected_s", "weight"):
+            v = getattr(self, name)
+            if v is None and name == "expected_s":
+                continue
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+                raise ConfigError(f"jobs[{self.job_id}].{name}", v, "must be a finite number > 0")
+
+
+@dataclass(frozen=True)
+class Ask:
+    """An ``on_demand`` job asks for one more iteration (a query arrived, or the job reached a boundary)."""
+
+    job_id: str
+
+
+@dataclass(frozen=True)
+class Admission:
+    """A job got a lane: Algorithm 2.1's outcome (``new``/``join``/``grow``) and the lane."""
+
+    job_id: str
+    lane_id: int
+    outcome: str
+
+
+@dataclass(frozen=True)
+class Run:
+    """The job whose next iteration runs in this lane now (it holds the lane's token until its boundary)."""
+
+    lane_id: int
+    job_id: str
+
+
+@dataclass(frozen=True)
+class SalusStep:
+    """One decision: admissions, jobs newly queued (Alg. 2.1 "not found"), lane layout changes, runs."""
+
+    admitted: tuple[Admission, ...] = ()
+    queued: tuple[str, ...] = ()
+    moves: tuple[LaneMove, ...] = ()
+    runs: tuple[Run, ...] = ()
+
+
+@dataclass
+class _JobState:
+    job: SalusJob
+    seq: int
+    p: float
+    e: float
+    served_s: float = 0.0
+    consumed_s: float = 0.0
+    last_run: int = -1
+    pending: int = 0  # Asks waiting (on-demand jobs only)
+
+    @property
+    def has_work(self) -> bool:
+        return not self.job.on_demand or self.pending > 0
+
+    def candidate(self) -> Candidate:
+        return Candidate(self.job.job_id, self.seq, self.served_s, self.consumed_s, self.job.expected_s,
+                         self.job.weight, self.last_run)
+
+
+@dataclass
+class _Book:
+    jobs: dict[str, _JobState] = field(default_factory=dict)  # admitted and queued
+    queue: list[str] = field(default_factory=list)
+    busy: dict[int, str] = field(default_factory=dict)  # lane -> job running an iteration there
+
+
+class SalusController:
+    """Salus's memory manager + iteration scheduler for one device (``gpu.contract.Controller``).
+
+    Args:
+        capacity_mb: the device's memory ``C``.
+        policy: ``"fifo" | "pack" | "srtf" | "fair" | "weighted_fair"`` or a ``LanePolicy`` object.
+        margins: safety margins (default ``P`` x 1.1, ``P+E`` x 1.05, 300 MB reserve).
+        admission: override the policy's admission (``exclusive``/``one_lane``/``lanes``).
+        max_jobs: admit at most this many jobs at once (a process-mode executor has that many workers).
+    """
+
+    system = "salus"
+    hooks = ("on_arrival", "on_iteration", "on_job_done")
+
+    def __init__(self, capacity_mb: float, policy: str | LanePolicy = "pack", margins: Margins = Margins(),
+                 admission: str | None = None, max_jobs: int | None = None):
+        self.rule: LanePolicy = make_policy(policy, admission) if isinstance(policy, str) else policy
+        self.policy = self.rule.name
+        max_lanes, cap = _LANE_CAPS[self.rule.admission]
+        if max_jobs is not None and (isinstance(max_jobs, bool) or not isinstance(max_jobs, int) or max_jobs < 1):
+            raise ConfigError("max_jobs", max_jobs, "must be a whole number >= 1 (or None for no cap)")
+        caps = [c for c in (cap, max_jobs) if c is not None]
+        max_jobs = min(caps) if caps else None
+        self.lanes = LaneManager(capacity_mb, margins, max_lanes=max_lanes, max_jobs=max_jobs)
+        self._book = _Book()
+        self._seq = 0
+        self._iterations = 0
+
+    # --- hooks ------------------------------------------------------------------------------------------
+    def on_arrival(self, now: float, job: SalusJob | Ask) -> SalusStep:
+        """A job: check it (bad sizes, never fits, SRTF without a time → error, nothing changed), then admit
+        it with Algorithm 2.1 or queue it, and start iterations on free lanes. An ``Ask``: its on-demand job has
+        one more iteration to run."""
+        if isinstance(job, Ask):
+            self._known(job.job_id).pending += 1
+            return self._advance((), ())
+        if job.job_id in self._book.jobs:
+            raise ConfigError("job_id", job.job_id, "already submitted to this device")
+        if self.rule.needs_expected_time and job.expected_s is None:
+            raise ConfigError(f"jobs[{job.job_id}].expected_s", None, f"{self.policy} needs each job's expected time")
+        p, e = self.lanes.charge(job.job_id, job.persistent_mb, job.ephemeral_mb)
+        self._book.jobs[job.job_id] = _JobState(job, self._seq, p, e)
+        self._seq += 1
+        self._book.queue.append(job.job_id)
+        admitted = self._admit_queued()
+        queued = () if any(a.job_id == job.job_id for a in admitted) else (job.job_id,)
+        return self._advance(admitted, queued)
+
+    def on_iteration(self, now: float, job_id: str, gpu_s: float, more: bool = False) -> SalusStep:
+        """The job's iteration ended: charge its service, free its lane, re-lay lanes, pick next iterations.
+
+        ``more``: an on-demand job asks for its next iteration in the same breath, so the policy sees it
+        waiting (a real job would otherwise lose the token to whoever asked while it crossed the boundary).
+        """
+        self._finish_iteration(job_id, gpu_s, must_run=True)
+        if more:
+            self._book.jobs[job_id].pending += 1
+        return self._advance((), ())
+
+    def on_job_done(self, now: float, job_id: str, gpu_s: float = 0.0) -> SalusStep:
+        """The job left (done, failed, killed; mid-iteration or queued): free its memory and lane, shrink the
+        lane, retry queued jobs (FIFO, or the policy's order), then pick next iterations."""
+        self._known(job_id)
+        if job_id in self._book.queue:
+            self._book.queue.remove(job_id)
+        else:
+            self._finish_iteration(job_id, gpu_s, must_run=False)
+            self.lanes.release(job_id)
+        del self._book.jobs[job_id]
+        return self._advance(self._admit_queued(), ())
+
+    # --- what a world asks --------------------------------------------------------------------------------
+    @property
+    def queue(self) -> tuple[str, ...]:
+        return tuple(self._book.queue)
+
+    @property
+    def running(self) -> dict[int, str]:
+        return dict(self._book.busy)
+
+    def lane_views(self) -> tuple[LaneView, ...]:
+        return self.lanes.lanes()
+
+    def consumed_s(self, job_id: str) -> float:
+        return self._known(job_id).consumed_s
+
+    # --- helpers --------------------------------------------------------------------------------------------
+    def _known(self, job_id: str) -> _JobState:
+        if job_id not in self._book.jobs:
+            raise ConfigError("job_id", job_id, "unknown to this device's Salus controller")
+        return self._book.jobs[job_id]
+
+    def _finish_iteration(self, job_id: str, gpu_s: float, must_run: bool) -> None:
+        state = self._known(job_id)
+        if isinstance(gpu_s, bool) or not isinstance(gpu_s, (int, float)) or not math.isfinite(gpu_s) or gpu_s < 0:
+            raise ConfigError("gpu_s", gpu_s, "must be a finite number of seconds >= 0")
+        lane = self.lanes.lane_of.get(job_id)
+        if self._book.busy.get(lane) != job_id:
+            if must_run:
+                raise ConfigError("job_id", job_id, "ended an iteration it was never told to run")
+            return
+        del self._book.busy[lane]
+        state.served_s += gpu_s
+        state.consumed_s += gpu_s
+
+    def _admit_queued(self) -> tuple[Admission, ...]:
+        """Try queued jobs in the policy's queue order; a job stays queued only if Alg. 2.1 finds nothing."""
+        admitted = []
+        order = sorted(self._book.queue, key=lambda j: self.rule.queue_key(self._book.jobs[j].candidate()))
+        for job_id in order:
+            state = self._book.jobs[job_id]
+            choice: LaneChoice = self.lanes.admit(job_id, state.p, state.e)
+            if choice.outcome == "not_found":
+                continue
+            self._book.queue.remove(job_id)
+            for j in self.lanes.jobs_in(choice.lane_id):  # a job joined: FAIR's counters restart (authors' code)
+                self._book.jobs[j].served_s = 0.0
+            admitted.append(Admission(job_id, choice.lane_id, choice.outcome))
+        return tuple(admitted)
+
+    def _advance(self, admitted: tuple[Admission, ...], queued: tuple[str, ...]) -> SalusStep:
+        """Re-lay idle lanes (auto-defragmentation), then give each free, ready lane its next iteration."""
+        views = self.lanes.lanes()
+        moves = self.lanes.settle({v.lane_id for v in views if v.lane_id not in self._book.busy})
+        runs = []
+        for view in self.lanes.lanes():
+            if view.lane_id in self._book.busy or not view.jobs or not self.lanes.ready(view.lane_id):
+                continue
+            ready = tuple(self._book.jobs[j].candidate() for j in view.jobs if self._book.jobs[j].has_work)
+            if not ready:
+                continue
+            job_id = self.rule.decide(LaneSnapshot(view.lane_id, ready))
+            self._book.busy[view.lane_id] = job_id
+            state = self._book.jobs[job_id]
+            state.last_run, state.pending = self._iterations, max(0, state.pending - 1)
+            self._iterations += 1
+            runs.append(Run(view.lane_id, job_id))
+        return SalusStep(admitted, queued, moves, tuple(runs))
+
+
+__all__ = ["Admission", "Ask", "Run", "SalusController", "SalusJob", "SalusStep", "Margins"]

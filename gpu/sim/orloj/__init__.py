@@ -1,0 +1,8 @@
+"""ORLOJ (thesis ch. 4): distribution-aware batching for dynamic DNNs.
+
+Simulator modules:
+
+- ``run``: ``gpuflows simulate orloj``: one GPU worker serving a dynamic DNN, ORLOJ against its baselines (thesis
+  §4.5)
+- ``workload``: ORLOJ simulator inputs: per-application execution-time distributions and the scenario file
+"""

@@ -1,0 +1,240 @@
+"""``gpuflows simulate orloj``: one GPU worker serving a dynamic DNN, ORLOJ against its baselines (thesis §4.5).
+
+The world owns the clock (``gpu.sim.events.EventLoop``) and the truth: each request's alone time is sampled
+from its application's distribution, and a batch runs for Eq. 4.3/4.4 on those true times
+(``gpu.batching.PaddedBatchModel``). It drives one ``gpu.schedulers.orloj.controller.OrlojController`` per run,
+which owns the queue and the policy. The policies are the runtime's ``gpu.batching`` objects; they see only
+requests, deadlines and what their profiler measured:
+
+* ORLOJ: per-application histograms of alone times, from a warm profiler (``PROFILE_SAMPLES`` requests per
+  application timed alone) or, with ``orloj.profiler: online``, from ``COLD_SAMPLES`` per application and then
+  the online profiler (§4.3.2, ``gpu.schedulers.orloj.profiler``) timing sampled finished requests alone;
+* the Clockwork-, Nexus- and Clipper-like baselines: a point estimate per batch size, the mean latency of a
+  random batch (what a profiler that assumes data-independence measures), and, for Clockwork and Clipper,
+  the executed batches through ``observe``.
+
+Choices the thesis leaves open (``docs/orloj.md``): Poisson arrivals at ``load`` × ORLOJ's max-batch
+throughput ``bs_max / E[L_B(bs_max)]``; SLO = m × P99 of the alone times; ``c0 = c0_fraction`` × P1 of the alone
+times; a request is on time when its batch ends by its deadline, and dropped or late otherwise.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from gpu.batching import BatchContext, BatchPolicy, PaddedBatchModel, InferenceRequest, make_policy
+from gpu.errors import ConfigError
+from gpu.report import SimulationReport
+from gpu.schedulers.orloj.policy import Histogram, LatencyTable
+from gpu.schedulers.orloj.baselines import nexus_plan_batch
+from gpu.schedulers.orloj.controller import BatchDone, Dispatch, OrlojController
+from gpu.schedulers.orloj.profiler import OnlineProfiler
+from gpu.scenario import choose
+from gpu.sim.events import EventLoop
+from gpu.sim.nexus.engine import arrival_times
+from gpu.sim.orloj.workload import POLICY_NAMES, Case, OrlojScenario, load
+
+PROFILE_SAMPLES = 20_000
+COLD_SAMPLES = 30  # an online-profiled ORLOJ starts from this many alone times per application
+BASELINES = ("clockwork", "nexus", "clipper")
+
+
+@dataclass
+class Outcome:
+    """InferenceRequest counts of one run, and the policy's decision time."""
+
+    offered: int = 0
+    good: int = 0
+    late: int = 0
+    dropped: int = 0
+    batches: int = 0
+    batched: int = 0
+    decide_s: float = 0.0
+
+    @property
+    def finish_rate(self) -> float:
+        """Requests finished by their deadline / requests offered (§4.5, "finish rate")."""
+        return self.good / self.offered if self.offered else 0.0
+
+
+@dataclass(frozen=True, eq=False)
+class Setup:
+    """What a case fixes before any policy runs: profiled histograms, the batch model, P99, the offered rate."""
+
+    case: Case
+    histograms: dict[str, Histogram]
+    cold_histograms: dict[str, Histogram]
+    model: PaddedBatchModel
+    p99_ms: float
+    rate_per_s: float
+    point_ms: dict[int, float]  # mean batch latency per size: the baselines' point estimate
+    batch_sizes: tuple[int, ...]
+
+    @classmethod
+    def build(cls, case: Case, sc: OrlojScenario, seed: int = 12345) -> "Setup":
+        rng = np.random.default_rng(seed)
+        samples = {a.app_id: a.sample(rng, PROFILE_SAMPLES, case.scale) + case.scale * case.overhead_ms
+                   for a in case.apps}
+        every = np.concatenate(list(samples.values()))
+        hists = {a: Histogram.from_samples(x, sc.bins) for a, x in samples.items()}
+        model = PaddedBatchModel(sc.c0_fraction * float(np.percentile(every, 1)))
+        orloj = LatencyTable(hists, sc.batch_sizes, model, sc.mix)
+        rate = sc.load * max(bs / orloj.means[None, bs] for bs in sc.batch_sizes) * 1000.0
+        mean = float(every.mean())  # data-independence: every request costs the average one
+        cold = {a: Histogram.from_samples(x[:COLD_SAMPLES], sc.bins) for a, x in samples.items()}
+        return cls(case, hists, cold, model, float(np.percentile(every, 99)), rate,
+                   {bs: model.batch_ms(np.full(bs, mean)) for bs in sc.batch_sizes}, sc.batch_sizes)
+
+    def duration_s(self, sc: OrlojScenario) -> float:
+        """How long to offer traffic: ``requests`` expected arrivals when the scenario sets it, else ``duration_s``."""
+        return sc.requests / self.rate_per_s if sc.requests else sc.duration_s
+
+    def point_latency(self, b: int) -> float:
+        """The point estimate for any b: the profiled size at or above it."""
+        return self.point_ms[min((s for s in self.batch_sizes if s >= b), default=max(self.batch_sizes))]
+
+
+def build_policy(name: str, setup: Setup, sc: OrlojScenario) -> BatchPolicy:
+    """A fresh policy for one worker (baselines keep state, so never shared between runs)."""
+    if name == "orloj":
+        hists = setup.cold_histograms if sc.profiler == "online" else setup.histograms
+        return make_policy("orloj", histograms=hists, model=setup.model, batch_sizes=setup.batch_sizes, b=sc.b,
+                           mix=sc.mix)
+    if name == "clockwork":
+        return make_policy("clockwork", batch_sizes=setup.batch_sizes)
+    if name == "nexus":
+        return make_policy("early_drop")
+    return make_policy("clipper")
+
+
+class _World:
+    """The simulated side of one GPU worker: arrivals, batch execution on true alone times, outcome counts.
+
+    It drives an ``OrlojController`` (which owns the queue and the policy) with the event loop's clock, and
+    charges the hooks' measured wall time to simulated time when asked (RT-6, Fig. 4.14).
+    """
+
+    def __init__(self, loop: EventLoop, ctrl: OrlojController, model: PaddedBatchModel, alone: np.ndarray,
+                 out: Outcome, charge_decisions: bool):
+        self.loop, self.ctrl, self.model, self.alone, self.out = loop, ctrl, model, alone, out
+        self.charge = charge_decisions
+        self.profile: tuple[int, ...] = ()  # ids to report as timed alone with the next finished batch
+
+    def arrive(self, request: InferenceRequest) -> None:
+        self._apply(*self._call(self.ctrl.on_arrival, request))
+
+    def wake(self) -> None:
+        self._apply(*self._call(self.ctrl.on_wake))
+
+    def _done(self, start: float) -> None:
+        measured = {rid: float(self.alone[rid]) for rid in self.profile}  # timed alone, off the worker
+        self.profile = ()
+        self._apply(*self._call(self.ctrl.on_job_done, BatchDone(start, measured)))
+
+    def _call(self, hook: Callable, *args) -> tuple[Dispatch, float]:
+        t0 = time.perf_counter()
+        dispatch = hook(self.loop.now, *args)
+        spent = time.perf_counter() - t0
+        if dispatch.run or dispatch.drop:
+            self.out.decide_s += spent
+        return dispatch, spent
+
+    def _apply(self, d: Dispatch, spent_s: float) -> None:
+        self.out.dropped += len(d.drop)
+        if d.profile:
+            self.profile = d.profile
+        if d.run:
+            start = self.loop.now + (spent_s * 1000.0 if self.charge else 0.0)
+            finish = start + self.model.batch_ms(self.alone[[r.request_id for r in d.run]])
+            on_time = sum(finish <= r.deadline_ms for r in d.run)
+            self.out.good += on_time
+            self.out.late += len(d.run) - on_time
+            self.out.batches += 1
+            self.out.batched += len(d.run)
+            self.loop.at(finish, lambda: self._done(start))
+        elif d.wake_at_ms is not None:
+            self.loop.at(max(self.loop.now, d.wake_at_ms), self.wake)
+
+
+def serve(setup: Setup, policy: BatchPolicy, slo_ms: float, seed: int, duration_s: float,
+          charge_decisions: bool = False, profiler: OnlineProfiler | None = None, publish_s: float = 10.0) -> Outcome:
+    """Offer ``duration_s`` of Poisson traffic to one worker running ``policy``; count finished requests.
+
+    With a ``profiler`` (ORLOJ only), sampled finished requests are profiled and the policy adopts the published
+    histograms every ``publish_s``.
+    """
+    rng = np.random.default_rng(seed)
+    times = arrival_times(setup.rate_per_s, duration_s, "poisson", rng)
+    which, alone = setup.case.sample(rng, len(times))
+    apps = [a.app_id for a in setup.case.apps]
+    target = nexus_plan_batch(setup.point_latency, slo_ms, setup.batch_sizes)
+    top = max(setup.batch_sizes)
+    out = Outcome(offered=len(times))
+    loop = EventLoop()
+    ctrl = OrlojController(policy, lambda now: BatchContext(now, setup.point_latency, target, top), profiler,
+                           publish_s * 1000.0)
+    world = _World(loop, ctrl, setup.model, alone, out, charge_decisions)
+    for i, t in enumerate(times):
+        r = InferenceRequest(i, apps[which[i]], float(t), float(t) + slo_ms)
+        loop.at(float(t), lambda r=r: world.arrive(r))
+    loop.run(until=duration_s * 1000.0 + 20 * slo_ms)
+    out.dropped += len(ctrl.queue)  # never served before the drain horizon
+    return out
+
+
+def sweep(sc: OrlojScenario, policies: list[str], seeds: int | None = None,
+          charge_decisions: bool = False) -> list[dict]:
+    """Finish rate (mean ± std over seeds) of every case × SLO multiplier × policy."""
+    setups = [Setup.build(case, sc) for case in sc.cases]
+    for setup in setups:  # before any run: an SLO no request can meet is a mistake in the scenario
+        shortest = min(h.edges[0] for h in setup.histograms.values())
+        for m in sc.slo_multipliers:
+            if m * setup.p99_ms < shortest:
+                raise ConfigError("slo_multipliers", m, f"SLO {m * setup.p99_ms:.4g} ms of case {setup.case.name!r} "
+                                                        f"is below its shortest alone time {shortest:.4g} ms")
+    rows = []
+    for setup in setups:
+        case = setup.case
+        for m in sc.slo_multipliers:
+            slo = m * setup.p99_ms
+            for name in policies:
+                runs = [serve(setup, build_policy(name, setup, sc), slo, seed, setup.duration_s(sc), charge_decisions,
+                              OnlineProfiler(seed=seed) if name == "orloj" and sc.profiler == "online" else None,
+                              sc.publish_s)
+                        for seed in range(seeds or sc.seeds)]
+                rates = [r.finish_rate for r in runs]
+                rows.append({"case": case.name, "slo_x": m, "policy": name,
+                             "finish_rate": float(np.mean(rates)), "std": float(np.std(rates)),
+                             "dropped": float(np.mean([r.dropped / max(1, r.offered) for r in runs])),
+                             "mean_batch": float(np.mean([r.batched / max(1, r.batches) for r in runs])),
+                             "decision_ms": 1000.0 * sum(r.decide_s for r in runs) / max(1, sum(r.batches for r in runs))})
+    return rows
+
+
+def ratios(rows: list[dict]) -> dict[float, list[float]]:
+    """Per SLO multiplier, ORLOJ's finish rate over the best baseline's, one value per case."""
+    cells: dict[tuple[str, float], dict[str, float]] = {}
+    for r in rows:
+        cells.setdefault((r["case"], r["slo_x"]), {})[r["policy"]] = r["finish_rate"]
+    out: dict[float, list[float]] = {}
+    for (_, m), by in cells.items():
+        best = max((by[p] for p in BASELINES if p in by), default=None)
+        if "orloj" in by and best:
+            out.setdefault(m, []).append(by["orloj"] / best)
+    return out
+
+
+def run(scenario_path: str, policies: list[str] | None = None) -> SimulationReport:
+    """Simulate each named policy (default: the scenario's, else all four) on every case and SLO."""
+    sc = load(scenario_path)
+    chosen = [choose(p, "policy", list(POLICY_NAMES)) for p in (policies or sc.policies)]
+    rows = sweep(sc, chosen)
+    summary = {f"finish_rate_{p}": float(np.mean([r["finish_rate"] for r in rows if r["policy"] == p]))
+               for p in chosen}
+    for m, values in ratios(rows).items():
+        summary[f"orloj_over_best_baseline_{m:g}x"] = float(np.mean(values))
+    return SimulationReport("orloj", rows, summary)
