@@ -40,6 +40,7 @@ from gpu.schedulers.cilantro import make_policy  # noqa: E402
 from gpu.schedulers.cilantro.types import Feedback, JobView, AllocationPolicy, Snapshot  # noqa: E402
 from gpu.sim.cilantro.run import PolicyRun, load_ucbs, simulate_policy  # noqa: E402
 from gpu.sim.cilantro.scenario import MultiTenantConfig, parse_multitenant  # noqa: E402
+from benchmarks.paper_table import print_beside_paper  # noqa: E402
 
 Transform = Callable[[Snapshot, JobView], JobView]
 LEARNING = ("cilantro-sw", "cilantro-ew", "cilantro-njc")
@@ -240,12 +241,6 @@ def rows(out: dict[str, float]) -> list[tuple[str, str, str]]:
     return r
 
 
-def print_rows(r: list[tuple[str, str, str]]) -> None:
-    width = max(len(x[0]) for x in r)
-    print(f"{'target':<{width}}  {'ours':<36}  paper")
-    for name, ours, paper in r:
-        print(f"{name:<{width}}  {ours:<36}  {paper}")
-
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -255,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     out = evaluate(args.quick, args.seed)
-    print_rows(rows(out))
+    print_beside_paper(rows(out))
     print(f"\nruntime {time.perf_counter() - t0:.1f} s ({'quick' if args.quick else 'full'}, seed {args.seed})")
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2))

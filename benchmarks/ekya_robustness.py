@@ -45,6 +45,7 @@ from gpu.schedulers.ekya.policies import EkyaPolicy, make_policy  # noqa: E402
 from gpu.sim.ekya.run import simulate_policy  # noqa: E402
 from gpu.sim.ekya.scenario import EkyaScenario, ScenarioStream, WindowSpec  # noqa: E402
 from gpu.sim.ekya.workloads import generate  # noqa: E402
+from benchmarks.paper_table import print_beside_paper  # noqa: E402
 
 UNIFORM = ("uniform_cfg1_50", "uniform_cfg2_50", "uniform_cfg2_90", "uniform_cfg2_30", "uniform_cfg1_90")
 STREAMS, GPUS = 8, 4.0  # Table 2.3's setup: 8 videos on 4 GPUs
@@ -219,12 +220,6 @@ def rows(out: dict[str, float]) -> list[tuple[str, str, str]]:
     return r
 
 
-def print_rows(r: list[tuple[str, str, str]]) -> None:
-    width = max(len(x[0]) for x in r)
-    print(f"{'target':<{width}}  {'ours':<22}  paper")
-    for name, ours, paper in r:
-        print(f"{name:<{width}}  {ours:<22}  {paper}")
-
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -234,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
     out = evaluate(2 if args.quick else 5, 3 if args.quick else 10, args.seed)
-    print_rows(rows(out))
+    print_beside_paper(rows(out))
     print(f"\nruntime {time.perf_counter() - t0:.1f} s ({'quick' if args.quick else 'full'}, seed {args.seed})")
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=2))

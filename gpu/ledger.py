@@ -45,7 +45,7 @@ from gpu.liveness import HOST, Owner, process_alive, process_start, process_stat
 from gpu.wakeup import SAFETY_POLL_S, Doorbells, drain
 from gpu.placement import (
     DeviceChoice, DeviceState, FifoBestFit, NodeState, PlacementPolicy, ResourceRequest, Waiting, apply_choice,
-    awaits_missing_resource, check_ever_fits, plan_grants,
+    awaits_missing_resource, check_ever_fits, choose_all, plan_grants,
 )
 from gpu.scenario import number, positive
 from gpu.units import format_memory
@@ -746,14 +746,9 @@ class PoolLedger(LedgerClient):
             self._check(request)
         self._start_threads()
         with self._tx("grant a gang") as db:
-            nodes = self._free_state(db, {k for r in requests for k in r.resources})
-            choices = []
-            for request in requests:
-                choice = self.policy.choose(request, nodes)
-                if choice is None:
-                    return None
-                choices.append(choice)
-                nodes = apply_choice(nodes, request, choice)
+            choices = choose_all(self.policy, requests, self._free_state(db, {k for r in requests for k in r.resources}))
+            if choices is None:
+                return None
             key = (owner or self.owner).key
             tickets = [self._insert_ticket(db, r, 0.0, owner) for r in requests]
             self._grant(db, [(Waiting(t, r), c, key) for t, r, c in zip(tickets, requests, choices)])

@@ -221,6 +221,19 @@ def apply_choice(nodes: Sequence[NodeState], request: ResourceRequest, choice: D
     return out
 
 
+def choose_all(policy: PlacementPolicy, requests: Sequence[ResourceRequest],
+               nodes: Sequence[NodeState]) -> list[DeviceChoice] | None:
+    """Where every one of ``requests`` goes at once (all or none: ESCHER's gang grant), or None if one misfits."""
+    choices = []
+    for request in requests:
+        choice = policy.choose(request, nodes)
+        if choice is None:
+            return None
+        choices.append(choice)
+        nodes = apply_choice(nodes, request, choice)
+    return choices
+
+
 def awaits_missing_resource(request: ResourceRequest, nodes: Sequence[NodeState]) -> bool:
     """Whether ``request`` names an ephemeral resource that exists on none of the nodes it may use.
 

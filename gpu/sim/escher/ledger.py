@@ -18,7 +18,8 @@ from gpu.devices import PoolSpec
 from gpu.errors import ConfigError, LeaseLost
 from gpu.ledger import LedgerClient, Lease, status_of
 from gpu.placement import (
-    DeviceState, FifoBestFit, NodeState, PlacementPolicy, ResourceRequest, Waiting, apply_choice, check_ever_fits, plan_grants,
+    DeviceState, FifoBestFit, NodeState, PlacementPolicy, ResourceRequest, Waiting, apply_choice, check_ever_fits,
+    choose_all, plan_grants,
 )
 from gpu.scenario import number, positive
 
@@ -143,14 +144,9 @@ class SimLedger(LedgerClient):
 
     def grant_all(self, requests: Sequence[ResourceRequest]) -> list[Lease] | None:
         """All-or-none in one step (FrameSpace): the same rule as ``PoolLedger.grant_all``."""
-        nodes = self.free_state()
-        choices = []
-        for request in requests:
-            choice = self.policy.choose(request, nodes)
-            if choice is None:
-                return None
-            choices.append(choice)
-            nodes = apply_choice(nodes, request, choice)
+        choices = choose_all(self.policy, requests, self.free_state())
+        if choices is None:
+            return None
         return [self._hold(self._lease(request, choice)) for request, choice in zip(requests, choices)]
 
     # -- faults ---------------------------------------------------------------------------------

@@ -35,7 +35,7 @@ from gpu.schedulers.orloj.controller import BatchDone, Dispatch, OrlojController
 from gpu.schedulers.orloj.profiler import OnlineProfiler
 from gpu.scenario import choose
 from gpu.sim.events import EventLoop
-from gpu.sim.nexus.engine import arrival_times
+from gpu.sim.nexus.engine import SessionStats, arrival_times
 from gpu.sim.orloj.workload import POLICY_NAMES, Case, OrlojScenario, load
 
 PROFILE_SAMPLES = 20_000
@@ -44,15 +44,9 @@ BASELINES = ("clockwork", "nexus", "clipper")
 
 
 @dataclass
-class Outcome:
-    """InferenceRequest counts of one run, and the policy's decision time."""
+class Outcome(SessionStats):
+    """Request counts of one run (the serving engine's, summed over sessions) and the policy's decision time."""
 
-    offered: int = 0
-    good: int = 0
-    late: int = 0
-    dropped: int = 0
-    batches: int = 0
-    batched: int = 0
     decide_s: float = 0.0
 
     @property
