@@ -47,6 +47,7 @@ from tasks.requests import gpu_options
 from tasks.flow_runtime import (flow_runner, log_flow_inputs, log_flow_outcome, pool_block, publish_mlflow_link, settings,
                                 tracking_target)
 from tasks.runners import GpuTaskRunner
+from tasks.tracking import flow_tracker
 from tasks.charts import publish_pool_occupancy
 from tasks.ui import FlowProgress, publish_table
 
@@ -209,7 +210,7 @@ def _search(algorithm: str, trials: int, iterations: int, seed: int, space: dict
                                                          "alpha": curve.alpha, "c": curve.c},
             "scaling": None if scaling is None else {"widths": list(scaling.widths), "iter_s": list(scaling.iter_times),
                                                      "beta": scaling.beta},
-            "makespan_s": makespan, "group_makespans_s": executor.group_makespans,
+            "makespan_s": makespan, "group_makespans_s": executor.group_makespans, "mlflow_errors": log.errors,
             "calibration_s": cal.seconds, "profiling_s": profiler.seconds, "profiles": dict(profiler.profiles),
             "trial_times": {tid: {"config": dict(session.trial(tid).config),
                                   "iter_time_s": session.trial(tid).iter_time_s,
@@ -297,6 +298,8 @@ def trial_groups(algorithm: str = "grid", trials: int = 4, iterations: int = 4, 
     log_flow_outcome({"best_val_accuracy": summary["best_val_accuracy"], "trials_run": summary["trials"],
                       "trials_failed": len(summary["failures"]), "iterations_trained": summary["iterations_trained"],
                       "makespan_s": summary["makespan_s"], "profiling_s": summary["profiling_s"]})
+    tracker = flow_tracker()
+    summary["mlflow_errors"] += tracker.flush() if tracker else []
     return summary
 
 

@@ -8,9 +8,29 @@ No-ops when tracking is off.
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+import logging
+from typing import Any, Callable
 
 from tasks.fluid_profiling import Calibration
+
+log = logging.getLogger(__name__)
+
+
+def _kept_going(method: Callable) -> Callable:
+    """A failing tracking store costs the review, not the search: the error is kept for the flow's
+    ``mlflow_errors`` and logged, and the trial goes on. A no-op when tracking is off."""
+    @functools.wraps(method)
+    def guarded(self: "TrialLog", *args: Any, **kwargs: Any) -> Any:
+        if self.client is None:
+            return None
+        try:
+            return method(self, *args, **kwargs)
+        except Exception as exc:
+            self.errors.append(f"{method.__name__} not logged to MLflow: {exc!r}")
+            log.error(self.errors[-1])
+            return None
+    return guarded
 
 
 class TrialLog:
@@ -18,6 +38,7 @@ class TrialLog:
 
     def __init__(self, parent: str | None, tracking_uri: str):
         self.parent, self.runs, self.client, self.exp = parent, {}, None, None
+        self.errors: list[str] = []
         if parent is not None:
             from mlflow import MlflowClient
 
@@ -25,9 +46,8 @@ class TrialLog:
             self.exp = self.client.get_run(parent).info.experiment_id
         self.tracking_uri = tracking_uri
 
+    @_kept_going
     def open(self, trial, algorithm: str, execution: str) -> None:
-        if self.client is None:
-            return
         from mlflow.entities import Param
 
         run = self.client.create_run(self.exp, run_name=f"trial-{trial.trial_id}", tags={
@@ -39,9 +59,8 @@ class TrialLog:
         self.client.log_batch(run.info.run_id, params=params)
         self.runs[trial.trial_id] = run.info.run_id
 
+    @_kept_going
     def chunk(self, out: dict[str, Any], step0: int) -> None:
-        if self.client is None:
-            return
         from mlflow.entities import Metric, RunTag
 
         rid = self.runs[out["trial_id"]]
@@ -55,16 +74,14 @@ class TrialLog:
                                                  f"width={out['width']:g} data_parallel={out['data_parallel']}")]
         self.client.log_batch(rid, metrics=metrics, tags=tags)
 
+    @_kept_going
     def close(self, trial_id: str, ok: bool, error: str | None = None) -> None:
-        if self.client is None:
-            return
         if error:
             self.client.set_tag(self.runs[trial_id], "error", error[:500])
         self.client.set_terminated(self.runs[trial_id], "FINISHED" if ok else "FAILED")
 
+    @_kept_going
     def register(self, trial_id: str, model, name: str) -> str | None:
-        if self.client is None:
-            return None
         import mlflow
         import mlflow.pytorch
 
@@ -75,11 +92,10 @@ class TrialLog:
         self.client.set_terminated(self.runs[trial_id], "FINISHED")
         return str(info.registered_model_version)
 
+    @_kept_going
     def search(self, cal: Calibration) -> None:
         """FLUID's parameters on the parent run, and the packing (metrics by p) and scaling (by width) curves
         they came from."""
-        if self.client is None:
-            return
         from mlflow.entities import Metric, Param
 
         params = [Param("fluid.c", str(cal.c)), Param("fluid.d", str(cal.d)), Param("fluid.alpha", f"{cal.alpha:.4g}"),

@@ -103,6 +103,7 @@ def test_a_saved_packing_curve_is_used_without_measuring(state_dir):
 def test_search_logs_a_child_run_per_trial_with_params_metrics_and_placement(grid):
     s, client, _ = grid
     parent = client.get_run(s["mlflow_run_id"])
+    assert s["mlflow_errors"] == []  # every record reached MLflow
     assert set(s["trial_runs"]) == {"c0000@0", FAILING, "c0002@0"}
     for tid, rid in s["trial_runs"].items():
         run = client.get_run(rid)
