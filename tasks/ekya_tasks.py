@@ -237,7 +237,7 @@ def train_golden(seed: int = 0, samples: int = 4000, epochs: int = 8) -> str:
     return str(path)
 
 
-@task(cache_policy=NO_CACHE)
+@task(cache_policy=NO_CACHE, task_run_name="bootstrap-{spec.name}")  # the Prefect UI names what it worked on
 def bootstrap_model(spec: StreamSpec, settings: WindowSettings, samples: int = 800, epochs: int = 30) -> dict:
     """The stream's first deployed model: trained on its undrifted history (window -1)."""
     import torch
@@ -275,7 +275,7 @@ def _frame_by_frame(model, x: np.ndarray, device) -> tuple[np.ndarray, float, fl
     return out, clock.timing.slice_s, clock.timing.slice_s * clock.timing.share
 
 
-@task(cache_policy=NO_CACHE)
+@task(cache_policy=NO_CACHE, task_run_name="profile-{spec.name}-w{window}")  # the Prefect UI names what it worked on
 def profile_window(spec: StreamSpec, window: int, model_state: dict, golden_path: str,
                    configs: tuple[ConfigSpec, ...], settings: WindowSettings) -> WindowProfile:
     """Golden-label the window's sample, time the deployed model per frame, then micro-profile every
@@ -326,7 +326,7 @@ class InjectedFailure(RuntimeError):
     """Raised by a retraining task told to fail (fault-injection tests and demos)."""
 
 
-@task(cache_policy=NO_CACHE)
+@task(cache_policy=NO_CACHE, task_run_name="retrain-{spec.name}-w{window}-{config.name}")  # the Prefect UI names what it worked on
 def retrain(spec: StreamSpec, window: int, model_state: dict, golden_labels: np.ndarray, config: ConfigSpec,
             settings: WindowSettings, budget_s: float = float("inf"), fail: bool = False) -> RetrainResult:
     """Fine-tune the deployed model with ``config`` on the window's golden-labelled frames.
@@ -363,7 +363,7 @@ class SegmentResult:
     slice_s: float = 0.0  # measured time to run the model on every frame of the period on the slice
 
 
-@task(cache_policy=NO_CACHE)
+@task(cache_policy=NO_CACHE, task_run_name="infer-{spec.name}-w{window}-f{first}")  # the Prefect UI names what it worked on
 def infer_segment(spec: StreamSpec, window: int, model_state: dict, first: int, last: int, period_s: float,
                   settings: WindowSettings) -> SegmentResult:
     """Serve live frames ``[first, last)`` that arrive over ``period_s`` slice seconds at the frame rate the
