@@ -24,6 +24,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks import cilantro_learning  # noqa: E402
+from benchmarks.paper_table import print_beside_paper  # noqa: E402
 from gpu.scenario import load_scenario  # noqa: E402
 from gpu.schedulers.cilantro import POLICIES  # noqa: E402
 from gpu.sim.cilantro.run import simulate_all, summarize  # noqa: E402
@@ -97,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     out.update(ms.summary)
     print("\nLearning and robustness (5-user environments; docs/cilantro.md):")
     learning = cilantro_learning.evaluate(args.quick)  # Figs. 3.9-3.11, 3.13-center/right
-    cilantro_learning.print_rows(cilantro_learning.rows(learning))
+    print_beside_paper(cilantro_learning.rows(learning))
     out.update(learning)
     _plots(runs, Path(args.plots))
     print(f"\nplots in {args.plots}; total {time.time() - t0:.0f} s")
