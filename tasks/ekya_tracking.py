@@ -161,7 +161,8 @@ class WindowLogger:
         ax.set(xlabel="time (slice s)", ylabel="inference accuracy", ylim=(0, 1.02),
                title=f"Ekya continuous retraining, policy={self.run.policy}: mean {mean:.3f} (black: window means)")
         ax.legend(loc="lower left", ncol=len(names), fontsize=8)
-        out = state_dir() / "ekya" / "plots" / f"accuracy-{self.run.policy}-{self.parent_run_id or 'untracked'}.png"
+        # one folder per run, one artifact name for every run: MLflow's Compare view shows policies side by side
+        out = state_dir() / "ekya" / "plots" / f"{self.run.policy}-{self.parent_run_id or 'untracked'}" / "accuracy.png"
         out.parent.mkdir(parents=True, exist_ok=True)
         fig.tight_layout()
         fig.savefig(out, dpi=110)
