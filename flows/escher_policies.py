@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from prefect import flow, task
+from prefect.futures import as_completed
 
 from gpu.errors import AllocationTimeout, ConfigError, GpuflowsError
 from gpu.placement import ResourceRequest
@@ -52,6 +53,7 @@ from tasks.runners import GpuTaskRunner
 from tasks.ui import publish_table
 
 MODES = ("thread", "process")
+BACKENDS = ("local", "ray")
 DEFAULT_POOL = GpuPool(name="escher", device_backend="simulated", simulated="1x16GiB", nodes=4)
 PROCESS_WORKERS = 2  # the runner's workers per set of visible devices: a gang larger than this cannot all start
 BARRIER_TIMEOUT_S = 60.0
@@ -215,13 +217,17 @@ def run_hfs(esl: Escher, nodes: list[str], team_weights: list[float], jobs: int,
     resources = {"a": team_a.create_user("a"), "b1": team_b.create_user("b1"), "b2": team_b.create_user("b2")}
     esl.apply(hfs.on_round(0.0, {user: jobs for user in resources}))  # demand: nodes' worth of queued jobs
     shares = hfs.shares()
-    futures = []
+    users = {}
     for user, resource in resources.items():
         with gpu_options(gpus=1, resources={resource: 1}):
-            futures += [team_job.with_options(name=f"{user}-{i}").submit(user, i, steps) for i in range(jobs)]
-    rows = [f.result() for f in futures]
-    esl.apply(hfs.on_round(1.0, {}))  # no demand left: every share is given back
-    return {"shares": shares, "jobs": rows}
+            users.update({team_job.with_options(name=f"{user}-{i}").submit(user, i, steps): user for i in range(jobs)})
+    left, start = {user: jobs for user in resources}, time.time()
+    for done in as_completed(list(users)):  # fewer nodes than users: one with work and no node gets some as others end
+        left[users[done]] -= 1
+        if any(n and not hfs.shares()[u] for u, n in left.items()):
+            esl.apply(hfs.on_round(time.time() - start, left))
+    esl.apply(hfs.on_round(time.time() - start, {}))  # no demand left: every share is given back
+    return {"shares": shares, "jobs": [f.result() for f in users]}
 
 
 def runner_settings(parameters: dict) -> dict:
@@ -280,6 +286,8 @@ def escher_policies(gang_size: int = 2, gang_timeout_s: float = 30.0, team_weigh
                                            "team_weights": team_weights, "jobs": jobs, "steps": steps, "mode": mode})
     ledger = flow_runner().ledger()
     nodes = sorted(ledger.cluster_status())
+    if len(nodes) < 2:  # a Ray cluster's nodes are known only now
+        raise ConfigError("pool.nodes", len(nodes), "anti-affinity and gangs across nodes need at least 2 nodes")
     with tempfile.TemporaryDirectory(prefix="escher-log-") as folder:
         log_path = os.path.join(folder, "set_resource.jsonl")
         esl = Escher(ledger, log_path=log_path)
@@ -310,16 +318,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=30, help="SGD steps per task (default 30)")
     parser.add_argument("--mode", default="thread", help=f"runner mode, one of {MODES} (default thread)")
     parser.add_argument("--no-tracking", action="store_true", help="switch MLflow tracking off")
+    parser.add_argument("--backend", choices=BACKENDS, default="local",
+                        help="tasks on simulated nodes here (local) or on a Ray cluster's nodes (ray: needs --ray-address)")
+    parser.add_argument("--ray-address", default=None, help="the Ray cluster (ip:port) for --backend ray")
     args = parser.parse_args(argv)
     kwargs = dict(gang_size=args.gang_size, gang_timeout_s=args.gang_timeout_s, team_weights=args.team_weights,
                   jobs=args.jobs, steps=args.steps, seed=0, mode=args.mode,
                   tracking=False if args.no_tracking else None)
     try:  # before a Prefect server starts
         integer(args.nodes, "nodes", minimum=2)
-        pool = GpuPool(name=args.pool, device_backend="simulated", simulated="1x16GiB", nodes=args.nodes)
+        if args.backend == "ray" and not args.ray_address:
+            raise ConfigError("ray_address", None, "--backend ray needs a cluster of 2 or more nodes (a local Ray has one)")
+        pool = GpuPool(name=args.pool, device_backend="simulated", simulated="1x16GiB", nodes=args.nodes,
+                       ray_address=args.ray_address)
         pool.open_ledger().close()  # the pool name and its layout, checked
         kwargs["pool"], kwargs["tracking"] = prepare(pool, **kwargs)
-        out = escher_policies(**kwargs)
+        policies = escher_policies
+        if args.backend == "ray":  # the same flow and parameters, its tasks on the cluster's nodes
+            from tasks.ray_runner import GpuRayTaskRunner
+
+            policies = escher_policies.with_options(task_runner=GpuRayTaskRunner(configure=runner_settings))
+        out = policies(**kwargs)
     except GpuflowsError as exc:
         return error(exc)
     p = out["placement"]

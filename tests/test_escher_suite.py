@@ -41,6 +41,7 @@ class Backend:
 
     name = ""
     ledger = None
+    policy = FifoBestFit()  # strict FIFO, the ledgers' default (the signalling case needs it)
 
     def nodes(self) -> list[str]:
         return sorted(self.ledger.cluster_status())
@@ -61,7 +62,7 @@ class SimBackend(Backend):
     name = "sim"
 
     def __init__(self) -> None:
-        self.ledger = SimLedger(SPEC)
+        self.ledger = SimLedger(SPEC, self.policy)
 
     def lose_node(self, node: str) -> None:
         self.ledger.fail_node(node)
@@ -79,12 +80,13 @@ class LocalBackend(Backend):
     def __init__(self) -> None:
         self.pool = GpuPool(name=f"escher-suite-{uuid.uuid4().hex[:8]}", device_backend="simulated",
                             simulated=DEVICES, nodes=3)
-        self.ledger = self.pool.open_ledger()
+        self.ledger = self.pool.open_ledger(self.policy)
         self._all = self.ledger.spec
 
     def _reopen(self, keep: Callable[[str], bool]) -> None:
         self.ledger.close()
-        self.ledger = open_pool(self.pool.name, spec=PoolSpec(tuple(n for n in self._all.nodes if keep(n.name))))
+        self.ledger = open_pool(self.pool.name, spec=PoolSpec(tuple(n for n in self._all.nodes if keep(n.name))),
+                                policy=self.policy)
 
     def lose_node(self, node: str) -> None:
         self._reopen(lambda n: n != node)
@@ -176,7 +178,7 @@ def check_t2_queued_before_t1_runs_after_t1_signals_under_fifo(b: Backend) -> No
     """P2 under strict FIFO: T2 waits off the head (its resource exists nowhere), T1 runs, then T2; a
     barrier waits for every predecessor."""
     ledger = b.ledger
-    assert isinstance(ledger.policy, FifoBestFit) and not ledger.policy.backfill
+    assert not b.policy.backfill
     t2 = ledger.submit(ResourceRequest(gpus=1, resources=after("t1"), label="t2"))
     t1 = grant(ledger, ResourceRequest(gpus=1, label="t1"))
     assert t1 is not None and granted(ledger, t2) is None
