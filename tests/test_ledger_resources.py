@@ -145,6 +145,7 @@ ledger.release(ghost.lease_id)
 """
 
 
+@pytest.mark.slow  # real processes under a fault
 def test_a_ghost_killed_mid_gang_loses_its_lease_and_its_gang_rolls_back_then_runs(tmp_path):
     """ESCHER §4.4e under a fault: two of a gang's three GPU ghosts run in their own processes, the third
     waits; kill -9 of one ghost frees its GPU and its ``gang-g`` unit (its process is dead), the ESL rolls the
