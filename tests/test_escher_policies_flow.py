@@ -170,3 +170,34 @@ def test_a_scheduler_policy_runs_its_demo_and_mlflow_keeps_a_run_per_policy(stat
     calls = json.load(open(logged))
     assert [(c["name"], c["capacity"], c["node"]) for c in calls if c["capacity"] > 0] == [
         ("trial-long", 1.0, out["tune"]["before"]["node"]), ("trial-long", 1.0, out["tune"]["after"]["node"])]
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("prefect_server")
+def test_a_gang_whose_ghosts_cannot_all_start_rolls_back_and_starts_once_they_can(state_dir, tmp_path):
+    """AppSpace (§4.4e): node3's GPU is busy for ~1.5 s, so the first attempts time out (0.5 s), roll back
+    their ghosts (no lease kept) and back off; once the GPU is free the whole gang starts, one member per node."""
+    import threading
+
+    from prefect import flow
+
+    from flows.escher_policies import run_gang
+    from gpu.placement import ResourceRequest
+    from gpu.schedulers.escher.api import Escher
+    from tasks.runners import GpuTaskRunner
+
+    pool = GpuPool(name="escher-rollback", device_backend="simulated", simulated="1x16GiB", nodes=4)
+    runner = GpuTaskRunner(pool=pool, mode="thread", tracking=False)
+
+    @flow(task_runner=runner)
+    def gang_flow():
+        ledger = runner.ledger()
+        busy = ledger.allocate(ResourceRequest(gpus=1, node="node3", label="busy"), timeout=1)
+        threading.Timer(1.5, ledger.release, (busy.lease_id,)).start()
+        return run_gang(ledger, Escher(ledger), size=4, steps=3, timeout_s=0.5, seed=0, workdir=str(tmp_path))
+
+    gang = gang_flow()
+    assert gang["attempts"] >= 2 and gang["gang_latency_s"] >= 1.0  # the busy GPU was freed 1.5 s in
+    assert sorted(m["node"] for m in gang["members"]) == ["node0", "node1", "node2", "node3"]
+    assert max(m["started"] for m in gang["members"]) < min(m["ended"] for m in gang["members"])
+    assert _pool_is_clean("escher-rollback")
