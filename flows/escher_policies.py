@@ -450,9 +450,11 @@ def _logged_calls(log_path: str, policy: str) -> list[dict]:
 
 @flow(name="escher-policies", log_prints=True, task_runner=GpuTaskRunner(configure=runner_settings))
 def escher_policies(policies: list[str] | None = None, policy: SchedulerPolicy | str | None = None,
-                    gang_size: int = 2, gang_timeout_s: float = 30.0, team_weights: list[float] | None = None,
-                    jobs: int = 2, steps: int = 30, seed: int = 0, shards: int = 8, words: int = 20000,
-                    reducers: int = 2, pairs: int = 2, rounds: int = 20, pool: GpuPool | str | None = None,
+                    gang_size: int = Settings.gang_size, gang_timeout_s: float = Settings.gang_timeout_s,
+                    team_weights: list[float] | None = None, jobs: int = Settings.jobs, steps: int = Settings.steps,
+                    seed: int = Settings.seed, shards: int = Settings.shards, words: int = Settings.words,
+                    reducers: int = Settings.reducers, pairs: int = Settings.pairs, rounds: int = Settings.rounds,
+                    pool: GpuPool | str | None = None,
                     mode: str = "thread", tracking: MlflowTarget | bool | str | None = None) -> dict:
     """Run ESCHER's policies on real tasks; return, per policy, where every task ran and what it measured, and the
     ESL actions.
@@ -473,7 +475,7 @@ def escher_policies(policies: list[str] | None = None, policy: SchedulerPolicy |
         mode: "thread" (default: simulated nodes share this machine) or "process".
         tracking: MlflowTarget block, saved block name, False, or None for the default target.
     """
-    team_weights = [1.0, 1.0] if team_weights is None else team_weights
+    team_weights = list(Settings.team_weights) if team_weights is None else team_weights
     _, _, chosen, s = prepare(pool, tracking, mode=mode, policies=policies, policy=policy, gang_size=gang_size,
                               gang_timeout_s=gang_timeout_s, team_weights=team_weights, jobs=jobs, steps=steps,
                               seed=seed, shards=shards, words=words, reducers=reducers, pairs=pairs, rounds=rounds)
