@@ -107,7 +107,6 @@ def run_placement(esl: Escher, steps: int) -> dict:
     esl.delete_resource("anti-replicas", EVERY_NODE)
     esl.delete_resource("coloc-producer", out["producer"]["node"])
     out["tasks"] = [*out["replicas"], out["producer"], out["consumer"]]
-    out["actions"] = [_call("set_resource", "coloc-producer", 1e6, out["producer"]["node"], "producer task")]
     return out
 
 
@@ -156,7 +155,8 @@ def run_gang(ledger, esl: Escher, size: int, steps: int, timeout_s: float, seed:
             "attempts": controller.attempts, "gang_latency_s": launched - arrived,
             "metrics": {"gang_latency_s": launched - arrived, "gang_attempts": controller.attempts,
                         "gang_size": size},
-            "actions": [_call("lease_resource", gang.resource, 1.0, g.node, "gang ghost") for g in ghosts]}
+            "actions": [{"call": "lease_resource", "name": gang.resource, "capacity": 1.0, "node": g.node,
+                         "by": f"ghost {g.lease_id}"} for g in ghosts]}
 
 
 def run_hfs(esl: Escher, nodes: list[str], team_weights: tuple[float, float], jobs: int, steps: int) -> dict:
@@ -217,8 +217,6 @@ def run_locality(esl: Escher, nodes: list[str], shards: int, words: int, reducer
     tasks = [{**row, "task": f"{label}-{row['task']}"} for label, run in (("plain", plain), ("local", local))
              for row in run["written"] + run["maps"] + run["reduces"]]
     return {"no_locality": plain, "locality": local, "tasks": tasks,
-            "actions": [_call("set_resource", f"data-shard-{w['shard']}", 1e6, w["node"], "writer task")
-                        for w in local["written"]],
             "metrics": {f"{label}_{k}": run[k] for label, run in (("no_locality", plain), ("locality", local))
                         for k in ("makespan_s", "transfer_bytes", "transfer_share")}}
 
@@ -240,8 +238,6 @@ def run_colocation(esl: Escher, pairs: int, rounds: int, seed: int, workdir: str
         esl.delete_resource(f"coloc-predictor-{p['pair']}", p["node"])
     latencies = sorted(a["exploration_p50_ms"] for _, a in rows)
     return {"pairs": [{"predictor": p, "aggregator": a} for p, a in rows], "tasks": [t for pair in rows for t in pair],
-            "actions": [_call("set_resource", f"coloc-predictor-{p['pair']}", 1.0, p["node"], "predictor task")
-                        for p, _ in rows],
             "metrics": {"pairs": pairs, "colocated_pairs": sum(p["node"] == a["node"] for p, a in rows),
                         "exploration_p50_ms": latencies[len(latencies) // 2]}}
 
@@ -299,10 +295,6 @@ def _run_policy(name: str, ledger, esl: Escher, nodes: list[str], s: Settings, w
         "tune": lambda: run_tune(esl, nodes, s.steps, workdir),
     }
     return demos[name]()
-
-
-def _call(call: str, name: str, capacity: float, node: str, by: str) -> dict:
-    return {"call": call, "name": name, "capacity": capacity, "node": node, "by": by}
 
 
 def source_lines(*code: Callable | type) -> int:
@@ -444,7 +436,8 @@ def _logged_calls(log_path: str, policy: str) -> list[dict]:
     if not os.path.exists(log_path):
         return []
     with open(log_path) as f:
-        return [{"call": "set_resource", **{k: v for k, v in json.loads(line).items() if k != "spec"}, "by": policy}
+        return [{"call": "set_resource", **{k: v for k, v in json.loads(line).items() if k != "spec"},
+                 "by": f"{policy} ESL"}
                 for line in f if line.strip()]
 
 
@@ -488,8 +481,8 @@ def escher_policies(policies: list[str] | None = None, policy: SchedulerPolicy |
         for name in chosen:
             log_path = os.path.join(workdir, f"{name}.jsonl")
             out = _run_policy(name, ledger, Escher(ledger, log_path=log_path), nodes, s, workdir)
-            out["actions"] = _logged_calls(log_path, name) + [{**a, "by": f"{name}: {a['by']}"}
-                                                              for a in out.get("actions", [])]
+            out["actions"] = (_logged_calls(log_path, name) + out.get("actions", [])
+                              + [call for row in out["tasks"] for call in row.pop("set_resource", [])])
             out["esl_lines"] = source_lines(*DEMOS[name].esl)
             results[name] = out
     actions = [a for out in results.values() for a in out["actions"]]

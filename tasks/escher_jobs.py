@@ -47,6 +47,17 @@ def where(started: float) -> dict[str, Any]:
             "started": started, "ended": time.time()}
 
 
+def task_esl() -> Escher:
+    """The running task's ESL handle: ``node_spec=None`` is the task's own node (Listing 1, P1)."""
+    return Escher(task_ledger(), caller_node=my_node())
+
+
+def esl_calls(esl: Escher, task_name: str) -> list[dict]:
+    """The resources a task's ESL made, as rows of the flow's ``set_resource`` log."""
+    return [{"call": "set_resource", "name": c.name, "capacity": c.capacity, "node": c.node, "by": task_name}
+            for c in esl.logged()]
+
+
 def node_folder(workdir: str, node: str) -> Path:
     """A node's local disk in the simulated cluster: only tasks on ``node`` read it without a transfer."""
     folder = Path(workdir) / node
@@ -118,8 +129,9 @@ def replica(name: str, steps: int) -> dict:
 def producer(steps: int) -> dict:
     """Trains a model and, from inside the task, makes its own node attractive to its consumers (P1)."""
     out = _trained("producer", steps, 1)
-    colocate(Escher(task_ledger(), caller_node=my_node()), "producer")
-    return out
+    esl = task_esl()
+    colocate(esl, "producer")
+    return {**out, "set_resource": esl_calls(esl, "producer")}
 
 
 @task
@@ -175,9 +187,11 @@ def write_shard(shard: int, words: int, seed: int, workdir: str, locality: bool)
     started = time.time()
     path = node_folder(workdir, my_node()) / f"shard-{shard}.txt"
     path.write_text(shard_text(shard, words, seed))
+    esl = task_esl()
     if locality:
-        store_data(Escher(task_ledger(), caller_node=my_node()), f"shard-{shard}")
-    return {"task": f"write-{shard}", "shard": shard, "bytes": path.stat().st_size, **where(started)}
+        store_data(esl, f"shard-{shard}")
+    return {"task": f"write-{shard}", "shard": shard, "bytes": path.stat().st_size,
+            "set_resource": esl_calls(esl, f"write-{shard}"), **where(started)}
 
 
 @task
@@ -235,7 +249,8 @@ def predictor(pair: int, rounds: int, workdir: str) -> dict:
     import torch
 
     started = time.time()
-    colocate(Escher(task_ledger(), caller_node=my_node()), f"predictor-{pair}", capacity=1)
+    esl = task_esl()
+    colocate(esl, f"predictor-{pair}", capacity=1)
     torch.set_num_threads(1)
     torch.manual_seed(pair)
     net = torch.nn.Sequential(torch.nn.Linear(BOARD, 64), torch.nn.Tanh(), torch.nn.Linear(64, 1), torch.nn.Tanh())
@@ -245,7 +260,8 @@ def predictor(pair: int, rounds: int, workdir: str) -> dict:
         with torch.no_grad():
             values = net(boards).squeeze(1).numpy().astype(np.float32)
         store.set(f"values-{i}", values.tobytes())
-    return {"task": f"predictor-{pair}", "pair": pair, **where(started)}
+    return {"task": f"predictor-{pair}", "pair": pair, "set_resource": esl_calls(esl, f"predictor-{pair}"),
+            **where(started)}
 
 
 @task
