@@ -31,13 +31,10 @@ table artifact ``escher-actions``: every ``set_resource`` the ESLs and tasks mad
 from __future__ import annotations
 
 import argparse
-import ast
-import inspect
 import json
 import os
 import sys
 import tempfile
-import textwrap
 import time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -56,6 +53,7 @@ from gpuflows.args import error
 from resource_blocks import GpuPool, MlflowTarget, SchedulerPolicy
 from tasks.escher_jobs import (board_aggregator, consumer, gang_member, map_shard, predictor, producer,
                                reduce_partition, replica, team_job, trial_chunk, write_shard)
+from tasks.escher_tracking import Demo, log_policy_runs, source_lines
 from tasks.flow_runtime import (flow_runner, log_flow_inputs, log_flow_outcome, pool_block, publish_mlflow_link,
                                 settings, tracking_target)
 from tasks.requests import gpu_options
@@ -83,15 +81,6 @@ class Settings:
     reducers: int = 2
     pairs: int = 2
     rounds: int = 20
-
-
-@dataclass(frozen=True)
-class Demo:
-    """One policy of the flow: its MLflow run's name, the ESL code whose lines are counted, and the paper's count."""
-
-    run_name: str
-    esl: tuple[Callable | type, ...]
-    paper_lines: str = ""
 
 
 # -- the ESLs' world ------------------------------------------------------------------------------
@@ -297,18 +286,6 @@ def _run_policy(name: str, ledger, esl: Escher, nodes: list[str], s: Settings, w
     return demos[name]()
 
 
-def source_lines(*code: Callable | type) -> int:
-    """Lines of code of an ESL as the paper counts effort: its source without docstrings, comments or blanks."""
-    total = 0
-    for obj in code:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(obj)))
-        for node in ast.walk(tree):
-            if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and ast.get_docstring(node) is not None:
-                node.body = node.body[1:] or [ast.Pass()]
-        total += len(ast.unparse(tree).splitlines())
-    return total
-
-
 # -- choosing and checking ------------------------------------------------------------------------
 def policy_block(policy: SchedulerPolicy | str | dict) -> SchedulerPolicy:
     """A ``policy`` parameter as a SchedulerPolicy: the block, a saved block's name, or its fields (API)."""
@@ -395,42 +372,6 @@ def prepare(pool: GpuPool | str | dict | None, tracking: MlflowTarget | bool | s
     return block, tracking_target(tracking, "gpuflows-escher"), chosen, check_settings(params, block.nodes)
 
 
-# -- MLflow: a run per policy ---------------------------------------------------------------------
-def log_policy_runs(results: dict[str, dict]) -> list[str]:
-    """One MLflow run per policy, nested under the flow's run: each task's node (params ``node.<task>``), the
-    ``set_resource`` log (artifact ``set_resource.json``), the ESL's lines beside the paper's, the policy's
-    metrics. Returns the logging errors (a failing store costs the record, not the flow)."""
-    from tasks.tracking import flow_tracker, holder_tags, open_client
-
-    tracker = flow_tracker()
-    parent = tracker.wait_parent() if tracker is not None else None
-    if parent is None:
-        return [] if tracker is None else ["the flow's MLflow run was never created: no policy run logged"]
-    from mlflow.entities import Metric, Param, RunTag
-
-    errors = []
-    client = open_client(tracker.tracking_uri)
-    experiment = client.get_run(parent).info.experiment_id
-    now = int(time.time() * 1000)
-    for name, out in results.items():
-        demo = DEMOS[name]
-        try:
-            run_id = client.create_run(experiment, run_name=demo.run_name, tags={
-                "mlflow.parentRunId": parent, "escher.policy": name, **holder_tags()}).info.run_id
-            params = [Param(f"node.{row['task']}", row["node"]) for row in out["tasks"]]
-            params += [Param("esl", ", ".join(c.__name__ for c in demo.esl)), Param("paper_lines", demo.paper_lines or "-")]
-            metrics = [Metric(k, float(v), now, 0) for k, v in out.get("metrics", {}).items()]
-            metrics.append(Metric("esl_lines", out["esl_lines"], now, 0))
-            for i in range(0, max(len(params), len(metrics)), 100):  # MLflow's batch limit
-                client.log_batch(run_id, metrics=metrics[i:i + 100], params=params[i:i + 100],
-                                 tags=[RunTag("escher.tasks", str(len(out["tasks"])))] if i == 0 else [])
-            client.log_text(run_id, json.dumps(out["actions"], indent=1), "set_resource.json")
-            client.set_terminated(run_id, "FINISHED")
-        except Exception as exc:  # noqa: BLE001 - any store error; kept for the flow's result
-            errors.append(f"policy {name} not logged to MLflow: {exc!r}")
-    return errors
-
-
 # -- the flow -------------------------------------------------------------------------------------
 def _logged_calls(log_path: str, policy: str) -> list[dict]:
     if not os.path.exists(log_path):
@@ -487,7 +428,7 @@ def escher_policies(policies: list[str] | None = None, policy: SchedulerPolicy |
             results[name] = out
     actions = [a for out in results.values() for a in out["actions"]]
     publish_table("escher-actions", actions, "ESCHER: every set_resource / lease_resource call the ESLs made")
-    errors = log_policy_runs(results)
+    errors = log_policy_runs(results, DEMOS)
     log_flow_outcome({f"{name}_{k}": v for name, out in results.items() for k, v in out.get("metrics", {}).items()})
     return {"nodes": nodes, "policies": list(chosen), **results, "actions": actions, "mlflow_errors": errors}
 
