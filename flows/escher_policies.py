@@ -252,7 +252,7 @@ def run_tune(esl: Escher, nodes: list[str], steps: int, workdir: str) -> dict:
         before = trial_chunk.with_options(name=f"trial-{trial}-0").submit(trial, steps, checkpoint).result()
     target = migration_target(esl.get_cluster_status(), before["node"])
     if target is None:
-        raise ConfigError("pool.nodes", len(nodes), "EscherTune needs a second node with an idle GPU to migrate to")
+        raise RuntimeError(f"EscherTune: no node but {before['node']} has an idle GPU for trial-{trial} to move to")
     migrate_trial(esl, trial, target)
     with gpu_options(**request):
         after = trial_chunk.with_options(name=f"trial-{trial}-1").submit(trial, steps, checkpoint).result()
@@ -421,7 +421,12 @@ def escher_policies(policies: list[str] | None = None, policy: SchedulerPolicy |
     with tempfile.TemporaryDirectory(prefix="escher-") as workdir:
         for name in chosen:
             log_path = os.path.join(workdir, f"{name}.jsonl")
-            out = _run_policy(name, ledger, Escher(ledger, log_path=log_path), nodes, s, workdir)
+            esl = Escher(ledger, log_path=log_path)
+            try:
+                out = _run_policy(name, ledger, esl, nodes, s, workdir)
+            finally:  # a demo that failed half-way leaves none of its ESL's resources on the pool
+                for call in esl.logged():
+                    esl.delete_resource(call.name, call.node)
             out["actions"] = (_logged_calls(log_path, name) + out.get("actions", [])
                               + [call for row in out["tasks"] for call in row.pop("set_resource", [])])
             out["esl_lines"] = source_lines(*DEMOS[name].esl)

@@ -202,3 +202,20 @@ def test_a_gang_whose_ghosts_cannot_all_start_rolls_back_and_starts_once_they_ca
     assert sorted(m["node"] for m in gang["members"]) == ["node0", "node1", "node2", "node3"]
     assert max(m["started"] for m in gang["members"]) < min(m["ended"] for m in gang["members"])
     assert _pool_is_clean("escher-rollback")
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("prefect_server")
+def test_a_migration_with_nowhere_to_go_fails_the_run_and_leaves_no_resource_behind(state_dir):
+    """The other nodes' GPUs are held, so EscherTune finds no node to move the trial to after its checkpoint: the
+    run fails, and the trial's resource and the chunk's lease are gone from the pool."""
+    from gpu.placement import ResourceRequest
+
+    ledger = GpuPool(name="escher", device_backend="simulated", simulated="1x16GiB", nodes=4).open_ledger()
+    held = [ledger.allocate(ResourceRequest(gpus=1, node=f"node{i}", label="busy"), timeout=5) for i in (1, 2, 3)]
+    with pytest.raises(RuntimeError, match="no node but node0 has an idle GPU"):
+        escher_policies(policies=["tune"], steps=2, tracking=False)
+    assert sorted(lease.lease_id for lease in ledger.leases()) == sorted(h.lease_id for h in held)
+    assert all(set(r) <= {"CPU", "GPU"} for r in ledger.cluster_status().values())
+    for lease in held:
+        ledger.release(lease.lease_id)
