@@ -48,7 +48,8 @@ SMALL = {
                                     "run_name": "deploy-test", "resume": False}, "cilantro-rounds-deploy-test"),
     "salus-colocation": ({"jobs": 2, "iterations": 3, "gap_s": 0.0, "policy": "srtf", "mode": "thread"},
                          "salus-jobs-srtf"),
-    "escher-policies": ({"gang_size": 2, "jobs": 1, "steps": 3, "mode": "thread"}, "escher-actions"),
+    "escher-policies": ({"gang_size": 2, "jobs": 1, "steps": 3, "shards": 2, "words": 200, "rounds": 2,
+                         "mode": "thread"}, "escher-actions"),
 }
 SCHEDULED = "every-15s"  # a test-only deployment of pool-demo with an interval schedule
 
