@@ -88,3 +88,23 @@ def _orloj_row(t_s: float, decision: Reprofiled, batches: Mapping[str, list[tupl
                      "reprofiled": h is not None, "mean_alone_ms": h.mean if h else None,
                      "p99_alone_ms": h.quantile(0.99) if h else None}
     return {"t_s": t_s, "apps": apps}
+
+
+def feedback_series(orloj_epochs: list[dict[str, Any]], nona_epochs: list[dict[str, Any]],
+                    queries: Mapping[str, Mapping[str, float]]) -> list[tuple[str, float, int]]:
+    """``(metric, value, step)`` for MLflow: per epoch (step = second of trace) ORLOJ's batch limit and mean
+    alone time per application and Nona's measured rate and re-solves per class; per query its JCT figures."""
+    out: list[tuple[str, float, int]] = []
+    for e in orloj_epochs:
+        step = int(round(e["t_s"]))
+        for app, row in e["apps"].items():
+            out.append((f"series_orloj_batch_limit_{app}", float(row["batch_limit"]), step))
+            if row["mean_alone_ms"] is not None:
+                out.append((f"series_orloj_mean_alone_ms_{app}", float(row["mean_alone_ms"]), step))
+    for e in nona_epochs:
+        step = int(round(e["t_s"]))
+        out += [(f"series_nona_rate_{k}", float(r), step) for k, r in e["rates"].items()]
+        out.append(("series_nona_resolved", float(e["resolved"]), step))
+    for q, figures in queries.items():
+        out += [(f"query_{q}_{k}", float(v), 0) for k, v in figures.items()]
+    return out
