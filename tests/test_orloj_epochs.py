@@ -9,7 +9,6 @@ import time
 import numpy as np
 import pytest
 import torch
-from torch import nn
 
 from gpu.batching import PaddedBatchModel, make_policy
 from gpu.devices import discover
@@ -19,34 +18,10 @@ from gpu.schedulers.nexus.squishy import GpuNode, Plan, Session, SessionPlacemen
 from gpu.schedulers.orloj.controller import OrlojController
 from gpu.schedulers.orloj.policy import Histogram
 from gpu.schedulers.orloj.profiler import OnlineProfiler, histogram_from_maxima, longest_alone_ms
-from tasks.serving.dynamic_models import alone_times
+from tasks.serving.dynamic_models import ExitByInput, alone_times, depth_rows
 from tasks.serving.epochs import EpochFeedback
-from tasks.serving.models import INPUT_FEATURES, profile_model
+from tasks.serving.models import profile_model
 from tasks.serving.runtime import LocalServingRuntime
-
-
-class ExitByInput(nn.Module):
-    """A dynamic DNN whose inputs say how many of its 12 wide layers they take before exiting (feature 0,
-    rounded, at least 1); a batch runs until its deepest input exits (padding, Eq. 4.4)."""
-
-    def __init__(self, width: int = 1024, layers: int = 12):
-        super().__init__()
-        self.embed = nn.Linear(INPUT_FEATURES, width)
-        self.layers = nn.ModuleList(nn.Linear(width, width) for _ in range(layers))
-        self.head = nn.Linear(width, 10)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        depth = int(x[:, 0].round().clamp(1, len(self.layers)).max())
-        h = torch.tanh(self.embed(x))
-        for layer in self.layers[:depth]:
-            h = torch.tanh(layer(h))
-        return self.head(h)
-
-
-def rows(depth: int, n: int, seed: int = 0) -> np.ndarray:
-    x = np.random.default_rng(seed).random((n, INPUT_FEATURES), dtype=np.float32)
-    x[:, 0] = depth
-    return x
 
 
 def test_a_batch_time_gives_back_its_slowest_requests_alone_time():
@@ -90,7 +65,7 @@ def test_heavier_work_mid_run_shrinks_orlojs_batch_for_that_application_in_the_n
     torch.set_num_threads(1)
     model = ExitByInput().eval().requires_grad_(False)
     profile = profile_model("exit", model, repeats=5, warmup=2)  # torch.rand rows: depth 1
-    light, heavy = rows(1, 400), rows(12, 400, seed=1)
+    light, heavy = depth_rows(1, 400), depth_rows(12, 400, seed=1)
     first = alone_times(model, {"steady": light[:40], "drifting": light[:40]})
     batch = PaddedBatchModel.from_profile(profile.latency, profile.max_batch, 0.0)
     template = make_policy("orloj", histograms=first, model=batch, mix="own_app")
