@@ -85,9 +85,16 @@ class EpochMark:
     replanned: bool
 
 
-def _spec(spec: dict | str | None, duration_s: float | None, batch_policy: str | None, placement: str | None = None):
+def prepare(spec: dict | str | None, duration_s: float | None = None, batch_policy: str | None = None,
+            placement: str | None = None, backend: str = "local", mode: str = "process"):
+    """The serving spec with the flow's overrides, every parameter checked: ``main`` calls it before the flow and
+    the flow at its start (a deployment run has no earlier place), so bad input fails before serving starts."""
     from tasks.serving.spec import PLACEMENTS, load_spec, parse_spec
 
+    if mode not in MODES:
+        raise ConfigError("mode", mode, f"choose one of {MODES}")
+    if backend not in BACKENDS:
+        raise ConfigError("backend", backend, f"choose one of {BACKENDS}")
     path = Path(str(spec or DEFAULT_SPEC))
     if not isinstance(spec, dict) and not path.is_absolute() and not path.exists():
         path = DEFAULT_SPEC.parent.parent.parent / path  # a shipped spec named from the package root (deployments)
@@ -100,6 +107,8 @@ def _spec(spec: dict | str | None, duration_s: float | None, batch_policy: str |
         parsed = replace(parsed, placement=choose(placement, "placement", list(PLACEMENTS)))
     if parsed.placement == "nona" and parsed.link_mu is None:
         raise ConfigError("link.mu", None, "placement nona solves θ against the link: give its capacity (bytes/s)")
+    if parsed.placement != "nexus" and backend != "local":
+        raise ConfigError("placement", parsed.placement, "is served by the local backend only")
     return parsed
 
 
@@ -154,13 +163,7 @@ def serving_rollout(spec: dict | str | None = None, duration_s: float | None = N
     from tasks.serving.runtime import LocalServingRuntime
     from tasks.serving.spec import check_slos
 
-    sp = _spec(spec, duration_s, batch_policy, placement)
-    if sp.placement != "nexus" and backend != "local":
-        raise ConfigError("placement", sp.placement, "is served by the local backend only")
-    if mode not in MODES:
-        raise ConfigError("mode", mode, f"choose one of {MODES}")
-    if backend not in BACKENDS:
-        raise ConfigError("backend", backend, f"choose one of {BACKENDS}")
+    sp = prepare(spec, duration_s, batch_policy, placement, backend, mode)
     runner = flow_runner()  # the pool and target resolved from these parameters (or the runner given)
     if backend == "ray" and type(runner).__name__ != "GpuRayTaskRunner":
         raise ConfigError("backend", backend, "needs the flow on GpuRayTaskRunner (`python -m flows.serving_rollout "
@@ -457,7 +460,7 @@ def main(argv: list[str] | None = None) -> int:
                          "shares, nona or a Nona baseline (undistributed, opportunistic, random)")
     args = ap.parse_args(argv)
     try:  # a bad spec, duration, policy or pool name fails here, before a Prefect server starts
-        _spec(args.spec, args.duration_s, args.batch_policy, args.placement)
+        prepare(args.spec, args.duration_s, args.batch_policy, args.placement, args.backend, args.mode)
         pool_path(args.pool)
     except GpuflowsError as exc:
         return error(exc)

@@ -167,11 +167,11 @@ def test_the_worker_serves_digits_dynamic_with_orloj_and_accounts_for_every_requ
 
 
 def test_the_serving_flow_accepts_every_registered_batch_policy():
-    from flows.serving_rollout import _spec
+    from flows.serving_rollout import prepare
 
-    assert [_spec(None, None, p).batch_policy for p in ("orloj", "clipper")] == ["orloj", "clipper"]
+    assert [prepare(None, None, p).batch_policy for p in ("orloj", "clipper")] == ["orloj", "clipper"]
     with pytest.raises(ConfigError) as err:
-        _spec(None, None, "fifo")
+        prepare(None, None, "fifo")
     assert err.value.field == "batch_policy"
 
 
