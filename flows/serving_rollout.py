@@ -209,7 +209,7 @@ def serving_rollout(spec: dict | str | None = None, duration_s: float | None = N
     with LocalServingRuntime(models, profiles, ledger, None, sp.preset, seed=sp.seed, backend=backend,
                              controller=controller, policy_factory=policy_factory(sp.batch_policy, orloj),
                              query_routing=routing, link_mu=sp.link_mu, handoff_bytes=handoff,
-                             measure_batches=local and (orloj or nona) is not None) as rt:
+                             measure_batches=local and (orloj is not None or nona is not None)) as rt:
         rt.apply(controller.plan)
         feedback = EpochFeedback(sp.epoch.epoch_s, rt.take_batches, rt.update_policies, orloj if local else None,
                                  nona)

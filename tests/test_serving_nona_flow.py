@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
 from gpu.errors import ConfigError
 from resource_blocks import GpuPool, MlflowTarget
@@ -29,7 +30,9 @@ def test_nona_placement_crosses_the_slow_link_less_and_finishes_queries_sooner(s
 
     from flows.serving_rollout import serving_rollout
 
-    results = {p: serving_rollout.with_options(task_runner=runner(f"nona-{p}"))(SPEC, duration_s=4, placement=p)
+    spec = yaml.safe_load(Path(SPEC).read_text())
+    spec["epoch"].update(epoch_s=2, min_epoch_s=1)  # one epoch of measured feedback within the 4 s
+    results = {p: serving_rollout.with_options(task_runner=runner(f"nona-{p}"))(spec, duration_s=4, placement=p)
                for p in ("shares", "nona", "opportunistic")}
     shares, nona, opportunistic = results["shares"], results["nona"], results["opportunistic"]
     for r in results.values():
@@ -41,6 +44,9 @@ def test_nona_placement_crosses_the_slow_link_less_and_finishes_queries_sooner(s
     assert nona["link_transfers"] < shares["link_transfers"]
     theta = nona["nona_theta"]["block:a"]  # the diamond's one subgraph, rooted at a: its 5 groupings
     assert len(theta) == 5 and sum(theta) == pytest.approx(1.0) and "nona_theta" not in shares
+    (epoch,) = nona["nona_epochs"]  # at 2 s Nona took the measured rate and the four stages' service times
+    assert epoch["t_s"] == 2.0 and 25 < epoch["rates"]["block"] < 55 and len(epoch["service_ms"]) == 4
+    assert epoch["thetas"] == nona["nona_theta"] and shares["nona_epochs"] == []
     # Opportunistic sends one branch of every query across: 2 of its 4 hand-offs cross the slow link
     assert opportunistic["cross_node_share"] > 0.4 and nona["cross_node_share"] < 0.5 * opportunistic["cross_node_share"]
     assert nona["queries"]["block"]["mean_jct_ms"] < opportunistic["queries"]["block"]["mean_jct_ms"]
