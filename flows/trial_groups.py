@@ -109,7 +109,8 @@ def _search(algorithm: str, trials: int, iterations: int, seed: int, space: dict
     ``escher``: chunks run as ESCHER gangs over every node's GPUs (``tasks.fluid_escher``), else pinned to FLUID's."""
     algo = make_algorithm(algorithm, trials, iterations, seed, space, min_iterations, generations)
     log = TrialLog(parent, tracking_uri)
-    cal = calibrate(execution, gpus, device, c, d, alpha, packing_iterations, seed)
+    cal = calibrate(execution, escher.slots if escher else gpus, device, c, d, alpha, packing_iterations, seed,
+                    escher and (lambda widths: escher.scaling_times(widths, seed)))
     log.search(cal)
     executor = build_executor(execution, escher.slots if escher else gpus, FluidParams(c=cal.c, d=cal.d))
     profiler = TrialProfiler(1.0 / cal.c, cal.alpha, cal.beta, seed)

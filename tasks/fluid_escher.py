@@ -48,6 +48,7 @@ from gpu.schedulers.escher.gang import Gang
 from gpu.scenario import integer
 from resource_blocks import GpuPool
 from tasks.fluid_packing import digits_split
+from tasks.fluid_profiling import REFERENCE_SHAPE
 from tasks.fluid_trials import model_and_optimizer, train_epochs
 from tasks.requests import current_placement, gpu_options
 from tasks.slices import on_slice
@@ -55,6 +56,8 @@ from tasks.slices import on_slice
 PLACEMENTS = ("pool", "escher")
 RENDEZVOUS_TIMEOUT_S = 120.0  # a worker whose peers never start gives up (its gang member failed to launch)
 GANG_TIMEOUT_S = 600.0  # how long a gang may wait for room before the chunk fails
+SCALING_ROUNDS = 2  # gangs per width of the scaling measurement
+SCALING_ITERATIONS = 3  # separately timed epochs per measuring gang (the fastest of all counts)
 _EPS = 1e-9
 
 
@@ -157,26 +160,26 @@ class EscherTrials:
 
     # -- the world's side of the ESL ----------------------------------------------------------------------------
     def submit(self, trial_id: str, config: dict[str, Any], start: int, iterations: int, load_from: str | None,
-               save_to: str, width: float, seed: int = 0, fail: bool = False):
-        """Plan, move ``trial-<id>`` if needed, gang-grant the ghosts and launch the workers; rank 0's future."""
+               save_to: str, width: float, seed: int = 0, fail: bool = False, purpose: str = "trial"):
+        """Plan, move ``trial-<id>`` if needed, gang-grant the ghosts and launch the workers; rank 0's future.
+        ``purpose``: "trial" (a chunk of FLUID's trial) or "scaling" (a gang measuring FLUID's beta)."""
         self._wait(lambda: not self._running(trial_id))  # the previous chunk (checkpoint saved) has fully stopped
         workers, share = worker_shape(width)
         gang = Gang(f"{trial_id}-{start}", tuple(
             ResourceRequest(gpus=share, resources={self._resource(trial_id): 1.0}) for _ in range(workers)))
         waited_from, ghosts, plan = time.monotonic(), None, None
+        previous = next((h for h in reversed(self.history) if h["trial"] == trial_id), None)
         while ghosts is None:
             self._forget_idle(trial_id)
             free, others = self.ledger.free_state(), self._others(trial_id)
-            plan = plan_trial_nodes(trial_id, workers, share, free, others,
-                                    self._plans[trial_id].nodes if trial_id in self._plans else {})
+            plan = plan_trial_nodes(trial_id, workers, share, free, others, previous["nodes"] if previous else {})
             if plan is not None:
                 self._place(plan)
                 ghosts = self.ledger.grant_all([gang.ghost(i) for i in range(workers)])
             if ghosts is None:
                 self._wait_for_room(trial_id, waited_from)
-        previous = next((h for h in reversed(self.history) if h["trial"] == trial_id), None)
         moved = previous is not None and set(previous["nodes"]) != set(plan.nodes)
-        record = {"trial": trial_id, "start": start, "iterations": iterations, "width": width, "workers": workers,
+        record = {"trial": trial_id, "purpose": purpose, "start": start, "iterations": iterations, "width": width, "workers": workers,
                   "share": share, "nodes": plan.nodes, "anti_affine": plan.anti_affine, "co_located": plan.co_located,
                   "others": {n: sorted(t) for n, t in others.items()},
                   "room_apart": sum(_room(n, share) for n in free if not others.get(n.name)),
@@ -217,6 +220,22 @@ class EscherTrials:
             if before.get(node) != count:
                 self.esl.set_resource(name, count, node)
         self._plans[plan.trial_id] = plan
+
+    def scaling_times(self, widths: Sequence[int], seed: int = 0) -> list[float]:
+        """Seconds per iteration of the reference MLP run as a gang of each width (FLUID's beta, Eq. 3.2, §3.5).
+
+        Rank 0's slice time per iteration (its shard's work, ``tasks.slices``); every width runs
+        ``SCALING_ROUNDS`` gangs of ``SCALING_ITERATIONS`` separately timed epochs, widths taking turns, and the
+        fastest epoch counts (load only ever adds time; the first epoch also pays autograd's warm-up).
+        """
+        best = {k: float("inf") for k in widths}
+        with tempfile.TemporaryDirectory(dir=self._folder) as folder:
+            for _ in range(SCALING_ROUNDS):
+                for k in widths:
+                    out = self.submit(f"scaling-w{k}", dict(REFERENCE_SHAPE), 0, SCALING_ITERATIONS, None,
+                                      f"{folder}/w{k}.pt", float(k), seed, purpose="scaling").result()
+                    best[k] = min(best[k], *out["epoch_slice_s"])
+        return [best[k] for k in widths]
 
     # -- bookkeeping ---------------------------------------------------------------------------------------------
     @staticmethod
@@ -280,7 +299,8 @@ class EscherTrials:
             out = leader.result() if leader.state.is_completed() else None
             chunks.append({**record, "failed": out is None, "workers_ran": out["workers"] if out else [],
                            "resumed_at": out["resumed_at"] if out else None})
-        return {"chunks": chunks, "migrations": sum(1 for h in self.history if h["moved"]), "slots": len(self.slots)}
+        return {"chunks": chunks, "slots": len(self.slots),
+                "migrations": sum(1 for h in self.history if h["moved"] and h["purpose"] == "trial")}
 
 
 def nodes_pool(name: str | None, nodes: int) -> GpuPool:
@@ -304,15 +324,20 @@ def escher_trials(placement: str, ledger: Any) -> Iterator[EscherTrials | None]:
 
 
 # -- the worker --------------------------------------------------------------------------------------------------
-def _averaged_gradients(model, group, world: int) -> None:
-    """Data parallelism: every gradient is all-reduced (mean) across the gang as backward produces it."""
-    def mean(grad):
-        grad = grad.clone()
-        group.allreduce([grad]).wait()
-        return grad / world
+def _average_gradients(model, optimizer, group, world: int) -> None:
+    """Data parallelism: before every optimizer step the gang's gradients are averaged, in one all-reduce of
+    all of them flattened (one collective per step: a small model's step costs about as much as a collective)."""
+    import torch
 
-    for param in model.parameters():
-        param.register_hook(mean)
+    def mean(*_: Any) -> None:
+        grads = [p.grad for p in model.parameters()]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        group.allreduce([flat]).wait()
+        flat /= world
+        for g, avg in zip(grads, flat.split([g.numel() for g in grads])):
+            g.copy_(avg.view_as(g))
+
+    optimizer.register_step_pre_hook(mean)
 
 
 @task(name="fluid-trial-worker")
@@ -350,10 +375,15 @@ def train_worker(trial_id: str, rank: int, world: int, store: str, config: dict[
     model.to(device)
     for param in model.parameters():
         group.broadcast([param.data]).wait()  # rank 0's weights everywhere
-    _averaged_gradients(model, group, world)
+    _average_gradients(model, optimizer, group, world)
     resumed_at = int(torch.load(load_from, weights_only=True)["iterations"]) if load_from else 0
-    with on_slice(placed) as clock:
-        losses, accuracies = train_epochs(model, optimizer, data, int(config["batch_size"]), iterations)
+    losses, accuracies, epoch_s = [], [], []
+    for _ in range(iterations):  # each epoch timed on the slice: its own sample of the gang's speed
+        with on_slice(placed) as clock:
+            loss, accuracy = train_epochs(model, optimizer, data, int(config["batch_size"]), 1)
+        losses += loss
+        accuracies += accuracy
+        epoch_s.append(clock.timing.slice_s)
     where["finished_at"] = time.time()
     kv.set(f"worker-{rank}", json.dumps(where))
     if rank != 0:
@@ -367,5 +397,6 @@ def train_worker(trial_id: str, rank: int, world: int, store: str, config: dict[
             "devices": [d for w in workers for d in w["devices"]], "device": device,
             "node": ",".join(w["node"] for w in workers), "data_parallel": world, "workers": workers,
             "note": f"{world} data-parallel worker(s) on " + ", ".join(f"{w['node']}:{w['devices']}" for w in workers),
-            "slice_s": clock.timing.slice_s, "started_at": started_at, "finished_at": where["finished_at"]}
+            "slice_s": sum(epoch_s), "epoch_slice_s": epoch_s, "started_at": started_at,
+            "finished_at": where["finished_at"]}
 
