@@ -243,9 +243,11 @@ def runner_settings(parameters: dict) -> dict:
 
     Process mode keeps as many workers per device set as FLUID may pack trials on a device
     (``trials_per_device``): with ``c = 3`` three trials sharing a device run at once, none waits for a worker.
+    ESCHER placement runs that many on device i of every node, and nodes share device numbers: one set per node.
     """
     out = settings(parameters, experiment="gpuflows-fluid")
-    out["workers_per_device_set"] = trials_per_device(parameters.get("c"), device_model(out["pool"]))
+    out["workers_per_device_set"] = trials_per_device(parameters.get("c"), device_model(out["pool"])) * (
+        out["pool"].nodes if parameters.get("placement") == "escher" else 1)
     return out
 
 
@@ -301,7 +303,7 @@ def trial_groups(algorithm: str = "grid", trials: int = 4, iterations: int = 4, 
         "pool": block.name, "pool_gpus": len(node.devices), "c": "derived" if c is None else c,
         "d": "derived" if d is None else d,
         "alpha": "derived" if alpha is None else alpha, "chunk": chunk, "mode": mode, "placement": placement})
-    with escher_trials(placement, runner.ledger() if runner else block.open_ledger()) as escher:
+    with escher_trials(placement, runner) as escher:
         summary = _search(algorithm, trials, iterations, seed, space, min_iterations, generations, execution,
                           [dev.index for dev in node.devices], device, c, d, None if alpha is None else float(alpha),
                           packing_iterations, chunk, fail_trial, target.resolved_uri(),

@@ -41,7 +41,7 @@ from typing import Any, Iterator, Mapping, Sequence
 
 from prefect import get_run_logger, task
 
-from gpu.errors import AllocationTimeout
+from gpu.errors import AllocationTimeout, ConfigError
 from gpu.placement import NodeState, ResourceRequest
 from gpu.schedulers.escher.api import Escher
 from gpu.schedulers.escher.gang import Gang
@@ -56,7 +56,7 @@ from tasks.slices import on_slice
 PLACEMENTS = ("pool", "escher")
 RENDEZVOUS_TIMEOUT_S = 120.0  # a worker whose peers never start gives up (its gang member failed to launch)
 GANG_TIMEOUT_S = 600.0  # how long a gang may wait for room before the chunk fails
-SCALING_ROUNDS = 2  # gangs per width of the scaling measurement
+SCALING_ROUNDS = 3  # gangs per width of the scaling measurement
 SCALING_ITERATIONS = 3  # separately timed epochs per measuring gang (the fastest of all counts)
 _EPS = 1e-9
 
@@ -311,12 +311,15 @@ def nodes_pool(name: str | None, nodes: int) -> GpuPool:
 
 
 @contextmanager
-def escher_trials(placement: str, ledger: Any) -> Iterator[EscherTrials | None]:
-    """The flow's chunk launcher for ``placement``: None (the pool pins FLUID's GPUs) or ``EscherTrials``."""
+def escher_trials(placement: str, runner: Any) -> Iterator[EscherTrials | None]:
+    """The flow's chunk launcher for ``placement``: None (the pool pins FLUID's GPUs) or ``EscherTrials`` on the
+    flow's GPU task runner's pool ledger."""
     if placement != "escher":
         yield None
         return
-    trials = EscherTrials(ledger)
+    if runner is None:
+        raise ConfigError("placement", placement, "needs the flow's GPU task runner (its pool ledger)")
+    trials = EscherTrials(runner.ledger())
     try:
         yield trials
     finally:
@@ -347,8 +350,10 @@ def train_worker(trial_id: str, rank: int, world: int, store: str, config: dict[
     """One data-parallel worker of a trial's chunk: its shard, gradients averaged with the gang every step.
 
     Every worker loads the checkpoint (rank 0's parameters are broadcast, so a fresh trial starts identical
-    everywhere), trains ``iterations`` epochs over its equal shard, and posts where it ran to the rendezvous
-    store; rank 0 saves the checkpoint and returns ``train_chunk``'s keys with every worker's record.
+    everywhere), trains ``iterations`` epochs over its equal shard of the training split and validates on its
+    shard of the validation split (the gang's loss and accuracy are summed over the workers), and posts where
+    it ran to the rendezvous store; rank 0 saves the checkpoint and returns ``train_chunk``'s keys with every
+    worker's record.
     """
     import torch
     import torch.distributed as dist
@@ -370,7 +375,8 @@ def train_worker(trial_id: str, rank: int, world: int, store: str, config: dict[
     torch.manual_seed(seed * 100_003 + start + rank)
     xt, yt, xv, yv = digits_split(seed)
     per = len(xt) // world  # equal shards: every worker takes the same steps, so every all-reduce has all of them
-    data = tuple(t.to(device) for t in (xt[rank * per:(rank + 1) * per], yt[rank * per:(rank + 1) * per], xv, yv))
+    shard = (xt[rank * per:(rank + 1) * per], yt[rank * per:(rank + 1) * per], xv[rank::world], yv[rank::world])
+    data = tuple(t.to(device) for t in shard)
     model, optimizer = model_and_optimizer(config, load_from)
     model.to(device)
     for param in model.parameters():
@@ -384,6 +390,11 @@ def train_worker(trial_id: str, rank: int, world: int, store: str, config: dict[
         losses += loss
         accuracies += accuracy
         epoch_s.append(clock.timing.slice_s)
+    # the gang's loss and validation accuracy: each worker saw its shards of both
+    totals = torch.tensor([v * per for v in losses] + [a * len(shard[3]) for a in accuracies], dtype=torch.float64)
+    group.allreduce([totals]).wait()
+    losses = [float(v) / (per * world) for v in totals[:iterations]]
+    accuracies = [float(v) / len(xv) for v in totals[iterations:]]
     where["finished_at"] = time.time()
     kv.set(f"worker-{rank}", json.dumps(where))
     if rank != 0:
