@@ -130,13 +130,11 @@ def worker_shape(width: float) -> tuple[int, float]:
 
 @dataclass
 class _Gang:
-    """One launched chunk of a trial: its ghosts, its workers' futures and the record the flow reports."""
+    """One launched chunk of a trial: its workers' futures and how many of its workers have not ended."""
 
     trial_id: str
     futures: list
-    ghosts: list
-    record: dict[str, Any]
-    left: int = 0
+    left: int
 
 
 class EscherTrials:
@@ -150,7 +148,7 @@ class EscherTrials:
         self.ledger = ledger
         self.esl = Escher(ledger)
         self.timeout_s = timeout_s
-        self.slots = [i for i, _ in enumerate(d for n in ledger.free_state() for d in n.devices)]
+        self.slots = list(range(sum(len(n.devices) for n in ledger.free_state())))
         self.history: list[dict[str, Any]] = []
         self._leaders: list = []  # rank 0's future of each chunk in ``history``: its workers' records at the end
         self._plans: dict[str, TrialNodes] = {}  # each trial's latest placement (its ``trial-<id>`` resource)
@@ -179,8 +177,9 @@ class EscherTrials:
             if ghosts is None:
                 self._wait_for_room(trial_id, waited_from)
         moved = previous is not None and set(previous["nodes"]) != set(plan.nodes)
-        record = {"trial": trial_id, "purpose": purpose, "start": start, "iterations": iterations, "width": width, "workers": workers,
-                  "share": share, "nodes": plan.nodes, "anti_affine": plan.anti_affine, "co_located": plan.co_located,
+        record = {"trial": trial_id, "purpose": purpose, "start": start, "iterations": iterations, "width": width,
+                  "workers": workers, "share": share, "nodes": plan.nodes, "anti_affine": plan.anti_affine,
+                  "co_located": plan.co_located,
                   "others": {n: sorted(t) for n, t in others.items()},
                   "room_apart": sum(_room(n, share) for n in free if not others.get(n.name)),
                   "moved": moved, "from_nodes": previous["nodes"] if previous else None,
@@ -190,7 +189,7 @@ class EscherTrials:
 
     def _launch(self, gang: Gang, ghosts: list, record: dict[str, Any], args: tuple):
         store = tempfile.mkdtemp(dir=self._folder, prefix=f"{gang.gang_id.replace('@', '_')}-") + "/store"
-        launched = _Gang(gang.gang_id.rsplit("-", 1)[0], [], list(ghosts), record, len(ghosts))
+        launched = _Gang(gang.gang_id.rsplit("-", 1)[0], [], len(ghosts))
         with self._ended:
             self._gangs[launched.trial_id] = launched
         try:

@@ -5,7 +5,8 @@ sizes on 3 nodes x 2 simulated GPUs, FLUID free to give a trial up to 5 GPUs (d 
 StaticFluid starts them about 3 and 2 GPUs wide (the split follows their measured iteration times): the wider
 is wider than a node. One fails (an injected fault) in its second chunk; whether DynamicFluid then widens the
 other depends on the beta the gangs measured (1.2-1.3 on a busy 2-core machine), so a resize's migration is
-checked on its own flow, one trial at given widths. The planner and the gang grant are also checked on a real pool ledger without Prefect.
+checked on its own flow, one trial at given widths. The planner and the gang grant are also checked on a
+real pool ledger without Prefect.
 """
 
 from __future__ import annotations
