@@ -23,14 +23,13 @@ after ``torch.cuda.synchronize()`` and GPU utilisation is sampled with pynvml.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
 import time
-from pathlib import Path
 
+from benchmarks.cli import benchmark_parser, write_json
 from gpu.schedulers.fluid.algorithms import fit_packing_curve, save_packing_curve
+from tasks.charts import pyplot, save_png
 from tasks.fluid_packing import Trainers
 
 LEVELS = tuple(range(1, 9))
@@ -71,10 +70,7 @@ def _fmt(v: float | None, spec: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="fewer iterations per trainer and per grid trial")
-    ap.add_argument("--json", metavar="OUT")
-    ap.add_argument("--plots", metavar="DIR", default=".state/benchmarks/fluid")
+    ap = benchmark_parser(__doc__, "fewer iterations per trainer and per grid trial", seed=None, plots="fluid")
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--batch", type=int, default=64, help="batch size (the flow's grid uses 64)")
     args = ap.parse_args(argv)
@@ -122,12 +118,7 @@ def main(argv: list[str] | None = None) -> int:
                "grid16_sequential_s": alone, "grid16_packed_s": packed, "grid16_speedup": alone / packed,
                "gpu_util_alone_pct": alone_util, "gpu_util_packed_pct": packed_util,
                "on_gpu": float(device == "cuda"), "runtime_s": time.time() - t0}
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    Path(args.plots).mkdir(parents=True, exist_ok=True)
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(5, 3.5))
     ax.plot(LEVELS, [x for x, _, _ in levels], "o-", label="measured")
     ax.plot(LEVELS, [p / (curve.t1 * curve.alpha ** (p - 1)) for p in LEVELS], "--",
@@ -135,12 +126,9 @@ def main(argv: list[str] | None = None) -> int:
     ax.set(xlabel="trials packed on one device", ylabel="aggregate iterations/s", title=f"G1 packing curve ({device})")
     ax.legend()
     fig.tight_layout()
-    path = Path(args.plots) / "fluid_packing_curve.png"
-    fig.savefig(path, dpi=100)
+    path = save_png(fig, args.plots / "fluid_packing_curve.png")
     print(f"wrote {path}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(figures, indent=2))
-        print(f"wrote {args.json}")
+    write_json(args.json, figures)
     print(f"runtime {time.time() - t0:.1f} s")
     return 0
 
