@@ -38,7 +38,7 @@ from gpu.schedulers.cilantro import make_policy  # noqa: E402
 from gpu.schedulers.cilantro.types import Feedback, JobView, AllocationPolicy, Snapshot  # noqa: E402
 from gpu.sim.cilantro.run import PolicyRun, load_ucbs, simulate_policy  # noqa: E402
 from gpu.sim.cilantro.scenario import MultiTenantConfig, parse_multitenant  # noqa: E402
-from benchmarks.cli import benchmark_parser, write_json  # noqa: E402
+from benchmarks.cli import benchmark_parser, finish  # noqa: E402
 from benchmarks.paper_table import print_beside_paper  # noqa: E402
 
 Transform = Callable[[Snapshot, JobView], JobView]
@@ -246,9 +246,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     out = evaluate(args.quick, args.seed)
     print_beside_paper(rows(out))
-    print(f"\nruntime {time.perf_counter() - t0:.1f} s ({'quick' if args.quick else 'full'}, seed {args.seed})")
-    write_json(args.json, out)
-    return 0
+    return finish(args, out, t0)
 
 
 if __name__ == "__main__":

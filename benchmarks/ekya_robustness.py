@@ -43,7 +43,7 @@ from gpu.schedulers.ekya.policies import EkyaPolicy, make_policy  # noqa: E402
 from gpu.sim.ekya.run import simulate_policy  # noqa: E402
 from gpu.sim.ekya.scenario import EkyaScenario, ScenarioStream, WindowSpec  # noqa: E402
 from gpu.sim.ekya.workloads import generate  # noqa: E402
-from benchmarks.cli import benchmark_parser, write_json  # noqa: E402
+from benchmarks.cli import benchmark_parser, finish  # noqa: E402
 from benchmarks.paper_table import print_beside_paper  # noqa: E402
 
 UNIFORM = ("uniform_cfg1_50", "uniform_cfg2_50", "uniform_cfg2_90", "uniform_cfg2_30", "uniform_cfg1_90")
@@ -225,9 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     out = evaluate(2 if args.quick else 5, 3 if args.quick else 10, args.seed)
     print_beside_paper(rows(out))
-    print(f"\nruntime {time.perf_counter() - t0:.1f} s ({'quick' if args.quick else 'full'}, seed {args.seed})")
-    write_json(args.json, out)
-    return 0
+    return finish(args, out, t0)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ import os
 import sys
 import time
 
-from benchmarks.cli import benchmark_parser, write_json
+from benchmarks.cli import benchmark_parser, finish
 from gpu.schedulers.fluid.algorithms import fit_packing_curve, save_packing_curve
 from tasks.charts import pyplot, save_png
 from tasks.fluid_packing import Trainers
@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     import torch
 
-    t0 = time.time()
+    t0 = time.perf_counter()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     meter = _GpuMeter()
     level_iters, grid_iters = (400, 300) if args.quick else (2000, 3000)
@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
                **{f"packing_iters_per_s_p{p}": x for p, (x, _, _) in zip(LEVELS, levels)},
                "grid16_sequential_s": alone, "grid16_packed_s": packed, "grid16_speedup": alone / packed,
                "gpu_util_alone_pct": alone_util, "gpu_util_packed_pct": packed_util,
-               "on_gpu": float(device == "cuda"), "runtime_s": time.time() - t0}
+               "on_gpu": float(device == "cuda"), "runtime_s": time.perf_counter() - t0}
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(5, 3.5))
     ax.plot(LEVELS, [x for x, _, _ in levels], "o-", label="measured")
@@ -128,9 +128,7 @@ def main(argv: list[str] | None = None) -> int:
     fig.tight_layout()
     path = save_png(fig, args.plots / "fluid_packing_curve.png")
     print(f"wrote {path}")
-    write_json(args.json, figures)
-    print(f"runtime {time.time() - t0:.1f} s")
-    return 0
+    return finish(args, figures, t0)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.cli import benchmark_parser, write_json
+from benchmarks.cli import benchmark_parser, finish
 from gpu.errors import GpuflowsError
 from gpu.schedulers.salus.controller import SalusController, SalusJob
 from gpu.schedulers.salus.lanes import NO_MARGINS, LaneManager
@@ -198,7 +198,7 @@ def plots(directory: Path, s2: dict[str, SimResult], s3: SimResult) -> Path:
 def main(argv: list[str] | None = None) -> int:
     args = benchmark_parser(__doc__, "fewer S1 events, 100 instead of 300 S4 jobs", seed=1,
                             plots="salus").parse_args(argv)
-    t0 = time.time()
+    t0 = time.perf_counter()
     figures: dict[str, float] = {}
     figures.update(lane_invariants(args.seed, 5000 if args.quick else 20_000))
     s2 = trace(args.seed, 100)
@@ -237,9 +237,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:<48}{figures[name]:>12.4g}   {paper}")
     path = plots(args.plots, s2, s3)
     print(f"\nwrote {path}")
-    write_json(args.json, figures)
-    print(f"runtime {time.time() - t0:.1f} s")
-    return 0
+    return finish(args, figures, t0)
 
 
 if __name__ == "__main__":
