@@ -27,17 +27,15 @@ measured time, as the job reported it when it handed the token on) against the s
 from __future__ import annotations
 
 import threading
-import time
 import uuid
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from gpu.schedulers.ekya.thief import train_job
-from gpu.schedulers.salus.controller import SalusJob, SalusStep
+from gpu.schedulers.salus.controller import SalusJob
 from tasks.ekya_tasks import FrameAnswers, SegmentResult, WindowSettings
-from tasks.requests import gpu_options
-from tasks.salus_executor import SalusExecutor
+from tasks.salus_lanes import LoggedSalusExecutor, submit_in_lane
 
 EXECUTORS = ("slices", "salus")
 MIB = 2 ** 20
@@ -51,25 +49,6 @@ def persistent_mb(settings: WindowSettings, training: bool) -> float:
     plus gradients and Adam's two moments when training; at least 1 MiB."""
     params = (64 + 1) * settings.hidden + (settings.hidden + 1) * 10
     return max(1.0, params * 4 * (4 if training else 1) / MIB)
-
-
-class _LoggedExecutor(SalusExecutor):
-    """A Salus executor that keeps its token log, every iteration's end ``(now, job_id, gpu_s)``, and the most
-    lanes it had open at once."""
-
-    def __init__(self, *args: Any, **kwargs: Any):
-        self.iterations: list[tuple[float, str, float]] = []
-        self.peak_lanes = 0
-        super().__init__(*args, **kwargs)
-
-    def _apply(self, step: SalusStep) -> None:
-        super()._apply(step)
-        self.peak_lanes = max(self.peak_lanes, len(self.controller.lane_views()))
-
-    def end(self, job_id: str, gpu_s: float, more: bool = False) -> int | None:
-        if job_id in self._jobs:
-            self.iterations.append((self.now(), job_id, gpu_s))
-        return super().end(job_id, gpu_s, more)
 
 
 @dataclass(frozen=True)
@@ -165,15 +144,15 @@ class EkyaLanes:
 
     device_mb: Sequence[float]
     settings: WindowSettings
-    _executors: dict[int, _LoggedExecutor] = field(default_factory=dict)
+    _executors: dict[int, LoggedSalusExecutor] = field(default_factory=dict)
     _jobs: dict[str, _Admitted] = field(default_factory=dict)
     _futures: list[Any] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def executor(self, device: int) -> _LoggedExecutor:
+    def executor(self, device: int) -> LoggedSalusExecutor:
         with self._lock:
             if device not in self._executors:
-                self._executors[device] = _LoggedExecutor(None, device, capacity_mb=self.device_mb[device],
+                self._executors[device] = LoggedSalusExecutor(None, device, capacity_mb=self.device_mb[device],
                                                           policy="weighted_fair", lease=False)
             return self._executors[device]
 
@@ -187,16 +166,9 @@ class EkyaLanes:
         job_id = f"{name}#{uuid.uuid4().hex[:8]}"
         training = name == train_job(name.split("/")[0])
         job = SalusJob(job_id, persistent_mb(self.settings, training), EPHEMERAL_MB, weight=gpus, on_demand=True)
-        start = time.monotonic()
-        lane = executor.admit(job)
-        self._jobs[job_id] = _Admitted(name, device, gpus, time.monotonic() - start)
-        try:
-            with gpu_options(gpus=gpus, devices=devices, label=label):
-                future = task.submit(*args, lane=lane, **kwargs)
-        except BaseException:
-            executor.leave(job_id)
-            raise
-        future.add_done_callback(lambda _: executor.leave(job_id))
+        future, _, waited = submit_in_lane(executor, job, task, dict(gpus=gpus, devices=devices, label=label),
+                                           *args, **kwargs)
+        self._jobs[job_id] = _Admitted(name, device, gpus, waited)
         self._futures.append(future)
         return future
 
@@ -242,5 +214,4 @@ def log_lanes(client: Any, run_id: str | None, report: LaneReport, window: int) 
         return
     from mlflow.entities import Metric
 
-    stamp = int(time.time() * 1000)
-    client.log_batch(run_id, metrics=[Metric(k, float(v), stamp, window) for k, v in report.metrics().items()])
+    client.log_batch(run_id, metrics=[Metric(k, float(v), 0, window) for k, v in report.metrics().items()])
