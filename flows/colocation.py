@@ -27,8 +27,8 @@ from gpuflows.args import error, simulated
 from resource_blocks import GpuPool, MlflowTarget
 from tasks.flow_runtime import log_flow_inputs, log_flow_outcome, publish_mlflow_link, settings
 from tasks.requests import current_placement
+from tasks.runners import GpuTaskRunner
 from tasks.salus_executor import salus_iterations, salus_job, salus_options
-from tasks.salus_runner import SalusTaskRunner
 from tasks.ui import publish_table
 
 MODES = ("process", "thread")
@@ -80,9 +80,12 @@ def switch_gaps(rows: list[dict]) -> list[float]:
 
 
 def runner_settings(parameters: dict) -> dict:
-    """The flow's Salus task runner from its own parameters (``pool``, ``mode``, ``tracking``, ``policy``)."""
+    """The flow's runner in Salus mode from its own parameters (``pool``, ``tracking``, ``policy``, and ``mode``:
+    where the admitted jobs run, worker processes or threads)."""
     extra = {"salus_policy": parameters["policy"]} if parameters.get("policy") in POLICIES else {}
-    return settings(parameters, DEFAULT_POOL, "gpuflows-salus", **extra)
+    if parameters.get("mode") in MODES:
+        extra["salus_workers"] = parameters["mode"]
+    return settings(parameters, DEFAULT_POOL, "gpuflows-salus", mode="salus", **extra)
 
 
 def check(jobs: int, iterations: int, gap_s: float, policy: str) -> None:
@@ -98,7 +101,7 @@ def trace(jobs: int, iterations: int) -> list[int]:
     return [max(1, iterations // (1, 4, 2)[j % 3]) for j in range(jobs)]
 
 
-@flow(name="salus-colocation", log_prints=True, task_runner=SalusTaskRunner(configure=runner_settings))
+@flow(name="salus-colocation", log_prints=True, task_runner=GpuTaskRunner(mode="salus", configure=runner_settings))
 def colocation(jobs: int = 6, iterations: int = 40, gap_s: float = 0.5, policy: str = "fair",
                pool: GpuPool | str | None = None, mode: str = "process",
                tracking: MlflowTarget | bool | str | None = None) -> dict:
