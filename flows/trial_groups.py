@@ -42,7 +42,7 @@ from gpu.tuning import ALGORITHMS, Choice, Grid, LogUniform, parse_space
 from gpuflows.args import error, flow_arguments, output_file
 from resource_blocks import GpuPool, MlflowTarget
 from tasks.fluid_profiling import TrialProfiler, calibrate, trials_per_device
-from tasks.fluid_salus import EXECUTION as SALUS_PACK, MAX_PACKED, pack_search
+from tasks.fluid_salus import EXECUTION as SALUS_PACK, pack_search, salus_pack_runner
 from tasks.fluid_trial_log import TrialLog
 from tasks.fluid_trials import load_model, train_chunk
 from tasks.requests import gpu_options
@@ -240,8 +240,9 @@ def runner_settings(parameters: dict) -> dict:
     (``trials_per_device``): with ``c = 3`` three trials sharing a device run at once, none waits for a worker.
     """
     out = settings(parameters, experiment="gpuflows-fluid")
-    out["workers_per_device_set"] = (MAX_PACKED if parameters.get("execution") == SALUS_PACK else
-                                     trials_per_device(parameters.get("c"), device_model(out["pool"])))
+    if parameters.get("execution") == SALUS_PACK:  # the trials' tasks are admitted into Salus lanes
+        return {**out, **salus_pack_runner(out["pool"], parameters.get("mode"))}
+    out["workers_per_device_set"] = trials_per_device(parameters.get("c"), device_model(out["pool"]))
     return out
 
 

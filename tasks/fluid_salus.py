@@ -10,35 +10,36 @@ declared memory (``trial_memory_mb``) decides its lane, each iteration (one epoc
 once. A trial trains its whole budget in one task: Salus gives no widths to resize. The tuning algorithm
 sees completions as under FLUID, so every algorithm (promotions and checkpoints included) runs the same way.
 
-Each task leases its declared ``P + E`` on the pool ledger (a memory request pinned to the device, which the
-ledger charges as a compute share of memory), as Salus charges a job on its own; the executor holds no lease.
+The flow's runner runs in Salus mode for this (``salus_pack_runner``: ``GpuTaskRunner(mode="salus",
+salus_policy="pack")`` on the pool's first device): the device's executor leases it whole and charges the jobs
+``ΣP + Σ_lanes max E`` inside (Eq. 2.1), each trial task declares its memory (``salus_options``) and is
+admitted by the executor instead of leasing a slice, and its worker marks its iterations with
+``salus_iterations``.
 """
 
 from __future__ import annotations
 
 import math
 import time
-import uuid
 from typing import Any
 
 from prefect import task
 from prefect.futures import as_completed
 
-from gpu.devices import Device
-from gpu.schedulers.salus.controller import SalusJob
+from gpu.devices import Device, discover
 from gpu.state import state_dir
 from gpu.tuning.base import TuningAlgorithm
 from tasks.fluid_packing import digits_split
 from tasks.fluid_trial_log import TrialLog
 from tasks.fluid_trials import load_model, model_and_optimizer, train_epochs
-from tasks.requests import Lane, current_placement
-from tasks.salus_executor import salus_iterations
-from tasks.salus_lanes import LoggedSalusExecutor, submit_in_lane
+from resource_blocks import GpuPool
+from tasks.requests import current_placement, gpu_options
+from tasks.salus_executor import salus_iterations, salus_options
 from tasks.ui import publish_table
 
 EXECUTION = "salus-pack"
 MAX_PACKED = 8
-"""Trials admitted on the device at once (the executor's ``max_jobs``; process mode keeps as many workers)."""
+"""Trials admitted on the device at once (the executor's ``max_jobs``; process workers keep one each)."""
 MIB = 2 ** 20
 EPHEMERAL_MB = 64.0
 """A trial's per-iteration memory: a batch's activations are kilobytes; CUDA's caching allocator takes 2 MiB
@@ -53,23 +54,32 @@ def trial_memory_mb(config: dict[str, Any]) -> tuple[float, float]:
     return max(1.0, params * 4 * 3 / MIB), EPHEMERAL_MB
 
 
+def salus_pack_runner(pool: GpuPool, mode: str | None) -> dict[str, Any]:
+    """The flow runner's settings for ``salus-pack``: Salus mode, PACK, the pool's first device; jobs in worker
+    processes or threads as the flow's ``mode`` says."""
+    first = discover(pool.simulated, pool.device_backend).nodes[0].devices[0].index
+    return {"mode": "salus", "salus_policy": "pack", "salus_devices": (first,), "max_jobs_per_device": MAX_PACKED,
+            "salus_workers": mode if mode in ("process", "thread") else "process"}
+
+
 @task(name="salus-packed-trial", task_run_name="trial-{trial_id}")
 def train_packed(trial_id: str, config: dict[str, Any], start: int, iterations: int, load_from: str | None,
-                 save_to: str, seed: int = 0, fail: bool = False, lane: Lane | None = None) -> dict[str, Any]:
-    """Train ``iterations`` epochs of one trial, each a Salus iteration of ``lane``, from ``load_from``; save the
+                 save_to: str, seed: int = 0, fail: bool = False) -> dict[str, Any]:
+    """Train ``iterations`` epochs of one trial, each an iteration of its Salus lane, from ``load_from``; save the
     state to ``save_to``. Returns the losses, validation accuracies and every iteration's wall-clock span.
     ``fail``: fault injection, the trial raises in its last iteration, holding its lane's token."""
     import torch
 
     placed = current_placement()
     device = placed.device if placed is not None else "cpu"
+    lane = placed.lane if placed is not None else None
     torch.set_num_threads(1)
     torch.manual_seed(seed * 100_003 + start)
     data = tuple(t.to(device) for t in digits_split(seed))
     model, optimizer = model_and_optimizer(config, load_from)
     model.to(device)
     losses, accuracies, spans = [], [], []
-    for step in salus_iterations(iterations, lane=lane):
+    for step in salus_iterations(iterations):
         if fail and step == iterations - 1:
             raise RuntimeError(f"trial {trial_id}: injected failure")
         began = time.time()
@@ -90,36 +100,32 @@ def train_packed(trial_id: str, config: dict[str, Any], start: int, iterations: 
 
 def pack_search(algo: TuningAlgorithm, algorithm: str, device: Device, seed: int, fail_trial: str | None,
                 tracking_uri: str, model_name: str, parent: str | None) -> dict[str, Any]:
-    """Run ``algo``'s trials as Salus jobs under PACK on ``device`` until it is finished; the flow's summary
-    (the keys of FLUID's, with ``c`` = the most lanes open at once, and ``lanes``, ``admission_wait_s``;
+    """Run ``algo``'s trials as Salus jobs under PACK on ``device`` (the flow's runner in Salus mode,
+    ``salus_pack_runner``) until it is finished; the flow's summary (the keys of FLUID's, with ``c`` and
+    ``lanes`` = the lanes the trials trained in;
     ``makespan_s`` counts from the first submission, the trials' start-up included, ``training_s`` from the
     first iteration's start to the last one's end)."""
     log = TrialLog(parent, tracking_uri)
     folder = state_dir() / "trial_groups" / (parent or f"{algorithm}-{EXECUTION}-{seed}")
     folder.mkdir(parents=True, exist_ok=True)
     ckpt = lambda tid: str(folder / f"{tid.replace('@', '_')}.pt")  # noqa: E731
-    executor = LoggedSalusExecutor(None, device.index, capacity_mb=device.memory_total / MIB, policy="pack",
-                                   lease=False, max_jobs=MAX_PACKED)
     t0 = time.monotonic()
     inflight: dict[Any, Any] = {}
     results: dict[str, dict[str, Any]] = {}
     scores: dict[str, float] = {}
     errors: dict[str, str] = {}
-    waits: dict[str, float] = {}
     try:
         while not algo.finished:
             group = algo.suggest(MAX_PACKED)
             for trial in group.trials if group else ():
                 log.open(trial, algorithm, EXECUTION)
                 p_mb, e_mb = trial_memory_mb(trial.config)
-                job = SalusJob(f"{trial.trial_id}#{uuid.uuid4().hex[:6]}", p_mb, e_mb, on_demand=True)
-                budget = max(1, int(round(trial.budget)))
-                future, _, waits[trial.trial_id] = submit_in_lane(
-                    executor, job, train_packed, dict(memory=int((p_mb + e_mb) * MIB), devices=(device.index,),
-                                                      label=f"trial {trial.trial_id}"),
-                    trial.trial_id, dict(trial.config), int(trial.resume_from), budget,
-                    ckpt(trial.checkpoint) if trial.checkpoint else None, ckpt(trial.trial_id), seed,
-                    fail=trial.trial_id == fail_trial)
+                with salus_options(persistent=int(p_mb * MIB), ephemeral=int(e_mb * MIB)), \
+                        gpu_options(devices=(device.index,), label=f"trial {trial.trial_id}"):
+                    future = train_packed.submit(trial.trial_id, dict(trial.config), int(trial.resume_from),
+                                                 max(1, int(round(trial.budget))),
+                                                 ckpt(trial.checkpoint) if trial.checkpoint else None,
+                                                 ckpt(trial.trial_id), seed, fail=trial.trial_id == fail_trial)
                 inflight[future] = trial
             if not inflight:
                 raise RuntimeError(f"{algorithm}: not finished, but it suggests nothing and no trial runs")
@@ -140,7 +146,6 @@ def pack_search(algo: TuningAlgorithm, algorithm: str, device: Device, seed: int
     finally:
         for future in inflight:
             future.wait()
-        executor.close()
     makespan = time.monotonic() - t0
     spans = [span for r in results.values() for span in r["spans"]]
     ok = [r for r in algo.results if r.trial_id not in errors]
@@ -155,11 +160,12 @@ def pack_search(algo: TuningAlgorithm, algorithm: str, device: Device, seed: int
          "lane": results[r.trial_id]["lane"] if r.trial_id in results else None,
          "best": r.trial_id == best.trial_id} for r in algo.results],
         f"Salus PACK / {algorithm}: every trial's configuration, result and the Salus lane it trained in")
-    return {"algorithm": algorithm, "execution": EXECUTION, "c": executor.peak_lanes, "d": 1,
+    lanes = len({r["lane"] for r in results.values()})
+    return {"algorithm": algorithm, "execution": EXECUTION, "c": lanes, "d": 1,
             "alpha": math.nan, "beta": math.nan, "c_source": "Salus PACK: lanes by Algorithm 2.1",
             "d_source": "one device", "makespan_s": makespan, "calibration_s": 0.0, "profiling_s": 0.0,
             "training_s": max(end for _, end in spans) - min(start for start, _ in spans) if spans else 0.0,
-            "lanes": executor.peak_lanes, "admission_wait_s": waits,
+            "lanes": lanes,
             "trials": len(scores), "failures": sorted(errors), "errors": errors, "scores": scores,
             "best_trial": best.trial_id, "best_config": best.config, "best_val_accuracy": 1.0 - best.score,
             "iterations_trained": sum(r["iterations"] for r in results.values()),

@@ -1,11 +1,11 @@
 """Flows that admit their own Salus jobs: a token-logging executor and "admit, then submit into the lane".
 
-Ekya's windows (``tasks.ekya_salus``) and FLUID's packed trials (``tasks.fluid_salus``) decide themselves
-which device a job goes to and what it may hold on the pool ledger, so they drive a device's
-``SalusExecutor`` directly instead of through a Salus-mode runner: the flow admits the job (Algorithm 2.1
-gives it a lane, thesis Ch. 2), submits its task with that lane, and the job leaves the lane when the task
-ends, whatever way it ends. The executor holds no ledger lease (``lease=False``): each task keeps its own,
-so the ledger stays the one account of the pool.
+A flow whose jobs keep their own ledger leases (Ekya's windows, ``tasks.ekya_salus``: each job holds the GPU
+fraction Ekya decided, pinned where Ekya's plan put it, and the flow's runner also serves tasks that are no
+Salus jobs) drives a device's ``SalusExecutor`` directly instead of through ``GpuTaskRunner(mode="salus")``:
+the flow admits the job (Algorithm 2.1 gives it a lane, thesis Ch. 2), submits its task with that lane, and
+the job leaves the lane when the task ends, whatever way it ends. The executor holds no ledger lease
+(``lease=False``), so the ledger stays the one account of the pool; it only orders iterations inside it.
 """
 
 from __future__ import annotations
