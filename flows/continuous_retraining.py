@@ -49,7 +49,7 @@ from gpu.schedulers.ekya.thief import EkyaParams
 from gpu.schedulers.ekya.policies import make_policy, policy_names
 from gpuflows.args import error, flow_arguments, output_file, simulated
 from resource_blocks import GpuPool, MlflowTarget
-from tasks.ekya_salus import EXECUTORS, log_lanes
+from tasks.ekya_salus import EXECUTORS, JOBS_PER_DEVICE, log_lanes
 from tasks.ekya_tasks import WindowSettings, config_grid
 from tasks.ekya_window import RunSettings, WindowResult, make_controller, run_window, start_streams
 from tasks.flow_runtime import (flow_runner, log_flow_inputs, log_flow_outcome, pool_block, publish_mlflow_link, settings,
@@ -63,7 +63,11 @@ MODES = ("process", "thread")
 
 
 def runner_settings(parameters: dict) -> dict:
-    """The flow's GPU task runner from its own parameters (``pool``, ``mode``, ``tracking``); any entry point."""
+    """The flow's GPU task runner from its own parameters (``pool``, ``mode``, ``tracking``); any entry point.
+    With ``executor="salus"`` process mode keeps a worker per co-located job a device may hold, so no admitted
+    job waits for a process."""
+    if parameters.get("executor") == "salus":
+        return settings(parameters, experiment="gpuflows-ekya", workers_per_device_set=JOBS_PER_DEVICE)
     return settings(parameters, experiment="gpuflows-ekya")
 
 

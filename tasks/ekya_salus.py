@@ -38,6 +38,9 @@ from tasks.ekya_tasks import FrameAnswers, SegmentResult, WindowSettings
 from tasks.salus_lanes import LoggedSalusExecutor, submit_in_lane
 
 EXECUTORS = ("slices", "salus")
+JOBS_PER_DEVICE = 8
+"""Worker processes per device under ``--executor salus``: a retraining and an inference job per stream sharing
+a device, plus a closed period's inference job still serving its last frames."""
 MIB = 2 ** 20
 EPHEMERAL_MB = 64.0
 """A job's per-iteration memory: a batch's activations are kilobytes; CUDA's caching allocator takes 2 MiB

@@ -188,3 +188,13 @@ def test_weighted_fair_gives_no_catch_up_to_a_job_that_starts_iterating_late():
         runs.append(job)
         ctl.on_iteration(0.5 + 0.01 * k, job, 0.01, more=True)
     assert runs.count("infer") == pytest.approx(6, abs=1)  # 0.3 of the lane from its first iteration on
+
+
+def test_salus_executor_keeps_a_worker_process_per_co_located_job():
+    """Process mode: a device's co-located jobs each get a worker, so an admitted job never waits for one."""
+    from flows.continuous_retraining import runner_settings
+    from tasks.ekya_salus import JOBS_PER_DEVICE
+
+    pool = _pool("ekya-salus-workers")
+    assert runner_settings({"pool": pool, "executor": "salus"})["workers_per_device_set"] == JOBS_PER_DEVICE >= 4
+    assert "workers_per_device_set" not in runner_settings({"pool": pool, "executor": "slices"})
