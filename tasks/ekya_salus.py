@@ -65,6 +65,7 @@ class SharedSpan:
 
     device: int
     gpu_s: float
+    iterations: int  # FAIR evens shares out to within one iteration: over few iterations they can differ more
     decided: dict[str, float]
     realised: dict[str, float]
 
@@ -98,7 +99,8 @@ class LaneReport:
     def summary(self) -> dict[str, Any]:
         """What the flow returns per window."""
         return {"lanes": self.lanes, "admission_wait_s": self.admission_wait_s, "iterations": self.iterations,
-                "shares": [{"device": s.device, "gpu_s": s.gpu_s, "decided": s.decided, "realised": s.realised}
+                "shares": [{"device": s.device, "gpu_s": s.gpu_s, "iterations": s.iterations, "decided": s.decided,
+                            "realised": s.realised}
                            for s in self.spans]}
 
 
@@ -112,9 +114,12 @@ def shared_span(device: int, log: Sequence[tuple[float, str, float]], weights: d
         lo, hi = spans.get(job, (t - gpu_s, t))
         spans[job] = (min(lo, t - gpu_s), max(hi, t))
     served: dict[frozenset[str], dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    counts: dict[frozenset[str], int] = defaultdict(int)
     for t, job, gpu_s in log:
         mid = t - gpu_s / 2
-        served[frozenset(j for j, (lo, hi) in spans.items() if lo <= mid <= hi)][job] += gpu_s
+        running = frozenset(j for j, (lo, hi) in spans.items() if lo <= mid <= hi)
+        served[running][job] += gpu_s
+        counts[running] += 1
     contended = [jobs for jobs in served if len(jobs) >= 2]
     if not contended:
         return None
@@ -125,7 +130,7 @@ def shared_span(device: int, log: Sequence[tuple[float, str, float]], weights: d
     for j in jobs:
         decided[names[j]] += weights[j] / weight
         realised[names[j]] += served[jobs][j] / total if total > 0 else 0.0
-    return SharedSpan(device, total, dict(decided), dict(realised))
+    return SharedSpan(device, total, counts[jobs], dict(decided), dict(realised))
 
 
 @dataclass

@@ -73,7 +73,7 @@ def test_a_07_03_split_gives_retraining_and_inference_their_decided_shares_of_on
         lanes.close()
     span = shared_span(0, log, {"cam0/train": 0.7, "cam0/infer": 0.3}, {"cam0/train": "cam0/train",
                                                                           "cam0/infer": "cam0/infer"})
-    assert span is not None and span.decided == pytest.approx({"cam0/train": 0.7, "cam0/infer": 0.3})
+    assert span is not None and span.iterations >= 100 and span.decided == pytest.approx({"cam0/train": 0.7, "cam0/infer": 0.3})
     assert span.realised["cam0/train"] == pytest.approx(0.7, abs=0.1), span
     assert span.realised["cam0/infer"] == pytest.approx(0.3, abs=0.1), span
     order = [job for _, job, _ in log]
@@ -136,7 +136,8 @@ def test_bad_executor_fails_with_one_error_before_any_run(state_dir, capsys):
 def test_flow_with_salus_executor_produces_accuracy_as_with_slices_and_logs_lanes(state_dir):
     """The same tiny run with slices and with Salus: the same windows, streams and decision shape, accuracies of
     the same size; every Salus window's MLflow run has its lanes, admission waits and realised vs decided
-    shares, and the shares a lane realised are within 0.1 of Ekya's split."""
+    shares, and the shares a lane realised are within 0.1 of Ekya's split wherever its jobs competed for 30
+    iterations or more (FAIR evens shares out to within one iteration)."""
     from mlflow import MlflowClient
 
     from flows.continuous_retraining import continuous_retraining
@@ -155,7 +156,7 @@ def test_flow_with_salus_executor_produces_accuracy_as_with_slices_and_logs_lane
         assert all(wait < 1.0 for wait in b["salus"]["admission_wait_s"].values())
         for span in b["salus"]["shares"]:
             for job, decided in span["decided"].items():
-                assert span["realised"][job] == pytest.approx(decided, abs=0.1), span
+                assert span["iterations"] < 30 or span["realised"][job] == pytest.approx(decided, abs=0.1), span
     assert salus["mean_accuracy"] == pytest.approx(slices["mean_accuracy"], abs=0.15)
     client = MlflowClient(target.resolved_uri())
     runs = client.search_runs([client.get_experiment_by_name("ekya-salus-test").experiment_id],
