@@ -200,7 +200,8 @@ class EkyaLanes:
             span = shared_span(device, log, weights, names)
             if span is not None:
                 spans.append(span)
-        return LaneReport(sum(e.peak_lanes for e in executors.values()), {j: round(a.wait_s, 6) for j, a in self._jobs.items()}, dict(counts), tuple(spans))
+        waits = {j: round(a.wait_s, 6) for j, a in self._jobs.items()}
+        return LaneReport(sum(e.peak_lanes for e in executors.values()), waits, dict(counts), tuple(spans))
 
 
 @dataclass(frozen=True)
