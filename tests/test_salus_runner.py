@@ -122,14 +122,22 @@ def too_big() -> None:
     pass
 
 
+@salus_job(persistent="1GiB", ephemeral="1GiB")
+@task
+def no_expected_time() -> None:
+    pass
+
+
 @pytest.mark.usefixtures("prefect_server")
 def test_bad_declarations_fail_in_the_flow_before_any_work(state_dir):
-    for bad, error in ((undeclared, ConfigError), (too_big, NeverFitsError)):
-        @flow(task_runner=GpuTaskRunner(pool=_pool("salus-runner"), mode="salus", salus_workers="thread", tracking=False))
+    for bad, error, match in ((undeclared, ConfigError, "salus_job"), (too_big, NeverFitsError, "too_big.*16384 MB"),
+                              (no_expected_time, ConfigError, "expected_s")):
+        @flow(task_runner=GpuTaskRunner(pool=_pool("salus-runner"), mode="salus", salus_workers="thread",
+                                        salus_policy="srtf", tracking=False))
         def submits():
             bad.submit()
 
-        with pytest.raises(error):
+        with pytest.raises(error, match=match):
             submits()
     with pytest.raises(ConfigError, match="salus_policy"):
         GpuTaskRunner(mode="salus", salus_policy="lottery")
