@@ -261,6 +261,10 @@ def format_summary(summary: dict) -> str:
         lines.append(f"window {w['window']:<8d}" + " " * max(0, len(summary['policy']) - 2) + cells
                      + f"  {w['mean']:6.3f}{failed}")
     lines.append(f"mean accuracy over windows: {summary['mean_accuracy']:.3f}")
+    for w in summary["windows"]:  # --executor salus: what each device's lane gave its jobs
+        for span in w.get("salus", {}).get("shares", []):
+            shares = ", ".join(f"{job} {span['decided'][job]:.2f}->{span['realised'][job]:.2f}" for job in span["decided"])
+            lines.append(f"window {w['window']} gpu{span['device']} lane, decided->realised share: {shares}")
     return "\n".join(lines)
 
 

@@ -141,7 +141,7 @@ def test_flow_with_salus_executor_produces_accuracy_as_with_slices_and_logs_lane
     iterations or more (FAIR evens shares out to within one iteration)."""
     from mlflow import MlflowClient
 
-    from flows.continuous_retraining import continuous_retraining
+    from flows.continuous_retraining import continuous_retraining, format_summary
 
     slices = continuous_retraining(**TINY, policy="thief", pool=_pool("ekya-slices"), tracking=False,
                                    registry_prefix="ekya-salus-test")
@@ -159,6 +159,8 @@ def test_flow_with_salus_executor_produces_accuracy_as_with_slices_and_logs_lane
             for job, decided in span["decided"].items():
                 assert span["iterations"] < 30 or span["realised"][job] == pytest.approx(decided, abs=0.1), span
     assert salus["mean_accuracy"] == pytest.approx(slices["mean_accuracy"], abs=0.15)
+    printed = format_summary(salus)  # what the CLI prints: the accuracy table, then each lane's shares
+    assert printed.count("decided->realised") == sum(len(w["salus"]["shares"]) for w in salus["windows"])
     client = MlflowClient(target.resolved_uri())
     runs = client.search_runs([client.get_experiment_by_name("ekya-salus-test").experiment_id],
                               filter_string=f"tags.mlflow.parentRunId = '{salus['mlflow_run_id']}'")
