@@ -19,7 +19,6 @@ admitted by the executor instead of leasing a slice, and its worker marks its it
 
 from __future__ import annotations
 
-import math
 import time
 from typing import Any
 
@@ -162,7 +161,7 @@ def pack_search(algo: TuningAlgorithm, algorithm: str, device: Device, seed: int
         f"Salus PACK / {algorithm}: every trial's configuration, result and the Salus lane it trained in")
     lanes = len({r["lane"] for r in results.values()})
     return {"algorithm": algorithm, "execution": EXECUTION, "c": lanes, "d": 1,
-            "alpha": math.nan, "beta": math.nan, "c_source": "Salus PACK: lanes by Algorithm 2.1",
+            "alpha": None, "beta": None, "c_source": "Salus PACK: lanes by Algorithm 2.1",
             "d_source": "one device", "makespan_s": makespan, "calibration_s": 0.0, "profiling_s": 0.0,
             "training_s": max(end for _, end in spans) - min(start for start, _ in spans) if spans else 0.0,
             "lanes": lanes,
