@@ -27,7 +27,11 @@ go back to inference, the window's MLflow run records it, and the next window pr
 per window (nested under the flow's run) records allocations, configs, predicted and measured accuracy
 and durations; each retrained model is a version of the registered model ``<prefix>-<stream>``.
 
-    python -m flows.continuous_retraining --streams 2 --windows 2 --policy thief
+``executor``: ``slices`` (each job a task on its own fraction) or ``salus``: each device's retraining and
+inference jobs are co-located Salus jobs in one lane under weighted FAIR, Ekya's split as the weights
+(``tasks.ekya_salus``); the window's MLflow run adds the lanes, admission waits and realised vs decided shares.
+
+    python -m flows.continuous_retraining --streams 2 --windows 2 --policy thief [--executor salus]
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ from gpu.schedulers.ekya.thief import EkyaParams
 from gpu.schedulers.ekya.policies import make_policy, policy_names
 from gpuflows.args import error, flow_arguments, output_file, simulated
 from resource_blocks import GpuPool, MlflowTarget
+from tasks.ekya_salus import EXECUTORS, JOBS_PER_DEVICE, log_lanes
 from tasks.ekya_tasks import WindowSettings, config_grid
 from tasks.ekya_window import RunSettings, WindowResult, make_controller, run_window, start_streams
 from tasks.flow_runtime import (flow_runner, log_flow_inputs, log_flow_outcome, pool_block, publish_mlflow_link, settings,
@@ -58,7 +63,11 @@ MODES = ("process", "thread")
 
 
 def runner_settings(parameters: dict) -> dict:
-    """The flow's GPU task runner from its own parameters (``pool``, ``mode``, ``tracking``); any entry point."""
+    """The flow's GPU task runner from its own parameters (``pool``, ``mode``, ``tracking``); any entry point.
+    With ``executor="salus"`` process mode keeps a worker per co-located job a device may hold, so no admitted
+    job waits for a process."""
+    if parameters.get("executor") == "salus":
+        return settings(parameters, experiment="gpuflows-ekya", workers_per_device_set=JOBS_PER_DEVICE)
     return settings(parameters, experiment="gpuflows-ekya")
 
 
@@ -81,7 +90,9 @@ def _windows(run: RunSettings, parent: str | None) -> dict:
         for w in range(run.windows):
             result = run_window(run, w, streams, golden, controller)
             try:  # a tracking store that fails costs the review, not the retraining
-                logger.log_window(result, streams)
+                run_id = logger.log_window(result, streams)
+                if result.lanes is not None:
+                    log_lanes(logger.client, run_id, result.lanes, w)
             except Exception as exc:
                 errors.append(f"window {w} not logged to MLflow: {exc!r}")
                 get_run_logger().error(errors[-1])
@@ -109,8 +120,9 @@ def summarise(run: RunSettings, results: list[WindowResult], plot: str | None, p
     windows = [{"window": r.window, "accuracy": r.measured, "predicted": r.predicted, "configs": r.configs,
                 "allocation": r.start_alloc, "retrainings": _retrainings(r),
                 "profiled_gpu_s": {s: {c: p.gpu_seconds for c, p in cfgs.items()} for s, cfgs in r.predicted_configs.items()},
-                "failures": r.failures, "mean": r.mean_measured} for r in results]
-    return {"policy": run.policy, "scheduler": run.scheduler, "streams": list(results[0].measured) if results else [],
+                "failures": r.failures, "mean": r.mean_measured,
+                **({"salus": r.lanes.summary()} if r.lanes is not None else {})} for r in results]
+    return {"policy": run.policy, "scheduler": run.scheduler, "executor": run.executor, "streams": list(results[0].measured) if results else [],
             "windows": windows, "mean_accuracy": sum(r.mean_measured for r in results) / len(results),
             "mlflow_run_id": parent, "plot": plot}
 
@@ -124,7 +136,7 @@ def scheduler_name(policy: str, uniform_config: str, uniform_share: float) -> st
 
 def _check(streams: int, windows: int, window_s: float, policy: str, mode: str, seed: int, fail_stream: str | None,
            fail_window: int, uniform_config: str, uniform_share: float, profile_gpus: float, a_min: float,
-           delta: float, objects_per_frame: dict[str, int] | None) -> None:
+           delta: float, objects_per_frame: dict[str, int] | None, executor: str) -> None:
     for name, value in (("streams", streams), ("windows", windows)):
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise ConfigError(name, value, "must be a whole number > 0")
@@ -139,6 +151,8 @@ def _check(streams: int, windows: int, window_s: float, policy: str, mode: str, 
     make_policy(scheduler_name(policy, uniform_config, uniform_share), grid)  # ConfigError('policy') if unknown
     if mode not in MODES:
         raise ConfigError("mode", mode, f"choose one of {MODES}")
+    if executor not in EXECUTORS:
+        raise ConfigError("executor", executor, f"choose one of {EXECUTORS}")
     integer(seed, "seed", minimum=0)  # numpy's generators refuse negatives
     names = [f"cam{i}" for i in range(streams)]
     if fail_stream is not None and fail_stream not in names:
@@ -159,15 +173,17 @@ def prepare(pool: GpuPool | str | None, tracking: MlflowTarget | bool | None, *,
             window_s: float, policy: str, seed: int, mode: str, a_min: float, delta: float,
             frames: int, labelled: int, uniform_config: str, uniform_share: float, profile_gpus: float,
             fail_stream: str | None, fail_window: int, registry_prefix: str,
-            objects_per_frame: dict[str, int] | None = None) -> tuple[GpuPool, MlflowTarget, RunSettings]:
+            objects_per_frame: dict[str, int] | None = None,
+            executor: str = "slices") -> tuple[GpuPool, MlflowTarget, RunSettings]:
     """The flow's pool, MLflow target and settings, every parameter checked: the flow calls it for deployment runs,
     ``main`` before the flow, so a bad argument fails before a flow run starts."""
     _check(streams, windows, window_s, policy, mode, seed, fail_stream, fail_window, uniform_config, uniform_share,
-           profile_gpus, a_min, delta, objects_per_frame)
+           profile_gpus, a_min, delta, objects_per_frame, executor)
     runner = flow_runner()  # in the flow run: the pool and target its runner resolved from these parameters
     block = runner.pool if runner else pool_block(pool)
     target = runner.tracking if runner else tracking_target(tracking)
-    gpus = discover(block.simulated, block.device_backend).gpu_count
+    pool_spec = discover(block.simulated, block.device_backend)
+    gpus = pool_spec.gpu_count
     if gpus == 0:
         raise ConfigError("pool", block.name, "has no GPUs (simulated or NVML) to split between retraining and "
                                               "inference")
@@ -176,7 +192,9 @@ def prepare(pool: GpuPool | str | None, tracking: MlflowTarget | bool | None, *,
                       windows=windows, window_s=float(window_s), seed=seed, pool_gpus=gpus, a_min=a_min, delta=delta,
                       profile_gpus=profile_gpus, objects_per_frame=dict(objects_per_frame or {}),
                       fail_stream=fail_stream, fail_window=fail_window, registry_prefix=registry_prefix,
-                      settings=settings, experiment=target.experiment, tracking_uri=target.resolved_uri())
+                      settings=settings, experiment=target.experiment, tracking_uri=target.resolved_uri(),
+                      executor=executor,
+                      device_mb=tuple(d.memory_total / 2 ** 20 for n in pool_spec.nodes for d in n.devices))
     return block, target, run
 
 
@@ -187,7 +205,8 @@ def continuous_retraining(streams: int = 4, windows: int = 3, window_s: float = 
                           frames: int = 1000, labelled: int = 1000,
                           uniform_config: str = "e5-all-d50", uniform_share: float = 0.5,
                           profile_gpus: float = 0.25, fail_stream: str | None = None, fail_window: int = 0,
-                          registry_prefix: str = "ekya", objects_per_frame: dict[str, int] | None = None) -> dict:
+                          registry_prefix: str = "ekya", objects_per_frame: dict[str, int] | None = None,
+                          executor: str = "slices") -> dict:
     """Ekya continuous retraining of ``streams`` drifting digit streams over ``windows`` windows.
 
     Args:
@@ -207,6 +226,8 @@ def continuous_retraining(streams: int = 4, windows: int = 3, window_s: float = 
         registry_prefix: registered models are named ``<registry_prefix>-<stream>``.
         objects_per_frame: stream -> training samples each of its labelled frames yields (default 1): a busy
             camera's retraining does that many times the torch work per epoch, with the same configs.
+        executor: "slices" (each job a task on its GPU fraction) or "salus" (each device's jobs co-located in one
+            Salus lane under weighted FAIR, Ekya's split as the weights; ``tasks.ekya_salus``).
 
     Returns:
         ``{"policy", "streams", "windows": [{"window", "accuracy": {stream: measured}, "predicted",
@@ -217,12 +238,13 @@ def continuous_retraining(streams: int = 4, windows: int = 3, window_s: float = 
         pool, tracking, streams=streams, windows=windows, window_s=window_s, policy=policy, seed=seed, mode=mode,
         a_min=a_min, delta=delta, frames=frames, labelled=labelled,
         uniform_config=uniform_config, uniform_share=uniform_share, profile_gpus=profile_gpus,
-        objects_per_frame=objects_per_frame,
+        objects_per_frame=objects_per_frame, executor=executor,
         fail_stream=fail_stream, fail_window=fail_window, registry_prefix=registry_prefix)
     parent = publish_mlflow_link(flow_runner())
     log_flow_inputs("ekya", policy, {"policy": policy, "streams": streams, "windows": windows, "window_s": window_s,
                                      "seed": seed, "pool": block.name, "pool_gpus": run.pool_gpus, "mode": mode or "",
-                                     "frames": frames, "labelled": labelled, "scheduler": run.scheduler})
+                                     "frames": frames, "labelled": labelled, "scheduler": run.scheduler,
+                                     "executor": executor})
     summary = _windows(run, parent)
     log_flow_outcome({"mean_accuracy": summary["mean_accuracy"],
                       "windows_failed": sum(bool(w["failures"]) for w in summary["windows"])})
@@ -239,6 +261,10 @@ def format_summary(summary: dict) -> str:
         lines.append(f"window {w['window']:<8d}" + " " * max(0, len(summary['policy']) - 2) + cells
                      + f"  {w['mean']:6.3f}{failed}")
     lines.append(f"mean accuracy over windows: {summary['mean_accuracy']:.3f}")
+    for w in summary["windows"]:  # --executor salus: what each device's lane gave its jobs
+        for span in w.get("salus", {}).get("shares", []):
+            shares = ", ".join(f"{job} {span['decided'][job]:.2f}->{span['realised'][job]:.2f}" for job in span["decided"])
+            lines.append(f"window {w['window']} gpu{span['device']} lane, decided->realised share: {shares}")
     return "\n".join(lines)
 
 
@@ -267,6 +293,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--simulated", type=simulated, default="2x16GiB",
                         help="simulated devices when no pool block is named")
     parser.add_argument("--mode", default="process", help=f"runner mode, one of {MODES} (default process)")
+    parser.add_argument("--executor", default="slices", help=f"how a device's jobs share it, one of {EXECUTORS}: "
+                        "slices (each its GPU fraction) or salus (one Salus lane, weighted FAIR; default slices)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--fail-stream", default=None, help="inject a retraining failure in this stream (e.g. cam1)")
     parser.add_argument("--fail-window", type=int, default=0, help="window of the injected failure (default 0)")
@@ -279,7 +307,8 @@ def main(argv: list[str] | None = None) -> int:
         kwargs = flow_arguments(
             continuous_retraining, streams=args.streams, windows=args.windows, window_s=args.window_s,
             policy=args.policy, pool=args.pool or GpuPool(name="ekya", device_backend="auto", simulated=args.simulated),
-            seed=args.seed, mode=args.mode, tracking=False if args.no_tracking else None, fail_stream=args.fail_stream,
+            seed=args.seed, mode=args.mode, executor=args.executor, tracking=False if args.no_tracking else None,
+            fail_stream=args.fail_stream,
             fail_window=args.fail_window, objects_per_frame=_stream_counts(args.objects_per_frame) or None)
         kwargs["pool"], kwargs["tracking"], _ = prepare(**kwargs)  # every argument checked before the run starts
         summary = continuous_retraining(**kwargs)

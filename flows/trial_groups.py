@@ -12,7 +12,8 @@ short measurement at start-up), ``beta`` and ``d`` from the flow's MLP timed at 
 trial's seconds per iteration from a short run on a ``1/c`` slice, so its runtime is ``budget * t1``. The
 controller runs on the flow's wall clock; the result and the MLflow run carry the makespan (``makespan_s``) and
 each TrialGroup's. In process mode the runner keeps ``c`` workers per device, so ``c`` packed trials train at
-once. MLflow: one child run per trial under the flow's run, the best model registered.
+once. MLflow: one child run per trial under the flow's run, the best model registered. ``--execution salus-pack``
+packs the trials onto the pool's first device as Salus jobs under PACK instead (``tasks.fluid_salus``).
 
     python -m flows.trial_groups --algorithm grid --iterations 4
 """
@@ -42,11 +43,12 @@ from gpuflows.args import error, flow_arguments, output_file
 from resource_blocks import GpuPool, MlflowTarget
 from tasks.fluid_escher import PLACEMENTS, EscherTrials, escher_trials, nodes_pool
 from tasks.fluid_profiling import TrialProfiler, calibrate, trials_per_device
+from tasks.fluid_salus import EXECUTION as SALUS_PACK, pack_search, salus_pack_runner
 from tasks.fluid_trial_log import TrialLog
 from tasks.fluid_trials import load_model, train_chunk
 from tasks.requests import gpu_options
-from tasks.flow_runtime import (flow_runner, log_flow_inputs, log_flow_outcome, pool_block, publish_mlflow_link, settings,
-                                tracking_target)
+from tasks.flow_runtime import (flow_runner, log_flow_inputs, log_flow_outcome, pool_block, publish_mlflow_link,
+                                settings, tracking_target)
 from tasks.runners import GpuTaskRunner
 from tasks.tracking import flow_tracker
 from tasks.charts import publish_pool_occupancy
@@ -246,6 +248,8 @@ def runner_settings(parameters: dict) -> dict:
     ESCHER placement runs that many on device i of every node, and nodes share device numbers: one set per node.
     """
     out = settings(parameters, experiment="gpuflows-fluid")
+    if parameters.get("execution") == SALUS_PACK:  # the trials' tasks are admitted into Salus lanes
+        return {**out, **salus_pack_runner(out["pool"], parameters.get("mode"))}
     out["workers_per_device_set"] = trials_per_device(parameters.get("c"), device_model(out["pool"])) * (
         out["pool"].nodes if parameters.get("placement") == "escher" else 1)
     return out
@@ -266,7 +270,8 @@ def trial_groups(algorithm: str = "grid", trials: int = 4, iterations: int = 4, 
         iterations: budget per fully trained config (epochs); ``min_iterations`` the smallest rung.
         pool: GpuPool block, saved block name, or None (saved default or simulated 2 x 16 GiB).
         execution: "fluid" (StaticFluid + DynamicFluid), "static_fluid" (Algorithm 3.1 only) or "fifo" (one whole
-            GPU per trial): ``gpu.schedulers.fluid.policies``, the simulator's policies.
+            GPU per trial): ``gpu.schedulers.fluid.policies``, the simulator's policies; or "salus-pack": every
+            trial a Salus job under PACK on the pool's first device (``tasks.fluid_salus``; c, d, alpha unused).
         space: raw search space for ``gpu.tuning.parse_space`` (needs lr, hidden, batch_size).
         c: FLUID's packing limit (trials per GPU). None derives it from the pool device's packing curve (Eq. 3.1):
             the curve ``benchmarks/fluid_packing.py`` last saved for that device in the state folder, else one
@@ -303,11 +308,17 @@ def trial_groups(algorithm: str = "grid", trials: int = 4, iterations: int = 4, 
         "pool": block.name, "pool_gpus": len(node.devices), "c": "derived" if c is None else c,
         "d": "derived" if d is None else d,
         "alpha": "derived" if alpha is None else alpha, "chunk": chunk, "mode": mode, "placement": placement})
-    with escher_trials(placement, runner) as escher:
-        summary = _search(algorithm, trials, iterations, seed, space, min_iterations, generations, execution,
-                          [dev.index for dev in node.devices], device, c, d, None if alpha is None else float(alpha),
-                          packing_iterations, chunk, fail_trial, target.resolved_uri(),
-                          model_name or f"trial-groups-{algorithm}", progress, parent, escher)
+    if execution == SALUS_PACK:
+        summary = pack_search(make_algorithm(algorithm, trials, iterations, seed, space, min_iterations, generations),
+                              algorithm, node.devices[0], seed, fail_trial, target.resolved_uri(),
+                              model_name or f"trial-groups-{algorithm}", parent)
+    else:
+        with escher_trials(placement, runner) as escher:
+            gpus = [dev.index for dev in node.devices]
+            summary = _search(algorithm, trials, iterations, seed, space, min_iterations, generations, execution,
+                              gpus, device, c, d, None if alpha is None else float(alpha),
+                              packing_iterations, chunk, fail_trial, target.resolved_uri(),
+                              model_name or f"trial-groups-{algorithm}", progress, parent, escher)
     log_flow_outcome({"best_val_accuracy": summary["best_val_accuracy"], "trials_run": summary["trials"],
                       "trials_failed": len(summary["failures"]), "iterations_trained": summary["iterations_trained"],
                       "makespan_s": summary["makespan_s"], "profiling_s": summary["profiling_s"]})
@@ -323,8 +334,8 @@ def prepare(pool: GpuPool | str | None, tracking: MlflowTarget | bool | None, *,
     """The flow's pool, MLflow target and node, every parameter checked: the flow calls it for deployment runs,
     ``main`` before the flow, so a bad argument fails before a flow run starts (the others, ``_``, need none)."""
     make_algorithm(algorithm, trials, iterations, seed, space, min_iterations, generations)
-    if execution not in EXECUTIONS:
-        raise ConfigError("execution", execution, f"choose one of {EXECUTIONS}")
+    if execution not in (*EXECUTIONS, SALUS_PACK):
+        raise ConfigError("execution", execution, f"choose one of {(*EXECUTIONS, SALUS_PACK)}")
     if mode not in MODES:
         raise ConfigError("mode", mode, f"choose one of {MODES}")
     if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk <= 0:
@@ -343,6 +354,9 @@ def prepare(pool: GpuPool | str | None, tracking: MlflowTarget | bool | None, *,
     node = discover(block.simulated, block.device_backend).nodes[0]
     if not node.devices:
         raise ConfigError("pool", block.name, "has no GPUs (simulated or NVML) to run trials on")
+    if placement == "escher" and execution == SALUS_PACK:
+        raise ConfigError("placement", placement, f"--execution {SALUS_PACK} packs every trial on one device; "
+                                                  "ESCHER places FLUID's trials across nodes")
     if placement == "escher" and block.nodes < 2:
         raise ConfigError("placement", placement, f"places trials across nodes; pool {block.name!r} has 1 node "
                                                   "(give it nodes >= 2)")
@@ -356,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--trials", type=int, default=4, help="configs / PBT population (default 4)")
     parser.add_argument("--iterations", type=int, default=4, help="epochs per fully trained config (default 4)")
     parser.add_argument("--min-iterations", type=int, default=1, help="smallest rung (hyperband/asha/bohb)")
-    parser.add_argument("--execution", default="fluid", help=f"one of {EXECUTIONS} (default fluid)")
+    parser.add_argument("--execution", default="fluid", help=f"one of {(*EXECUTIONS, SALUS_PACK)} (default fluid)")
     parser.add_argument("--pool", default=None, help="saved GpuPool block name (default: simulated 2 x 16 GiB)")
     parser.add_argument("--mode", default="process", help=f"runner mode, one of {MODES} (default process)")
     parser.add_argument("--chunk", type=int, default=2, help="iterations per task (default 2)")
@@ -390,8 +404,11 @@ def main(argv: list[str] | None = None) -> int:
         summary = trial_groups(**kwargs)
     except GpuflowsError as exc:
         return error(exc)
-    print(f"FLUID c = {summary['c']}, d = {summary['d']}, alpha = {summary['alpha']:.3f}, beta = {summary['beta']:.3f}"
-          f" (c: {summary['c_source']}; d: {summary['d_source']})")
+    if summary["execution"] == SALUS_PACK:
+        print(f"Salus PACK on one device: up to {summary['lanes']} lanes at once")
+    else:
+        print(f"FLUID c = {summary['c']}, d = {summary['d']}, alpha = {summary['alpha']:.3f}, "
+              f"beta = {summary['beta']:.3f} (c: {summary['c_source']}; d: {summary['d_source']})")
     print(f"makespan {summary['makespan_s']:.1f} s (profiling {summary['profiling_s']:.1f} s of it; calibration "
           f"{summary['calibration_s']:.1f} s before it)")
     print(f"{summary['algorithm']}/{summary['execution']}: {summary['trials']} trials, "

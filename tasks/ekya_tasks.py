@@ -43,7 +43,8 @@ from prefect.cache_policies import NO_CACHE
 from gpu.errors import ConfigError
 from gpu.schedulers.ekya.profiler import ProfileObservation
 from gpu.state import state_dir
-from tasks.requests import current_placement
+from tasks.requests import Lane, current_placement
+from tasks.salus_executor import salus_iterations
 from tasks.slices import on_slice
 from tasks.streams import StreamSpec, augmented_digits, processed_mask, serve, training_views, window_frames
 
@@ -160,9 +161,11 @@ class Fit:
 
 
 def _fit(model, x: np.ndarray, y: np.ndarray, epochs: int, layers: str, settings: WindowSettings, seed: int,
-         device, val: tuple[np.ndarray, np.ndarray] | None = None, budget_s: float = float("inf")) -> Fit:
+         device, val: tuple[np.ndarray, np.ndarray] | None = None, budget_s: float = float("inf"),
+         lane: Lane | None = None) -> Fit:
     """Train ``model`` in place, timing each epoch's steps on the slice; stop once ``budget_s`` slice
-    seconds are spent (the window has ended for this job)."""
+    seconds are spent (the window has ended for this job). In a Salus ``lane`` every SGD step is one
+    iteration: it runs only while the job holds the lane's token."""
     import torch
 
     params = list(model.parameters())
@@ -173,10 +176,12 @@ def _fit(model, x: np.ndarray, y: np.ndarray, epochs: int, layers: str, settings
     gen = torch.Generator().manual_seed(seed)
     xs, ys = torch.as_tensor(x, device=device), torch.as_tensor(y, device=device)
     history, slice_s, gpu_s, done = [], 0.0, 0.0, 0
+    turns = _turns(epochs * -(-len(xs) // settings.batch), lane)
     while done < epochs and slice_s <= budget_s:
         model.train()
         with on_slice() as clock:
             for idx in torch.randperm(len(xs), generator=gen).split(settings.batch):
+                next(turns)
                 opt.zero_grad()
                 torch.nn.functional.cross_entropy(model(xs[idx]), ys[idx]).backward()
                 opt.step()
@@ -186,9 +191,17 @@ def _fit(model, x: np.ndarray, y: np.ndarray, epochs: int, layers: str, settings
         model.eval()
         if val is not None:
             history.append(_accuracy(model, *val, device))
+    if done == epochs:
+        next(turns, None)  # ends the last iteration; a job the budget stopped holds its turn until it leaves
     for p in params:
         p.requires_grad_(True)
     return Fit(tuple(history), done, slice_s, gpu_s)
+
+
+def _turns(n: int, lane: Lane | None) -> Any:
+    """An iterator whose every ``next`` starts one Salus iteration (``tasks.salus_executor.salus_iterations``);
+    without a lane, ``range(n)``."""
+    return iter(salus_iterations(n, lane=lane) if lane is not None else range(n))
 
 
 def _load(state: dict, settings: WindowSettings, device):
@@ -328,11 +341,12 @@ class InjectedFailure(RuntimeError):
 
 @task(cache_policy=NO_CACHE, task_run_name="retrain-{spec.name}-w{window}-{config.name}")  # the Prefect UI names what it worked on
 def retrain(spec: StreamSpec, window: int, model_state: dict, golden_labels: np.ndarray, config: ConfigSpec,
-            settings: WindowSettings, budget_s: float = float("inf"), fail: bool = False) -> RetrainResult:
+            settings: WindowSettings, budget_s: float = float("inf"), fail: bool = False,
+            lane: Lane | None = None) -> RetrainResult:
     """Fine-tune the deployed model with ``config`` on the window's golden-labelled frames.
 
     The job stops once its measured slice time passes ``budget_s`` (what is left of the window) and then
-    reports ``complete=False``.
+    reports ``complete=False``. ``lane``: a Salus lane whose tokens its SGD steps take (``tasks.ekya_salus``).
     """
     start = time.perf_counter()
     device = _setup()
@@ -343,9 +357,9 @@ def retrain(spec: StreamSpec, window: int, model_state: dict, golden_labels: np.
     xs, ys = training_views(spec, x[data], golden_labels[data], window)
     model = _load(model_state, settings, device)
     if fail:
-        _fit(model, xs, ys, 1, config.layers, settings, spec.seed, device)
+        _fit(model, xs, ys, 1, config.layers, settings, spec.seed, device, lane=lane)
         raise InjectedFailure(f"injected failure while retraining {spec.name} with {config.name} in window {window}")
-    fit = _fit(model, xs, ys, config.epochs, config.layers, settings, spec.seed, device, budget_s=budget_s)
+    fit = _fit(model, xs, ys, config.epochs, config.layers, settings, spec.seed, device, budget_s=budget_s, lane=lane)
     return RetrainResult(spec.name, config.name, _cpu_state(model),
                          _accuracy(model, x[n:], golden_labels[n:], device), fit.epochs,
                          fit.epochs == config.epochs and fit.slice_s <= budget_s, fit.slice_s, fit.gpu_s,
@@ -372,10 +386,59 @@ def infer_segment(spec: StreamSpec, window: int, model_state: dict, first: int, 
     x, y = _frames(spec, window, settings.frames, "live")
     x, y = x[first:last], y[first:last]
     preds, slice_s, _ = _frame_by_frame(_load(model_state, settings, device), x, device)
+    return serve_period(spec.name, first, preds, y, slice_s, period_s)
+
+
+def serve_period(stream: str, first: int, preds: np.ndarray, truth: np.ndarray, slice_s: float,
+                 period_s: float) -> SegmentResult:
+    """A period's answers: the frame rate ``slice_s`` of work sustains over ``period_s`` decides which frames
+    were processed; skipped frames get the newest processed frame's prediction."""
     rate = min(1.0, period_s / slice_s) if slice_s > 0 else 1.0
-    mask = processed_mask(len(y), rate)
+    mask = processed_mask(len(truth), rate)
     answers = serve(np.where(mask, preds, -1), mask)
-    return SegmentResult(spec.name, first, len(y), int(mask.sum()), int(np.sum(answers == y)), rate, slice_s)
+    return SegmentResult(stream, first, len(truth), int(mask.sum()), int(np.sum(answers == truth)), rate, slice_s)
+
+
+FRAMES_PER_ITERATION = 10
+"""Live frames one Salus inference iteration serves (a batch of a stream's frames, still run frame by frame)."""
+
+
+@dataclass(frozen=True)
+class FrameAnswers:
+    """A model's predictions for live frames ``first, first+1, ...`` with each frame's measured slice time."""
+
+    stream: str
+    first: int
+    preds: np.ndarray
+    truth: np.ndarray
+    slice_s: np.ndarray  # per frame: its batch's measured time on the slice, split evenly over the batch
+
+    def segment(self, last: int, period_s: float) -> SegmentResult:
+        """The period ``[first, last)`` served over ``period_s`` slice seconds, as ``infer_segment`` serves it."""
+        k = last - self.first
+        return serve_period(self.stream, self.first, self.preds[:k], self.truth[:k], float(self.slice_s[:k].sum()),
+                            period_s)
+
+
+@task(cache_policy=NO_CACHE, task_run_name="infer-{spec.name}-w{window}-f{first}-on")  # the Prefect UI names what it worked on
+def infer_frames(spec: StreamSpec, window: int, model_state: dict, first: int, settings: WindowSettings,
+                 lane: Lane | None = None) -> FrameAnswers:
+    """Run the model on live frames ``first`` to the window's end, ``FRAMES_PER_ITERATION`` frames per Salus
+    iteration of ``lane``: started when a period opens, before its end is known (``tasks.ekya_salus``)."""
+    device = _setup()
+    x, y = _frames(spec, window, settings.frames, "live")
+    x, y = x[first:], y[first:]
+    model = _load(model_state, settings, device)
+    batches = range(0, len(x), FRAMES_PER_ITERATION)
+    turns = _turns(len(batches), lane)
+    preds, times = np.empty(len(x), dtype=np.int64), np.empty(len(x))
+    for b in batches:
+        next(turns)
+        part = slice(b, b + FRAMES_PER_ITERATION)
+        preds[part], slice_s, _ = _frame_by_frame(model, x[part], device)
+        times[part] = slice_s / len(preds[part])
+    next(turns, None)
+    return FrameAnswers(spec.name, first, preds, y, times)
 
 
 def checkpoint(state: dict, path: Path) -> Path:

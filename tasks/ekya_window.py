@@ -16,7 +16,8 @@ Events are taken in slice-time order: when jobs are running the loop waits for a
 really finished (``prefect.futures.as_completed``), then hands the earliest to the controller, whose
 re-invocation may start new jobs at that instant. A failed or cancelled job is handed over at the
 current time. Between two events every stream's inference runs with a fixed model and GPU share; each
-such period is one ``infer_segment`` task on that share.
+such period is one ``infer_segment`` task on that share. With ``executor="salus"`` the jobs of each device
+are co-located Salus jobs in one lane instead (``tasks.ekya_salus``).
 """
 
 from __future__ import annotations
@@ -30,8 +31,10 @@ from gpu.schedulers.ekya.controller import EkyaController, EkyaStep, RetrainStar
 from gpu.schedulers.ekya.placement import to_gpu_requests
 from gpu.schedulers.ekya.policies import make_policy
 from gpu.schedulers.ekya.profiler import micro_profile, profiled_gpu_seconds, prune_configs
+from tasks.ekya_salus import EkyaLanes, LaneReport, PeriodAnswers
 from tasks.ekya_tasks import (ConfigSpec, RetrainResult, SegmentResult, WindowProfile, WindowSettings,
-                              bootstrap_model, config_grid, infer_segment, profile_window, retrain, train_golden)
+                              bootstrap_model, config_grid, infer_frames, infer_segment, profile_window, retrain,
+                              train_golden)
 from tasks.requests import gpu_options
 from tasks.streams import StreamSpec, inference_profile_points, make_streams
 
@@ -59,6 +62,8 @@ class RunSettings:
     experiment: str
     tracking_uri: str
     objects_per_frame: dict[str, int] = field(default_factory=dict)  # stream -> training samples per frame
+    executor: str = "slices"  # "salus": each device's jobs co-located in one Salus lane (``tasks.ekya_salus``)
+    device_mb: tuple[float, ...] = ()  # the pool's devices' memory, by index (Salus lanes)
 
     @property
     def params(self) -> EkyaParams:
@@ -109,6 +114,7 @@ class WindowResult:
     failures: list[str]
     events: list[dict] = field(default_factory=list)
     segments: list[tuple[str, float, float, float, SegmentResult]] = field(default_factory=list)  # stream, t0, t1, gpus
+    lanes: LaneReport | None = None  # executor "salus": what the device executors measured
 
     @property
     def mean_measured(self) -> float:
@@ -165,8 +171,11 @@ class _Window:
         self.t = 0.0
         self.open: dict[str, tuple[float, float, int | None]] = {}  # stream -> (start, gpus, model id)
         self.models: dict[str, dict] = {}
-        self.segments: list[tuple[str, float, float, float, PrefectFuture | SegmentResult]] = []
+        self.segments: list[tuple[str, float, float, float, PrefectFuture | PeriodAnswers | SegmentResult]] = []
         self.events: list[dict] = []
+        self.devices: dict[str, tuple[int, ...]] = {}  # job -> the devices Ekya's plan put it on
+        self.lanes = EkyaLanes(run.device_mb, run.settings) if run.executor == "salus" else None
+        self.serving: dict[str, PrefectFuture] = {}  # stream -> its open period's Salus inference job
 
     def requests(self, step: EkyaStep) -> dict[str, float]:
         """GPUs each job can hold on the pool's devices (packing may shrink a fraction)."""
@@ -174,7 +183,16 @@ class _Window:
         total = sum(full.values())
         scale = min(1.0, self.run.pool_gpus / total) if total > 0 else 1.0
         shares = {job: g * scale / self.run.pool_gpus for job, g in full.items()}
-        return {r.job: r.gpus for r in to_gpu_requests(shares, self.run.pool_gpus)}
+        planned = to_gpu_requests(shares, self.run.pool_gpus)
+        self.devices.update({r.job: r.devices for r in planned})
+        return {r.job: r.gpus for r in planned}
+
+    def submit(self, task, job: str, gpus: float, label: str, *args, **kwargs) -> PrefectFuture:
+        """Submit Ekya job ``job``'s task on ``gpus``: a slice of its own, or a Salus job in its device's lane."""
+        if self.lanes is not None:
+            return self.lanes.submit(task, job, self.devices[job], gpus, label, *args, **kwargs)
+        with gpu_options(gpus=gpus, label=label):  # the lease's name on the occupancy chart
+            return task.submit(*args, **kwargs)
 
     def running(self) -> list[_Job]:
         return [j for j in self.jobs.values() if j.outcome == "RUNNING"]
@@ -198,9 +216,9 @@ class _Window:
             job.outcome = "DISCARDED"
             return
         fail = start.stream == self.run.fail_stream and self.w == self.run.fail_window
-        with gpu_options(gpus=gpus, label=f"retrain {start.stream}"):  # the lease's name on the occupancy chart
-            job.future = retrain.submit(stream.spec, self.w, stream.model, self.profiles[start.stream].golden_labels,
-                                        cfg, self.run.settings, budget_s=self.run.window_s - self.t, fail=fail)
+        job.future = self.submit(retrain, train_job(start.stream), gpus, f"retrain {start.stream}", stream.spec, self.w,
+                                 stream.model, self.profiles[start.stream].golden_labels, cfg, self.run.settings,
+                                 budget_s=self.run.window_s - self.t, fail=fail)
 
     def close_segments(self, t: float, only_changed: bool = True) -> None:
         """End the inference periods that change at ``t`` (all of them at the window end).
@@ -216,11 +234,12 @@ class _Window:
             first, last = round(t0 / self.run.window_s * n), round(t / self.run.window_s * n)
             if last > first:
                 if gpus <= 0:  # not served: every frame of the period counts as wrong
-                    result: PrefectFuture | SegmentResult = SegmentResult(name, first, last - first, 0, 0)
+                    result: PrefectFuture | PeriodAnswers | SegmentResult = SegmentResult(name, first, last - first, 0, 0)
+                elif self.lanes is not None:  # its Salus job has been serving since the period opened
+                    result = PeriodAnswers(self.serving.pop(name), last, t - t0)
                 else:
-                    with gpu_options(gpus=gpus, label=f"infer {name}"):
-                        result = infer_segment.submit(stream.spec, self.w, self.models[name], first, last, t - t0,
-                                                      self.run.settings)
+                    result = self.submit(infer_segment, infer_job(name), gpus, f"infer {name}", stream.spec, self.w,
+                                         self.models[name], first, last, t - t0, self.run.settings)
                 self.segments.append((name, t0, t, gpus, result))
             del self.open[name]
 
@@ -230,6 +249,10 @@ class _Window:
             if name not in self.open:
                 self.open[name] = (self.t, self.infer.get(name, 0.0), id(stream.model))
                 self.models[name] = stream.model
+                if self.lanes is not None and self.infer.get(name, 0.0) > 0:
+                    first = round(self.t / self.run.window_s * self.run.settings.frames)
+                    self.serving[name] = self.submit(infer_frames, infer_job(name), self.infer[name], f"infer {name}",
+                                                     stream.spec, self.w, stream.model, first, self.run.settings)
 
     def finish_job(self, job: _Job, t: float) -> None:
         """A retraining ended at slice time ``t``: deploy its model if better, then ask the controller."""
@@ -291,10 +314,13 @@ def run_window(run: RunSettings, w: int, streams: list[StreamRuntime], golden: s
     states = [StreamState(s.spec.name, profiles[s.spec.name].current_accuracy, tuple(predicted[s.spec.name].values()),
                           inference_profile(profiles[s.spec.name], s.spec, run)) for s in streams]
     window = _Window(run, w, streams, controller, profiles, predicted)
-    step = controller.on_window_start(0.0, states, run.window_s)
-    window.apply(step, "window start")
-    window.loop()
-    segments = window.end()
+    try:
+        step = controller.on_window_start(0.0, states, run.window_s)
+        window.apply(step, "window start")
+        window.loop()
+        segments = window.end()
+    finally:
+        lanes = window.lanes.close() if window.lanes is not None else None
     measured = {}
     for s in streams:
         mine = [seg for n, _, _, _, seg in segments if n == s.spec.name]
@@ -304,4 +330,4 @@ def run_window(run: RunSettings, w: int, streams: list[StreamRuntime], golden: s
     return WindowResult(w, measured, {d.stream: d.expected_accuracy for d in decision.streams},
                         {d.stream: d.config for d in decision.streams}, dict(window.events[0]["allocation"]),
                         profiles, predicted, jobs, [j.stream for j in jobs if j.outcome in _FAILED],
-                        window.events, segments)
+                        window.events, segments, lanes)

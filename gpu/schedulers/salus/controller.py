@@ -166,7 +166,12 @@ class SalusController:
         it with Algorithm 2.1 or queue it, and start iterations on free lanes. An ``Ask``: its on-demand job has
         one more iteration to run. ``Profiled``: the job comes back with its measured sizes (first in line)."""
         if isinstance(job, Ask):
-            self._known(job.job_id).pending += 1
+            state = self._known(job.job_id)
+            if state.last_run == -1 and state.pending == 0 and job.job_id in self.lanes.lane_of:
+                # its first iteration: the job joins the lane's competition only now, so FAIR's counters
+                # restart as on admission (a job admitted long before its first iteration gets no catch-up)
+                self._restart_service(self.lanes.lane_of[job.job_id])
+            state.pending += 1
             return self._advance((), ())
         if isinstance(job, Profiled):
             return self._readmit(job)
@@ -264,10 +269,13 @@ class SalusController:
             if choice.outcome == "not_found":
                 continue
             self._book.queue.remove(job_id)
-            for j in self.lanes.jobs_in(choice.lane_id):  # a job joined: FAIR's counters restart (authors' code)
-                self._book.jobs[j].served_s = 0.0
+            self._restart_service(choice.lane_id)  # a job joined: FAIR's counters restart (authors' code)
             admitted.append(Admission(job_id, choice.lane_id, choice.outcome))
         return tuple(admitted)
+
+    def _restart_service(self, lane_id: int) -> None:
+        for j in self.lanes.jobs_in(lane_id):
+            self._book.jobs[j].served_s = 0.0
 
     def _advance(self, admitted: tuple[Admission, ...], queued: tuple[str, ...]) -> SalusStep:
         """Re-lay idle lanes (auto-defragmentation), then give each free, ready lane its next iteration."""

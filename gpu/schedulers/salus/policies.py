@@ -13,7 +13,9 @@ says how jobs are *admitted*, matching how the thesis evaluated it:
   Queued jobs retry shortest first.
 * ``FAIR`` — "equalize total service over time for jobs in each lane" (§2.4.3) in one shared lane (the
   fast-switching experiments "consider a single GPU lane", §2.5.1.2); service = GPU time since the lane's
-  membership last grew (the authors' code resets counters when a job joins), quantum one iteration.
+  membership last grew (the authors' code resets counters when a job joins) or an on-demand job asked for its
+  first iteration (a real job joins the competition only then: no catch-up for the time it was starting),
+  quantum one iteration.
 * ``WeightedFair`` — *our extension*: service divided by a per-job weight, so a scheduler's GPU split
   (e.g. Ekya's retraining/inference split) becomes time shares of one lane.
 
