@@ -31,8 +31,10 @@ def _pool(name: str, **kw) -> GpuPool:
 
 
 def test_a_job_raising_mid_iteration_gives_the_token_back_and_its_lane_shrinks():
-    """Three jobs in FAIR's one lane; the one with the largest E fails at its second iteration: the lane
-    shrinks to the largest E left (L = max E, recomputed on departure) and the other two finish."""
+    """Three jobs admitted into FAIR's one lane; the one with the largest E fails in its second iteration, holding
+    the token: the lane shrinks to the largest E left (L = max E, recomputed on departure) and the other two,
+    admitted all along, then run every iteration. (They start after the failure: under FAIR a slow first
+    iteration of the failing job would otherwise let them finish first, and there would be nothing to see.)"""
     sizes: dict[str, list[float]] = {"good": [], "small": []}
     errors: dict[str, Exception] = {}
     with SalusExecutor(None, 0, capacity_mb=16_000, policy="fair", lease=False) as ex:
@@ -51,21 +53,25 @@ def test_a_job_raising_mid_iteration_gives_the_token_back_and_its_lane_shrinks()
             finally:
                 ex.leave(job.job_id)  # what the runner does when the task ends, however it ends
 
-        jobs = [(SalusJob("bad", 100, 3000, on_demand=True), 6, 1), (SalusJob("good", 100, 1000, on_demand=True), 12,
-                                                                     None),
+        jobs = [(SalusJob("bad", 100, 3000, on_demand=True), 6, 1),
+                (SalusJob("good", 100, 1000, on_demand=True), 12, None),
                 (SalusJob("small", 100, 500, on_demand=True), 12, None)]
         lanes = [ex.admit(job) for job, _, _ in jobs]  # all three in the lane before any iteration runs
+        assert len({lane.lane_id for lane in lanes}) == 1
+        admitted_size = ex.controller.lanes.lane_size(lanes[0].lane_id)
         threads = [threading.Thread(target=run, args=(job, lane, n, fail_at))
                    for (job, n, fail_at), lane in zip(jobs, lanes)]
-        for t in threads:
+        threads[0].start()
+        threads[0].join(60)
+        for t in threads[1:]:
             t.start()
         for t in threads:
             t.join(60)
         assert not any(t.is_alive() for t in threads)
     assert set(errors) == {"bad"}
-    assert len(sizes["good"]) == len(sizes["small"]) == 12  # the others finished every iteration
-    assert sizes["good"][0] == pytest.approx(3000 * 1.05)   # the lane was sized for the failing job ...
-    assert sizes["good"][-1] == pytest.approx(1000 * 1.05)  # ... and shrank to the largest E left
+    assert admitted_size == pytest.approx(3000 * 1.05)       # the lane was sized for the failing job ...
+    assert len(sizes["good"]) == len(sizes["small"]) == 12   # ... the others finished every iteration ...
+    assert sizes["good"] == pytest.approx([1000 * 1.05] * 12)  # ... in the lane shrunk to the largest E left
 
 
 @salus_job(persistent="200MiB", ephemeral="1GiB")
