@@ -37,7 +37,6 @@ from tasks.flow_runtime import (flow_runner, log_flow_inputs, log_flow_outcome, 
 from tasks.runners import GpuTaskRunner
 from tasks.salus_executor import salus_options
 from tasks.salus_outcomes import METRICS, PolicyOutcome, job_rows, lane_chart, log_policy_run, predicted, solo_iteration_s
-from tasks.salus_runner import SalusTaskRunner
 from tasks.salus_trace import JOB_TASKS, SharingJob, explicit_trace, sharing_trace, warm_up
 from tasks.ui import publish_table
 
@@ -47,13 +46,14 @@ MODES = ("process", "thread")
 DEFAULT_POLICIES = ("fifo", "pack", "srtf", "fair")
 DEFAULT_POOL = GpuPool(name="salus", simulated="1x16GiB")
 DEVICE = 0
+MAX_JOBS = 8  # jobs admitted at once on the device (in process mode: its worker processes)
 MIB = 2 ** 20
 ACCOUNTING_ONLY = "lanes are accounting only: a simulated device, the jobs run on the CPU (tokens and policies are real)"
 
 
 def runner_settings(parameters: dict) -> dict:
-    """The flow's runner from its own parameters (``pool``, ``mode``, ``tracking``): it opens the flow's MLflow
-    run; each policy's jobs run on a Salus runner of their own on the same pool."""
+    """The flow's runner from its own parameters (``pool``, ``tracking``): it opens the flow's MLflow run; each
+    policy's jobs run on a runner in Salus mode of their own on the same pool (``run_policy``)."""
     return settings(parameters, DEFAULT_POOL, "gpuflows-salus")
 
 
@@ -79,12 +79,14 @@ def prepare(pool: GpuPool | str | dict | None, tracking: MlflowTarget | bool | s
 
 
 def run_policy(trace: Sequence[SharingJob], policy: str, pool: GpuPool, mode: str) -> PolicyOutcome:
-    """Submit the trace at its arrival times to a Salus runner with ``policy`` on device 0 of ``pool``; the jobs'
-    measured rows once all are done. The runner leases the device for the policy's run and gives it back after."""
-    runner = SalusTaskRunner(pool=pool, mode=mode, salus_policy=policy, salus_devices=(DEVICE,),
-                             max_jobs_per_device=len(trace), tracking=False)
+    """Submit the trace at its arrival times to a runner in Salus mode with ``policy`` on device 0 of ``pool``
+    (its jobs in worker processes or threads, ``mode``); the jobs' measured rows once all are done. The runner
+    leases the device for the policy's run and gives it back after. A runner of its own per policy, not the
+    flow's: an executor's policy is fixed for its life, and the flow's run keeps one MLflow run."""
+    runner = GpuTaskRunner(pool=pool, mode="salus", salus_policy=policy, salus_devices=(DEVICE,),
+                           max_jobs_per_device=min(len(trace), MAX_JOBS), salus_workers=mode, tracking=False)
     with runner:
-        executor = runner.executor(DEVICE)
+        executor = runner.salus().executor(DEVICE)
         device_mb = executor.controller.lanes.capacity_mb
         submitted = []
         t0 = time.time()

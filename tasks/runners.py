@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import abc
 import asyncio
-import functools
 import contextvars
+import dataclasses
+import functools
 import os
 import signal
 import threading
@@ -29,15 +30,17 @@ from prefect.futures import PrefectConcurrentFuture, PrefectFuture, wait
 from prefect.task_runners import TaskRunner
 from prefect.utilities.collections import visit_collection
 
-from gpu.errors import AllocationTimeout, NeverFitsError
+from gpu.errors import AllocationTimeout, ConfigError, NeverFitsError
 from gpu.ledger import LedgerClient, Lease, register_worker
 from gpu.placement import ResourceRequest, check_ever_fits
 from resource_blocks import GpuPool, MlflowTarget, SchedulerPolicy
 from tasks.requests import TaskPlacement, resolve_requests
+from tasks.salus_admission import SalusAdmission, SalusSettings
 from tasks.tracking import RunTracker, TaskRecord, flow_tracker, task_fields
 
 _CANCEL_GRACE = 2.0       # seconds __exit__ gives cancelled tasks to stop and release their leases
 _WATCHDOG_INTERVAL = 0.1  # seconds between a process worker's checks that its flow process lives
+MODES = ("process", "thread", "salus")  # GpuTaskRunner's ways to run a placed task
 PREFERENCE_TIMEOUT_S = 5.0  # a preference's wait when the runner has no allocation timeout (Fig. 4.4a's timeout)
 
 
@@ -595,43 +598,123 @@ class GpuTaskRunner(PlacingTaskRunner):
 
     Args:
         pool: the GpuPool block (default: NVML GPUs, else a simulated 2 x 16 GiB pool).
-        mode: ``"process"`` (default; CUDA_VISIBLE_DEVICES per task) or ``"thread"`` (CPU-only work,
-            lowest overhead; the placement's device string carries the GPU index instead).
-        workers_per_device_set: processes kept per set of visible devices.
+        mode: ``"process"`` (default; CUDA_VISIBLE_DEVICES per task), ``"thread"`` (CPU-only work,
+            lowest overhead; the placement's device string carries the GPU index instead) or ``"salus"``
+            (Salus co-location, thesis Ch. 2: tasks declared with ``@salus_job`` are admitted into memory
+            lanes of a device that one executor per device leases whole, and switched at the iteration
+            boundaries they mark with ``salus_iterations``; see ``tasks.salus_admission``).
+        workers_per_device_set: processes kept per set of visible devices (process mode).
         policy: SchedulerPolicy block choosing the placement policy (default FIFO + best fit).
         tracking: MlflowTarget block, or False to switch MLflow tracking off.
         default_request: request for tasks that declare none (default: nothing, i.e. CPU only).
+        salus_policy, salus_devices, salus_admission, max_jobs_per_device, salus_workers: Salus mode's
+            settings (``tasks.salus_admission.SalusSettings``). Salus jobs run in worker processes, one per
+            admitted job (``max_jobs_per_device`` per device, and the executor admits no more, so an admitted
+            job never waits for a process while holding its lane): only a process can be capped at its lane
+            budget ``P + L_lane`` (``torch.cuda.set_per_process_memory_fraction`` is per process), and a job
+            that crashes takes neither the executor nor the other jobs with it. Threads on per-lane CUDA
+            streams would hand off faster but share one allocator and one fate; ``salus_workers="thread"``
+            runs jobs in threads for CPU-only work and tests.
     """
 
-    def __init__(self, pool: GpuPool | None = None, mode: str = "process", workers_per_device_set: int = 2, **kwargs):
-        if mode not in ("process", "thread"):
-            raise ValueError(f"mode={mode!r}: choose 'process' or 'thread'")
-        if workers_per_device_set < 1:
-            raise ValueError(f"workers_per_device_set={workers_per_device_set!r}: must be >= 1")
+    def __init__(self, pool: GpuPool | None = None, mode: str = "process", workers_per_device_set: int = 2,
+                 salus_policy: str = "pack", salus_devices: tuple[int, ...] = (0,), salus_admission: str | None = None,
+                 max_jobs_per_device: int = 8, salus_workers: str = "process", **kwargs):
+        if mode not in MODES:
+            raise ConfigError("mode", mode, f"choose one of {MODES}")
+        if isinstance(workers_per_device_set, bool) or not isinstance(workers_per_device_set, int) \
+                or workers_per_device_set < 1:
+            raise ConfigError("workers_per_device_set", workers_per_device_set, "must be a whole number >= 1")
+        salus = SalusSettings(salus_policy, salus_devices, salus_admission, max_jobs_per_device, salus_workers)
         super().__init__(pool, **kwargs)
         self.mode = mode
         self.workers_per_device_set = workers_per_device_set
+        self.salus_policy, self.salus_devices, self.salus_admission = salus.policy, salus.devices, salus.admission
+        self.max_jobs_per_device, self.salus_workers = salus.max_jobs_per_device, salus.workers
+        self._salus: SalusAdmission | None = None
+        self._salus_lock = threading.Lock()
         self._pools: dict[str, Any] = {}
         self._broken_pools: list[Any] = []
         self._pools_lock = threading.Lock()
 
     def _config(self) -> dict[str, Any]:
-        return {**super()._config(), "mode": self.mode, "workers_per_device_set": self.workers_per_device_set}
+        return {**super()._config(), "mode": self.mode, "workers_per_device_set": self.workers_per_device_set,
+                "salus_policy": self.salus_policy, "salus_devices": self.salus_devices,
+                "salus_admission": self.salus_admission, "max_jobs_per_device": self.max_jobs_per_device,
+                "salus_workers": self.salus_workers}
 
     def _open_ledger(self) -> LedgerClient:
         return self.pool.open_ledger(self.policy.placement_policy())
 
+    @property
+    def _in_threads(self) -> bool:
+        return self.mode == "thread" or (self.mode == "salus" and self.salus_workers == "thread")
+
+    # -- Salus mode: admission into a device's lanes behind the _acquire/_release seam ---------------------
+    def salus(self) -> SalusAdmission:
+        """Salus mode's admission (its executors, one per device), built from the resolved settings on first use."""
+        self.resolve()
+        if self.mode != "salus":
+            raise ConfigError("mode", self.mode, "Salus admission needs mode='salus'")
+        with self._salus_lock:
+            if self._salus is None:
+                settings = SalusSettings(self.salus_policy, self.salus_devices, self.salus_admission,
+                                         self.max_jobs_per_device, self.salus_workers)
+                self._salus = SalusAdmission(settings, self._ensure_ledger, self.allocation_timeout,
+                                             self._lease_lost)
+            return self._salus
+
+    def submit(self, task, parameters: dict[str, Any], wait_for: Iterable[PrefectFuture] | None = None,
+               dependencies: dict[str, set] | None = None) -> PrefectConcurrentFuture:
+        """Under Salus, also check the task's declaration against its device first (one error in the flow)."""
+        if self._started and self.resolve().mode == "salus":
+            self.salus().check(task, resolve_requests(task, self.default_request)[0])
+        return super().submit(task, parameters, wait_for, dependencies)
+
+    def _acquire(self, task, task_run_id: uuid.UUID, request: ResourceRequest, cancel_event: threading.Event,
+                 timeout: float | None | EllipsisType = ...) -> Lease:
+        if self.mode != "salus":
+            return super()._acquire(task, task_run_id, request, cancel_event, timeout)
+        placement = self.salus().acquire(task, request, cancel_event)
+        with self._leases_lock:
+            self._held[placement.lease_id] = task_run_id
+        return placement
+
+    def _release(self, placement: Lease, task_name: str) -> str | None:
+        if self.mode != "salus":
+            return super()._release(placement, task_name)
+        lost = self.salus().release(placement)
+        with self._leases_lock:
+            self._held.pop(placement.lease_id, None)
+            lost = self._lost.pop(placement.lease_id, None) or lost
+        return None if lost is None else f"task {task_name!r}: {lost}"
+
+    def _settle(self, task, task_run_id: uuid.UUID, state, cancel_event: threading.Event, lost: str | None):
+        """A Salus job whose executor lost the device's lease ends Crashed: the infrastructure under it went
+        away (whatever the job itself made of it: its next token request raised)."""
+        if self.mode != "salus" or lost is None:
+            return super()._settle(task, task_run_id, state, cancel_event, lost)
+        from prefect.states import Crashed
+
+        self.logger.error("task %r: %s", task.name, lost)
+        state = Crashed(message=f"{lost} (the job: {state.message})")
+        self._report_state(task, task_run_id, state)
+        return state
+
     def _task_placement(self, placement: Lease | None) -> TaskPlacement:
+        lane = self._salus.lane(placement) if self._salus is not None else None
         placement = placement or Lease("", "", (), 0.0, 0)
         if placement.simulated or not placement.devices:
-            return TaskPlacement(placement, "cpu", "" if self.mode == "thread" else placement.cuda_visible_devices)
-        if self.mode == "thread":
-            return TaskPlacement(placement, f"cuda:{placement.devices[0]}", "")
-        return TaskPlacement(placement, "cuda:0", placement.cuda_visible_devices)
+            tp = TaskPlacement(placement, "cpu", "" if self._in_threads else placement.cuda_visible_devices)
+        elif self._in_threads:
+            tp = TaskPlacement(placement, f"cuda:{placement.devices[0]}", "")
+        else:
+            tp = TaskPlacement(placement, "cuda:0", placement.cuda_visible_devices)
+        return dataclasses.replace(tp, lane=lane)
 
     def _execute(self, task, task_run_id, parameters, wait_for, dependencies, placement, cancel_event):
         tp = self._task_placement(placement)
-        if self.mode == "thread":
+        if self._in_threads:
             return self._execute_in_thread(task, task_run_id, parameters, wait_for, dependencies, tp, cancel_event)
         return self._execute_in_process(task, task_run_id, parameters, wait_for, dependencies, tp)
 
@@ -656,7 +739,8 @@ class GpuTaskRunner(PlacingTaskRunner):
             pool = self._pools.get(visible)
             if pool is None:
                 ledger = self._ensure_ledger()
-                pool = ProcessPoolTaskRunner(self.workers_per_device_set, initializer=_init_worker,
+                workers = self.max_jobs_per_device if self.mode == "salus" else self.workers_per_device_set
+                pool = ProcessPoolTaskRunner(workers, initializer=_init_worker,
                                              initargs=(visible, os.getpid(), ledger.path, ledger.owner.key))
                 pool.__enter__()
                 self._pools[visible] = pool
@@ -704,3 +788,7 @@ class GpuTaskRunner(PlacingTaskRunner):
             pools, self._pools, self._broken_pools = [*self._pools.values(), *self._broken_pools], {}, []
         for pool in pools:
             pool.__exit__(None, None, None)
+        with self._salus_lock:
+            salus, self._salus = self._salus, None
+        if salus is not None:
+            salus.close()

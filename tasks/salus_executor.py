@@ -32,7 +32,7 @@ import uuid
 from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from gpu.errors import ConfigError
 from gpu.ledger import LedgerClient, Lease
@@ -117,7 +117,8 @@ class SalusExecutor:
 
     def __init__(self, ledger: LedgerClient | None, device: int, capacity_mb: float | None = None,
                  policy: str = "pack", margins: Margins = Margins(), admission: str | None = None,
-                 max_jobs: int | None = None, lease: bool = True, allocation_timeout: float | None = None):
+                 max_jobs: int | None = None, lease: bool = True, allocation_timeout: float | None = None,
+                 on_lost: Callable[["SalusExecutor", str], Any] | None = None):
         if capacity_mb is None:
             if ledger is None:
                 raise ConfigError("capacity_mb", None, "needed when no ledger tells the device's memory")
@@ -133,6 +134,7 @@ class SalusExecutor:
         self._ledger = ledger
         self.placement: Lease | None = None
         self.lost: str | None = None
+        self._on_lost = on_lost
         self.switches: deque[tuple[float, int, str]] = deque(maxlen=10_000)  # (now, lane, job): latest grants
         if lease and ledger is not None:
             self.placement = ledger.allocate(ResourceRequest(gpus=1, devices=(device,), label=f"salus-gpu{device}"),
@@ -162,8 +164,7 @@ class SalusExecutor:
               timeout: float | None = None) -> Lane:
         """Queue ``job`` until Algorithm 2.1 gives it a lane; returns the lane (bad job: ConfigError or
         NeverFitsError at once; ``cancel_event`` set → InterruptedError; ``timeout`` → TimeoutError)."""
-        if self.lost:
-            raise RuntimeError(f"Salus executor of gpu{self.device} lost its lease: {self.lost}")
+        self._check_lease()
         with self._lock:
             if job.job_id in self._jobs:
                 raise ConfigError("job_id", job.job_id, "already on this executor")
@@ -179,6 +180,7 @@ class SalusExecutor:
             late = deadline is not None and time.monotonic() > deadline
             if stop or late or self.lost:
                 self.leave(job.job_id)
+                self._check_lease()
                 if late:
                     raise TimeoutError(f"job {job.job_id} was not admitted on gpu{self.device} within {timeout}s")
                 raise InterruptedError(f"job {job.job_id} stopped waiting for a Salus lane")
@@ -203,9 +205,18 @@ class SalusExecutor:
             state = self._jobs.get(job_id)
             if state is None:
                 raise ConfigError("job_id", job_id, "not admitted on this executor")
+            self._check_lease()
             state.turn.clear()
             self._apply(self.controller.on_arrival(self.now(), Ask(job_id)))
+        return self._wait_turn(job_id, state)
+
+    def _check_lease(self) -> None:
+        if self.lost:
+            raise RuntimeError(f"Salus executor of gpu{self.device} lost its device lease: {self.lost}")
+
+    def _wait_turn(self, job_id: str, state: _Job) -> int:
         state.turn.wait()
+        self._check_lease()
         if job_id not in self._jobs:
             raise InterruptedError(f"job {job_id} left while waiting for its token")
         return state.lane
@@ -217,18 +228,24 @@ class SalusExecutor:
             state = self._jobs.get(job_id)
             if state is None:
                 raise ConfigError("job_id", job_id, "not admitted on this executor")
+            self._check_lease()
             state.turn.clear()
             self._apply(self.controller.on_iteration(self.now(), job_id, gpu_s, more=more))
         if not more:
             return None
-        state.turn.wait()
-        if job_id not in self._jobs:
-            raise InterruptedError(f"job {job_id} left while waiting for its token")
-        return state.lane
+        return self._wait_turn(job_id, state)
 
     # --- lifetime -----------------------------------------------------------------------------------------
     def _lease_lost(self, reason: str) -> None:
-        self.lost = reason
+        """The ledger took the device's lease away (heartbeat expiry, reclaim): no job may run here any more.
+        Every job waiting for a lane or a token stops waiting (its ``salus_iterations`` raises), and
+        ``on_lost`` tells the runner, which ends the jobs instead of letting them hang."""
+        with self._lock:
+            self.lost = reason
+            for state in self._jobs.values():
+                state.turn.set()
+        if self._on_lost is not None:
+            self._on_lost(self, reason)
 
     def close(self) -> None:
         """Stop the token service and give the device's lease back."""

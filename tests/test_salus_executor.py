@@ -172,7 +172,7 @@ def test_an_executor_that_lost_its_device_lease_admits_nothing_more():
     with SalusExecutor(None, 0, capacity_mb=16_000, policy="pack", lease=False) as ex:
         ex.admit(_job("before"))
         ex._lease_lost("the pool ledger reclaimed it")  # what the ledger's heartbeat reports
-        with pytest.raises(RuntimeError, match="lost its lease"):
+        with pytest.raises(RuntimeError, match="lost its device lease"):
             ex.admit(_job("after"))
         assert ex.lost == "the pool ledger reclaimed it"
 

@@ -1,9 +1,10 @@
-"""SalusTaskRunner in real Prefect flows: tasks admitted into lanes by their device's executor, which holds
+"""GpuTaskRunner(mode="salus") in real Prefect flows: tasks admitted into lanes by their device's executor, which holds
 the one device lease; iterations never overlap in a lane; a failing task frees its lane; bad declarations
 fail in the flow before any work."""
 
 from __future__ import annotations
 
+import pickle
 import time
 
 import pytest
@@ -12,9 +13,10 @@ from prefect.states import StateType
 
 from gpu.errors import ConfigError, NeverFitsError
 from resource_blocks import GpuPool
+from tasks.flow_runtime import flow_runner, settings
 from tasks.requests import current_placement
 from tasks.salus_executor import salus_iterations, salus_job
-from tasks.salus_runner import SalusTaskRunner
+from tasks.runners import GpuTaskRunner
 
 def _pool(name: str) -> GpuPool:
     return GpuPool(name=name, device_backend="simulated", simulated="1x16GiB")
@@ -49,7 +51,7 @@ def tiny_trainer(fail_at: int | None = None) -> dict:
 
 @pytest.mark.usefixtures("prefect_server")
 def test_tasks_share_one_device_lease_and_one_lane_without_overlapping(state_dir):
-    @flow(task_runner=SalusTaskRunner(pool=_pool("salus-runner"), mode="thread", salus_policy="fair",
+    @flow(task_runner=GpuTaskRunner(pool=_pool("salus-runner"), mode="salus", salus_workers="thread", salus_policy="fair",
                                       tracking=False))
     def colocated():
         return [f.result() for f in [tiny_trainer.submit() for _ in range(3)]]
@@ -65,7 +67,7 @@ def test_tasks_share_one_device_lease_and_one_lane_without_overlapping(state_dir
 
 @pytest.mark.usefixtures("prefect_server")
 def test_a_failing_task_frees_its_lane_and_the_others_finish(state_dir):
-    @flow(task_runner=SalusTaskRunner(pool=_pool("salus-runner"), mode="thread", salus_policy="pack",
+    @flow(task_runner=GpuTaskRunner(pool=_pool("salus-runner"), mode="salus", salus_workers="thread", salus_policy="pack",
                                       tracking=False))
     def one_fails():
         bad, good = tiny_trainer.submit(fail_at=1), tiny_trainer.submit()
@@ -90,25 +92,46 @@ def too_big() -> None:
 @pytest.mark.usefixtures("prefect_server")
 def test_bad_declarations_fail_in_the_flow_before_any_work(state_dir):
     for bad, error in ((undeclared, ConfigError), (too_big, NeverFitsError)):
-        @flow(task_runner=SalusTaskRunner(pool=_pool("salus-runner"), mode="thread", tracking=False))
+        @flow(task_runner=GpuTaskRunner(pool=_pool("salus-runner"), mode="salus", salus_workers="thread", tracking=False))
         def submits():
             bad.submit()
 
         with pytest.raises(error):
             submits()
     with pytest.raises(ConfigError, match="salus_policy"):
-        SalusTaskRunner(salus_policy="lottery")
+        GpuTaskRunner(mode="salus", salus_policy="lottery")
 
 
 def test_runner_is_a_configuration_value():
-    a = SalusTaskRunner(salus_policy="srtf", salus_devices=(0, 1), max_jobs_per_device=4)
-    assert a.duplicate() == a and a.workers_per_device_set == 4
-    assert a != SalusTaskRunner(salus_policy="fair")
+    a = GpuTaskRunner(mode="salus", salus_policy="srtf", salus_devices=(0, 1), max_jobs_per_device=4)
+    assert a.duplicate() == a and pickle.loads(pickle.dumps(a)) == a
+    assert a != GpuTaskRunner(mode="salus", salus_policy="fair") and a != GpuTaskRunner(salus_policy="srtf")
+    for field, bad in (("salus_devices", (0, 0)), ("max_jobs_per_device", 0), ("salus_workers", "gpu"),
+                       ("salus_admission", "greedy"), ("mode", "salsa")):
+        with pytest.raises(ConfigError, match=field):
+            GpuTaskRunner(**{field: bad})
+
+
+def _from_parameters(parameters: dict) -> dict:
+    return settings(parameters, _pool("salus-runner"))
+
+
+@pytest.mark.usefixtures("prefect_server")
+def test_a_flow_run_parameter_selects_salus_mode_as_a_deployment_would(state_dir):
+    @flow(task_runner=GpuTaskRunner(configure=_from_parameters))
+    def picked(mode: str = "thread", salus_policy: str = "pack", salus_workers: str = "thread",
+               tracking: bool = False):
+        runner = flow_runner()
+        lanes = [f.result()["lane"] for f in [tiny_trainer.submit() for _ in range(2)]]
+        return runner.mode, runner.salus_policy, lanes
+
+    assert picked(mode="salus", salus_policy="fair") == ("salus", "fair", [0, 0])
+    assert _pool("salus-runner").open_ledger().leases() == []
 
 
 @pytest.mark.usefixtures("prefect_server")
 def test_process_mode_gives_each_admitted_job_a_worker(state_dir):
-    @flow(task_runner=SalusTaskRunner(pool=_pool("salus-runner"), salus_policy="fair", max_jobs_per_device=3,
+    @flow(task_runner=GpuTaskRunner(pool=_pool("salus-runner"), mode="salus", salus_policy="fair", max_jobs_per_device=3,
                                       tracking=False))
     def colocated():
         return [f.result() for f in [tiny_trainer.submit() for _ in range(3)]]
