@@ -133,7 +133,7 @@ def log_policy_run(client: Any, parent_run_id: str, outcome: PolicyOutcome, sim:
     exp_id = client.get_run(parent_run_id).info.experiment_id
     run = client.create_run(exp_id, run_name=f"salus-{outcome.policy}", tags={
         "mlflow.parentRunId": parent_run_id, "policy": outcome.policy, **holder_tags(),
-        "lanes_are": "accounting only (simulated device)" if outcome.simulated_device else "capped device memory"})
+        "simulated_device": str(outcome.simulated_device).lower()})
     rid = run.info.run_id
     metrics = {**outcome.summary, **{f"sim_{k}": v for k, v in sim.items()}}
     client.log_batch(rid, metrics=[Metric(k, float(v), 0, 0) for k, v in metrics.items()],
@@ -150,7 +150,7 @@ def lane_chart(outcome: PolicyOutcome) -> Path | None:
 
     title = (f"Salus {outcome.policy}: makespan {outcome.summary['makespan_s']:.2f} s, average JCT "
              f"{outcome.summary['avg_jct_s']:.2f} s, at most {int(outcome.summary['peak_lanes'])} lane(s) at once"
-             + (" — lanes are accounting only (simulated device)" if outcome.simulated_device else ""))
+             + ("\nlanes are accounting only (simulated device)" if outcome.simulated_device else ""))
     try:
         return salus_lanes_png(outcome.jobs, Path(tempfile.mkdtemp(prefix="gpuflows-chart-"))
                                / f"salus-lanes-{outcome.policy}.png", title=title)

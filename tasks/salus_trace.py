@@ -120,9 +120,14 @@ def explicit_trace(rows: Sequence[Mapping[str, Any]]) -> list[SharingJob]:
 
 # -- the jobs: real torch work, one Salus iteration per pass ------------------------------------------------
 def warm_up() -> None:
-    """Import torch and scikit-learn and read the dataset once in this process: thread-mode jobs share it, and
-    the first policy run would otherwise pay seconds of imports inside its first job's setup."""
-    _digits("cpu")
+    """One Adam step of the stand-in model in this process: thread-mode jobs share its imports (torch,
+    scikit-learn, and what the first optimizer step loads), which the first policy run would otherwise pay
+    inside its first job's setup (seconds on a busy machine)."""
+    import torch
+
+    xs, ys = _digits("cpu")
+    model = _model(8, 0, "cpu")
+    _step(model, torch.optim.Adam(model.parameters()), xs, ys, torch.Generator().manual_seed(0))
 
 
 def _digits(device: Any):
@@ -138,6 +143,16 @@ def _model(hidden: int, seed: int, device: Any):
 
     torch.manual_seed(seed)
     return torch.nn.Sequential(torch.nn.Linear(64, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 10)).to(device)
+
+
+def _step(model: Any, opt: Any, xs: Any, ys: Any, gen: Any) -> None:
+    import torch
+
+    idx = torch.randint(0, len(xs), (BATCH,), generator=gen).to(xs.device)
+    loss = torch.nn.functional.cross_entropy(model(xs[idx]), ys[idx])
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
 
 
 def _outcome(job_id: str, spans: list[tuple[float, float]], admitted: float, **extra: Any) -> dict[str, Any]:
@@ -165,11 +180,7 @@ def train_job(job_id: str, hidden: int, steps: int, iterations: int, seed: int) 
     for _ in salus_iterations(iterations):
         start = time.time()
         for _ in range(steps):
-            idx = torch.randint(0, len(xs), (BATCH,), generator=gen).to(device)
-            loss = torch.nn.functional.cross_entropy(model(xs[idx]), ys[idx])
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
+            _step(model, opt, xs, ys, gen)
         spans.append((start, time.time()))
     with torch.no_grad():
         accuracy = float((model(xs).argmax(1) == ys).float().mean())

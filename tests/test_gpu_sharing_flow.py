@@ -12,7 +12,7 @@ from tasks.salus_outcomes import lane_overlaps, peak_lanes, summarise, switch_ga
 from tasks.salus_trace import explicit_trace, sharing_trace
 
 # One long trainer first, then three short ones arriving while it runs (Fig. 2.8a's situation).
-LONG_FIRST = [{"workload": "resnet50_50", "iterations": 40, "arrival_s": 0.0},
+LONG_FIRST = [{"workload": "resnet50_75", "iterations": 100, "arrival_s": 0.0},
               *({"workload": "vae_64", "iterations": 3, "arrival_s": 0.05} for _ in range(2)),
               {"kind": "infer", "workload": "alexnet", "iterations": 3, "arrival_s": 0.05}]
 
@@ -81,7 +81,7 @@ def test_srtf_beats_fifo_on_a_long_job_first_and_every_policy_is_an_mlflow_run(s
     assert srtf["summary"]["avg_jct_s"] < 0.7 * fifo["summary"]["avg_jct_s"]
     for policy in out["policies"].values():
         assert lane_overlaps(policy["jobs"]) == []  # one iteration at a time per lane, read from the spans
-        assert [r["iterations"] for r in policy["jobs"]] == [40, 3, 3, 3]
+        assert [r["iterations"] for r in policy["jobs"]] == [100, 3, 3, 3]
     assert srtf["summary"]["peak_lanes"] == 1 and srtf["summary"]["switches"] >= 2
     assert pack["summary"]["peak_lanes"] >= 2  # PACK opens a lane per job that fits beside the others
     assert out["note"].startswith("lanes are accounting only")
