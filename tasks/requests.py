@@ -112,13 +112,16 @@ class Lane:
     """The Salus memory lane a task was admitted into (thesis Alg. 2.1; ``tasks.salus_executor``).
 
     ``memory_cap``: bytes the job may use, its persistent memory plus the lane's size (``P + L_lane``);
-    ``token``: address of the device executor's iteration-token service (a Unix socket path).
+    ``token``: address of the device executor's iteration-token service (a Unix socket path);
+    ``profile_iterations``: iterations to measure before the job is re-admitted with its measured memory
+    (0: it declared its memory; otherwise it was admitted alone on the device to be profiled).
     """
 
     lane_id: int
     job_id: str
     memory_cap: int
     token: str
+    profile_iterations: int = 0
 
 
 @dataclass(frozen=True)

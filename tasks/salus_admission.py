@@ -27,6 +27,7 @@ from typing import Any, Callable
 from gpu.errors import ConfigError
 from gpu.ledger import LedgerClient, Lease
 from gpu.placement import ResourceRequest
+from gpu.schedulers.salus.controller import SalusJob
 from gpu.schedulers.salus.policies import ADMISSIONS, POLICIES
 from tasks.requests import Lane
 from tasks.salus_executor import SalusExecutor, declared_job, new_job_id
@@ -104,10 +105,12 @@ class SalusAdmission:
 
     def check(self, task: Any, request: ResourceRequest) -> None:
         """A task's Salus declaration against its device, at submission (no declaration, bad sizes, a job that
-        never fits the device, SRTF without ``expected_s``: one error in the flow, before any work)."""
+        never fits the device, SRTF without ``expected_s``: one error in the flow, before any work). A job to be
+        profiled is checked against the device once measured (``SalusExecutor.profiled``)."""
         job = declared_job(task, task.name)
         controller = self.executor(self.pick_device(request)).controller
-        controller.lanes.charge(job.job_id, job.persistent_mb, job.ephemeral_mb)
+        if isinstance(job, SalusJob):
+            controller.lanes.charge(job.job_id, job.persistent_mb, job.ephemeral_mb)
         if controller.rule.needs_expected_time and job.expected_s is None:
             raise ConfigError(f"jobs[{task.name}].expected_s", None, f"{self.settings.policy} needs it")
 

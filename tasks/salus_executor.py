@@ -21,7 +21,10 @@ the runner tells the executor it left (``leave``): its lane shrinks and the othe
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
+import dataclasses
+import inspect
 import os
 import socket
 import socketserver
@@ -30,29 +33,33 @@ import threading
 import time
 import uuid
 from collections import deque
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 from gpu.errors import ConfigError
 from gpu.ledger import LedgerClient, Lease
 from gpu.placement import ResourceRequest
-from gpu.schedulers.salus.controller import Ask, SalusController, SalusJob, SalusStep
+from gpu.schedulers.salus.controller import Ask, Profiled, SalusController, SalusJob, SalusStep
 from gpu.schedulers.salus.lanes import Margins
 from gpu.units import parse_memory
 from tasks.requests import Lane, current_placement
+from tasks.salus_profiling import CpuProbe, CudaProbe
 
 MIB = 2 ** 20
+PROFILE_ITERATIONS = 2  # iterations measured when a job declares no memory (the first one builds lazy state)
 _ATTR = "__gpuflows_salus_job__"
 _OVERRIDES: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("gpuflows_salus_options", default={})
 
 
-def salus_job(persistent: int | str, ephemeral: int | str, expected_s: float | None = None, weight: float = 1.0):
-    """Declare a task's Salus memory (bytes or ``"512MiB"``): persistent (model, optimizer state) and the
-    per-iteration ephemeral peak (Observation 2: persistent is the small one). ``expected_s``: total GPU
+def salus_job(persistent: int | str | None = None, ephemeral: int | str | None = None,
+              expected_s: float | None = None, weight: float = 1.0, profile_iterations: int = PROFILE_ITERATIONS):
+    """Mark a task as a Salus job. Its memory (bytes or ``"512MiB"``): persistent (model, optimizer state) and
+    the per-iteration ephemeral peak (Observation 2: persistent is the small one) — both declared, or neither:
+    then its first ``profile_iterations`` iterations run alone on the device and measure them
+    (``tasks.salus_profiling``) before it is re-admitted with the measured sizes. ``expected_s``: total GPU
     time, for SRTF; ``weight``: weighted-FAIR share. Works above or below ``@task``."""
-    spec = _spec(persistent, ephemeral, expected_s=expected_s, weight=weight)
-    SalusJob("declared", **spec)  # validate at import time
+    spec = _spec(persistent, ephemeral, expected_s=expected_s, weight=weight, profile_iterations=profile_iterations)
+    declared_job(spec, "declared")  # validate at import time
 
     def wrap(obj):
         setattr(getattr(obj, "fn", obj), _ATTR, spec)
@@ -70,13 +77,15 @@ def _spec(persistent: int | str | None = None, ephemeral: int | str | None = Non
     return out
 
 
-@contextmanager
+@contextlib.contextmanager
 def salus_options(**overrides: Any) -> Iterator[None]:
-    """Override ``salus_job`` fields (``persistent``, ``ephemeral``, ``expected_s``, ``weight``) for every task
+    """Override ``salus_job`` fields (``persistent``, ``ephemeral``, ``expected_s``, ``weight``,
+    ``profile_iterations``) for every task
     submitted inside this block — e.g. each job of a trace declaring its own expected time for SRTF."""
-    unknown = set(overrides) - {"persistent", "ephemeral", "expected_s", "weight"}
+    unknown = set(overrides) - {"persistent", "ephemeral", "expected_s", "weight", "profile_iterations"}
     if unknown:
-        raise ConfigError("salus_options", sorted(unknown), "unknown; use persistent, ephemeral, expected_s, weight")
+        raise ConfigError("salus_options", sorted(unknown),
+                          "unknown; use persistent, ephemeral, expected_s, weight, profile_iterations")
     token = _OVERRIDES.set({**_OVERRIDES.get(), **_spec(**overrides)})
     try:
         yield
@@ -84,15 +93,41 @@ def salus_options(**overrides: Any) -> Iterator[None]:
         _OVERRIDES.reset(token)
 
 
-def declared_job(task: Any, job_id: str) -> SalusJob:
-    """The ``SalusJob`` a task declared with ``salus_job`` and ``salus_options`` (ConfigError naming the task if
-    it declared no memory)."""
-    spec = getattr(getattr(task, "fn", task), _ATTR, None)
+@dataclass(frozen=True)
+class Undeclared:
+    """A Salus job that declared no memory: profiled over its first ``profile_iterations`` iterations."""
+
+    job_id: str
+    expected_s: float | None = None
+    weight: float = 1.0
+    profile_iterations: int = PROFILE_ITERATIONS
+
+    def __post_init__(self) -> None:
+        SalusJob(self.job_id, 1.0, 1.0, self.expected_s, self.weight)  # the same checks as a declared job
+        k = self.profile_iterations
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ConfigError(f"jobs[{self.job_id}].profile_iterations", k, "must be a whole number >= 1")
+
+
+def declared_job(task: Any, job_id: str) -> SalusJob | Undeclared:
+    """The job a task declared with ``salus_job`` and ``salus_options``: a ``SalusJob`` with its sizes, or
+    ``Undeclared`` (to be profiled) when it gave neither size. ConfigError naming the task if it is no Salus job
+    or gave one size only, or naming the job's field if a value is bad (≤ 0, NaN)."""
+    spec = task if isinstance(task, dict) else getattr(getattr(task, "fn", task), _ATTR, None)
     if spec is not None or _OVERRIDES.get():
         spec = {**(spec or {}), **_OVERRIDES.get()}
-    if spec is None or not {"persistent_mb", "ephemeral_mb"} <= set(spec):
-        raise ConfigError("salus_job", getattr(task, "name", task),
-                          "a task run under Salus must declare its memory with @salus_job(persistent=, ephemeral=)")
+    name = getattr(task, "name", job_id)
+    if spec is None:
+        raise ConfigError("salus_job", name, "a task run under Salus must be marked @salus_job (its memory "
+                                             "declared, or left out to be profiled)")
+    sizes = {"persistent_mb", "ephemeral_mb"} & set(spec)
+    if len(sizes) == 1:
+        raise ConfigError("salus_job", name, f"declares {sizes.pop()[:-3]} only: declare persistent and ephemeral "
+                                             "memory, or neither to have both profiled")
+    spec = dict(spec)
+    profile_iterations = spec.pop("profile_iterations", PROFILE_ITERATIONS)
+    if not sizes:
+        return Undeclared(job_id, profile_iterations=profile_iterations, **spec)
     return SalusJob(job_id, on_demand=True, **spec)
 
 
@@ -136,6 +171,7 @@ class SalusExecutor:
         self.lost: str | None = None
         self._on_lost = on_lost
         self.switches: deque[tuple[float, int, str]] = deque(maxlen=10_000)  # (now, lane, job): latest grants
+        self.profiles: dict[str, tuple[float, float]] = {}  # job -> measured (P, E) MB, of jobs profiled here
         if lease and ledger is not None:
             self.placement = ledger.allocate(ResourceRequest(gpus=1, devices=(device,), label=f"salus-gpu{device}"),
                                              allocation_timeout)
@@ -160,11 +196,18 @@ class SalusExecutor:
             self._jobs[run.job_id].turn.set()
 
     # --- admission (the runner's dispatcher threads) -------------------------------------------------------
-    def admit(self, job: SalusJob, cancel_event: threading.Event | None = None,
+    def admit(self, job: SalusJob | Undeclared, cancel_event: threading.Event | None = None,
               timeout: float | None = None) -> Lane:
         """Queue ``job`` until Algorithm 2.1 gives it a lane; returns the lane (bad job: ConfigError or
-        NeverFitsError at once; ``cancel_event`` set → InterruptedError; ``timeout`` → TimeoutError)."""
+        NeverFitsError at once; ``cancel_event`` set → InterruptedError; ``timeout`` → TimeoutError).
+
+        An ``Undeclared`` job is admitted to be profiled: it reserves the whole usable device (so it waits for
+        an empty device, and nothing else is admitted beside it), and its lane says how many iterations to
+        measure before it comes back through ``profiled``."""
         self._check_lease()
+        profile = job.profile_iterations if isinstance(job, Undeclared) else 0
+        if profile:
+            job = self._whole_device(job)
         with self._lock:
             if job.job_id in self._jobs:
                 raise ConfigError("job_id", job.job_id, "already on this executor")
@@ -174,20 +217,53 @@ class SalusExecutor:
             except BaseException:
                 del self._jobs[job.job_id]
                 raise
+        self._wait_admitted(job.job_id, state, cancel_event, timeout)
+        with self._lock:
+            return dataclasses.replace(self._lane(job.job_id, state), profile_iterations=profile)
+
+    def _whole_device(self, job: Undeclared) -> SalusJob:
+        """The reservation a job is profiled under: 1 MB persistent and every other usable MB as its lane."""
+        lanes = self.controller.lanes
+        p, _ = lanes.margins.charge(1.0, 0.0)
+        return SalusJob(job.job_id, 1.0, (lanes.usable_mb - p) / lanes.margins.total, job.expected_s, job.weight,
+                        on_demand=True)
+
+    def _wait_admitted(self, job_id: str, state: _Job, cancel_event: threading.Event | None,
+                       timeout: float | None) -> None:
         deadline = None if timeout is None else time.monotonic() + timeout
         while not state.admitted.wait(0.05):
             stop = cancel_event is not None and cancel_event.is_set()
             late = deadline is not None and time.monotonic() > deadline
             if stop or late or self.lost:
-                self.leave(job.job_id)
+                self.leave(job_id)
                 self._check_lease()
                 if late:
-                    raise TimeoutError(f"job {job.job_id} was not admitted on gpu{self.device} within {timeout}s")
-                raise InterruptedError(f"job {job.job_id} stopped waiting for a Salus lane")
+                    raise TimeoutError(f"job {job_id} was not admitted on gpu{self.device} within {timeout}s")
+                raise InterruptedError(f"job {job_id} stopped waiting for a Salus lane")
+
+    def _lane(self, job_id: str, state: _Job) -> Lane:
+        """The job's lane with its budget ``P + L_lane`` (under the lock)."""
+        lanes = self.controller.lanes
+        cap = int((lanes.persistent[job_id] + lanes.lane_size(state.lane)) * MIB)
+        return Lane(state.lane, job_id, cap, self.address)
+
+    def profiled(self, job_id: str, gpu_s: float, persistent_mb: float, ephemeral_mb: float) -> Lane:
+        """The job's last profiling iteration ended after ``gpu_s`` with these measured sizes: it gives the token
+        back, is re-admitted with them (Alg. 2.1, before any queued job: its memory is resident), and waits for
+        its next iteration. Returns its new lane (a measured size that never fits the device: NeverFitsError)."""
         with self._lock:
-            lanes = self.controller.lanes
-            cap = int((lanes.persistent[job.job_id] + lanes.lane_size(state.lane)) * MIB)
-        return Lane(state.lane, job.job_id, cap, self.address)
+            state = self._jobs.get(job_id)
+            if state is None:
+                raise ConfigError("job_id", job_id, "not admitted on this executor")
+            self._check_lease()
+            self._apply(self.controller.on_iteration(self.now(), job_id, gpu_s))
+            state.admitted.clear()
+            self._apply(self.controller.on_arrival(self.now(), Profiled(job_id, persistent_mb, ephemeral_mb)))
+            self.profiles[job_id] = (persistent_mb, ephemeral_mb)
+        self._wait_admitted(job_id, state, None, None)
+        self.ask(job_id)
+        with self._lock:
+            return self._lane(job_id, state)
 
     def leave(self, job_id: str) -> None:
         """The job ended (any way, mid-iteration included): free its memory and token, shrink its lane."""
@@ -269,7 +345,8 @@ class SalusExecutor:
 
 class _TokenHandler(socketserver.StreamRequestHandler):
     """One job's connection: ``ask JOB`` → ``go LANE``; ``next JOB SECONDS`` (end this iteration, run the
-    next) → ``go LANE``; ``end JOB SECONDS`` → ``ok``; errors → ``err WHY``."""
+    next) → ``go LANE``; ``profiled JOB SECONDS P_MB E_MB`` (end the last profiling iteration, be re-admitted,
+    run the next) → ``go LANE CAP_BYTES``; ``end JOB SECONDS`` → ``ok``; errors → ``err WHY``."""
 
     def handle(self) -> None:
         executor: SalusExecutor = self.server.executor  # type: ignore[attr-defined]
@@ -280,6 +357,9 @@ class _TokenHandler(socketserver.StreamRequestHandler):
                     reply = f"go {executor.ask(args[0])}"
                 elif verb == "next":
                     reply = f"go {executor.end(args[0], float(args[1]), more=True)}"
+                elif verb == "profiled":
+                    lane = executor.profiled(args[0], *map(float, args[1:4]))
+                    reply = f"go {lane.lane_id} {lane.memory_cap}"
                 elif verb == "end":
                     executor.end(args[0], float(args[1]))
                     reply = "ok"
@@ -298,7 +378,7 @@ class _TokenServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
         super().__init__(address, _TokenHandler)
 
 
-@contextmanager
+@contextlib.contextmanager
 def _token_channel(address: str) -> Iterator[tuple[Any, Any]]:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.connect(address)
@@ -324,39 +404,67 @@ def salus_iterations(n: int, lane: Lane | None = None, release_cache: bool = Tru
     Outside Salus (no lane in the task's placement) it is ``range(n)``. On CUDA the job's memory is capped
     at its lane budget ``P + L_lane`` first, each iteration is timed after a synchronise, and with
     ``release_cache`` the allocator's cached blocks (this iteration's ephemeral memory) go back to the
-    device before the token does, so the lane's next job finds its ephemeral space free.
+    device before the token does, so the lane's next job finds its ephemeral space free. A job admitted to be
+    profiled (``lane.profile_iterations``) has its first iterations measured (``tasks.salus_profiling``: on
+    CUDA the allocator's statistics, else the tensors its frame holds and ``torch.profiler``'s allocations), is
+    re-admitted with the measured ``P`` and ``E``, and goes on under its new lane's budget.
     """
     lane = lane or getattr(current_placement(), "lane", None)
     if lane is None:
         yield from range(n)
         return
-    cuda = _cap_memory(lane)
+    device = _cuda_device()
+    _cap_memory(device, lane.memory_cap)
     if n <= 0:
         return
-    with _token_channel(lane.token) as (reader, writer):
+    frame = inspect.currentframe().f_back  # the job's own frame: what it holds between iterations
+    probe = _probe(device) if lane.profile_iterations else None
+    stops_profiling = contextlib.nullcontext() if probe is None else contextlib.closing(probe)
+    with _token_channel(lane.token) as (reader, writer), stops_profiling:
         _call(reader, writer, f"ask {lane.job_id}")
         for step in range(n):
+            profiling = probe is not None and step < lane.profile_iterations
+            if profiling:
+                probe.start(frame)
             start = time.perf_counter()
             yield step
-            if cuda is not None:
-                cuda.synchronize()
-                if release_cache:
-                    cuda.empty_cache()
+            if device is not None:
+                device[0].synchronize(device[1])
+            seconds = time.perf_counter() - start
+            if profiling:
+                probe.stop(frame)
+            if device is not None and release_cache:
+                device[0].empty_cache()
+            if profiling and step == lane.profile_iterations - 1 and step < n - 1:
+                p_mb, e_mb = probe.profile.sizes_mb()
+                cap = int(_call(reader, writer, f"profiled {lane.job_id} {seconds:.6f} {p_mb:.6f} {e_mb:.6f}"
+                                ).split()[2])
+                _cap_memory(device, cap)
+                continue
             verb = "next" if step < n - 1 else "end"
-            _call(reader, writer, f"{verb} {lane.job_id} {time.perf_counter() - start:.6f}")
+            _call(reader, writer, f"{verb} {lane.job_id} {seconds:.6f}")
 
 
-def _cap_memory(lane: Lane) -> Any:
-    """``torch.cuda`` with this process capped at the lane budget, or None on a simulated pool / CPU."""
+def _cuda_device() -> tuple[Any, Any] | None:
+    """``(torch.cuda, device)`` of the running task's placement, or None on a simulated pool / CPU."""
     placement = current_placement()
     if placement is None or not placement.device.startswith("cuda"):
         return None
     import torch
 
-    dev = torch.device(placement.device)
-    total = torch.cuda.get_device_properties(dev).total_memory
-    torch.cuda.set_per_process_memory_fraction(min(1.0, lane.memory_cap / total), dev)
-    return torch.cuda
+    return torch.cuda, torch.device(placement.device)
+
+
+def _cap_memory(device: tuple[Any, Any] | None, cap: int) -> None:
+    """Cap this process's allocations on its CUDA device at ``cap`` bytes (its lane budget)."""
+    if device is None:
+        return
+    cuda, dev = device
+    cuda.set_per_process_memory_fraction(min(1.0, cap / cuda.get_device_properties(dev).total_memory), dev)
+
+
+def _probe(device: tuple[Any, Any] | None) -> CudaProbe | CpuProbe:
+    return CpuProbe() if device is None else CudaProbe(*device)
 
 
 def new_job_id(task_name: str) -> str:

@@ -78,6 +78,39 @@ def test_a_failing_task_frees_its_lane_and_the_others_finish(state_dir):
     assert _pool("salus-runner").open_ledger().leases() == []
 
 
+@salus_job(expected_s=1.0)
+@task
+def profiled_trainer() -> dict:
+    """The same trainer declaring no memory: the runner profiles its first iterations."""
+    import torch
+
+    torch.set_num_threads(1)
+    model = torch.nn.Linear(16, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(64, 16), torch.randn(64, 1)
+    losses = []
+    for _ in salus_iterations(4):
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return {"profiled": current_placement().lane.profile_iterations, "losses": losses}
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("prefect_server")
+def test_a_task_declaring_no_memory_is_profiled_then_runs_beside_a_declared_one(state_dir):
+    @flow(task_runner=GpuTaskRunner(pool=_pool("salus-runner"), mode="salus", salus_workers="thread",
+                                    salus_policy="srtf", tracking=False))
+    def mixed():
+        return profiled_trainer.submit().result(), tiny_trainer.submit().result()
+
+    profiled, declared = mixed()
+    assert profiled["profiled"] == 2 and len(profiled["losses"]) == 4 and len(declared["spans"]) == 4
+    assert _pool("salus-runner").open_ledger().leases() == []
+
+
 @task
 def undeclared() -> None:
     pass
@@ -89,14 +122,22 @@ def too_big() -> None:
     pass
 
 
+@salus_job(persistent="1GiB", ephemeral="1GiB")
+@task
+def no_expected_time() -> None:
+    pass
+
+
 @pytest.mark.usefixtures("prefect_server")
 def test_bad_declarations_fail_in_the_flow_before_any_work(state_dir):
-    for bad, error in ((undeclared, ConfigError), (too_big, NeverFitsError)):
-        @flow(task_runner=GpuTaskRunner(pool=_pool("salus-runner"), mode="salus", salus_workers="thread", tracking=False))
+    for bad, error, match in ((undeclared, ConfigError, "salus_job"), (too_big, NeverFitsError, "too_big.*16384 MB"),
+                              (no_expected_time, ConfigError, "expected_s")):
+        @flow(task_runner=GpuTaskRunner(pool=_pool("salus-runner"), mode="salus", salus_workers="thread",
+                                        salus_policy="srtf", tracking=False))
         def submits():
             bad.submit()
 
-        with pytest.raises(error):
+        with pytest.raises(error, match=match):
             submits()
     with pytest.raises(ConfigError, match="salus_policy"):
         GpuTaskRunner(mode="salus", salus_policy="lottery")

@@ -66,6 +66,18 @@ class Ask:
 
 
 @dataclass(frozen=True)
+class Profiled:
+    """A job's profiling iterations are over (thesis Alg. 2.1 needs ``P`` and ``E``; where a job declares
+    none they are measured over its first iterations): its reservation is replaced by the measured sizes (MB)
+    and it is re-admitted with Algorithm 2.1 *before* any queued job, because its persistent memory is
+    already resident on the device. The job must not hold its lane's token (its iteration has ended)."""
+
+    job_id: str
+    persistent_mb: float
+    ephemeral_mb: float
+
+
+@dataclass(frozen=True)
 class Admission:
     """A job got a lane: Algorithm 2.1's outcome (``new``/``join``/``grow``) and the lane."""
 
@@ -102,6 +114,7 @@ class _JobState:
     consumed_s: float = 0.0
     last_run: int = -1
     pending: int = 0  # Asks waiting (on-demand jobs only)
+    resident: bool = False  # its persistent memory is on the device already (re-admitted after profiling)
 
     @property
     def has_work(self) -> bool:
@@ -148,13 +161,15 @@ class SalusController:
         self._iterations = 0
 
     # --- hooks ------------------------------------------------------------------------------------------
-    def on_arrival(self, now: float, job: SalusJob | Ask) -> SalusStep:
+    def on_arrival(self, now: float, job: SalusJob | Ask | Profiled) -> SalusStep:
         """A job: check it (bad sizes, never fits, SRTF without a time → error, nothing changed), then admit
         it with Algorithm 2.1 or queue it, and start iterations on free lanes. An ``Ask``: its on-demand job has
-        one more iteration to run."""
+        one more iteration to run. ``Profiled``: the job comes back with its measured sizes (first in line)."""
         if isinstance(job, Ask):
             self._known(job.job_id).pending += 1
             return self._advance((), ())
+        if isinstance(job, Profiled):
+            return self._readmit(job)
         if job.job_id in self._book.jobs:
             raise ConfigError("job_id", job.job_id, "already submitted to this device")
         if self.rule.needs_expected_time and job.expected_s is None:
@@ -224,10 +239,25 @@ class SalusController:
         state.served_s += gpu_s
         state.consumed_s += gpu_s
 
+    def _readmit(self, profiled: Profiled) -> SalusStep:
+        state = self._known(profiled.job_id)
+        lane = self.lanes.lane_of.get(profiled.job_id)
+        if profiled.job_id in self._book.queue or self._book.busy.get(lane) == profiled.job_id:
+            raise ConfigError("job_id", profiled.job_id, "is queued or holds its lane's token; cannot be re-admitted")
+        p, e = self.lanes.charge(profiled.job_id, profiled.persistent_mb, profiled.ephemeral_mb)
+        self.lanes.release(profiled.job_id)
+        state.p, state.e, state.resident = p, e, True
+        self._book.queue.append(profiled.job_id)
+        admitted = self._admit_queued()
+        queued = () if any(a.job_id == profiled.job_id for a in admitted) else (profiled.job_id,)
+        return self._advance(admitted, queued)
+
     def _admit_queued(self) -> tuple[Admission, ...]:
-        """Try queued jobs in the policy's queue order; a job stays queued only if Alg. 2.1 finds nothing."""
+        """Try queued jobs in the policy's queue order (jobs whose memory is already resident first); a job
+        stays queued only if Alg. 2.1 finds nothing."""
         admitted = []
-        order = sorted(self._book.queue, key=lambda j: self.rule.queue_key(self._book.jobs[j].candidate()))
+        order = sorted(self._book.queue, key=lambda j: (not self._book.jobs[j].resident,
+                                                         self.rule.queue_key(self._book.jobs[j].candidate())))
         for job_id in order:
             state = self._book.jobs[job_id]
             choice: LaneChoice = self.lanes.admit(job_id, state.p, state.e)
@@ -259,4 +289,4 @@ class SalusController:
         return SalusStep(admitted, queued, moves, tuple(runs))
 
 
-__all__ = ["Admission", "Ask", "Run", "SalusController", "SalusJob", "SalusStep", "Margins"]
+__all__ = ["Admission", "Ask", "Profiled", "Run", "SalusController", "SalusJob", "SalusStep", "Margins"]

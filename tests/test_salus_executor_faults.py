@@ -1,0 +1,137 @@
+"""Salus under real faults: a job raising mid-iteration, a job's worker process killed with SIGKILL, and the
+executor's device lease taken away by the pool ledger. Each time the lane frees, the others go on (or end
+Crashed when the device is gone), and nothing hangs."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import threading
+
+import pytest
+import torch
+from prefect import flow, task
+from prefect.states import StateType
+
+from gpu.pool import pool_path
+from gpu.schedulers.salus.controller import SalusJob
+from resource_blocks import GpuPool
+from tasks.requests import Lane, current_placement
+from tasks.runners import GpuTaskRunner
+from tasks.salus_executor import SalusExecutor, salus_iterations, salus_job
+
+torch.set_num_threads(1)
+
+
+def _pool(name: str, **kw) -> GpuPool:
+    return GpuPool(name=name, device_backend="simulated", simulated="1x16GiB", **kw)
+
+
+def test_a_job_raising_mid_iteration_gives_the_token_back_and_its_lane_shrinks():
+    """Three jobs in FAIR's one lane; the one with the largest E fails at its second iteration: the lane
+    shrinks to the largest E left (L = max E, recomputed on departure) and the other two finish."""
+    sizes: dict[str, list[float]] = {"good": [], "small": []}
+    errors: dict[str, Exception] = {}
+    with SalusExecutor(None, 0, capacity_mb=16_000, policy="fair", lease=False) as ex:
+        def run(job: SalusJob, iterations: int, fail_at: int | None) -> None:
+            lane = ex.admit(job)
+            model, x = torch.nn.Linear(64, 64), torch.randn(128, 64)
+            try:
+                for step in salus_iterations(iterations, lane):
+                    model(x).sum().backward()
+                    if step == fail_at:
+                        raise RuntimeError("failed mid-iteration")
+                    if job.job_id in sizes:
+                        with ex._lock:
+                            sizes[job.job_id].append(ex.controller.lanes.lane_size(lane.lane_id))
+            except RuntimeError as exc:
+                errors[job.job_id] = exc
+            finally:
+                ex.leave(job.job_id)  # what the runner does when the task ends, however it ends
+
+        jobs = [(SalusJob("bad", 100, 3000, on_demand=True), 6, 1), (SalusJob("good", 100, 1000, on_demand=True), 12,
+                                                                     None),
+                (SalusJob("small", 100, 500, on_demand=True), 12, None)]
+        threads = [threading.Thread(target=run, args=j) for j in jobs]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert not any(t.is_alive() for t in threads)
+    assert set(errors) == {"bad"}
+    assert len(sizes["good"]) == len(sizes["small"]) == 12  # the others finished every iteration
+    assert sizes["good"][0] == pytest.approx(3000 * 1.05)   # the lane was sized for the failing job ...
+    assert sizes["good"][-1] == pytest.approx(1000 * 1.05)  # ... and shrank to the largest E left
+
+
+@salus_job(persistent="200MiB", ephemeral="1GiB")
+@task
+def killed_or_not(marker: str, kill: bool) -> bool:
+    """Job A dies by SIGKILL in its second iteration (its worker process, abruptly: no token handed back); job B
+    reports whether A had died before B's first iteration ran."""
+    a_died_first = None
+    for step in salus_iterations(3):
+        if kill and step == 1:
+            open(marker, "w").close()
+            os.kill(os.getpid(), signal.SIGKILL)
+        if a_died_first is None:
+            a_died_first = os.path.exists(marker)
+    return a_died_first
+
+
+@pytest.mark.usefixtures("prefect_server")
+def test_a_job_whose_worker_is_killed_frees_its_lane_and_the_queued_job_is_admitted(state_dir, tmp_path):
+    marker = str(tmp_path / "a-died")
+
+    @flow(task_runner=GpuTaskRunner(pool=_pool("salus-kill"), mode="salus", salus_policy="fifo",
+                                    max_jobs_per_device=2, tracking=False))
+    def one_killed():
+        a = killed_or_not.submit(marker, True)
+        b = killed_or_not.submit(marker, False)  # FIFO: one job on the device at a time, B queues behind A
+        a.wait(120), b.wait(120)
+        return a.state, b.state
+
+    a, b = one_killed()
+    assert a.type == StateType.CRASHED and "worker process died" in a.message
+    assert b.type == StateType.COMPLETED and b.result() is True
+    assert _pool("salus-kill").open_ledger().leases() == []
+
+
+@salus_job(persistent="200MiB", ephemeral="1GiB")
+@task
+def runs_until_stopped(reclaim: bool) -> int:
+    """Many short iterations; the first job takes the executor's device lease away as the ledger's reclaim
+    does (another connection deletes it), and the heartbeat finds it gone."""
+    for step in salus_iterations(100_000):
+        if reclaim and step == 1:
+            device_lease = current_placement().placement.lease_id.split("#")[0]
+            db = sqlite3.connect(pool_path("salus-lost"))
+            assert db.execute("DELETE FROM leases WHERE id=?", (device_lease,)).rowcount == 1
+            db.commit()
+            db.close()
+        torch.randn(64, 64).sum()
+    return step
+
+
+@salus_job(persistent="200MiB", ephemeral="14.5GiB")
+@task
+def waits_for_a_lane() -> None:
+    """Too big for FAIR's lane beside the two others: queued until the device is gone."""
+    list(salus_iterations(1))
+
+
+@pytest.mark.usefixtures("prefect_server")
+def test_jobs_of_an_executor_that_lost_its_device_lease_end_crashed_not_hung(state_dir):
+    @flow(task_runner=GpuTaskRunner(pool=_pool("salus-lost", lease_ttl_s=1.5), mode="salus",
+                                    salus_workers="thread", salus_policy="fair", tracking=False))
+    def loses_the_device():
+        futures = [runs_until_stopped.submit(True), runs_until_stopped.submit(False), waits_for_a_lane.submit()]
+        for f in futures:
+            f.wait(60)
+        return [f.state for f in futures]
+
+    states = loses_the_device()
+    assert [s.type for s in states] == [StateType.CRASHED] * 3
+    assert all("lost its device lease" in s.message for s in states)
+    assert _pool("salus-lost").open_ledger().leases() == []
