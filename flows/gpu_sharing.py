@@ -3,8 +3,8 @@ policy (thesis Ch. 2, the Table 2.1 experiment scaled down to seconds).
 
 The trace (``tasks.salus_trace``: seeded, a Table A.1-like mix of trainers and S5-like inference loops, or jobs
 given one by one) is submitted at its arrival times to a Salus executor on one pool device, once per policy
-(FIFO, PACK, SRTF, FAIR by default). The executor admits each job into a memory lane by its declared
-persistent and ephemeral memory (Algorithm 2.1) and its policy picks, at every iteration boundary, which job
+(FIFO, PACK, SRTF, FAIR by default). The executor admits each job into a memory lane by its persistent and
+ephemeral memory, declared (its workload's) or profiled over its first iterations (Algorithm 2.1) and its policy picks, at every iteration boundary, which job
 of a lane runs next (§2.4). Per policy: an MLflow run nested under the flow's (makespan, queuing, average and
 p95 JCT, switch latency, peak lanes, the simulator's prediction as ``sim_<metric>``, the lane Gantt chart,
 every job's iteration spans), a Prefect table ``salus-jobs-<policy>`` (one row per job) and the chart
@@ -43,6 +43,7 @@ from tasks.ui import publish_table
 log = logging.getLogger(__name__)
 
 MODES = ("process", "thread")
+MEMORY = ("declared", "profiled")
 DEFAULT_POLICIES = ("fifo", "pack", "srtf", "fair")
 DEFAULT_POOL = GpuPool(name="salus", simulated="1x16GiB")
 DEVICE = 0
@@ -59,11 +60,12 @@ def runner_settings(parameters: dict) -> dict:
 
 def prepare(pool: GpuPool | str | dict | None, tracking: MlflowTarget | bool | str | None, *, jobs: int, seed: int,
             gap_s: float, median_iterations: int, trace: list[dict] | None, policies: list[str] | None, mode: str,
-            **_: Any) -> tuple[list[SharingJob], list[str], GpuPool, MlflowTarget]:
+            memory: str, **_: Any) -> tuple[list[SharingJob], list[str], GpuPool, MlflowTarget]:
     """The trace, the policies, the pool and the MLflow target, every parameter checked: the flow calls it for
     deployment runs, ``main`` before the flow, so a bad argument fails before a flow run starts."""
     if mode not in MODES:
         raise ConfigError("mode", mode, f"choose one of {MODES}")
+    choose(memory, "memory", list(MEMORY))
     chosen = list(DEFAULT_POLICIES) if policies is None else names(policies, "policies")
     if not chosen or len(set(chosen)) != len(chosen):
         raise ConfigError("policies", policies, "name each policy once, at least one")
@@ -78,9 +80,10 @@ def prepare(pool: GpuPool | str | dict | None, tracking: MlflowTarget | bool | s
     return jobs_, chosen, pool_block(pool, DEFAULT_POOL), tracking_target(tracking, "gpuflows-salus")
 
 
-def run_policy(trace: Sequence[SharingJob], policy: str, pool: GpuPool, mode: str) -> PolicyOutcome:
+def run_policy(trace: Sequence[SharingJob], policy: str, pool: GpuPool, mode: str, memory: str) -> PolicyOutcome:
     """Submit the trace at its arrival times to a runner in Salus mode with ``policy`` on device 0 of ``pool``
-    (its jobs in worker processes or threads, ``mode``); the jobs' measured rows once all are done. The runner
+    (its jobs in worker processes or threads, ``mode``; their memory declared or profiled, ``memory``); the jobs'
+    measured rows once all are done. The runner
     leases the device for the policy's run and gives it back after. A runner of its own per policy, not the
     flow's: an executor's policy is fixed for its life, and the flow's run keeps one MLflow run."""
     runner = GpuTaskRunner(pool=pool, mode="salus", salus_policy=policy, salus_devices=(DEVICE,),
@@ -92,15 +95,19 @@ def run_policy(trace: Sequence[SharingJob], policy: str, pool: GpuPool, mode: st
         t0 = time.time()
         for i, job in enumerate(trace):
             time.sleep(max(0.0, t0 + job.arrival_s - time.time()))  # the trace's arrival process
-            with salus_options(persistent=int(job.persistent_mb * MIB), ephemeral=int(job.ephemeral_mb * MIB),
-                               expected_s=job.expected_s):
+            declared = {"persistent": int(job.persistent_mb * MIB), "ephemeral": int(job.ephemeral_mb * MIB)}
+            with salus_options(expected_s=job.expected_s, **(declared if memory == "declared" else {})):
                 task = JOB_TASKS[job.kind].with_options(name=f"{policy}-{job.job_id}-{job.workload}")
                 future = runner.submit(task, {"job_id": job.job_id, "hidden": job.hidden, "steps": job.steps,
                                               "iterations": job.iterations, "seed": i})
             submitted.append((time.time(), future))
         results = [future.result() for _, future in submitted]
-    rows = job_rows(trace, results, [at for at, _ in submitted], t0)
-    return PolicyOutcome(policy, rows, device_mb, simulated_device=any(r["device"] == "cpu" for r in results))
+        sizes = {job.job_id: (job.persistent_mb, job.ephemeral_mb) for job in trace}
+        for executor_id, measured in executor.profiles.items():  # "<policy>-<job id>-<workload>-<suffix>"
+            sizes[executor_id.removeprefix(f"{policy}-").split("-")[0]] = measured
+    rows = job_rows(trace, results, [at for at, _ in submitted], t0, sizes)
+    return PolicyOutcome(policy, rows, device_mb, simulated_device=any(r["device"] == "cpu" for r in results),
+                         sizes=sizes)
 
 
 def _publish(outcome: PolicyOutcome, sim: dict[str, float], parent: str | None, tracking_uri: str,
@@ -129,7 +136,7 @@ def _publish(outcome: PolicyOutcome, sim: dict[str, float], parent: str | None, 
 @flow(name="salus-gpu-sharing", log_prints=True, task_runner=GpuTaskRunner(configure=runner_settings))
 def gpu_sharing(jobs: int = 8, seed: int = 0, gap_s: float = 0.1, median_iterations: int = 20,
                 trace: list[dict] | None = None, policies: list[str] | None = None,
-                pool: GpuPool | str | None = None, mode: str = "process",
+                memory: str = "declared", pool: GpuPool | str | None = None, mode: str = "process",
                 tracking: MlflowTarget | bool | str | None = None) -> dict:
     """Run one job trace under each Salus policy on one pool device; return each policy's jobs and metrics,
     measured and simulated.
@@ -139,25 +146,28 @@ def gpu_sharing(jobs: int = 8, seed: int = 0, gap_s: float = 0.1, median_iterati
             average, iterations log-normal around ``median_iterations``).
         trace: jobs given one by one instead, ``[{kind: train|infer, workload, iterations, arrival_s}]``.
         policies: Salus policies to run the trace under (default fifo, pack, srtf, fair).
+        memory: "declared" (each job declares its workload's Table A.1 memory) or "profiled" (jobs declare none:
+            the runner measures what their torch work allocates over their first iterations).
         pool: GpuPool block, saved block name, or None (pool "salus": NVML GPUs, else a simulated 16 GiB device).
         mode: "process" (each job its own worker process, its memory capped at its lane) or "thread".
         tracking: MlflowTarget block, saved block name, False, or None for the default target.
     """
     trace_, chosen, block, _ = prepare(pool, tracking, jobs=jobs, seed=seed, gap_s=gap_s,
-                                       median_iterations=median_iterations, trace=trace, policies=policies, mode=mode)
+                                       median_iterations=median_iterations, trace=trace, policies=policies, mode=mode,
+                                       memory=memory)
     parent = publish_mlflow_link()
     log_flow_inputs("salus", "sharing", {"jobs": len(trace_), "seed": seed, "gap_s": gap_s,
                                          "median_iterations": median_iterations, "explicit_trace": trace is not None,
-                                         "policies": ",".join(chosen), "mode": mode})
+                                         "policies": ",".join(chosen), "mode": mode, "memory": memory})
     tracking_uri = flow_runner().tracking.resolved_uri()
     if mode == "thread":
         warm_up()
-    outcomes = [run_policy(trace_, policy, block, mode) for policy in chosen]
+    outcomes = [run_policy(trace_, policy, block, mode, memory) for policy in chosen]
     iter_s = solo_iteration_s(outcomes)
     errors: list[str] = []
     comparison = []
     for outcome in outcomes:
-        sim = predicted(trace_, outcome.policy, outcome.device_mb, iter_s)
+        sim = predicted(trace_, outcome, iter_s)
         _publish(outcome, sim, parent, tracking_uri, errors)
         comparison.append({"policy": outcome.policy, **{k: outcome.summary[k] for k in (*METRICS, "peak_lanes")},
                            **{f"sim_{k}": v for k, v in sim.items()}})
@@ -192,13 +202,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--median-iterations", type=int, default=20, help="median Salus iterations per job (default 20)")
     parser.add_argument("--policies", nargs="+", default=list(DEFAULT_POLICIES),
                         help=f"policies, of {sorted(POLICIES)} (default {' '.join(DEFAULT_POLICIES)})")
+    parser.add_argument("--memory", default="declared",
+                        help=f"jobs' memory, one of {MEMORY}: their workloads' or profiled by the runner (default declared)")
     parser.add_argument("--mode", default="process", help=f"runner mode, one of {MODES} (default process)")
     parser.add_argument("--pool", default="salus", help="pool name (flows naming the same pool share it)")
     parser.add_argument("--simulated", type=simulated, default="1x16GiB", help="simulated devices when no GPU is found")
     parser.add_argument("--no-tracking", action="store_true", help="switch MLflow tracking off")
     args = parser.parse_args(argv)
     kwargs = dict(jobs=args.jobs, seed=args.seed, gap_s=args.gap_s, median_iterations=args.median_iterations,
-                  trace=None, policies=args.policies, mode=args.mode, tracking=False if args.no_tracking else None)
+                  trace=None, policies=args.policies, mode=args.mode, memory=args.memory,
+                  tracking=False if args.no_tracking else None)
     try:  # before a Prefect server starts
         pool_path(args.pool)
         _, _, kwargs["pool"], kwargs["tracking"] = prepare(GpuPool(name=args.pool, simulated=args.simulated), **kwargs)

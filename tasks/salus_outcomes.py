@@ -7,8 +7,8 @@ latency: the gap between one job's iteration ending and the next job's iteration
 i.e. the token hand-off at an iteration boundary, where no state moves (§2.3.2). The same spans check the
 one-iteration-at-a-time rule of a lane (``lane_overlaps`` must stay empty).
 
-``predicted`` runs ``gpu.sim.salus`` on the same jobs (same declared memory, arrivals, iterations and SRTF
-expected times) with each job's iteration time as measured, so the measured and simulated numbers differ
+``predicted`` runs ``gpu.sim.salus`` on the same jobs (the memory they were admitted with, declared or
+profiled, and the same arrivals, iterations and SRTF expected times) with each job's iteration time as measured, so the measured and simulated numbers differ
 only by what the simulator's contention model leaves out.
 """
 
@@ -40,6 +40,7 @@ class PolicyOutcome:
     jobs: list[dict[str, Any]]
     device_mb: float
     simulated_device: bool
+    sizes: dict[str, tuple[float, float]]  # job -> (P, E) MB Algorithm 2.1 admitted it with, declared or profiled
     summary: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -48,8 +49,9 @@ class PolicyOutcome:
 
 
 def job_rows(trace: Sequence[SharingJob], results: Sequence[dict[str, Any]], arrivals: Sequence[float],
-             t0: float) -> list[dict[str, Any]]:
-    """One row per job from its task's result and the wall time it was submitted at (its arrival)."""
+             t0: float, sizes: dict[str, tuple[float, float]]) -> list[dict[str, Any]]:
+    """One row per job from its task's result, the wall time it was submitted at (its arrival) and the memory
+    it was admitted with."""
     rows = []
     for job, result, arrived in zip(trace, results, arrivals):
         spans = [(s - t0, e - t0) for s, e in result["spans"]]
@@ -59,6 +61,7 @@ def job_rows(trace: Sequence[SharingJob], results: Sequence[dict[str, Any]], arr
                      "end_s": end, "queuing_s": start - (arrived - t0), "jct_s": end - (arrived - t0),
                      "setup_s": start - (result["admitted"] - t0),
                      "iterations": len(spans), "mean_iteration_ms": 1e3 * float(np.mean([e - s for s, e in spans])),
+                     "persistent_mb": sizes[job.job_id][0], "ephemeral_mb": sizes[job.job_id][1],
                      "spans": spans, **{k: result[k] for k in ("accuracy", "served") if k in result}})
     return rows
 
@@ -114,12 +117,13 @@ def solo_iteration_s(outcomes: Sequence[PolicyOutcome]) -> dict[str, float]:
     return best
 
 
-def predicted(trace: Sequence[SharingJob], policy: str, device_mb: float, iter_s: dict[str, float]) -> dict[str, float]:
-    """The simulator's Table 2.1 metrics for the same jobs under ``policy`` (its contention model:
-    lanes progress at ``min(1, 1/sum u)`` of solo speed, with ``u`` from the jobs' workloads)."""
-    jobs = [TraceJob(SalusJob(j.job_id, j.persistent_mb, j.ephemeral_mb, expected_s=j.expected_s), j.arrival_s,
+def predicted(trace: Sequence[SharingJob], outcome: PolicyOutcome, iter_s: dict[str, float]) -> dict[str, float]:
+    """The simulator's Table 2.1 metrics for the same jobs under the outcome's policy, with the memory they were
+    admitted with (its contention model: lanes progress at ``min(1, 1/sum u)`` of solo speed, with ``u`` from
+    the jobs' workloads)."""
+    jobs = [TraceJob(SalusJob(j.job_id, *outcome.sizes[j.job_id], expected_s=j.expected_s), j.arrival_s,
                      iter_s[j.job_id], j.iterations, j.u) for j in trace]
-    summary = simulate(jobs, SalusController(device_mb, policy)).summary()
+    summary = simulate(jobs, SalusController(outcome.device_mb, outcome.policy)).summary()
     return {k: summary[k] for k in (*METRICS, "peak_lanes")}
 
 

@@ -4,7 +4,8 @@ The thesis replays a production-like trace of Table A.1 training jobs (§2.5.1, 
 inference instances beside them (§2.5.3). ``sharing_trace`` draws the same mix, scaled down from minutes to
 seconds: Poisson arrivals, log-normal (heavy-tailed) iteration counts, every trainer a Table A.1 workload
 (``gpu.sim.salus.workloads``) and every inference loop one of S5's instances. A job *declares* its workload's
-persistent and ephemeral memory (so Algorithm 2.1 admits it as it would the real model) and runs a stand-in
+persistent and ephemeral memory (so Algorithm 2.1 admits it as it would the real model), or leaves both out to
+have the runner profile what its torch work really allocates (``tasks.salus_profiling``), and runs a stand-in
 torch model sized after it: an MLP on scikit-learn's digits whose hidden width grows with the persistent
 memory, and whose iteration does work in proportion to the workload's solo iteration time (optimizer steps
 for a trainer, batches of requests for an inference loop).
@@ -162,7 +163,7 @@ def _outcome(job_id: str, spans: list[tuple[float, float]], admitted: float, **e
             "admitted": admitted, "spans": spans, **extra}
 
 
-@salus_job(persistent="64MiB", ephemeral="256MiB")  # each trace job declares its own with salus_options
+@salus_job()  # each trace job declares its workload's memory with salus_options, or is profiled
 @task
 def train_job(job_id: str, hidden: int, steps: int, iterations: int, seed: int) -> dict[str, Any]:
     """A trainer: each Salus iteration is ``steps`` Adam steps of the MLP on digits; returns its iteration
@@ -187,7 +188,7 @@ def train_job(job_id: str, hidden: int, steps: int, iterations: int, seed: int) 
     return _outcome(job_id, spans, admitted, accuracy=accuracy)
 
 
-@salus_job(persistent="16MiB", ephemeral="64MiB")  # each trace job declares its own with salus_options
+@salus_job()  # each trace job declares its workload's memory with salus_options, or is profiled
 @task
 def infer_job(job_id: str, hidden: int, steps: int, iterations: int, seed: int) -> dict[str, Any]:
     """An inference loop: each Salus iteration answers ``steps`` batches of requests (digits to classify, forward
