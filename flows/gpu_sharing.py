@@ -82,10 +82,11 @@ def prepare(pool: GpuPool | str | dict | None, tracking: MlflowTarget | bool | s
 
 def run_policy(trace: Sequence[SharingJob], policy: str, pool: GpuPool, mode: str, memory: str) -> PolicyOutcome:
     """Submit the trace at its arrival times to a runner in Salus mode with ``policy`` on device 0 of ``pool``
-    (its jobs in worker processes or threads, ``mode``; their memory declared or profiled, ``memory``); the jobs'
-    measured rows once all are done. The runner
-    leases the device for the policy's run and gives it back after. A runner of its own per policy, not the
-    flow's: an executor's policy is fixed for its life, and the flow's run keeps one MLflow run."""
+    (its jobs in worker processes or threads, ``mode``; their memory declared or profiled, ``memory``); the
+    jobs' measured rows once all are done. The runner leases the device for the policy's run and gives it back
+    when it exits, however the run ended. A runner of its own per policy, not the flow's: an executor's policy
+    is fixed for its life. Its MLflow tracking is off (the flow's runner holds the flow run's one MLflow run);
+    each job's record goes into the policy's nested run instead (``jobs.json``)."""
     runner = GpuTaskRunner(pool=pool, mode="salus", salus_policy=policy, salus_devices=(DEVICE,),
                            max_jobs_per_device=min(len(trace), MAX_JOBS), salus_workers=mode, tracking=False)
     with runner:
