@@ -10,13 +10,16 @@ iterations. A job marks its iterations with ``for step in salus_iterations(n):``
 the lane's token (the controller's ``Run``), runs, and returns the token with the iteration's measured
 time, so switches happen only at iteration boundaries and a lane runs one iteration at a time.
 
-Jobs are separate worker processes (process mode) or threads (thread mode). The token service is a Unix
-socket per executor with a line protocol (``ask`` → ``go``, ``next SECONDS`` → ``go``, ``end SECONDS`` →
-``ok``), which both reach the same way. We run jobs as processes because ``torch.cuda.set_per_process_memory_fraction`` can
-then cap each job at its lane budget ``P + L_lane`` and a crashed job cannot take the executor with it.
-Threads (one process, per-lane CUDA streams) would switch faster but cannot cap memory per job.
+Jobs are separate worker processes (``GpuTaskRunner(mode="salus")``'s default) or threads
+(``salus_workers="thread"``). The token service is a Unix socket per executor with a line protocol (``ask`` →
+``go``, ``next SECONDS`` → ``go``, ``profiled SECONDS P E`` → ``go``, ``end SECONDS`` → ``ok``), which both
+reach the same way. We run jobs as processes because ``torch.cuda.set_per_process_memory_fraction`` can then
+cap each job at its lane budget ``P + L_lane`` and a crashed job cannot take the executor with it. Threads
+(one process, per-lane CUDA streams) would switch faster but cannot cap memory per job.
 A job whose connection drops mid-iteration (it raised, or its process died) gives the token back when
-the runner tells the executor it left (``leave``): its lane shrinks and the others go on.
+the runner tells the executor it left (``leave``): its lane shrinks and the others go on. A job that declared
+no memory is profiled first (``admit`` of an ``Undeclared`` job, ``profiled``; ``tasks.salus_profiling``).
+If the device's lease is lost, every waiting job is woken and its next token request raises.
 """
 
 from __future__ import annotations

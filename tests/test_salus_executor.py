@@ -183,3 +183,12 @@ def test_a_duplicate_job_id_is_refused_and_the_first_job_keeps_its_lane():
         with pytest.raises(ConfigError, match="job_id"):
             ex.admit(_job("a"))
         assert list(salus_iterations(2, lane)) == [0, 1]
+
+
+def test_the_handoff_benchmark_measures_gaps_between_different_jobs_only():
+    from benchmarks.salus_handoff import handoff_gaps, measure
+
+    spans = [("a", 0.0, 1.0), ("a", 1.1, 2.0), ("b", 2.25, 3.0), ("a", 3.5, 4.0)]
+    assert handoff_gaps(spans) == pytest.approx([0.25, 0.5])
+    result = measure(20, 0, processes=False)  # two real jobs taking turns in FAIR's lane
+    assert result["handoffs"] >= 1 and 0 <= result["median_ms"] <= result["p95_ms"]

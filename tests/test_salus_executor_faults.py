@@ -8,6 +8,7 @@ import os
 import signal
 import sqlite3
 import threading
+import time
 
 import pytest
 import torch
@@ -17,6 +18,7 @@ from prefect.states import StateType
 from gpu.pool import pool_path
 from gpu.schedulers.salus.controller import SalusJob
 from resource_blocks import GpuPool
+from tasks.flow_runtime import flow_runner
 from tasks.requests import Lane, current_placement
 from tasks.runners import GpuTaskRunner
 from tasks.salus_executor import SalusExecutor, salus_iterations, salus_job
@@ -34,8 +36,7 @@ def test_a_job_raising_mid_iteration_gives_the_token_back_and_its_lane_shrinks()
     sizes: dict[str, list[float]] = {"good": [], "small": []}
     errors: dict[str, Exception] = {}
     with SalusExecutor(None, 0, capacity_mb=16_000, policy="fair", lease=False) as ex:
-        def run(job: SalusJob, iterations: int, fail_at: int | None) -> None:
-            lane = ex.admit(job)
+        def run(job: SalusJob, lane: Lane, iterations: int, fail_at: int | None) -> None:
             model, x = torch.nn.Linear(64, 64), torch.randn(128, 64)
             try:
                 for step in salus_iterations(iterations, lane):
@@ -53,7 +54,9 @@ def test_a_job_raising_mid_iteration_gives_the_token_back_and_its_lane_shrinks()
         jobs = [(SalusJob("bad", 100, 3000, on_demand=True), 6, 1), (SalusJob("good", 100, 1000, on_demand=True), 12,
                                                                      None),
                 (SalusJob("small", 100, 500, on_demand=True), 12, None)]
-        threads = [threading.Thread(target=run, args=j) for j in jobs]
+        lanes = [ex.admit(job) for job, _, _ in jobs]  # all three in the lane before any iteration runs
+        threads = [threading.Thread(target=run, args=(job, lane, n, fail_at))
+                   for (job, n, fail_at), lane in zip(jobs, lanes)]
         for t in threads:
             t.start()
         for t in threads:
@@ -88,6 +91,10 @@ def test_a_job_whose_worker_is_killed_frees_its_lane_and_the_queued_job_is_admit
                                     max_jobs_per_device=2, tracking=False))
     def one_killed():
         a = killed_or_not.submit(marker, True)
+        executor = flow_runner().salus().executor(0)
+        deadline = time.monotonic() + 60
+        while not executor.controller.lanes.persistent and time.monotonic() < deadline:  # A admitted first
+            time.sleep(0.01)
         b = killed_or_not.submit(marker, False)  # FIFO: one job on the device at a time, B queues behind A
         a.wait(120), b.wait(120)
         return a.state, b.state
@@ -126,7 +133,12 @@ def test_jobs_of_an_executor_that_lost_its_device_lease_end_crashed_not_hung(sta
     @flow(task_runner=GpuTaskRunner(pool=_pool("salus-lost", lease_ttl_s=1.5), mode="salus",
                                     salus_workers="thread", salus_policy="fair", tracking=False))
     def loses_the_device():
-        futures = [runs_until_stopped.submit(True), runs_until_stopped.submit(False), waits_for_a_lane.submit()]
+        futures = [runs_until_stopped.submit(True), runs_until_stopped.submit(False)]
+        executor = flow_runner().salus().executor(0)
+        deadline = time.monotonic() + 60
+        while len(executor.controller.lanes.persistent) < 2 and time.monotonic() < deadline:  # both in the lane
+            time.sleep(0.01)
+        futures.append(waits_for_a_lane.submit())
         for f in futures:
             f.wait(60)
         return [f.state for f in futures]
