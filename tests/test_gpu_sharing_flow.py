@@ -3,6 +3,7 @@ Prefect artifacts read back; the trace and the measured metrics on their own."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from flows.gpu_sharing import gpu_sharing, main, prepare
@@ -81,7 +82,9 @@ def test_srtf_beats_fifo_on_a_long_job_first_and_every_policy_is_an_mlflow_run(s
                       tracking=target)
     fifo, srtf, pack = (out["policies"][p] for p in ("fifo", "srtf", "pack"))
     # SRTF lets the short jobs pre-empt the long one at its iteration boundaries (Fig. 2.8a); FIFO makes them wait
-    assert srtf["summary"]["avg_jct_s"] < 0.7 * fifo["summary"]["avg_jct_s"]
+    jct = {p: out["policies"][p]["summary"]["avg_jct_s"] for p in ("fifo", "srtf")}
+    short = {p: np.mean([r["jct_s"] for r in out["policies"][p]["jobs"][1:]]) for p in ("fifo", "srtf")}
+    assert jct["srtf"] < jct["fifo"] and short["srtf"] < 0.5 * short["fifo"], (jct, short)
     for policy in out["policies"].values():
         assert lane_overlaps(policy["jobs"]) == []  # one iteration at a time per lane, read from the spans
         assert [r["iterations"] for r in policy["jobs"]] == [100] + [3] * 7
