@@ -104,17 +104,26 @@ def run_policy(trace: Sequence[SharingJob], policy: str, pool: GpuPool, mode: st
             submitted.append((time.time(), future))
         results = [future.result() for _, future in submitted]
         sizes = {job.job_id: (job.persistent_mb, job.ephemeral_mb) for job in trace}
-        for executor_id, measured in executor.profiles.items():  # "<policy>-<job id>-<workload>-<suffix>"
-            sizes[executor_id.removeprefix(f"{policy}-").split("-")[0]] = measured
-    rows = job_rows(trace, results, [at for at, _ in submitted], t0, sizes)
+        for executor_id, measured in executor.profiles.items():
+            sizes[_trace_id(executor_id, policy)] = measured
+        grants: dict[str, list[int]] = {}  # the executor's token log: each iteration's lane, per job
+        for _, lane, executor_id in executor.switches:
+            grants.setdefault(_trace_id(executor_id, policy), []).append(lane)
+    rows = job_rows(trace, results, [at for at, _ in submitted], t0, sizes, grants)
     return PolicyOutcome(policy, rows, device_mb, simulated_device=any(r["device"] == "cpu" for r in results),
                          sizes=sizes)
+
+
+def _trace_id(executor_id: str, policy: str) -> str:
+    """The trace's job id in an executor's job id, ``<policy>-<job id>-<workload>-<suffix>`` (its task's name
+    and a suffix)."""
+    return executor_id.removeprefix(f"{policy}-").split("-")[0]
 
 
 def _publish(outcome: PolicyOutcome, sim: dict[str, float], parent: str | None, tracking_uri: str,
              errors: list[str]) -> None:
     """The policy's Prefect table, its MLflow run and its lane chart (in both places)."""
-    table = [{k: v for k, v in r.items() if k != "spans"} for r in outcome.jobs]
+    table = [{k: v for k, v in r.items() if k not in ("spans", "span_lanes")} for r in outcome.jobs]
     publish_table(f"salus-jobs-{outcome.policy.replace('_', '-')}", table,
                   f"Salus {outcome.policy}: one row per job (seconds since the first arrival)"
                   + (f"; {ACCOUNTING_ONLY}" if outcome.simulated_device else ""))

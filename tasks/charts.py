@@ -301,20 +301,23 @@ def cilantro_rounds_png(rows: Sequence[Mapping[str, Any]], path: str | Path | No
 
 # -- Salus -------------------------------------------------------------------------------------------------
 def salus_lanes_figure(jobs: Sequence[Mapping[str, Any]], title: str = ""):
-    """``jobs``: ``{"job", "lane", "arrival_s", "spans": [(start_s, end_s), ...]}`` per job. One row per job (first
+    """``jobs``: ``{"job", "lane", "arrival_s", "spans": [(start_s, end_s), ...]}`` per job (optionally
+    ``span_lanes``, each iteration's lane when a job changed lanes). One row per job (first
     arrival on top): a grey line from its arrival to its first iteration (queuing), then a bar per iteration,
     coloured by the lane it ran in — bars of one colour never overlap (one iteration at a time per lane)."""
     plt = _plt()
     from matplotlib.patches import Patch
 
-    lanes = sorted({j["lane"] for j in jobs})
+    per_span = [j.get("span_lanes") or [j["lane"]] * len(j["spans"]) for j in jobs]
+    lanes = sorted({lane for ls in per_span for lane in ls})
     colour = {lane: f"C{i % 10}" for i, lane in enumerate(lanes)}
     fig, ax = plt.subplots(figsize=(WIDTH_IN, max(3.0, 1.6 + 0.35 * len(jobs))), dpi=DPI, layout="constrained")
-    for row, j in enumerate(jobs):
+    for row, (j, span_lanes) in enumerate(zip(jobs, per_span)):
         spans = [(s, e - s) for s, e in j["spans"]]
         if spans:
             ax.hlines(row, j["arrival_s"], spans[0][0], colors="0.6", linewidth=1.5)
-        ax.broken_barh(spans, (row - 0.35, 0.7), facecolors=colour[j["lane"]], edgecolors="black", linewidth=0.2)
+        ax.broken_barh(spans, (row - 0.35, 0.7), facecolors=[colour[lane] for lane in span_lanes],
+                       edgecolors="black", linewidth=0.2)
     ax.set_yticks(range(len(jobs)), [f"{j['job']} {j.get('workload', '')}".strip() for j in jobs], fontsize=9)
     ax.set_ylim(len(jobs) - 0.5, -0.5)
     ax.set_xlabel("seconds since the first arrival", fontsize=11)

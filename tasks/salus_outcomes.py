@@ -49,27 +49,32 @@ class PolicyOutcome:
 
 
 def job_rows(trace: Sequence[SharingJob], results: Sequence[dict[str, Any]], arrivals: Sequence[float],
-             t0: float, sizes: dict[str, tuple[float, float]]) -> list[dict[str, Any]]:
-    """One row per job from its task's result, the wall time it was submitted at (its arrival) and the memory
-    it was admitted with."""
+             t0: float, sizes: dict[str, tuple[float, float]], grants: dict[str, list[int]]) -> list[dict[str, Any]]:
+    """One row per job from its task's result, the wall time it was submitted at (its arrival), the memory it
+    was admitted with and the lanes the executor's token log granted it, one per iteration (a profiled job
+    moves from its profiling lane to the lane it is re-admitted into; ``span_lanes`` follows it)."""
     rows = []
     for job, result, arrived in zip(trace, results, arrivals):
         spans = [(s - t0, e - t0) for s, e in result["spans"]]
         start, end = spans[0][0], spans[-1][1]
-        rows.append({"job": job.job_id, "kind": job.kind, "workload": job.workload, "lane": result["lane"],
+        lanes = grants.get(job.job_id) or [result["lane"]]
+        span_lanes = lanes if len(lanes) == len(spans) else [lanes[-1]] * len(spans)
+        rows.append({"job": job.job_id, "kind": job.kind, "workload": job.workload, "lane": lanes[-1],
                      "arrival_s": arrived - t0, "admitted_s": result["admitted"] - t0, "start_s": start,
                      "end_s": end, "queuing_s": start - (arrived - t0), "jct_s": end - (arrived - t0),
                      "setup_s": start - (result["admitted"] - t0),
                      "iterations": len(spans), "mean_iteration_ms": 1e3 * float(np.mean([e - s for s, e in spans])),
                      "persistent_mb": sizes[job.job_id][0], "ephemeral_mb": sizes[job.job_id][1],
-                     "spans": spans, **{k: result[k] for k in ("accuracy", "served") if k in result}})
+                     "token_grants": len(grants.get(job.job_id, ())), "spans": spans, "span_lanes": span_lanes,
+                     **{k: result[k] for k in ("accuracy", "served") if k in result}})
     return rows
 
 
 def _by_lane(rows: Sequence[dict[str, Any]]) -> dict[int, list[tuple[float, float, str]]]:
     lanes: dict[int, list[tuple[float, float, str]]] = {}
     for r in rows:
-        lanes.setdefault(r["lane"], []).extend((s, e, r["job"]) for s, e in r["spans"])
+        for (s, e), lane in zip(r["spans"], r.get("span_lanes") or [r["lane"]] * len(r["spans"])):
+            lanes.setdefault(lane, []).append((s, e, r["job"]))
     return {lane: sorted(spans) for lane, spans in lanes.items()}
 
 

@@ -87,6 +87,7 @@ def test_srtf_beats_fifo_on_a_long_job_first_and_every_policy_is_an_mlflow_run(s
     assert jct["srtf"] < jct["fifo"] and short["srtf"] < 0.5 * short["fifo"], (jct, short)
     for policy in out["policies"].values():
         assert lane_overlaps(policy["jobs"]) == []  # one iteration at a time per lane, read from the spans
+        assert all(r["token_grants"] == r["iterations"] for r in policy["jobs"])  # the executor's token log agrees
         assert [r["iterations"] for r in policy["jobs"]] == [100] + [3] * 7
     assert srtf["summary"]["peak_lanes"] == 1 and srtf["summary"]["switches"] >= 2
     assert pack["summary"]["peak_lanes"] >= 2  # PACK opens a lane per job that fits beside the others
@@ -119,4 +120,5 @@ def test_profiled_jobs_are_admitted_with_what_their_torch_work_allocates(state_d
     # a digits MLP holds kilobytes to a few MB, not the gigabytes its Table A.1 workload declares
     assert all(0 < r["persistent_mb"] < 0.1 * d.persistent_mb for r, d in zip(jobs, declared))
     assert jobs[0]["persistent_mb"] > jobs[1]["persistent_mb"]  # the trainer's wider MLP and Adam state
-    assert all(r["iterations"] == 4 for r in jobs) and lane_overlaps(jobs) == []
+    assert all(r["iterations"] == r["token_grants"] == 4 for r in jobs) and lane_overlaps(jobs) == []
+    assert all(r["span_lanes"][0] != r["span_lanes"][-1] for r in jobs)  # profiled alone, then re-admitted
