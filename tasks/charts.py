@@ -310,7 +310,8 @@ def salus_lanes_figure(jobs: Sequence[Mapping[str, Any]], title: str = ""):
 
     per_span = [j.get("span_lanes") or [j["lane"]] * len(j["spans"]) for j in jobs]
     lanes = sorted({lane for ls in per_span for lane in ls})
-    colour = {lane: f"C{i % 10}" for i, lane in enumerate(lanes)}
+    cmap = plt.get_cmap("tab10" if len(lanes) <= 10 else "tab20")
+    colour = {lane: cmap(i % cmap.N) for i, lane in enumerate(lanes)}
     fig, ax = plt.subplots(figsize=(WIDTH_IN, max(3.0, 1.6 + 0.35 * len(jobs))), dpi=DPI, layout="constrained")
     for row, (j, span_lanes) in enumerate(zip(jobs, per_span)):
         spans = [(s, e - s) for s, e in j["spans"]]
