@@ -107,6 +107,15 @@ def test_srtf_beats_fifo_on_a_long_job_first_and_every_policy_is_an_mlflow_run(s
         assert {"makespan_s", "avg_queuing_s", "p95_jct_s", "peak_lanes", "sim_avg_jct_s"} <= set(run.data.metrics)
         assert [a.path for a in client.list_artifacts(run.info.run_id, "charts")] == [f"charts/salus-lanes-{policy}.png"]
     assert "switch_ms_median" in nested["srtf"].data.metrics
+    # every job of every policy is a task run of the flow's own run (the run a user clicks), Completed
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+
+    flow_run_id = parent[0].data.tags["prefect.flow_run_id"]
+    with get_client(sync_client=True) as prefect:
+        tasks = prefect.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
+    assert len(tasks) == 3 * len(LONG_FIRST) and all(t.state.is_completed() for t in tasks)
+    assert {t.name.split("-")[0] for t in tasks} == {"fifo", "srtf", "pack"}
     assert _pool("salus-share").open_ledger().leases() == []  # every policy's runner gave the device back
 
 
