@@ -11,8 +11,6 @@ saves the Fig. 3.8-style scatter and Fig. 3.9-style time series.
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -23,6 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from benchmarks.cli import benchmark_parser, write_json  # noqa: E402
 from benchmarks import cilantro_learning  # noqa: E402
 from benchmarks.paper_table import print_beside_paper  # noqa: E402
 from gpu.scenario import load_scenario  # noqa: E402
@@ -30,6 +29,7 @@ from gpu.schedulers.cilantro import POLICIES  # noqa: E402
 from gpu.sim.cilantro.run import simulate_all, summarize  # noqa: E402
 from gpu.sim.cilantro.microservices import run_microservices  # noqa: E402
 from gpu.sim.cilantro.scenario import parse_multitenant, static_example  # noqa: E402
+from tasks.charts import pyplot, save_png  # noqa: E402
 
 PAPER = {  # Table 3.2: W_S, W_E, F_NJC, useful usage
     "oracle-sw": (0.892, 0.324, 0.336, 0.964), "oracle-ew": (0.752, 0.412, 0.272, 0.997),
@@ -46,11 +46,8 @@ BASELINES = ["evoalg-sw", "evoalg-ew", "resource-fair", "greedy-ew", "ernest", "
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="one seed, shorter microservices run")
-    ap.add_argument("--json", metavar="OUT")
-    ap.add_argument("--plots", metavar="DIR", default=".state/benchmarks/cilantro")
-    args = ap.parse_args(argv)
+    args = benchmark_parser(__doc__, "one seed, shorter microservices run", seed=None,
+                            plots="cilantro").parse_args(argv)
     t0 = time.time()
     raw = load_scenario(ROOT / "scenarios" / "cilantro" / "paper_20jobs.yaml")
     raw["seeds"] = [0] if args.quick else [0, 1, 2]
@@ -100,20 +97,14 @@ def main(argv: list[str] | None = None) -> int:
     learning = cilantro_learning.evaluate(args.quick)  # Figs. 3.9-3.11, 3.13-center/right
     print_beside_paper(cilantro_learning.rows(learning))
     out.update(learning)
-    _plots(runs, Path(args.plots))
+    _plots(runs, args.plots)
     print(f"\nplots in {args.plots}; total {time.time() - t0:.0f} s")
-    if args.json:
-        Path(args.json).write_text(json.dumps({k: float(v) for k, v in out.items()}, indent=2))
+    write_json(args.json, out)
     return 0
 
 
 def _plots(runs: dict, folder: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    folder.mkdir(parents=True, exist_ok=True)
+    plt = pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for name, seeds in runs.items():
         f = np.mean([r.mean("njc_fairness") for r in seeds])
@@ -124,7 +115,7 @@ def _plots(runs: dict, folder: Path) -> None:
         ax.set_xlabel("NJC fairness F_NJC")
         ax.set_ylabel(label)
     fig.tight_layout()
-    fig.savefig(folder / "fig3_8_scatter.png", dpi=120)
+    save_png(fig, folder / "fig3_8_scatter.png", dpi=120)
     fig, axes = plt.subplots(1, 3, figsize=(13, 3.5), sharex=True)
     for ax, metric in zip(axes, ("social_welfare", "egalitarian_welfare", "njc_fairness")):
         for name in ("cilantro-sw", "cilantro-ew", "cilantro-njc", "resource-fair"):
@@ -134,8 +125,7 @@ def _plots(runs: dict, folder: Path) -> None:
         ax.set_xlabel("hours")
     axes[0].legend(fontsize=7)
     fig.tight_layout()
-    fig.savefig(folder / "fig3_9_timeseries.png", dpi=120)
-    plt.close("all")
+    save_png(fig, folder / "fig3_9_timeseries.png", dpi=120)
 
 
 if __name__ == "__main__":

@@ -21,8 +21,6 @@ simulator measures utilities with (docs/cilantro.md, "Learning and robustness ev
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 import time
 from dataclasses import replace
@@ -40,6 +38,7 @@ from gpu.schedulers.cilantro import make_policy  # noqa: E402
 from gpu.schedulers.cilantro.types import Feedback, JobView, AllocationPolicy, Snapshot  # noqa: E402
 from gpu.sim.cilantro.run import PolicyRun, load_ucbs, simulate_policy  # noqa: E402
 from gpu.sim.cilantro.scenario import MultiTenantConfig, parse_multitenant  # noqa: E402
+from benchmarks.cli import benchmark_parser, finish  # noqa: E402
 from benchmarks.paper_table import print_beside_paper  # noqa: E402
 
 Transform = Callable[[Snapshot, JobView], JobView]
@@ -243,18 +242,11 @@ def rows(out: dict[str, float]) -> list[tuple[str, str, str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="2 simulated hours instead of 6")
-    ap.add_argument("--json", metavar="OUT", help="write the figures as a flat JSON object")
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args(argv)
+    args = benchmark_parser(__doc__, "2 simulated hours instead of 6").parse_args(argv)
     t0 = time.perf_counter()
     out = evaluate(args.quick, args.seed)
     print_beside_paper(rows(out))
-    print(f"\nruntime {time.perf_counter() - t0:.1f} s ({'quick' if args.quick else 'full'}, seed {args.seed})")
-    if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=2))
-    return 0
+    return finish(args, out, t0)
 
 
 if __name__ == "__main__":

@@ -9,8 +9,6 @@ rough magnitudes; the toy example is fully specified.
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -20,10 +18,12 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks import ekya_robustness  # noqa: E402
+from benchmarks.cli import benchmark_parser, write_json  # noqa: E402
 from gpu.schedulers.ekya.thief import StreamState, thief_schedule  # noqa: E402
 from gpu.sim.ekya.run import simulate_policy  # noqa: E402
 from gpu.sim.ekya.scenario import load  # noqa: E402
 from gpu.sim.ekya.workloads import generate  # noqa: E402
+from tasks.charts import pyplot, save_png  # noqa: E402
 
 UNIFORM = ("uniform_cfg1_50", "uniform_cfg2_90", "uniform_cfg2_50", "uniform_cfg2_30", "uniform_cfg1_90")
 WINDOW_S = 200.0
@@ -57,12 +57,7 @@ def runtime(seed: int) -> tuple[float, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="fewer windows (about 20 s)")
-    ap.add_argument("--json", metavar="OUT", help="write the headline figures as a flat JSON object")
-    ap.add_argument("--plots", metavar="DIR", default=str(ROOT / ".state" / "benchmarks" / "ekya"))
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args(argv)
+    args = benchmark_parser(__doc__, "fewer windows (about 20 s)", plots="ekya").parse_args(argv)
     windows, seed = (2 if args.quick else 5), args.seed
     out: dict[str, float] = {}
     rows: list[tuple[str, str, str]] = []
@@ -141,20 +136,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:<{width}}  {ours:<34}  {paper}")
     print(f"\nruntime {time.perf_counter() - t_start:.1f} s ({'quick' if args.quick else 'full'}, {windows} windows, seed {seed})")
 
-    _plots(Path(args.plots), sweeps, gpu_list, by_gpus, ablation_gpus, ablation, windows_s, win, deltas,
+    _plots(args.plots, sweeps, gpu_list, by_gpus, ablation_gpus, ablation, windows_s, win, deltas,
            {"thief": by_delta, "thief + start splits": by_delta_splits})
-    if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=2))
+    write_json(args.json, out)
     return 0
 
 
 def _plots(folder: Path, sweeps, gpu_list, by_gpus, ablation_gpus, ablation, windows_s, win, deltas, by_delta) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    folder.mkdir(parents=True, exist_ok=True)
+    plt = pyplot()
     series = {f"fig2_6_streams_{g}gpu": (range(1, 11), sweeps[g], "video streams") for g in sweeps}
     series["fig2_8_gpus_10streams"] = (gpu_list, by_gpus, "GPUs")
     series["fig2_10a_ablation"] = (ablation_gpus, ablation, "GPUs")
@@ -168,8 +157,7 @@ def _plots(folder: Path, sweeps, gpu_list, by_gpus, ablation_gpus, ablation, win
         ax.set_ylabel("mean inference accuracy")
         ax.legend(fontsize=7)
         fig.tight_layout()
-        fig.savefig(folder / f"{name}.png", dpi=100)
-        plt.close(fig)
+        save_png(fig, folder / f"{name}.png")
     print(f"plots in {folder}")
 
 

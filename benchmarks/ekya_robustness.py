@@ -26,8 +26,6 @@ not consult the profiles (docs/ekya.md, "Robustness evaluations"):
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 import time
 from dataclasses import replace
@@ -45,6 +43,7 @@ from gpu.schedulers.ekya.policies import EkyaPolicy, make_policy  # noqa: E402
 from gpu.sim.ekya.run import simulate_policy  # noqa: E402
 from gpu.sim.ekya.scenario import EkyaScenario, ScenarioStream, WindowSpec  # noqa: E402
 from gpu.sim.ekya.workloads import generate  # noqa: E402
+from benchmarks.cli import benchmark_parser, finish  # noqa: E402
 from benchmarks.paper_table import print_beside_paper  # noqa: E402
 
 UNIFORM = ("uniform_cfg1_50", "uniform_cfg2_50", "uniform_cfg2_90", "uniform_cfg2_30", "uniform_cfg1_90")
@@ -222,18 +221,11 @@ def rows(out: dict[str, float]) -> list[tuple[str, str, str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="2 windows, 3 noise draws (about 15 s)")
-    ap.add_argument("--json", metavar="OUT", help="write the figures as a flat JSON object")
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args(argv)
+    args = benchmark_parser(__doc__, "2 windows, 3 noise draws (about 15 s)").parse_args(argv)
     t0 = time.perf_counter()
     out = evaluate(2 if args.quick else 5, 3 if args.quick else 10, args.seed)
     print_beside_paper(rows(out))
-    print(f"\nruntime {time.perf_counter() - t0:.1f} s ({'quick' if args.quick else 'full'}, seed {args.seed})")
-    if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=2))
-    return 0
+    return finish(args, out, t0)
 
 
 if __name__ == "__main__":

@@ -12,9 +12,7 @@ numbers the paper measured on EC2 and a simulator cannot know are calibrated inp
 
 from __future__ import annotations
 
-import argparse
 import inspect
-import json
 import sys
 import tempfile
 import time
@@ -22,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.cli import benchmark_parser, write_json
 from gpu.devices import simulated_nodes
 from gpu.ledger import PoolLedger
 from gpu.placement import ResourceRequest
@@ -29,6 +28,7 @@ from gpu.sim.escher import run as sim
 from gpu.sim.escher.workloads import AlphaZero, FairShare, Tune, WordCount
 from gpu.sim.escher.gangs import GangLoad
 from gpu.sim.escher.world import Timing
+from tasks.charts import pyplot, save_png
 
 NODES = 50   # Fig. 4.8: a 50-node Ray cluster
 _clock = time.process_time
@@ -149,12 +149,7 @@ PAPER = {
 
 
 def plots(folder: Path, ledger_figs: dict, tables: dict) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    folder.mkdir(parents=True, exist_ok=True)
+    plt = pyplot()
     fig, ax = plt.subplots(1, 3, figsize=(12, 3.2))
     for axis, (key, xlabel, ylabel) in zip(ax, (("create", "resources created (k)", "ms per resource"),
                                                 ("present", "resources present", "makespan (s)"),
@@ -164,7 +159,7 @@ def plots(folder: Path, ledger_figs: dict, tables: dict) -> None:
         axis.set_xscale("symlog")
         axis.set(xlabel=xlabel, ylabel=ylabel)
     fig.tight_layout()
-    fig.savefig(folder / "escher_fig4_8.png")
+    save_png(fig, folder / "escher_fig4_8.png")
     fig, ax = plt.subplots(figsize=(6, 3.2))
     rows = tables["hfs"]
     for user in ("A", "B", "C"):
@@ -173,16 +168,11 @@ def plots(folder: Path, ledger_figs: dict, tables: dict) -> None:
     ax.set(xlabel="time (s)", ylabel="nodes")
     ax.legend()
     fig.tight_layout()
-    fig.savefig(folder / "escher_fig4_5c.png")
+    save_png(fig, folder / "escher_fig4_5c.png")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="smaller runs (< 3 min on 2 cores)")
-    parser.add_argument("--json", metavar="OUT", help="write the flat figures as JSON")
-    parser.add_argument("--plots", metavar="DIR", help="write PNG plots there")
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
+    args = benchmark_parser(__doc__, "smaller runs (< 3 min on 2 cores)", plots="escher").parse_args(argv)
 
     with tempfile.TemporaryDirectory() as folder:
         ks = (1, 10, 100, 1000)
@@ -204,10 +194,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'figure':<{width}}  {'ours':>10}  paper")
     for key, value in figures.items():
         print(f"{key:<{width}}  {value:>10.4g}  {PAPER.get(key, '')}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(figures, indent=2))
-    if args.plots:
-        plots(Path(args.plots), {"create": create, "present": present, "requested": requested}, tables)
+    write_json(args.json, figures)
+    plots(args.plots, {"create": create, "present": present, "requested": requested}, tables)
     return 0
 
 

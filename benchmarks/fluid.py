@@ -9,8 +9,6 @@ figures, so only direction and rough size are comparable.
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -18,6 +16,7 @@ from typing import Callable
 
 import numpy as np
 
+from benchmarks.cli import benchmark_parser, write_json
 from gpu.schedulers.fluid.algorithms import (FluidParams, Trial, lower_bound, max_parallelism, packing_limit, theorem1_bound,
                                   theorem2_bound)
 from gpu.schedulers.fluid.executor import FluidExecutor
@@ -26,6 +25,7 @@ from gpu.sim.fluid.engine import RunResult, simulate
 from gpu.sim.fluid.workload import Workload
 from gpu.tuning import ASHA, BOHB, PBT, Choice, FixedTrials, GridSearch, Hyperband, LogUniform, SuccessiveHalving
 from gpu.tuning import SyncBOHB, TuningAlgorithm, Uniform
+from tasks.charts import pyplot, save_png
 
 SPACE = {"lr": LogUniform(1e-4, 1e-1), "momentum": Uniform(0.5, 0.99), "layers": Choice((2, 3, 4))}
 
@@ -134,12 +134,7 @@ def micro(seed: int) -> dict[str, list[dict[str, float]]]:
 
 
 def plots(directory: Path, ratios: list[float], f4: list[dict], f5: dict[str, dict[str, RunResult]]) -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    directory.mkdir(parents=True, exist_ok=True)
+    plt = pyplot()
     fig, ax = plt.subplots(1, 3, figsize=(15, 4))
     ax[0].hist(ratios, bins=20)
     ax[0].axvline(2, color="r", ls="--", label="2 x LB")
@@ -159,19 +154,11 @@ def plots(directory: Path, ratios: list[float], f4: list[dict], f5: dict[str, di
     ax[2].set(xticks=x + 0.2, xticklabels=names, ylabel="speed-up vs FIFO", title="F5: 8 GPUs")
     ax[2].legend()
     fig.tight_layout()
-    path = directory / "fluid_headlines.png"
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return [path]
+    return [save_png(fig, directory / "fluid_headlines.png")]
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="fewer random instances and samples")
-    ap.add_argument("--json", metavar="OUT")
-    ap.add_argument("--plots", metavar="DIR", default=".state/benchmarks/fluid")
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args(argv)
+    args = benchmark_parser(__doc__, "fewer random instances and samples", plots="fluid").parse_args(argv)
     t0 = time.time()
     rng = np.random.default_rng(args.seed)
     figures = toy()
@@ -223,12 +210,10 @@ def main(argv: list[str] | None = None) -> int:
             print("  " + "  ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in r.items()))
     figures["f9_speedup_10x_overhead"] = mic["F9"][-1]["speedup"]
     figures["f8_fluid_speedup_high_variance"] = mic["F8"][-1]["fluid_speedup"]
-    for p in plots(Path(args.plots), ratios, f4, f5):
+    for p in plots(args.plots, ratios, f4, f5):
         print(f"\nwrote {p}")
     figures["runtime_s"] = time.time() - t0
-    if args.json:
-        Path(args.json).write_text(json.dumps({k: float(v) for k, v in figures.items()}, indent=2))
-        print(f"wrote {args.json}")
+    write_json(args.json, figures)
     print(f"runtime {figures['runtime_s']:.1f} s")
     return 0
 

@@ -23,14 +23,13 @@ after ``torch.cuda.synchronize()`` and GPU utilisation is sampled with pynvml.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
 import time
-from pathlib import Path
 
+from benchmarks.cli import benchmark_parser, finish
 from gpu.schedulers.fluid.algorithms import fit_packing_curve, save_packing_curve
+from tasks.charts import pyplot, save_png
 from tasks.fluid_packing import Trainers
 
 LEVELS = tuple(range(1, 9))
@@ -71,16 +70,13 @@ def _fmt(v: float | None, spec: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="fewer iterations per trainer and per grid trial")
-    ap.add_argument("--json", metavar="OUT")
-    ap.add_argument("--plots", metavar="DIR", default=".state/benchmarks/fluid")
+    ap = benchmark_parser(__doc__, "fewer iterations per trainer and per grid trial", seed=None, plots="fluid")
     ap.add_argument("--hidden", type=int, default=64)
     ap.add_argument("--batch", type=int, default=64, help="batch size (the flow's grid uses 64)")
     args = ap.parse_args(argv)
     import torch
 
-    t0 = time.time()
+    t0 = time.perf_counter()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     meter = _GpuMeter()
     level_iters, grid_iters = (400, 300) if args.quick else (2000, 3000)
@@ -121,13 +117,8 @@ def main(argv: list[str] | None = None) -> int:
                **{f"packing_iters_per_s_p{p}": x for p, (x, _, _) in zip(LEVELS, levels)},
                "grid16_sequential_s": alone, "grid16_packed_s": packed, "grid16_speedup": alone / packed,
                "gpu_util_alone_pct": alone_util, "gpu_util_packed_pct": packed_util,
-               "on_gpu": float(device == "cuda"), "runtime_s": time.time() - t0}
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    Path(args.plots).mkdir(parents=True, exist_ok=True)
+               "on_gpu": float(device == "cuda"), "runtime_s": time.perf_counter() - t0}
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(5, 3.5))
     ax.plot(LEVELS, [x for x, _, _ in levels], "o-", label="measured")
     ax.plot(LEVELS, [p / (curve.t1 * curve.alpha ** (p - 1)) for p in LEVELS], "--",
@@ -135,14 +126,9 @@ def main(argv: list[str] | None = None) -> int:
     ax.set(xlabel="trials packed on one device", ylabel="aggregate iterations/s", title=f"G1 packing curve ({device})")
     ax.legend()
     fig.tight_layout()
-    path = Path(args.plots) / "fluid_packing_curve.png"
-    fig.savefig(path, dpi=100)
+    path = save_png(fig, args.plots / "fluid_packing_curve.png")
     print(f"wrote {path}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(figures, indent=2))
-        print(f"wrote {args.json}")
-    print(f"runtime {time.time() - t0:.1f} s")
-    return 0
+    return finish(args, figures, t0)
 
 
 if __name__ == "__main__":

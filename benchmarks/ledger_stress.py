@@ -37,7 +37,6 @@ Usage: ``python benchmarks/ledger_stress.py [--quick] [--json OUT] [--clients 16
 
 from __future__ import annotations
 
-import argparse
 import bisect
 import json
 import multiprocessing as mp
@@ -55,11 +54,11 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from benchmarks.cli import benchmark_parser, write_json
 from gpu.devices import PoolSpec, parse_simulated
 from gpu.errors import AllocationTimeout
 from gpu.ledger import PoolLedger
 from gpu.placement import ResourceRequest
-from gpuflows.args import output_file
 
 CLIENTS = (16, 48, 96, 192)
 EPS = 1e-6          # slack on sums of fractions and CPUs
@@ -432,14 +431,11 @@ def format_table(r: dict[str, Any], clients: list[int]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="6 s per phase instead of 20")
+    ap = benchmark_parser(__doc__, "6 s per phase instead of 20")
     ap.add_argument("--clients", default=",".join(map(str, CLIENTS)), help="client counts (default 16,48,96,192)")
     ap.add_argument("--duration", type=float, default=None, help="seconds per phase (default 20, quick 6)")
     ap.add_argument("--threads", type=int, default=4, help="client threads per process (default 4)")
-    ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--keep", type=Path, default=None, help="keep ledger files and client records in this folder")
-    ap.add_argument("--json", type=output_file, default=None, help="write the flat results here")
     args = ap.parse_args(argv)
     try:
         clients = sorted({int(c) for c in args.clients.split(",")})
@@ -453,8 +449,7 @@ def main(argv: list[str] | None = None) -> int:
     result = run(clients, duration, args.threads, args.seed, log=lambda m: print(m, flush=True), keep=args.keep)
     result["quick"] = args.quick
     print(format_table(result, clients))
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1, sort_keys=True))
+    write_json(args.json, result)
     return 0
 
 

@@ -28,8 +28,6 @@ Usage: ``python benchmarks/nexus.py [--quick] [--json OUT] [--plots DIR] [--seed
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import sys
 import time
@@ -46,10 +44,12 @@ from gpu.schedulers.nexus.query import Query, QueryStage, even_split, profile_th
 from gpu.sim.nexus.run import STRATEGIES, NexusScenario, evaluate, fewest_gpus, max_load
 from gpu.sim.nexus.engine import simulate_plan
 
+from benchmarks.cli import benchmark_parser, write_json
 from benchmarks.nexus_cases import (GAME, GAME_RESNET_ONLY, TRAFFIC, drr_bursts, game, game_row, game_summary,
                                     print_drr_bursts, print_game, print_traffic, traffic, traffic_summary)
 from benchmarks.nexus_multiplexing import multiplexing, multiplexing_summary, print_multiplexing
 from benchmarks.nexus_epochs import epoch_reaction, epochs_summary, print_epochs, save_plot
+from tasks.charts import pyplot, save_png
 
 GPUS = 8
 MODELS_E = ("lenet", "vgg7", "googlenet", "resnet50", "inception", "vgg16", "vgg_face", "vgg_s")
@@ -204,12 +204,8 @@ def decision_overhead_us(repeats: int = 2000) -> dict[str, float]:
 
 
 def plot(dir_: Path, thr: dict, drops: dict, pb: dict, tr: dict, gm: dict) -> list[str]:
-    import matplotlib
+    plt = pyplot()
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    dir_.mkdir(parents=True, exist_ok=True)
     def grouped_bars(name: str, table: dict, series, ylabel: str, ticks: list[str] | None = None,
                      log: bool = False) -> None:
         """One group of bars per row of ``table`` (``{group: {series: value}}``), one bar per series."""
@@ -223,7 +219,7 @@ def plot(dir_: Path, thr: dict, drops: dict, pb: dict, tr: dict, gm: dict) -> li
         ax.set_ylabel(ylabel)
         ax.legend(fontsize=7)
         fig.tight_layout()
-        fig.savefig(dir_ / name)
+        save_png(fig, dir_ / name)
 
     grouped_bars("throughput.png", thr, COMPARED, "max req/s at <= 1% bad (8 GPUs)")
     fig2, ax2 = plt.subplots(figsize=(5, 4))
@@ -234,7 +230,7 @@ def plot(dir_: Path, thr: dict, drops: dict, pb: dict, tr: dict, gm: dict) -> li
     ax2.set_ylabel("req/s at 99% good (1 GPU)")
     ax2.legend()
     fig2.tight_layout()
-    fig2.savefig(dir_ / "early_vs_lazy_drop.png")
+    save_png(fig2, dir_ / "early_vs_lazy_drop.png")
     fig3, (ax3, ax4) = plt.subplots(1, 2, figsize=(9, 4))
     ms = sorted(pb)
     for key, label in (("pb", "prefix batching"), ("no_pb", "no prefix batching")):
@@ -248,7 +244,7 @@ def plot(dir_: Path, thr: dict, drops: dict, pb: dict, tr: dict, gm: dict) -> li
     ax3.legend()
     ax4.legend()
     fig3.tight_layout()
-    fig3.savefig(dir_ / "prefix_batching.png")
+    save_png(fig3, dir_ / "prefix_batching.png")
     grouped_bars("traffic.png", {c: tr[c] for c in ("nonrush", "rush")}, list(TRAFFIC),
                  "max frames/s at <= 1% bad (16 GPUs)", ["non-rush", "rush hour"], log=True)
     fig5, ax6 = plt.subplots(figsize=(7, 4))
@@ -260,19 +256,14 @@ def plot(dir_: Path, thr: dict, drops: dict, pb: dict, tr: dict, gm: dict) -> li
                                           for b in bars], rotation=30, ha="right", fontsize=7)
     ax6.set_ylabel("max frames/s at <= 1% bad (16 GPUs)")
     fig5.tight_layout()
-    fig5.savefig(dir_ / "game.png")
-    plt.close("all")
+    save_png(fig5, dir_ / "game.png")
     return [str(dir_ / n) for n in ("throughput.png", "early_vs_lazy_drop.png", "prefix_batching.png", "traffic.png",
                                     "game.png")]
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="shorter simulations, fewer bisection steps")
-    ap.add_argument("--json", metavar="OUT")
-    ap.add_argument("--plots", metavar="DIR", default=".state/benchmarks/nexus")
-    ap.add_argument("--seed", type=int, default=1)
-    args = ap.parse_args(argv)
+    args = benchmark_parser(__doc__, "shorter simulations, fewer bisection steps", seed=1,
+                            plots="nexus").parse_args(argv)
     t0 = time.perf_counter()
     duration, iters = (5.0, 5) if args.quick else (15.0, 7)
     scs = mixes(args.seed, duration, args.quick)
@@ -388,9 +379,7 @@ def main(argv: list[str] | None = None) -> int:
         flat[f"no_prefix_batching_m{m}_max_throughput"] = row["no_pb"]
     files = plot(Path(args.plots), thr, drops, pb, tr, gm) + [str(save_plot(Path(args.plots), ep))]
     print(f"\nplots: {', '.join(files)}\nruntime {time.perf_counter() - t0:.1f} s")
-    if args.json:
-        Path(args.json).write_text(json.dumps(flat, indent=2))
-        print(f"wrote {args.json}")
+    write_json(args.json, flat)
     return 0
 
 

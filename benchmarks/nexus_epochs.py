@@ -13,6 +13,7 @@ from typing import Mapping
 
 from gpu.sim.nexus.run import NexusScenario
 from gpu.sim.nexus.epochs import EpochTimeline, scaled, step_timeline
+from tasks.charts import pyplot, save_png
 
 BASE_LOAD, STEP_AT_S, STEP_SCALE, DURATION_S = 0.6, 45.0, 1.5, 120.0
 ARRIVALS = ("uniform", "poisson")
@@ -59,10 +60,7 @@ def epochs_summary(runs: Mapping[str, EpochTimeline]) -> dict[str, float]:
 
 def save_plot(dir_: Path, runs: Mapping[str, EpochTimeline]) -> Path:
     """Fig. 13's three panels (offered load, GPUs, bad rate per beacon) as ``epoch_reaction.png``."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(3, 1, figsize=(8, 6), sharex=True)
     for arr, tl in runs.items():
@@ -77,8 +75,4 @@ def save_plot(dir_: Path, runs: Mapping[str, EpochTimeline]) -> Path:
     ax[-1].set_xlabel("time (s)")
     fig.suptitle(f"Nexus epoch reaction to a {STEP_SCALE:g}x load step (cf. Fig. 13)")
     fig.tight_layout()
-    dir_.mkdir(parents=True, exist_ok=True)
-    path = dir_ / "epoch_reaction.png"
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save_png(fig, dir_ / "epoch_reaction.png", dpi=120)

@@ -12,8 +12,6 @@ profiles are unpublished): compare orderings and ratios.
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 import time
 from dataclasses import replace
@@ -25,6 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from benchmarks.cli import benchmark_parser, write_json  # noqa: E402
 from gpu.scenario import load_scenario  # noqa: E402
 from gpu.schedulers.nona.optimizer import Cluster, NonaModel, QueryClass, solve  # noqa: E402
 from gpu.schedulers.nona.dag import contract, groupings, subgraphs  # noqa: E402
@@ -32,6 +31,7 @@ from gpu.schedulers.nona.policy import GroupingSampler  # noqa: E402
 from gpu.sim.nona.run import GBPS, Outcome, Setup, model_for, parse, rates_for_load, run_policy, stats  # noqa: E402
 from gpu.sim.nona.engine import BACKGROUND_COMM, BACKGROUND_COMPUTE, Workload, simulate  # noqa: E402
 from gpu.sim.nona.workloads import motivating_query, paper_models  # noqa: E402
+from tasks.charts import pyplot, save_png  # noqa: E402
 
 TABLE_2 = {"gpt2": (178, 40), "densenet121": (429, 4), "vgg16": (41, 1), "alexnet": (23, 1), "resnet18": (71, 10)}
 FIG_3A = {"spark": (32, 56), "opportunistic": (30, 180), "random": (70, 202)}  # mean JCT ratio to Nona, all jobs
@@ -235,12 +235,7 @@ def lookup_table(out: dict, quick: bool) -> None:
 
 
 def _plots(sweep: dict, folder: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    folder.mkdir(parents=True, exist_ok=True)
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     loads = sorted(sweep)
     for p in ("nona", "nona_star", "expert", *BASELINES):
@@ -248,16 +243,12 @@ def _plots(sweep: dict, folder: Path) -> None:
     ax.set(xlabel="compute load", ylabel="mean JCT (ms)", yscale="log", title="Nona, Fig. 3-style load sweep")
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(folder / "fig3_load_sweep.png", dpi=120)
-    plt.close(fig)
+    save_png(fig, folder / "fig3_load_sweep.png", dpi=120)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="shorter horizons, fewer loads and links")
-    ap.add_argument("--json", metavar="OUT")
-    ap.add_argument("--plots", metavar="DIR", default=".state/benchmarks/nona")
-    args = ap.parse_args(argv)
+    args = benchmark_parser(__doc__, "shorter horizons, fewer loads and links", seed=None,
+                            plots="nona").parse_args(argv)
     t0 = time.time()
     setup = parse(load_scenario(ROOT / "scenarios" / "nona" / "paper_80.yaml"))
     horizon = 8.0 if args.quick else 30.0
@@ -278,11 +269,10 @@ def main(argv: list[str] | None = None) -> int:
     r10_tails(out, sweep[0.7])
     paper_equations(out, setup)
     lookup_table(out, args.quick)
-    _plots(sweep, Path(args.plots))
+    _plots(sweep, args.plots)
     out["total_s"] = time.time() - t0
     print(f"\nplots in {args.plots}; total {out['total_s']:.0f} s")
-    if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=2))
+    write_json(args.json, out)
     return 0
 
 

@@ -20,8 +20,6 @@ Usage: ``python benchmarks/orloj.py [--quick] [--json OUT] [--plots DIR]``.
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 import time
 from dataclasses import replace
@@ -29,10 +27,12 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.cli import benchmark_parser, write_json
 from gpu.batching import BatchContext, InferenceRequest
 from gpu.schedulers.orloj.hull import LineQueue
 from gpu.sim.orloj.run import Setup, build_policy, ratios, serve, sweep
 from gpu.sim.orloj.workload import load
+from tasks.charts import pyplot, save_png
 
 ROOT = Path(__file__).resolve().parent.parent
 POLICIES = ("clipper", "nexus", "clockwork", "orloj")  # the thesis's column order
@@ -194,12 +194,7 @@ def decision_time(quick: bool) -> dict:
 
 
 def plot(rows: list[dict], folder: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    folder.mkdir(parents=True, exist_ok=True)
+    plt = pyplot()
     cases = sorted({r["case"] for r in rows}, key=list(PAPER).index)
     for m in sorted({r["slo_x"] for r in rows}):
         fig, ax = plt.subplots(figsize=(12, 3.5))
@@ -212,27 +207,20 @@ def plot(rows: list[dict], folder: Path) -> None:
         ax.set_title(f"SLO = {m:g} × P99")
         ax.legend(fontsize=7)
         fig.tight_layout()
-        fig.savefig(folder / f"orloj_finish_rate_{m:g}x.png", dpi=100)
-        plt.close(fig)
+        save_png(fig, folder / f"orloj_finish_rate_{m:g}x.png")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="2 seeds × 300 requests per cell (< 3 min on 2 cores)")
-    parser.add_argument("--json", metavar="OUT", help="write the flat headline figures as JSON")
-    parser.add_argument("--plots", metavar="DIR", default=".state/benchmarks/orloj",
-                        help="where the finish-rate bar charts (PNG, one per SLO multiple) go")
-    args = parser.parse_args(argv)
+    args = benchmark_parser(__doc__, "2 seeds × 300 requests per cell (< 3 min on 2 cores)", seed=None,
+                            plots="orloj").parse_args(argv)
     figures, rows = tables(args.quick)
     figures.update(headline(rows))
     figures.update(b_sweep(args.quick))
     figures.update(scaling(args.quick))
     figures.update(decision_time(args.quick))
-    plot(rows, Path(args.plots))
+    plot(rows, args.plots)
     print(f"\nplots: {args.plots}/orloj_finish_rate_<m>x.png")
-    if args.json:
-        Path(args.json).write_text(json.dumps(figures, indent=1, sort_keys=True))
-        print(f"\nwrote {args.json}")
+    write_json(args.json, figures)
     return 0
 
 

@@ -22,9 +22,7 @@ Usage: ``python benchmarks/runner_overhead.py [--quick] [--json OUT] [--tasks N]
 
 from __future__ import annotations
 
-import argparse
 import atexit
-import json
 import os
 import shutil
 import sys
@@ -33,6 +31,8 @@ import threading
 import time
 from pathlib import Path
 from typing import Any, Callable
+
+from benchmarks.cli import benchmark_parser, write_json
 
 TARGET_RATIO = 1.5
 LEDGER_THREADS = 16
@@ -259,12 +259,10 @@ def format_table(r: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="200 tasks (60 on Ray), fewer ledger pairs")
+    ap = benchmark_parser(__doc__, "200 tasks (60 on Ray), fewer ledger pairs", seed=None)
     ap.add_argument("--tasks", type=int, default=None, help="tasks per flow (default 500, quick 200)")
     ap.add_argument("--ray-tasks", type=int, default=None, help="tasks per Ray flow (default 200, quick 60)")
     ap.add_argument("--skip-ray", action="store_true", help="leave out the Ray pair")
-    ap.add_argument("--json", type=Path, default=None, help="write the results here")
     args = ap.parse_args(argv)
     for name in ("tasks", "ray_tasks"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
@@ -272,9 +270,7 @@ def main(argv: list[str] | None = None) -> int:
     _isolated_env()
     result = run(args.quick, args.tasks, args.ray_tasks, args.skip_ray, log=lambda m: print(m, flush=True))
     print(format_table(result))
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=1, sort_keys=True))
+    write_json(args.json, result)
     return 0
 
 

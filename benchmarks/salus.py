@@ -12,20 +12,20 @@ compute at ``min(1, 1/sum u)`` (our model). Workload sizes are ours (``gpu.sim.s
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
+from benchmarks.cli import benchmark_parser, finish
 from gpu.errors import GpuflowsError
 from gpu.schedulers.salus.controller import SalusController, SalusJob
 from gpu.schedulers.salus.lanes import NO_MARGINS, LaneManager
 from gpu.sim.salus.engine import SimResult, simulate
 from gpu.sim.salus.workloads import (TraceJob, all_workloads, inference_instances, tiresias_like_trace, trace_job,
                                      workload)
+from tasks.charts import pyplot, save_png
 
 C_MB = 16_000.0
 TABLE_2_1 = {"fifo": (303.4, 167.6, 170.6, 251.1), "srtf": (306.0, 28.6, 53.4, 217.0),
@@ -172,10 +172,7 @@ def inference(seed: int, seconds: float) -> dict[str, float]:
 
 
 def plots(directory: Path, s2: dict[str, SimResult], s3: SimResult) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(1, 3, figsize=(16, 4))
     for policy, r in s2.items():
@@ -194,22 +191,14 @@ def plots(directory: Path, s2: dict[str, SimResult], s3: SimResult) -> Path:
     for s in pack.segments[:4000]:
         ax[2].barh(s.lane_id, (s.end_s - s.start_s) / 60, left=s.start_s / 60, height=0.8)
     ax[2].set(xlabel="time (min)", ylabel="lane id", title="S2: PACK lane Gantt (first 4000 steps)")
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / "salus_headlines.png"
     fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
+    return save_png(fig, directory / "salus_headlines.png", dpi=90)
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="fewer S1 events, 100 instead of 300 S4 jobs")
-    ap.add_argument("--json", metavar="OUT")
-    ap.add_argument("--plots", metavar="DIR", default=".state/benchmarks/salus")
-    ap.add_argument("--seed", type=int, default=1)
-    args = ap.parse_args(argv)
-    t0 = time.time()
+    args = benchmark_parser(__doc__, "fewer S1 events, 100 instead of 300 S4 jobs", seed=1,
+                            plots="salus").parse_args(argv)
+    t0 = time.perf_counter()
     figures: dict[str, float] = {}
     figures.update(lane_invariants(args.seed, 5000 if args.quick else 20_000))
     s2 = trace(args.seed, 100)
@@ -246,13 +235,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{'figure':<48}{'ours':>12}   paper")
     for name, paper in rows:
         print(f"{name:<48}{figures[name]:>12.4g}   {paper}")
-    path = plots(Path(args.plots), s2, s3)
+    path = plots(args.plots, s2, s3)
     print(f"\nwrote {path}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(figures, indent=2))
-        print(f"wrote {args.json}")
-    print(f"runtime {time.time() - t0:.1f} s")
-    return 0
+    return finish(args, figures, t0)
 
 
 if __name__ == "__main__":

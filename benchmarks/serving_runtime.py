@@ -26,9 +26,7 @@ while the load runs; ``--devices simulated`` keeps everything on the CPU.
 
 from __future__ import annotations
 
-import argparse
 import gc
-import json
 import os
 import sys
 import threading
@@ -42,6 +40,7 @@ if __package__ in (None, ""):
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+from benchmarks.cli import benchmark_parser, write_json  # noqa: E402
 from gpu.batching import EarlyDropPolicy  # noqa: E402
 from gpu.devices import PoolSpec, discover, nvml_utilization  # noqa: E402
 from gpu.ledger import PoolLedger  # noqa: E402
@@ -219,8 +218,7 @@ def in_situ(models, profiles, plan, data, rate: float, duration: float, seed: in
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="3 s of load per run instead of 15 s")
+    ap = benchmark_parser(__doc__, "3 s of load per run instead of 15 s")
     ap.add_argument("--rate", type=float, default=2000.0, help="offered requests/s in situ (batches of ~1-2)")
     ap.add_argument("--high-rate", type=float, default=50000.0,
                     help="a second in-situ rate for the smallest model, where batches form and amortise")
@@ -228,8 +226,6 @@ def main(argv: list[str] | None = None) -> int:
                     help="load-generator tick of the extra high-rate run (bursts of rate x tick per frontend call)")
     ap.add_argument("--devices", choices=("auto", "simulated"), default="auto",
                     help="auto: the GPUs NVML finds, else the CPU; simulated: the CPU even on a GPU machine")
-    ap.add_argument("--json", default=None)
-    ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     data = load_digits_tensors(args.seed)
@@ -318,8 +314,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{100 * out['dispatch_overhead_frac_of_batch1_high_rate']:.1f}% at {args.high_rate:.0f} req/s "
           f"({100 * out['dispatch_overhead_frac_of_batch1_high_rate_tick']:.1f}% with a {args.tick_ms:g} ms tick); "
           f"digits_cnn {100 * out['digits_cnn_in_situ_frac_of_batch1']:.1f}% (load average {out['load_average_1min']:.2f})")
-    if args.json:
-        Path(args.json).write_text(json.dumps(out, indent=1))
+    write_json(args.json, out)
     return 0
 
 

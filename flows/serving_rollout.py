@@ -12,14 +12,18 @@ runner's flow run (experiment ``gpuflows-nexus``), with a time-series plot; what
 named in the result's ``mlflow_errors``. ``backend="ray"`` (under ``GpuRayTaskRunner``) runs the
 profiling tasks on Ray and each GPU node's worker as a Ray actor leasing from the runner's ledger.
 
-Placement (the spec's ``placement``, or ``--placement``): ``nexus`` as above; ``shares`` and ``nona`` host every
-stage of the spec on each of ``placement.nodes`` nodes (a fixed plan, no re-planning), ``shares`` routing each
-request by its session's shares and ``nona`` routing each query by the placement it samples from θ, solved
-once before the rollout from the profiled stage latencies and the link (Nona, §III; ``tasks.serving.nona``).
-The spec's ``link`` emulates the bottleneck link the hand-offs between nodes queue on (``tasks.serving.link``).
+Placement (the spec's ``placement``, or ``--placement``): ``nexus`` as above; ``shares``, ``nona`` and Nona's
+baselines (``undistributed``, ``opportunistic``, ``random``) host every stage of the spec on each of
+``placement.nodes`` nodes (a fixed plan, no re-planning), ``shares`` routing each request by its session's shares,
+the others each query by the placement they give it: ``nona`` samples it from θ, solved before the rollout from
+the profiled stage latencies and the link and re-solved every epoch from the measured query rates and stage
+service times (Nona, §III; ``tasks.serving.nona``). The spec's ``link`` emulates the bottleneck link the
+hand-offs between nodes queue on (``tasks.serving.link``). With ``batch_policy: orloj`` the workers' batches
+re-profile ORLOJ every epoch (thesis §4.3.2; ``tasks.serving.epochs``).
 
     python -m flows.serving_rollout --duration-s 20
     python -m flows.serving_rollout --spec scenarios/serving/diamond_nona.yaml --placement nona
+    python -m flows.serving_rollout --spec scenarios/serving/diamond_nona.yaml --placement random
     python -m flows.serving_rollout --duration-s 10 --backend ray
 """
 
@@ -31,12 +35,12 @@ import sys
 import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 from prefect import flow, get_run_logger, task
 
-from gpu.batching import POLICIES, make_policy
+from gpu.batching import POLICIES
 from gpu.errors import ConfigError, GpuflowsError
 from gpu.scenario import choose, positive
 from gpu.pool import pool_path
@@ -81,9 +85,16 @@ class EpochMark:
     replanned: bool
 
 
-def _spec(spec: dict | str | None, duration_s: float | None, batch_policy: str | None, placement: str | None = None):
+def prepare(spec: dict | str | None, duration_s: float | None = None, batch_policy: str | None = None,
+            placement: str | None = None, backend: str = "local", mode: str = "process"):
+    """The serving spec with the flow's overrides, every parameter checked: ``main`` calls it before the flow and
+    the flow at its start (a deployment run has no earlier place), so bad input fails before serving starts."""
     from tasks.serving.spec import PLACEMENTS, load_spec, parse_spec
 
+    if mode not in MODES:
+        raise ConfigError("mode", mode, f"choose one of {MODES}")
+    if backend not in BACKENDS:
+        raise ConfigError("backend", backend, f"choose one of {BACKENDS}")
     path = Path(str(spec or DEFAULT_SPEC))
     if not isinstance(spec, dict) and not path.is_absolute() and not path.exists():
         path = DEFAULT_SPEC.parent.parent.parent / path  # a shipped spec named from the package root (deployments)
@@ -96,32 +107,9 @@ def _spec(spec: dict | str | None, duration_s: float | None, batch_policy: str |
         parsed = replace(parsed, placement=choose(placement, "placement", list(PLACEMENTS)))
     if parsed.placement == "nona" and parsed.link_mu is None:
         raise ConfigError("link.mu", None, "placement nona solves θ against the link: give its capacity (bytes/s)")
+    if parsed.placement != "nexus" and backend != "local":
+        raise ConfigError("placement", parsed.placement, "is served by the local backend only")
     return parsed
-
-
-ORLOJ_PROFILE_REQUESTS = 100  # test digits each model is timed alone on before ORLOJ serves it
-
-
-def _policy_factory(name: str, models: dict, profiles: dict, sessions: list, rows: Any) -> Callable[[], Any]:
-    """One batch policy per worker. ORLOJ also needs execution-time histograms (thesis §4.3.2): each model is
-    timed alone on sampled test digits, and a session's requests are its model's (the runtime queues each
-    session apart, hence ``mix="own_app"``). ``c0`` is the smallest intercept of the models' profiles (Eq. 4.3);
-    with one model, its measured profile also gives the batch growth (``PaddedBatchModel.from_profile``)."""
-    if name != "orloj":
-        return lambda: make_policy(name)
-    from gpu.batching import PaddedBatchModel
-    from tasks.serving.dynamic_models import alone_times
-
-    served = sorted({s.model for s in sessions})
-    by_model = {m: alone_times(models[m], {m: rows})[m] for m in served}
-    hists = {s.session_id: by_model[s.model] for s in sessions}
-    fits = [np.polyfit(profiles[m].batches, profiles[m].latency_ms, 1)[1] for m in served]
-    c0 = max(0.0, min(min(fits), min(h.edges[0] for h in by_model.values())))
-    if len(served) == 1 and c0 < profiles[served[0]].latency(1):
-        batch = PaddedBatchModel.from_profile(profiles[served[0]].latency, profiles[served[0]].max_batch, c0)
-    else:
-        batch = PaddedBatchModel(c0)
-    return lambda: make_policy("orloj", histograms=hists, model=batch, mix="own_app")
 
 
 def _plan_summary(plan: Plan) -> str:
@@ -160,24 +148,22 @@ def serving_rollout(spec: dict | str | None = None, duration_s: float | None = N
         mode: GpuTaskRunner mode of the profiling tasks ("process" or "thread").
         tracking: MlflowTarget block, the name of a saved one, False to switch MLflow off, None for experiment
             "gpuflows-nexus" (every Nexus run's experiment).
-        placement: override the spec's placement (``nexus``, ``shares`` or ``nona``; module docstring).
+        placement: override the spec's placement (``nexus``, ``shares``, ``nona`` or a Nona baseline:
+            ``undistributed``, ``opportunistic``, ``random``; module docstring).
 
     Returns:
         The figures (``_summarise``: per epoch and over the run, queries, dispatch overhead), ``mlflow_run_id``
         and ``mlflow_errors`` (what could not be logged to MLflow; empty when everything was).
     """
+    from tasks.serving.epochs import EpochFeedback
     from tasks.serving.loadgen import LoadGenerator
     from tasks.serving.models import load_digits_tensors, load_or_train
+    from tasks.serving.nona import MeasuredNona
+    from tasks.serving.orloj import PROFILE_REQUESTS, orloj_controller, policy_factory
     from tasks.serving.runtime import LocalServingRuntime
     from tasks.serving.spec import check_slos
 
-    sp = _spec(spec, duration_s, batch_policy, placement)
-    if sp.placement != "nexus" and backend != "local":
-        raise ConfigError("placement", sp.placement, "is served by the local backend only")
-    if mode not in MODES:
-        raise ConfigError("mode", mode, f"choose one of {MODES}")
-    if backend not in BACKENDS:
-        raise ConfigError("backend", backend, f"choose one of {BACKENDS}")
+    sp = prepare(spec, duration_s, batch_policy, placement, backend, mode)
     runner = flow_runner()  # the pool and target resolved from these parameters (or the runner given)
     if backend == "ray" and type(runner).__name__ != "GpuRayTaskRunner":
         raise ConfigError("backend", backend, "needs the flow on GpuRayTaskRunner (`python -m flows.serving_rollout "
@@ -210,24 +196,30 @@ def serving_rollout(spec: dict | str | None = None, duration_s: float | None = N
         from tasks.serving.nona import replicated_plan
 
         controller.plan = replicated_plan(sessions, profiles, sp.nodes)
-    if sp.placement == "nona":
-        routing = _nona_routing(sp, profiles, handoff)
+    if sp.placement not in ("nexus", "shares"):
+        routing = _query_routing(sp, profiles, handoff)
     trace = sp.trace(sessions, issued=set(chains))
     data = load_digits_tensors(sp.seed)
     marks = [EpochMark(0.0, controller.plan, True)]
     beacons: list[dict[str, float]] = []
-    factory = _policy_factory(sp.batch_policy, models, profiles, sessions,
-                              data.x_test[:ORLOJ_PROFILE_REQUESTS].numpy())
+    local = backend == "local"  # measured feedback comes from local workers (docs/orloj.md: Ray)
+    orloj = (orloj_controller(models, profiles, sessions, data.x_test[:PROFILE_REQUESTS].numpy(),
+                              sp.epoch.epoch_s, sp.seed) if sp.batch_policy == "orloj" else None)
+    nona = MeasuredNona(routing, sp.nodes, sp.link_mu, sp.seed) if sp.placement == "nona" else None
     with LocalServingRuntime(models, profiles, ledger, None, sp.preset, seed=sp.seed, backend=backend,
-                             controller=controller, policy_factory=factory, query_routing=routing,
-                             link_mu=sp.link_mu, handoff_bytes=handoff) as rt:
+                             controller=controller, policy_factory=policy_factory(sp.batch_policy, orloj),
+                             query_routing=routing, link_mu=sp.link_mu, handoff_bytes=handoff,
+                             measure_batches=local and (orloj is not None or nona is not None)) as rt:
         rt.apply(controller.plan)
+        feedback = EpochFeedback(sp.epoch.epoch_s, rt.take_batches, rt.update_policies, orloj if local else None,
+                                 nona)
         progress = FlowProgress("serving-rollout", sp.duration_s, f"serving {sp.name}", unit="s of trace").start()
 
         def on_beacon(t_s: float) -> None:
             progress.update(min(t_s, sp.duration_s), f"{rt.plan.num_gpus} GPU(s), epoch {len(planner.epochs)}")
             counts = rt.take_counts()
             if t_s < sp.duration_s:  # the trace's last beacon: nothing is left to serve on a new plan
+                feedback.on_beacon(t_s, counts)
                 decision = controller.on_epoch(t_s, {sid: c / sp.epoch.beacon_s for sid, c in counts.items()})
                 if decision.replanned:
                     rt.apply(decision.plan)
@@ -245,9 +237,11 @@ def serving_rollout(spec: dict | str | None = None, duration_s: float | None = N
                                                                                                sp.epoch.beacon_s)
     progress.close()
     result = _summarise(sp, rt, load, marks, beacons, profiles)
-    if routing is not None:  # θ per (class, subgraph root), aligned with its Ω (logged in serving/summary.json)
+    result.update(orloj_epochs=feedback.orloj_epochs, nona_epochs=feedback.nona_epochs)
+    if nona is not None:  # θ in force at the end per (class, subgraph root), aligned with its Ω
+        ctl = nona.controller
         result["nona_theta"] = {f"{k}:{root}": list(th) for (k, root), th
-                                in routing.controller.table.entries[0].thetas.items()}
+                                in ctl.table.entries[ctl.entry].thetas.items()}
     columns = ("epoch", "start_s", "end_s", "replanned", "gpus", "unassigned_rps", "offered_rps", "throughput_rps",
                "slo_attainment", "bad_rate", "p99_latency_ms")
     publish_table("serving-rollout-epochs", [{k: e[k] for k in columns} for e in result["epochs"]],
@@ -275,14 +269,17 @@ def _handoff_bytes(sp) -> dict[str, float] | None:
     return {child: sp.handoff_bytes for child in sp.chains()}
 
 
-def _nona_routing(sp, profiles, handoff):
-    """θ for the spec's queries on its nodes and link, solved before the rollout (Nona §III-A: offline)."""
-    from tasks.serving.nona import solve_routing, stage_dag
+def _query_routing(sp, profiles, handoff):
+    """Nona's routing — θ for the spec's queries on its nodes and link, solved before the rollout (Nona §III-A) —
+    or a baseline's."""
+    from tasks.serving.nona import baseline_routing, solve_routing, stage_dag
 
     dags = {q.query_id: stage_dag(q.query_id, {st.name: st.model for st in q.stages}, sp.stage_inputs(q), profiles,
                                   handoff) for q in sp.queries if len(q.stages) > 1}
     if not dags:
-        raise ConfigError("placement", "nona", "places multi-stage queries: the spec has none")
+        raise ConfigError("placement", sp.placement, "places multi-stage queries: the spec has none")
+    if sp.placement != "nona":
+        return baseline_routing(sp.placement, dags, list(range(sp.nodes)), sp.seed)
     routing = solve_routing(dags, {q.query_id: q.rate for q in sp.queries}, list(range(sp.nodes)), sp.link_mu,
                             sp.seed)
     get_run_logger().info("Nona θ solved: %s", {f"{k}/{r}": [round(x, 3) for x in th] for (k, r), th
@@ -403,6 +400,7 @@ def _log_mlflow(tracking: MlflowTarget, parent: str | None, sp, result: dict, ma
     from mlflow import MlflowClient
     from mlflow.entities import Metric, Param
 
+    from tasks.serving.epochs import feedback_series
     from tasks.tracking import ensure_experiment
 
     client = MlflowClient(tracking.resolved_uri())
@@ -419,6 +417,8 @@ def _log_mlflow(tracking: MlflowTarget, parent: str | None, sp, result: dict, ma
         step = int(round(b["t_s"]))
         metrics += [Metric(f"series_{k}", float(b[k]), now, step)
                     for k in ("offered_rps", "throughput_rps", "bad_rate", "gpus", "gpu_share")]
+    metrics += [Metric(k, v, now, step) for k, v, step in
+                feedback_series(result["orloj_epochs"], result["nona_epochs"], result["queries"])]
     client.log_batch(parent, metrics=metrics, params=[
         Param("spec", sp.name), Param("batch_policy", sp.batch_policy), Param("load_balancer", sp.load_balancer),
         Param("preset", sp.preset), Param("models", ",".join(sp.models)), Param("placement", sp.placement)])
@@ -455,11 +455,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", type=output_file, default=None, help="write the result (figures per epoch) to this file")
     ap.add_argument("--backend", choices=("local", "ray"), default="local",
                     help="workers as threads here (local) or Ray actors (ray: the pool's ray_address, else a local Ray)")
-    ap.add_argument("--placement", choices=("nexus", "shares", "nona"), default=None,
-                    help="override the spec's placement (nexus: packed plan; shares/nona: every stage on every node)")
+    ap.add_argument("--placement", default=None,
+                    help="override the spec's placement: nexus (packed plan), or every stage on every node routed by "
+                         "shares, nona or a Nona baseline (undistributed, opportunistic, random)")
     args = ap.parse_args(argv)
     try:  # a bad spec, duration, policy or pool name fails here, before a Prefect server starts
-        _spec(args.spec, args.duration_s, args.batch_policy, args.placement)
+        prepare(args.spec, args.duration_s, args.batch_policy, args.placement, args.backend, args.mode)
         pool_path(args.pool)
     except GpuflowsError as exc:
         return error(exc)

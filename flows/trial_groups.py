@@ -40,6 +40,7 @@ from gpu.state import state_dir
 from gpu.tuning import ALGORITHMS, Choice, Grid, LogUniform, parse_space
 from gpuflows.args import error, flow_arguments, output_file
 from resource_blocks import GpuPool, MlflowTarget
+from tasks.fluid_escher import PLACEMENTS, EscherTrials, escher_trials, nodes_pool
 from tasks.fluid_profiling import TrialProfiler, calibrate, trials_per_device
 from tasks.fluid_trial_log import TrialLog
 from tasks.fluid_trials import load_model, train_chunk
@@ -103,13 +104,15 @@ def _finished(inflight: dict) -> list:
 def _search(algorithm: str, trials: int, iterations: int, seed: int, space: dict | None, min_iterations: int,
             generations: int, execution: str, gpus: list[int], device: str, c: int | None, d: int,
             alpha: float | None, packing_iterations: int, chunk: int, fail_trial: str | None, tracking_uri: str,
-            model_name: str, progress: bool, parent: str | None) -> dict:
-    """The search itself, in the flow run (its chunks on the flow's GPU task runner); ``parent``: its MLflow run."""
+            model_name: str, progress: bool, parent: str | None, escher: EscherTrials | None = None) -> dict:
+    """The search itself, in the flow run (its chunks on the flow's GPU task runner); ``parent``: its MLflow run;
+    ``escher``: chunks run as ESCHER gangs over every node's GPUs (``tasks.fluid_escher``), else pinned to FLUID's."""
     algo = make_algorithm(algorithm, trials, iterations, seed, space, min_iterations, generations)
     log = TrialLog(parent, tracking_uri)
-    cal = calibrate(execution, gpus, device, c, d, alpha, packing_iterations, seed)
+    cal = calibrate(execution, escher.slots if escher else gpus, device, c, d, alpha, packing_iterations, seed,
+                    escher and (lambda widths: escher.scaling_times(widths, seed)))
     log.search(cal)
-    executor = build_executor(execution, gpus, FluidParams(c=cal.c, d=cal.d))
+    executor = build_executor(execution, escher.slots if escher else gpus, FluidParams(c=cal.c, d=cal.d))
     profiler = TrialProfiler(1.0 / cal.c, cal.alpha, cal.beta, seed)
     session = TuningSession(algo, executor, profile=profiler)
     t0 = time.monotonic()
@@ -140,10 +143,14 @@ def _search(algorithm: str, trials: int, iterations: int, seed: int, space: dict
         load = ckpt(tid) if start > 0 else (ckpt(t.checkpoint) if t.checkpoint else None)
         w, gpus_ = width[tid], where[tid]
         widths_seen.setdefault(tid, []).append(w)
-        with gpu_options(gpus=w if w < 1 else float(len(gpus_)), devices=gpus_,  # FLUID's GPUs, not best fit
-                         label=f"trial {tid}"):  # names the lease on the pool's occupancy chart
-            fut = train_chunk.submit(tid, dict(t.config), int(t.resume_from) + start, n, load, ckpt(tid), w, seed,
-                                     fail=tid == fail_trial and (start > 0 or n >= budget(tid)))
+        args = (tid, dict(t.config), int(t.resume_from) + start, n, load, ckpt(tid), w, seed)
+        fail = tid == fail_trial and (start > 0 or n >= budget(tid))
+        if escher is not None:
+            fut = escher.submit(*args, fail=fail)
+        else:
+            with gpu_options(gpus=w if w < 1 else float(len(gpus_)), devices=gpus_,  # FLUID's GPUs, not best fit
+                             label=f"trial {tid}"):  # names the lease on the pool's occupancy chart
+                fut = train_chunk.submit(*args, fail=fail)
         inflight[fut], pinned[fut] = tid, gpus_
 
     def apply(step: Step) -> None:
@@ -217,7 +224,7 @@ def _search(algorithm: str, trials: int, iterations: int, seed: int, space: dict
                                   "h1_s": session.trial(tid).h1,
                                   "slice_s": sum(ch["slice_s"] for ch in placements.get(tid, []))}
                             for tid in scores},
-            "trials": len(scores), "failures": failures, "errors": errors,
+            "trials": len(scores), "failures": failures, "errors": errors, "escher": escher and escher.report(),
             "best_trial": best.trial_id, "best_config": best.config, "best_val_accuracy": 1.0 - best.score,
             "iterations_trained": total_iters, "scores": scores, "widths": widths_seen, "placements": placements,
             "mlflow_run_id": parent,
@@ -236,9 +243,11 @@ def runner_settings(parameters: dict) -> dict:
 
     Process mode keeps as many workers per device set as FLUID may pack trials on a device
     (``trials_per_device``): with ``c = 3`` three trials sharing a device run at once, none waits for a worker.
+    ESCHER placement runs that many on device i of every node, and nodes share device numbers: one set per node.
     """
     out = settings(parameters, experiment="gpuflows-fluid")
-    out["workers_per_device_set"] = trials_per_device(parameters.get("c"), device_model(out["pool"]))
+    out["workers_per_device_set"] = trials_per_device(parameters.get("c"), device_model(out["pool"])) * (
+        out["pool"].nodes if parameters.get("placement") == "escher" else 1)
     return out
 
 
@@ -248,7 +257,7 @@ def trial_groups(algorithm: str = "grid", trials: int = 4, iterations: int = 4, 
                  generations: int = 2, c: int | None = None, d: int | None = None, alpha: float | None = None,
                  chunk: int = 2, mode: str = "process", packing_iterations: int = 300,
                  tracking: MlflowTarget | bool | str | None = None, fail_trial: str | None = None,
-                 model_name: str | None = None, progress: bool = True) -> dict:
+                 model_name: str | None = None, progress: bool = True, placement: str = "pool") -> dict:
     """Tune a torch MLP on ``load_digits`` (lr, hidden size, batch size) with FLUID-placed TrialGroups.
 
     Args:
@@ -276,10 +285,13 @@ def trial_groups(algorithm: str = "grid", trials: int = 4, iterations: int = 4, 
         fail_trial: fault injection - this trial id's training raises (e.g. "c0001@0") in its second chunk (its
             first if it has only one), after it held a slice beside the others.
         model_name: registered model name (default ``trial-groups-<algorithm>``).
+        placement: "pool" (each chunk pinned to the GPUs FLUID chose) or "escher" (a pool of several nodes:
+            each chunk a gang of data-parallel workers on nodes an ESCHER library chose, migrating between
+            chunks as EscherTune does; ``tasks.fluid_escher``).
     """
     prepare(pool, tracking, algorithm=algorithm, trials=trials, iterations=iterations, seed=seed, space=space,
             min_iterations=min_iterations, generations=generations, execution=execution, c=c, d=d, alpha=alpha,
-            chunk=chunk, mode=mode, packing_iterations=packing_iterations, fail_trial=fail_trial)
+            chunk=chunk, mode=mode, packing_iterations=packing_iterations, fail_trial=fail_trial, placement=placement)
     runner = flow_runner()  # the pool and target resolved from these parameters (or the runner given)
     block = runner.pool if runner else pool_block(pool)
     target = runner.tracking if runner else tracking_target(tracking)
@@ -290,11 +302,12 @@ def trial_groups(algorithm: str = "grid", trials: int = 4, iterations: int = 4, 
         "algorithm": algorithm, "execution": execution, "trials": trials, "iterations": iterations, "seed": seed,
         "pool": block.name, "pool_gpus": len(node.devices), "c": "derived" if c is None else c,
         "d": "derived" if d is None else d,
-        "alpha": "derived" if alpha is None else alpha, "chunk": chunk, "mode": mode})
-    summary = _search(algorithm, trials, iterations, seed, space, min_iterations, generations, execution,
-                      [dev.index for dev in node.devices], device, c, d, None if alpha is None else float(alpha),
-                      packing_iterations, chunk, fail_trial, target.resolved_uri(),
-                      model_name or f"trial-groups-{algorithm}", progress, parent)
+        "alpha": "derived" if alpha is None else alpha, "chunk": chunk, "mode": mode, "placement": placement})
+    with escher_trials(placement, runner) as escher:
+        summary = _search(algorithm, trials, iterations, seed, space, min_iterations, generations, execution,
+                          [dev.index for dev in node.devices], device, c, d, None if alpha is None else float(alpha),
+                          packing_iterations, chunk, fail_trial, target.resolved_uri(),
+                          model_name or f"trial-groups-{algorithm}", progress, parent, escher)
     log_flow_outcome({"best_val_accuracy": summary["best_val_accuracy"], "trials_run": summary["trials"],
                       "trials_failed": len(summary["failures"]), "iterations_trained": summary["iterations_trained"],
                       "makespan_s": summary["makespan_s"], "profiling_s": summary["profiling_s"]})
@@ -306,7 +319,7 @@ def trial_groups(algorithm: str = "grid", trials: int = 4, iterations: int = 4, 
 def prepare(pool: GpuPool | str | None, tracking: MlflowTarget | bool | None, *, algorithm: str, trials: int,
             iterations: int, seed: int, space: dict | None, min_iterations: int, generations: int, execution: str,
             c: int | None, d: int, alpha: float | None, chunk: int, mode: str, packing_iterations: int,
-            fail_trial: str | None, **_: Any) -> tuple[GpuPool, MlflowTarget, Node]:
+            fail_trial: str | None, placement: str = "pool", **_: Any) -> tuple[GpuPool, MlflowTarget, Node]:
     """The flow's pool, MLflow target and node, every parameter checked: the flow calls it for deployment runs,
     ``main`` before the flow, so a bad argument fails before a flow run starts (the others, ``_``, need none)."""
     make_algorithm(algorithm, trials, iterations, seed, space, min_iterations, generations)
@@ -324,10 +337,15 @@ def prepare(pool: GpuPool | str | None, tracking: MlflowTarget | bool | None, *,
     pattern, example = TRIAL_IDS[algorithm]
     if fail_trial is not None and not (isinstance(fail_trial, str) and re.fullmatch(pattern, fail_trial)):
         raise ConfigError("fail_trial", fail_trial, f"not a trial id of a {algorithm} search, e.g. {example}")
+    if placement not in PLACEMENTS:
+        raise ConfigError("placement", placement, f"choose one of {PLACEMENTS}")
     block, target = pool_block(pool), tracking_target(tracking)
     node = discover(block.simulated, block.device_backend).nodes[0]
     if not node.devices:
         raise ConfigError("pool", block.name, "has no GPUs (simulated or NVML) to run trials on")
+    if placement == "escher" and block.nodes < 2:
+        raise ConfigError("placement", placement, f"places trials across nodes; pool {block.name!r} has 1 node "
+                                                  "(give it nodes >= 2)")
     return block, target, node
 
 
@@ -350,6 +368,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="packing overhead (Eq. 3.2; default: the curve's alpha, or 1.5 with --c)")
     parser.add_argument("--packing-iterations", type=int, default=300,
                         help="iterations per trainer of the start-up packing measurement (default 300)")
+    parser.add_argument("--placement", default="pool",
+                        help=f"one of {PLACEMENTS}: FLUID's GPUs on one node, or ESCHER gangs across nodes "
+                             "(needs --nodes >= 2; default pool)")
+    parser.add_argument("--nodes", type=int, default=None,
+                        help="simulated nodes of the pool (default: the pool's own, 1 for the simulated default)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--fail-trial", default=None, help="inject a failure in this trial id (e.g. c0001@0)")
     parser.add_argument("--no-tracking", action="store_true", help="switch MLflow tracking off")
@@ -359,8 +382,10 @@ def main(argv: list[str] | None = None) -> int:
                             min_iterations=args.min_iterations, execution=args.execution, pool=args.pool,
                             mode=args.mode, chunk=args.chunk, c=args.c, d=args.d, alpha=args.alpha,
                             packing_iterations=args.packing_iterations, seed=args.seed, fail_trial=args.fail_trial,
-                            tracking=False if args.no_tracking else None)
+                            placement=args.placement, tracking=False if args.no_tracking else None)
     try:
+        if args.nodes is not None:
+            kwargs["pool"] = nodes_pool(args.pool, args.nodes)
         kwargs["pool"], kwargs["tracking"], _ = prepare(**kwargs)  # every argument checked before the run starts
         summary = trial_groups(**kwargs)
     except GpuflowsError as exc:

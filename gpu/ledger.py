@@ -494,6 +494,8 @@ class PoolLedger(LedgerClient):
             self._reclaim(db, force=True)
             if db.execute("SELECT COUNT(*) FROM leases").fetchone()[0]:
                 raise ConfigError("pool", self.path, "is in use by leases on a different device set; release them first")
+            names = [n.name for n in self.spec.nodes]  # a node that left takes its ephemeral resources (ESCHER §4.3)
+            db.execute(f"DELETE FROM resources WHERE node NOT IN ({','.join('?' * len(names))})", names)
         db.execute("INSERT OR REPLACE INTO meta VALUES ('spec', ?)", (wanted,))
 
     def _start_threads(self) -> None:

@@ -17,7 +17,9 @@ from resource_blocks._defaults import load_or_default
 class SchedulerPolicy(Block):
     """A named policy of one system plus its parameters, e.g. ``system='ekya', policy='thief',
     params={'delta': 0.1}``. The placement policy of the task runner is ``system='pool'``
-    (``fifo`` or ``fifo-backfill``)."""
+    (``fifo`` or ``fifo-backfill``); a flow reads the other systems' blocks itself, e.g.
+    ``system='escher', policy='locality', params={'shards': 4}`` runs the ESCHER flow's WordCount alone
+    (``flows.escher_policies.choose``)."""
 
     _block_type_name = "gpuflows scheduler policy"
     _description = "Which scheduler policy a gpuflows flow uses, with its parameters."

@@ -39,9 +39,11 @@ DPI = 100
 WIDTH_IN = 11.0           # 1100 px at DPI: the artifact pane of the Prefect UI at a 1600 px window
 MAX_INLINE_BYTES = 400_000  # larger PNGs are not embedded in the Prefect artifact (MLflow still gets them)
 _END_KINDS = ("release", "reclaim")
+OCCUPANCY = "pool-occupancy"  # the occupancy chart's artifact key and file name, one for every pool and policy
 
 
-def _plt():
+def pyplot():
+    """``matplotlib.pyplot`` on the Agg backend: charts are drawn to files, on machines without a display."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -130,7 +132,7 @@ def occupancy_figure(events: Iterable[Mapping[str, Any]], spec: Any = None, *, n
                      pool: str = "", since_t: float | None = None, until_t: float | None = None,
                      highlight: str | None = None):
     """The occupancy chart as a matplotlib Figure (see :func:`occupancy_png`); the caller closes it."""
-    plt = _plt()
+    plt = pyplot()
     from matplotlib.patches import Patch
 
     until_t = time.time() if until_t is None else until_t
@@ -198,15 +200,17 @@ def occupancy_figure(events: Iterable[Mapping[str, Any]], spec: Any = None, *, n
 def occupancy_png(events: Iterable[Mapping[str, Any]], spec: Any, path: str | Path | None = None, **kwargs) -> Path:
     """Write the pool's occupancy chart (``occupancy_figure``'s keyword arguments: names, pool, since_t,
     until_t, highlight) to ``path`` (default: a temporary file); returns the path."""
-    return _save(occupancy_figure(events, spec, **kwargs), path, "occupancy.png")
+    return save_png(occupancy_figure(events, spec, **kwargs), path, "occupancy.png")
 
 
-def _save(fig, path: str | Path | None, default_name: str) -> Path:
-    plt = _plt()
+def save_png(fig, path: str | Path | None, default_name: str = "chart.png", dpi: int = DPI) -> Path:
+    """Write ``fig`` as a PNG to ``path`` (its folder made; default: ``default_name`` in a new temporary folder)
+    and close it, so a flow or benchmark drawing many charts does not keep them all in memory."""
+    plt = pyplot()
     path = Path(path) if path else Path(tempfile.mkdtemp(prefix="gpuflows-chart-")) / default_name
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        fig.savefig(path, dpi=DPI)
+        fig.savefig(path, dpi=dpi)
     finally:
         plt.close(fig)
     return path
@@ -217,7 +221,7 @@ def ekya_split_figure(windows: Sequence[Mapping[str, Any]], title: str = ""):
     """``windows``: ``{"window", "split": {"<stream>/infer" | "<stream>/train": GPUs}, "accuracy": {stream: measured},
     "predicted": {stream: expected}}`` per window. Left: stacked GPUs per window (solid inference, hatched
     retraining, a colour per stream); right: measured (solid) and predicted (dashed) accuracy per stream."""
-    plt = _plt()
+    plt = pyplot()
     from matplotlib.patches import Patch
 
     streams = sorted({s for w in windows for s in w["accuracy"]})
@@ -256,14 +260,14 @@ def ekya_split_figure(windows: Sequence[Mapping[str, Any]], title: str = ""):
 
 def ekya_split_png(windows: Sequence[Mapping[str, Any]], path: str | Path | None = None, title: str = "") -> Path:
     """Write :func:`ekya_split_figure` to ``path`` (default: a temporary file)."""
-    return _save(ekya_split_figure(windows, title), path, "ekya-split.png")
+    return save_png(ekya_split_figure(windows, title), path, "ekya-split.png")
 
 
 # -- Cilantro ----------------------------------------------------------------------------------------------
 def cilantro_rounds_figure(rows: Sequence[Mapping[str, Any]], title: str = ""):
     """``rows``: ``{"round", "allocation": {job: GPUs}, "utilities": {job: u}, "failed": [job]}`` per round. Left:
     each job's allocation per round (stacked); right: each job's utility per round (failed rounds marked x)."""
-    plt = _plt()
+    plt = pyplot()
 
     jobs = list(dict.fromkeys(j for r in rows for j in r.get("allocation", {})))
     colour = {j: f"C{i % 10}" for i, j in enumerate(jobs)}
@@ -296,7 +300,7 @@ def cilantro_rounds_figure(rows: Sequence[Mapping[str, Any]], title: str = ""):
 
 def cilantro_rounds_png(rows: Sequence[Mapping[str, Any]], path: str | Path | None = None, title: str = "") -> Path:
     """Write :func:`cilantro_rounds_figure` to ``path`` (default: a temporary file)."""
-    return _save(cilantro_rounds_figure(rows, title), path, "cilantro-rounds.png")
+    return save_png(cilantro_rounds_figure(rows, title), path, "cilantro-rounds.png")
 
 
 # -- Salus -------------------------------------------------------------------------------------------------
@@ -305,7 +309,7 @@ def salus_lanes_figure(jobs: Sequence[Mapping[str, Any]], title: str = ""):
     ``span_lanes``, each iteration's lane when a job changed lanes). One row per job (first
     arrival on top): a grey line from its arrival to its first iteration (queuing), then a bar per iteration,
     coloured by the lane it ran in — bars of one colour never overlap (one iteration at a time per lane)."""
-    plt = _plt()
+    plt = pyplot()
     from matplotlib.patches import Patch
 
     per_span = [j.get("span_lanes") or [j["lane"]] * len(j["spans"]) for j in jobs]
@@ -333,7 +337,7 @@ def salus_lanes_figure(jobs: Sequence[Mapping[str, Any]], title: str = ""):
 
 def salus_lanes_png(jobs: Sequence[Mapping[str, Any]], path: str | Path | None = None, title: str = "") -> Path:
     """Write :func:`salus_lanes_figure` to ``path`` (default: a temporary file)."""
-    return _save(salus_lanes_figure(jobs, title), path, "salus-lanes.png")
+    return save_png(salus_lanes_figure(jobs, title), path, "salus-lanes.png")
 
 
 # -- publishing ----------------------------------------------------------------------------------------------
@@ -439,8 +443,9 @@ def mlflow_holder_names(holders: Iterable[str], leases: list[dict[str, Any]], tr
 
 def publish_pool_occupancy(runner: Any = None, since_t: float | None = None) -> Path | None:
     """At a flow's end: the occupancy chart of the runner's pool since ``since_t`` (default: the flow run's
-    start), as artifact ``pool-occupancy-<pool>`` and ``charts/pool-occupancy-<pool>.png`` of the flow's MLflow
-    run. ``runner``: the flow's GPU task runner (default: the current flow run's). Returns the PNG (None
+    start), as artifact ``pool-occupancy`` and ``charts/pool-occupancy.png`` of the flow's MLflow run: the
+    same name in every run whatever its pool or policy (the pool is in the chart's title), so MLflow's
+    Compare view puts two runs' charts side by side. ``runner``: the flow's GPU task runner (default: the current flow run's). Returns the PNG (None
     without a GPU task runner or when the chart could not be drawn; failures are logged, never raised)."""
     try:
         from prefect.context import FlowRunContext
@@ -464,7 +469,6 @@ def publish_pool_occupancy(runner: Any = None, since_t: float | None = None) -> 
         until = time.time()
         holders = {e.get("holder") or "" for e in events}
         spec = getattr(ledger, "spec", None) or getattr(ledger, "capacity", None)
-        key = "pool-occupancy-" + "".join(c if c.isalnum() else "-" for c in pool.lower())
         names = holder_names(holders)
         unnamed = holders - set(names)
         if unnamed and runner.tracking.enabled:
@@ -473,14 +477,14 @@ def publish_pool_occupancy(runner: Any = None, since_t: float | None = None) -> 
                                                  runner.tracking.resolved_uri()))
             except Exception as exc:  # noqa: BLE001 - a pid then
                 log.debug("holders not named from MLflow: %r", exc)
-        path = occupancy_png(events, spec, Path(tempfile.mkdtemp(prefix="gpuflows-chart-")) / f"{key}.png",
+        path = occupancy_png(events, spec, Path(tempfile.mkdtemp(prefix="gpuflows-chart-")) / f"{OCCUPANCY}.png",
                              names=names, pool=pool, since_t=since_t, until_t=until, highlight=own)
         run_id = None
         if runner.tracking.enabled:
             from tasks.runners import flow_mlflow_run_id
 
             run_id = flow_mlflow_run_id()
-        publish_chart(path, key, f"Pool {pool}: occupancy during this flow run",
+        publish_chart(path, OCCUPANCY, f"Pool {pool}: occupancy during this flow run",
                       "One lane per device; each bar a lease (label: task or stream), its height the share of the "
                       "device, its colour the flow run that held it — other flows' leases on this pool included.",
                       run_id, runner.tracking.resolved_uri() if run_id else None)

@@ -25,8 +25,9 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from gpu.state import state_dir
+from tasks.charts import pyplot, save_png
 from tasks.ekya_window import RunSettings, StreamRuntime, WindowResult
-from tasks.tracking import holder_tags, open_client
+from tasks.tracking import holder_tags, open_client, register_model_version
 
 CHAMPION = "champion"  # alias of the registered version each stream serves (``models:/<prefix>-<stream>@champion``)
 
@@ -124,9 +125,9 @@ class WindowLogger:
                 model = small_net(self.run.settings)
                 model.load_state_dict(job.result.state)
                 name = f"{self.run.registry_prefix}-{job.stream}"
-                info = mlflow.pytorch.log_model(model.eval(), name=job.stream, registered_model_name=name,
-                                                serialization_format="pickle", pip_requirements=["torch==2.13.0"])
-                version = str(info.registered_model_version)
+                info = mlflow.pytorch.log_model(model.eval(), name=job.stream, serialization_format="pickle",
+                                                pip_requirements=["torch==2.13.0"])
+                version = register_model_version(self.client, name, info, run_id)
                 tags = {"window": str(result.window), "config": job.config.name, "policy": self.run.policy,
                         "deployed": str(deployed[job.stream] == f"w{result.window}-{job.config.name}").lower(),
                         "val_accuracy": f"{job.result.val_accuracy:.4f}"}
@@ -137,12 +138,7 @@ class WindowLogger:
 
     def log_plot(self, results: list[WindowResult]) -> str:
         """Accuracy over (slice) time per stream as a PNG in the state folder, logged to the flow's run."""
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(9, 4))
+        fig, ax = pyplot().subplots(figsize=(9, 4))
         names = sorted({n for r in results for n, *_ in r.segments})
         for k, name in enumerate(names):
             xs, ys = [], []
@@ -163,10 +159,8 @@ class WindowLogger:
         ax.legend(loc="lower left", ncol=len(names), fontsize=8)
         # one folder per run, one artifact name for every run: MLflow's Compare view shows policies side by side
         out = state_dir() / "ekya" / "plots" / f"{self.run.policy}-{self.parent_run_id or 'untracked'}" / "accuracy.png"
-        out.parent.mkdir(parents=True, exist_ok=True)
         fig.tight_layout()
-        fig.savefig(out, dpi=110)
-        plt.close(fig)
+        save_png(fig, out, dpi=110)
         if self.client is not None:
             self.client.log_artifact(self.parent_run_id, str(out))
         return str(out)

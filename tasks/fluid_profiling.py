@@ -188,8 +188,12 @@ def trials_per_device(c: Any, device: str) -> int:
 
 
 def calibrate(execution: str, gpus: list[int], device: str, c: int | None, d: int | None, alpha: float | None,
-              packing_iterations: int, seed: int = 0) -> Calibration:
+              packing_iterations: int, seed: int = 0,
+              scaling_times: Callable[[list[int]], list[float]] | None = None) -> Calibration:
     """FLUID's ``c``, ``alpha`` (Eq. 3.1 packing curve) and ``beta``, ``d`` (Eq. 3.2 scaling), measured where not given.
+
+    ``scaling_times`` measures seconds per iteration at each width where a wide trial is not one task on pinned
+    devices (ESCHER placement: gangs of data-parallel workers, ``tasks.fluid_escher``).
 
     FIFO runs one trial per whole GPU: nothing to pack or spread, nothing measured (``c = d = 1``).
     """
@@ -204,12 +208,16 @@ def calibrate(execution: str, gpus: list[int], device: str, c: int | None, d: in
     scaling, beta, d_source = None, 1.0, "given" if d is not None else "one GPU in the pool"
     if len(gpus) >= 2:
         widths = list(range(1, min(len(gpus), SCALING_MAX_WIDTH) + 1))
-        with gpu_options(gpus=float(widths[-1]), devices=tuple(gpus[: widths[-1]]), label="scaling profile"):
-            measured = profile_scaling.submit(widths, seed=seed).result()
-        scaling = fit_scaling(measured["widths"], measured["iter_s"])
+        if scaling_times is not None:
+            iter_s, where = scaling_times(widths), "as gangs of data-parallel workers"
+        else:
+            with gpu_options(gpus=float(widths[-1]), devices=tuple(gpus[: widths[-1]]), label="scaling profile"):
+                iter_s = profile_scaling.submit(widths, seed=seed).result()["iter_s"]
+            where = f"on devices {gpus[:widths[-1]]}"
+        scaling = fit_scaling(widths, iter_s)
         beta = scaling.beta
         if d is None:
             d = max_parallelism(beta, len(gpus), min_gain=SCALING_MIN_GAIN)
-            d_source = f"measured at start: beta {beta:.3g} over widths {widths} on devices {gpus[:widths[-1]]}"
+            d_source = f"measured at start: beta {beta:.3g} over widths {widths} {where}"
     return Calibration(c, d or 1, DEFAULT_ALPHA if alpha is None else alpha, beta, c_source, d_source, curve, scaling,
                        time.monotonic() - t0)

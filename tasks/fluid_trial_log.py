@@ -13,6 +13,7 @@ import logging
 from typing import Any, Callable
 
 from tasks.fluid_profiling import Calibration
+from tasks.tracking import register_model_version
 
 log = logging.getLogger(__name__)
 
@@ -87,10 +88,11 @@ class TrialLog:
 
         mlflow.set_tracking_uri(self.tracking_uri)
         with mlflow.start_run(run_id=self.runs[trial_id]):
-            info = mlflow.pytorch.log_model(model, name="model", registered_model_name=name,
-                                            serialization_format="pickle", pip_requirements=["torch==2.13.0"])
+            info = mlflow.pytorch.log_model(model, name="model", serialization_format="pickle",
+                                            pip_requirements=["torch==2.13.0"])
+        version = register_model_version(self.client, name, info, self.runs[trial_id])
         self.client.set_terminated(self.runs[trial_id], "FINISHED")
-        return str(info.registered_model_version)
+        return version
 
     @_kept_going
     def search(self, cal: Calibration) -> None:

@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any
+import time
+from typing import Any, Sequence
 
 from gpu.devices import Device, Node, PoolSpec, nvml_devices, parse_simulated
-from gpu.ledger import LedgerClient, Lease, PoolLedger
+from gpu.ledger import LedgerClient, Lease, PoolLedger, _raise_if_done
 from gpu.liveness import Owner
 from gpu.placement import NodeState, ResourceRequest
 from tasks.requests import PLACEMENT_ENV, TaskPlacement
@@ -24,6 +25,10 @@ from tasks.runners import PlacingTaskRunner, api_url_env
 
 NAMESPACE = "gpuflows"
 RAY_POOL = "ray:"  # a pool_id of the form ray:<ledger actor name>
+WAITERS = "waiters"  # the ledger actor's concurrency group for requests waiting to be granted
+WAITER_THREADS = 128
+WAIT_CHUNK_S = 1.0  # a waiter's call returns at least this often (its deadline and cancel are the driver's)
+CANCEL_POLL_S = 0.05
 log = logging.getLogger("gpuflows.ray")
 
 
@@ -55,9 +60,8 @@ def cluster_spec(simulated: str) -> PoolSpec:
 
 class RayLedger(LedgerClient):
     """Client of the pool's ledger actor; its heartbeat keeps this driver's leases alive and notices
-    the ones the actor took away (a driver on another host that stopped heartbeating)."""
-
-    poll_interval = 0.1
+    the ones the actor took away (a driver on another host that stopped heartbeating). A waiting
+    request sleeps in the actor (``await_grant``) and is woken by the grant itself, not by polling."""
 
     def __init__(self, actor: Any, lease_ttl: float):
         import ray
@@ -97,6 +101,38 @@ class RayLedger(LedgerClient):
     def submit_and_try(self, request: ResourceRequest, priority: float = 0.0) -> tuple[int, Lease | None]:
         ticket, placement = self._ray.get(self._actor.submit_and_try.remote(request, priority, self.owner))
         return ticket, self._hold(placement)
+
+    def allocate(self, request: ResourceRequest, timeout: float | None = None,
+                 cancel_event: threading.Event | None = None, priority: float = 0.0) -> Lease:
+        """``LedgerClient.allocate``, waiting inside the actor: each call sleeps there until a grant
+        (``WAIT_CHUNK_S`` at most, so deadlines and ``cancel_event`` stay the driver's)."""
+        ticket, placement = self.submit_and_try(request, priority)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            while placement is None:
+                _raise_if_done(request, timeout, deadline, cancel_event)
+                chunk = WAIT_CHUNK_S if deadline is None else max(0.0, min(WAIT_CHUNK_S, deadline - time.monotonic()))
+                ref = self._actor.await_grant.options(concurrency_group=WAITERS).remote(ticket, self.owner, chunk)
+                ready: list = []
+                while not ready and not (cancel_event is not None and cancel_event.is_set()):
+                    ready, _ = self._ray.wait([ref], timeout=CANCEL_POLL_S if cancel_event is not None else None)
+                if ready:
+                    outcome = self._ray.get(ref)
+                    if isinstance(outcome, BaseException):
+                        raise outcome
+                    placement = self._hold(outcome)
+            return placement
+        except BaseException:
+            self.cancel(ticket)
+            raise
+
+    def grant_all(self, requests: Sequence[ResourceRequest]) -> list[Lease] | None:
+        """All of ``requests`` in one actor transaction, or none (ESCHER's FrameSpace gang, §4.4e)."""
+        placements = self._ray.get(self._actor.grant_all.remote(list(requests), self.owner))
+        return None if placements is None else [self._hold(p) for p in placements]
+
+    def waiting(self) -> int:
+        return self._ray.get(self._actor.waiting.remote())
 
     def cancel(self, ticket: int) -> None:
         self._ray.get(self._actor.cancel.remote(ticket))
@@ -143,12 +179,42 @@ def attach(pool_id: str, lease_ttl: float = 30.0) -> RayLedger:
 
 
 class _LedgerActor(PoolLedger):
-    """PoolLedger in memory inside an actor; owners are remote drivers, kept alive by heartbeat."""
+    """PoolLedger in memory inside an actor; owners are remote drivers, kept alive by heartbeat.
+
+    Ledger calls run one at a time (the default concurrency group); ``await_grant`` calls sleep in
+    the ``WAITERS`` group and every committed grant wakes them, so a waiting driver learns of its grant
+    at once instead of on its next poll."""
 
     def __init__(self, spec: PoolSpec, policy, lease_ttl: float, name: str = ""):
         super().__init__(spec, None, policy=policy, lease_ttl=lease_ttl, heartbeat=False)
         if name:
             self.pool_id = f"{RAY_POOL}{name}"  # what a task's placement carries to reach this actor
+        self._changed = threading.Condition()
+        self._grant_rounds = 0
+
+    def _ring(self, owner_keys: set[str]) -> None:
+        super()._ring(owner_keys)
+        with self._changed:
+            self._grant_rounds += 1
+            self._changed.notify_all()
+
+    def await_grant(self, ticket: int, owner: Owner, timeout: float) -> Lease | BaseException | None:
+        """The lease of ``ticket`` once granted, waiting at most ``timeout`` s (then None); the error
+        (returned, not raised: the driver may have stopped listening) if the ticket left the queue.
+        It looks again every ``reclaim_interval`` too, which frees what dead drivers hold."""
+        deadline = time.monotonic() + timeout
+        while True:
+            with self._changed:
+                seen = self._grant_rounds
+            try:
+                placement = self.try_grant(ticket, owner)
+            except KeyError as exc:
+                return exc
+            left = deadline - time.monotonic()
+            if placement is not None or left <= 0:
+                return placement
+            with self._changed:
+                self._changed.wait_for(lambda: self._grant_rounds != seen, min(left, self.reclaim_interval))
 
     def get_capacity(self) -> list[NodeState]:
         return self.capacity
@@ -157,10 +223,26 @@ class _LedgerActor(PoolLedger):
         return self._loss_reason(lease_id)
 
 
-def _run_placed_task(task, task_run_id, parameters, wait_for, dependencies, context, env):
-    """Runs on the Ray worker: hydrate Prefect's context and run the task through its engine."""
+def ledger_actor(spec: PoolSpec, policy, lease_ttl: float, name: str, detached: bool = False) -> Any:
+    """The pool's ledger actor ``name`` (created, or the one that exists), with its waiters' thread group."""
+    import ray
+
+    cls = ray.remote(num_cpus=0, max_concurrency=1, concurrency_groups={WAITERS: WAITER_THREADS})(_LedgerActor)
+    return cls.options(name=name, namespace=NAMESPACE, get_if_exists=True,
+                       lifetime="detached" if detached else None).remote(spec, policy, lease_ttl, name)
+
+
+def _run_placed_task(task, task_run_id, parameters, wait_for, dependencies, context, env, node=""):
+    """Runs on the Ray worker: hydrate Prefect's context and run the task through its engine, only on
+    ``node`` (the placement's): a task that reached another node crashes without running, as it would
+    use slices the ledger granted elsewhere."""
+    import ray
+    from prefect.states import Crashed
     from prefect.task_runners import _run_task_in_subprocess
 
+    here = ray.get_runtime_context().get_node_id()
+    if node and here != node:
+        return Crashed(message=f"task {task.name!r} reached Ray node {here}, not its placement's node {node}: not run")
     return _run_task_in_subprocess(task=task, task_run_id=task_run_id, parameters=parameters, wait_for=wait_for,
                                    return_type="state", dependencies=dependencies, context=context, env=env)
 
@@ -187,7 +269,8 @@ class GpuRayTaskRunner(PlacingTaskRunner):
 
     def __enter__(self):
         super().__enter__()
-        self._connect()  # Ray is up for the flow body, as with prefect_ray's RayTaskRunner
+        if self._resolved:  # Ray is up for the flow body, as with prefect_ray's RayTaskRunner; with configure=
+            self._connect()  # the run's pool (its ray_address) is known on first use, which connects then
         return self
 
     def _connect(self) -> str | None:
@@ -215,12 +298,8 @@ class GpuRayTaskRunner(PlacingTaskRunner):
         import ray
 
         address = self._connect()
-        spec = cluster_spec(self.pool.simulated)
-        actor_cls = ray.remote(num_cpus=0, max_concurrency=1)(_LedgerActor)
-        name = f"gpuflows-ledger-{self.pool.name}"
-        actor = actor_cls.options(name=name, namespace=NAMESPACE,
-                                  get_if_exists=True, lifetime="detached" if address else None).remote(
-            spec, self.policy.placement_policy(), self.pool.lease_ttl_s, name)
+        actor = ledger_actor(cluster_spec(self.pool.simulated), self.policy.placement_policy(), self.pool.lease_ttl_s,
+                             f"gpuflows-ledger-{self.pool.name}", detached=bool(address))
         self._remote = ray.remote(_run_placed_task)
         return RayLedger(actor, self.pool.lease_ttl_s)
 
@@ -247,7 +326,7 @@ class GpuRayTaskRunner(PlacingTaskRunner):
         env = settings_env | api_url_env() | {PLACEMENT_ENV: tp.to_env()}
         ref = self._remote.options(**options).remote(
             task, task_run_id, resolve_inputs_sync(parameters, return_data=True, max_depth=-1),
-            [f.state for f in wait_for or []], dependencies, context, env)
+            [f.state for f in wait_for or []], dependencies, context, env, placement.node)
         try:
             while True:
                 ready, _ = ray.wait([ref], timeout=0.5)

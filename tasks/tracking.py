@@ -18,7 +18,6 @@ import logging
 import os
 import queue
 import sqlite3
-import tempfile
 import threading
 import time
 from contextlib import contextmanager
@@ -29,6 +28,7 @@ from typing import Any, Iterator
 
 from gpu.liveness import HOST, process_alive, process_start
 from gpu.state import state_dir
+from tasks.charts import pyplot, save_png
 
 log = logging.getLogger("gpuflows.tracking")
 
@@ -132,6 +132,30 @@ def ensure_experiment(client: Any, name: str) -> str:
         return client.create_experiment(name, artifact_location=location)
     except Exception:  # created concurrently by another process
         return client.get_experiment_by_name(name).experiment_id
+
+
+def register_model_version(client: Any, name: str, model: Any, run_id: str) -> str:
+    """A new version of registered model ``name`` from ``model`` (the ``ModelInfo`` that ``log_model`` returned
+    in run ``run_id``); returns the version.
+
+    The name is created on its first version only: MLflow's own ``registered_model_name=`` route tries to
+    create it on every call and prints "Registered model ... already exists" each time after the first. Only
+    the existing-name error is expected; any other reaches the caller.
+    """
+    from mlflow.exceptions import MlflowException
+    from mlflow.protos.databricks_pb2 import ALREADY_EXISTS, RESOURCE_ALREADY_EXISTS, ErrorCode
+    from mlflow.utils.mlflow_tags import MLFLOW_MODEL_VERSIONS
+
+    try:
+        client.create_registered_model(name)
+    except MlflowException as exc:
+        if exc.error_code not in (ErrorCode.Name(RESOURCE_ALREADY_EXISTS), ErrorCode.Name(ALREADY_EXISTS)):
+            raise
+    version = client.create_model_version(name, model.model_uri, run_id=run_id, model_id=model.model_id)
+    # the logged model's link to its version, as MLflow's registration writes it (the UI's "Registered versions")
+    client.set_logged_model_tags(model.model_id, {MLFLOW_MODEL_VERSIONS: json.dumps(
+        [{"name": name, "version": version.version}])})
+    return str(version.version)
 
 
 def mark_dead_runs_killed(client: Any) -> list[str]:
@@ -501,10 +525,7 @@ def flow_tracker() -> RunTracker | None:
 def timeline_png(rows: list[dict], path: Path | None = None) -> Path | None:
     """A Gantt chart of placements: one lane per device, one bar per task (fraction as height)."""
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plt = pyplot()
     except ImportError:
         return None
     placed = [r for r in rows if r.get("placed_at") and r.get("finished_at") and r.get("devices")]
@@ -527,7 +548,4 @@ def timeline_png(rows: list[dict], path: Path | None = None) -> Path | None:
     ax.set_xlabel("seconds since first submission")
     ax.set_title("GPU slices held by tasks")
     fig.tight_layout()
-    path = path or Path(tempfile.mkdtemp(prefix="gpuflows-")) / "timeline.png"
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    return save_png(fig, path, "timeline.png")

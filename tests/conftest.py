@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -52,6 +53,39 @@ def state_dir(tmp_path, monkeypatch) -> Path:
     """A fresh state folder (pool ledgers, MLflow database) for one test."""
     monkeypatch.setenv("GPUFLOWS_STATE_DIR", str(tmp_path / "state"))
     return tmp_path / "state"
+
+
+@pytest.fixture(scope="session")
+def state_folder(tmp_path_factory):
+    """``with state_folder("ekya"):`` runs the block on a fresh state folder (pool ledgers, the default MLflow
+    store): what ``state_dir`` does for one test, for a module-scoped fixture whose flow runs several tests
+    read back (a function-scoped ``monkeypatch`` cannot serve it)."""
+
+    @contextmanager
+    def folder(name: str):
+        path = tmp_path_factory.mktemp(name)
+        with pytest.MonkeyPatch.context() as env:
+            env.setenv("GPUFLOWS_STATE_DIR", str(path))
+            yield path
+
+    return folder
+
+
+@pytest.fixture(scope="session")
+def sim_pool():
+    """``sim_pool("name")``: a pool block on simulated devices (default two 16 GiB GPUs), nothing saved."""
+    from resource_blocks import GpuPool
+
+    def pool(name: str, spec: str = "2x16GiB") -> GpuPool:
+        return GpuPool(name=name, device_backend="simulated", simulated=spec)
+
+    return pool
+
+
+@pytest.fixture(scope="session")
+def tiny_ekya() -> dict:
+    """The Ekya flow's smallest run that still retrains: 2 streams, 2 windows, workers as threads."""
+    return dict(streams=2, windows=2, frames=300, labelled=200, mode="thread")
 
 
 

@@ -166,13 +166,14 @@ def test_a_flow_run_publishes_its_pool_occupancy_to_prefect_and_mlflow(state_dir
     assert png is not None and png.stat().st_size < 200_000
     with get_client(sync_client=True) as client:
         found = client.read_artifacts(artifact_filter=ArtifactFilter(
-            key=ArtifactFilterKey(any_=["pool-occupancy-charts-occ", "progress-occupied"])))
+            key=ArtifactFilterKey(any_=["pool-occupancy", "progress-occupied"])))
     by_key = {a.key: a for a in found if a.flow_run_id == flow_run_id}
-    assert by_key["pool-occupancy-charts-occ"].type == "markdown"
-    assert "](data:image/png;base64," in by_key["pool-occupancy-charts-occ"].data
+    assert by_key["pool-occupancy"].type == "markdown"  # one name for every pool: MLflow compares runs' charts
+    assert "### Pool charts-occ: occupancy" in by_key["pool-occupancy"].data  # the pool is in the title
+    assert "](data:image/png;base64," in by_key["pool-occupancy"].data
     run = MlflowClient(target.resolved_uri()).get_run(parent)  # the line under the chart links the MLflow run
     assert (f"/#/experiments/{run.info.experiment_id}/runs/{parent}/artifacts?workflowType=machine_learning)"
-            in by_key["pool-occupancy-charts-occ"].data)
+            in by_key["pool-occupancy"].data)
     assert by_key["progress-occupied"].type == "progress" and float(by_key["progress-occupied"].data) == 100.0
     client = MlflowClient(target.resolved_uri())
-    assert "charts/pool-occupancy-charts-occ.png" in [a.path for a in client.list_artifacts(parent, "charts")]
+    assert "charts/pool-occupancy.png" in [a.path for a in client.list_artifacts(parent, "charts")]

@@ -17,10 +17,14 @@ from resource_blocks import GpuPool
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
 
-HEAVIER = 2  # svc-b's model is this many times wider: about that much more work per request
+# svc-b's model is this many times wider: 3-4x the measured work per request (0.8 -> 3.3 ms). The plain run
+# holds svc-b at 0.35 of the GPU, where its slice is about 40% busy; 3x the work makes it 120% busy or more
+# however fast the machine is at the moment, so the heavy run misses its SLO there. With 2x (about 100%
+# busy) a fast moment of the shared machine let the heavy svc-b meet its SLO in about one run of four.
+HEAVIER = 3
 ROUNDS = 12
-# Loads at which every job can meet its SLO on one simulated GPU even with svc-b's heavier model, so the
-# egalitarian policy has room to give svc-b what it needs; both runs use exactly these jobs.
+# Loads at which every job meets its SLO on one simulated GPU with svc-b's plain model; with the heavier one
+# the egalitarian policy can only give svc-b more of the GPU. Both runs use exactly these jobs.
 JOBS = [
     {"name": "svc-a", "kind": "service", "slo": 0.95, "base_load": 200.0, "trace_offset": 0, "hidden": 1024,
      "rows": 256},
@@ -47,6 +51,7 @@ def svc_b_estimate(run_name: str, alloc_grid: np.ndarray, load: float) -> np.nda
     return (lcb + ucb) / 2
 
 
+@pytest.mark.timeout(1200)  # 2 x 12 rounds of real torch work: 8-12 min under a load of 15-20 on 2 cores
 def test_a_service_with_heavier_real_work_learns_a_lower_curve_and_gets_more_gpu(state_dir, monkeypatch):
     pool = GpuPool(name="cil-heavy", device_backend="simulated", simulated="1x16GiB")
     plain = ar.allocation_rounds(run_name="plain", pool=pool, **KW)
@@ -56,7 +61,7 @@ def test_a_service_with_heavier_real_work_learns_a_lower_curve_and_gets_more_gpu
     def work(out):
         return np.median([r["work_ms"]["svc-b"] for r in out["rounds"]])
 
-    assert work(heavy) > 1.5 * work(plain)  # the wider model really costs more per request, as measured
+    assert work(heavy) > 2 * work(plain)  # the wider model really costs more per request, as measured
     grid = np.arange(0.0, 1.0001, 0.05)
     est = {name: svc_b_estimate(name, grid, load=180.0) for name in ("plain", "heavy")}
     held = int(round(plain["rounds"][-1]["allocation"]["svc-b"] / 0.05))  # what svc-b held in the plain run

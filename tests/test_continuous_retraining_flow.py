@@ -22,29 +22,20 @@ from tasks.streams import (conditions, inference_profile_points, make_streams, p
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
 
-TINY = dict(streams=2, windows=2, frames=300, labelled=200, mode="thread")
-
-
-def _pool(name: str) -> GpuPool:
-    return GpuPool(name=name, device_backend="simulated", simulated="2x16GiB")
-
-
 @pytest.fixture(scope="module")
-def module_state(tmp_path_factory):
+def module_state(state_folder):
     """One state folder for this module's flow runs, so the golden model is trained only once."""
-    state = tmp_path_factory.mktemp("ekya-state")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("GPUFLOWS_STATE_DIR", str(state))
+    with state_folder("ekya-state") as state:
         yield state
 
 
 @pytest.fixture(scope="module")
-def thief_run(module_state):
+def thief_run(module_state, sim_pool, tiny_ekya):
     """One tracked thief run shared by the read-back tests."""
     from flows.continuous_retraining import continuous_retraining
 
     target = MlflowTarget(experiment="ekya-flow-test")
-    summary = continuous_retraining(**TINY, policy="thief", pool=_pool("ekya-thief"), tracking=target,
+    summary = continuous_retraining(**tiny_ekya, policy="thief", pool=sim_pool("ekya-thief"), tracking=target,
                                     registry_prefix="ekya-test")
     return summary, target.resolved_uri(), module_state
 
@@ -113,7 +104,7 @@ def test_accuracy_plot_is_an_artifact_of_the_flow_run(thief_run):
     names = [f.path for f in MlflowClient(uri).list_artifacts(summary["mlflow_run_id"])]
     assert "accuracy.png" in names  # the same name in every run, so MLflow's Compare view pairs them
     charts = [f.path for f in MlflowClient(uri).list_artifacts(summary["mlflow_run_id"], "charts")]
-    assert {"charts/ekya-split.png", "charts/pool-occupancy-ekya-thief.png"} <= set(charts), charts
+    assert {"charts/ekya-split.png", "charts/pool-occupancy.png"} <= set(charts), charts
 
 
 def test_the_prefect_ui_shows_each_window_with_its_decision_and_accuracy(thief_run, table_artifacts):
@@ -128,13 +119,14 @@ def test_the_prefect_ui_shows_each_window_with_its_decision_and_accuracy(thief_r
                              "measured", "failed"]
 
 
-def test_failed_retraining_keeps_the_old_model_records_the_failure_and_the_flow_goes_on(module_state):
+def test_failed_retraining_keeps_the_old_model_records_the_failure_and_the_flow_goes_on(module_state, sim_pool,
+                                                                                         tiny_ekya):
     from mlflow import MlflowClient
 
     from flows.continuous_retraining import continuous_retraining
 
     target = MlflowTarget(experiment="ekya-fault-test")
-    summary = continuous_retraining(**TINY, policy="uniform", pool=_pool("ekya-fault"), tracking=target,
+    summary = continuous_retraining(**tiny_ekya, policy="uniform", pool=sim_pool("ekya-fault"), tracking=target,
                                     fail_stream="cam1", fail_window=0, registry_prefix="ekya-fault")
     assert summary["windows"][0]["failures"] == ["cam1"]
     assert summary["windows"][1]["failures"] == []  # the next window proceeds normally
@@ -162,11 +154,11 @@ def test_failed_retraining_keeps_the_old_model_records_the_failure_and_the_flow_
     (dict(windows=0), "windows"),
     (dict(fail_stream="cam9"), "fail_stream"),
 ])
-def test_bad_input_fails_with_one_error_naming_the_value(kwargs, field, state_dir):
+def test_bad_input_fails_with_one_error_naming_the_value(kwargs, field, state_dir, tiny_ekya):
     from flows.continuous_retraining import continuous_retraining
 
     with pytest.raises(ConfigError, match=rf"^{re.escape(field)}="):
-        continuous_retraining(**{**TINY, **kwargs, "tracking": False})
+        continuous_retraining(**{**tiny_ekya, **kwargs, "tracking": False})
 
 
 def test_cli_rejects_an_unknown_policy_with_exit_code_2(capsys, state_dir):
@@ -226,7 +218,7 @@ def test_inference_serves_skipped_frames_with_the_last_prediction():
     assert all(b >= a for a, b in zip(rel, rel[1:])) and rel[5] > 0.5  # stale answers are often right
 
 
-def test_every_policy_the_simulator_offers_is_selectable_in_the_flow(state_dir):
+def test_every_policy_the_simulator_offers_is_selectable_in_the_flow(state_dir, sim_pool):
     """The flow validates against the same policy families as ``gpuflows simulate ekya``, before a run starts."""
     from flows.continuous_retraining import prepare
     from gpu.schedulers.ekya.policies import policy_names
@@ -239,26 +231,26 @@ def test_every_policy_the_simulator_offers_is_selectable_in_the_flow(state_dir):
                 labelled=100, uniform_config="e5-all-d50", uniform_share=0.5, profile_gpus=0.25, fail_stream=None,
                 fail_window=0, registry_prefix="x")
     for name in names:
-        _, _, run = prepare(_pool("ekya-names"), False, policy=name, **args)
+        _, _, run = prepare(sim_pool("ekya-names"), False, policy=name, **args)
         assert run.scheduler == name
-    assert prepare(_pool("ekya-names"), False, policy="uniform", **args)[2].scheduler == "uniform_e5-all-d50_50"
+    assert prepare(sim_pool("ekya-names"), False, policy="uniform", **args)[2].scheduler == "uniform_e5-all-d50_50"
 
 
 HEAVY = 24
-CONFIG = "e15-all-d50"  # profiled at 0.03-0.1 GPU-seconds at TINY's size on this machine: it fits a 0.25 s window on
+CONFIG = "e15-all-d50"  # profiled at 0.03-0.1 GPU-seconds at tiny_ekya's size on this machine: it fits a 0.25 s window on
 WINDOW_S = 0.25  # 1 GPU, and HEAVY x that (0.7-2.4) does not: a margin of about 5x each way for measurement noise
 
 
 @pytest.fixture(scope="module")
-def heavy_pair(module_state):
+def heavy_pair(module_state, sim_pool, tiny_ekya):
     """Ekya-FixedConfig (the thief restricted to one config, Fig. 2.10a) run twice, the second time with cam1's
     retraining doing HEAVY x the torch work per epoch (HEAVY training samples per labelled frame)."""
     from flows.continuous_retraining import continuous_retraining
 
     runs = {}
     for label, load in (("base", {}), ("heavy", {"cam1": HEAVY})):
-        runs[label] = continuous_retraining(**{**TINY, "windows": 1}, window_s=WINDOW_S, policy=f"fixedconfig_{CONFIG}",
-                                            pool=_pool(f"ekya-{label}"), tracking=False,
+        runs[label] = continuous_retraining(**{**tiny_ekya, "windows": 1}, window_s=WINDOW_S,
+                                            policy=f"fixedconfig_{CONFIG}", pool=sim_pool(f"ekya-{label}"), tracking=False,
                                             objects_per_frame=load)["windows"][0]
     return runs["base"], runs["heavy"]
 

@@ -42,13 +42,17 @@ SMALL = {
     "serving-rollout": ({"spec": TINY_SERVING_SPEC, "mode": "thread"}, "serving-rollout-epochs"),
     "serving-rollout-nona": ({"spec": "scenarios/serving/diamond_nona.yaml", "placement": "nona", "duration_s": 2,
                               "mode": "thread"}, "serving-rollout-epochs"),
+    "serving-rollout-nona-opportunistic": ({"spec": "scenarios/serving/diamond_nona.yaml",
+                                            "placement": "opportunistic", "duration_s": 2, "mode": "thread"},
+                                           "serving-rollout-epochs"),
     "fluid-trial-groups": ({"algorithm": "random", "trials": 2, "iterations": 1, "chunk": 1, "c": 2, "alpha": 1.5,
                             "mode": "thread", "progress": False}, "fluid-trials-random"),
     "cilantro-allocation-rounds": ({"rounds": 1, "round_s": 10.0, "report_s": 5.0, "mode": "thread",
                                     "run_name": "deploy-test", "resume": False}, "cilantro-rounds-deploy-test"),
     "salus-gpu-sharing": ({"jobs": 2, "median_iterations": 3, "gap_s": 0.0, "policies": ["srtf"], "mode": "thread"},
                           "salus-jobs-srtf"),
-    "escher-policies": ({"gang_size": 2, "jobs": 1, "steps": 3, "mode": "thread"}, "escher-actions"),
+    "escher-policies": ({"gang_size": 2, "jobs": 1, "steps": 3, "shards": 2, "words": 200, "rounds": 2,
+                         "mode": "thread"}, "escher-actions"),
 }
 SCHEDULED = "every-15s"  # a test-only deployment of pool-demo with an interval schedule
 

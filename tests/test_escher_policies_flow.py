@@ -1,37 +1,81 @@
-"""The ESCHER policies flow end to end: real torch tasks through GpuTaskRunner on four simulated nodes, placed
-only by set_resource calls and resource requests (gang, affinity, anti-affinity, hierarchical fair sharing)."""
+"""The ESCHER policies flow end to end: real torch and data tasks through GpuTaskRunner on four simulated nodes,
+placed only by set_resource calls and resource requests (affinity, anti-affinity, gang, hierarchical fair sharing,
+WordCount locality, AlphaZero co-location, EscherTune migration)."""
 
 from __future__ import annotations
 
+import collections
+
 import pytest
 
-from flows.escher_policies import DEFAULT_POOL, escher_policies, main, prepare
+from flows.escher_policies import DEFAULT_POOL, POLICIES, escher_policies, main, prepare
 from gpu.errors import ConfigError
-from resource_blocks import GpuPool
+from resource_blocks import GpuPool, SchedulerPolicy
+from tasks.escher_jobs import shard_text
+from tasks.escher_tracking import source_lines
 
-GOOD = dict(gang_size=2, gang_timeout_s=30.0, team_weights=[1, 1], jobs=2, steps=5, mode="thread", seed=0)
+GOOD = dict(gang_size=2, gang_timeout_s=30.0, team_weights=[1, 1], jobs=2, steps=5, mode="thread", seed=0,
+            shards=4, words=500, reducers=2, pairs=2, rounds=3)
+
+
+def _pool_is_clean(name: str) -> bool:
+    ledger = GpuPool(name=name, device_backend="simulated", simulated="1x16GiB", nodes=4).open_ledger()
+    return ledger.leases() == [] and all(set(r) <= {"CPU", "GPU"} for r in ledger.cluster_status().values())
 
 
 @pytest.mark.parametrize("field, value", [("gang_size", 0), ("gang_size", 5), ("gang_timeout_s", -1.0),
                                           ("team_weights", [1]), ("team_weights", [1, float("nan")]),
-                                          ("jobs", 0), ("steps", 2.5), ("mode", "ray")])
+                                          ("jobs", 0), ("steps", 2.5), ("mode", "ray"), ("shards", 0),
+                                          ("words", -3), ("reducers", 0), ("pairs", 5), ("rounds", 0),
+                                          ("policies", ["wordcount"]), ("policies", []), ("policies", "gang")])
 def test_bad_input_is_one_config_error_naming_the_field(field, value):
     with pytest.raises(ConfigError) as err:
         prepare(DEFAULT_POOL, False, **{**GOOD, field: value})
     assert err.value.field.startswith(field)
 
 
-def test_a_one_node_pool_and_a_gang_too_wide_for_process_mode_are_refused():
+@pytest.mark.parametrize("policy, field", [
+    (SchedulerPolicy(system="ekya", policy="thief"), "policy.system"),
+    (SchedulerPolicy(system="escher", policy="gang", params={"width": 3}), "policy.params"),
+    ({"system": "escher", "policy": "no-such-policy"}, "policy"),
+])
+def test_a_scheduler_policy_the_flow_cannot_run_is_refused(policy, field):
+    with pytest.raises(ConfigError) as err:
+        prepare(DEFAULT_POOL, False, **GOOD, policy=policy)
+    assert err.value.field == field
+
+
+def test_a_scheduler_policy_picks_one_demo_and_sets_its_parameters():
+    _, _, chosen, settings = prepare(DEFAULT_POOL, False, **GOOD, policy=SchedulerPolicy(
+        system="escher", policy="locality", params={"shards": 3, "reducers": 1}))
+    assert chosen == ("locality",) and (settings.shards, settings.reducers, settings.words) == (3, 1, 500)
+    _, _, chosen, _ = prepare(DEFAULT_POOL, False, **GOOD, policies=["tune", "gang", "tune"])
+    assert chosen == ("tune", "gang")
+    assert prepare(DEFAULT_POOL, False, **GOOD)[2] == POLICIES
+
+
+def test_a_one_node_pool_is_refused_and_process_mode_takes_a_gang_as_wide_as_the_pool():
     with pytest.raises(ConfigError, match="pool.nodes"):
         prepare(GpuPool(name="one", device_backend="simulated"), False, **GOOD)
-    with pytest.raises(ConfigError, match="gang_size"):
-        prepare(DEFAULT_POOL, False, **{**GOOD, "gang_size": 3, "mode": "process"})
+    assert prepare(DEFAULT_POOL, False, **{**GOOD, "gang_size": 4, "mode": "process"})[3].gang_size == 4
+
+
+def test_lines_of_code_count_the_esl_without_its_docstring():
+    def esl(esl, data_id):
+        """A docstring is not code."""
+        # nor is a comment
+        esl.set_resource(f"data-{data_id}", 1)
+
+        return {f"data-{data_id}": 1}
+
+    assert source_lines(esl) == 3
 
 
 @pytest.mark.parametrize("argv, field", [(["--nodes", "1"], "nodes"), (["--gang-size", "0"], "gang_size"),
                                          (["--gang-size", "5"], "gang_size"), (["--mode", "fork"], "mode"),
                                          (["--team-weights", "1", "-2"], "team_weights[1]"),
-                                         (["--pool", "a/b"], "pool name")])
+                                         (["--pool", "a/b"], "pool name"), (["--policy", "mapreduce"], "policies"),
+                                         (["--pairs", "9"], "pairs")])
 def test_a_bad_argument_is_one_line_naming_it_before_any_flow_run(state_dir, capsys, argv, field):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
@@ -41,10 +85,9 @@ def test_a_bad_argument_is_one_line_naming_it_before_any_flow_run(state_dir, cap
 @pytest.mark.slow
 @pytest.mark.usefixtures("prefect_server")
 def test_the_policies_place_real_tasks_as_the_esls_say(state_dir):
-    out = escher_policies(gang_size=3, jobs=2, steps=5, tracking=False)
-    nodes = out["nodes"]
-    assert nodes == ["node0", "node1", "node2", "node3"]
-    placement = out["placement"]
+    out = escher_policies(gang_size=3, jobs=2, steps=5, shards=6, words=2000, rounds=4, tracking=False)
+    assert out["nodes"] == ["node0", "node1", "node2", "node3"] and out["policies"] == list(POLICIES)
+    placement = out["affinity"]
     assert len({r["node"] for r in placement["replicas"]}) == 2                      # anti-affinity
     assert placement["consumer"]["node"] == placement["producer"]["node"]            # affinity (P1)
     assert placement["consumer"]["started"] >= placement["producer"]["started"]
@@ -62,14 +105,77 @@ def test_the_policies_place_real_tasks_as_the_esls_say(state_dir):
     assert set(shares["a"]).isdisjoint(shares["b1"] + shares["b2"])
     for job in jobs:
         assert job["node"] in shares[job["user"]]
-    assert {row["name"] for row in out["actions"]} >= {"anti-replicas", "anti-gang-ghosts", "gang-dp", "res-a"}
-    ledger = GpuPool(name="escher", device_backend="simulated", simulated="1x16GiB", nodes=4).open_ledger()
-    assert ledger.leases() == [] and all(set(r) <= {"CPU", "GPU"} for r in ledger.cluster_status().values())
+
+    # WordCount (Fig. 4.5a): the same counts as one Counter over the whole text; locality moves nothing
+    whole = collections.Counter(" ".join(shard_text(i, 2000, 0) for i in range(6)).split())
+    plain, local = out["locality"]["no_locality"], out["locality"]["locality"]
+    assert plain["counts"] == local["counts"] == dict(whole)
+    assert local["transfer_bytes"] == 0 and all(m["node"] == m["source"] for m in local["maps"])
+    assert plain["transfer_bytes"] == sum(m["input_bytes"] for m in plain["maps"] if m["node"] != m["source"]) > 0
+
+    # AlphaZero (Fig. 4.6a): predictors one per node, each aggregator on its predictor's node
+    pairs = out["colocation"]["pairs"]
+    assert len({p["predictor"]["node"] for p in pairs}) == len(pairs) == 2
+    assert all(p["aggregator"]["node"] == p["predictor"]["node"] for p in pairs)
+    assert all(len(p["aggregator"]["moves"]) == 4 for p in pairs)
+
+    # EscherTune (Fig. 4.6c): the relaunched trial ran elsewhere and went on from the checkpoint
+    before, after = out["tune"]["before"], out["tune"]["after"]
+    assert after["node"] != before["node"]
+    assert (before["first_step"], before["last_step"], after["first_step"], after["last_step"]) == (0, 5, 5, 10)
+    assert after["losses"][0] == pytest.approx(before["final_loss"], rel=1e-5)
+    assert before["final_loss"] < before["losses"][0]
+    assert after["final_loss"] < before["final_loss"]
+
+    names = {row["name"] for row in out["actions"]}
+    assert names >= {"anti-replicas", "anti-gang-ghosts", "gang-dp", "res-a", "data-shard-0", "anti-predictors",
+                     "coloc-predictor-0", "trial-long"}
+    assert _pool_is_clean("escher")
 
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("prefect_server")
-def test_a_gang_whose_ghosts_cannot_all_start_rolls_back_and_starts_once_they_can(state_dir):
+def test_a_gang_of_three_runs_at_once_in_process_mode(state_dir):
+    """Every simulated node's GPU is device 0, so the members share one process pool: the flow sizes it to the
+    gang. Each member is its own process; the gloo all-reduce only completes with all three running."""
+    out = escher_policies(policies=["gang"], gang_size=3, steps=5, mode="process", tracking=False)
+    members = out["gang"]["members"]
+    assert len({m["node"] for m in members}) == 3
+    assert max(m["started"] for m in members) < min(m["ended"] for m in members)
+    assert len({round(m["checksum"], 9) for m in members}) == 1                      # one data-parallel model
+    assert _pool_is_clean("escher")
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("prefect_server")
+def test_a_scheduler_policy_runs_its_demo_and_mlflow_keeps_a_run_per_policy(state_dir):
+    from mlflow import MlflowClient
+
+    from tasks.tracking import default_tracking_uri
+
+    block = SchedulerPolicy(system="escher", policy="tune", params={"steps": 4})
+    out = escher_policies(policy=block)
+    assert out["policies"] == ["tune"] and out["mlflow_errors"] == []
+    assert out["tune"]["after"]["first_step"] == 4
+    client = MlflowClient(default_tracking_uri())
+    runs = client.search_runs([client.get_experiment_by_name("gpuflows-escher").experiment_id],
+                              "tags.`escher.policy` = 'tune'")
+    assert len(runs) == 1
+    run = runs[0]
+    assert run.info.run_name == "eschertune" and run.data.tags["mlflow.parentRunId"]
+    assert run.data.params["node.trial-long-from-4"] == out["tune"]["after"]["node"]
+    assert run.data.params["paper_lines"] == "50" and run.data.metrics["esl_lines"] == out["tune"]["esl_lines"]
+    logged = client.download_artifacts(run.info.run_id, "set_resource.json", str(state_dir))
+    import json
+
+    calls = json.load(open(logged))
+    assert [(c["name"], c["capacity"], c["node"]) for c in calls if c["capacity"] > 0] == [
+        ("trial-long", 1.0, out["tune"]["before"]["node"]), ("trial-long", 1.0, out["tune"]["after"]["node"])]
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("prefect_server")
+def test_a_gang_whose_ghosts_cannot_all_start_rolls_back_and_starts_once_they_can(state_dir, tmp_path):
     """AppSpace (§4.4e): node3's GPU is busy for ~1.5 s, so the first attempts time out (0.5 s), roll back
     their ghosts (no lease kept) and back off; once the GPU is free the whole gang starts, one member per node."""
     import threading
@@ -89,11 +195,27 @@ def test_a_gang_whose_ghosts_cannot_all_start_rolls_back_and_starts_once_they_ca
         ledger = runner.ledger()
         busy = ledger.allocate(ResourceRequest(gpus=1, node="node3", label="busy"), timeout=1)
         threading.Timer(1.5, ledger.release, (busy.lease_id,)).start()
-        return run_gang(ledger, Escher(ledger), size=4, steps=3, timeout_s=0.5, seed=0)
+        return run_gang(ledger, Escher(ledger), size=4, steps=3, timeout_s=0.5, seed=0, workdir=str(tmp_path))
 
     gang = gang_flow()
     assert gang["attempts"] >= 2 and gang["gang_latency_s"] >= 1.0  # the busy GPU was freed 1.5 s in
     assert sorted(m["node"] for m in gang["members"]) == ["node0", "node1", "node2", "node3"]
     assert max(m["started"] for m in gang["members"]) < min(m["ended"] for m in gang["members"])
-    ledger = pool.open_ledger()
-    assert ledger.leases() == [] and all(set(r) <= {"CPU", "GPU"} for r in ledger.cluster_status().values())
+    assert _pool_is_clean("escher-rollback")
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("prefect_server")
+def test_a_migration_with_nowhere_to_go_fails_the_run_and_leaves_no_resource_behind(state_dir):
+    """The other nodes' GPUs are held, so EscherTune finds no node to move the trial to after its checkpoint: the
+    run fails, and the trial's resource and the chunk's lease are gone from the pool."""
+    from gpu.placement import ResourceRequest
+
+    ledger = GpuPool(name="escher", device_backend="simulated", simulated="1x16GiB", nodes=4).open_ledger()
+    held = [ledger.allocate(ResourceRequest(gpus=1, node=f"node{i}", label="busy"), timeout=5) for i in (1, 2, 3)]
+    with pytest.raises(RuntimeError, match="no node but node0 has an idle GPU"):
+        escher_policies(policies=["tune"], steps=2, tracking=False)
+    assert sorted(lease.lease_id for lease in ledger.leases()) == sorted(h.lease_id for h in held)
+    assert all(set(r) <= {"CPU", "GPU"} for r in ledger.cluster_status().values())
+    for lease in held:
+        ledger.release(lease.lease_id)

@@ -32,14 +32,13 @@ def _hidden_of(summary: dict, tid: str) -> int:
 
 
 @pytest.fixture(scope="module")
-def light_and_heavy(prefect_server, tmp_path_factory):
+def light_and_heavy(prefect_server, state_folder):
     """The same grid twice on 2 simulated GPUs (c = 2, d = 1): as shipped, then with one model 128x wider."""
     import tasks.fluid_trials as trials
 
     runs = {}
     for label in ("light", "heavy"):
-        with pytest.MonkeyPatch.context() as env:
-            env.setenv("GPUFLOWS_STATE_DIR", str(tmp_path_factory.mktemp(f"fluid-{label}")))
+        with state_folder(f"fluid-{label}"), pytest.MonkeyPatch.context() as env:
             if label == "heavy":
                 original = trials.build_mlp
                 env.setattr(trials, "build_mlp",

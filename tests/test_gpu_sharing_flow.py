@@ -14,7 +14,7 @@ from tasks.salus_trace import explicit_trace, sharing_trace
 
 # One long trainer first, then seven short jobs arriving while it runs (Fig. 2.8a's situation); the short ones
 # dominate the average, so a loaded machine slowing the long one does not decide the comparison.
-LONG_FIRST = [{"workload": "resnet50_75", "iterations": 100, "arrival_s": 0.0},
+LONG_FIRST = [{"workload": "resnet152_75", "iterations": 120, "arrival_s": 0.0},
               *({"workload": "vae_64", "iterations": 3, "arrival_s": 0.05} for _ in range(6)),
               {"kind": "infer", "workload": "alexnet", "iterations": 3, "arrival_s": 0.05}]
 
@@ -88,7 +88,7 @@ def test_srtf_beats_fifo_on_a_long_job_first_and_every_policy_is_an_mlflow_run(s
     for policy in out["policies"].values():
         assert lane_overlaps(policy["jobs"]) == []  # one iteration at a time per lane, read from the spans
         assert all(r["token_grants"] == r["iterations"] for r in policy["jobs"])  # the executor's token log agrees
-        assert [r["iterations"] for r in policy["jobs"]] == [100] + [3] * 7
+        assert [r["iterations"] for r in policy["jobs"]] == [120] + [3] * 7
     assert srtf["summary"]["peak_lanes"] == 1 and srtf["summary"]["switches"] >= 2
     assert pack["summary"]["peak_lanes"] >= 2  # PACK opens a lane per job that fits beside the others
     assert out["note"].startswith("lanes are accounting only")

@@ -131,22 +131,73 @@ def test_a_gpu_ghost_lends_its_devices_to_the_tasks_of_its_resource_and_takes_th
         ledger.lease_resource(ghost.lease_id, "gang-g", 1)
 
 
-def test_a_dead_ghosts_resource_is_reclaimed_with_its_lease_so_its_gang_cannot_start():
-    """A ghost whose holder died loses its lease at the next reclaim, and ``gang-g`` goes with it: the
-    member waiting for it keeps waiting (the gang's timeout rolls it back) instead of running unbacked."""
-    import subprocess as sp
+_GHOST = """
+import sys
+from gpu.devices import simulated_nodes
+from gpu.ledger import PoolLedger
+from gpu.placement import ResourceRequest
+ledger = PoolLedger(simulated_nodes("2x16GiB", 3, cpus=4), sys.argv[1])
+ghost = ledger.allocate(ResourceRequest(gpus=1, node=sys.argv[2], label="ghost"), timeout=30)
+ledger.lease_resource(ghost.lease_id, sys.argv[3], 1)      # its unit of gang-<g>, backed by its GPU (P4)
+print(ghost.lease_id, ghost.devices[0], flush=True)
+sys.stdin.read()                                           # runs until the ESL ends it
+ledger.release(ghost.lease_id)
+"""
 
-    from gpu.liveness import HOST, Owner
 
-    dead = sp.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
-    ledger = three_nodes()
-    ghost_owner = Owner(HOST, dead.pid, 1, "ghost")
-    _, ghost = ledger.submit_and_try(ResourceRequest(gpus=1, node="node0"), owner=ghost_owner)
-    ledger.lease_resource(ghost.lease_id, "gang-g", 1)
-    member = ledger.submit(ResourceRequest(resources={"gang-g": 1}))
-    assert ledger.try_grant(member) is not None                          # granted while the ghost lived
-    with ledger._tx("reclaim now") as db:
-        assert ledger._reclaim(db, force=True) == 1
-    assert "gang-g" not in ledger.cluster_status()["node0"]
-    assert ledger.try_grant(ledger.submit(ResourceRequest(resources={"gang-g": 1}))) is None
+@pytest.mark.slow  # real processes under a fault
+def test_a_ghost_killed_mid_gang_loses_its_lease_and_its_gang_rolls_back_then_runs(tmp_path):
+    """ESCHER §4.4e under a fault: two of a gang's three GPU ghosts run in their own processes, the third
+    waits; kill -9 of one ghost frees its GPU and its ``gang-g`` unit (its process is dead), the ESL rolls the
+    gang back (ghosts ended or withdrawn, ``gang-g`` deleted everywhere), and the retry runs all members."""
+    from gpu.schedulers.escher.api import Escher
+    from gpu.schedulers.escher.gang import AppSpaceGang, Gang
+    from gpu.schedulers.escher.primitives import anti_affinity
+
+    path = tmp_path / "pool.sqlite"
+    ledger = three_nodes(path)
+    esl = Escher(ledger)
+    blocker = ledger.allocate(ResourceRequest(gpus=2, node="node2", label="blocker"), timeout=1)
+    spread = anti_affinity(esl, "ghosts")                    # one ghost per node, as the flow spreads them
+    gang = AppSpaceGang(Gang("g", tuple(ResourceRequest(gpus=1, resources=spread) for _ in range(3))), timeout=30)
+    assert gang.on_arrival(0.0).submit == (0, 1, 2)
+    ghosts = {}
+    for i, node in ((0, "node0"), (1, "node1")):
+        proc = subprocess.Popen([sys.executable, "-c", _GHOST, str(path), node, gang.gang.resource],
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        lease_id, device = proc.stdout.readline().split()
+        ghosts[i] = (proc, lease_id, int(device))
+        assert not gang.on_ghost_started(0.1, i, node).launch
+    third = ledger.submit(ResourceRequest(gpus=1, node="node2", label="ghost"))       # node2 is busy: it waits
+    assert {n: r["gang-g"] for n, r in ledger.cluster_status().items() if "gang-g" in r} == \
+        {"node0": (1.0, 1.0), "node1": (1.0, 1.0)}
+
+    killed, lease_id, device = ghosts.pop(1)
+    killed.kill()
+    killed.wait()
+    # its GPU is granted again (ahead of the waiting ghost): the dead holder was reclaimed
+    probe = ledger.allocate(ResourceRequest(gpus=1, node="node1", devices=(device,)), timeout=5, priority=1)
+    ledger.release(probe.lease_id)
+    reclaimed = [e for e in ledger.events() if e["lease_id"] == lease_id and e["kind"] == "reclaim"]
+    assert len(reclaimed) == 1 and "died" in reclaimed[0]["reason"]
+    assert "gang-g" not in ledger.cluster_status()["node1"]                               # the unit died with it
+
+    rollback = gang.on_ghost_lost(1.0, 1)
+    assert rollback.rollback and rollback.wake_at > 1.0 and not gang.done
+    ledger.cancel(third)                                      # the waiting ghost is withdrawn,
+    survivor = ghosts[0][0]
+    survivor.communicate("", timeout=60)                      # the running one ends
+    esl.apply(rollback.actions)
+    assert [p.label for p in ledger.leases()] == ["blocker"] and ledger.waiting() == 0
+    assert not any("gang-g" in r for r in ledger.cluster_status().values())
+
+    ledger.release(blocker.lease_id)
+    retry, launched, placed = gang.on_retry(rollback.wake_at), (), {}
+    for i in retry.submit:
+        ghost = ledger.allocate(gang.gang.ghost(i), timeout=5)
+        ledger.lease_resource(ghost.lease_id, gang.gang.resource, 1)
+        placed[ghost.node] = ghost
+        launched = gang.on_ghost_started(2.0, i, ghost.node).launch or launched
+    assert gang.done and gang.attempts == 2 and len(launched) == 3 and len(placed) == 3
+    members = [ledger.allocate(m, timeout=5) for m in launched]
+    assert sorted((m.node, m.devices) for m in members) == sorted((g.node, g.devices) for g in placed.values())

@@ -8,28 +8,21 @@ from __future__ import annotations
 import pytest
 from prefect import flow, task
 
-from resource_blocks import GpuPool, MlflowTarget
+from resource_blocks import MlflowTarget
 from tasks.requests import gpu_request
 from tasks.runners import GpuTaskRunner, flow_mlflow_run_id
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
 
-TINY = dict(streams=2, windows=2, frames=300, labelled=200, mode="thread")
-
-
-def _pool(name: str) -> GpuPool:
-    return GpuPool(name=name, device_backend="simulated", simulated="2x16GiB")
-
 
 @pytest.fixture(scope="module")
-def ekya_pair(tmp_path_factory):
+def ekya_pair(state_folder, sim_pool, tiny_ekya):
     """A thief and a uniform run of the Ekya flow with the default tracking target (one state folder)."""
     from flows.continuous_retraining import continuous_retraining
 
-    state = tmp_path_factory.mktemp("review-state")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("GPUFLOWS_STATE_DIR", str(state))
-        summaries = {p: continuous_retraining(**TINY, policy=p, pool=_pool(f"review-{p}")) for p in ("thief", "uniform")}
+    with state_folder("review-state"):
+        summaries = {p: continuous_retraining(**tiny_ekya, policy=p, pool=sim_pool(f"review-{p}"))
+                     for p in ("thief", "uniform")}
         yield summaries, MlflowTarget().resolved_uri()
 
 
@@ -84,18 +77,46 @@ def test_champion_alias_is_the_newest_deployed_version_per_stream(ekya_pair):
     assert checked, "no stream deployed a retrained model"
 
 
+def test_a_models_second_version_prints_no_already_exists_line_and_real_errors_still_raise(state_dir, capfd):
+    """MLflow's ``registered_model_name=`` prints "Registered model ... already exists" for every version after
+    the first; ``register_model_version`` creates the name once, links each version to its run, and an invalid
+    name is still an error."""
+    import mlflow
+    import torch
+    from mlflow.exceptions import MlflowException
+
+    from tasks.tracking import ensure_experiment, open_client, register_model_version
+
+    uri = MlflowTarget(experiment="review-registry").resolved_uri()
+    client = open_client(uri)
+    mlflow.set_tracking_uri(uri)
+    runs, versions = [], []
+    for _ in range(2):
+        with mlflow.start_run(experiment_id=ensure_experiment(client, "review-registry")) as run:
+            info = mlflow.pytorch.log_model(torch.nn.Linear(2, 1), name="model", serialization_format="pickle",
+                                            pip_requirements=["torch==2.13.0"])
+        runs.append(run.info.run_id)
+        versions.append(register_model_version(client, "review-linear", info, run.info.run_id))
+    assert versions == ["1", "2"]
+    assert [client.get_model_version("review-linear", v).run_id for v in versions] == runs
+    printed = capfd.readouterr()
+    assert "already exists" not in printed.out + printed.err
+    with pytest.raises(MlflowException, match="name"):
+        register_model_version(client, "", info, runs[-1])
+
+
 @gpu_request(gpus=0.5)
 @task
 def half(i: int) -> int:
     return i
 
 
-def test_simulated_pool_logs_the_share_held_and_nothing_measured(state_dir):
+def test_simulated_pool_logs_the_share_held_and_nothing_measured(state_dir, sim_pool):
     from mlflow import MlflowClient
 
     target = MlflowTarget(experiment="review-sim")
 
-    @flow(task_runner=GpuTaskRunner(pool=_pool("review-sim"), mode="thread", tracking=target))
+    @flow(task_runner=GpuTaskRunner(pool=sim_pool("review-sim"), mode="thread", tracking=target))
     def tracked() -> str:
         [f.wait() for f in [half.submit(i) for i in range(6)]]
         return flow_mlflow_run_id()

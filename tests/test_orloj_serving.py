@@ -167,11 +167,11 @@ def test_the_worker_serves_digits_dynamic_with_orloj_and_accounts_for_every_requ
 
 
 def test_the_serving_flow_accepts_every_registered_batch_policy():
-    from flows.serving_rollout import _spec
+    from flows.serving_rollout import prepare
 
-    assert [_spec(None, None, p).batch_policy for p in ("orloj", "clipper")] == ["orloj", "clipper"]
+    assert [prepare(None, None, p).batch_policy for p in ("orloj", "clipper")] == ["orloj", "clipper"]
     with pytest.raises(ConfigError) as err:
-        _spec(None, None, "fifo")
+        prepare(None, None, "fifo")
     assert err.value.field == "batch_policy"
 
 
@@ -190,3 +190,6 @@ def test_the_serving_flow_serves_a_dynamic_model_with_orloj(state_dir):
     result = serving_rollout.with_options(task_runner=run)(spec)
     assert result["batch_policy"] == "orloj" and result["requests"] > 100
     assert result["slo_attainment"] > 0.5
+    (epoch,) = result["orloj_epochs"]  # the epoch at 2 s re-profiled both sessions from their served batches
+    assert epoch["t_s"] == 2.0 and set(epoch["apps"]) == {"early_exit", "mlp"}
+    assert all(a["reprofiled"] and a["batches"] >= 10 and a["batch_limit"] >= 1 for a in epoch["apps"].values())

@@ -20,10 +20,6 @@ from tasks.runners import GpuTaskRunner, flow_mlflow_run_id
 pytestmark = pytest.mark.usefixtures("prefect_server")
 
 
-def sim_pool(name: str, spec: str = "2x16GiB") -> GpuPool:
-    return GpuPool(name=name, device_backend="simulated", simulated=spec)
-
-
 @gpu_request(gpus=0.5)
 @task
 def where_am_i(i: int) -> dict:
@@ -46,7 +42,7 @@ def fails() -> None:
     raise RuntimeError("task failed on purpose")
 
 
-def test_process_mode_places_tasks_and_sets_cuda_visible_devices(state_dir):
+def test_process_mode_places_tasks_and_sets_cuda_visible_devices(state_dir, sim_pool):
     runner = GpuTaskRunner(pool=sim_pool("proc"), tracking=False)
 
     @flow(task_runner=runner)
@@ -64,7 +60,7 @@ def test_process_mode_places_tasks_and_sets_cuda_visible_devices(state_dir):
     assert GpuPool(name="proc", device_backend="simulated").open_ledger().leases() == []
 
 
-def test_failed_task_releases_its_slice_and_the_flow_sees_failure(state_dir):
+def test_failed_task_releases_its_slice_and_the_flow_sees_failure(state_dir, sim_pool):
     @flow(task_runner=GpuTaskRunner(pool=sim_pool("fail", "1x16GiB"), mode="thread", tracking=False))
     def failing_flow():
         with gpu_options(gpus=1):
@@ -79,7 +75,7 @@ def test_failed_task_releases_its_slice_and_the_flow_sees_failure(state_dir):
     assert sim_pool("fail", "1x16GiB").open_ledger().leases() == []
 
 
-def test_cancelled_waiting_task_never_leaks_a_slice(state_dir):
+def test_cancelled_waiting_task_never_leaks_a_slice(state_dir, sim_pool):
     release = threading.Event()
 
     @gpu_request(gpus=1)
@@ -107,7 +103,7 @@ def test_cancelled_waiting_task_never_leaks_a_slice(state_dir):
     assert sim_pool("cancel", "1x16GiB").open_ledger().leases() == []
 
 
-def test_never_fitting_request_fails_at_submit_with_the_pool_totals(state_dir):
+def test_never_fitting_request_fails_at_submit_with_the_pool_totals(state_dir, sim_pool):
     @flow(task_runner=GpuTaskRunner(pool=sim_pool("nofit"), mode="thread", tracking=False))
     def too_big():
         with gpu_options(gpus=3):
@@ -117,7 +113,7 @@ def test_never_fitting_request_fails_at_submit_with_the_pool_totals(state_dir):
         too_big()
 
 
-def test_killed_worker_process_crashes_the_task_and_frees_its_slice(state_dir):
+def test_killed_worker_process_crashes_the_task_and_frees_its_slice(state_dir, sim_pool):
     @gpu_request(gpus=1)
     @task
     def dies() -> None:
@@ -134,7 +130,7 @@ def test_killed_worker_process_crashes_the_task_and_frees_its_slice(state_dir):
     assert after["devices"] == (0,)
 
 
-def test_each_task_is_a_nested_mlflow_run_with_its_placement(state_dir):
+def test_each_task_is_a_nested_mlflow_run_with_its_placement(state_dir, sim_pool):
     from mlflow import MlflowClient
 
     target = MlflowTarget(experiment="runner-test")
@@ -162,7 +158,7 @@ def test_each_task_is_a_nested_mlflow_run_with_its_placement(state_dir):
     assert "allocations/timeline.json" in artifacts and "allocations/timeline.png" in artifacts
 
 
-def test_runner_is_a_configuration_value():
+def test_runner_is_a_configuration_value(sim_pool):
     runner = GpuTaskRunner(pool=sim_pool("cfg"), mode="thread", default_request={"gpus": 0.25})
     assert runner.duplicate() == runner
     assert pickle.loads(pickle.dumps(runner)) == runner

@@ -11,13 +11,8 @@ from prefect.states import StateType
 
 from gpu.errors import ConfigError
 from gpu.placement import ResourceRequest
-from resource_blocks import GpuPool
 from tasks.requests import current_placement, gpu_options, gpu_request, resolve_requests
 from tasks.runners import GpuTaskRunner
-
-
-def sim_pool(name: str, spec: str = "2x16GiB") -> GpuPool:
-    return GpuPool(name=name, device_backend="simulated", simulated=spec)
 
 
 @task
@@ -51,7 +46,7 @@ def test_a_bad_preference_list_is_one_config_error_naming_prefer(bad):
 
 
 @pytest.mark.usefixtures("prefect_server")
-def test_a_task_lands_on_its_second_choice_when_the_first_cannot_be_had_and_leaks_no_lease(state_dir):
+def test_a_task_lands_on_its_second_choice_when_the_first_cannot_be_had_and_leaks_no_lease(state_dir, sim_pool):
     """GPU 0 is held by someone else for the whole run: the task's first choice (GPU 0) times out after its
     half of the 2 s timeout, the second (any GPU) is granted GPU 1; once GPU 0 is free the first choice wins."""
     pool = sim_pool("prefer")
@@ -77,7 +72,7 @@ def test_a_task_lands_on_its_second_choice_when_the_first_cannot_be_had_and_leak
 
 
 @pytest.mark.usefixtures("prefect_server")
-def test_a_preference_that_can_never_fit_falls_through_at_once_and_none_fitting_fails_in_the_flow(state_dir):
+def test_a_preference_that_can_never_fit_falls_through_at_once_and_none_fitting_fails_in_the_flow(state_dir, sim_pool):
     pool = sim_pool("prefer-never", "1x16GiB")
 
     @flow(task_runner=GpuTaskRunner(pool=pool, mode="thread", tracking=False, allocation_timeout=30.0))
@@ -101,7 +96,7 @@ def test_a_preference_that_can_never_fit_falls_through_at_once_and_none_fitting_
 
 
 @pytest.mark.usefixtures("prefect_server")
-def test_a_task_that_gets_none_of_its_preferences_fails_and_holds_nothing(state_dir):
+def test_a_task_that_gets_none_of_its_preferences_fails_and_holds_nothing(state_dir, sim_pool):
     pool = sim_pool("prefer-none", "1x16GiB")
     runner = GpuTaskRunner(pool=pool, mode="thread", tracking=False, allocation_timeout=0.6)
 

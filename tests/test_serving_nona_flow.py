@@ -1,12 +1,14 @@
 """The serving rollout with ``placement: nona`` on the shipped diamond spec, in a Prefect server: Nona keeps
 queries on one node when the emulated link is slow, so fewer hand-offs cross it and queries finish sooner than
-under the sessions' shares on the same nodes (Nona §II's motivating trade-off)."""
+under the sessions' shares or Nona's Opportunistic baseline on the same nodes and trace (Nona §II's motivating
+trade-off), and the figures of each land in MLflow."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+import yaml
 
 from gpu.errors import ConfigError
 from resource_blocks import GpuPool, MlflowTarget
@@ -18,17 +20,21 @@ SPEC = str(Path(__file__).resolve().parent.parent / "scenarios" / "serving" / "d
 
 def runner(name: str) -> GpuTaskRunner:
     return GpuTaskRunner(pool=GpuPool(name=name, device_backend="simulated"), mode="thread",
-                         tracking=MlflowTarget(enabled=False))
+                         tracking=MlflowTarget(experiment="nona-vs-baselines"))
 
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("prefect_server")
 def test_nona_placement_crosses_the_slow_link_less_and_finishes_queries_sooner(state_dir):
+    from mlflow import MlflowClient
+
     from flows.serving_rollout import serving_rollout
 
-    results = {p: serving_rollout.with_options(task_runner=runner(f"nona-{p}"))(SPEC, duration_s=4, placement=p)
-               for p in ("shares", "nona")}
-    shares, nona = results["shares"], results["nona"]
+    spec = yaml.safe_load(Path(SPEC).read_text())
+    spec["epoch"].update(epoch_s=2, min_epoch_s=1)  # one epoch of measured feedback within the 4 s
+    results = {p: serving_rollout.with_options(task_runner=runner(f"nona-{p}"))(spec, duration_s=4, placement=p)
+               for p in ("shares", "nona", "opportunistic")}
+    shares, nona, opportunistic = results["shares"], results["nona"], results["opportunistic"]
     for r in results.values():
         assert r["queries"]["block"]["queries"] > 100 and r["handoffs"] > 300  # b, c, d of every query
         assert GpuPool(name=f"nona-{r['placement']}", device_backend="simulated").open_ledger().leases() == []
@@ -38,6 +44,19 @@ def test_nona_placement_crosses_the_slow_link_less_and_finishes_queries_sooner(s
     assert nona["link_transfers"] < shares["link_transfers"]
     theta = nona["nona_theta"]["block:a"]  # the diamond's one subgraph, rooted at a: its 5 groupings
     assert len(theta) == 5 and sum(theta) == pytest.approx(1.0) and "nona_theta" not in shares
+    (epoch,) = nona["nona_epochs"]  # at 2 s Nona took the measured rate and the four stages' service times
+    assert epoch["t_s"] == 2.0 and 25 < epoch["rates"]["block"] < 55 and len(epoch["service_ms"]) == 4
+    assert epoch["thetas"] == nona["nona_theta"] and shares["nona_epochs"] == []
+    # Opportunistic sends one branch of every query across: 2 of its 4 hand-offs cross the slow link
+    assert opportunistic["cross_node_share"] > 0.4 and nona["cross_node_share"] < 0.5 * opportunistic["cross_node_share"]
+    assert nona["queries"]["block"]["mean_jct_ms"] < opportunistic["queries"]["block"]["mean_jct_ms"]
+    client = MlflowClient(MlflowTarget(experiment="nona-vs-baselines").resolved_uri())
+    for r in results.values():
+        logged = client.get_run(r["mlflow_run_id"]).data
+        assert logged.params["placement"] == r["placement"] and r["mlflow_errors"] == []
+        for key in ("mean_jct_ms", "p99_jct_ms"):
+            assert logged.metrics[f"query_block_{key}"] == pytest.approx(r["queries"]["block"][key])
+        assert logged.metrics["cross_node_handoffs"] == r["cross_node_handoffs"]
 
 
 def test_the_shipped_nona_spec_has_a_join_and_a_link():
@@ -47,14 +66,14 @@ def test_the_shipped_nona_spec_has_a_join_and_a_link():
 
 
 def test_nona_placement_without_a_link_is_refused_before_anything_runs():
-    from flows.serving_rollout import _spec
+    from flows.serving_rollout import prepare
 
     spec = {"queries": [{"id": "q", "slo_ms": 100, "rate": 10, "stages": [
         {"name": "a", "model": "digits_mlp"}, {"name": "b", "model": "digits_mlp", "parent": "a"}]}]}
     with pytest.raises(ConfigError, match="link.mu"):
-        _spec(spec, None, None, "nona")
+        prepare(spec, None, None, "nona")
     with pytest.raises(ConfigError, match="placement"):
-        _spec(spec, None, None, "nonaa")
+        prepare(spec, None, None, "nonaa")
 
 
 def test_a_join_with_fanout_or_an_unknown_parent_is_named():
@@ -71,3 +90,17 @@ def test_a_join_with_fanout_or_an_unknown_parent_is_named():
         parse_spec(spec({"name": "d", "model": "digits_mlp", "parents": ["b", "x"]}))
     with pytest.raises(ConfigError, match="parents"):
         parse_spec(spec({"name": "d", "model": "digits_mlp", "parent": "b", "parents": ["b", "c"]}))
+
+
+def test_nona_baselines_need_no_link_and_bad_flow_arguments_are_named_before_anything_runs():
+    from flows.serving_rollout import prepare
+
+    spec = {"queries": [{"id": "q", "slo_ms": 100, "rate": 10, "stages": [
+        {"name": "a", "model": "digits_mlp"}, {"name": "b", "model": "digits_mlp", "parent": "a"}]}]}
+    assert [prepare(spec, placement=p).placement for p in ("undistributed", "opportunistic", "random")] == [
+        "undistributed", "opportunistic", "random"]
+    for kwargs, field in (({"placement": "expert"}, "placement"), ({"mode": "fork"}, "mode"),
+                          ({"backend": "k8s"}, "backend"), ({"placement": "random", "backend": "ray"}, "placement")):
+        with pytest.raises(ConfigError) as err:
+            prepare(spec, **kwargs)
+        assert err.value.field == field

@@ -15,16 +15,12 @@ from gpu.errors import ConfigError
 from gpu.schedulers.fluid.algorithms import FluidParams, fit_packing_curve, save_packing_curve
 from gpu.schedulers.fluid.executor import FluidExecutor
 from gpu.schedulers.fluid.session import TuningSession
-from resource_blocks import GpuPool, MlflowTarget
+from resource_blocks import MlflowTarget
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
 
 GRID = {"lr": {"grid": [0.05, 0.1, 0.2]}, "hidden": 32, "batch_size": 64}
 FAILING = "c0001@0"
-
-
-def sim_pool(name: str) -> GpuPool:
-    return GpuPool(name=name, device_backend="simulated", simulated="2x16GiB")
 
 
 @pytest.fixture(scope="module")
@@ -34,12 +30,10 @@ def mlflow_uri(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="module")
-def grid(prefect_server, tmp_path_factory, mlflow_uri):
+def grid(prefect_server, state_folder, sim_pool, mlflow_uri):
     """3 configs x 4 iterations, one chunk per iteration, c = 2, alpha = 1.5; the second config fails."""
-    state = tmp_path_factory.mktemp("tg-grid")
     target = MlflowTarget(tracking_uri=mlflow_uri, experiment="tg-test")
-    with pytest.MonkeyPatch.context() as env:
-        env.setenv("GPUFLOWS_STATE_DIR", str(state))
+    with state_folder("tg-grid"):
         s = trial_groups(algorithm="grid", space=GRID, iterations=4, chunk=1, c=2, d=1, alpha=1.5,
                          pool=sim_pool("tg-grid"), mode="thread", tracking=target, fail_trial=FAILING,
                          model_name="tg-grid-best", progress=False)
@@ -50,15 +44,14 @@ def grid(prefect_server, tmp_path_factory, mlflow_uri):
 
 
 @pytest.fixture(scope="module")
-def hyperband(prefect_server, tmp_path_factory, mlflow_uri):
+def hyperband(prefect_server, state_folder, sim_pool, mlflow_uri):
     """Hyperband (eta 3, budgets 1 and 3) on 2 GPUs with d = 2: the promoted trial starts alone, 2 GPUs wide.
 
     c = None: a tiny packing measurement (p = 1..4 x 60 iterations) on simulated device 0 sets c and alpha
     (the assertions on the wide trial hold for any c: each rung is a group of its own).
     """
     target = MlflowTarget(tracking_uri=mlflow_uri, experiment="tg-hyperband")
-    with pytest.MonkeyPatch.context() as env:
-        env.setenv("GPUFLOWS_STATE_DIR", str(tmp_path_factory.mktemp("tg-hb")))
+    with state_folder("tg-hb"):
         s = trial_groups(algorithm="hyperband", iterations=3, min_iterations=1, chunk=1, c=None, d=2,
                          packing_iterations=60, pool=sim_pool("tg-hb"), mode="thread", tracking=target,
                          model_name="tg-hb-best", progress=False)
@@ -240,7 +233,7 @@ def test_every_tuning_algorithm_drives_a_fluid_session(algorithm):
     ({"algorithm": "annealing"}, "algorithm", "annealing"),
     ({"execution": "gang"}, "execution", "gang"),
 ])
-def test_bad_input_names_the_field_and_value(kwargs, field, shown):
+def test_bad_input_names_the_field_and_value(kwargs, field, shown, sim_pool):
     """Validated before any flow run or lease (``.fn``: the flow body without a Prefect run)."""
     with pytest.raises(ConfigError) as err:
         trial_groups.fn(pool=sim_pool("tg-bad"), mode="thread", tracking=False, progress=False, **kwargs)

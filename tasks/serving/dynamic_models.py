@@ -5,7 +5,8 @@
 (thesis §4.2.1). A batch keeps looping until every input in it has exited, so the batch costs its slowest
 request (padding, Eq. 4.4); a clean digit exits in a step or two, a corrupted one (noise, rotation as in
 ``tasks.streams``) needs more. ORLOJ's histograms of the model are alone times of sampled requests
-(:func:`alone_times`).
+(:func:`alone_times`). ``ExitByInput`` takes its exit from the input instead, so a workload can drift to
+heavier work on demand.
 """
 
 from __future__ import annotations
@@ -77,3 +78,30 @@ def alone_times(model: nn.Module, rows_by_app: Mapping[str, np.ndarray], repeats
                 times.append(best)
             out[app] = Histogram.from_samples(times, bins)
     return out
+
+
+class ExitByInput(nn.Module):
+    """A dynamic DNN whose inputs say how many of its 12 wide layers they take before exiting (feature 0,
+    rounded, at least 1: an exit an upstream router decided, like SkipNet's gates, §4.2.1); a batch runs until
+    its deepest input exits (padding, Eq. 4.4). Inputs that ask for more layers are heavier real work with no
+    configuration changed, which is how the measured-feedback tests drift a workload mid-run."""
+
+    def __init__(self, width: int = 1024, layers: int = 12):
+        super().__init__()
+        self.embed = nn.Linear(64, width)  # a digits row, as EarlyExitDigits
+        self.layers = nn.ModuleList(nn.Linear(width, width) for _ in range(layers))
+        self.head = nn.Linear(width, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        depth = int(x[:, 0].round().clamp(1, len(self.layers)).max())
+        h = torch.tanh(self.embed(x))
+        for layer in self.layers[:depth]:
+            h = torch.tanh(layer(h))
+        return self.head(h)
+
+
+def depth_rows(depth: int, n: int, seed: int = 0) -> np.ndarray:
+    """``n`` random input rows that take ``depth`` layers of ``ExitByInput``."""
+    x = np.random.default_rng(seed).random((n, 64), dtype=np.float32)
+    x[:, 0] = depth
+    return x

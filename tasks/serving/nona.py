@@ -12,8 +12,13 @@ the bottleneck link (§III). Mapped onto the serving stack:
   activation size; default the request's input row);
 * a server is a plan node, and every node Nona may use hosts every stage (``replicated_plan``), so any
   grouping can be served;
-* θ is solved once before the rollout (``solve_routing``) for the query rates of the spec; the link is the
-  runtime's emulated one (``tasks.serving.link``) of capacity μ.
+* θ is solved before the rollout (``solve_routing``) for the query rates of the spec and the profiled ℓ(1),
+  then again every epoch from what the rollout measured (:class:`MeasuredNona`): each class's arrival rate
+  (its root stage's arrivals over the epoch) and each stage's service time (the mean forward time per request
+  of the batches its workers ran), both handed to ``NonaController.on_epoch``; the link is the runtime's
+  emulated one (``tasks.serving.link``) of capacity μ;
+* the §IV-A baselines that need no live state route the same way (``baseline_routing``): ``undistributed``,
+  ``opportunistic`` and ``random``.
 
 Example: ``solve_routing({"q": query}, {"digits_mlp": profile}, nodes=2, mu=2e5)`` → a ``NonaRouting`` that
 sends whole queries to one node when the link is slow.
@@ -21,16 +26,23 @@ sends whole queries to one node when the link is slow.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Mapping, Sequence
+
+import numpy as np
 
 from gpu.errors import ConfigError
 from gpu.schedulers.nexus.squishy import GpuNode, SessionPlacement, Plan, Session
 from gpu.schedulers.nexus.profiles import BatchProfile
-from gpu.schedulers.nona.optimizer import Cluster, LookupTable, NonaModel, QueryClass, solve
+from gpu.schedulers.nona.baselines import RandomPlacement, opportunistic_thetas, undistributed_thetas
+from gpu.schedulers.nona.optimizer import Cluster, LookupTable, NonaModel, QueryClass, Solution, solve
 from gpu.schedulers.nona.dag import Dag
 from gpu.schedulers.nona.policy import NonaController, NonaRouting
 
 INPUT_BYTES = 64 * 4  # a digits request: 64 float32 features
+BASELINES = ("undistributed", "opportunistic", "random")
+"""Nona's §IV-A baselines the rollout serves with (``--placement``); Expert needs the simulator's grid search
+over q and Spark's fair scheduler reads live state, so neither is one."""
 
 
 def stage_dag(query_id: str, models: Mapping[str, str], inputs: Mapping[str, Sequence[str]],
@@ -52,12 +64,86 @@ def solve_routing(dags: Mapping[str, Dag], rates: Mapping[str, float], nodes: Se
     Raises ``ConfigError`` (from ``solve``) naming the classes, rates and μ when no θ keeps the link stable."""
     if not nodes:
         raise ConfigError("nodes", list(nodes), "Nona needs at least one node")
-    model = NonaModel([QueryClass(d, float(rates.get(k, 0.0))) for k, d in dags.items()],
-                      Cluster(servers=len(nodes), nu=1.0, mu=float(mu)))
-    table = LookupTable((solve(model, seed=seed),))
-    ctl = NonaController(dict(dags), table, len(nodes), seed=seed)
-    stages = {f"{k}/{t}": (k, t) for k, d in dags.items() for t in d.tasks}
-    return NonaRouting(ctl, stages)
+    table = LookupTable((solve(serving_model(dags, rates, len(nodes), mu), seed=seed),))
+    return NonaRouting(NonaController(dict(dags), table, len(nodes), seed=seed), _stages(dags))
+
+
+def serving_model(dags: Mapping[str, Dag], rates: Mapping[str, float], servers: int, mu: float) -> NonaModel:
+    """Nona's queueing model of the served classes: servers of ν = 1 (ops are seconds) behind a link of ``mu``."""
+    return NonaModel([QueryClass(d, float(rates.get(k, 0.0))) for k, d in dags.items()],
+                     Cluster(servers=servers, nu=1.0, mu=float(mu)))
+
+
+def _stages(dags: Mapping[str, Dag]) -> dict[str, tuple[str, str]]:
+    return {f"{k}/{t}": (k, t) for k, d in dags.items() for t in d.tasks}
+
+
+def baseline_routing(name: str, dags: Mapping[str, Dag], nodes: Sequence[int], seed: int = 0) -> NonaRouting:
+    """The routing of one of Nona's baselines (``BASELINES``), with no θ to solve and no link model needed."""
+    if name == "random":
+        return NonaRouting(RandomPlacement(dags, seed), _stages(dags))
+    thetas = (undistributed_thetas if name == "undistributed" else opportunistic_thetas)(dags, len(nodes))
+    model = serving_model(dags, {}, len(nodes), 1.0)
+    theta = np.concatenate([np.asarray(thetas[key]) for key in model.keys])
+    fixed = Solution({k: 0.0 for k in dags}, thetas, model.predict(theta))
+    return NonaRouting(NonaController(dict(dags), LookupTable((fixed,)), len(nodes), seed=seed, policy=name),
+                       _stages(dags))
+
+
+@dataclass(frozen=True)
+class ThetaEpoch:
+    """What one epoch gave Nona: measured rates (queries/s) and stage service times (ms per request), the
+    table entry in force after it, whether θ was re-solved, and θ per ``"class:subgraph root"``."""
+
+    t_s: float
+    rates: dict[str, float]
+    service_ms: dict[str, float]
+    entry: int
+    resolved: bool
+    thetas: dict[str, list[float]]
+
+
+class MeasuredNona:
+    """Drives the rollout's ``NonaController`` every epoch from measurements (Nona §III-A, §IV-D).
+
+    ``on_epoch`` turns the root stages' arrivals into each class's λ and the workers' batches into each stage's
+    service time, calls the controller's ``on_epoch`` with both, and re-solves θ (off the serving path, in
+    the epoch's thread) when the controller asks; a rate no θ keeps stable leaves the θ in force.
+
+    Args:
+        routing: the frontend's ``NonaRouting`` around a ``NonaController``.
+        nodes: the servers θ is solved for; ``mu``: the link's bytes/s.
+    """
+
+    def __init__(self, routing: NonaRouting, nodes: int, mu: float, seed: int = 0):
+        self.routing, self.nodes, self.mu, self.seed = routing, nodes, float(mu), seed
+        self.controller: NonaController = routing.controller
+        self.history: list[ThetaEpoch] = []
+
+    def on_epoch(self, t_s: float, arrivals: Mapping[str, int], span_s: float,
+                 batches: Mapping[str, Sequence[tuple[int, float]]]) -> ThetaEpoch:
+        """``arrivals``: per session, requests that arrived over the last ``span_s`` s; ``batches``: per
+        session, ``(k, forward ms)`` of each batch its workers ran meanwhile."""
+        ctl = self.controller
+        dags = ctl.dags
+        rates = {k: arrivals.get(f"{k}/{d.source}", 0) / span_s for k, d in dags.items()}
+        per_request = {sid: float(np.mean([ms / k for k, ms in runs])) for sid, runs in batches.items() if runs}
+        service = {k: {t: per_request[f"{k}/{t}"] / 1e3 for t in d.tasks if f"{k}/{t}" in per_request}
+                   for k, d in dags.items()}
+        choice = ctl.on_epoch(t_s, rates, {k: v for k, v in service.items() if v})
+        resolved = False
+        if choice.resolve and all(r > 0 for r in rates.values()):
+            try:
+                ctl.add_solution(solve(serving_model(ctl.dags, rates, self.nodes, self.mu), seed=self.seed))
+                ctl.on_epoch(t_s, rates)
+                resolved = True
+            except ConfigError:
+                pass  # no θ keeps the link stable at these rates: the one in force stays
+        entry = ctl.table.entries[ctl.entry]
+        row = ThetaEpoch(t_s, rates, per_request, ctl.entry, resolved,
+                         {f"{k}:{root}": list(th) for (k, root), th in entry.thetas.items()})
+        self.history.append(row)
+        return row
 
 
 def replicated_plan(sessions: Sequence[Session], profiles: Mapping[str, BatchProfile], nodes: int,

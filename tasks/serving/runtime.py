@@ -97,6 +97,7 @@ class LocalServingRuntime:
             cross-node hand-offs between query stages queue on it FIFO; None: hand-offs cost nothing.
         handoff_bytes: bytes a hand-off to each child stage session carries per request (default: its input
             row's), e.g. the parent's measured activation size.
+        measure_batches: workers keep every batch's size and forward time for ``take_batches`` (local backend).
     """
 
     def __init__(self, models: Mapping[str, nn.Module], profiles: Mapping[str, BatchProfile], ledger: LedgerClient,
@@ -107,7 +108,8 @@ class LocalServingRuntime:
                  run_inline: bool = True, backend: str = "local",
                  chains: Mapping[str, tuple[str, float]] | None = None, controller: NexusController | None = None,
                  apps: Mapping[str, float | None] | None = None, query_routing: QueryRouting | None = None,
-                 link_mu: float | None = None, handoff_bytes: Mapping[str, float] | None = None):
+                 link_mu: float | None = None, handoff_bytes: Mapping[str, float] | None = None,
+                 measure_batches: bool = False):
         if backend not in BACKENDS:
             raise ConfigError("backend", backend, f"unknown serving backend; choose one of {list(BACKENDS)}")
         if controller is not None and (chains or load_balancer != "drr"):
@@ -117,6 +119,9 @@ class LocalServingRuntime:
             raise ConfigError("controller.time_unit", controller.chains.time_unit, "the runtime's clock is ns")
         if apps and backend != "local":
             raise ConfigError("apps", sorted(apps), "applications are plumbed through the local backend only")
+        if measure_batches and backend != "local":
+            raise ConfigError("measure_batches", True, "batch measurements come from local workers only")
+        self.measure_batches = measure_batches
         self.backend = backend
         self.models = dict(models)
         self.profiles = dict(profiles)
@@ -142,6 +147,7 @@ class LocalServingRuntime:
         self.label = label
         self.run_inline = run_inline
         self.workers: dict[int, ServingWorker] = {}
+        self._retired_batches: list[list[tuple[str, int, int]]] = []
         self.leases: dict[int, Lease] = {}
         self.plan: Plan | None = None
         self._retired = {"busy_ns": 0, "execute_ns": 0, "execute1_ns": 0, "batches": 0,
@@ -218,7 +224,7 @@ class LocalServingRuntime:
                                    self.accounting, device, chainer=self.chainer, seed=self.seed)
         return ServingWorker(node, self.models, self.profiles, self._new_policy(), self.recorder, device,
                              self.accounting, self.run_inline, self.chainer.parent_done, self.chainer.parents,
-                             apps=self.frontend.apps).start()
+                             apps=self.frontend.apps, measure_batches=self.measure_batches).start()
 
     def sync(self) -> None:
         """Bring remote workers' outcomes so far into ``recorder`` (local workers record directly), with what
@@ -233,10 +239,31 @@ class LocalServingRuntime:
         self.sync()
         return self.frontend.take_counts()
 
+    def take_batches(self) -> dict[str, list[tuple[int, float]]]:
+        """Per session, ``(batch size, forward ms)`` of every batch the workers ran since the last call (workers
+        built with ``measure_batches``; those retired since count too)."""
+        out: dict[str, list[tuple[int, float]]] = {}
+        for rows in [*self._retired_batches, *(w.take_batches() for w in self.workers.values()
+                                                if hasattr(w, "take_batches"))]:
+            for sid, k, ns in rows:
+                out.setdefault(sid, []).append((k, ns / 1e6))
+        self._retired_batches = []
+        return out
+
+    def update_policies(self, change: Callable[[BatchPolicy], None]) -> None:
+        """Apply ``change`` to every running worker's policy, each between two of its batches (local workers);
+        workers started later get theirs from the policy factory."""
+        if self.backend != "local":
+            raise ConfigError("backend", self.backend, "policies of Ray actors are not changed in place")
+        for w in self.workers.values():
+            w.update_policy(change)
+
     def _retire(self, nid: int) -> None:
         worker = self.workers.pop(nid)
         try:
             worker.stop(drain=True)
+            if hasattr(worker, "take_batches"):
+                self._retired_batches.append(worker.take_batches())
             for k in self._retired:
                 self._retired[k] += getattr(worker, k, 0)  # push_ns: remote workers only
         finally:

@@ -10,7 +10,7 @@ Format (YAML or JSON; ``docs/serving.md``)::
     trace: {duration_s: 30, seed: 0, phases: [{at_s: 0, scale: 1}, {at_s: 10, scale: 3, rates: {mlp: 100}}]}
     epoch: {epoch_s: 10, min_epoch_s: 5, beacon_s: 1, avg_interval_s: 2}
     runtime: {batch_policy: early_drop, load_balancer: drr, training_steps: 300}
-    placement: {policy: nona, nodes: 2}  # nexus (default) | shares | nona
+    placement: {policy: nona, nodes: 2}  # nexus (default) | shares | nona | undistributed | opportunistic | random
     link: {mu: 2560000, bytes: 25600}     # emulated bottleneck link: bytes/s, bytes per hand-off
 
 Queries are split into one session per stage (``query/stage``) by the DP of Nexus §6.2 once the models
@@ -24,7 +24,8 @@ DP being for trees, gets the §7.2 even split: every stage ``slo_ms / (stages on
 
 Placement (``docs/serving.md``): ``nexus`` plans with squishy bin packing and routes by its shares; ``shares``
 and ``nona`` host every stage on each of ``nodes`` nodes, ``shares`` routing each request by its session's
-shares and ``nona`` each query by the placement it samples from θ (``tasks.serving.nona``). ``link``
+shares and ``nona`` each query by the placement it samples from θ (``tasks.serving.nona``); Nona's baselines
+``undistributed``, ``opportunistic`` and ``random`` place queries on the same nodes by their rules. ``link``
 emulates a bottleneck link between nodes (``tasks.serving.link``).
 """
 
@@ -44,13 +45,14 @@ from gpu.schedulers.nexus.query import Query, QueryStage, profile_throughput, sp
 from gpu.schedulers.nexus.routing import LOAD_BALANCERS
 from tasks.serving.loadgen import RatePhase, RateTrace
 from tasks.serving.models import check_model
+from tasks.serving.nona import BASELINES
 
 _TOP = {"name", "preset", "sessions", "queries", "trace", "epoch", "runtime", "placement", "link"}
 _SESSION = {"id", "model", "slo_ms", "rate"}
 _QUERY = {"id", "slo_ms", "rate", "stages"}
 _STAGE = {"name", "model", "parent", "parents", "gamma"}
 _PLACEMENT = {"policy", "nodes"}
-PLACEMENTS = ("nexus", "shares", "nona")
+PLACEMENTS = ("nexus", "shares", "nona", *BASELINES)
 _LINK = {"mu", "bytes"}
 _TRACE = {"duration_s", "seed", "phases"}
 _PHASE = {"at_s", "scale", "rates"}

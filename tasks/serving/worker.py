@@ -108,13 +108,15 @@ class ServingWorker:
             has). A request of another width is refused at ``push``, before it can reach the model.
         apps: the application ids by ring code (``Frontend(apps=...)`` assigns code k to ``apps[k - 1]``), so an
             object policy sees each request's application (ORLOJ's per-application histograms).
+        measure_batches: keep ``(session, batch size, forward ns)`` of every batch for ``take_batches`` (what
+            the rollout's epoch feedback re-profiles ORLOJ and re-solves Nona from).
     """
 
     def __init__(self, node: GpuNode, models: Mapping[str, nn.Module], profiles: Mapping[str, BatchProfile],
                  policy: BatchPolicy, recorder: Recorder, device: str = "cpu", accounting: Accounting = PAPER,
                  run_inline: bool = True, on_done: Callable[..., None] | None = None,
                  parents: frozenset[str] = frozenset(), input_width: int | None = INPUT_FEATURES,
-                 apps: tuple[str, ...] = ()):
+                 apps: tuple[str, ...] = (), measure_batches: bool = False):
         self.policy = check_policy(policy)
         self._span = isinstance(policy, SpanPolicy)
         self._observe = getattr(policy, "observe", None)  # a policy that learns from executed batches
@@ -159,6 +161,7 @@ class ServingWorker:
         self.inline_batches = 0   # batches a pushing thread ran (run to completion) ...
         self.inline_execute_ns = 0  # ... and their share of execute_ns (the pusher's time, not the worker's)
         self.served = 0
+        self._batch_log: list[tuple[str, int, int]] | None = [] if measure_batches else None
         self.update(node)
 
     # -- configuration ----------------------------------------------------------------------
@@ -199,6 +202,23 @@ class ServingWorker:
         self.node = node
         self._by_session = {s.placement.session_id: s for s in slots}
         self._slots = slots
+
+    def update_policy(self, change: Callable[[BatchPolicy], None]) -> None:
+        """Apply ``change`` to this worker's policy between two batches (holding the execution lock), e.g. ORLOJ's
+        re-profiled histograms: no decision ever reads a half-changed policy."""
+        with self._exec:
+            change(self.policy)
+
+    def take_batches(self) -> list[tuple[str, int, int]]:
+        """``(session, batch size, forward ns)`` of the batches run since the last call (``measure_batches``).
+        Lossless while the worker keeps running: only the rows read are cut off."""
+        log = self._batch_log
+        if log is None:
+            return []
+        n = len(log)
+        out = log[:n]
+        del log[:n]
+        return out
 
     @property
     def sessions(self) -> list[str]:
@@ -454,6 +474,8 @@ class ServingWorker:
         self.execute_ns += t2 - t1
         self.batches += 1
         b = 1 if one else len(preds)
+        if self._batch_log is not None:
+            self._batch_log.append((slot.placement.session_id, b, t2 - t1))
         self.served += b
         if b == 1:
             self.execute1_ns += t2 - t1

@@ -64,7 +64,8 @@ class GangStep:
     ``submit``: ghost indices to queue; ``grant_all``: try every bundle in one transaction
     (FrameSpace); ``lock``: queue the serializer request; ``rollback``: withdraw the queued ghosts
     and end the running ones; ``unlock``: release the serializer; ``launch``: the members to start;
-    ``wake_at``: when to call ``on_timer`` (``on_retry`` after a rollback).
+    ``wake_at``: when to call ``on_timer`` (``on_retry`` after a rollback). A world calls ``on_ghost_lost``
+    when a running ghost's lease is gone and ``on_finished`` once every member has ended.
     """
 
     submit: tuple[int, ...] = ()
@@ -79,14 +80,75 @@ class GangStep:
 
 @dataclass
 class _Ghosts:
-    """Which ghosts of the current attempt run, and where."""
+    """The ghosts (FrameSpace: the bundles) of the current attempt, by index, and the node each runs on."""
 
+    gang: Gang
     nodes: dict[int, str] = field(default_factory=dict)
     attempt: int = 0
 
+    def started(self, index: int, node: str) -> Actions:
+        """Ghost ``index`` runs on ``node``: one more unit of ``gang-<g>`` there (P4 locking)."""
+        self.nodes[index] = node
+        return Actions(deltas=((self.gang.resource, 1.0, node),))
+
+    @property
+    def complete(self) -> bool:
+        return len(self.nodes) == len(self.gang.members)
+
+    def teardown(self) -> Actions:
+        """Delete ``gang-<g>`` wherever this attempt added to it and forget the attempt's ghosts: the one way
+        a gang's resource goes, whether the attempt is rolled back or its members have finished."""
+        nodes = sorted(set(self.nodes.values()))
+        self.nodes.clear()
+        return Actions(tuple(SetResource(self.gang.resource, 0.0, n) for n in nodes))
+
+    def launch(self) -> tuple[ResourceRequest, ...]:
+        return tuple(self.gang.member(i) for i in range(len(self.gang.members)))
+
+
+class _GhostGang:
+    """What AppSpace and LibSpace share: ghosts adding ``gang-<g>`` units, the launch once all of them run,
+    and one rollback path, taken on a timeout (AppSpace) and when a running ghost dies (both): the ghosts
+    go, ``gang-<g>`` is deleted, and the gang retries after ``_retry_delay()``."""
+
+    gang: Gang
+    _ghosts: _Ghosts
+    done: bool
+    _unlocks = False        # LibSpace hands the serializer back at launch
+
+    @property
+    def attempts(self) -> int:
+        return self._ghosts.attempt + 1
+
+    def on_ghost_started(self, now: float, index: int, node: str) -> GangStep:
+        """Ghost ``index`` runs on ``node``: it adds its ``gang-<g>`` unit; the last one launches the members."""
+        step = GangStep(actions=self._ghosts.started(index, node))
+        if not self._ghosts.complete:
+            return step
+        self.done = True
+        return replace(step, unlock=self._unlocks, launch=self._ghosts.launch())
+
+    def on_ghost_lost(self, now: float, index: int) -> GangStep:
+        """A running ghost died (its lease reclaimed with its holder, §4.3 heartbeats): roll back and retry.
+        Once the members run they hold leases of their own, and the gang is left alone."""
+        return GangStep() if self.done else self._rollback(now)
+
+    def on_finished(self, now: float) -> GangStep:
+        """Every member has ended: ``gang-<g>`` is deleted (the world ends the ghosts)."""
+        return GangStep(actions=self._ghosts.teardown())
+
+    def _rollback(self, now: float) -> GangStep:
+        actions = self._ghosts.teardown()
+        wake_at = now + self._retry_delay()
+        self._ghosts.attempt += 1
+        return GangStep(rollback=True, actions=actions, wake_at=wake_at)
+
+    def _retry_delay(self) -> float:
+        raise NotImplementedError
+
 
 @dataclass
-class AppSpaceGang:
+class AppSpaceGang(_GhostGang):
     """Ghosts + timeout + jittered exponential back-off, no coordination between gangs."""
 
     gang: Gang
@@ -105,56 +167,38 @@ class AppSpaceGang:
         if not 0 <= self.jitter < 1:
             raise ConfigError("jitter", self.jitter, "must be in [0, 1)")
         self._rng = np.random.default_rng(self.seed)
-        self._ghosts = _Ghosts()
+        self._ghosts = _Ghosts(self.gang)
         self.done = False
-
-    @property
-    def attempts(self) -> int:
-        return self._ghosts.attempt + 1
 
     def on_arrival(self, now: float) -> GangStep:
         """Queue a ghost per member, with a timer for the rollback."""
-        self._ghosts.nodes.clear()
         return GangStep(submit=tuple(range(len(self.gang.members))), wake_at=now + self.timeout)
-
-    def on_ghost_started(self, now: float, index: int, node: str) -> GangStep:
-        """Ghost ``index`` runs on ``node``: it adds its ``gang-<g>`` unit; the last one launches the members."""
-        self._ghosts.nodes[index] = node
-        step = GangStep(actions=Actions(deltas=((self.gang.resource, 1.0, node),)))
-        if len(self._ghosts.nodes) < len(self.gang.members):
-            return step
-        self.done = True
-        return replace(step, launch=tuple(self.gang.member(i) for i in range(len(self.gang.members))))
 
     def on_timer(self, now: float) -> GangStep:
         """Timeout with ghosts missing: roll back (delete ``gang-<g>``) and retry after back-off."""
-        if self.done:
-            return GangStep()
-        nodes = sorted(set(self._ghosts.nodes.values()))
-        self._ghosts.nodes.clear()
-        delay = min(self.backoff_cap, self.backoff * 2 ** self._ghosts.attempt)
-        delay *= 1 + self.jitter * (2 * self._rng.random() - 1)
-        self._ghosts.attempt += 1
-        return GangStep(rollback=True, actions=Actions(tuple(SetResource(self.gang.resource, 0.0, n) for n in nodes)),
-                        wake_at=now + delay)
+        return GangStep() if self.done else self._rollback(now)
 
     def on_retry(self, now: float) -> GangStep:
         return self.on_arrival(now)
 
+    def _retry_delay(self) -> float:
+        delay = min(self.backoff_cap, self.backoff * 2 ** self._ghosts.attempt)
+        return delay * (1 + self.jitter * (2 * self._rng.random() - 1))
+
 
 @dataclass
-class LibSpaceGang:
+class LibSpaceGang(_GhostGang):
     """Ghosts serialized through the ``gang-lock`` mutex: no live-lock, no timeout, a lock round trip more."""
 
     gang: Gang
     system: str = "escher"
     policy: str = "libspace"
     hooks: tuple[str, ...] = ("on_arrival",)
+    _unlocks = True
 
     def __post_init__(self) -> None:
-        self._ghosts = _Ghosts()
+        self._ghosts = _Ghosts(self.gang)
         self.done = False
-        self.attempts = 1
 
     @staticmethod
     def setup(node: str) -> Actions:
@@ -171,13 +215,12 @@ class LibSpaceGang:
     def on_locked(self, now: float) -> GangStep:
         return GangStep(submit=tuple(range(len(self.gang.members))))
 
-    def on_ghost_started(self, now: float, index: int, node: str) -> GangStep:
-        self._ghosts.nodes[index] = node
-        step = GangStep(actions=Actions(deltas=((self.gang.resource, 1.0, node),)))
-        if len(self._ghosts.nodes) < len(self.gang.members):
-            return step
-        self.done = True
-        return replace(step, unlock=True, launch=tuple(self.gang.member(i) for i in range(len(self.gang.members))))
+    def on_retry(self, now: float) -> GangStep:
+        """After a dead ghost's rollback: the lock is still held, so queue the ghosts again at once."""
+        return self.on_locked(now)
+
+    def _retry_delay(self) -> float:
+        return 0.0
 
 
 @dataclass
@@ -190,6 +233,7 @@ class FrameSpaceGang:
     hooks: tuple[str, ...] = ("on_arrival",)
 
     def __post_init__(self) -> None:
+        self._bundles = _Ghosts(self.gang)
         self.done = False
         self.attempts = 1
 
@@ -199,9 +243,12 @@ class FrameSpaceGang:
     def on_granted(self, now: float, nodes: tuple[str, ...]) -> GangStep:
         """Every bundle is held: create ``gang-<g>`` where they landed and launch the members."""
         self.done = True
-        deltas = tuple((self.gang.resource, 1.0, n) for n in nodes)
-        return GangStep(actions=Actions(deltas=deltas),
-                        launch=tuple(self.gang.member(i) for i in range(len(self.gang.members))))
+        deltas = tuple(d for i, n in enumerate(nodes) for d in self._bundles.started(i, n).deltas)
+        return GangStep(actions=Actions(deltas=deltas), launch=self._bundles.launch())
+
+    def on_finished(self, now: float) -> GangStep:
+        """Every member has ended: ``gang-<g>`` is deleted (the world releases the bundles)."""
+        return GangStep(actions=self._bundles.teardown())
 
 
 GANG_DESIGNS = {"appspace": AppSpaceGang, "libspace": LibSpaceGang, "framespace": FrameSpaceGang}

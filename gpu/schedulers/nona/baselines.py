@@ -58,12 +58,21 @@ def expert_thetas(dags: Mapping[str, Dag], servers: int, q: float) -> dict[tuple
 
 
 class RandomPlacement:
-    """Every task of a query on a uniformly random live server: compute- and congestion-oblivious."""
+    """Every task of a query on a uniformly random live server: compute- and congestion-oblivious.
+
+    Places arrivals like ``NonaController.on_arrival``, so the serving rollout routes by it the same way."""
 
     name = "random"
 
     def __init__(self, dags: Mapping[str, Dag], seed: int = 0):
         self._dags, self.seed = dict(dags), int(seed)
+
+    @property
+    def dags(self) -> dict[str, Dag]:
+        return dict(self._dags)
+
+    def on_arrival(self, now: float, query: Query) -> QueryPlacement:
+        return self.decide(query)
 
     def decide(self, query: Query) -> QueryPlacement:
         rng = np.random.default_rng((self.seed, query.id))

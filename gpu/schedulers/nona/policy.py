@@ -10,14 +10,16 @@ becomes the next subgraph's source. Tasks then run on their servers in DAG order
   ``gpu.contract.DecisionPolicy`` from ``Query`` to a frozen ``QueryPlacement``. The random stream is seeded by
   (seed, query id), so the same query always gets the same placement.
 * ``NonaController`` — the ``gpu.contract.Controller`` a world drives: ``on_arrival`` places a query;
-  ``on_epoch`` takes measured rates and switches to the nearest lookup-table entry, asking for a re-solve when
-  none is within ``tolerance`` (the paper finds θ robust to ±40 % rate error, §IV-D).
+  ``on_epoch`` takes measured rates (and, from a world that measures them, the tasks' service times) and
+  switches to the nearest lookup-table entry, asking for a re-solve when none is within ``tolerance`` (the
+  paper finds θ robust to ±40 % rate error, §IV-D) or when a task's measured time moved that far from the
+  ``p^t/ν`` the table was solved with (§III-B's model takes both λ and the service times as inputs).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -159,6 +161,7 @@ class NonaController:
         self._dags, self._servers, self._seed = dict(dags), servers, seed
         self.table = table
         self.entry = 0
+        self._stale = False  # the table was solved for service times the world no longer measures
         self._sampler = GroupingSampler.from_solution(policy, dags, table.entries[0], servers, seed)
 
     @property
@@ -168,22 +171,46 @@ class NonaController:
     def on_arrival(self, now: float, query: Query) -> QueryPlacement:
         return self._sampler.decide(query)
 
-    def on_epoch(self, now: float, rates: Mapping[str, float]) -> TableChoice:
-        """Switch to the entry nearest the measured rates; a new θ takes effect from the next arrival."""
+    def on_epoch(self, now: float, rates: Mapping[str, float],
+                  service_s: Mapping[str, Mapping[str, float]] | None = None) -> TableChoice:
+        """Switch to the entry nearest the measured rates; a new θ takes effect from the next arrival.
+
+        ``service_s``: per class, tasks' measured compute times (s on a server of ν = 1, the DAG's ``p^t``);
+        one beyond ``tolerance`` of the DAG's makes the DAG take the measured times and the whole table stale:
+        ``resolve`` then stays True until ``add_solution`` brings θ solved for them."""
         for klass, rate in rates.items():
             if not np.isfinite(rate) or rate < 0:
                 raise ConfigError(f"rates.{klass}", rate, "must be a finite number >= 0")
+        for klass, times in (service_s or {}).items():
+            self._measured(klass, times)
         entry, error = self.table.nearest(rates)
         if entry != self.entry:
             self.entry = entry
             self._sampler = GroupingSampler.from_solution(self.policy, self._dags, self.table.entries[entry],
                                                           self._servers, self._seed)
-        return TableChoice(entry, error, error > self.tolerance)
+        return TableChoice(entry, error, error > self.tolerance or self._stale)
+
+    def _measured(self, klass: str, times: Mapping[str, float]) -> None:
+        dag = self._dags.get(klass)
+        if dag is None:
+            raise ConfigError("service_s", klass, f"unknown class; expected one of {sorted(self._dags)}")
+        ops = dag.op
+        for task, s in times.items():
+            if task not in ops or not (np.isfinite(s) and s > 0):
+                raise ConfigError(f"service_s.{klass}.{task}", s, "must be a task of the class and a time > 0 s")
+        if any(abs(np.log(s / ops[t])) > self.tolerance for t, s in times.items() if ops[t] > 0):
+            self._dags[klass] = Dag.build(dag.name, {**ops, **times}, dag.bytes)
+            self._stale = True
 
     def add_solution(self, solution: Solution) -> None:
         """Install a re-solved scenario (the world solved it after ``TableChoice.resolve``); a failed re-solve
-        simply never calls this, so the table in force stays."""
-        self.table = LookupTable(self.table.entries + (solution,))
+        simply never calls this, so the table in force stays. Solved after the service times moved, it replaces
+        the stale table and is in force at once."""
+        if not self._stale:
+            self.table = LookupTable(self.table.entries + (solution,))
+            return
+        self.table, self.entry, self._stale = LookupTable((solution,)), 0, False
+        self._sampler = GroupingSampler.from_solution(self.policy, self._dags, solution, self._servers, self._seed)
 
 
 class NonaRouting:
@@ -195,7 +222,8 @@ class NonaRouting:
     so a query's stages, routed one by one as they are issued, all read the same placement.
 
     Args:
-        controller: places arrivals (its classes are the DAGs' names).
+        controller: places arrivals (its classes are the DAGs' names): a ``NonaController``, or a baseline
+            with the same ``on_arrival`` and ``dags`` (``gpu.schedulers.nona.baselines.RandomPlacement``).
         stages: serving session → (class, task), e.g. ``{"q/a": ("q", "a")}``; other sessions are left to
             their shares.
         cache: placements kept (a query's stages usually arrive within its SLO; one evicted is re-sampled
@@ -204,7 +232,7 @@ class NonaRouting:
     Example: ``where(0.0, "q/b", np.array([7, 8]))`` → ``array([2, 0])``.
     """
 
-    def __init__(self, controller: NonaController, stages: Mapping[str, tuple[str, str]], cache: int = 1 << 16):
+    def __init__(self, controller: NonaController | Any, stages: Mapping[str, tuple[str, str]], cache: int = 1 << 16):
         self.controller = controller
         self.stages = dict(stages)
         for sid, (klass, task) in self.stages.items():

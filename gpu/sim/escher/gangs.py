@@ -17,7 +17,6 @@ import numpy as np
 from gpu.devices import simulated_nodes
 from gpu.ledger import Lease
 from gpu.placement import FifoBestFit, ResourceRequest
-from gpu.schedulers.escher.api import Actions, SetResource
 from gpu.schedulers.escher.gang import GANG_DESIGNS, AppSpaceGang, FrameSpaceGang, Gang, GangStep, LibSpaceGang
 from gpu.sim.escher.world import Timing, World
 
@@ -163,16 +162,10 @@ class GangWorld:
                 for lease in run.ghosts.values():        # ghosts exit with the gang, freeing the bundles
                     w.release(lease)
                 run.ghosts.clear()
-                w.apply(_delete(run.ctrl.gang.resource, w))
+                w.apply(run.ctrl.on_finished(w.now).actions)
 
         for member in step.launch:
             w.run_task(member, self.load.run_s, on_start=started, on_end=ended)
-
-
-def _delete(resource: str, world: World) -> Actions:
-    """Delete ``resource`` wherever it exists (a finished gang's ``gang-<g>``)."""
-    return Actions(tuple(SetResource(resource, 0.0, n) for n, res in world.ledger.cluster_status().items()
-                         if resource in res))
 
 
 def gang_latencies(load: GangLoad, timing: Timing, seed: int) -> dict[str, list[float]]:
