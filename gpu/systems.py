@@ -84,7 +84,7 @@ SYSTEMS: dict[str, System] = {s.name: s for s in (
            "scenarios/nexus/table2_toy.yaml", "flows.serving_rollout"),
     System("salus", "Yu, Salus (Salus/FLUID thesis, ch. 2; MLSys 2020)", "gpu.sim.salus.run:run",
            "gpu.schedulers.salus.controller:SalusController", ("gpu.schedulers.salus.policies:POLICIES",),
-           "scenarios/salus/fair_three_jobs.yaml", "flows.colocation"),
+           "scenarios/salus/fair_three_jobs.yaml", "flows.gpu_sharing"),
     System("escher", "Bhardwaj, ESCHER: Expressive Scheduling with Ephemeral Resources, SoCC 2021 (thesis ch. 4)",
            "gpu.sim.escher.run:run", "gpu.schedulers.escher.hfs:HierarchicalFairShare", ("gpu.sim.escher.run:POLICIES",),
            "scenarios/escher/small.yaml", "flows.escher_policies"),

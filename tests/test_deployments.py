@@ -49,8 +49,8 @@ SMALL = {
                             "mode": "thread", "progress": False}, "fluid-trials-random"),
     "cilantro-allocation-rounds": ({"rounds": 1, "round_s": 10.0, "report_s": 5.0, "mode": "thread",
                                     "run_name": "deploy-test", "resume": False}, "cilantro-rounds-deploy-test"),
-    "salus-colocation": ({"jobs": 2, "iterations": 3, "gap_s": 0.0, "policy": "srtf", "mode": "thread"},
-                         "salus-jobs-srtf"),
+    "salus-gpu-sharing": ({"jobs": 2, "median_iterations": 3, "gap_s": 0.0, "policies": ["srtf"], "mode": "thread"},
+                          "salus-jobs-srtf"),
     "escher-policies": ({"gang_size": 2, "jobs": 1, "steps": 3, "shards": 2, "words": 200, "rounds": 2,
                          "mode": "thread"}, "escher-actions"),
 }

@@ -1,0 +1,235 @@
+"""Salus on real torch jobs: one trace of trainers and inference loops sharing one pool device, run under each
+policy (thesis Ch. 2, the Table 2.1 experiment scaled down to seconds).
+
+The trace (``tasks.salus_trace``: seeded, a Table A.1-like mix of trainers and S5-like inference loops, or jobs
+given one by one) is submitted at its arrival times to a Salus executor on one pool device, once per policy
+(FIFO, PACK, SRTF, FAIR by default). The executor admits each job into a memory lane by its persistent and
+ephemeral memory, declared (its workload's) or profiled over its first iterations (Algorithm 2.1) and its policy picks, at every iteration boundary, which job
+of a lane runs next (§2.4). Per policy: an MLflow run nested under the flow's (makespan, queuing, average and
+p95 JCT, switch latency, peak lanes, the simulator's prediction as ``sim_<metric>``, the lane Gantt chart,
+every job's iteration spans), a Prefect table ``salus-jobs-<policy>`` (one row per job) and the chart
+``salus-lanes-<policy>``; at the end the table ``salus-policies`` compares the policies, measured beside
+what ``gpu.sim.salus`` predicts for the same jobs. On a simulated pool lanes are memory accounting only (the
+jobs run on the CPU; tokens and policies are real).
+
+    python -m flows.gpu_sharing --jobs 8 --policies fifo srtf
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from typing import Any, Sequence
+
+from prefect import flow
+
+from gpu.errors import ConfigError, GpuflowsError
+from gpu.pool import pool_path
+from gpu.scenario import choose, integer, names, positive
+from gpu.schedulers.salus.policies import POLICIES
+from gpuflows.args import error, simulated
+from resource_blocks import GpuPool, MlflowTarget
+from tasks.charts import publish_chart
+from tasks.flow_runtime import (flow_runner, log_flow_inputs, log_flow_outcome, pool_block, publish_mlflow_link,
+                                settings, tracking_target)
+from tasks.runners import GpuTaskRunner
+from tasks.salus_executor import salus_options
+from tasks.salus_outcomes import METRICS, PolicyOutcome, job_rows, lane_chart, log_policy_run, predicted, solo_iteration_s
+from tasks.salus_trace import JOB_TASKS, SharingJob, explicit_trace, sharing_trace, warm_up
+from tasks.ui import publish_table
+
+log = logging.getLogger(__name__)
+
+MODES = ("process", "thread")
+MEMORY = ("declared", "profiled")
+DEFAULT_POLICIES = ("fifo", "pack", "srtf", "fair")
+DEFAULT_POOL = GpuPool(name="salus", simulated="1x16GiB")
+DEVICE = 0
+MAX_JOBS = 8  # jobs admitted at once on the device (in process mode: its worker processes)
+MIB = 2 ** 20
+ACCOUNTING_ONLY = "lanes are accounting only: a simulated device, the jobs run on the CPU (tokens and policies are real)"
+
+
+def runner_settings(parameters: dict) -> dict:
+    """The flow's runner from its own parameters (``pool``, ``tracking``): it opens the flow's MLflow run; each
+    policy's jobs run on a runner in Salus mode of their own on the same pool (``run_policy``)."""
+    return settings(parameters, DEFAULT_POOL, "gpuflows-salus")
+
+
+def prepare(pool: GpuPool | str | dict | None, tracking: MlflowTarget | bool | str | None, *, jobs: int, seed: int,
+            gap_s: float, median_iterations: int, trace: list[dict] | None, policies: list[str] | None, mode: str,
+            memory: str, **_: Any) -> tuple[list[SharingJob], list[str], GpuPool, MlflowTarget]:
+    """The trace, the policies, the pool and the MLflow target, every parameter checked: the flow calls it for
+    deployment runs, ``main`` before the flow, so a bad argument fails before a flow run starts."""
+    if mode not in MODES:
+        raise ConfigError("mode", mode, f"choose one of {MODES}")
+    choose(memory, "memory", list(MEMORY))
+    chosen = list(DEFAULT_POLICIES) if policies is None else names(policies, "policies")
+    if not chosen or len(set(chosen)) != len(chosen):
+        raise ConfigError("policies", policies, "name each policy once, at least one")
+    for p in chosen:
+        choose(p, "policies", list(POLICIES))
+    integer(seed, "seed", minimum=0)
+    if trace is not None:
+        jobs_ = explicit_trace(trace)
+    else:
+        jobs_ = sharing_trace(integer(jobs, "jobs", minimum=1), seed, positive(gap_s, "gap_s", allow_zero=True),
+                              integer(median_iterations, "median_iterations", minimum=1))
+    return jobs_, chosen, pool_block(pool, DEFAULT_POOL), tracking_target(tracking, "gpuflows-salus")
+
+
+def run_policy(trace: Sequence[SharingJob], policy: str, pool: GpuPool, mode: str, memory: str) -> PolicyOutcome:
+    """Submit the trace at its arrival times to a runner in Salus mode with ``policy`` on device 0 of ``pool``
+    (its jobs in worker processes or threads, ``mode``; their memory declared or profiled, ``memory``); the
+    jobs' measured rows once all are done. The runner leases the device for the policy's run and gives it back
+    when it exits, however the run ended. A runner of its own per policy, not the flow's: an executor's policy
+    is fixed for its life. Its MLflow tracking is off (the flow's runner holds the flow run's one MLflow run);
+    each job's record goes into the policy's nested run instead (``jobs.json``)."""
+    runner = GpuTaskRunner(pool=pool, mode="salus", salus_policy=policy, salus_devices=(DEVICE,),
+                           max_jobs_per_device=min(len(trace), MAX_JOBS), salus_workers=mode, tracking=False)
+    with runner:
+        executor = runner.salus().executor(DEVICE)
+        device_mb = executor.controller.lanes.capacity_mb
+        submitted = []
+        t0 = time.time()
+        for i, job in enumerate(trace):
+            time.sleep(max(0.0, t0 + job.arrival_s - time.time()))  # the trace's arrival process
+            declared = {"persistent": int(job.persistent_mb * MIB), "ephemeral": int(job.ephemeral_mb * MIB)}
+            with salus_options(expected_s=job.expected_s, **(declared if memory == "declared" else {})):
+                task = JOB_TASKS[job.kind].with_options(name=f"{policy}-{job.job_id}-{job.workload}")
+                future = runner.submit(task, {"job_id": job.job_id, "hidden": job.hidden, "steps": job.steps,
+                                              "iterations": job.iterations, "seed": i})
+            submitted.append((time.time(), future))
+        results = [future.result() for _, future in submitted]
+        sizes = {job.job_id: (job.persistent_mb, job.ephemeral_mb) for job in trace}
+        for executor_id, measured in executor.profiles.items():
+            sizes[_trace_id(executor_id, policy)] = measured
+        grants: dict[str, list[int]] = {}  # the executor's token log: each iteration's lane, per job
+        for _, lane, executor_id in executor.switches:
+            grants.setdefault(_trace_id(executor_id, policy), []).append(lane)
+    rows = job_rows(trace, results, [at for at, _ in submitted], t0, sizes, grants)
+    return PolicyOutcome(policy, rows, device_mb, simulated_device=any(r["device"] == "cpu" for r in results),
+                         sizes=sizes)
+
+
+def _trace_id(executor_id: str, policy: str) -> str:
+    """The trace's job id in an executor's job id, ``<policy>-<job id>-<workload>-<suffix>`` (its task's name
+    and a suffix)."""
+    return executor_id.removeprefix(f"{policy}-").split("-")[0]
+
+
+def _publish(outcome: PolicyOutcome, sim: dict[str, float], parent: str | None, tracking_uri: str,
+             errors: list[str]) -> None:
+    """The policy's Prefect table, its MLflow run and its lane chart (in both places)."""
+    table = [{k: v for k, v in r.items() if k not in ("spans", "span_lanes")} for r in outcome.jobs]
+    publish_table(f"salus-jobs-{outcome.policy.replace('_', '-')}", table,
+                  f"Salus {outcome.policy}: one row per job (seconds since the first arrival)"
+                  + (f"; {ACCOUNTING_ONLY}" if outcome.simulated_device else ""))
+    run_id = None
+    if parent is not None:
+        from tasks.tracking import open_client
+
+        try:
+            run_id = log_policy_run(open_client(tracking_uri), parent, outcome, sim)
+        except Exception as exc:  # noqa: BLE001 - kept and returned: the review loses a run, the flow goes on
+            errors.append(f"MLflow run of policy {outcome.policy} not logged: {exc!r}")
+            log.error(errors[-1])
+    png = lane_chart(outcome)
+    if png is not None:
+        publish_chart(png, f"salus-lanes-{outcome.policy.replace('_', '-')}", f"Salus {outcome.policy}: lanes",
+                      "One row per job: grey = queued, a bar per iteration coloured by its lane.", run_id,
+                      tracking_uri if run_id else None)
+
+
+@flow(name="salus-gpu-sharing", log_prints=True, task_runner=GpuTaskRunner(configure=runner_settings))
+def gpu_sharing(jobs: int = 8, seed: int = 0, gap_s: float = 0.1, median_iterations: int = 20,
+                trace: list[dict] | None = None, policies: list[str] | None = None,
+                memory: str = "declared", pool: GpuPool | str | None = None, mode: str = "process",
+                tracking: MlflowTarget | bool | str | None = None) -> dict:
+    """Run one job trace under each Salus policy on one pool device; return each policy's jobs and metrics,
+    measured and simulated.
+
+    Args:
+        jobs, seed, gap_s, median_iterations: the seeded trace (``jobs`` jobs, arrivals ``gap_s`` apart on
+            average, iterations log-normal around ``median_iterations``).
+        trace: jobs given one by one instead, ``[{kind: train|infer, workload, iterations, arrival_s}]``.
+        policies: Salus policies to run the trace under (default fifo, pack, srtf, fair).
+        memory: "declared" (each job declares its workload's Table A.1 memory) or "profiled" (jobs declare none:
+            the runner measures what their torch work allocates over their first iterations).
+        pool: GpuPool block, saved block name, or None (pool "salus": NVML GPUs, else a simulated 16 GiB device).
+        mode: "process" (each job its own worker process, its memory capped at its lane) or "thread".
+        tracking: MlflowTarget block, saved block name, False, or None for the default target.
+    """
+    trace_, chosen, block, _ = prepare(pool, tracking, jobs=jobs, seed=seed, gap_s=gap_s,
+                                       median_iterations=median_iterations, trace=trace, policies=policies, mode=mode,
+                                       memory=memory)
+    parent = publish_mlflow_link()
+    log_flow_inputs("salus", "sharing", {"jobs": len(trace_), "seed": seed, "gap_s": gap_s,
+                                         "median_iterations": median_iterations, "explicit_trace": trace is not None,
+                                         "policies": ",".join(chosen), "mode": mode, "memory": memory})
+    tracking_uri = flow_runner().tracking.resolved_uri()
+    if mode == "thread":
+        warm_up()
+    outcomes = [run_policy(trace_, policy, block, mode, memory) for policy in chosen]
+    iter_s = solo_iteration_s(outcomes)
+    errors: list[str] = []
+    comparison = []
+    for outcome in outcomes:
+        sim = predicted(trace_, outcome, iter_s)
+        _publish(outcome, sim, parent, tracking_uri, errors)
+        comparison.append({"policy": outcome.policy, **{k: outcome.summary[k] for k in (*METRICS, "peak_lanes")},
+                           **{f"sim_{k}": v for k, v in sim.items()}})
+    note = ACCOUNTING_ONLY if any(o.simulated_device for o in outcomes) else ""
+    publish_table("salus-policies", comparison, "Salus: each policy on the same trace, measured beside the simulator's "
+                  "prediction (sim_) for the same jobs" + (f"; {note}" if note else ""))
+    log_flow_outcome({f"{row['policy']}_{k}": v for row in comparison for k, v in row.items() if k != "policy"})
+    return {"trace": [j.row() for j in trace_], "policies": {o.policy: {"jobs": o.jobs, "summary": o.summary}
+                                                            for o in outcomes},
+            "comparison": comparison, "note": note, "mlflow_errors": errors}
+
+
+def print_comparison(out: dict) -> None:
+    """Policy by policy: makespan, average and p95 JCT measured, and the simulator's beside them."""
+    print(f"{'policy':<14}{'makespan s':>11}{'sim':>7}{'avg JCT s':>11}{'sim':>7}{'p95 JCT s':>11}{'sim':>7}"
+          f"{'lanes':>7}{'switch ms':>11}")
+    for row in out["comparison"]:
+        switch = out["policies"][row["policy"]]["summary"].get("switch_ms_median")
+        print(f"{row['policy']:<14}{row['makespan_s']:>11.2f}{row['sim_makespan_s']:>7.2f}{row['avg_jct_s']:>11.2f}"
+              f"{row['sim_avg_jct_s']:>7.2f}{row['p95_jct_s']:>11.2f}{row['sim_p95_jct_s']:>7.2f}"
+              f"{int(row['peak_lanes']):>7}{'-' if switch is None else f'{switch:.2f}':>11}")
+    if out["note"]:
+        print(out["note"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m flows.gpu_sharing", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--jobs", type=int, default=8, help="jobs in the seeded trace (default 8)")
+    parser.add_argument("--seed", type=int, default=0, help="seeds the trace (default 0)")
+    parser.add_argument("--gap-s", type=float, default=0.1, help="mean seconds between arrivals (default 0.1)")
+    parser.add_argument("--median-iterations", type=int, default=20, help="median Salus iterations per job (default 20)")
+    parser.add_argument("--policies", nargs="+", default=list(DEFAULT_POLICIES),
+                        help=f"policies, of {sorted(POLICIES)} (default {' '.join(DEFAULT_POLICIES)})")
+    parser.add_argument("--memory", default="declared",
+                        help=f"jobs' memory, one of {MEMORY}: their workloads' or profiled by the runner (default declared)")
+    parser.add_argument("--mode", default="process", help=f"runner mode, one of {MODES} (default process)")
+    parser.add_argument("--pool", default="salus", help="pool name (flows naming the same pool share it)")
+    parser.add_argument("--simulated", type=simulated, default="1x16GiB", help="simulated devices when no GPU is found")
+    parser.add_argument("--no-tracking", action="store_true", help="switch MLflow tracking off")
+    args = parser.parse_args(argv)
+    kwargs = dict(jobs=args.jobs, seed=args.seed, gap_s=args.gap_s, median_iterations=args.median_iterations,
+                  trace=None, policies=args.policies, mode=args.mode, memory=args.memory,
+                  tracking=False if args.no_tracking else None)
+    try:  # before a Prefect server starts
+        pool_path(args.pool)
+        _, _, kwargs["pool"], kwargs["tracking"] = prepare(GpuPool(name=args.pool, simulated=args.simulated), **kwargs)
+    except GpuflowsError as exc:
+        return error(exc)
+    print_comparison(gpu_sharing(**kwargs))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
