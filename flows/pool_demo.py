@@ -19,6 +19,7 @@ from gpu.pool import pool_path
 from gpu.scenario import integer
 from gpuflows.args import error, simulated
 from resource_blocks import GpuPool, MlflowTarget
+from tasks.digits import digits_tensors, mlp
 from tasks.flow_runtime import log_flow_inputs, publish_mlflow_link, settings
 from tasks.requests import current_placement, gpu_options
 from tasks.charts import publish_pool_occupancy
@@ -34,17 +35,13 @@ MIX: list[tuple[float, str | int]] = [(0.25, 0), (0.5, "4GiB"), (1, 0), (0.25, "
 def train_steps(i: int, steps: int = 60) -> dict:
     """A tiny training run on the task's placement; returns where and when it ran."""
     import torch
-    from sklearn.datasets import load_digits
 
     start = time.time()
     p = current_placement()
     enforce(p)
-    x, y = load_digits(return_X_y=True)
     device = torch.device(p.device)
-    xs = torch.tensor(x / 16.0, dtype=torch.float32, device=device)
-    ys = torch.tensor(y, device=device)
-    torch.manual_seed(i)
-    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10)).to(device)
+    xs, ys = digits_tensors(device)
+    model = mlp(64, i, device)
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     for step in range(steps):
         idx = torch.randint(0, len(xs), (128,), device=device)

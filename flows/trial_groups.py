@@ -44,7 +44,7 @@ from resource_blocks import GpuPool, MlflowTarget
 from tasks.fluid_escher import PLACEMENTS, EscherTrials, escher_trials, nodes_pool
 from tasks.fluid_profiling import TrialProfiler, calibrate, trials_per_device
 from tasks.fluid_salus import EXECUTION as SALUS_PACK, pack_search, salus_pack_runner
-from tasks.fluid_trial_log import TrialLog
+from tasks.fluid_trial_log import TrialLog, best_result
 from tasks.fluid_trials import load_model, train_chunk
 from tasks.requests import gpu_options
 from tasks.flow_runtime import (flow_runner, log_flow_inputs, log_flow_outcome, pool_block, publish_mlflow_link,
@@ -199,11 +199,7 @@ def _search(algorithm: str, trials: int, iterations: int, seed: int, space: dict
         bar.update(len(scores), f"failed {len(failures)}, running {len(inflight)}, iterations {total_iters}")
     makespan = now()
     bar.close()
-    ok = [r for r in algo.results if r.trial_id not in failures]
-    if not ok:
-        raise RuntimeError(f"every trial failed: {failures}")
-    top = max(r.iterations for r in ok)
-    best = min((r for r in ok if r.iterations == top), key=lambda r: r.score)
+    best = best_result(algo.results, failures)
     version = log.register(best.trial_id, load_model(best.config, ckpt(best.trial_id)), model_name)
     publish_table(f"fluid-trials-{algorithm}", [
         {"trial": r.trial_id, "config": r.config, "iterations": r.iterations,

@@ -47,6 +47,7 @@ from prefect import task
 
 from gpu.errors import ConfigError
 from gpu.sim.cilantro.workloads import TRACE_MEDIAN, load_trace
+from tasks.digits import digits_tensors, mlp
 from tasks.requests import TaskPlacement, current_placement
 from tasks.slices import on_slice
 
@@ -212,29 +213,13 @@ def _torch():
     return torch
 
 
-@lru_cache(maxsize=4)
-def _digits(device: str):
-    import torch
-    from sklearn.datasets import load_digits
-
-    x, y = load_digits(return_X_y=True)
-    return (torch.tensor(x / 16.0, dtype=torch.float32, device=device), torch.tensor(y, device=device))
-
-
-def _mlp(seed: int, hidden: int, device: str):
-    import torch
-
-    torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(64, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 10)).to(device)
-
-
 @lru_cache(maxsize=8)
 def _classifier(hidden: int, device: str):
     """A service's classifier, trained once per worker (200 Adam steps on the training rows)."""
     import torch
 
-    xs, ys = _digits(device)
-    model = _mlp(0, hidden, device)
+    xs, ys = digits_tensors(device)
+    model = mlp(hidden, 0, device)
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     gen = torch.Generator().manual_seed(0)
     for _ in range(200):
@@ -258,7 +243,7 @@ def run_service(job: JobConfig, window: RoundWindow) -> dict:
     placement = current_placement()
     alloc, device = slice_size(placement), placement.device if placement else "cpu"
     times = arrivals(job, window)
-    xs, ys = _digits(device)
+    xs, ys = digits_tensors(device)
     pages = torch.cat([xs[_TRAIN_ROWS:], xs[_TRAIN_ROWS:]])  # a request is rows consecutive images of these
     labels = torch.cat([ys[_TRAIN_ROWS:], ys[_TRAIN_ROWS:]])
     starts = _job_rng(window, job, 3).integers(0, _REQUEST_ROWS, sum(len(t) for t in times)).tolist()
@@ -325,8 +310,8 @@ def run_trainer(job: JobConfig, window: RoundWindow, checkpoint_in: str | None, 
     t0 = time.perf_counter()
     placement = current_placement()
     alloc, device = slice_size(placement), placement.device if placement else "cpu"
-    xs, ys = _digits(device)
-    model = _mlp(window.seed, job.hidden, device)
+    xs, ys = digits_tensors(device)
+    model = mlp(job.hidden, window.seed, device)
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     total = 0
     if checkpoint_in and Path(checkpoint_in).is_file():

@@ -28,6 +28,7 @@ from prefect import task
 
 from gpu.schedulers.escher.api import Escher
 from gpu.schedulers.escher.primitives import colocate, store_data
+from tasks.digits import digits_tensors
 from tasks.requests import current_placement, task_ledger
 
 RENDEZVOUS_TIMEOUT = timedelta(seconds=60)  # a gang member or an AlphaZero pair waiting longer has lost its peers
@@ -68,11 +69,8 @@ def node_folder(workdir: str, node: str) -> Path:
 # -- linear digits classifiers --------------------------------------------------------------------
 def digits(shard: int = 0, shards: int = 1):
     """sklearn's 8x8 digits as float tensors; ``shard`` of ``shards`` (every ``shards``-th sample)."""
-    import torch
-    from sklearn.datasets import load_digits
-
-    x, y = load_digits(return_X_y=True)
-    return torch.tensor(x[shard::shards] / 16.0, dtype=torch.float32), torch.tensor(y[shard::shards])
+    x, y = digits_tensors()
+    return x[shard::shards], y[shard::shards]
 
 
 def linear_model(seed: int):

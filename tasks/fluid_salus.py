@@ -29,7 +29,7 @@ from gpu.devices import Device, discover
 from gpu.state import state_dir
 from gpu.tuning.base import TuningAlgorithm
 from tasks.fluid_packing import digits_split
-from tasks.fluid_trial_log import TrialLog
+from tasks.fluid_trial_log import TrialLog, best_result
 from tasks.fluid_trials import load_model, model_and_optimizer, train_epochs
 from resource_blocks import GpuPool
 from tasks.requests import current_placement, gpu_options
@@ -147,11 +147,7 @@ def pack_search(algo: TuningAlgorithm, algorithm: str, device: Device, seed: int
             future.wait()
     makespan = time.monotonic() - t0
     spans = [span for r in results.values() for span in r["spans"]]
-    ok = [r for r in algo.results if r.trial_id not in errors]
-    if not ok:
-        raise RuntimeError(f"every trial failed: {sorted(errors)}")
-    top = max(r.iterations for r in ok)
-    best = min((r for r in ok if r.iterations == top), key=lambda r: r.score)
+    best = best_result(algo.results, errors)
     version = log.register(best.trial_id, load_model(best.config, ckpt(best.trial_id)), model_name)
     publish_table(f"fluid-trials-{algorithm}", [
         {"trial": r.trial_id, "config": r.config, "iterations": r.iterations,

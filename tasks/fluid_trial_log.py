@@ -34,6 +34,17 @@ def _kept_going(method: Callable) -> Callable:
     return guarded
 
 
+def best_result(results: list[Any], failed: Any) -> Any:
+    """The search's best trial: the lowest score among the trials that trained the most iterations (a trial
+    stopped early by successive halving scored on fewer epochs is not comparable). RuntimeError when every
+    trial in ``failed`` (ids) failed."""
+    ok = [r for r in results if r.trial_id not in failed]
+    if not ok:
+        raise RuntimeError(f"every trial failed: {sorted(failed)}")
+    top = max(r.iterations for r in ok)
+    return min((r for r in ok if r.iterations == top), key=lambda r: r.score)
+
+
 class TrialLog:
     """A child MLflow run per trial under the flow's run (no-op when tracking is off)."""
 

@@ -26,6 +26,7 @@ from prefect import task
 from gpu.errors import ConfigError
 from gpu.scenario import choose, entries, integer, positive, require
 from gpu.sim.salus.workloads import all_workloads, inference_instances, workload
+from tasks.digits import digits_tensors, mlp
 from tasks.requests import current_placement
 from tasks.salus_executor import salus_iterations, salus_job
 
@@ -126,24 +127,9 @@ def warm_up() -> None:
     inside its first job's setup (seconds on a busy machine)."""
     import torch
 
-    xs, ys = _digits("cpu")
-    model = _model(8, 0, "cpu")
+    xs, ys = digits_tensors("cpu")
+    model = mlp(8, 0, "cpu")
     _step(model, torch.optim.Adam(model.parameters()), xs, ys, torch.Generator().manual_seed(0))
-
-
-def _digits(device: Any):
-    import torch
-    from sklearn.datasets import load_digits
-
-    x, y = load_digits(return_X_y=True)
-    return (torch.tensor(x / 16.0, dtype=torch.float32, device=device), torch.tensor(y, device=device))
-
-
-def _model(hidden: int, seed: int, device: Any):
-    import torch
-
-    torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(64, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 10)).to(device)
 
 
 def _step(model: Any, opt: Any, xs: Any, ys: Any, gen: Any) -> None:
@@ -173,8 +159,8 @@ def train_job(job_id: str, hidden: int, steps: int, iterations: int, seed: int) 
     admitted = time.time()
     torch.set_num_threads(1)
     device = torch.device(current_placement().device)
-    xs, ys = _digits(device)
-    model = _model(hidden, seed, device)
+    xs, ys = digits_tensors(device)
+    model = mlp(hidden, seed, device)
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     gen = torch.Generator().manual_seed(seed)
     spans = []
@@ -198,8 +184,8 @@ def infer_job(job_id: str, hidden: int, steps: int, iterations: int, seed: int) 
     admitted = time.time()
     torch.set_num_threads(1)
     device = torch.device(current_placement().device)
-    xs, _ = _digits(device)
-    model = _model(hidden, seed, device).eval()
+    xs, _ = digits_tensors(device)
+    model = mlp(hidden, seed, device).eval()
     gen = torch.Generator().manual_seed(seed)
     spans, served = [], 0
     for _ in salus_iterations(iterations):
