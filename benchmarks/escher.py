@@ -12,7 +12,6 @@ numbers the paper measured on EC2 and a simulator cannot know are calibrated inp
 
 from __future__ import annotations
 
-import inspect
 import sys
 import tempfile
 import time
@@ -105,20 +104,11 @@ def lines_of_code() -> dict[str, int]:
     """Effort (§4.5): lines an application adds per policy, counted from our code (statements, no
     docstrings/comments): the WordCount change, a gang design's controller."""
     from gpu.schedulers.escher import gang as escher_gang
+    from gpu.schedulers.escher.effort import source_lines
 
-    def count(obj) -> int:
-        src = inspect.getsource(obj).splitlines()
-        body = [ln.strip() for ln in src if ln.strip() and not ln.strip().startswith("#")]
-        doc = False
-        out = 0
-        for ln in body:
-            if ln.startswith('"""') or ln.endswith('"""'):
-                doc = not doc if ln.count('"""') == 1 else doc
-                continue
-            out += not doc
-        return out
-    return {"loc_locality": 2, "loc_appspace": count(escher_gang.AppSpaceGang),
-            "loc_libspace": count(escher_gang.LibSpaceGang), "loc_framespace": count(escher_gang.FrameSpaceGang)}
+    return {"loc_locality": 2, "loc_appspace": source_lines(escher_gang.AppSpaceGang),
+            "loc_libspace": source_lines(escher_gang.LibSpaceGang),
+            "loc_framespace": source_lines(escher_gang.FrameSpaceGang)}
 
 
 def simulated(quick: bool, seed: int) -> tuple[dict[str, float], dict[str, list[dict]]]:

@@ -46,6 +46,7 @@ from prefect.futures import as_completed
 from gpu.errors import AllocationTimeout, ConfigError, GpuflowsError
 from gpu.placement import ResourceRequest
 from gpu.schedulers.escher.api import Escher, NodeSpec
+from gpu.schedulers.escher.effort import source_lines
 from gpu.schedulers.escher.gang import AppSpaceGang, Gang
 from gpu.schedulers.escher.hfs import HierarchicalFairShare, water_fill
 from gpu.schedulers.escher.primitives import anti_affinity, colocate, store_data, with_task
@@ -54,7 +55,7 @@ from gpuflows.args import error
 from resource_blocks import GpuPool, MlflowTarget, SchedulerPolicy
 from tasks.escher_jobs import (board_aggregator, consumer, gang_member, map_shard, predictor, producer,
                                reduce_partition, replica, team_job, trial_chunk, write_shard)
-from tasks.escher_tracking import Demo, log_policy_runs, source_lines
+from tasks.escher_tracking import Demo, log_policy_runs
 from tasks.flow_runtime import (flow_runner, log_flow_inputs, log_flow_outcome, pool_block, publish_mlflow_link,
                                 settings, tracking_target)
 from tasks.requests import gpu_options

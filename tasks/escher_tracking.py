@@ -4,10 +4,7 @@ fifty lines to EscherTune"; Fig. 4.7: AppSpace 78, LibSpace 261, FrameSpace 1624
 
 from __future__ import annotations
 
-import ast
-import inspect
 import json
-import textwrap
 import time
 from dataclasses import dataclass
 from typing import Callable, Mapping
@@ -20,18 +17,6 @@ class Demo:
     run_name: str
     esl: tuple[Callable | type, ...]
     paper_lines: str = ""
-
-
-def source_lines(*code: Callable | type) -> int:
-    """Lines of code of an ESL as the paper counts effort: its source without docstrings, comments or blanks."""
-    total = 0
-    for obj in code:
-        tree = ast.parse(textwrap.dedent(inspect.getsource(obj)))
-        for node in ast.walk(tree):
-            if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and ast.get_docstring(node) is not None:
-                node.body = node.body[1:] or [ast.Pass()]
-        total += len(ast.unparse(tree).splitlines())
-    return total
 
 
 def log_policy_runs(results: Mapping[str, dict], demos: Mapping[str, Demo]) -> list[str]:

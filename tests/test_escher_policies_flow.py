@@ -12,7 +12,7 @@ from flows.escher_policies import DEFAULT_POOL, POLICIES, escher_policies, main,
 from gpu.errors import ConfigError
 from resource_blocks import GpuPool, SchedulerPolicy
 from tasks.escher_jobs import shard_text
-from tasks.escher_tracking import source_lines
+from gpu.schedulers.escher.effort import source_lines
 
 GOOD = dict(gang_size=2, gang_timeout_s=30.0, team_weights=[1, 1], jobs=2, steps=5, mode="thread", seed=0,
             shards=4, words=500, reducers=2, pairs=2, rounds=3)

@@ -662,7 +662,8 @@ def escher_on_ray(two_node_run):
         for k, v in RAY_ENV.items():
             mp.setenv(k, v)
         out = escher_policies.with_options(task_runner=GpuRayTaskRunner(configure=runner_settings))(
-            gang_size=2, jobs=2, steps=5, pool=pool, tracking=False)
+            policies=["affinity", "gang", "hfs", "locality", "tune"], gang_size=2, jobs=2, steps=5, shards=4, words=2000,
+            pool=pool, tracking=False)
     ray.init(address=two_node_run["address"], namespace=NAMESPACE, log_to_driver=False)
     try:
         actor = _ledger_actor(pool)
@@ -676,7 +677,7 @@ def escher_on_ray(two_node_run):
 def test_escher_flow_on_ray_places_tasks_on_the_nodes_the_esls_chose(escher_on_ray):
     out = escher_on_ray
     assert out["nodes"] == out["ray_nodes"]                                           # the ledger's nodes: Ray's
-    placement = out["placement"]
+    placement = out["affinity"]
     assert sorted(r["node"] for r in placement["replicas"]) == out["ray_nodes"]       # anti-affinity
     assert placement["consumer"]["node"] == placement["producer"]["node"]            # affinity (P1)
     gang = out["gang"]
@@ -685,6 +686,10 @@ def test_escher_flow_on_ray_places_tasks_on_the_nodes_the_esls_chose(escher_on_r
     assert sorted(g["node"] for g in gang["ghosts"]) == out["ray_nodes"]
     assert max(m["started"] for m in gang["members"]) < min(m["ended"] for m in gang["members"])
     assert all(m["cvd"] == ",".join(map(str, m["devices"])) for m in gang["members"])
+    local = out["locality"]["locality"]                                              # data locality (P2)
+    assert local["transfer_bytes"] == 0 and {m["node"] for m in local["maps"]} == set(out["ray_nodes"])
+    tune = out["tune"]                                                               # EscherTune's migration
+    assert tune["after"]["node"] != tune["before"]["node"] and tune["after"]["first_step"] == 5
 
 
 def test_escher_flow_on_ray_shares_two_nodes_between_three_users_over_rounds(escher_on_ray):

@@ -3,6 +3,7 @@
 Scheduler modules:
 
 - ``api``: ESCHER: scheduling policies as ephemeral resources over the pool ledger
+- ``effort``: the lines of code a policy costs, counted as §4.5 counts effort
 - ``gang``: Gang scheduling as ESCHER writes it (§4.4e, Table 4.2 "Gang", Fig
 - ``hfs``: Hierarchical max-min fair sharing as an ESL (ESCHER §4.4f, Fig
 - ``primitives``: ESCHER's primitives P1–P4 (§4.4) and the Table 4.2 policies built from them, as ESL calls
