@@ -65,13 +65,21 @@ class SharedSpan:
 
     device: int
     gpu_s: float
-    iterations: int  # FAIR evens shares out to within one iteration: over few iterations they can differ more
+    iterations: int
     decided: dict[str, float]
     realised: dict[str, float]
+    longest_s: float = 0.0  # the span's longest iteration: FAIR evens service out only to within one iteration
 
     @property
     def error(self) -> float:
         return max(abs(self.realised[j] - self.decided[j]) for j in self.decided)
+
+    @property
+    def lag_bound(self) -> float:
+        """How far a realised share may sit from its decided one when least-service-first FAIR works: the
+        jobs' weighted service differs by at most one iteration at every hand-off, so a share is off by at
+        most ``longest_s / gpu_s`` (an iteration stretched by a busy CPU widens this, over a short span)."""
+        return self.longest_s / self.gpu_s if self.gpu_s > 0 else 1.0
 
 
 @dataclass(frozen=True)
@@ -115,11 +123,13 @@ def shared_span(device: int, log: Sequence[tuple[float, str, float]], weights: d
         spans[job] = (min(lo, t - gpu_s), max(hi, t))
     served: dict[frozenset[str], dict[str, float]] = defaultdict(lambda: defaultdict(float))
     counts: dict[frozenset[str], int] = defaultdict(int)
+    longest: dict[frozenset[str], float] = defaultdict(float)
     for t, job, gpu_s in log:
         mid = t - gpu_s / 2
         running = frozenset(j for j, (lo, hi) in spans.items() if lo <= mid <= hi)
         served[running][job] += gpu_s
         counts[running] += 1
+        longest[running] = max(longest[running], gpu_s)
     contended = [jobs for jobs in served if len(jobs) >= 2]
     if not contended:
         return None
@@ -130,7 +140,7 @@ def shared_span(device: int, log: Sequence[tuple[float, str, float]], weights: d
     for j in jobs:
         decided[names[j]] += weights[j] / weight
         realised[names[j]] += served[jobs][j] / total if total > 0 else 0.0
-    return SharedSpan(device, total, counts[jobs], dict(decided), dict(realised))
+    return SharedSpan(device, total, counts[jobs], dict(decided), dict(realised), longest[jobs])
 
 
 @dataclass

@@ -56,7 +56,8 @@ def _colocate(lanes: EkyaLanes, jobs: dict[str, tuple[float, object]]) -> dict[s
 @pytest.mark.slow  # torch's first steps take seconds on a loaded machine
 def test_a_07_03_split_gives_retraining_and_inference_their_decided_shares_of_one_lane(state_dir):
     """A real retraining (SGD steps) and a real inference job (batches of frames) in one lane under weighted
-    FAIR with weights 0.7/0.3: while both run, the token log's GPU time splits 0.7/0.3 (within 0.1), their
+    FAIR with weights 0.7/0.3: while both run, the token log's GPU time splits 0.7/0.3 (within 0.1, plus the
+    one-iteration lag FAIR allows: a single iteration stretched by a busy CPU moves a 0.1 s span), their
     iterations interleave, and each job's own result is what it computes alone."""
     settings = WindowSettings(frames=2000, labelled=400)
     spec = make_streams(2, seed=0)[0]
@@ -75,8 +76,8 @@ def test_a_07_03_split_gives_retraining_and_inference_their_decided_shares_of_on
                                                                           "cam0/infer": "cam0/infer"})
     assert span is not None and span.iterations >= 100
     assert span.decided == pytest.approx({"cam0/train": 0.7, "cam0/infer": 0.3})
-    assert span.realised["cam0/train"] == pytest.approx(0.7, abs=0.1), span
-    assert span.realised["cam0/infer"] == pytest.approx(0.3, abs=0.1), span
+    assert span.realised["cam0/train"] == pytest.approx(0.7, abs=0.1 + span.lag_bound), span
+    assert span.realised["cam0/infer"] == pytest.approx(0.3, abs=0.1 + span.lag_bound), span
     order = [job for _, job, _ in log]
     switches = sum(a != b for a, b in zip(order, order[1:]))
     assert switches >= 20  # interleaved at iteration boundaries, not one job after the other
