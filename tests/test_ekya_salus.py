@@ -29,12 +29,29 @@ def _model(settings: WindowSettings) -> dict:
     return dict(small_net(settings).state_dict())
 
 
-def _colocate(lanes: EkyaLanes, jobs: dict[str, tuple[float, object]]) -> dict[str, object]:
+def _colocate(lanes: EkyaLanes, jobs: dict[str, tuple[float, object]], together: bool = False) -> dict[str, object]:
     """Admit each job (name -> (weight, function of its lane)) into device 0's lane, run them side by side in
-    threads, and let each leave its lane when it ends, as a finished task does."""
-    executor = lanes.executor(0)
-    from gpu.schedulers.salus.controller import SalusJob
+    threads, and let each leave its lane when it ends, as a finished task does.
 
+    ``together``: a gate job holds the lane's token until every job has asked for its first iteration, so
+    they compete from one instant. Without it, one job's start-up (data, model) can outlast the other's whole
+    run on a busy machine, and the stretch where both compete is a handful of iterations."""
+    executor = lanes.executor(0)
+    from gpu.schedulers.salus.controller import Ask, SalusJob
+
+    asked = threading.Semaphore(0)
+    if together:
+        executor.admit(SalusJob("gate", 1.0, 1.0, on_demand=True))
+        executor.ask("gate")  # the gate holds the token while the jobs start
+        on_arrival = executor.controller.on_arrival
+
+        def counted(now: float, job: object) -> object:  # the controller has taken a job's first Ask
+            step = on_arrival(now, job)
+            if isinstance(job, Ask) and job.job_id != "gate":
+                asked.release()
+            return step
+
+        executor.controller.on_arrival = counted
     admitted = {name: executor.admit(SalusJob(name, 1.0, 64.0, weight=w, on_demand=True))
                 for name, (w, _) in jobs.items()}
     results: dict[str, object] = {}
@@ -48,6 +65,10 @@ def _colocate(lanes: EkyaLanes, jobs: dict[str, tuple[float, object]]) -> dict[s
     threads = [threading.Thread(target=run, args=(name,)) for name in jobs]
     for t in threads:
         t.start()
+    if together:
+        assert all(asked.acquire(timeout=120) for _ in jobs)
+        executor.end("gate", 0.0)
+        executor.leave("gate")
     for t in threads:
         t.join(120)
     return results
@@ -68,8 +89,9 @@ def test_a_07_03_split_gives_retraining_and_inference_their_decided_shares_of_on
     try:
         results = _colocate(lanes, {
             "cam0/train": (0.7, lambda lane: retrain.fn(spec, 0, model, truth, config, settings, lane=lane)),
-            "cam0/infer": (0.3, lambda lane: infer_frames.fn(spec, 0, model, 0, settings, lane=lane))})
-        log = list(lanes.executor(0).iterations)
+            "cam0/infer": (0.3, lambda lane: infer_frames.fn(spec, 0, model, 0, settings, lane=lane))},
+            together=True)
+        log = [end for end in lanes.executor(0).iterations if end[1] != "gate"]
     finally:
         lanes.close()
     span = shared_span(0, log, {"cam0/train": 0.7, "cam0/infer": 0.3}, {"cam0/train": "cam0/train",
