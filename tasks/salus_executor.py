@@ -112,6 +112,12 @@ class Undeclared:
             raise ConfigError(f"jobs[{self.job_id}].profile_iterations", k, "must be a whole number >= 1")
 
 
+def is_salus_job(task: Any) -> bool:
+    """Whether a task runs as a Salus job: marked ``@salus_job``, or submitted inside a ``salus_options`` block.
+    Any other task under ``GpuTaskRunner(mode="salus")`` takes a plain slice (``tasks.salus_admission``)."""
+    return getattr(getattr(task, "fn", task), _ATTR, None) is not None or bool(_OVERRIDES.get())
+
+
 def declared_job(task: Any, job_id: str) -> SalusJob | Undeclared:
     """The job a task declared with ``salus_job`` and ``salus_options``: a ``SalusJob`` with its sizes, or
     ``Undeclared`` (to be profiled) when it gave neither size. ConfigError naming the task if it is no Salus job
