@@ -53,7 +53,7 @@ from gpu.scenario import integer
 from gpu.schedulers.cilantro import POLICIES, make_policy
 from gpu.schedulers.cilantro.fair import ResourceFair
 from gpu.schedulers.cilantro.types import JobSpec
-from gpuflows.args import error, flow_arguments, output_file, simulated
+from gpuflows.args import add_runner_arguments, error, flow_arguments, output_file
 from resource_blocks import GpuPool, MlflowTarget
 from tasks.cilantro_allocator import RoundSettings, run_lock
 from tasks.cilantro_jobs import JobConfig
@@ -253,12 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-change", type=float, default=0.2, help="largest per-round change per job (default 0.2)")
     parser.add_argument("--run-name", default="cilantro", help="names the saved state (default cilantro)")
     parser.add_argument("--no-resume", action="store_true", help="start from scratch instead of the saved state")
-    parser.add_argument("--pool", default=None, help="saved GpuPool block name (default: simulated pool)")
-    parser.add_argument("--simulated", type=simulated, default="1x16GiB",
-                        help="simulated devices when no pool block is named")
-    parser.add_argument("--mode", default="process", help=f"runner mode, one of {MODES} (default process)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--no-tracking", action="store_true", help="switch MLflow tracking off")
+    add_runner_arguments(parser, MODES, pool=None, simulated_devices="1x16GiB")
     parser.add_argument("--json", type=output_file, metavar="OUT", help="also write the summary as JSON")
     args = parser.parse_args(argv)
     kwargs = flow_arguments(

@@ -47,7 +47,7 @@ from gpu.errors import ConfigError, GpuflowsError
 from gpu.scenario import fraction, integer, positive
 from gpu.schedulers.ekya.thief import EkyaParams
 from gpu.schedulers.ekya.policies import make_policy, policy_names
-from gpuflows.args import error, flow_arguments, output_file, simulated
+from gpuflows.args import add_runner_arguments, error, flow_arguments, output_file
 from resource_blocks import GpuPool, MlflowTarget
 from tasks.ekya_salus import EXECUTORS, JOBS_PER_DEVICE, log_lanes
 from tasks.ekya_tasks import WindowSettings, config_grid
@@ -289,10 +289,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--policy", default="thief", help="uniform or an Ekya policy: "
                         f"{', '.join(policy_names(config_grid())[:4])}, uniform_<cfg>_<pct>, fixedconfig_<cfg> "
                         "(default thief)")
-    parser.add_argument("--pool", default=None, help="saved GpuPool block name (default: simulated 2 x 16 GiB)")
-    parser.add_argument("--simulated", type=simulated, default="2x16GiB",
-                        help="simulated devices when no pool block is named")
-    parser.add_argument("--mode", default="process", help=f"runner mode, one of {MODES} (default process)")
+    add_runner_arguments(parser, MODES, pool=None, simulated_devices="2x16GiB")
     parser.add_argument("--executor", default="slices", help=f"how a device's jobs share it, one of {EXECUTORS}: "
                         "slices (each its GPU fraction) or salus (one Salus lane, weighted FAIR; default slices)")
     parser.add_argument("--seed", type=int, default=0)
@@ -300,7 +297,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fail-window", type=int, default=0, help="window of the injected failure (default 0)")
     parser.add_argument("--objects-per-frame", action="append", default=[], metavar="STREAM=K",
                         help="a busy camera: STREAM's labelled frames yield K training samples each (repeatable)")
-    parser.add_argument("--no-tracking", action="store_true", help="switch MLflow tracking off")
     parser.add_argument("--json", type=output_file, metavar="OUT", help="also write the summary as JSON")
     args = parser.parse_args(argv)
     try:

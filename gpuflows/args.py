@@ -44,3 +44,16 @@ def error(exc: Exception) -> int:
     """Report a bad argument found after parsing (``field=value: why``); 2 is argparse's status for bad usage."""
     print(f"error: {exc}", file=sys.stderr)
     return 2
+
+
+def add_runner_arguments(parser: argparse.ArgumentParser, modes: tuple[str, ...], pool: str | None,
+                         simulated_devices: str, mode: str = "process") -> None:
+    """The arguments a flow's command line ends with, spelled the same in every flow: ``--pool`` (a pool name,
+    ``pool``; None: a saved GpuPool block, else the flow's own simulated pool), ``--simulated`` devices (used when no
+    GPU is found), the task runner's ``--mode`` (one of ``modes``) and ``--no-tracking``."""
+    parser.add_argument("--pool", default=pool, help="pool name (flows naming the same pool share it)" if pool else
+                        "saved GpuPool block name (default: the flow's own pool, simulated when no GPU is found)")
+    parser.add_argument("--simulated", type=simulated, default=simulated_devices,
+                        help=f"simulated devices when no GPU is found (default {simulated_devices})")
+    parser.add_argument("--mode", default=mode, help=f"runner mode, one of {modes} (default {mode})")
+    parser.add_argument("--no-tracking", action="store_true", help="switch MLflow tracking off")
