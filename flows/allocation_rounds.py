@@ -36,7 +36,6 @@ GPUs) because the pool grants fractions only within one device.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import re
@@ -53,7 +52,7 @@ from gpu.scenario import integer
 from gpu.schedulers.cilantro import POLICIES, make_policy
 from gpu.schedulers.cilantro.fair import ResourceFair
 from gpu.schedulers.cilantro.types import JobSpec
-from gpuflows.args import add_runner_arguments, error, flow_arguments, output_file
+from gpuflows.args import add_runner_arguments, error, flow_arguments, flow_parser, output_file
 from resource_blocks import GpuPool, MlflowTarget
 from tasks.cilantro_allocator import RoundSettings, run_lock
 from tasks.cilantro_jobs import JobConfig
@@ -241,8 +240,7 @@ def format_summary(summary: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m flows.allocation_rounds", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = flow_parser("flows.allocation_rounds", __doc__)
     parser.add_argument("--rounds", type=int, default=3, help="rounds to run now (default 3)")
     parser.add_argument("--round-s", type=float, default=10.0,
                         help="seconds of slice time per round (default 10; costs up to that much compute)")

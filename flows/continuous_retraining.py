@@ -36,7 +36,6 @@ inference jobs are co-located Salus jobs in one lane under weighted FAIR, Ekya's
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 
@@ -47,7 +46,7 @@ from gpu.errors import ConfigError, GpuflowsError
 from gpu.scenario import fraction, integer, positive
 from gpu.schedulers.ekya.thief import EkyaParams
 from gpu.schedulers.ekya.policies import make_policy, policy_names
-from gpuflows.args import add_runner_arguments, error, flow_arguments, output_file
+from gpuflows.args import add_runner_arguments, error, flow_arguments, flow_parser, output_file
 from resource_blocks import GpuPool, MlflowTarget
 from tasks.ekya_salus import EXECUTORS, JOBS_PER_DEVICE, log_lanes
 from tasks.ekya_tasks import WindowSettings, config_grid
@@ -281,8 +280,7 @@ def _stream_counts(pairs: list[str]) -> dict[str, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m flows.continuous_retraining", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = flow_parser("flows.continuous_retraining", __doc__)
     parser.add_argument("--streams", type=int, default=2, help="number of streams (default 2)")
     parser.add_argument("--windows", type=int, default=2, help="retraining windows (default 2)")
     parser.add_argument("--window-s", type=float, default=1.0, help="slice seconds per window (default 1)")

@@ -17,7 +17,6 @@ jobs run on the CPU; tokens and policies are real).
 
 from __future__ import annotations
 
-import argparse
 import logging
 import sys
 import time
@@ -29,7 +28,7 @@ from gpu.errors import ConfigError, GpuflowsError
 from gpu.pool import pool_path
 from gpu.scenario import choose, integer, names, positive
 from gpu.schedulers.salus.policies import POLICIES
-from gpuflows.args import add_runner_arguments, error
+from gpuflows.args import add_runner_arguments, error, flow_parser
 from resource_blocks import GpuPool, MlflowTarget
 from tasks.charts import publish_chart
 from tasks.flow_runtime import (flow_runner, log_flow_inputs, log_flow_outcome, pool_block, publish_mlflow_link,
@@ -204,8 +203,7 @@ def print_comparison(out: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m flows.gpu_sharing", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = flow_parser("flows.gpu_sharing", __doc__)
     parser.add_argument("--jobs", type=int, default=8, help="jobs in the seeded trace (default 8)")
     parser.add_argument("--seed", type=int, default=0, help="seeds the trace (default 0)")
     parser.add_argument("--gap-s", type=float, default=0.1, help="mean seconds between arrivals (default 0.1)")

@@ -57,3 +57,9 @@ def add_runner_arguments(parser: argparse.ArgumentParser, modes: tuple[str, ...]
                         help=f"simulated devices when no GPU is found (default {simulated_devices})")
     parser.add_argument("--mode", default=mode, help=f"runner mode, one of {modes} (default {mode})")
     parser.add_argument("--no-tracking", action="store_true", help="switch MLflow tracking off")
+
+
+def flow_parser(module: str, doc: str | None) -> argparse.ArgumentParser:
+    """The parser of ``python -m <module>``: the flow module's docstring, line breaks kept, is its ``--help``."""
+    return argparse.ArgumentParser(prog=f"python -m {module}", description=doc,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -261,10 +261,7 @@ class SalusExecutor:
         back, is re-admitted with them (Alg. 2.1, before any queued job: its memory is resident), and waits for
         its next iteration. Returns its new lane (a measured size that never fits the device: NeverFitsError)."""
         with self._lock:
-            state = self._jobs.get(job_id)
-            if state is None:
-                raise ConfigError("job_id", job_id, "not admitted on this executor")
-            self._check_lease()
+            state = self._admitted(job_id)
             self._apply(self.controller.on_iteration(self.now(), job_id, gpu_s))
             state.admitted.clear()
             self._apply(self.controller.on_arrival(self.now(), Profiled(job_id, persistent_mb, ephemeral_mb)))
@@ -287,13 +284,18 @@ class SalusExecutor:
     def ask(self, job_id: str) -> int:
         """Block until the job's lane runs its next iteration; return the lane."""
         with self._lock:
-            state = self._jobs.get(job_id)
-            if state is None:
-                raise ConfigError("job_id", job_id, "not admitted on this executor")
-            self._check_lease()
+            state = self._admitted(job_id)
             state.turn.clear()
             self._apply(self.controller.on_arrival(self.now(), Ask(job_id)))
         return self._wait_turn(job_id, state)
+
+    def _admitted(self, job_id: str) -> _Job:
+        """The admitted job's state (under the lock), if the device's lease still holds."""
+        state = self._jobs.get(job_id)
+        if state is None:
+            raise ConfigError("job_id", job_id, "not admitted on this executor")
+        self._check_lease()
+        return state
 
     def _check_lease(self) -> None:
         if self.lost:
@@ -310,10 +312,7 @@ class SalusExecutor:
         """The job's iteration is over after ``gpu_s`` seconds: the token goes to the policy's next pick.
         ``more``: the job wants its next iteration too — block until it gets it and return the lane."""
         with self._lock:
-            state = self._jobs.get(job_id)
-            if state is None:
-                raise ConfigError("job_id", job_id, "not admitted on this executor")
-            self._check_lease()
+            state = self._admitted(job_id)
             state.turn.clear()
             self._apply(self.controller.on_iteration(self.now(), job_id, gpu_s, more=more))
         if not more:
