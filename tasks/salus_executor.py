@@ -127,8 +127,8 @@ def declared_job(task: Any, job_id: str) -> SalusJob | Undeclared:
         spec = {**(spec or {}), **_OVERRIDES.get()}
     name = getattr(task, "name", job_id)
     if spec is None:
-        raise ConfigError("salus_job", name, "a task run under Salus must be marked @salus_job (its memory "
-                                             "declared, or left out to be profiled)")
+        raise ConfigError("salus_job", name, "is no Salus job: mark it @salus_job (its memory declared, or left "
+                                             "out to be profiled)")
     sizes = {"persistent_mb", "ephemeral_mb"} & set(spec)
     if len(sizes) == 1:
         raise ConfigError("salus_job", name, f"declares {sizes.pop()[:-3]} only: declare persistent and ephemeral "
