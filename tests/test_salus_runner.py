@@ -198,6 +198,11 @@ def plain_step() -> dict:
     return seen
 
 
+@task
+def plain_failure() -> None:
+    raise RuntimeError("injected failure of a plain task")
+
+
 @pytest.mark.usefixtures("prefect_server")
 def test_plain_tasks_take_plain_slices_beside_salus_jobs(state_dir):
     """A loader (no GPU) gets a CPU lease, an evaluation a slice of the device no executor holds, and a plain task
@@ -213,9 +218,14 @@ def test_plain_tasks_take_plain_slices_beside_salus_jobs(state_dir):
         trainers = [tiny_trainer.submit() for _ in range(2)]
         with gpu_options(memory="12GiB", devices=(0,)):
             tenant = plain_step.submit()
-        return loader.result(), evaluation.result(), tenant.result(), [t.result() for t in trainers]
+            failed = plain_failure.submit()
+        failed.wait()
+        still_charged = list(flow_runner().salus().executor(0).controller.lanes.persistent)
+        return (loader.result(), evaluation.result(), tenant.result(), [t.result() for t in trainers], failed.state,
+                still_charged)
 
-    loader, evaluation, tenant, trainers = mixed()
+    loader, evaluation, tenant, trainers, failed, still_charged = mixed()
+    assert failed.is_failed() and not any(job.startswith("plain_failure") for job in still_charged)
     assert loader["devices"] == () and evaluation["devices"] == (1,) and evaluation["lane"] is None
     assert tenant["devices"] == (0,) and tenant["memory"] == 12 * 2 ** 30 and tenant["lane"] is None
     assert tenant["leases_on_gpu0"] == ["salus-gpu0"]           # the executor's lease only
