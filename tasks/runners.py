@@ -692,7 +692,7 @@ class GpuTaskRunner(PlacingTaskRunner):
         with self._leases_lock:
             task_run_id = self._held.pop(placement.lease_id, None)
             lost = self._lost.pop(placement.lease_id, None) or lost
-            if lost is not None:
+            if lost is not None and task_run_id is not None:
                 self._executor_gone.add(task_run_id)
         return None if lost is None else f"task {task_name!r}: {lost}"
 
