@@ -233,3 +233,29 @@ def test_plain_tasks_take_plain_slices_beside_salus_jobs(state_dir):
     assert tenant["room_for_2g_2g"] == "not_found"               # so a job that would over-commit waits
     assert all(len(t["spans"]) == 4 for t in trainers)
     assert pool.open_ledger().leases() == []
+
+
+def test_a_plain_gpu_task_goes_where_no_executor_holds_the_device_else_beside_the_lanes(state_dir):
+    """Routing of a task that is no Salus job: on a two-GPU pool a fraction leases the other device; on a one-GPU
+    pool (or pinned to the Salus device) its executor hosts it; whole Salus devices are refused, naming the task."""
+    from gpu.placement import ResourceRequest
+    from tasks.salus_admission import SalusAdmission, SalusSettings
+
+    def route(simulated: str, **request):
+        pool = GpuPool(name=f"salus-route-{simulated}", device_backend="simulated", simulated=simulated)
+        ledger = pool.open_ledger()
+        try:
+            return SalusAdmission(SalusSettings(devices=(0,)), lambda: ledger, None, lambda *_: None).ledger_request(
+                plain_step, ResourceRequest(**request))
+        finally:
+            ledger.close()
+
+    assert route("2x16GiB", gpus=0.5).devices == (1,)
+    assert route("2x16GiB", gpus=0.0).devices is None                    # CPU only: as asked
+    assert route("2x16GiB", gpus=0.5, devices=(0,)) is None              # pinned to the Salus device: a tenant
+    assert route("1x16GiB", memory="4GiB") is None                       # only the Salus device: a tenant
+    assert route("1x16GiB") == ResourceRequest()
+    with pytest.raises(ConfigError, match="gpus=1.0.*'plain_step'"):
+        route("1x16GiB", gpus=1)
+    with pytest.raises(NeverFitsError):
+        route("2x16GiB", memory="20GiB", devices=(1,))                   # pinned elsewhere, never fits there
