@@ -36,12 +36,10 @@ GPUs) because the pool grants fractions only within one device.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import sys
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 from prefect import flow
@@ -52,7 +50,7 @@ from gpu.scenario import integer
 from gpu.schedulers.cilantro import POLICIES, make_policy
 from gpu.schedulers.cilantro.fair import ResourceFair
 from gpu.schedulers.cilantro.types import JobSpec
-from gpuflows.args import add_runner_arguments, error, flow_arguments, flow_parser, output_file
+from gpuflows.args import add_runner_arguments, error, flow_arguments, flow_parser, output_file, report
 from resource_blocks import GpuPool, MlflowTarget
 from tasks.cilantro_allocator import RoundSettings, run_lock
 from tasks.cilantro_jobs import JobConfig
@@ -265,10 +263,7 @@ def main(argv: list[str] | None = None) -> int:
         summary = allocation_rounds(**kwargs)
     except GpuflowsError as exc:
         return error(exc)
-    print(format_summary(summary))
-    if args.json:
-        Path(args.json).write_text(json.dumps(summary, indent=2, default=str))
-    return 0
+    return report(format_summary(summary), summary, args.json)
 
 
 if __name__ == "__main__":

@@ -36,7 +36,6 @@ inference jobs are co-located Salus jobs in one lane under weighted FAIR, Ekya's
 
 from __future__ import annotations
 
-import json
 import sys
 
 from prefect import flow, get_run_logger
@@ -46,7 +45,7 @@ from gpu.errors import ConfigError, GpuflowsError
 from gpu.scenario import fraction, integer, positive
 from gpu.schedulers.ekya.thief import EkyaParams
 from gpu.schedulers.ekya.policies import make_policy, policy_names
-from gpuflows.args import add_runner_arguments, error, flow_arguments, flow_parser, output_file
+from gpuflows.args import add_runner_arguments, error, flow_arguments, flow_parser, output_file, report
 from resource_blocks import GpuPool, MlflowTarget
 from tasks.ekya_salus import EXECUTORS, JOBS_PER_DEVICE, log_lanes
 from tasks.ekya_tasks import WindowSettings, config_grid
@@ -308,11 +307,7 @@ def main(argv: list[str] | None = None) -> int:
         summary = continuous_retraining(**kwargs)
     except GpuflowsError as exc:
         return error(exc)
-    print(format_summary(summary))
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(summary, fh, indent=2)
-    return 0
+    return report(format_summary(summary), summary, args.json)
 
 
 if __name__ == "__main__":

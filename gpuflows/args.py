@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -63,3 +64,12 @@ def flow_parser(module: str, doc: str | None) -> argparse.ArgumentParser:
     """The parser of ``python -m <module>``: the flow module's docstring, line breaks kept, is its ``--help``."""
     return argparse.ArgumentParser(prog=f"python -m {module}", description=doc,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def report(text: str, summary: dict[str, Any], json_path: str | None) -> int:
+    """A flow command's ending: print ``text`` (its summary as a table) and, with ``--json OUT``, write ``summary``
+    there too (values JSON cannot hold, e.g. timestamps, as strings). Returns the exit status, 0."""
+    print(text)
+    if json_path:
+        Path(json_path).write_text(json.dumps(summary, indent=2, default=str))
+    return 0
