@@ -45,12 +45,12 @@ from typing import Any
 from prefect import flow
 
 from gpu.devices import discover
-from gpu.errors import ConfigError, GpuflowsError
+from gpu.errors import ConfigError
 from gpu.scenario import integer
 from gpu.schedulers.cilantro import POLICIES, make_policy
 from gpu.schedulers.cilantro.fair import ResourceFair
 from gpu.schedulers.cilantro.types import JobSpec
-from gpuflows.args import add_runner_arguments, error, flow_arguments, flow_parser, output_file, report
+from gpuflows.args import add_runner_arguments, flow_arguments, flow_parser, output_file, run_checked
 from resource_blocks import GpuPool, MlflowTarget
 from tasks.cilantro_allocator import RoundSettings, run_lock
 from tasks.cilantro_jobs import JobConfig
@@ -258,12 +258,7 @@ def main(argv: list[str] | None = None) -> int:
         pool=args.pool or GpuPool(name="cilantro", device_backend="auto", simulated=args.simulated),
         capacity=args.capacity, unit=args.unit, max_change=args.max_change, resume=not args.no_resume,
         run_name=args.run_name, seed=args.seed, mode=args.mode, tracking=False if args.no_tracking else None)
-    try:
-        kwargs["pool"], kwargs["tracking"], _ = prepare(**kwargs)  # every argument checked before the run starts
-        summary = allocation_rounds(**kwargs)
-    except GpuflowsError as exc:
-        return error(exc)
-    return report(format_summary(summary), summary, args.json)
+    return run_checked(allocation_rounds, prepare, kwargs, format_summary, args.json)
 
 
 if __name__ == "__main__":

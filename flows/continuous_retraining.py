@@ -45,7 +45,7 @@ from gpu.errors import ConfigError, GpuflowsError
 from gpu.scenario import fraction, integer, positive
 from gpu.schedulers.ekya.thief import EkyaParams
 from gpu.schedulers.ekya.policies import make_policy, policy_names
-from gpuflows.args import add_runner_arguments, error, flow_arguments, flow_parser, output_file, report
+from gpuflows.args import add_runner_arguments, error, flow_arguments, flow_parser, output_file, run_checked
 from resource_blocks import GpuPool, MlflowTarget
 from tasks.ekya_salus import EXECUTORS, JOBS_PER_DEVICE, log_lanes
 from tasks.ekya_tasks import WindowSettings, config_grid
@@ -297,17 +297,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=output_file, metavar="OUT", help="also write the summary as JSON")
     args = parser.parse_args(argv)
     try:
-        kwargs = flow_arguments(
-            continuous_retraining, streams=args.streams, windows=args.windows, window_s=args.window_s,
-            policy=args.policy, pool=args.pool or GpuPool(name="ekya", device_backend="auto", simulated=args.simulated),
-            seed=args.seed, mode=args.mode, executor=args.executor, tracking=False if args.no_tracking else None,
-            fail_stream=args.fail_stream,
-            fail_window=args.fail_window, objects_per_frame=_stream_counts(args.objects_per_frame) or None)
-        kwargs["pool"], kwargs["tracking"], _ = prepare(**kwargs)  # every argument checked before the run starts
-        summary = continuous_retraining(**kwargs)
+        objects_per_frame = _stream_counts(args.objects_per_frame) or None
     except GpuflowsError as exc:
         return error(exc)
-    return report(format_summary(summary), summary, args.json)
+    kwargs = flow_arguments(
+        continuous_retraining, streams=args.streams, windows=args.windows, window_s=args.window_s,
+        policy=args.policy, pool=args.pool or GpuPool(name="ekya", device_backend="auto", simulated=args.simulated),
+        seed=args.seed, mode=args.mode, executor=args.executor, tracking=False if args.no_tracking else None,
+        fail_stream=args.fail_stream, fail_window=args.fail_window, objects_per_frame=objects_per_frame)
+    return run_checked(continuous_retraining, prepare, kwargs, format_summary, args.json)
 
 
 if __name__ == "__main__":

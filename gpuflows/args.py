@@ -8,7 +8,7 @@ import inspect
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 
 def output_file(path: str) -> str:
@@ -73,3 +73,18 @@ def report(text: str, summary: dict[str, Any], json_path: str | None) -> int:
     if json_path:
         Path(json_path).write_text(json.dumps(summary, indent=2, default=str))
     return 0
+
+
+def run_checked(flow: Any, prepare: Callable[..., tuple], kwargs: dict[str, Any], summarise: Callable[[dict], str],
+                json_path: str | None) -> int:
+    """Run a flow from its command line: ``prepare(**kwargs)`` checks every argument and settles the pool and MLflow
+    target (its first two results) before any flow run starts, then the flow runs and its summary is ``report``-ed.
+    Returns the exit status: 2 with one line naming a bad argument, else 0."""
+    from gpu.errors import GpuflowsError
+
+    try:
+        kwargs["pool"], kwargs["tracking"], *_ = prepare(**kwargs)
+        summary = flow(**kwargs)
+    except GpuflowsError as exc:
+        return error(exc)
+    return report(summarise(summary), summary, json_path)
