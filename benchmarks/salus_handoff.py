@@ -57,6 +57,14 @@ def handoff_gaps(spans: list[tuple[str, float, float]]) -> list[float]:
     return [b[1] - a[2] for a, b in zip(ordered, ordered[1:]) if a[0] != b[0]]
 
 
+def _run_both(workers: list) -> None:
+    """Start both jobs' workers (threads or processes: the same ``start``/``join``), then wait for both."""
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+
+
 def measure(iterations: int, seed: int, processes: bool) -> dict[str, float]:
     """Two jobs in FAIR's one lane; the hand-off gaps' median and p95 in ms."""
     with SalusExecutor(None, 0, capacity_mb=16_000, policy="fair", lease=False) as ex:
@@ -65,21 +73,13 @@ def measure(iterations: int, seed: int, processes: bool) -> dict[str, float]:
             ctx = multiprocessing.get_context("spawn")
             with ctx.Manager() as manager:
                 spans, ready = manager.list(), ctx.Barrier(2)
-                workers = [ctx.Process(target=_job, args=(lane, iterations, seed + i, spans, ready))
-                           for i, lane in enumerate(lanes)]
-                for w in workers:
-                    w.start()
-                for w in workers:
-                    w.join()
+                _run_both([ctx.Process(target=_job, args=(lane, iterations, seed + i, spans, ready))
+                           for i, lane in enumerate(lanes)])
                 spans = list(spans)
         else:
             spans, ready = [], threading.Barrier(2)
-            workers = [threading.Thread(target=_job, args=(lane, iterations, seed + i, spans, ready))
-                       for i, lane in enumerate(lanes)]
-            for w in workers:
-                w.start()
-            for w in workers:
-                w.join()
+            _run_both([threading.Thread(target=_job, args=(lane, iterations, seed + i, spans, ready))
+                       for i, lane in enumerate(lanes)])
         for lane in lanes:
             ex.leave(lane.job_id)
     gaps = np.array(handoff_gaps(spans)) * 1e3

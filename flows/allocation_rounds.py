@@ -36,24 +36,21 @@ GPUs) because the pool grants fractions only within one device.
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
 import re
 import sys
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 from prefect import flow
 
 from gpu.devices import discover
-from gpu.errors import ConfigError, GpuflowsError
+from gpu.errors import ConfigError
 from gpu.scenario import integer
 from gpu.schedulers.cilantro import POLICIES, make_policy
 from gpu.schedulers.cilantro.fair import ResourceFair
 from gpu.schedulers.cilantro.types import JobSpec
-from gpuflows.args import error, flow_arguments, output_file, simulated
+from gpuflows.args import add_runner_arguments, flow_arguments, flow_parser, output_file, run_checked
 from resource_blocks import GpuPool, MlflowTarget
 from tasks.cilantro_allocator import RoundSettings, run_lock
 from tasks.cilantro_jobs import JobConfig
@@ -241,8 +238,7 @@ def format_summary(summary: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m flows.allocation_rounds", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = flow_parser("flows.allocation_rounds", __doc__)
     parser.add_argument("--rounds", type=int, default=3, help="rounds to run now (default 3)")
     parser.add_argument("--round-s", type=float, default=10.0,
                         help="seconds of slice time per round (default 10; costs up to that much compute)")
@@ -253,12 +249,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-change", type=float, default=0.2, help="largest per-round change per job (default 0.2)")
     parser.add_argument("--run-name", default="cilantro", help="names the saved state (default cilantro)")
     parser.add_argument("--no-resume", action="store_true", help="start from scratch instead of the saved state")
-    parser.add_argument("--pool", default=None, help="saved GpuPool block name (default: simulated pool)")
-    parser.add_argument("--simulated", type=simulated, default="1x16GiB",
-                        help="simulated devices when no pool block is named")
-    parser.add_argument("--mode", default="process", help=f"runner mode, one of {MODES} (default process)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--no-tracking", action="store_true", help="switch MLflow tracking off")
+    add_runner_arguments(parser, MODES, pool=None, simulated_devices="1x16GiB")
     parser.add_argument("--json", type=output_file, metavar="OUT", help="also write the summary as JSON")
     args = parser.parse_args(argv)
     kwargs = flow_arguments(
@@ -266,15 +258,7 @@ def main(argv: list[str] | None = None) -> int:
         pool=args.pool or GpuPool(name="cilantro", device_backend="auto", simulated=args.simulated),
         capacity=args.capacity, unit=args.unit, max_change=args.max_change, resume=not args.no_resume,
         run_name=args.run_name, seed=args.seed, mode=args.mode, tracking=False if args.no_tracking else None)
-    try:
-        kwargs["pool"], kwargs["tracking"], _ = prepare(**kwargs)  # every argument checked before the run starts
-        summary = allocation_rounds(**kwargs)
-    except GpuflowsError as exc:
-        return error(exc)
-    print(format_summary(summary))
-    if args.json:
-        Path(args.json).write_text(json.dumps(summary, indent=2, default=str))
-    return 0
+    return run_checked(allocation_rounds, prepare, kwargs, format_summary, args.json)
 
 
 if __name__ == "__main__":

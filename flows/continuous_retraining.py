@@ -36,8 +36,6 @@ inference jobs are co-located Salus jobs in one lane under weighted FAIR, Ekya's
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 
 from prefect import flow, get_run_logger
@@ -47,7 +45,7 @@ from gpu.errors import ConfigError, GpuflowsError
 from gpu.scenario import fraction, integer, positive
 from gpu.schedulers.ekya.thief import EkyaParams
 from gpu.schedulers.ekya.policies import make_policy, policy_names
-from gpuflows.args import error, flow_arguments, output_file, simulated
+from gpuflows.args import add_runner_arguments, error, flow_arguments, flow_parser, output_file, run_checked
 from resource_blocks import GpuPool, MlflowTarget
 from tasks.ekya_salus import EXECUTORS, JOBS_PER_DEVICE, log_lanes
 from tasks.ekya_tasks import WindowSettings, config_grid
@@ -281,18 +279,14 @@ def _stream_counts(pairs: list[str]) -> dict[str, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m flows.continuous_retraining", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = flow_parser("flows.continuous_retraining", __doc__)
     parser.add_argument("--streams", type=int, default=2, help="number of streams (default 2)")
     parser.add_argument("--windows", type=int, default=2, help="retraining windows (default 2)")
     parser.add_argument("--window-s", type=float, default=1.0, help="slice seconds per window (default 1)")
     parser.add_argument("--policy", default="thief", help="uniform or an Ekya policy: "
                         f"{', '.join(policy_names(config_grid())[:4])}, uniform_<cfg>_<pct>, fixedconfig_<cfg> "
                         "(default thief)")
-    parser.add_argument("--pool", default=None, help="saved GpuPool block name (default: simulated 2 x 16 GiB)")
-    parser.add_argument("--simulated", type=simulated, default="2x16GiB",
-                        help="simulated devices when no pool block is named")
-    parser.add_argument("--mode", default="process", help=f"runner mode, one of {MODES} (default process)")
+    add_runner_arguments(parser, MODES, pool=None, simulated_devices="2x16GiB")
     parser.add_argument("--executor", default="slices", help=f"how a device's jobs share it, one of {EXECUTORS}: "
                         "slices (each its GPU fraction) or salus (one Salus lane, weighted FAIR; default slices)")
     parser.add_argument("--seed", type=int, default=0)
@@ -300,25 +294,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fail-window", type=int, default=0, help="window of the injected failure (default 0)")
     parser.add_argument("--objects-per-frame", action="append", default=[], metavar="STREAM=K",
                         help="a busy camera: STREAM's labelled frames yield K training samples each (repeatable)")
-    parser.add_argument("--no-tracking", action="store_true", help="switch MLflow tracking off")
     parser.add_argument("--json", type=output_file, metavar="OUT", help="also write the summary as JSON")
     args = parser.parse_args(argv)
     try:
-        kwargs = flow_arguments(
-            continuous_retraining, streams=args.streams, windows=args.windows, window_s=args.window_s,
-            policy=args.policy, pool=args.pool or GpuPool(name="ekya", device_backend="auto", simulated=args.simulated),
-            seed=args.seed, mode=args.mode, executor=args.executor, tracking=False if args.no_tracking else None,
-            fail_stream=args.fail_stream,
-            fail_window=args.fail_window, objects_per_frame=_stream_counts(args.objects_per_frame) or None)
-        kwargs["pool"], kwargs["tracking"], _ = prepare(**kwargs)  # every argument checked before the run starts
-        summary = continuous_retraining(**kwargs)
+        objects_per_frame = _stream_counts(args.objects_per_frame) or None
     except GpuflowsError as exc:
         return error(exc)
-    print(format_summary(summary))
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(summary, fh, indent=2)
-    return 0
+    kwargs = flow_arguments(
+        continuous_retraining, streams=args.streams, windows=args.windows, window_s=args.window_s,
+        policy=args.policy, pool=args.pool or GpuPool(name="ekya", device_backend="auto", simulated=args.simulated),
+        seed=args.seed, mode=args.mode, executor=args.executor, tracking=False if args.no_tracking else None,
+        fail_stream=args.fail_stream, fail_window=args.fail_window, objects_per_frame=objects_per_frame)
+    return run_checked(continuous_retraining, prepare, kwargs, format_summary, args.json)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ jobs run on the CPU; tokens and policies are real).
 
 from __future__ import annotations
 
-import argparse
 import logging
 import sys
 import time
@@ -29,7 +28,7 @@ from gpu.errors import ConfigError, GpuflowsError
 from gpu.pool import pool_path
 from gpu.scenario import choose, integer, names, positive
 from gpu.schedulers.salus.policies import POLICIES
-from gpuflows.args import error, simulated
+from gpuflows.args import add_runner_arguments, error, flow_parser
 from resource_blocks import GpuPool, MlflowTarget
 from tasks.charts import publish_chart
 from tasks.flow_runtime import (flow_runner, log_flow_inputs, log_flow_outcome, pool_block, publish_mlflow_link,
@@ -204,8 +203,7 @@ def print_comparison(out: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m flows.gpu_sharing", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = flow_parser("flows.gpu_sharing", __doc__)
     parser.add_argument("--jobs", type=int, default=8, help="jobs in the seeded trace (default 8)")
     parser.add_argument("--seed", type=int, default=0, help="seeds the trace (default 0)")
     parser.add_argument("--gap-s", type=float, default=0.1, help="mean seconds between arrivals (default 0.1)")
@@ -214,10 +212,7 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"policies, of {sorted(POLICIES)} (default {' '.join(DEFAULT_POLICIES)})")
     parser.add_argument("--memory", default="declared",
                         help=f"jobs' memory, one of {MEMORY}: their workloads' or profiled by the runner (default declared)")
-    parser.add_argument("--mode", default="process", help=f"runner mode, one of {MODES} (default process)")
-    parser.add_argument("--pool", default="salus", help="pool name (flows naming the same pool share it)")
-    parser.add_argument("--simulated", type=simulated, default="1x16GiB", help="simulated devices when no GPU is found")
-    parser.add_argument("--no-tracking", action="store_true", help="switch MLflow tracking off")
+    add_runner_arguments(parser, MODES, pool="salus", simulated_devices="1x16GiB")
     args = parser.parse_args(argv)
     kwargs = dict(jobs=args.jobs, seed=args.seed, gap_s=args.gap_s, median_iterations=args.median_iterations,
                   trace=None, policies=args.policies, mode=args.mode, memory=args.memory,

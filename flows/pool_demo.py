@@ -8,7 +8,6 @@ slice it was given, and the flow prints which task held which slice when.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 
@@ -17,7 +16,7 @@ from prefect import flow, task
 from gpu.errors import ConfigError, GpuflowsError
 from gpu.pool import pool_path
 from gpu.scenario import integer
-from gpuflows.args import error, simulated
+from gpuflows.args import error, flow_parser, simulated
 from resource_blocks import GpuPool, MlflowTarget
 from tasks.digits import digits_tensors, mlp
 from tasks.flow_runtime import log_flow_inputs, publish_mlflow_link, settings
@@ -127,8 +126,7 @@ def format_timeline(rows: list[dict], width: int = 60) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m flows.pool_demo", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = flow_parser("flows.pool_demo", __doc__)
     parser.add_argument("--tasks", type=int, default=20, help="number of tasks (default 20)")
     parser.add_argument("--steps", type=int, default=60, help="training steps per task (default 60)")
     parser.add_argument("--mode", choices=MODES, default="process", help="runner mode")

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 
 def output_file(path: str) -> str:
@@ -44,3 +45,46 @@ def error(exc: Exception) -> int:
     """Report a bad argument found after parsing (``field=value: why``); 2 is argparse's status for bad usage."""
     print(f"error: {exc}", file=sys.stderr)
     return 2
+
+
+def add_runner_arguments(parser: argparse.ArgumentParser, modes: tuple[str, ...], pool: str | None,
+                         simulated_devices: str, mode: str = "process") -> None:
+    """The arguments a flow's command line ends with, spelled the same in every flow: ``--pool`` (a pool name,
+    ``pool``; None: a saved GpuPool block, else the flow's own simulated pool), ``--simulated`` devices (used when no
+    GPU is found), the task runner's ``--mode`` (one of ``modes``) and ``--no-tracking``."""
+    parser.add_argument("--pool", default=pool, help="pool name (flows naming the same pool share it)" if pool else
+                        "saved GpuPool block name (default: the flow's own pool, simulated when no GPU is found)")
+    parser.add_argument("--simulated", type=simulated, default=simulated_devices,
+                        help=f"simulated devices when no GPU is found (default {simulated_devices})")
+    parser.add_argument("--mode", default=mode, help=f"runner mode, one of {modes} (default {mode})")
+    parser.add_argument("--no-tracking", action="store_true", help="switch MLflow tracking off")
+
+
+def flow_parser(module: str, doc: str | None) -> argparse.ArgumentParser:
+    """The parser of ``python -m <module>``: the flow module's docstring, line breaks kept, is its ``--help``."""
+    return argparse.ArgumentParser(prog=f"python -m {module}", description=doc,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def report(text: str, summary: dict[str, Any], json_path: str | None) -> int:
+    """A flow command's ending: print ``text`` (its summary as a table) and, with ``--json OUT``, write ``summary``
+    there too (values JSON cannot hold, e.g. timestamps, as strings). Returns the exit status, 0."""
+    print(text)
+    if json_path:
+        Path(json_path).write_text(json.dumps(summary, indent=2, default=str))
+    return 0
+
+
+def run_checked(flow: Any, prepare: Callable[..., tuple], kwargs: dict[str, Any], summarise: Callable[[dict], str],
+                json_path: str | None) -> int:
+    """Run a flow from its command line: ``prepare(**kwargs)`` checks every argument and settles the pool and MLflow
+    target (its first two results) before any flow run starts, then the flow runs and its summary is ``report``-ed.
+    Returns the exit status: 2 with one line naming a bad argument, else 0."""
+    from gpu.errors import GpuflowsError
+
+    try:
+        kwargs["pool"], kwargs["tracking"], *_ = prepare(**kwargs)
+        summary = flow(**kwargs)
+    except GpuflowsError as exc:
+        return error(exc)
+    return report(summarise(summary), summary, json_path)

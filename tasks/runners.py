@@ -602,7 +602,8 @@ class GpuTaskRunner(PlacingTaskRunner):
             lowest overhead; the placement's device string carries the GPU index instead) or ``"salus"``
             (Salus co-location, thesis Ch. 2: tasks declared with ``@salus_job`` are admitted into memory
             lanes of a device that one executor per device leases whole, and switched at the iteration
-            boundaries they mark with ``salus_iterations``; see ``tasks.salus_admission``).
+            boundaries they mark with ``salus_iterations``; other tasks take a plain slice beside them; see
+            ``tasks.salus_admission``).
         workers_per_device_set: processes kept per set of visible devices (process mode).
         policy: SchedulerPolicy block choosing the placement policy (default FIFO + best fit).
         tracking: MlflowTarget block, or False to switch MLflow tracking off.
@@ -632,6 +633,7 @@ class GpuTaskRunner(PlacingTaskRunner):
         self.salus_policy, self.salus_devices, self.salus_admission = salus.policy, salus.devices, salus.admission
         self.max_jobs_per_device, self.salus_workers = salus.max_jobs_per_device, salus.workers
         self._salus: SalusAdmission | None = None
+        self._executor_gone: set[uuid.UUID] = set()  # task runs whose Salus executor lost its device lease
         self._salus_lock = threading.Lock()
         self._pools: dict[str, Any] = {}
         self._broken_pools: list[Any] = []
@@ -666,33 +668,41 @@ class GpuTaskRunner(PlacingTaskRunner):
 
     def submit(self, task, parameters: dict[str, Any], wait_for: Iterable[PrefectFuture] | None = None,
                dependencies: dict[str, set] | None = None) -> PrefectConcurrentFuture:
-        """Under Salus, also check the task's declaration against its device first (one error in the flow)."""
+        """Under Salus, also check where the task will run and its declaration first (one error in the flow)."""
         if self._started and self.resolve().mode == "salus":
             self.salus().check(task, resolve_requests(task, self.default_request)[0])
         return super().submit(task, parameters, wait_for, dependencies)
 
     def _acquire(self, task, task_run_id: uuid.UUID, request: ResourceRequest, cancel_event: threading.Event,
                  timeout: float | None | EllipsisType = ...) -> Lease:
-        if self.mode != "salus":
-            return super()._acquire(task, task_run_id, request, cancel_event, timeout)
+        """Under Salus: a Salus job (or a tenant) waits for its device's executor; any other task takes its plain
+        ledger lease (``SalusAdmission.ledger_request``)."""
+        plain = request if self.mode != "salus" else self.salus().ledger_request(task, request)
+        if plain is not None:
+            return super()._acquire(task, task_run_id, plain, cancel_event, timeout)
         placement = self.salus().acquire(task, request, cancel_event)
         with self._leases_lock:
             self._held[placement.lease_id] = task_run_id
         return placement
 
     def _release(self, placement: Lease, task_name: str) -> str | None:
-        if self.mode != "salus":
+        if self.mode != "salus" or not self.salus().holds(placement):
             return super()._release(placement, task_name)
         lost = self.salus().release(placement)
         with self._leases_lock:
-            self._held.pop(placement.lease_id, None)
+            task_run_id = self._held.pop(placement.lease_id, None)
             lost = self._lost.pop(placement.lease_id, None) or lost
+            if lost is not None and task_run_id is not None:
+                self._executor_gone.add(task_run_id)
         return None if lost is None else f"task {task_name!r}: {lost}"
 
     def _settle(self, task, task_run_id: uuid.UUID, state, cancel_event: threading.Event, lost: str | None):
-        """A Salus job whose executor lost the device's lease ends Crashed: the infrastructure under it went
+        """A task whose Salus executor lost the device's lease ends Crashed: the infrastructure under it went
         away (whatever the job itself made of it: its next token request raised)."""
-        if self.mode != "salus" or lost is None:
+        with self._leases_lock:
+            executor_gone = task_run_id in self._executor_gone
+            self._executor_gone.discard(task_run_id)
+        if not executor_gone:
             return super()._settle(task, task_run_id, state, cancel_event, lost)
         from prefect.states import Crashed
 

@@ -112,6 +112,12 @@ class Undeclared:
             raise ConfigError(f"jobs[{self.job_id}].profile_iterations", k, "must be a whole number >= 1")
 
 
+def is_salus_job(task: Any) -> bool:
+    """Whether a task runs as a Salus job: marked ``@salus_job``, or submitted inside a ``salus_options`` block.
+    Any other task under ``GpuTaskRunner(mode="salus")`` takes a plain slice (``tasks.salus_admission``)."""
+    return getattr(getattr(task, "fn", task), _ATTR, None) is not None or bool(_OVERRIDES.get())
+
+
 def declared_job(task: Any, job_id: str) -> SalusJob | Undeclared:
     """The job a task declared with ``salus_job`` and ``salus_options``: a ``SalusJob`` with its sizes, or
     ``Undeclared`` (to be profiled) when it gave neither size. ConfigError naming the task if it is no Salus job
@@ -121,8 +127,8 @@ def declared_job(task: Any, job_id: str) -> SalusJob | Undeclared:
         spec = {**(spec or {}), **_OVERRIDES.get()}
     name = getattr(task, "name", job_id)
     if spec is None:
-        raise ConfigError("salus_job", name, "a task run under Salus must be marked @salus_job (its memory "
-                                             "declared, or left out to be profiled)")
+        raise ConfigError("salus_job", name, "is no Salus job: mark it @salus_job (its memory declared, or left "
+                                             "out to be profiled)")
     sizes = {"persistent_mb", "ephemeral_mb"} & set(spec)
     if len(sizes) == 1:
         raise ConfigError("salus_job", name, f"declares {sizes.pop()[:-3]} only: declare persistent and ephemeral "
@@ -255,10 +261,7 @@ class SalusExecutor:
         back, is re-admitted with them (Alg. 2.1, before any queued job: its memory is resident), and waits for
         its next iteration. Returns its new lane (a measured size that never fits the device: NeverFitsError)."""
         with self._lock:
-            state = self._jobs.get(job_id)
-            if state is None:
-                raise ConfigError("job_id", job_id, "not admitted on this executor")
-            self._check_lease()
+            state = self._admitted(job_id)
             self._apply(self.controller.on_iteration(self.now(), job_id, gpu_s))
             state.admitted.clear()
             self._apply(self.controller.on_arrival(self.now(), Profiled(job_id, persistent_mb, ephemeral_mb)))
@@ -281,13 +284,18 @@ class SalusExecutor:
     def ask(self, job_id: str) -> int:
         """Block until the job's lane runs its next iteration; return the lane."""
         with self._lock:
-            state = self._jobs.get(job_id)
-            if state is None:
-                raise ConfigError("job_id", job_id, "not admitted on this executor")
-            self._check_lease()
+            state = self._admitted(job_id)
             state.turn.clear()
             self._apply(self.controller.on_arrival(self.now(), Ask(job_id)))
         return self._wait_turn(job_id, state)
+
+    def _admitted(self, job_id: str) -> _Job:
+        """The admitted job's state (under the lock), if the device's lease still holds."""
+        state = self._jobs.get(job_id)
+        if state is None:
+            raise ConfigError("job_id", job_id, "not admitted on this executor")
+        self._check_lease()
+        return state
 
     def _check_lease(self) -> None:
         if self.lost:
@@ -304,10 +312,7 @@ class SalusExecutor:
         """The job's iteration is over after ``gpu_s`` seconds: the token goes to the policy's next pick.
         ``more``: the job wants its next iteration too — block until it gets it and return the lane."""
         with self._lock:
-            state = self._jobs.get(job_id)
-            if state is None:
-                raise ConfigError("job_id", job_id, "not admitted on this executor")
-            self._check_lease()
+            state = self._admitted(job_id)
             state.turn.clear()
             self._apply(self.controller.on_iteration(self.now(), job_id, gpu_s, more=more))
         if not more:

@@ -6,6 +6,11 @@ Salus jobs) drives a device's ``SalusExecutor`` directly instead of through ``Gp
 the flow admits the job (Algorithm 2.1 gives it a lane, thesis Ch. 2), submits its task with that lane, and
 the job leaves the lane when the task ends, whatever way it ends. The executor holds no ledger lease
 (``lease=False``), so the ledger stays the one account of the pool; it only orders iterations inside it.
+
+This is the second of two admission paths, on purpose: the runner's (``tasks.salus_admission``, behind
+``GpuTaskRunner(mode="salus")``) makes the executor the one holder of its device, charging ``ΣP + Σ_lanes max E``
+(Eq. 2.1) instead of each job's lease. Serving Ekya through it would drop Ekya's decided fractions from the
+ledger (and its pinned placement); serving the runner through this one would charge every job ``P + E`` again.
 """
 
 from __future__ import annotations

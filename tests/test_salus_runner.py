@@ -14,7 +14,7 @@ from prefect.states import StateType
 from gpu.errors import ConfigError, NeverFitsError
 from resource_blocks import GpuPool
 from tasks.flow_runtime import flow_runner, settings
-from tasks.requests import current_placement
+from tasks.requests import current_placement, gpu_options
 from tasks.salus_executor import salus_iterations, salus_job
 from tasks.runners import GpuTaskRunner
 
@@ -112,7 +112,7 @@ def test_a_task_declaring_no_memory_is_profiled_then_runs_beside_a_declared_one(
 
 
 @task
-def undeclared() -> None:
+def whole_device() -> None:
     pass
 
 
@@ -130,12 +130,14 @@ def no_expected_time() -> None:
 
 @pytest.mark.usefixtures("prefect_server")
 def test_bad_declarations_fail_in_the_flow_before_any_work(state_dir):
-    for bad, error, match in ((undeclared, ConfigError, "salus_job"), (too_big, NeverFitsError, "too_big.*16384 MB"),
+    for bad, error, match in ((whole_device, ConfigError, "gpus.*'whole_device'.*only Salus executors"),
+                              (too_big, NeverFitsError, "too_big.*16384 MB"),
                               (no_expected_time, ConfigError, "expected_s")):
         @flow(task_runner=GpuTaskRunner(pool=_pool("salus-runner"), mode="salus", salus_workers="thread",
                                         salus_policy="srtf", tracking=False))
         def submits():
-            bad.submit()
+            with gpu_options(gpus=1):
+                bad.submit()
 
         with pytest.raises(error, match=match):
             submits()
@@ -172,11 +174,88 @@ def test_a_flow_run_parameter_selects_salus_mode_as_a_deployment_would(state_dir
 
 @pytest.mark.usefixtures("prefect_server")
 def test_process_mode_gives_each_admitted_job_a_worker(state_dir):
-    @flow(task_runner=GpuTaskRunner(pool=_pool("salus-runner"), mode="salus", salus_policy="fair", max_jobs_per_device=3,
+    @flow(task_runner=GpuTaskRunner(pool=_pool("salus-runner"), mode="salus", salus_policy="fair", max_jobs_per_device=2,
                                       tracking=False))
     def colocated():
-        return [f.result() for f in [tiny_trainer.submit() for _ in range(3)]]
+        return [f.result() for f in [tiny_trainer.submit() for _ in range(2)]]
 
     results = colocated()
     spans = sorted(s for r in results for s in r["spans"])
-    assert len(spans) == 12 and all(e1 <= s2 for (_, e1), (s2, _) in zip(spans, spans[1:]))
+    assert len(spans) == 8 and all(e1 <= s2 for (_, e1), (s2, _) in zip(spans, spans[1:]))
+
+
+@task
+def plain_step() -> dict:
+    """A task that is no Salus job (a data loader, an evaluation): it reports the slice it got and, on a Salus
+    device, the executor's Eq. 2.1 account while it holds its memory."""
+    placement = current_placement()
+    lease = placement.placement
+    seen = {"devices": lease.devices, "memory": lease.memory, "lane": placement.lane}
+    if lease.devices == (0,):
+        lanes = flow_runner().salus().executor(0).controller.lanes
+        seen |= {"used_mb": lanes.used_mb(), "room_for_2g_2g": lanes.find(*lanes.margins.charge(2048, 2048)).outcome,
+                 "leases_on_gpu0": [x.label for x in flow_runner().ledger().leases() if x.devices == (0,)]}
+    return seen
+
+
+@task
+def plain_failure() -> None:
+    raise RuntimeError("injected failure of a plain task")
+
+
+@pytest.mark.usefixtures("prefect_server")
+def test_plain_tasks_take_plain_slices_beside_salus_jobs(state_dir):
+    """A loader (no GPU) gets a CPU lease, an evaluation a slice of the device no executor holds, and a plain task
+    pinned to the Salus device is charged in that executor's account, not given a second lease of the device."""
+    pool = GpuPool(name="salus-mixed", device_backend="simulated", simulated="2x16GiB")
+
+    @flow(task_runner=GpuTaskRunner(pool=pool, mode="salus", salus_workers="thread", salus_policy="fair",
+                                    salus_devices=(0,), tracking=False))
+    def mixed():
+        loader = plain_step.submit()
+        with gpu_options(gpus=0.5):
+            evaluation = plain_step.submit()
+        trainers = [tiny_trainer.submit() for _ in range(2)]
+        with gpu_options(memory="12GiB", devices=(0,)):
+            tenant = plain_step.submit()
+            failed = plain_failure.submit()
+        failed.wait()
+        still_charged = list(flow_runner().salus().executor(0).controller.lanes.persistent)
+        return (loader.result(), evaluation.result(), tenant.result(), [t.result() for t in trainers], failed.state,
+                still_charged)
+
+    loader, evaluation, tenant, trainers, failed, still_charged = mixed()
+    assert failed.is_failed() and not any(job.startswith("plain_failure") for job in still_charged)
+    assert loader["devices"] == () and evaluation["devices"] == (1,) and evaluation["lane"] is None
+    assert tenant["devices"] == (0,) and tenant["memory"] == 12 * 2 ** 30 and tenant["lane"] is None
+    assert tenant["leases_on_gpu0"] == ["salus-gpu0"]           # the executor's lease only
+    assert tenant["used_mb"] >= 12 * 1024 * 1.1 * 1.05          # its 12 GiB is charged as persistent memory
+    assert tenant["room_for_2g_2g"] == "not_found"               # so a job that would over-commit waits
+    assert all(len(t["spans"]) == 4 for t in trainers)
+    assert pool.open_ledger().leases() == []
+
+
+def test_a_plain_gpu_task_goes_where_no_executor_holds_the_device_else_beside_the_lanes(state_dir):
+    """Routing of a task that is no Salus job: on a two-GPU pool a fraction leases the other device; on a one-GPU
+    pool (or pinned to the Salus device) its executor hosts it; whole Salus devices are refused, naming the task."""
+    from gpu.placement import ResourceRequest
+    from tasks.salus_admission import SalusAdmission, SalusSettings
+
+    def route(simulated: str, **request):
+        pool = GpuPool(name=f"salus-route-{simulated}", device_backend="simulated", simulated=simulated)
+        ledger = pool.open_ledger()
+        try:
+            return SalusAdmission(SalusSettings(devices=(0,)), lambda: ledger, None, lambda *_: None).ledger_request(
+                plain_step, ResourceRequest(**request))
+        finally:
+            ledger.close()
+
+    assert route("2x16GiB", gpus=0.5).devices == (1,)
+    assert route("2x16GiB", gpus=0.0).devices is None                    # CPU only: as asked
+    assert route("2x16GiB", gpus=0.5, devices=(0,)) is None              # pinned to the Salus device: a tenant
+    assert route("1x16GiB", memory="4GiB") is None                       # only the Salus device: a tenant
+    assert route("1x16GiB") == ResourceRequest()
+    with pytest.raises(ConfigError, match="gpus=1.0.*'plain_step'"):
+        route("1x16GiB", gpus=1)
+    with pytest.raises(NeverFitsError):
+        route("2x16GiB", memory="20GiB", devices=(1,))                   # pinned elsewhere, never fits there
