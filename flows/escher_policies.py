@@ -43,18 +43,18 @@ from typing import Any, Callable
 from prefect import flow
 from prefect.futures import as_completed
 
-from gpu.errors import AllocationTimeout, ConfigError, GpuflowsError
-from gpu.placement import ResourceRequest
+from gpu.errors import ConfigError, GpuflowsError
 from gpu.schedulers.escher.api import Escher, NodeSpec
 from gpu.schedulers.escher.effort import source_lines
-from gpu.schedulers.escher.gang import AppSpaceGang, Gang
+from gpu.schedulers.escher.gang import AppSpaceGang
 from gpu.schedulers.escher.hfs import HierarchicalFairShare, water_fill
 from gpu.schedulers.escher.primitives import anti_affinity, colocate, store_data, with_task
 from gpu.scenario import integer, positive
 from gpuflows.args import error
 from resource_blocks import GpuPool, MlflowTarget, SchedulerPolicy
-from tasks.escher_jobs import (board_aggregator, consumer, gang_member, map_shard, predictor, producer,
-                               reduce_partition, replica, team_job, trial_chunk, write_shard)
+from tasks.escher_gang import run_gang
+from tasks.escher_jobs import (board_aggregator, consumer, map_shard, predictor, producer, reduce_partition, replica,
+                               team_job, trial_chunk, write_shard)
 from tasks.escher_tracking import Demo, log_policy_runs
 from tasks.flow_runtime import (flow_runner, log_flow_inputs, log_flow_outcome, pool_block, publish_mlflow_link,
                                 settings, tracking_target)
@@ -100,55 +100,6 @@ def run_placement(esl: Escher, steps: int) -> dict:
     esl.delete_resource("coloc-producer", out["producer"]["node"])
     out["tasks"] = [*out["replicas"], out["producer"], out["consumer"]]
     return out
-
-
-def run_gang(ledger, esl: Escher, size: int, steps: int, timeout_s: float, seed: int, workdir: str) -> dict:
-    """AppSpace gang (§4.4e) driven with the real clock: ghosts → ``gang-<g>`` per ghost's node → members, who
-    meet in a gloo all-reduce over a file store in ``workdir``."""
-    spread = anti_affinity(esl, "gang-ghosts")
-    gang = Gang("dp", tuple(ResourceRequest(gpus=1, resources=spread) for _ in range(size)))
-    controller = AppSpaceGang(gang, timeout=timeout_s, seed=seed)
-    arrived = time.time()
-    step = controller.on_arrival(0.0)
-    while True:
-        ghosts: list = []
-        try:
-            for i in step.submit:
-                left = max(0.0, arrived + step.wake_at - time.time()) if step.wake_at is not None else None
-                ghost = ledger.allocate(gang.ghost(i), timeout=left)
-                ghosts.append(ghost)
-                decided = controller.on_ghost_started(time.time() - arrived, i, ghost.node)
-                # the decided gang-<g> unit, backed by the ghost so the member inherits its devices (P4)
-                ledger.lease_resource(ghost.lease_id, gang.resource, 1)
-            break
-        except BaseException as exc:
-            for ghost in ghosts:  # roll back: the ghosts' gang-<g> units die with their leases
-                ledger.release(ghost.lease_id)
-            if not isinstance(exc, AllocationTimeout):
-                raise
-            back_off = controller.on_timer(time.time() - arrived)
-            time.sleep(max(0.0, back_off.wake_at - (time.time() - arrived)))  # the ESL's back-off timer
-            step = controller.on_retry(time.time() - arrived)
-    launched = time.time()
-    rendezvous = tempfile.mkdtemp(prefix="gang-", dir=workdir)
-    try:
-        futures = []
-        for i, member in enumerate(decided.launch):
-            with gpu_options(resources=dict(member.resources)):
-                futures.append(gang_member.with_options(name=member.label).submit(
-                    i, size, steps, os.path.join(rendezvous, "store")))
-        members = [f.result() for f in futures]
-    finally:
-        for ghost in ghosts:
-            ledger.release(ghost.lease_id)
-        esl.delete_resource("anti-gang-ghosts", EVERY_NODE)
-    return {"members": members, "tasks": members,
-            "ghosts": [{"node": g.node, "devices": list(g.devices)} for g in ghosts],
-            "attempts": controller.attempts, "gang_latency_s": launched - arrived,
-            "metrics": {"gang_latency_s": launched - arrived, "gang_attempts": controller.attempts,
-                        "gang_size": size},
-            "actions": [{"call": "lease_resource", "name": gang.resource, "capacity": 1.0, "node": g.node,
-                         "by": f"ghost {g.lease_id}"} for g in ghosts]}
 
 
 def run_hfs(esl: Escher, nodes: list[str], team_weights: tuple[float, float], jobs: int, steps: int) -> dict:

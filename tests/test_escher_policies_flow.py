@@ -175,32 +175,53 @@ def test_a_scheduler_policy_runs_its_demo_and_mlflow_keeps_a_run_per_policy(stat
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("prefect_server")
-def test_a_gang_whose_ghosts_cannot_all_start_rolls_back_and_starts_once_they_can(state_dir, tmp_path):
+def test_a_gang_rolls_back_until_its_ghosts_all_start_and_a_crashed_member_ends_its_peers_at_once(
+        state_dir, tmp_path, monkeypatch):
     """AppSpace (§4.4e): node3's GPU is busy for ~1.5 s, so the first attempts time out (0.5 s), roll back
-    their ghosts (no lease kept) and back off; once the GPU is free the whole gang starts, one member per node."""
+    their ghosts (no lease kept) and back off; once the GPU is free the whole gang starts, one member per node.
+    A second gang's member 2 crashes after one all-reduce: the other three end at once instead of after the
+    rendezvous timeout, the run fails, and neither ``gang-dp`` nor any lease is left on the pool."""
     import threading
+    import time
 
     from prefect import flow
 
-    from flows.escher_policies import run_gang
+    import tasks.escher_gang
     from gpu.placement import ResourceRequest
     from gpu.schedulers.escher.api import Escher
+    from tasks.escher_gang import RENDEZVOUS_TIMEOUT, run_gang
+    from tasks.escher_jobs import train
     from tasks.runners import GpuTaskRunner
 
     pool = GpuPool(name="escher-rollback", device_backend="simulated", simulated="1x16GiB", nodes=4)
     runner = GpuTaskRunner(pool=pool, mode="thread", tracking=False)
 
     @flow(task_runner=runner)
-    def gang_flow():
+    def gang_flow(crash: bool):
         ledger = runner.ledger()
-        busy = ledger.allocate(ResourceRequest(gpus=1, node="node3", label="busy"), timeout=1)
-        threading.Timer(1.5, ledger.release, (busy.lease_id,)).start()
-        return run_gang(ledger, Escher(ledger), size=4, steps=3, timeout_s=0.5, seed=0, workdir=str(tmp_path))
+        if not crash:
+            busy = ledger.allocate(ResourceRequest(gpus=1, node="node3", label="busy"), timeout=1)
+            threading.Timer(1.5, ledger.release, (busy.lease_id,)).start()
+        return run_gang(ledger, Escher(ledger), size=4, steps=3 if not crash else 10_000, timeout_s=0.5, seed=0,
+                        workdir=str(tmp_path))
 
-    gang = gang_flow()
+    gang = gang_flow(False)
     assert gang["attempts"] >= 2 and gang["gang_latency_s"] >= 1.0  # the busy GPU was freed 1.5 s in
     assert sorted(m["node"] for m in gang["members"]) == ["node0", "node1", "node2", "node3"]
     assert max(m["started"] for m in gang["members"]) < min(m["ended"] for m in gang["members"])
+    assert _pool_is_clean("escher-rollback")
+
+    def crashing_train(model, steps, shard, shards, average):
+        if shard == 2:
+            train(model, 1, shard, shards, average)
+            raise RuntimeError("member 2 crashed")
+        return train(model, steps, shard, shards, average)
+
+    monkeypatch.setattr(tasks.escher_gang, "train", crashing_train)
+    started = time.monotonic()
+    with pytest.raises(RuntimeError):
+        gang_flow(True)
+    assert time.monotonic() - started < RENDEZVOUS_TIMEOUT.total_seconds() / 3
     assert _pool_is_clean("escher-rollback")
 
 
@@ -219,3 +240,66 @@ def test_a_migration_with_nowhere_to_go_fails_the_run_and_leaves_no_resource_beh
     assert all(set(r) <= {"CPU", "GPU"} for r in ledger.cluster_status().values())
     for lease in held:
         ledger.release(lease.lease_id)
+
+
+def _members_in_threads(rendezvous, ranks, steps=50):
+    """Run ``gang_member``'s body for ``ranks`` in threads (as thread mode does); each one's error or result."""
+    import threading
+
+    from tasks.escher_gang import gang_member
+
+    outcome: dict[int, BaseException | dict] = {}
+
+    def member(rank):
+        try:
+            outcome[rank] = gang_member.fn(rank, rendezvous.world, steps, rendezvous)
+        except BaseException as exc:  # noqa: BLE001 - the test reads every member's end
+            outcome[rank] = exc
+
+    threads = [threading.Thread(target=member, args=(r,)) for r in ranks]
+    for t in threads:
+        t.start()
+    return threads, outcome
+
+
+def test_members_whose_peer_never_starts_end_as_soon_as_the_rendezvous_is_aborted(tmp_path):
+    """Member 2 of 3 never starts (its task failed before it joined): once the flow aborts the rendezvous, the
+    two waiting members end with GangAborted at once instead of after the 60 s rendezvous timeout."""
+    import time
+
+    from tasks.escher_gang import RENDEZVOUS_TIMEOUT, GangAborted, Rendezvous
+
+    rendezvous = Rendezvous(str(tmp_path / "store"), 3)
+    threads, outcome = _members_in_threads(rendezvous, [0, 1])
+    rendezvous._store().wait(["joined-0", "joined-1"], RENDEZVOUS_TIMEOUT)   # both are waiting for member 2
+    aborted = time.monotonic()
+    rendezvous.abort("member 2 ended: Crashed")
+    for t in threads:
+        t.join(RENDEZVOUS_TIMEOUT.total_seconds())
+    assert time.monotonic() - aborted < 10          # the old wait: 60 s
+    assert all(isinstance(outcome[r], GangAborted) and "member 2 ended: Crashed" in str(outcome[r]) for r in (0, 1))
+
+
+def test_a_member_that_crashes_mid_gang_ends_its_peer_at_once(tmp_path, monkeypatch):
+    """Member 1 raises after its first all-reduce: it destroys its process group, so member 0's next all-reduce
+    fails at once (a connection error) instead of waiting out the collective's 60 s timeout."""
+    import time
+
+    import tasks.escher_gang
+    from tasks.escher_gang import RENDEZVOUS_TIMEOUT, Rendezvous
+    from tasks.escher_jobs import train
+
+    def crashing_train(model, steps, shard, shards, average):
+        if shard == 1:
+            train(model, 1, shard, shards, average)
+            raise RuntimeError("member 1 crashed")
+        return train(model, steps, shard, shards, average)
+
+    monkeypatch.setattr(tasks.escher_gang, "train", crashing_train)
+    started = time.monotonic()
+    threads, outcome = _members_in_threads(Rendezvous(str(tmp_path / "store"), 2), [0, 1], steps=10_000)
+    for t in threads:
+        t.join(RENDEZVOUS_TIMEOUT.total_seconds())
+    assert time.monotonic() - started < 15          # the old wait: 60 s
+    assert str(outcome[1]) == "member 1 crashed"
+    assert isinstance(outcome[0], RuntimeError) and "Connection" in str(outcome[0])
