@@ -152,17 +152,22 @@ class _GangWorld:
 
 
 def run_members(launch: tuple[ResourceRequest, ...], steps: int, rendezvous: Rendezvous) -> list[dict]:
-    """Submit the members; the first that fails aborts the rendezvous. Returns once every member has ended:
-    their results, or the first failure raised."""
+    """Submit the members; the first that fails aborts the rendezvous. Returns once every member has ended (also
+    when it raises): their results, or the first failure raised."""
     futures = []
     for i, member in enumerate(launch):
         with gpu_options(resources=dict(member.resources)):
             futures.append(gang_member.with_options(name=member.label).submit(i, len(launch), steps, rendezvous))
-    for done in as_completed(futures):
-        if not done.state.is_completed():
-            rendezvous.abort(f"member {futures.index(done)} ended: {done.state.message}")
-            wait(futures)
-            break
+    try:
+        for done in as_completed(futures):
+            if not done.state.is_completed():
+                rendezvous.abort(f"member {futures.index(done)} ended: {done.state.message}")
+                break
+    except BaseException:  # the flow itself stops: members still at the rendezvous need not wait for the others
+        rendezvous.abort("the flow running the gang stopped")
+        raise
+    finally:
+        wait(futures)  # the ghosts go only once no member runs on their devices
     return [f.result() for f in futures]
 
 
