@@ -50,6 +50,7 @@ def test_a_scheduler_policy_picks_one_demo_and_sets_its_parameters():
     _, _, chosen, settings = prepare(DEFAULT_POOL, False, **GOOD, policy=SchedulerPolicy(
         system="escher", policy="locality", params={"shards": 3, "reducers": 1}))
     assert chosen == ("locality",) and (settings.shards, settings.reducers, settings.words) == (3, 1, 500)
+    assert prepare(DEFAULT_POOL, False, **GOOD, policy={"system": "escher", "policy": "affinity"})[2] == ("affinity",)
     _, _, chosen, _ = prepare(DEFAULT_POOL, False, **GOOD, policies=["tune", "gang", "tune"])
     assert chosen == ("tune", "gang")
     assert prepare(DEFAULT_POOL, False, **GOOD)[2] == POLICIES
