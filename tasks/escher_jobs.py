@@ -1,9 +1,8 @@
 """The torch and data work of the ESCHER policies flow (Bhardwaj, ESCHER, thesis ch. 4): each task reports where it
 ran, so the flow can check that the ESLs' ``set_resource`` calls placed it (``flows/escher_policies.py``).
 
-- linear digits classifiers: serving replicas, an affinity producer/consumer pair, HFS team jobs, and a gang of
-  data-parallel members whose gradients meet in a gloo all-reduce (§4.4e: a member blocks in the collective until
-  every other member runs, so the job only finishes when the gang runs at once);
+- linear digits classifiers: serving replicas, an affinity producer/consumer pair, HFS team jobs, and the training
+  loop of the gang's data-parallel members (``tasks/escher_gang.py``, §4.4e);
 - WordCount (§4.5, Fig. 4.5a): shard writers into per-node local folders, a mapper per shard, reducers; the two
   lines of data locality are the writer's ``store_data`` and the mapper's ``{data-<shard>: 1}``;
 - AlphaZero (§4.5, Fig. 4.6a): a predictor (torch value network on a GPU slice) makes ``coloc-<id>`` on its node,
@@ -31,7 +30,7 @@ from gpu.schedulers.escher.primitives import colocate, store_data
 from tasks.digits import digits_tensors
 from tasks.requests import current_placement, task_ledger
 
-RENDEZVOUS_TIMEOUT = timedelta(seconds=60)  # a gang member or an AlphaZero pair waiting longer has lost its peers
+RENDEZVOUS_TIMEOUT = timedelta(seconds=60)  # the patience of a gang's all-reduce or an AlphaZero pair with a slow peer
 VOCABULARY = tuple(f"w{i:03d}" for i in range(200))
 
 
@@ -141,27 +140,6 @@ def consumer(steps: int) -> dict:
 @task
 def team_job(user: str, i: int, steps: int) -> dict:
     return {**_trained(f"{user}-{i}", steps, 4 + i), "user": user}
-
-
-@task
-def gang_member(rank: int, world: int, steps: int, rendezvous: str) -> dict:
-    """One data-parallel worker: its shard of digits, gradients summed with every other member's each step by
-    a gloo all-reduce over the file store ``rendezvous`` (it blocks until all ``world`` members have joined, so
-    the job only finishes if the whole gang runs at once)."""
-    import torch.distributed as dist
-
-    started = time.time()
-    group = dist.ProcessGroupGloo(dist.FileStore(rendezvous, world), rank, world, RENDEZVOUS_TIMEOUT)
-    joined = time.time()
-
-    def average(grad):
-        group.allreduce([grad]).wait()
-        return grad / world
-
-    model = linear_model(3)
-    losses = train(model, steps, rank, world, average)
-    return {"task": f"member-{rank}", "checksum": checksum(model), "loss": losses[-1], "joined": joined,
-            **where(started)}
 
 
 # -- WordCount (§4.5, Fig. 4.5a) ------------------------------------------------------------------

@@ -5,18 +5,22 @@ fifty lines to EscherTune"; Fig. 4.7: AppSpace 78, LibSpace 261, FrameSpace 1624
 from __future__ import annotations
 
 import json
+import os
 import time
-from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import TYPE_CHECKING, Mapping
+
+if TYPE_CHECKING:
+    from tasks.escher_demos import Demo
 
 
-@dataclass(frozen=True)
-class Demo:
-    """One policy of the flow: its MLflow run's name, the ESL code whose lines are counted, and the paper's count."""
-
-    run_name: str
-    esl: tuple[Callable | type, ...]
-    paper_lines: str = ""
+def esl_log(log_path: str, policy: str) -> list[dict]:
+    """The ``set_resource`` calls a policy's ESL logged to ``log_path``, as rows of the flow's actions table."""
+    if not os.path.exists(log_path):
+        return []
+    with open(log_path) as f:
+        return [{"call": "set_resource", **{k: v for k, v in json.loads(line).items() if k != "spec"},
+                 "by": f"{policy} ESL"}
+                for line in f if line.strip()]
 
 
 def log_policy_runs(results: Mapping[str, dict], demos: Mapping[str, Demo]) -> list[str]:

@@ -11,6 +11,7 @@ import pytest
 from flows.escher_policies import DEFAULT_POOL, POLICIES, escher_policies, main, prepare
 from gpu.errors import ConfigError
 from resource_blocks import GpuPool, SchedulerPolicy
+from tasks.runners import GpuTaskRunner
 from tasks.escher_jobs import shard_text
 from gpu.schedulers.escher.effort import source_lines
 
@@ -49,6 +50,7 @@ def test_a_scheduler_policy_picks_one_demo_and_sets_its_parameters():
     _, _, chosen, settings = prepare(DEFAULT_POOL, False, **GOOD, policy=SchedulerPolicy(
         system="escher", policy="locality", params={"shards": 3, "reducers": 1}))
     assert chosen == ("locality",) and (settings.shards, settings.reducers, settings.words) == (3, 1, 500)
+    assert prepare(DEFAULT_POOL, False, **GOOD, policy={"system": "escher", "policy": "affinity"})[2] == ("affinity",)
     _, _, chosen, _ = prepare(DEFAULT_POOL, False, **GOOD, policies=["tune", "gang", "tune"])
     assert chosen == ("tune", "gang")
     assert prepare(DEFAULT_POOL, False, **GOOD)[2] == POLICIES
@@ -175,32 +177,51 @@ def test_a_scheduler_policy_runs_its_demo_and_mlflow_keeps_a_run_per_policy(stat
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("prefect_server")
-def test_a_gang_whose_ghosts_cannot_all_start_rolls_back_and_starts_once_they_can(state_dir, tmp_path):
-    """AppSpace (§4.4e): node3's GPU is busy for ~1.5 s, so the first attempts time out (0.5 s), roll back
-    their ghosts (no lease kept) and back off; once the GPU is free the whole gang starts, one member per node."""
+def test_a_gang_rolls_back_until_its_ghosts_all_start_and_a_crashed_member_ends_its_peers_at_once(
+        state_dir, tmp_path, monkeypatch):
+    """AppSpace (§4.4e): node3's GPU is busy for ~1 s, so the first attempts time out (0.3 s), roll back their
+    ghosts (no lease kept) and back off; once the GPU is free the whole gang starts, one member per node.
+    Then a gang whose member 1 crashes after one all-reduce: its peer ends at once instead of after the
+    rendezvous timeout, the gang fails, and neither ``gang-dp`` nor any lease is left on the pool."""
     import threading
+    import time
 
     from prefect import flow
 
-    from flows.escher_policies import run_gang
+    import tasks.escher_gang
     from gpu.placement import ResourceRequest
     from gpu.schedulers.escher.api import Escher
-    from tasks.runners import GpuTaskRunner
+    from tasks.escher_gang import RENDEZVOUS_TIMEOUT, run_gang
+    from tasks.escher_jobs import train
 
     pool = GpuPool(name="escher-rollback", device_backend="simulated", simulated="1x16GiB", nodes=4)
     runner = GpuTaskRunner(pool=pool, mode="thread", tracking=False)
+
+    def crashing_train(model, steps, shard, shards, average):
+        if shard == 1:
+            train(model, 1, shard, shards, average)
+            raise RuntimeError("member 1 crashed")
+        return train(model, steps, shard, shards, average)
 
     @flow(task_runner=runner)
     def gang_flow():
         ledger = runner.ledger()
         busy = ledger.allocate(ResourceRequest(gpus=1, node="node3", label="busy"), timeout=1)
-        threading.Timer(1.5, ledger.release, (busy.lease_id,)).start()
-        return run_gang(ledger, Escher(ledger), size=4, steps=3, timeout_s=0.5, seed=0, workdir=str(tmp_path))
+        threading.Timer(1.0, ledger.release, (busy.lease_id,)).start()
+        gang = run_gang(ledger, Escher(ledger), size=4, steps=3, timeout_s=0.3, seed=0, workdir=str(tmp_path))
+        clean = _pool_is_clean("escher-rollback")
+        monkeypatch.setattr(tasks.escher_gang, "train", crashing_train)
+        started = time.monotonic()
+        with pytest.raises(RuntimeError):
+            run_gang(ledger, Escher(ledger), size=2, steps=10_000, timeout_s=5, seed=0, workdir=str(tmp_path))
+        return gang, clean, time.monotonic() - started
 
-    gang = gang_flow()
-    assert gang["attempts"] >= 2 and gang["gang_latency_s"] >= 1.0  # the busy GPU was freed 1.5 s in
+    gang, clean_after_the_gang, crashed_gang_s = gang_flow()
+    assert gang["attempts"] >= 2 and gang["gang_latency_s"] >= 0.6  # the busy GPU was freed 1 s in
     assert sorted(m["node"] for m in gang["members"]) == ["node0", "node1", "node2", "node3"]
     assert max(m["started"] for m in gang["members"]) < min(m["ended"] for m in gang["members"])
+    assert clean_after_the_gang
+    assert crashed_gang_s < RENDEZVOUS_TIMEOUT.total_seconds() / 3
     assert _pool_is_clean("escher-rollback")
 
 
@@ -219,3 +240,66 @@ def test_a_migration_with_nowhere_to_go_fails_the_run_and_leaves_no_resource_beh
     assert all(set(r) <= {"CPU", "GPU"} for r in ledger.cluster_status().values())
     for lease in held:
         ledger.release(lease.lease_id)
+
+
+def _members_in_threads(rendezvous, ranks, steps=50):
+    """Run ``gang_member``'s body for ``ranks`` in threads (as thread mode does); each one's error or result."""
+    import threading
+
+    from tasks.escher_gang import gang_member
+
+    outcome: dict[int, BaseException | dict] = {}
+
+    def member(rank):
+        try:
+            outcome[rank] = gang_member.fn(rank, rendezvous.world, steps, rendezvous)
+        except BaseException as exc:  # noqa: BLE001 - the test reads every member's end
+            outcome[rank] = exc
+
+    threads = [threading.Thread(target=member, args=(r,)) for r in ranks]
+    for t in threads:
+        t.start()
+    return threads, outcome
+
+
+def test_members_whose_peer_never_starts_end_as_soon_as_the_rendezvous_is_aborted(tmp_path):
+    """Member 2 of 3 never starts (its task failed before it joined): once the flow aborts the rendezvous, the
+    two waiting members end with GangAborted at once instead of after the 60 s rendezvous timeout."""
+    import time
+
+    from tasks.escher_gang import RENDEZVOUS_TIMEOUT, GangAborted, Rendezvous
+
+    rendezvous = Rendezvous(str(tmp_path / "store"), 3)
+    threads, outcome = _members_in_threads(rendezvous, [0, 1])
+    rendezvous._store().wait(["joined-0", "joined-1"], RENDEZVOUS_TIMEOUT)   # both are waiting for member 2
+    aborted = time.monotonic()
+    rendezvous.abort("member 2 ended: Crashed")
+    for t in threads:
+        t.join(RENDEZVOUS_TIMEOUT.total_seconds())
+    assert time.monotonic() - aborted < 10          # the old wait: 60 s
+    assert all(isinstance(outcome[r], GangAborted) and "member 2 ended: Crashed" in str(outcome[r]) for r in (0, 1))
+
+
+def test_a_member_that_crashes_mid_gang_ends_its_peer_at_once(tmp_path, monkeypatch):
+    """Member 1 raises after its first all-reduce: it destroys its process group, so member 0's next all-reduce
+    fails at once (a connection error) instead of waiting out the collective's 60 s timeout."""
+    import time
+
+    import tasks.escher_gang
+    from tasks.escher_gang import RENDEZVOUS_TIMEOUT, Rendezvous
+    from tasks.escher_jobs import train
+
+    def crashing_train(model, steps, shard, shards, average):
+        if shard == 1:
+            train(model, 1, shard, shards, average)
+            raise RuntimeError("member 1 crashed")
+        return train(model, steps, shard, shards, average)
+
+    monkeypatch.setattr(tasks.escher_gang, "train", crashing_train)
+    started = time.monotonic()
+    threads, outcome = _members_in_threads(Rendezvous(str(tmp_path / "store"), 2), [0, 1], steps=10_000)
+    for t in threads:
+        t.join(RENDEZVOUS_TIMEOUT.total_seconds())
+    assert time.monotonic() - started < 15          # the old wait: 60 s
+    assert str(outcome[1]) == "member 1 crashed"
+    assert isinstance(outcome[0], RuntimeError) and "Connection" in str(outcome[0])

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from gpu.errors import ConfigError
-from gpu.sim.escher.run import run
+from gpu.sim.escher.affinity import Affinity, affinity_placements
+from gpu.sim.escher.run import EXPERIMENTS, run
 from gpu.sim.escher.gangs import GangLoad, GangWorld
 from gpu.sim.escher.workloads import FairShare, Tune, WordCount, bandwidth, fair_share, tune, wordcount
 from gpu.sim.escher.world import Timing
@@ -70,6 +71,29 @@ def test_eschertune_migrates_the_spread_job_onto_one_node():
     assert moved["long_work"] > static["long_work"]
 
 
+def test_affinity_puts_replicas_apart_and_consumers_beside_their_producers():
+    """Table 4.2 (P3, P1): with the ESL calls every replica has a node of its own and every consumer runs on its
+    producer's node (waiting for room there when best fit filled it); the scheduler alone packs the replicas and
+    scatters the consumers. Every resource is deleted and every lease released at the end."""
+    load = Affinity(nodes=4, cpus=8, replicas=3, pairs=6, task_s=1.0)
+    escher, none = (affinity_placements(load, p, T, 0) for p in ("escher", "none"))
+    assert (escher["replica_spread"], escher["colocated_share"]) == (1.0, 1.0)
+    assert none["replica_spread"] < 1.0 and none["colocated_share"] < 1.0
+    assert escher["consumer_delay_ms"] >= 1e3 * T.set_resource             # behind the producer's set_resource
+    assert escher["finished"] == none["finished"] == 1.0
+    assert escher["left_on_ledger"] == none["left_on_ledger"] == 0.0
+
+
+def test_the_simulator_the_flow_and_the_policy_block_name_the_same_policies():
+    from tasks.escher_demos import DEMOS
+    from gpu.schedulers.escher import POLICIES
+    from resource_blocks import SchedulerPolicy
+
+    assert set(EXPERIMENTS) == set(DEMOS) == set(POLICIES)
+    for name in POLICIES:
+        assert SchedulerPolicy(system="escher", policy=name).policy == name
+
+
 SMALL = {"name": "small", "seed": 0, "policies": ["locality", "colocation", "tune"],
          "locality": {"nodes": 10, "input_gb": [10, 50], "cluster_sizes": [5, 10]},
          "colocation": {"nodes": 4, "pairs": 8, "explorations": 50}}
@@ -93,6 +117,7 @@ def test_cli_simulates_escher_and_writes_flat_figures(tmp_path, capsys):
     ({"colocation": {"pairs": 100, "nodes": 2}}, "colocation.pairs"),
     ({"tune": {"long_gpus": 8}}, "tune.long_gpus"),
     ({"gang": {"sizes": [100]}}, "gang.sizes"),
+    ({"affinity": {"replicas": 9, "nodes": 8}}, "affinity.replicas"),
     ({"hfs": {"users": []}}, "hfs.users"),
     ({"timing": {"set_resource_s": -1}}, "timing.set_resource_s"),
     ({"typo": 1}, "typo"),
@@ -101,4 +126,4 @@ def test_bad_scenarios_fail_before_any_work(tmp_path, patch, field):
     scenario = tmp_path / "s.json"
     scenario.write_text(json.dumps({**SMALL, **patch}))
     with pytest.raises(ConfigError, match=field.replace(".", r"\.")):
-        run(str(scenario), ["gang", "hfs", "tune", "locality", "colocation"] if "policies" not in patch else None)
+        run(str(scenario), ["affinity", "gang", "hfs", "tune", "locality", "colocation"] if "policies" not in patch else None)

@@ -9,3 +9,8 @@ Scheduler modules:
 - ``primitives``: ESCHER's primitives P1–P4 (§4.4) and the Table 4.2 policies built from them, as ESL calls
 - ``soft``: Soft constraints, OR-composition and conflict relaxation as an ESL (ESCHER §4.4g–h, Fig
 """
+
+POLICIES = ("affinity", "gang", "hfs", "locality", "colocation", "tune")
+"""ESCHER's policies by name, one set for every place that names them: the simulator's experiments
+(``gpu.sim.escher.run``), the flow's demos (``flows.escher_policies``) and a ``SchedulerPolicy(system="escher")``."""
+

@@ -5,6 +5,7 @@ Each "policy" is one of the paper's ESL experiments, run with the real ESLs of
 ``SimLedger`` scheduler, matching through ``gpu.placement``):
 
 =============  =================================================================  =========
+``affinity``   serving replicas apart, consumers on their producers' nodes          Table 4.2
 ``gang``       AppSpace / LibSpace / FrameSpace gang latency                      Fig. 4.7
 ``locality``   WordCount, random vs native locality vs the two-line ESCHER change  Fig. 4.5a/b
 ``hfs``        hierarchical fair sharing, users arriving at 0/60/120 s             Fig. 4.5c
@@ -26,6 +27,8 @@ from gpu.report import SimulationReport
 from gpu.scenario import (
     entries, integer, known_fields, label, load_scenario, policy_names, positive, section,
 )
+from gpu.schedulers.escher import POLICIES
+from gpu.sim.escher.affinity import PLACEMENTS, Affinity, affinity_placements
 from gpu.sim.escher.gangs import GangLoad, gang_latencies
 from gpu.sim.escher.workloads import (
     TRANSFER_SHARE, AlphaZero, FairShare, Tune, WordCount, alphazero_placements, bandwidth, calibrate_penalty,
@@ -33,7 +36,6 @@ from gpu.sim.escher.workloads import (
 )
 from gpu.sim.escher.world import Timing
 
-POLICIES = ("gang", "locality", "hfs", "colocation", "tune")
 SCENARIO_KEYS = {"name", "seed", "timing", "policies", *POLICIES}
 MAX_NODES = 1000
 
@@ -60,6 +62,19 @@ def _timing(raw: Any) -> Timing:
     return Timing(positive(t.get("schedule_s", d.schedule), "timing.schedule_s"),
                   positive(t.get("schedule_sigma", d.schedule_sigma), "timing.schedule_sigma", allow_zero=True),
                   positive(t.get("set_resource_s", d.set_resource), "timing.set_resource_s", allow_zero=True))
+
+
+def _affinity(raw: Any) -> Affinity:
+    a = section(raw, "affinity", {"nodes", "cpus", "replicas", "pairs", "task_s"})
+    d = Affinity()
+    out = Affinity(_nodes(a.get("nodes", d.nodes), "affinity.nodes"),
+                   integer(a.get("cpus", d.cpus), "affinity.cpus", minimum=2),
+                   integer(a.get("replicas", d.replicas), "affinity.replicas", minimum=1),
+                   integer(a.get("pairs", d.pairs), "affinity.pairs", minimum=1),
+                   positive(a.get("task_s", d.task_s), "affinity.task_s"))
+    if out.replicas > out.nodes:
+        raise ConfigError("affinity.replicas", out.replicas, f"anti-affine replicas need a node each; there are {out.nodes}")
+    return out
 
 
 def _gang(raw: Any) -> GangLoad:
@@ -133,6 +148,12 @@ def _tune(raw: Any) -> Tune:
 
 
 # -- experiments ------------------------------------------------------------------------------------
+def run_affinity(load: Affinity, timing: Timing, seed: int) -> tuple[dict[str, float], list[dict]]:
+    rows = [{"placement": p, **affinity_placements(load, p, timing, seed)} for p in PLACEMENTS]
+    return {f"affinity_{r['placement']}_{k}": float(r[k]) for r in rows
+            for k in ("replica_spread", "colocated_share", "consumer_delay_ms")}, rows
+
+
 def run_gang(load: GangLoad, timing: Timing, seed: int) -> tuple[dict[str, float], list[dict]]:
     lat = {k: np.array(v) * 1000 for k, v in gang_latencies(load, timing, seed).items()}
     rows = [{"design": k, "gangs": len(v), "mean_ms": v.mean(), "min_ms": v.min(), "p50_ms": np.median(v),
@@ -202,7 +223,7 @@ def run_tune(load: Tune, timing: Timing, seed: int) -> tuple[dict[str, float], l
 
 
 EXPERIMENTS: dict[str, tuple[Callable[[Any], Any], Callable[..., tuple[dict[str, float], list[dict]]]]] = {
-    "gang": (_gang, run_gang), "locality": (_locality, run_locality), "hfs": (_hfs, run_hfs),
+    "affinity": (_affinity, run_affinity), "gang": (_gang, run_gang), "locality": (_locality, run_locality), "hfs": (_hfs, run_hfs),
     "colocation": (_colocation, run_colocation), "tune": (_tune, run_tune),
 }
 
@@ -229,6 +250,8 @@ def run(scenario_path: str, policies: list[str] | None = None) -> SimulationRepo
 
 
 PAPER: dict[str, str] = {
+    "affinity_escher_replica_spread": "1 (Table 4.2: one replica per node)",
+    "affinity_escher_colocated_share": "1 (Table 4.2: T2 on T1's node)",
     "gang_framespace_speedup": "~2x (Fig. 4.7)",
     "gang_appspace_max_ms": "< 1000, widest tail",
     "gang_libspace_min_ms": "highest minimum",
