@@ -31,12 +31,13 @@ def test_nona_placement_crosses_the_slow_link_less_and_finishes_queries_sooner(s
 
     from flows.serving_rollout import serving_rollout
 
-    spec = yaml.safe_load(Path(SPEC).read_text())  # its 2-s epochs: one epoch of measured feedback within 3 s
-    results = {p: serving_rollout.with_options(task_runner=runner(f"nona-{p}"))(spec, duration_s=3, placement=p)
-               for p in ("shares", "nona", "opportunistic", "expert")}
+    spec = yaml.safe_load(Path(SPEC).read_text())  # its 2-s epochs: one epoch of measured feedback within 2.5 s
+    results = {p: serving_rollout.with_options(task_runner=runner(f"nona-{p}"))(spec, duration_s=seconds, placement=p)
+               for p, seconds in (("shares", 2.5), ("nona", 2.5), ("opportunistic", 2.5), ("expert", 2))}
     shares, nona, opportunistic = results["shares"], results["nona"], results["opportunistic"]
     for r in results.values():
-        assert r["queries"]["block"]["queries"] > 80 and r["handoffs"] > 240  # b, c, d of every query
+        queries = r["queries"]["block"]["queries"]
+        assert queries > 25 * r["duration_s"] and r["handoffs"] >= 3 * queries  # b, c, d of every query
         assert GpuPool(name=f"nona-{r['placement']}", device_backend="simulated").open_ledger().leases() == []
     assert shares["cross_node_share"] > 0.3  # weighted random over 2 nodes: about half
     assert nona["cross_node_share"] < 0.5 * shares["cross_node_share"]
