@@ -13,17 +13,18 @@ named in the result's ``mlflow_errors``. ``backend="ray"`` (under ``GpuRayTaskRu
 profiling tasks on Ray and each GPU node's worker as a Ray actor leasing from the runner's ledger.
 
 Placement (the spec's ``placement``, or ``--placement``): ``nexus`` as above; ``shares``, ``nona`` and Nona's
-baselines (``undistributed``, ``opportunistic``, ``random``) host every stage of the spec on each of
+baselines (``undistributed``, ``opportunistic``, ``random``, ``expert``) host every stage of the spec on each of
 ``placement.nodes`` nodes (a fixed plan, no re-planning), ``shares`` routing each request by its session's shares,
 the others each query by the placement they give it: ``nona`` samples it from θ, solved before the rollout from
 the profiled stage latencies and the link and re-solved every epoch from the measured query rates and stage
-service times (Nona, §III; ``tasks.serving.nona``). The spec's ``link`` emulates the bottleneck link the
+service times (Nona, §III; ``tasks.serving.placement``, ``tasks.serving.nona``). The spec's ``link`` emulates the bottleneck link the
 hand-offs between nodes queue on (``tasks.serving.link``). With ``batch_policy: orloj`` the workers' batches
-re-profile ORLOJ every epoch (thesis §4.3.2; ``tasks.serving.epochs``).
+re-profile ORLOJ every epoch (thesis §4.3.2; ``tasks.serving.epochs``). The figures come from
+``tasks.serving.figures``, the MLflow runs from ``tasks.serving.rollout_mlflow``.
 
     python -m flows.serving_rollout --duration-s 20
     python -m flows.serving_rollout --spec scenarios/serving/diamond_nona.yaml --placement nona
-    python -m flows.serving_rollout --spec scenarios/serving/diamond_nona.yaml --placement random
+    python -m flows.serving_rollout --spec scenarios/serving/diamond_nona.yaml --placement expert
     python -m flows.serving_rollout --duration-s 10 --backend ray
 """
 
@@ -32,19 +33,17 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from prefect import flow, get_run_logger, task
 
 from gpu.batching import POLICIES
 from gpu.errors import ConfigError, GpuflowsError
 from gpu.scenario import choose, positive
 from gpu.pool import pool_path
-from gpu.schedulers.nexus.squishy import Plan, SquishyPacker
+from gpu.schedulers.nexus.squishy import SquishyPacker
 from gpu.schedulers.nexus.controller import NexusController
 from gpu.schedulers.nexus.epoch import EpochPlanner
 from gpu.schedulers.nexus.profiles import BatchProfile
@@ -76,19 +75,11 @@ def profile_serving_model(name: str, steps: int, seed: int, repeats: int) -> Bat
                          repeats=repeats)
 
 
-@dataclass(frozen=True)
-class EpochMark:
-    """An epoch of the planner: when it ran, the plan in force after it, and whether it changed the plan."""
-
-    t_s: float
-    plan: Plan
-    replanned: bool
-
-
 def prepare(spec: dict | str | None, duration_s: float | None = None, batch_policy: str | None = None,
             placement: str | None = None, backend: str = "local", mode: str = "process"):
     """The serving spec with the flow's overrides, every parameter checked: ``main`` calls it before the flow and
     the flow at its start (a deployment run has no earlier place), so bad input fails before serving starts."""
+    from tasks.serving.placement import NEEDS_LINK
     from tasks.serving.spec import PLACEMENTS, load_spec, parse_spec
 
     if mode not in MODES:
@@ -105,16 +96,12 @@ def prepare(spec: dict | str | None, duration_s: float | None = None, batch_poli
         parsed = replace(parsed, batch_policy=choose(batch_policy, "batch_policy", list(POLICIES)))
     if placement is not None:
         parsed = replace(parsed, placement=choose(placement, "placement", list(PLACEMENTS)))
-    if parsed.placement == "nona" and parsed.link_mu is None:
-        raise ConfigError("link.mu", None, "placement nona solves θ against the link: give its capacity (bytes/s)")
+    if parsed.placement in NEEDS_LINK and parsed.link_mu is None:
+        raise ConfigError("link.mu", None, f"placement {parsed.placement} weighs hand-offs against the link: give "
+                                           "its capacity (bytes/s)")
     if parsed.placement != "nexus" and backend != "local":
         raise ConfigError("placement", parsed.placement, "is served by the local backend only")
     return parsed
-
-
-def _plan_summary(plan: Plan) -> str:
-    return "; ".join(f"gpu{n.node_id} d={n.duty_cycle_ms:.2f}ms occ={n.occupancy:.2f} ["
-                     + ", ".join(f"{p.session_id} b{p.batch}" for p in n.placements) + "]" for n in plan.nodes)
 
 
 DEFAULT_POOL = GpuPool(name="serving")
@@ -149,11 +136,11 @@ def serving_rollout(spec: dict | str | None = None, duration_s: float | None = N
         tracking: MlflowTarget block, the name of a saved one, False to switch MLflow off, None for experiment
             "gpuflows-nexus" (every Nexus run's experiment).
         placement: override the spec's placement (``nexus``, ``shares``, ``nona`` or a Nona baseline:
-            ``undistributed``, ``opportunistic``, ``random``; module docstring).
+            ``undistributed``, ``opportunistic``, ``random``, ``expert``; module docstring).
 
     Returns:
-        The figures (``_summarise``: per epoch and over the run, queries, dispatch overhead), ``mlflow_run_id``
-        and ``mlflow_errors`` (what could not be logged to MLflow; empty when everything was).
+        The figures (``tasks.serving.figures.summarise``: per epoch and over the run, queries, dispatch
+        overhead), ``mlflow_run_id`` and ``mlflow_errors`` (what could not be logged to MLflow; empty when everything was).
     """
     from tasks.serving.epochs import EpochFeedback
     from tasks.serving.loadgen import LoadGenerator
@@ -161,6 +148,11 @@ def serving_rollout(spec: dict | str | None = None, duration_s: float | None = N
     from tasks.serving.nona import MeasuredNona
     from tasks.serving.orloj import PROFILE_REQUESTS, orloj_controller, policy_factory
     from tasks.serving.runtime import LocalServingRuntime
+    from tasks.serving.beacons import BeaconLoop
+    from tasks.serving.figures import summarise
+    from tasks.serving.nona import replicated_plan
+    from tasks.serving.placement import handoff_bytes, query_routing
+    from tasks.serving.rollout_mlflow import log_rollout, plan_summary
     from tasks.serving.spec import check_slos
 
     sp = prepare(spec, duration_s, batch_policy, placement, backend, mode)
@@ -191,52 +183,42 @@ def serving_rollout(spec: dict | str | None = None, duration_s: float | None = N
     # the controller the simulator runs, here on the real clock: epochs, routing and chaining
     controller = NexusController(planner if sp.placement == "nexus" else None, chains=chains,
                                  load_balancer=sp.load_balancer, rng=sp.seed, time_unit="ns")
-    routing, handoff = None, _handoff_bytes(sp)
     if sp.placement != "nexus":  # every node hosts every stage; the plan stays fixed
-        from tasks.serving.nona import replicated_plan
-
         controller.plan = replicated_plan(sessions, profiles, sp.nodes)
-    if sp.placement not in ("nexus", "shares"):
-        routing = _query_routing(sp, profiles, handoff)
+    routing = query_routing(sp, profiles)
+    if sp.placement == "nona":
+        get_run_logger().info("Nona θ solved: %s", {f"{k}/{r}": [round(x, 3) for x in th] for (k, r), th
+                                                     in routing.controller.table.entries[0].thetas.items()})
     trace = sp.trace(sessions, issued=set(chains))
     data = load_digits_tensors(sp.seed)
-    marks = [EpochMark(0.0, controller.plan, True)]
-    beacons: list[dict[str, float]] = []
     local = backend == "local"  # measured feedback comes from local workers (docs/orloj.md: Ray)
     orloj = (orloj_controller(models, profiles, sessions, data.x_test[:PROFILE_REQUESTS].numpy(),
                               sp.epoch.epoch_s, sp.seed) if sp.batch_policy == "orloj" else None)
     nona = MeasuredNona(routing, sp.nodes, sp.link_mu, sp.seed) if sp.placement == "nona" else None
     with LocalServingRuntime(models, profiles, ledger, None, sp.preset, seed=sp.seed, backend=backend,
                              controller=controller, policy_factory=policy_factory(sp.batch_policy, orloj),
-                             query_routing=routing, link_mu=sp.link_mu, handoff_bytes=handoff,
+                             query_routing=routing, link_mu=sp.link_mu, handoff_bytes=handoff_bytes(sp),
                              measure_batches=local and (orloj is not None or nona is not None)) as rt:
         rt.apply(controller.plan)
         feedback = EpochFeedback(sp.epoch.epoch_s, rt.take_batches, rt.update_policies, orloj if local else None,
                                  nona)
         progress = FlowProgress("serving-rollout", sp.duration_s, f"serving {sp.name}", unit="s of trace").start()
 
-        def on_beacon(t_s: float) -> None:
-            progress.update(min(t_s, sp.duration_s), f"{rt.plan.num_gpus} GPU(s), epoch {len(planner.epochs)}")
-            counts = rt.take_counts()
-            if t_s < sp.duration_s:  # the trace's last beacon: nothing is left to serve on a new plan
-                feedback.on_beacon(t_s, counts)
-                decision = controller.on_epoch(t_s, {sid: c / sp.epoch.beacon_s for sid, c in counts.items()})
-                if decision.replanned:
-                    rt.apply(decision.plan)
-                if decision.epoch:
-                    marks.append(EpochMark(t_s, decision.plan, decision.replanned))
-                if decision.replanned:
-                    new = decision.plan
-                    get_run_logger().info("epoch at %.0f s: re-planned onto %d GPU(s), %.0f req/s unassigned: %s",
-                                          t_s, new.num_gpus, sum(r for _, r in new.unassigned), _plan_summary(new))
-            beacons.append({"t_s": t_s, "gpus": float(rt.plan.num_gpus), "gpu_share": rt.gpu_share})
+        def replanned(t_s: float, new) -> None:
+            get_run_logger().info("epoch at %.0f s: re-planned onto %d GPU(s), %.0f req/s unassigned: %s",
+                                  t_s, new.num_gpus, sum(r for _, r in new.unassigned), plan_summary(new))
 
+        on_beacon = BeaconLoop(rt, controller, feedback, sp.duration_s, sp.epoch.beacon_s,
+                               lambda t_s: progress.update(min(t_s, sp.duration_s), f"{rt.plan.num_gpus} GPU(s), "
+                                                                                    f"epoch {len(planner.epochs)}"),
+                               replanned)
         ray = backend == "ray"  # a turn's bursts to one actor as one Ray call, a turn per 2 ms
         load = LoadGenerator(rt.frontend.submit, trace, data.x_test, data.y_test, sp.seed, rt.frontend.submit_many,
                              RAY_TICK_S if ray else 0.0, rt.frontend.turn if ray else None).run(on_beacon,
                                                                                                sp.epoch.beacon_s)
     progress.close()
-    result = _summarise(sp, rt, load, marks, beacons, profiles)
+    marks, beacons = on_beacon.marks, on_beacon.beacons
+    result = summarise(sp, rt, load, marks, beacons, profiles)
     result.update(orloj_epochs=feedback.orloj_epochs, nona_epochs=feedback.nona_epochs)
     if nona is not None:  # θ in force at the end per (class, subgraph root), aligned with its Ω
         ctl = nona.controller
@@ -250,7 +232,7 @@ def serving_rollout(spec: dict | str | None = None, duration_s: float | None = N
     result["mlflow_run_id"], errors = parent, []
     if tracking.enabled:
         try:
-            result["mlflow_run_id"] = _log_mlflow(tracking, parent, sp, result, marks, beacons, profiles)
+            result["mlflow_run_id"] = log_rollout(tracking, parent, sp, result, marks, beacons, profiles)
         except Exception as exc:  # the figures are the result; a store that fails is named in it, not fatal
             errors.append(f"the rollout's epochs and figures were not logged to MLflow: {exc!r}")
             get_run_logger().error(errors[-1])
@@ -260,185 +242,6 @@ def serving_rollout(spec: dict | str | None = None, duration_s: float | None = N
     tracker = flow_tracker()
     result["mlflow_errors"] = errors + (tracker.flush() if tracker else [])
     return result
-
-
-def _handoff_bytes(sp) -> dict[str, float] | None:
-    """Bytes per hand-off to each non-root query stage (the spec's ``link.bytes``; None: the input rows')."""
-    if sp.handoff_bytes is None:
-        return None
-    return {child: sp.handoff_bytes for child in sp.chains()}
-
-
-def _query_routing(sp, profiles, handoff):
-    """Nona's routing — θ for the spec's queries on its nodes and link, solved before the rollout (Nona §III-A) —
-    or a baseline's."""
-    from tasks.serving.nona import baseline_routing, solve_routing, stage_dag
-
-    dags = {q.query_id: stage_dag(q.query_id, {st.name: st.model for st in q.stages}, sp.stage_inputs(q), profiles,
-                                  handoff) for q in sp.queries if len(q.stages) > 1}
-    if not dags:
-        raise ConfigError("placement", sp.placement, "places multi-stage queries: the spec has none")
-    if sp.placement != "nona":
-        return baseline_routing(sp.placement, dags, list(range(sp.nodes)), sp.seed)
-    routing = solve_routing(dags, {q.query_id: q.rate for q in sp.queries}, list(range(sp.nodes)), sp.link_mu,
-                            sp.seed)
-    get_run_logger().info("Nona θ solved: %s", {f"{k}/{r}": [round(x, 3) for x in th] for (k, r), th
-                                                 in routing.controller.table.entries[0].thetas.items()})
-    return routing
-
-
-def _summarise(sp, rt, load, marks: list[EpochMark], beacons: list[dict], profiles) -> dict[str, Any]:
-    t0 = load.start_ms
-    rec = rt.recorder
-    for b in beacons:
-        w = rec.window(t0 + (b["t_s"] - sp.epoch.beacon_s) * 1000, t0 + b["t_s"] * 1000)
-        b.update(offered_rps=w.offered_rps, throughput_rps=w.throughput_rps, bad_rate=w.bad_rate)
-    epochs = []
-    for i, m in enumerate(marks):
-        end = marks[i + 1].t_s if i + 1 < len(marks) else sp.duration_s
-        w = rec.window(t0 + m.t_s * 1000, t0 + end * 1000, labels=load.labels)
-        epochs.append({"epoch": i, "start_s": m.t_s, "end_s": end, "replanned": m.replanned,
-                       "gpus": m.plan.num_gpus, "unassigned_rps": sum(r for _, r in m.plan.unassigned),
-                       "plan": m.plan.to_dict(), **w.metrics()})
-    total = rec.window(labels=load.labels)
-    overhead = rt.overhead()
-    batch1_us = min(p.latency(1) for p in profiles.values()) * 1000
-    queries = _query_figures(sp, rt)
-    served = sum(q["queries"] for q in queries.values())
-    return {"spec": sp.name, "batch_policy": sp.batch_policy, "duration_s": sp.duration_s, "requests": load.sent,
-            "epochs": epochs, "max_gpus": max(e["gpus"] for e in epochs), "replans": sum(m.replanned for m in marks[1:]),
-            **total.metrics(), **overhead, "smallest_batch1_us": batch1_us,
-            "dispatch_overhead_frac_of_batch1": overhead["dispatch_overhead_us"] / batch1_us,
-            "loadgen_max_lag_ms": load.max_lag_ms, "queries": queries, "placement": sp.placement,
-            **_handoff_figures(rt),
-            **({"query_bad_rate": sum(q["queries"] * q["bad_rate"] for q in queries.values()) / served}
-               if served else {})}
-
-
-def _handoff_figures(rt) -> dict[str, float]:
-    """Hand-offs between query stages, those that crossed nodes, and the emulated link's load and wait."""
-    fe = rt.frontend
-    out = {"handoffs": float(fe.handoffs), "cross_node_handoffs": float(fe.cross_node),
-           "cross_node_share": fe.cross_node / fe.handoffs if fe.handoffs else 0.0}
-    if rt.link is not None:
-        out.update(link_transfers=float(rt.link.transfers),
-                   link_mean_wait_ms=rt.link.wait_ns / max(1, rt.link.transfers) / 1e6,
-                   link_busy_s=rt.link.busy_ns / 1e9)
-    return out
-
-
-def _query_jct(outcomes, root_session: str, stages: set[str], root) -> np.ndarray:
-    """Job completion time (ms) of every query whose requests all finished: last finish − root arrival."""
-    arrival: dict[int, float] = {}
-    last: dict[int, float] = {}
-    lost: set[int] = set()
-    for o in outcomes:
-        if o.session_id == root_session:
-            q = o.request_id
-            arrival[q] = o.arrival_ms
-        elif o.session_id in stages:
-            q = root(o.request_id)
-        else:
-            continue
-        if not np.isfinite(o.finish_ms):
-            lost.add(q)
-        else:
-            last[q] = max(last.get(q, -np.inf), o.finish_ms)
-    return np.array([last[q] - a for q, a in arrival.items() if q in last and q not in lost])
-
-
-def _query_figures(sp, rt) -> dict[str, dict[str, float]]:
-    """Per query served as a DAG: how many (root requests) and the share that were bad (Nexus §7's unit)."""
-    from tasks.serving.chaining import query_bad_rate
-
-    out: dict[str, dict[str, float]] = {}
-    if not rt.chainer.parents:
-        return out
-    outcomes = rt.recorder.outcomes
-    for q in sp.queries:
-        stages = [f"{q.query_id}/{st.name}" for st in q.stages if st.parent is not None]
-        if stages:
-            n, bad = query_bad_rate(outcomes, f"{q.query_id}/{q.root}", stages, rt.chainer.root)
-            jct = _query_jct(outcomes, f"{q.query_id}/{q.root}", set(stages), rt.chainer.root)
-            out[q.query_id] = {"queries": n, "bad_rate": bad,
-                               "mean_jct_ms": float(jct.mean()) if len(jct) else float("nan"),
-                               "p99_jct_ms": float(np.percentile(jct, 99)) if len(jct) else float("nan")}
-    return out
-
-
-def _plot(result: dict, beacons: list[dict], marks: list[EpochMark], path: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    t = [b["t_s"] for b in beacons]
-    fig, ax = plt.subplots(3, 1, figsize=(9, 7), sharex=True)
-    ax[0].plot(t, [b["offered_rps"] for b in beacons], label="offered")
-    ax[0].plot(t, [b["throughput_rps"] for b in beacons], label="good (within SLO)")
-    ax[0].set_ylabel("requests/s")
-    ax[0].legend()
-    ax[1].step(t, [b["gpus"] for b in beacons], where="post", label="GPU nodes in plan")
-    ax[1].step(t, [b["gpu_share"] for b in beacons], where="post", label="GPU share leased")
-    ax[1].set_ylabel("GPUs")
-    ax[1].legend()
-    ax[2].plot(t, [b["bad_rate"] for b in beacons], color="tab:red")
-    ax[2].set_ylabel("bad rate")
-    ax[2].set_xlabel("seconds")
-    for m in marks[1:]:
-        for a in ax:
-            a.axvline(m.t_s, color="grey", ls="--" if m.replanned else ":", lw=0.8)
-    fig.suptitle(f"Nexus rollout of {result['spec']} ({result['batch_policy']}); dashed: re-plan")
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return path
-
-
-def _log_mlflow(tracking: MlflowTarget, parent: str | None, sp, result: dict, marks, beacons, profiles) -> str:
-    """Per-epoch nested runs under ``parent`` (or a run of our own when no runner opened one)."""
-    from mlflow import MlflowClient
-    from mlflow.entities import Metric, Param
-
-    from tasks.serving.epochs import feedback_series
-    from tasks.tracking import ensure_experiment
-
-    client = MlflowClient(tracking.resolved_uri())
-    if parent is None:
-        exp_id = ensure_experiment(client, tracking.experiment)
-        parent = client.create_run(exp_id, run_name=f"serving-rollout-{sp.name}").info.run_id
-        own = True
-    else:
-        exp_id, own = client.get_run(parent).info.experiment_id, False
-    now = 0
-    flat = {k: float(v) for k, v in result.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-    metrics = [Metric(k, v, now, 0) for k, v in flat.items()]
-    for b in beacons:
-        step = int(round(b["t_s"]))
-        metrics += [Metric(f"series_{k}", float(b[k]), now, step)
-                    for k in ("offered_rps", "throughput_rps", "bad_rate", "gpus", "gpu_share")]
-    metrics += [Metric(k, v, now, step) for k, v, step in
-                feedback_series(result["orloj_epochs"], result["nona_epochs"], result["queries"])]
-    client.log_batch(parent, metrics=metrics, params=[
-        Param("spec", sp.name), Param("batch_policy", sp.batch_policy), Param("load_balancer", sp.load_balancer),
-        Param("preset", sp.preset), Param("models", ",".join(sp.models)), Param("placement", sp.placement)])
-    for e, m in zip(result["epochs"], marks):
-        run = client.create_run(exp_id, run_name=f"epoch-{e['epoch']}", tags={"mlflow.parentRunId": parent,
-                                                                            "nexus.replanned": str(e["replanned"])})
-        keys = ("gpus", "unassigned_rps", "offered_rps", "throughput_rps", "slo_attainment", "bad_rate", "dropped",
-                "late", "mean_batch", "p50_latency_ms", "p99_latency_ms", "start_s", "end_s")
-        client.log_batch(run.info.run_id, metrics=[Metric(k, float(e[k]), now, e["epoch"]) for k in keys],
-                         params=[Param("plan", _plan_summary(m.plan)[:6000]), Param("epoch", str(e["epoch"]))])
-        client.log_text(run.info.run_id, json.dumps(e["plan"], indent=1), "plan.json")
-        client.set_terminated(run.info.run_id)
-    folder = Path(tempfile.mkdtemp(prefix="serving-rollout-"))
-    client.log_artifact(parent, str(_plot(result, beacons, marks, folder / "serving_rollout.png")), "serving")
-    client.log_text(parent, json.dumps({m: {"batches": list(p.batches), "latency_ms": list(p.latency_ms)}
-                                        for m, p in profiles.items()}), "serving/profiles.json")
-    client.log_text(parent, json.dumps(result, indent=1, default=str), "serving/summary.json")
-    if own:
-        client.set_terminated(parent)
-    return parent
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -457,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="workers as threads here (local) or Ray actors (ray: the pool's ray_address, else a local Ray)")
     ap.add_argument("--placement", default=None,
                     help="override the spec's placement: nexus (packed plan), or every stage on every node routed by "
-                         "shares, nona or a Nona baseline (undistributed, opportunistic, random)")
+                         "shares, nona or a Nona baseline (undistributed, opportunistic, random, expert)")
     args = ap.parse_args(argv)
     try:  # a bad spec, duration, policy or pool name fails here, before a Prefect server starts
         prepare(args.spec, args.duration_s, args.batch_policy, args.placement, args.backend, args.mode)

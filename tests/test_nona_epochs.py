@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -66,17 +67,59 @@ def test_a_stage_measured_far_from_its_profile_makes_the_table_stale_until_re_so
     assert err.value.field == "service_s.q.zz"
 
 
+def spans(routing, n: int = 200) -> set[int]:
+    """How many servers each of ``n`` diamond queries placed by ``routing`` uses."""
+    routing.set_hosts({f"q/{u}": [0, 1] for u in "abcd"})
+    return {routing.controller.on_arrival(0.0, Query(i, "q", (0, 1))).used for i in range(n)}
+
+
 @pytest.mark.parametrize("name", BASELINES)
 def test_each_nona_baseline_places_the_diamonds_tasks_by_its_rule(name):
-    routing = baseline_routing(name, {"q": diamond(PROFILES)}, [0, 1], seed=3)
-    routing.set_hosts({f"q/{u}": [0, 1] for u in "abcd"})
-    spans = [routing.controller.on_arrival(0.0, Query(i, "q", (0, 1))).used for i in range(200)]
+    fast = HANDOFF / 1e-6  # 1 µs a transfer: Expert's best mix distributes every query
+    used = spans(baseline_routing(name, {"q": diamond(PROFILES)}, [0, 1], 3, {"q": 10.0}, fast))
     if name == "undistributed":
-        assert set(spans) == {1}
-    elif name == "opportunistic":
-        assert set(spans) == {2}  # every parallel branch on its own server
+        assert used == {1}
+    elif name in ("opportunistic", "expert"):
+        assert used == {2}  # every parallel branch on its own server
     else:
-        assert set(spans) == {1, 2}
+        assert used == {1, 2}
+
+
+def test_expert_keeps_queries_on_one_node_when_the_link_is_slow_and_needs_the_link():
+    """Expert's q is the mix the queueing model (§III-B) rates best: 1 ms a transfer costs more than running the
+    0.3-ms branches side by side saves, so no query is distributed."""
+    assert spans(baseline_routing("expert", {"q": diamond(PROFILES)}, [0, 1], 3, {"q": 10.0}, HANDOFF / 1e-3)) == {1}
+    with pytest.raises(ConfigError) as err:
+        baseline_routing("expert", {"q": diamond(PROFILES)}, [0, 1], 3, {"q": 10.0})
+    assert err.value.field == "link.mu"
+
+
+def test_the_shipped_diamond_spec_re_solves_theta_after_each_rate_shift():
+    """The shipped example's 2-s epochs over its 10-s trace: fed the exact arrivals the rollout offers (its
+    trace and seed) through the rollout's ``EpochFeedback``, with stage service times as profiled, Nona re-solves
+    θ in the epoch after the rate falls to 0.4× (6 s) and after it doubles (8 s), each for the rate measured."""
+    from collections import Counter
+
+    import numpy as np
+
+    from tasks.serving.placement import query_routing
+    from tasks.serving.spec import load_spec
+
+    sp = load_spec(str(Path(__file__).resolve().parent.parent / "scenarios" / "serving" / "diamond_nona.yaml"))
+    profiles = {"digits_mlp": PROFILES["mlp"], "digits_cnn_small": PROFILES["deep"]}
+    nona = MeasuredNona(query_routing(sp, profiles), sp.nodes, sp.link_mu, sp.seed)
+    times, who = sp.trace(sp.planned_sessions(profiles), issued=set(sp.chains())).arrivals(sp.seed)
+    served = {f"block/{st.name}": [(1, profiles[st.model].latency(1))] for st in sp.queries[0].stages}
+    feedback = EpochFeedback(sp.epoch.epoch_s, lambda: served, lambda adopt: None, nona=nona)
+    beacon = sp.epoch.beacon_s
+    for k in range(1, int(sp.duration_s / beacon)):  # the rollout's beacons, less the trace's last
+        window = (times >= (k - 1) * beacon) & (times < k * beacon)
+        feedback.on_beacon(k * beacon, Counter(np.asarray(who)[window].tolist()))
+    assert [e["t_s"] for e in feedback.nona_epochs] == [2.0, 4.0, 6.0, 8.0]
+    resolved = [e for e in feedback.nona_epochs if e["resolved"]]
+    assert [e["t_s"] for e in resolved] == [6.0, 8.0]
+    assert resolved[0]["rates"]["block"] < 0.6 * sp.queries[0].rate < resolved[1]["rates"]["block"] / 2
+    assert len(nona.controller.table.entries) == 3 and nona.controller.entry == 2  # solved for 40, 16, 80 q/s
 
 
 def _serve(measured: MeasuredNona, models, profiles, mu: float | None, rate_of, inputs_of, seconds: int,

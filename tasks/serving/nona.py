@@ -18,7 +18,8 @@ the bottleneck link (§III). Mapped onto the serving stack:
   of the batches its workers ran), both handed to ``NonaController.on_epoch``; the link is the runtime's
   emulated one (``tasks.serving.link``) of capacity μ;
 * the §IV-A baselines that need no live state route the same way (``baseline_routing``): ``undistributed``,
-  ``opportunistic`` and ``random``.
+  ``opportunistic``, ``random`` and ``expert`` (q·Opportunistic + (1−q)·undistributed, q the grid's best on
+  the queueing model of the profiled stages, the spec's rates and its link: ``expert_q``).
 
 Example: ``solve_routing({"q": query}, {"digits_mlp": profile}, nodes=2, mu=2e5)`` → a ``NonaRouting`` that
 sends whole queries to one node when the link is slow.
@@ -34,15 +35,17 @@ import numpy as np
 from gpu.errors import ConfigError
 from gpu.schedulers.nexus.squishy import GpuNode, SessionPlacement, Plan, Session
 from gpu.schedulers.nexus.profiles import BatchProfile
-from gpu.schedulers.nona.baselines import RandomPlacement, opportunistic_thetas, undistributed_thetas
+from gpu.schedulers.nona.baselines import (RandomPlacement, expert_q, expert_thetas, opportunistic_thetas,
+                                           undistributed_thetas)
 from gpu.schedulers.nona.optimizer import Cluster, LookupTable, NonaModel, QueryClass, Solution, solve
 from gpu.schedulers.nona.dag import Dag
 from gpu.schedulers.nona.policy import NonaController, NonaRouting
 
 INPUT_BYTES = 64 * 4  # a digits request: 64 float32 features
-BASELINES = ("undistributed", "opportunistic", "random")
-"""Nona's §IV-A baselines the rollout serves with (``--placement``); Expert needs the simulator's grid search
-over q and Spark's fair scheduler reads live state, so neither is one."""
+BASELINES = ("undistributed", "opportunistic", "random", "expert")
+"""Nona's §IV-A baselines the rollout serves with (``--placement``). Spark's fair scheduler is not one: it
+places each ready task on whichever server is idle at that moment, live state only the simulator's world holds
+(``gpu.sim.nona.engine``)."""
 
 
 def stage_dag(query_id: str, models: Mapping[str, str], inputs: Mapping[str, Sequence[str]],
@@ -78,14 +81,23 @@ def _stages(dags: Mapping[str, Dag]) -> dict[str, tuple[str, str]]:
     return {f"{k}/{t}": (k, t) for k, d in dags.items() for t in d.tasks}
 
 
-def baseline_routing(name: str, dags: Mapping[str, Dag], nodes: Sequence[int], seed: int = 0) -> NonaRouting:
-    """The routing of one of Nona's baselines (``BASELINES``), with no θ to solve and no link model needed."""
+def baseline_routing(name: str, dags: Mapping[str, Dag], nodes: Sequence[int], seed: int = 0,
+                     rates: Mapping[str, float] | None = None, mu: float | None = None) -> NonaRouting:
+    """The routing of one of Nona's baselines (``BASELINES``), with no θ to solve. Only ``expert`` reads the
+    classes' ``rates`` and the link's ``mu`` (bytes/s), to pick its q (``expert_q``)."""
     if name == "random":
         return NonaRouting(RandomPlacement(dags, seed), _stages(dags))
-    thetas = (undistributed_thetas if name == "undistributed" else opportunistic_thetas)(dags, len(nodes))
-    model = serving_model(dags, {}, len(nodes), 1.0)
+    n = len(nodes)
+    if name == "expert":
+        if mu is None:
+            raise ConfigError("link.mu", mu, "placement expert picks its q against the link: give its capacity")
+        model = serving_model(dags, rates or {}, n, mu)
+        thetas = expert_thetas(dags, n, expert_q(model, n))
+    else:
+        model = serving_model(dags, {}, n, 1.0)
+        thetas = (undistributed_thetas if name == "undistributed" else opportunistic_thetas)(dags, n)
     theta = np.concatenate([np.asarray(thetas[key]) for key in model.keys])
-    fixed = Solution({k: 0.0 for k in dags}, thetas, model.predict(theta))
+    fixed = Solution(dict(rates or {k: 0.0 for k in dags}), thetas, model.predict(theta))
     return NonaRouting(NonaController(dict(dags), LookupTable((fixed,)), len(nodes), seed=seed, policy=name),
                        _stages(dags))
 

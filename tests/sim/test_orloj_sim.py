@@ -165,3 +165,42 @@ def test_an_slo_below_every_alone_time_is_refused_before_simulating():
     with pytest.raises(ConfigError) as err:
         sweep(sc, ["orloj"])
     assert err.value.field == "slo_multipliers"
+
+
+def test_the_rollouts_epoch_feedback_replaying_the_simulators_measurements_reprofiles_the_same():
+    """One mechanism, two clocks: the simulator calls ``on_epoch`` at its epoch boundaries with the requests it
+    timed alone; the serving rollout's ``EpochFeedback``, handed the same measurements at the same epoch ends,
+    reaches the same histograms and batch limits, and a worker's copy of the policy ends where the simulator's
+    did."""
+    import numpy as np
+
+    from gpu.schedulers.orloj.controller import OrlojController
+    from gpu.schedulers.orloj.profiler import OnlineProfiler
+    from tasks.serving.epochs import EpochFeedback
+
+    sc = scenario(requests=600, overhead_ms=100, orloj={"profiler": "online", "epoch_s": 2})
+    setup = Setup.build(sc.cases[0], sc)
+    slo = 3 * setup.p99_ms
+    simulated = build_policy("orloj", setup, sc)
+    cold = dict(simulated.histograms)
+    out = serve(setup, simulated, slo, 0, setup.duration_s(sc), profiler=OnlineProfiler(seed=0), epoch_s=2)
+    assert len(out.epochs) >= 3 and all(e.t_ms == 2000.0 * (i + 1) for i, e in enumerate(out.epochs))
+    assert sum(bool(e.decision.histograms) for e in out.epochs) >= 2
+    assert simulated.histograms["long"].mean != cold["long"].mean  # it learned from what it timed
+
+    replay = OrlojController(build_policy("orloj", setup, sc), profiler=OnlineProfiler(seed=0),
+                             slo_ms={a.app_id: slo for a in setup.case.apps})
+    worker = build_policy("orloj", setup, sc)
+    measured = iter(out.epochs)
+    feedback = EpochFeedback(2.0, lambda: next(measured).batches, lambda adopt: adopt(worker), orloj=replay)
+    for e in out.epochs:
+        feedback.on_beacon(e.t_ms / 1000.0, {})
+    assert len(feedback.orloj_epochs) == len(out.epochs)
+    for sim, row in zip(out.epochs, feedback.orloj_epochs):
+        hists = dict(sim.decision.histograms)
+        for app, limit in sim.decision.batch_limits:
+            assert row["apps"][app]["batch_limit"] == limit
+            assert row["apps"][app]["mean_alone_ms"] == (hists[app].mean if app in hists else None)
+    for app, h in simulated.histograms.items():
+        assert np.array_equal(worker.histograms[app].edges, h.edges)
+        assert np.array_equal(worker.histograms[app].masses, h.masses)

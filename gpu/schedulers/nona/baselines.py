@@ -5,7 +5,8 @@
   branches on different servers ... one of the branches is placed on the same server as the root of the
   subgraph": π = the subgraph's branches, k and l uniform (the sink joins a random branch).
 * ``expert_thetas`` — a mix q·Opportunistic + (1−q)·undistributed; the benchmark picks q by grid search in the
-  simulator for every data point, standing in for the paper's "manually derived" Expert.
+  simulator for every data point, standing in for the paper's "manually derived" Expert; where no simulator
+  runs (the serving rollout), ``expert_q`` picks it on the queueing model of §III-B instead.
 * ``RandomPlacement`` — "Tasks allocations are chosen randomly": every task on a uniform server.
 
 Spark's fair scheduler reads live state (which servers are idle), so it is part of the simulated world
@@ -20,6 +21,7 @@ import numpy as np
 
 from gpu.errors import ConfigError
 from gpu.schedulers.nona.dag import Dag, branches, groupings, subgraphs, undistributed
+from gpu.schedulers.nona.optimizer import NonaModel
 from gpu.schedulers.nona.policy import QueryPlacement, Query
 
 
@@ -55,6 +57,24 @@ def expert_thetas(dags: Mapping[str, Dag], servers: int, q: float) -> dict[tuple
         raise ConfigError("expert.q", q, "must be between 0 and 1")
     opp, und = opportunistic_thetas(dags, servers), undistributed_thetas(dags, servers)
     return {key: tuple(q * np.asarray(opp[key]) + (1 - q) * np.asarray(und[key])) for key in opp}
+
+
+EXPERT_GRID = (0.0, 0.25, 0.5, 0.75, 1.0)
+
+
+def expert_q(model: NonaModel, servers: int, grid: tuple[float, ...] = EXPERT_GRID) -> float:
+    """Expert's q for ``model``'s classes, rates and link: the grid's q whose θ the M/G/1 model (§III-B) predicts
+    the lowest objective Σ λ·JCT for (ties: the smallest q, distributing least).
+
+    Example: a link so slow that every transfer queues → ``0.0`` (undistributed); a fast link and long
+    parallel branches → ``1.0`` (Opportunistic)."""
+    dags = {c.dag.name: c.dag for c in model.classes}
+
+    def objective(q: float) -> float:
+        thetas = expert_thetas(dags, servers, q)
+        return model.predict(np.concatenate([np.asarray(thetas[key]) for key in model.keys])).objective
+
+    return min(grid, key=lambda q: (objective(q), q))
 
 
 class RandomPlacement:

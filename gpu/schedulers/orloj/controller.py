@@ -4,11 +4,14 @@ The world (the simulator's ``EventLoop`` in ``gpu.sim.orloj.run``; any driver wi
 controller when a request arrives and when the batch it dispatched finished; each hook returns a frozen
 :class:`Dispatch` — the batch to run now, the requests to drop, and which finished requests to time alone for
 ORLOJ's profiler (§4.3.2). The controller owns the queue and the policy (ORLOJ or a baseline,
-``gpu.batching.POLICIES``), calls the policy's ``observe`` after each batch, and hands the profiler's
-published histograms to the policy; it reads no clock. The serving runtime's workers drive their own copies
-of the policy through the ``BatchPolicy`` seam on their ring buffers (``tasks/serving/worker.py``); the
-serving rollout drives this controller's ``on_epoch`` with the batches they measured, and pushes the
-:class:`Reprofiled` histograms it returns to every worker.
+``gpu.batching.POLICIES``) and calls the policy's ``observe`` after each batch; it reads no clock.
+
+Re-profiling has one entry point in both worlds, ``on_epoch``: at every epoch boundary of its clock the world
+hands over what it measured in the epoch, per application ``(k, ms)`` of each batch of ``k`` of its requests
+(a request timed alone is a batch of one), and adopts the :class:`Reprofiled` histograms it returns. The
+simulator passes the requests it timed alone; the serving rollout the batches its workers ran (their own
+copies of the policy run through the ``BatchPolicy`` seam, ``tasks/serving/worker.py``) and pushes the
+histograms to every worker.
 
 Example: idle, ``on_arrival(0.0, r)`` → ``Dispatch(run=(r,))``; busy, ``on_arrival(1.0, r2)`` → ``Dispatch()``;
 ``on_job_done(40.0, BatchDone(0.0))`` → ``Dispatch(run=(r2,))``.
@@ -16,8 +19,7 @@ Example: idle, ``on_arrival(0.0, r)`` → ``Dispatch(run=(r,))``; busy, ``on_arr
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
 from gpu.batching import BatchContext, BatchPolicy, InferenceRequest, observe_batch
@@ -29,7 +31,8 @@ from gpu.schedulers.orloj.profiler import OnlineProfiler, longest_alone_ms
 @dataclass(frozen=True)
 class Dispatch:
     """What the worker does now: run ``run`` as one batch, drop ``drop``; time ``profile``'s requests alone
-    (report them in the next ``BatchDone``); with nothing to run, call ``on_wake`` at ``wake_at_ms``."""
+    (report them, as batches of one, at the next ``on_epoch``); with nothing to run, call ``on_wake`` at
+    ``wake_at_ms``."""
 
     run: tuple[InferenceRequest, ...] = ()
     drop: tuple[InferenceRequest, ...] = ()
@@ -39,11 +42,9 @@ class Dispatch:
 
 @dataclass(frozen=True)
 class BatchDone:
-    """The dispatched batch finished: when it had started, and alone times (ms) the world measured for the
-    request ids an earlier ``Dispatch.profile`` asked for."""
+    """The dispatched batch finished; it had started at ``started_ms`` (the policy's ``observe`` needs both)."""
 
     started_ms: float
-    alone_ms: Mapping[int, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -71,8 +72,8 @@ class OrlojController:
             workers' copies follow).
         context: ``now → BatchContext`` (the point-estimate ℓ(b), planned and largest batch the policy is told);
             None for a world that only calls ``on_epoch`` (the serving rollout: its workers decide themselves).
-        profiler: ORLOJ's online profiler, whose histograms the policy adopts every ``publish_ms``, and at
-            every ``on_epoch``.
+        profiler: ORLOJ's online profiler: it samples which finished requests to time alone (``on_job_done``)
+            and publishes, at every ``on_epoch``, the histograms the policy adopts.
         slo_ms: each application's SLO, for ``Reprofiled.batch_limits``.
     """
 
@@ -80,15 +81,12 @@ class OrlojController:
     hooks = ("on_arrival", "on_job_done", "on_wake", "on_epoch")
 
     def __init__(self, batch_policy: BatchPolicy, context: Callable[[float], BatchContext] | None = None,
-                 profiler: OnlineProfiler | None = None, publish_ms: float = math.inf,
-                 slo_ms: Mapping[str, float] | None = None):
+                 profiler: OnlineProfiler | None = None, slo_ms: Mapping[str, float] | None = None):
         self.batch_policy, self.context, self.profiler = batch_policy, context, profiler
         self.slo_ms = dict(slo_ms or {})
         self.policy = batch_policy.name
         self.queue: list[InferenceRequest] = []
         self.running: tuple[InferenceRequest, ...] = ()
-        self.publish_ms, self._next_publish = publish_ms, publish_ms
-        self._asked: dict[int, InferenceRequest] = {}  # requests sent to be timed alone, by id
 
     def on_arrival(self, now: float, request: InferenceRequest) -> Dispatch:
         self.queue.append(request)
@@ -98,31 +96,22 @@ class OrlojController:
         return Dispatch() if self.running else self._next(now)
 
     def on_job_done(self, now: float, done: BatchDone) -> Dispatch:
-        """Feed the policy (``observe``) and the profiler, then dispatch the next batch."""
+        """Feed the policy (``observe``), pick the finished requests to time alone, dispatch the next batch."""
         batch, self.running = self.running, ()
         observe_batch(self.batch_policy, batch, done.started_ms, now)
         profile: tuple[int, ...] = ()
         if self.profiler is not None:
-            for rid, ms in done.alone_ms.items():
-                self.profiler.record(now, self._asked.pop(rid).app_id, ms)
-            chosen = self.profiler.choose([r.request_id for r in batch])
-            self._asked.update((r.request_id, r) for r in batch if r.request_id in set(chosen))
-            profile = tuple(chosen)
-            if now >= self._next_publish:
-                self._next_publish = now + self.publish_ms
-                hists = self.profiler.publish(now)
-                if hists:  # an application without enough samples keeps its last histogram
-                    self.batch_policy.update_histograms(  # type: ignore[attr-defined]
-                        {**self.batch_policy.histograms, **hists})  # type: ignore[attr-defined]
+            profile = tuple(self.profiler.choose([r.request_id for r in batch]))
         nxt = self._next(now)
         return Dispatch(nxt.run, nxt.drop, profile, nxt.wake_at_ms)
 
     def on_epoch(self, now: float, batches: Mapping[str, Sequence[tuple[int, float]]]) -> Reprofiled:
         """An epoch ended: ``batches`` lists, per application, ``(k, ms)`` for every batch of ``k`` of its
-        requests a worker ran in it (a worker queues each application apart, so a batch has one). Each becomes
-        its longest alone time (``longest_alone_ms``, through the policy's Eq. 4.3 model) in the profiler's
-        window; the histograms it publishes replace the policy's (§4.3.2: the scheduler picks the profile up
-        periodically), and the decision carries them for the workers' copies."""
+        requests measured in it (a serving worker queues each application apart, so a batch has one; a request
+        timed alone is ``(1, ms)``). Each becomes its longest alone time (``longest_alone_ms``, through the
+        policy's Eq. 4.3 model; ``ms`` itself for ``k = 1``) in the profiler's window; the histograms it
+        publishes replace the policy's (§4.3.2: the scheduler picks the profile up periodically; an application
+        without enough measurements keeps its last), and the decision carries them for the workers' copies."""
         if self.profiler is None or not hasattr(self.batch_policy, "update_histograms"):
             raise ConfigError("batch_policy", self.policy, "on_epoch re-profiles ORLOJ: give an orloj policy and "
                                                            "an OnlineProfiler")

@@ -6,9 +6,9 @@ path. In order to adapt to drifts in the input, ORLOJ resets its profiling memor
 
 The thesis gives no sampling rate, pick-up period or window; the defaults here (10 % of finished requests, a
 10-minute sliding window) are ours (``docs/orloj.md``). The world times the sampled requests alone (the
-simulator reads their true alone times) and calls :meth:`OnlineProfiler.record`;
-:meth:`OnlineProfiler.publish` returns the histograms the policy adopts (``OrlojPolicy.update_histograms``).
-No clock is read: the caller passes ``now``.
+simulator reads their true alone times) and hands them to ``OrlojController.on_epoch`` at its next epoch
+boundary, which calls :meth:`OnlineProfiler.record` and :meth:`OnlineProfiler.publish`, whose histograms the policy
+adopts (``OrlojPolicy.update_histograms``). No clock is read: the caller passes ``now``.
 
 A serving worker measures every batch it runs instead, without stopping to time requests alone: a padded batch
 of ``k`` runs as long as its slowest request (Eq. 4.3/4.4), so :func:`longest_alone_ms` turns the batch's time

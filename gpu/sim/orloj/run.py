@@ -8,7 +8,10 @@ requests, deadlines and what their profiler measured:
 
 * ORLOJ: per-application histograms of alone times, from a warm profiler (``PROFILE_SAMPLES`` requests per
   application timed alone) or, with ``orloj.profiler: online``, from ``COLD_SAMPLES`` per application and then
-  the online profiler (§4.3.2, ``gpu.schedulers.orloj.profiler``) timing sampled finished requests alone;
+  the online profiler (§4.3.2, ``gpu.schedulers.orloj.profiler``): the world times the finished requests the
+  controller samples alone and, every ``orloj.epoch_s`` of its clock, hands them to the controller's
+  ``on_epoch`` — the hook, and the boundaries, the serving rollout drives on the wall clock with the batches its
+  workers measured (``tasks.serving.epochs``);
 * the Clockwork-, Nexus- and Clipper-like baselines: a point estimate per batch size, the mean latency of a
   random batch (what a profiler that assumes data-independence measures), and, for Clockwork and Clipper,
   the executed batches through ``observe``.
@@ -21,7 +24,7 @@ times; a request is on time when its batch ends by its deadline, and dropped or 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
@@ -31,7 +34,7 @@ from gpu.errors import ConfigError
 from gpu.report import SimulationReport
 from gpu.schedulers.orloj.policy import Histogram, LatencyTable
 from gpu.schedulers.orloj.baselines import nexus_plan_batch
-from gpu.schedulers.orloj.controller import BatchDone, Dispatch, OrlojController
+from gpu.schedulers.orloj.controller import BatchDone, Dispatch, OrlojController, Reprofiled
 from gpu.schedulers.orloj.profiler import OnlineProfiler
 from gpu.scenario import choose
 from gpu.sim.events import EventLoop
@@ -43,11 +46,23 @@ COLD_SAMPLES = 30  # an online-profiled ORLOJ starts from this many alone times 
 BASELINES = ("clockwork", "nexus", "clipper")
 
 
+@dataclass(frozen=True)
+class MeasuredEpoch:
+    """One epoch boundary of the simulated clock: what the world measured since the last one (per application,
+    ``(1, alone ms)`` of each request it timed alone) and the controller's ``on_epoch`` decision."""
+
+    t_ms: float
+    batches: dict[str, list[tuple[int, float]]]
+    decision: Reprofiled
+
+
 @dataclass
 class Outcome(SessionStats):
-    """Request counts of one run (the serving engine's, summed over sessions) and the policy's decision time."""
+    """Request counts of one run (the serving engine's, summed over sessions), the policy's decision time, and
+    with an online profiler every epoch's measurements and re-profiling decision."""
 
     decide_s: float = 0.0
+    epochs: list[MeasuredEpoch] = field(default_factory=list)
 
     @property
     def finish_rate(self) -> float:
@@ -109,14 +124,17 @@ class _World:
     """The simulated side of one GPU worker: arrivals, batch execution on true alone times, outcome counts.
 
     It drives an ``OrlojController`` (which owns the queue and the policy) with the event loop's clock, and
-    charges the hooks' measured wall time to simulated time when asked (RT-6, Fig. 4.14).
+    charges the hooks' measured wall time to simulated time when asked (RT-6, Fig. 4.14). The requests the
+    controller asks to be timed alone are timed off the worker (their true alone times) and reported at the
+    next epoch boundary.
     """
 
     def __init__(self, loop: EventLoop, ctrl: OrlojController, model: PaddedBatchModel, alone: np.ndarray,
                  out: Outcome, charge_decisions: bool):
         self.loop, self.ctrl, self.model, self.alone, self.out = loop, ctrl, model, alone, out
         self.charge = charge_decisions
-        self.profile: tuple[int, ...] = ()  # ids to report as timed alone with the next finished batch
+        self.running: tuple[InferenceRequest, ...] = ()
+        self.measured: dict[str, list[tuple[int, float]]] = {}  # this epoch's alone times, as batches of one
 
     def arrive(self, request: InferenceRequest) -> None:
         self._apply(*self._call(self.ctrl.on_arrival, request))
@@ -124,10 +142,13 @@ class _World:
     def wake(self) -> None:
         self._apply(*self._call(self.ctrl.on_wake))
 
+    def epoch(self) -> None:
+        """An epoch boundary: the epoch's alone times to ``on_epoch``; the controller's policy adopts them."""
+        batches, self.measured = self.measured, {}
+        self.out.epochs.append(MeasuredEpoch(self.loop.now, batches, self.ctrl.on_epoch(self.loop.now, batches)))
+
     def _done(self, start: float) -> None:
-        measured = {rid: float(self.alone[rid]) for rid in self.profile}  # timed alone, off the worker
-        self.profile = ()
-        self._apply(*self._call(self.ctrl.on_job_done, BatchDone(start, measured)))
+        self._apply(*self._call(self.ctrl.on_job_done, BatchDone(start)))
 
     def _call(self, hook: Callable, *args) -> tuple[Dispatch, float]:
         t0 = time.perf_counter()
@@ -139,9 +160,11 @@ class _World:
 
     def _apply(self, d: Dispatch, spent_s: float) -> None:
         self.out.dropped += len(d.drop)
-        if d.profile:
-            self.profile = d.profile
+        for r in self.running:  # d.profile names requests of the batch that just finished
+            if r.request_id in d.profile:
+                self.measured.setdefault(r.app_id, []).append((1, float(self.alone[r.request_id])))
         if d.run:
+            self.running = d.run
             start = self.loop.now + (spent_s * 1000.0 if self.charge else 0.0)
             finish = start + self.model.batch_ms(self.alone[[r.request_id for r in d.run]])
             on_time = sum(finish <= r.deadline_ms for r in d.run)
@@ -155,11 +178,11 @@ class _World:
 
 
 def serve(setup: Setup, policy: BatchPolicy, slo_ms: float, seed: int, duration_s: float,
-          charge_decisions: bool = False, profiler: OnlineProfiler | None = None, publish_s: float = 10.0) -> Outcome:
+          charge_decisions: bool = False, profiler: OnlineProfiler | None = None, epoch_s: float = 10.0) -> Outcome:
     """Offer ``duration_s`` of Poisson traffic to one worker running ``policy``; count finished requests.
 
-    With a ``profiler`` (ORLOJ only), sampled finished requests are profiled and the policy adopts the published
-    histograms every ``publish_s``.
+    With a ``profiler`` (ORLOJ only), sampled finished requests are timed alone and every ``epoch_s`` of
+    offered traffic the controller's ``on_epoch`` re-profiles from them (``Outcome.epochs``).
     """
     rng = np.random.default_rng(seed)
     times = arrival_times(setup.rate_per_s, duration_s, "poisson", rng)
@@ -170,8 +193,11 @@ def serve(setup: Setup, policy: BatchPolicy, slo_ms: float, seed: int, duration_
     out = Outcome(offered=len(times))
     loop = EventLoop()
     ctrl = OrlojController(policy, lambda now: BatchContext(now, setup.point_latency, target, top), profiler,
-                           publish_s * 1000.0)
+                           {a: slo_ms for a in apps})
     world = _World(loop, ctrl, setup.model, alone, out, charge_decisions)
+    if profiler is not None:
+        for k in range(1, int(duration_s / epoch_s + 1e-9) + 1):
+            loop.at(k * epoch_s * 1000.0, world.epoch)
     for i, t in enumerate(times):
         r = InferenceRequest(i, apps[which[i]], float(t), float(t) + slo_ms)
         loop.at(float(t), lambda r=r: world.arrive(r))
@@ -198,7 +224,7 @@ def sweep(sc: OrlojScenario, policies: list[str], seeds: int | None = None,
             for name in policies:
                 runs = [serve(setup, build_policy(name, setup, sc), slo, seed, setup.duration_s(sc), charge_decisions,
                               OnlineProfiler(seed=seed) if name == "orloj" and sc.profiler == "online" else None,
-                              sc.publish_s)
+                              sc.epoch_s)
                         for seed in range(seeds or sc.seeds)]
                 rates = [r.finish_rate for r in runs]
                 rows.append({"case": case.name, "slo_x": m, "policy": name,

@@ -88,7 +88,7 @@ class OrlojScenario:
     mix: str = "round_robin"
     bins: int = 200
     profiler: str = "warm"  # warm: ORLOJ starts with the true histograms; online: from a cold profile, learning
-    publish_s: float = 10.0  # online: how often the profiler's histograms are picked up
+    epoch_s: float = 10.0  # online: how often the controller's on_epoch picks the profiler's histograms up
 
 
 _TOP = {"name", "cases", "slo_multipliers", "policies", "seeds", "duration_s", "requests", "load", "c0_fraction",
@@ -134,7 +134,7 @@ def parse(raw: dict[str, Any], source: str = "scenario") -> OrlojScenario:
         raise ConfigError("cases", [], "a scenario needs at least one case")
     overhead = positive(raw.get("overhead_ms", 0.0), "overhead_ms", allow_zero=True)
     cases = [Case(c.name, c.apps, c.scale, overhead) for c in cases]
-    orloj = section(raw.get("orloj"), "orloj", {"b", "mix", "bins", "profiler", "publish_s"})
+    orloj = section(raw.get("orloj"), "orloj", {"b", "mix", "bins", "profiler", "epoch_s"})
     if orloj.get("profiler", "warm") not in ("warm", "online"):
         raise ConfigError("orloj.profiler", orloj["profiler"], "choose 'warm' or 'online'")
     multipliers = tuple(positive(m, f"slo_multipliers[{i}]") for i, m in enumerate(raw.get("slo_multipliers",
@@ -154,7 +154,7 @@ def parse(raw: dict[str, Any], source: str = "scenario") -> OrlojScenario:
         c0_fraction=fraction(raw.get("c0_fraction", 0.9), "c0_fraction"), batch_sizes=tuple(sorted(set(sizes))),
         b=positive(orloj.get("b", 1e-4), "orloj.b"), mix=str(orloj.get("mix", "round_robin")),
         bins=integer(orloj.get("bins", 200), "orloj.bins", 2), profiler=orloj.get("profiler", "warm"),
-        publish_s=positive(orloj.get("publish_s", 10.0), "orloj.publish_s"))
+        epoch_s=positive(orloj.get("epoch_s", 10.0), "orloj.epoch_s"))
 
 
 def load(path: str) -> OrlojScenario:
