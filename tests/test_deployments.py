@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import socket
 import subprocess
 import sys
@@ -162,17 +161,16 @@ def worker(real_server, deployed, tmp_path_factory):
 @pytest.fixture(scope="module")
 def started(real_server, deployed, worker):
     """All runs at once, so their waits overlap: the test-only interval deployment (the scheduler's runs) and one
-    `prefect deployment run` per deployment of prefect.yaml with its small parameters."""
+    run per deployment of prefect.yaml with its small parameters, created through the API as the UI's "Run" does
+    (the server checks them against the deployment's parameter schema)."""
     found, _ = deployed
     with _client(real_server) as client:
-        flow_names = {name: client.read_flow(found[name].flow_id).name for name in SMALL}
-    commands = [[PREFECT, "--no-prompt", "deploy", "flows/pool_demo.py:pool_demo", "--name", SCHEDULED, "--pool",
-                 "gpuflows", "--interval", "15",
-                 "--params", json.dumps({"tasks": 1, "steps": 2, "mode": "thread", "tracking": False})]]
-    commands += [[PREFECT, "deployment", "run", f"{flow_names[name]}/{name}", "--params", json.dumps(params)]
-                 for name, (params, _) in SMALL.items()]
-    outs = run_all(commands, real_server)
-    return {name: uuid.UUID(re.search(r"UUID:\s*([0-9a-f-]{36})", out).group(1)) for name, out in zip(SMALL, outs[1:])}
+        ids = {name: client.create_flow_run_from_deployment(found[name].id, parameters=params).id
+               for name, (params, _) in SMALL.items()}
+    run([PREFECT, "--no-prompt", "deploy", "flows/pool_demo.py:pool_demo", "--name", SCHEDULED, "--pool", "gpuflows",
+         "--interval", "15", "--params", json.dumps({"tasks": 1, "steps": 2, "mode": "thread", "tracking": False})],
+        real_server)
+    return ids
 
 
 def _wait_final(env: dict, ids: list[uuid.UUID], timeout: float, worker_log: Path) -> dict:
