@@ -284,6 +284,12 @@ def main(argv: list[str] | None = None) -> int:
               f"offered={e['offered_rps']:7.1f}/s good={e['throughput_rps']:7.1f}/s "
               f"slo={e['slo_attainment']:.3f} bad={e['bad_rate']:.3f} p99={e['p99_latency_ms']:.2f}ms"
               + (" (re-planned)" if e["replanned"] and e["epoch"] else ""))
+    for e in result["nona_epochs"]:  # Nona's decision at each epoch end, from the rates and stage times measured
+        print(f"nona @ {e['t_s']:4.1f}s: rates {', '.join(f'{q}={r:.1f}/s' for q, r in e['rates'].items())} -> "
+              + ("re-solved θ" if e["resolved"] else "θ kept"))
+    for e in result["orloj_epochs"]:
+        limits = ", ".join(f"{app}<={a['batch_limit']}" for app, a in e["apps"].items())
+        print(f"orloj @ {e['t_s']:4.1f}s: batch limits {limits}")
     print(f"dispatch overhead {result['dispatch_overhead_us']:.1f} us/request = "
           f"{100 * result['dispatch_overhead_frac_of_batch1']:.1f}% of the smallest model's batch-1 latency "
           f"({result['smallest_batch1_us']:.1f} us); accuracy {result['accuracy']:.3f}")
