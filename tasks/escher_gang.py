@@ -5,74 +5,27 @@
 ``AppSpaceGang`` decides; the rollback on a timeout and the teardown at the end are the controller's
 (``gpu.schedulers.escher.gang``), never written here.
 
-The members meet in a gloo all-reduce over a ``FileStore``. A gang is all-or-none, so a lost member must not
-leave the others blocked for the collective's patience (``RENDEZVOUS_TIMEOUT``):
-
-* a member that fails or is killed before the others joined: the flow sees its task end (or a ghost's lease taken
-  away, ``ledger.watch``) and aborts the ``Rendezvous``; members waiting there fail at once with ``GangAborted``;
-* a member that fails mid-gang destroys its process group, and one killed (``kill -9``) has its sockets closed by
-  the OS: either way its peers' next all-reduce fails at once with a connection error.
+The members meet in a gloo all-reduce at a ``Rendezvous`` (``tasks/gang_rendezvous.py``, shared with FLUID's
+trials): a member that fails before the others joined (its task's end, or a ghost's lease lost) has the flow abort
+the rendezvous, and one that fails mid-gang destroys its process group, so its peers end at once either way.
 """
 
 from __future__ import annotations
 
-import os
-import tempfile
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from prefect import task
-from prefect.futures import as_completed, wait
+from prefect.futures import wait
 
-from gpu.errors import AllocationTimeout, GpuflowsError
+from gpu.errors import AllocationTimeout
 from gpu.placement import ResourceRequest
 from gpu.schedulers.escher.api import Escher, NodeSpec
 from gpu.schedulers.escher.gang import AppSpaceGang, Gang, GangStep
 from gpu.schedulers.escher.primitives import anti_affinity
 from tasks.escher_jobs import RENDEZVOUS_TIMEOUT, checksum, linear_model, train, where
+from tasks.gang_rendezvous import Rendezvous, abort_when_failed, abort_when_lost
 from tasks.requests import gpu_options
-
-ABORT = "abort"
-
-
-class GangAborted(GpuflowsError):
-    """A member's peer was lost before the gang met: the member gives up instead of waiting for it."""
-
-
-@dataclass(frozen=True)
-class Rendezvous:
-    """Where a gang's ``world`` members meet: a barrier in a ``FileStore`` at ``path`` that the flow can abort.
-
-    A member sets ``joined-<rank>`` and waits for every rank's key. ``abort`` writes the reason and then every
-    rank's key, so the waiting members wake at once and find the reason instead of a gang."""
-
-    path: str
-    world: int
-
-    def _store(self):
-        import torch.distributed as dist
-
-        return dist.FileStore(self.path, -1)  # -1: the file outlives any one user; the flow removes its folder
-
-    def _ranks(self) -> list[str]:
-        return [f"joined-{r}" for r in range(self.world)]
-
-    def join(self, rank: int):
-        """Wait until every member joined; the store the gang's process group uses. Raises ``GangAborted``."""
-        store = self._store()
-        store.set(f"joined-{rank}", "1")
-        store.wait(self._ranks(), RENDEZVOUS_TIMEOUT)
-        if store.check([ABORT]):
-            raise GangAborted(f"gang member {rank}: {store.get(ABORT).decode()}")
-        return store
-
-    def abort(self, reason: str) -> None:
-        """Wake every waiting member with ``reason`` (members already past the barrier are not affected)."""
-        store = self._store()
-        store.set(ABORT, reason)
-        for key in self._ranks():
-            store.set(key, "1")
 
 
 @task
@@ -80,25 +33,16 @@ def gang_member(rank: int, world: int, steps: int, rendezvous: Rendezvous) -> di
     """One data-parallel worker: its shard of digits, gradients summed with every other member's each step by a
     gloo all-reduce (it blocks until all ``world`` members have joined, so the job only finishes if the whole gang
     runs at once). A failure here destroys the process group, so the peers' all-reduce fails at once."""
-    import torch.distributed as dist
-
     started = time.time()
-    store = rendezvous.join(rank)
-    group = {"gloo": dist.ProcessGroupGloo(dist.PrefixStore("gloo", store), rank, world, RENDEZVOUS_TIMEOUT)}
-    joined = time.time()
+    with rendezvous.group(rank) as gang:
+        joined = time.time()
 
-    def average(grad):
-        group["gloo"].allreduce([grad]).wait()
-        return grad / world
+        def average(grad):
+            gang.allreduce(grad)
+            return grad / world
 
-    try:
         model = linear_model(3)
         losses = train(model, steps, rank, world, average)
-    except BaseException:
-        # gloo's abort() leaves the connections open (torch 2.13); dropping the group's one reference destroys it,
-        # which closes them, even while the error's traceback keeps this frame alive
-        group.clear()
-        raise
     return {"task": f"member-{rank}", "checksum": checksum(model), "loss": losses[-1], "joined": joined,
             **where(started)}
 
@@ -158,16 +102,13 @@ def run_members(launch: tuple[ResourceRequest, ...], steps: int, rendezvous: Ren
     for i, member in enumerate(launch):
         with gpu_options(resources=dict(member.resources)):
             futures.append(gang_member.with_options(name=member.label).submit(i, len(launch), steps, rendezvous))
+        abort_when_failed(rendezvous, i, futures[-1])
     try:
-        for done in as_completed(futures):
-            if not done.state.is_completed():
-                rendezvous.abort(f"member {futures.index(done)} ended: {done.state.message}")
-                break
+        wait(futures)
     except BaseException:  # the flow itself stops: members still at the rendezvous need not wait for the others
         rendezvous.abort("the flow running the gang stopped")
-        raise
-    finally:
         wait(futures)  # the ghosts go only once no member runs on their devices
+        raise
     return [f.result() for f in futures]
 
 
@@ -177,17 +118,17 @@ def run_gang(ledger, esl: Escher, size: int, steps: int, timeout_s: float, seed:
     spread = anti_affinity(esl, "gang-ghosts")
     gang = Gang("dp", tuple(ResourceRequest(gpus=1, resources=spread) for _ in range(size)))
     world = _GangWorld(ledger, esl, AppSpaceGang(gang, timeout=timeout_s, seed=seed))
-    rendezvous = Rendezvous(os.path.join(tempfile.mkdtemp(prefix="gang-", dir=workdir), "store"), size)
+    rendezvous = Rendezvous.create(workdir, "gang-", size, RENDEZVOUS_TIMEOUT)
     try:
         decided = world.hold_ghosts()
         latency = world.now()
         ghosts = [{"node": g.node, "devices": list(g.devices), "lease": g.lease_id} for g in world.ghosts]
-        for ghost in world.ghosts:  # a ghost taken away takes its member's devices: the gang cannot meet
-            ledger.watch(ghost.lease_id, lambda reason: rendezvous.abort(f"a ghost was lost: {reason}"))
+        abort_when_lost(rendezvous, ledger, world.ghosts)
         members = run_members(decided.launch, steps, rendezvous)
     finally:
         world.finish()
         esl.delete_resource("anti-gang-ghosts", NodeSpec())
+        rendezvous.remove()
     attempts = world.controller.attempts
     return {"members": members, "tasks": members, "ghosts": [{k: g[k] for k in ("node", "devices")} for g in ghosts],
             "attempts": attempts, "gang_latency_s": latency,

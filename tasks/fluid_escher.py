@@ -6,8 +6,11 @@ that ensures gang scheduling and applied co-location on tasks belonging to the s
 
 * **Workers.** A trial of width ``w >= 1`` runs as ``floor(w)`` worker tasks holding one GPU each; a narrower one
   as one worker holding ``w`` of a GPU. The workers train one model data-parallel: equal shards of the training
-  split, gradients averaged every step by a gloo all-reduce whose rendezvous is a ``torch.distributed.FileStore``
-  (each worker blocks in the collective until all have reached it: no polling).
+  split, gradients averaged every step by a gloo all-reduce whose members meet at a ``Rendezvous``
+  (``tasks/gang_rendezvous.py``, shared with ESCHER's gang; each worker blocks in the collective until all have
+  reached it: no polling). A worker that fails (or whose ghost's lease is lost) aborts its peers at the barrier,
+  and one failing mid-chunk destroys its process group: the chunk fails within seconds, not after the
+  rendezvous's patience, its ghosts are released and the trial keeps its last checkpoint.
 * **Where (the ESL).** ``plan_trial_nodes`` picks nodes from the ledger's free state: anti-affinity across trials
   first (nodes running no other trial, Table 4.2's P3 used as a preference), then affinity (all workers on one
   node where they fit, the node the trial is on preferred), else the fewest nodes with the most room. The choice
@@ -28,14 +31,15 @@ that ensures gang scheduling and applied co-location on tasks belonging to the s
 
 from __future__ import annotations
 
-import datetime
 import json
+import os
 import shutil
 import tempfile
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -50,11 +54,12 @@ from resource_blocks import GpuPool
 from tasks.fluid_packing import digits_split
 from tasks.fluid_profiling import REFERENCE_SHAPE
 from tasks.fluid_trials import model_and_optimizer, train_epochs
+from tasks.gang_rendezvous import GangGroup, Rendezvous, abort_when_failed, abort_when_lost
 from tasks.requests import current_placement, gpu_options
 from tasks.slices import on_slice
 
 PLACEMENTS = ("pool", "escher")
-RENDEZVOUS_TIMEOUT_S = 120.0  # a worker whose peers never start gives up (its gang member failed to launch)
+RENDEZVOUS_TIMEOUT = timedelta(seconds=120)  # the patience with a slow, live peer (a lost one aborts the gang)
 GANG_TIMEOUT_S = 600.0  # how long a gang may wait for room before the chunk fails
 SCALING_ROUNDS = 3  # gangs per width of the scaling measurement
 SCALING_ITERATIONS = 3  # separately timed epochs per measuring gang (the fastest of all counts)
@@ -130,11 +135,14 @@ def worker_shape(width: float) -> tuple[int, float]:
 
 @dataclass
 class _Gang:
-    """One launched chunk of a trial: its workers' futures and how many of its workers have not ended."""
+    """One launched chunk of a trial: its workers' futures, how many have not ended, where they meet."""
 
     trial_id: str
     futures: list
     left: int
+    rendezvous: Rendezvous
+    launched_at: float = field(default_factory=time.monotonic)
+    ended_s: float | None = None  # seconds from launch until its last worker ended
 
 
 class EscherTrials:
@@ -150,7 +158,7 @@ class EscherTrials:
         self.timeout_s = timeout_s
         self.slots = list(range(sum(len(n.devices) for n in ledger.free_state())))
         self.history: list[dict[str, Any]] = []
-        self._leaders: list = []  # rank 0's future of each chunk in ``history``: its workers' records at the end
+        self._leaders: list = []  # (gang, rank 0's future) per chunk in ``history``: its workers' records
         self._plans: dict[str, TrialNodes] = {}  # each trial's latest placement (its ``trial-<id>`` resource)
         self._gangs: dict[str, _Gang] = {}
         self._ended = threading.Condition()
@@ -188,8 +196,9 @@ class EscherTrials:
         return self._launch(gang, ghosts, record, (config, start, iterations, load_from, save_to, width, seed, fail))
 
     def _launch(self, gang: Gang, ghosts: list, record: dict[str, Any], args: tuple):
-        store = tempfile.mkdtemp(dir=self._folder, prefix=f"{gang.gang_id.replace('@', '_')}-") + "/store"
-        launched = _Gang(gang.gang_id.rsplit("-", 1)[0], [], len(ghosts))
+        rendezvous = Rendezvous.create(str(self._folder), f"{gang.gang_id.replace('@', '_')}-", len(ghosts),
+                                       RENDEZVOUS_TIMEOUT)
+        launched = _Gang(gang.gang_id.rsplit("-", 1)[0], [], len(ghosts), rendezvous)
         with self._ended:
             self._gangs[launched.trial_id] = launched
         try:
@@ -198,15 +207,18 @@ class EscherTrials:
                 self.ledger.lease_resource(ghost.lease_id, unit, 1)  # the worker inherits the ghost's devices
                 with gpu_options(resources={unit: 1.0}, label=f"trial {launched.trial_id} w{rank}"):
                     future = train_worker.with_options(name=f"fluid-trial-worker-w{rank}").submit(
-                        launched.trial_id, rank, len(ghosts), store, *args)
+                        launched.trial_id, rank, rendezvous, *args)
                 launched.futures.append(future)
+                abort_when_failed(rendezvous, rank, future)  # before the ghost goes: peers end, then the gang ends
                 future.add_done_callback(lambda _, g=ghost: self._ended_one(launched, g))
+            abort_when_lost(rendezvous, self.ledger, ghosts)
         except BaseException:
+            rendezvous.abort(f"worker {len(launched.futures)} was not launched")
             for ghost in ghosts[len(launched.futures):]:  # roll back the ghosts no worker was launched on
                 self._ended_one(launched, ghost)
             raise
-        self.history.append(record)
-        self._leaders.append(launched.futures[0])
+        self.history.append({**record, "rendezvous": os.path.dirname(rendezvous.path)})
+        self._leaders.append((launched, launched.futures[0]))
         return launched.futures[0]
 
     def _place(self, plan: TrialNodes) -> None:
@@ -260,10 +272,14 @@ class EscherTrials:
                 self.esl.delete_resource(self._resource(tid), node)
 
     def _ended_one(self, gang: _Gang, ghost) -> None:
-        """A worker ended (any state): its ghost goes, and a waiting gang may now fit."""
+        """A worker ended (any state): its ghost goes, and a waiting gang may now fit; the last one removes the
+        gang's rendezvous."""
         self.ledger.release(ghost.lease_id)
         with self._ended:
             gang.left -= 1
+            if gang.left == 0:
+                gang.ended_s = time.monotonic() - gang.launched_at
+                gang.rendezvous.remove()
             self._ended.notify_all()
 
     def _wait(self, ready) -> None:
@@ -292,12 +308,14 @@ class EscherTrials:
         shutil.rmtree(self._folder, ignore_errors=True)
 
     def report(self) -> dict[str, Any]:
-        """Every chunk's placement: the ESL's nodes, the ghosts' and the workers' nodes and devices, moves."""
+        """Every chunk's placement: the ESL's nodes, the ghosts' and the workers' nodes and devices, moves; how long
+        its gang ran (``ended_s``: launch to its last worker's end) and, if it failed, why rank 0 ended."""
         chunks = []
-        for record, leader in zip(self.history, self._leaders):
+        for record, (gang, leader) in zip(self.history, self._leaders):
             out = leader.result() if leader.state.is_completed() else None
             chunks.append({**record, "failed": out is None, "workers_ran": out["workers"] if out else [],
-                           "resumed_at": out["resumed_at"] if out else None})
+                           "resumed_at": out["resumed_at"] if out else None, "ended_s": gang.ended_s,
+                           "failure": None if out else leader.state.message})
         return {"chunks": chunks, "slots": len(self.slots),
                 "migrations": sum(1 for h in self.history if h["moved"] and h["purpose"] == "trial")}
 
@@ -326,7 +344,7 @@ def escher_trials(placement: str, runner: Any) -> Iterator[EscherTrials | None]:
 
 
 # -- the worker --------------------------------------------------------------------------------------------------
-def _average_gradients(model, optimizer, group, world: int) -> None:
+def _average_gradients(model, optimizer, gang: GangGroup) -> None:
     """Data parallelism: before every optimizer step the gang's gradients are averaged, in one all-reduce of
     all of them flattened (one collective per step: a small model's step costs about as much as a collective)."""
     import torch
@@ -334,8 +352,8 @@ def _average_gradients(model, optimizer, group, world: int) -> None:
     def mean(*_: Any) -> None:
         grads = [p.grad for p in model.parameters()]
         flat = torch.cat([g.reshape(-1) for g in grads])
-        group.allreduce([flat]).wait()
-        flat /= world
+        gang.allreduce(flat)
+        flat /= gang.world
         for g, avg in zip(grads, flat.split([g.numel() for g in grads])):
             g.copy_(avg.view_as(g))
 
@@ -343,7 +361,7 @@ def _average_gradients(model, optimizer, group, world: int) -> None:
 
 
 @task(name="fluid-trial-worker")
-def train_worker(trial_id: str, rank: int, world: int, store: str, config: dict[str, Any], start: int,
+def train_worker(trial_id: str, rank: int, rendezvous: Rendezvous, config: dict[str, Any], start: int,
                  iterations: int, load_from: str | None, save_to: str, width: float, seed: int = 0,
                  fail: bool = False) -> dict[str, Any]:
     """One data-parallel worker of a trial's chunk: its shard, gradients averaged with the gang every step.
@@ -352,56 +370,55 @@ def train_worker(trial_id: str, rank: int, world: int, store: str, config: dict[
     everywhere), trains ``iterations`` epochs over its equal shard of the training split and validates on its
     shard of the validation split (the gang's loss and accuracy are summed over the workers), and posts where
     it ran to the rendezvous store; rank 0 saves the checkpoint and returns ``train_chunk``'s keys with every
-    worker's record.
+    worker's record. ``fail``: the gang's last worker raises before it joins (one lost member: its peers are
+    ended by the launcher's abort).
     """
     import torch
-    import torch.distributed as dist
 
+    world = rendezvous.world
     placed = current_placement()
     started_at = time.time()
     where = {"rank": rank, "node": placed.placement.node if placed else "", "started_at": started_at,
              "devices": list(placed.gpu_indices) if placed else [], "fraction": placed.fraction if placed else 0.0}
     get_run_logger().info("trial %s worker %d/%d on %s devices %s, iterations %d-%d", trial_id, rank, world,
                           where["node"], where["devices"], start, start + iterations)
-    if fail:
-        raise RuntimeError(f"trial {trial_id}: injected failure")
+    if fail and rank == world - 1:
+        raise RuntimeError(f"trial {trial_id}: injected failure of worker {rank}")
     torch.set_num_threads(1)
-    timeout = datetime.timedelta(seconds=RENDEZVOUS_TIMEOUT_S)
-    kv = dist.FileStore(store, world)
-    kv.set_timeout(timeout)
-    group = dist.ProcessGroupGloo(kv, rank, world, timeout)
-    device = placed.device if placed is not None else "cpu"
-    torch.manual_seed(seed * 100_003 + start + rank)
-    xt, yt, xv, yv = digits_split(seed)
-    per = len(xt) // world  # equal shards: every worker takes the same steps, so every all-reduce has all of them
-    shard = (xt[rank * per:(rank + 1) * per], yt[rank * per:(rank + 1) * per], xv[rank::world], yv[rank::world])
-    data = tuple(t.to(device) for t in shard)
-    model, optimizer = model_and_optimizer(config, load_from)
-    model.to(device)
-    for param in model.parameters():
-        group.broadcast([param.data]).wait()  # rank 0's weights everywhere
-    _average_gradients(model, optimizer, group, world)
-    resumed_at = int(torch.load(load_from, weights_only=True)["iterations"]) if load_from else 0
-    losses, accuracies, epoch_s = [], [], []
-    for _ in range(iterations):  # each epoch timed on the slice: its own sample of the gang's speed
-        with on_slice(placed) as clock:
-            loss, accuracy = train_epochs(model, optimizer, data, int(config["batch_size"]), 1)
-        losses += loss
-        accuracies += accuracy
-        epoch_s.append(clock.timing.slice_s)
-    # the gang's loss and validation accuracy: each worker saw its shards of both
-    totals = torch.tensor([v * per for v in losses] + [a * len(shard[3]) for a in accuracies], dtype=torch.float64)
-    group.allreduce([totals]).wait()
-    losses = [float(v) / (per * world) for v in totals[:iterations]]
-    accuracies = [float(v) / len(xv) for v in totals[iterations:]]
-    where["finished_at"] = time.time()
-    kv.set(f"worker-{rank}", json.dumps(where))
-    if rank != 0:
-        return {"trial_id": trial_id, **where}
-    Path(save_to).parent.mkdir(parents=True, exist_ok=True)
-    torch.save({"model": model.cpu().state_dict(), "optimizer": optimizer.state_dict(),
-                "iterations": start + iterations}, save_to)
-    workers = [json.loads(kv.get(f"worker-{r}")) for r in range(world)]  # blocks until each worker posted
+    with rendezvous.group(rank) as gang:
+        device = placed.device if placed is not None else "cpu"
+        torch.manual_seed(seed * 100_003 + start + rank)
+        xt, yt, xv, yv = digits_split(seed)
+        per = len(xt) // world  # equal shards: every worker takes the same steps, so every all-reduce has all
+        shard = (xt[rank * per:(rank + 1) * per], yt[rank * per:(rank + 1) * per], xv[rank::world], yv[rank::world])
+        data = tuple(t.to(device) for t in shard)
+        model, optimizer = model_and_optimizer(config, load_from)
+        model.to(device)
+        for param in model.parameters():
+            gang.broadcast(param.data)  # rank 0's weights everywhere
+        _average_gradients(model, optimizer, gang)
+        resumed_at = int(torch.load(load_from, weights_only=True)["iterations"]) if load_from else 0
+        losses, accuracies, epoch_s = [], [], []
+        for _ in range(iterations):  # each epoch timed on the slice: its own sample of the gang's speed
+            with on_slice(placed) as clock:
+                loss, accuracy = train_epochs(model, optimizer, data, int(config["batch_size"]), 1)
+            losses += loss
+            accuracies += accuracy
+            epoch_s.append(clock.timing.slice_s)
+        # the gang's loss and validation accuracy: each worker saw its shards of both
+        totals = torch.tensor([v * per for v in losses] + [a * len(shard[3]) for a in accuracies],
+                              dtype=torch.float64)
+        gang.allreduce(totals)
+        losses = [float(v) / (per * world) for v in totals[:iterations]]
+        accuracies = [float(v) / len(xv) for v in totals[iterations:]]
+        where["finished_at"] = time.time()
+        gang.store.set(f"worker-{rank}", json.dumps(where))
+        if rank != 0:
+            return {"trial_id": trial_id, **where}
+        Path(save_to).parent.mkdir(parents=True, exist_ok=True)
+        torch.save({"model": model.cpu().state_dict(), "optimizer": optimizer.state_dict(),
+                    "iterations": start + iterations}, save_to)
+        workers = [json.loads(gang.store.get(f"worker-{r}")) for r in range(world)]  # blocks until each posted
     return {"trial_id": trial_id, "start": start, "iterations": iterations, "resumed_at": resumed_at,
             "loss": losses, "val_accuracy": accuracies, "width": width, "fraction": where["fraction"],
             "devices": [d for w in workers for d in w["devices"]], "device": device,
@@ -409,4 +426,3 @@ def train_worker(trial_id: str, rank: int, world: int, store: str, config: dict[
             "note": f"{world} data-parallel worker(s) on " + ", ".join(f"{w['node']}:{w['devices']}" for w in workers),
             "slice_s": sum(epoch_s), "epoch_slice_s": epoch_s, "started_at": started_at,
             "finished_at": where["finished_at"]}
-

@@ -191,8 +191,8 @@ def test_a_gang_rolls_back_until_its_ghosts_all_start_and_a_crashed_member_ends_
     import tasks.escher_gang
     from gpu.placement import ResourceRequest
     from gpu.schedulers.escher.api import Escher
-    from tasks.escher_gang import RENDEZVOUS_TIMEOUT, run_gang
-    from tasks.escher_jobs import train
+    from tasks.escher_gang import run_gang
+    from tasks.escher_jobs import RENDEZVOUS_TIMEOUT, train
 
     pool = GpuPool(name="escher-rollback", device_backend="simulated", simulated="1x16GiB", nodes=4)
     runner = GpuTaskRunner(pool=pool, mode="thread", tracking=False)
@@ -267,11 +267,12 @@ def test_members_whose_peer_never_starts_end_as_soon_as_the_rendezvous_is_aborte
     two waiting members end with GangAborted at once instead of after the 60 s rendezvous timeout."""
     import time
 
-    from tasks.escher_gang import RENDEZVOUS_TIMEOUT, GangAborted, Rendezvous
+    from tasks.escher_jobs import RENDEZVOUS_TIMEOUT
+    from tasks.gang_rendezvous import GangAborted, Rendezvous
 
-    rendezvous = Rendezvous(str(tmp_path / "store"), 3)
+    rendezvous = Rendezvous(str(tmp_path / "store"), 3, RENDEZVOUS_TIMEOUT)
     threads, outcome = _members_in_threads(rendezvous, [0, 1])
-    rendezvous._store().wait(["joined-0", "joined-1"], RENDEZVOUS_TIMEOUT)   # both are waiting for member 2
+    rendezvous.store().wait(["joined-0", "joined-1"], RENDEZVOUS_TIMEOUT)   # both are waiting for member 2
     aborted = time.monotonic()
     rendezvous.abort("member 2 ended: Crashed")
     for t in threads:
@@ -286,8 +287,8 @@ def test_a_member_that_crashes_mid_gang_ends_its_peer_at_once(tmp_path, monkeypa
     import time
 
     import tasks.escher_gang
-    from tasks.escher_gang import RENDEZVOUS_TIMEOUT, Rendezvous
-    from tasks.escher_jobs import train
+    from tasks.escher_jobs import RENDEZVOUS_TIMEOUT, train
+    from tasks.gang_rendezvous import Rendezvous
 
     def crashing_train(model, steps, shard, shards, average):
         if shard == 1:
@@ -297,7 +298,8 @@ def test_a_member_that_crashes_mid_gang_ends_its_peer_at_once(tmp_path, monkeypa
 
     monkeypatch.setattr(tasks.escher_gang, "train", crashing_train)
     started = time.monotonic()
-    threads, outcome = _members_in_threads(Rendezvous(str(tmp_path / "store"), 2), [0, 1], steps=10_000)
+    threads, outcome = _members_in_threads(Rendezvous(str(tmp_path / "store"), 2, RENDEZVOUS_TIMEOUT), [0, 1],
+                                          steps=10_000)
     for t in threads:
         t.join(RENDEZVOUS_TIMEOUT.total_seconds())
     assert time.monotonic() - started < 15          # the old wait: 60 s

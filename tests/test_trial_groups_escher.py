@@ -11,6 +11,8 @@ real pool ledger without Prefect.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 from prefect import flow
 
@@ -20,7 +22,7 @@ from gpu.placement import ResourceRequest
 from gpu.schedulers.escher.gang import Gang
 from resource_blocks import GpuPool, MlflowTarget
 from tasks.flow_runtime import flow_runner
-from tasks.fluid_escher import escher_trials, plan_trial_nodes, worker_shape
+from tasks.fluid_escher import RENDEZVOUS_TIMEOUT, escher_trials, plan_trial_nodes, worker_shape
 from tasks.runners import GpuTaskRunner
 
 GRID = {"lr": 0.1, "hidden": {"grid": [16, 256]}, "batch_size": 64}
@@ -111,26 +113,45 @@ def test_every_chunk_resumes_from_the_last_checkpoint_as_a_gang_of_the_width_flu
 
 
 @flow(task_runner=GpuTaskRunner(pool=three_nodes("tge-move"), mode="thread", tracking=False))
-def resized_trial(folder: str, widths: list[float]) -> tuple[list[dict], list[dict], list[dict]]:
-    """One trial's chunks at the widths DynamicFluid would give, driven like the flow drives them."""
-    resources = []
+def resized_trial(folder: str, widths: list[float], failing: int) -> dict:
+    """One trial's chunks at the widths DynamicFluid would give, driven like the flow drives them; chunk
+    ``failing`` has a worker fail and the next one resumes from the checkpoint the flow had."""
+    resources, outs, gone = [], [], []
     with escher_trials("escher", flow_runner()) as escher:
-        outs, ckpt = [], f"{folder}/t.pt"
+        ckpt, done = f"{folder}/t.pt", 0
         for i, width in enumerate(widths):
-            future = escher.submit("t", {"lr": 0.1, "hidden": 32, "batch_size": 64}, i, 1, ckpt if i else None,
-                                   ckpt, width)
+            future = escher.submit("t", {"lr": 0.1, "hidden": 32, "batch_size": 64}, done, 1, ckpt if i else None,
+                                   ckpt, width, fail=i == failing)
             status = escher.ledger.cluster_status()  # while the gang runs: trial-t where the ESL put it
             resources.append({n: r["trial-t"][0] for n, r in status.items() if "trial-t" in r})
-            outs.append(future.result())
-        return outs, escher.report()["chunks"], resources
+            # the previous gang has fully ended (submit waits for it): its rendezvous folder is gone
+            gone.append(not os.path.exists(escher.history[-2]["rendezvous"]) if i else None)
+            if i == failing:
+                future.wait()
+                outs.append(None)
+            else:
+                outs.append(future.result())
+                done += 1
+        return {"outs": outs, "chunks": escher.report()["chunks"], "resources": resources, "gone": gone}
 
 
-def test_a_resize_boundary_migrates_the_trial_and_training_resumes_from_its_checkpoint(prefect_server, tmp_path):
-    """Width 2 fits one node; 4 spans two (the trial moves, trial-t follows); back to 2, back to its node."""
-    outs, ran, resources = resized_trial(str(tmp_path), [2.0, 4.0, 2.0])
-    assert [c["nodes"] for c in ran] == [{"node0": 2}, {"node0": 2, "node1": 2}, {"node0": 2}]
-    assert resources == [c["nodes"] for c in ran]
-    assert [c["moved"] for c in ran] == [False, True, True]
+@pytest.fixture(scope="module")
+def resized(prefect_server, tmp_path_factory):
+    """Width 2 fits one node; 4 spans two (the trial moves, trial-t follows); 3 has its worker 2 fail at once;
+    back to 2 from the checkpoint the flow had, back to its node."""
+    pool = three_nodes("tge-move")
+    out = resized_trial(str(tmp_path_factory.mktemp("tge-move")), [2.0, 4.0, 3.0, 2.0], failing=2)
+    ledger = pool.open_ledger()
+    return out, (ledger.leases(), ledger.cluster_status())
+
+
+def test_a_resize_boundary_migrates_the_trial_and_training_resumes_from_its_checkpoint(resized):
+    out, _ = resized
+    ran, outs = out["chunks"], [o for o in out["outs"] if o is not None]
+    assert [c["nodes"] for c in ran] == [{"node0": 2}, {"node0": 2, "node1": 2}, {"node0": 2, "node1": 1},
+                                         {"node0": 2}]
+    assert out["resources"] == [c["nodes"] for c in ran]
+    assert [c["moved"] for c in ran] == [False, True, False, True]  # moved: the set of nodes changed
     assert [len(o["workers"]) for o in outs] == [2, 4, 2]
     assert [o["resumed_at"] for o in outs] == [0, 1, 2] and [o["start"] for o in outs] == [0, 1, 2]
     assert outs[1]["loss"][0] < outs[0]["loss"][0] and outs[2]["loss"][0] < outs[1]["loss"][0]
@@ -138,10 +159,27 @@ def test_a_resize_boundary_migrates_the_trial_and_training_resumes_from_its_chec
         assert len({(w["node"], tuple(w["devices"])) for w in o["workers"]}) == len(o["workers"])
 
 
+def test_a_lost_worker_ends_its_peers_at_once_and_the_chunk_fails_leaving_no_lease_or_rendezvous(resized):
+    """Worker 2 of a gang across two nodes fails before it joins: the launcher aborts the rendezvous, so workers
+    0 and 1 end with GangAborted within seconds instead of the 120 s rendezvous patience."""
+    out, (leases, status) = resized
+    failed = out["chunks"][2]
+    assert [c["failed"] for c in out["chunks"]] == [False, False, True, False] and failed["workers"] == 3
+    assert "GangAborted" in failed["failure"] and "injected failure of worker 2" in failed["failure"]
+    assert failed["ended_s"] < RENDEZVOUS_TIMEOUT.total_seconds() / 10, failed  # measured: 0.06 s
+    assert out["gone"] == [None, True, True, True]
+    assert leases == []
+    assert not [name for node in status.values() for name in node if name.startswith(("trial-", "gang-"))], status
+
+
 def test_the_failed_trial_leaks_no_ghost_lease_or_resource(run):
     s, _, (leases, status) = run
     assert s["failures"] == [FAILING] and s["best_trial"] == SURVIVOR
-    assert any(c["failed"] for c in chunks(s, FAILING))
+    failed = [c for c in chunks(s, FAILING) if c["failed"]]
+    assert failed
+    for c in failed:  # its last worker failed; the others, aborted at the rendezvous, ended at once
+        assert f"injected failure of worker {c['workers'] - 1}" in c["failure"], c
+        assert c["ended_s"] < RENDEZVOUS_TIMEOUT.total_seconds() / 10, c
     assert leases == []
     assert not [name for node in status.values() for name in node if name.startswith(("trial-", "gang-"))], status
 
