@@ -249,7 +249,7 @@ class LedgerClient:
         delay = 0.005
         try:
             while placement is None:
-                _raise_if_done(request, timeout, deadline, cancel_event)
+                raise_if_wait_over(request, timeout, deadline, cancel_event)
                 wait = min(delay, self.poll_interval)
                 if deadline is not None:
                     wait = max(0.0, min(wait, deadline - time.monotonic()))
@@ -271,8 +271,9 @@ class LedgerClient:
             self.release(placement.lease_id)
 
 
-def _raise_if_done(request: ResourceRequest, timeout: float | None, deadline: float | None,
+def raise_if_wait_over(request: ResourceRequest, timeout: float | None, deadline: float | None,
                    cancel_event: threading.Event | None) -> None:
+    """End a wait for ``request``: cancelled, or past its deadline (every ledger client's ``allocate`` loop)."""
     if cancel_event is not None and cancel_event.is_set():
         raise InterruptedError(f"request {request.describe()} was cancelled while waiting")
     if deadline is not None and time.monotonic() >= deadline:
@@ -794,7 +795,7 @@ class PoolLedger(LedgerClient):
                         return self._hold(outcome)
                     if isinstance(outcome, BaseException):
                         raise outcome
-                    _raise_if_done(request, timeout, deadline, cancel_event)
+                    raise_if_wait_over(request, timeout, deadline, cancel_event)
                     wait = 0.05 if cancel_event is not None else 1.0
                     if deadline is not None:
                         wait = min(wait, max(0.0, deadline - time.monotonic()))

@@ -17,7 +17,7 @@ import time
 from typing import Any, Sequence
 
 from gpu.devices import Device, Node, PoolSpec, nvml_devices, parse_simulated
-from gpu.ledger import LedgerClient, Lease, PoolLedger, _raise_if_done
+from gpu.ledger import LedgerClient, Lease, PoolLedger, raise_if_wait_over
 from gpu.liveness import Owner
 from gpu.placement import NodeState, ResourceRequest
 from tasks.requests import PLACEMENT_ENV, TaskPlacement
@@ -110,7 +110,7 @@ class RayLedger(LedgerClient):
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
             while placement is None:
-                _raise_if_done(request, timeout, deadline, cancel_event)
+                raise_if_wait_over(request, timeout, deadline, cancel_event)
                 chunk = WAIT_CHUNK_S if deadline is None else max(0.0, min(WAIT_CHUNK_S, deadline - time.monotonic()))
                 ref = self._actor.await_grant.options(concurrency_group=WAITERS).remote(ticket, self.owner, chunk)
                 ready: list = []
