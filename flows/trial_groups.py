@@ -20,8 +20,6 @@ packs the trials onto the pool's first device as Salus jobs under PACK instead (
 
 from __future__ import annotations
 
-import argparse
-import json
 import re
 import sys
 import time
@@ -39,7 +37,7 @@ from gpu.schedulers.fluid.policies import build_executor, policy_names
 from gpu.schedulers.fluid.session import TuningSession
 from gpu.state import state_dir
 from gpu.tuning import ALGORITHMS, Choice, Grid, LogUniform, parse_space
-from gpuflows.args import error, flow_arguments, output_file
+from gpuflows.args import error, flow_arguments, flow_parser, output_file, run_checked
 from resource_blocks import GpuPool, MlflowTarget
 from tasks.fluid_escher import PLACEMENTS, EscherTrials, escher_trials, nodes_pool
 from tasks.fluid_profiling import TrialProfiler, calibrate, trials_per_device
@@ -359,9 +357,24 @@ def prepare(pool: GpuPool | str | None, tracking: MlflowTarget | bool | None, *,
     return block, target, node
 
 
+def format_summary(summary: dict) -> str:
+    """The search's outcome as the command line prints it."""
+    if summary["execution"] == SALUS_PACK:
+        lines = [f"Salus PACK on one device: up to {summary['lanes']} lanes at once"]
+    else:
+        lines = [f"FLUID c = {summary['c']}, d = {summary['d']}, alpha = {summary['alpha']:.3f}, "
+                 f"beta = {summary['beta']:.3f} (c: {summary['c_source']}; d: {summary['d_source']})"]
+    return "\n".join(lines + [
+        f"makespan {summary['makespan_s']:.1f} s (profiling {summary['profiling_s']:.1f} s of it; calibration "
+        f"{summary['calibration_s']:.1f} s before it)",
+        f"{summary['algorithm']}/{summary['execution']}: {summary['trials']} trials, "
+        f"{summary['iterations_trained']} iterations, failed {summary['failures'] or 'none'}",
+        f"best {summary['best_trial']} {summary['best_config']} val_accuracy {summary['best_val_accuracy']:.3f}"
+        f" (model {summary['registered_model']} v{summary['model_version']})"])
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m flows.trial_groups", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = flow_parser("flows.trial_groups", __doc__)
     parser.add_argument("--algorithm", default="grid", help=f"one of {SEARCHES} (default grid: 4 configs)")
     parser.add_argument("--trials", type=int, default=4, help="configs / PBT population (default 4)")
     parser.add_argument("--iterations", type=int, default=4, help="epochs per fully trained config (default 4)")
@@ -393,28 +406,12 @@ def main(argv: list[str] | None = None) -> int:
                             mode=args.mode, chunk=args.chunk, c=args.c, d=args.d, alpha=args.alpha,
                             packing_iterations=args.packing_iterations, seed=args.seed, fail_trial=args.fail_trial,
                             placement=args.placement, tracking=False if args.no_tracking else None)
-    try:
-        if args.nodes is not None:
+    if args.nodes is not None:
+        try:
             kwargs["pool"] = nodes_pool(args.pool, args.nodes)
-        kwargs["pool"], kwargs["tracking"], _ = prepare(**kwargs)  # every argument checked before the run starts
-        summary = trial_groups(**kwargs)
-    except GpuflowsError as exc:
-        return error(exc)
-    if summary["execution"] == SALUS_PACK:
-        print(f"Salus PACK on one device: up to {summary['lanes']} lanes at once")
-    else:
-        print(f"FLUID c = {summary['c']}, d = {summary['d']}, alpha = {summary['alpha']:.3f}, "
-              f"beta = {summary['beta']:.3f} (c: {summary['c_source']}; d: {summary['d_source']})")
-    print(f"makespan {summary['makespan_s']:.1f} s (profiling {summary['profiling_s']:.1f} s of it; calibration "
-          f"{summary['calibration_s']:.1f} s before it)")
-    print(f"{summary['algorithm']}/{summary['execution']}: {summary['trials']} trials, "
-          f"{summary['iterations_trained']} iterations, failed {summary['failures'] or 'none'}")
-    print(f"best {summary['best_trial']} {summary['best_config']} val_accuracy {summary['best_val_accuracy']:.3f}"
-          f" (model {summary['registered_model']} v{summary['model_version']})")
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(summary, fh, indent=2, default=str)
-    return 0
+        except GpuflowsError as exc:
+            return error(exc)
+    return run_checked(trial_groups, prepare, kwargs, format_summary, args.json)
 
 
 if __name__ == "__main__":
