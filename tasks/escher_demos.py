@@ -15,12 +15,13 @@ from gpu.schedulers.escher.effort import source_lines
 from gpu.schedulers.escher.gang import AppSpaceGang
 from gpu.schedulers.escher.hfs import HierarchicalFairShare, water_fill
 from gpu.schedulers.escher.primitives import anti_affinity, colocate, store_data, with_task
+from gpu.schedulers.escher.tune import migrate_trial, migration_target
 from tasks.escher_affinity import run_affinity, run_colocation
 from tasks.escher_fair_share import run_hfs
 from tasks.escher_gang import run_gang
 from tasks.escher_settings import Settings
 from tasks.escher_tracking import esl_log
-from tasks.escher_tune import migrate_trial, migration_target, run_tune
+from tasks.escher_tune import run_tune
 from tasks.escher_wordcount import run_locality
 
 

@@ -6,23 +6,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpu.schedulers.escher.api import Escher, NodeSpec
+from gpu.schedulers.escher.api import Escher
+from gpu.schedulers.escher.tune import migrate_trial, migration_target
 from tasks.escher_jobs import trial_chunk
 from tasks.requests import gpu_options
-
-EVERY_NODE = NodeSpec()
-
-
-def migration_target(status: dict[str, dict[str, tuple[float, float]]], current: str) -> str | None:
-    """EscherTune's trigger (§4.5): another node with an idle GPU, where the trial's workers fit together."""
-    return next((n for n, res in sorted(status.items()) if n != current and res.get("GPU", (0, 0))[1] >= 1), None)
-
-
-def migrate_trial(esl: Escher, trial: str, node: str) -> None:
-    """EscherTune's migration (§4.5, Fig. 4.6c): after the trial's checkpoint, ``trial-<id>`` moves to ``node``;
-    the relaunched workers keep their requests and so land there."""
-    esl.delete_resource(f"trial-{trial}", EVERY_NODE)
-    esl.set_resource(f"trial-{trial}", 1, node)
 
 
 def run_tune(esl: Escher, nodes: list[str], steps: int, workdir: str) -> dict:

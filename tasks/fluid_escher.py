@@ -11,8 +11,8 @@ that ensures gang scheduling and applied co-location on tasks belonging to the s
   reached it: no polling). A worker that fails (or whose ghost's lease is lost) aborts its peers at the barrier,
   and one failing mid-chunk destroys its process group: the chunk fails within seconds, not after the
   rendezvous's patience, its ghosts are released and the trial keeps its last checkpoint.
-* **Where (the ESL).** ``plan_trial_nodes`` picks nodes from the ledger's free state: anti-affinity across trials
-  first (nodes running no other trial, Table 4.2's P3 used as a preference), then affinity (all workers on one
+* **Where (the ESL).** ``plan_trial_nodes`` (``gpu.schedulers.escher.trials``) picks nodes from the ledger's
+  free state: anti-affinity across trials first (nodes running no other trial, Table 4.2's P3 used as a preference), then affinity (all workers on one
   node where they fit, the node the trial is on preferred), else the fewest nodes with the most room. The choice
   becomes the ephemeral resource ``trial-<id>`` with capacity = the trial's workers on each chosen node
   (``set_resource``), deleted where the trial no longer runs.
@@ -41,14 +41,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Iterator, Sequence
 
 from prefect import get_run_logger, task
 
 from gpu.errors import AllocationTimeout, ConfigError
-from gpu.placement import NodeState, ResourceRequest
+from gpu.placement import ResourceRequest
 from gpu.schedulers.escher.api import Escher
 from gpu.schedulers.escher.gang import Gang
+from gpu.schedulers.escher.trials import TrialNodes, plan_trial_nodes, worker_room, worker_shape
 from gpu.scenario import integer
 from resource_blocks import GpuPool
 from tasks.fluid_packing import digits_split
@@ -63,76 +64,6 @@ RENDEZVOUS_TIMEOUT = timedelta(seconds=120)  # the patience with a slow, live pe
 GANG_TIMEOUT_S = 600.0  # how long a gang may wait for room before the chunk fails
 SCALING_ROUNDS = 3  # gangs per width of the scaling measurement
 SCALING_ITERATIONS = 3  # separately timed epochs per measuring gang (the fastest of all counts)
-_EPS = 1e-9
-
-
-@dataclass(frozen=True)
-class TrialNodes:
-    """The ESL's decision for one chunk of a trial: workers per node, and which policies it met.
-
-    Example: ``TrialNodes("c0001@0", (("node0", 2), ("node1", 1)), 1.0, anti_affine=True, co_located=False)``.
-    """
-
-    trial_id: str
-    counts: tuple[tuple[str, int], ...]
-    share: float
-    anti_affine: bool
-    co_located: bool
-
-    @property
-    def workers(self) -> int:
-        return sum(n for _, n in self.counts)
-
-    @property
-    def nodes(self) -> dict[str, int]:
-        return dict(self.counts)
-
-
-def _room(node: NodeState, share: float) -> int:
-    """Workers of ``share`` GPUs each that fit on ``node`` now (whole idle devices when ``share >= 1``)."""
-    if share >= 1:
-        return sum(1 for d in node.devices if d.compute_free >= 1 - _EPS)
-    return sum(int((d.compute_free + _EPS) // share) for d in node.devices)
-
-
-def plan_trial_nodes(trial_id: str, workers: int, share: float, free: Sequence[NodeState],
-                     others: Mapping[str, set[str]], current: Mapping[str, int]) -> TrialNodes | None:
-    """Where ``workers`` workers of ``share`` GPU each go now, or None when the pool has no room for all of them.
-
-    Args:
-        free: the ledger's free state per node (``free_state()``).
-        others: node -> ids of other trials running there (anti-affinity).
-        current: the trial's own workers per node in its previous chunk (staying saves a move).
-    """
-    room = {n.name: _room(n, share) for n in free}
-    alone = [n for n in room if not others.get(n)]
-    for tier in (alone, list(room)):
-        candidates = [n for n in tier if room[n] > 0]
-        if sum(room[n] for n in candidates) < workers:
-            continue
-        single = [n for n in candidates if room[n] >= workers]
-        if single:  # affinity: every worker on one node, the trial's own node first, then the tightest fit
-            node = min(single, key=lambda n: (n not in current, room[n], n))
-            counts = ((node, workers),)
-        else:  # the fewest nodes: most room first
-            counts_list, left = [], workers
-            for n in sorted(candidates, key=lambda n: (-room[n], n not in current, n)):
-                take = min(left, room[n])
-                counts_list.append((n, take))
-                left -= take
-                if left == 0:
-                    break
-            counts = tuple(sorted(counts_list))
-        return TrialNodes(trial_id, counts, share, anti_affine=not any(others.get(n) for n, _ in counts),
-                          co_located=len(counts) == 1)
-    return None
-
-
-def worker_shape(width: float) -> tuple[int, float]:
-    """FLUID's width as (workers, GPU share each): ``w >= 1`` is ``floor(w)`` whole GPUs, less a share of one."""
-    return (max(1, int(width + _EPS)), 1.0) if width >= 1 else (1, float(width))
-
-
 @dataclass
 class _Gang:
     """One launched chunk of a trial: its workers' futures, how many have not ended, where they meet."""
@@ -189,7 +120,7 @@ class EscherTrials:
                   "workers": workers, "share": share, "nodes": plan.nodes, "anti_affine": plan.anti_affine,
                   "co_located": plan.co_located,
                   "others": {n: sorted(t) for n, t in others.items()},
-                  "room_apart": sum(_room(n, share) for n in free if not others.get(n.name)),
+                  "room_apart": sum(worker_room(n, share) for n in free if not others.get(n.name)),
                   "moved": moved, "from_nodes": previous["nodes"] if previous else None,
                   "resumed_from_checkpoint": load_from is not None, "gang_wait_s": time.monotonic() - waited_from,
                   "ghosts": [{"node": g.node, "devices": list(g.devices)} for g in ghosts]}

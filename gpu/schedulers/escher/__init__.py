@@ -8,6 +8,8 @@ Scheduler modules:
 - ``hfs``: Hierarchical max-min fair sharing as an ESL (ESCHER §4.4f, Fig
 - ``primitives``: ESCHER's primitives P1–P4 (§4.4) and the Table 4.2 policies built from them, as ESL calls
 - ``soft``: Soft constraints, OR-composition and conflict relaxation as an ESL (ESCHER §4.4g–h, Fig
+- ``trials``: where a FLUID trial's data-parallel workers go on a pool of nodes (anti-affinity, then affinity)
+- ``tune``: EscherTune's ESL (§4.5, Fig. 4.6c): when a trial moves to another node, and the move
 """
 
 POLICIES = ("affinity", "gang", "hfs", "locality", "colocation", "tune")
