@@ -34,7 +34,7 @@ from tasks.charts import publish_chart
 from tasks.flow_runtime import (flow_runner, log_flow_inputs, log_flow_outcome, pool_block, publish_mlflow_link,
                                 settings, tracking_target)
 from tasks.runners import GpuTaskRunner
-from tasks.salus_executor import salus_options
+from tasks.salus_executor import MIB, salus_options
 from tasks.salus_outcomes import METRICS, PolicyOutcome, job_rows, lane_chart, log_policy_run, predicted, solo_iteration_s
 from tasks.salus_trace import JOB_TASKS, SharingJob, explicit_trace, sharing_trace, warm_up
 from tasks.ui import publish_table
@@ -47,7 +47,6 @@ DEFAULT_POLICIES = ("fifo", "pack", "srtf", "fair")
 DEFAULT_POOL = GpuPool(name="salus", simulated="1x16GiB")
 DEVICE = 0
 MAX_JOBS = 8  # jobs admitted at once on the device (in process mode: its worker processes)
-MIB = 2 ** 20
 ACCOUNTING_ONLY = "lanes are accounting only: a simulated device, the jobs run on the CPU (tokens and policies are real)"
 
 
