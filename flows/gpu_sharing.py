@@ -34,8 +34,9 @@ from tasks.charts import publish_chart
 from tasks.flow_runtime import (flow_runner, log_flow_inputs, log_flow_outcome, pool_block, publish_mlflow_link,
                                 settings, tracking_target)
 from tasks.runners import GpuTaskRunner
-from tasks.salus_executor import salus_options
-from tasks.salus_outcomes import METRICS, PolicyOutcome, job_rows, lane_chart, log_policy_run, predicted, solo_iteration_s
+from tasks.salus_executor import MIB, salus_options
+from tasks.salus_outcomes import (METRICS, PolicyOutcome, executor_record, job_rows, lane_chart, log_policy_run,
+                                   predicted, solo_iteration_s)
 from tasks.salus_trace import JOB_TASKS, SharingJob, explicit_trace, sharing_trace, warm_up
 from tasks.ui import publish_table
 
@@ -47,7 +48,6 @@ DEFAULT_POLICIES = ("fifo", "pack", "srtf", "fair")
 DEFAULT_POOL = GpuPool(name="salus", simulated="1x16GiB")
 DEVICE = 0
 MAX_JOBS = 8  # jobs admitted at once on the device (in process mode: its worker processes)
-MIB = 2 ** 20
 ACCOUNTING_ONLY = "lanes are accounting only: a simulated device, the jobs run on the CPU (tokens and policies are real)"
 
 
@@ -102,21 +102,10 @@ def run_policy(trace: Sequence[SharingJob], policy: str, pool: GpuPool, mode: st
                                               "iterations": job.iterations, "seed": i})
             submitted.append((time.time(), future))
         results = [future.result() for _, future in submitted]
-        sizes = {job.job_id: (job.persistent_mb, job.ephemeral_mb) for job in trace}
-        for executor_id, measured in executor.profiles.items():
-            sizes[_trace_id(executor_id, policy)] = measured
-        grants: dict[str, list[int]] = {}  # the executor's token log: each iteration's lane, per job
-        for _, lane, executor_id in executor.switches:
-            grants.setdefault(_trace_id(executor_id, policy), []).append(lane)
+        sizes, grants = executor_record(executor, trace, f"{policy}-")
     rows = job_rows(trace, results, [at for at, _ in submitted], t0, sizes, grants)
     return PolicyOutcome(policy, rows, device_mb, simulated_device=any(r["device"] == "cpu" for r in results),
                          sizes=sizes)
-
-
-def _trace_id(executor_id: str, policy: str) -> str:
-    """The trace's job id in an executor's job id, ``<policy>-<job id>-<workload>-<suffix>`` (its task's name
-    and a suffix)."""
-    return executor_id.removeprefix(f"{policy}-").split("-")[0]
 
 
 def _publish(outcome: PolicyOutcome, sim: dict[str, float], parent: str | None, tracking_uri: str,

@@ -35,13 +35,13 @@ from typing import Any, Sequence
 from gpu.schedulers.ekya.thief import train_job
 from gpu.schedulers.salus.controller import SalusJob
 from tasks.ekya_tasks import FrameAnswers, SegmentResult, WindowSettings
+from tasks.salus_executor import MIB
 from tasks.salus_lanes import LoggedSalusExecutor, submit_in_lane
 
 EXECUTORS = ("slices", "salus")
 JOBS_PER_DEVICE = 8
 """Worker processes per device under ``--executor salus``: a retraining and an inference job per stream sharing
 a device, plus a closed period's inference job still serving its last frames."""
-MIB = 2 ** 20
 EPHEMERAL_MB = 64.0
 """A job's per-iteration memory: a batch's activations are kilobytes; CUDA's caching allocator takes 2 MiB
 blocks and cuBLAS an 8 MiB workspace per stream, so 64 MiB is a generous ceiling for this small MLP."""

@@ -33,13 +33,12 @@ from tasks.fluid_trial_log import TrialLog, best_result
 from tasks.fluid_trials import load_model, model_and_optimizer, train_epochs
 from resource_blocks import GpuPool
 from tasks.requests import current_placement, gpu_options
-from tasks.salus_executor import salus_iterations, salus_options
+from tasks.salus_executor import MIB, salus_iterations, salus_options
 from tasks.ui import publish_table
 
 EXECUTION = "salus-pack"
 MAX_PACKED = 8
 """Trials admitted on the device at once (the executor's ``max_jobs``; process workers keep one each)."""
-MIB = 2 ** 20
 EPHEMERAL_MB = 64.0
 """A trial's per-iteration memory: a batch's activations are kilobytes; CUDA's caching allocator takes 2 MiB
 blocks and cuBLAS an 8 MiB workspace, so 64 MiB is a generous ceiling for the flow's MLP."""

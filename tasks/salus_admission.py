@@ -160,20 +160,23 @@ class SalusAdmission:
         device once measured (``SalusExecutor.profiled``)."""
         if self.ledger_request(task, request) is not None:
             return
-        job = self._job(task, request, task.name)
-        controller = self.executor(self.pick_device(request)).controller
+        job, executor = self._placed(task, request, task.name)
+        controller = executor.controller
         if isinstance(job, SalusJob):
             controller.lanes.charge(job.job_id, job.persistent_mb, job.ephemeral_mb)
         if controller.rule.needs_expected_time and job.expected_s is None:
             raise ConfigError(f"jobs[{task.name}].expected_s", None, f"{self.settings.policy} needs it")
 
-    def _job(self, task: Any, request: ResourceRequest, job_id: str) -> SalusJob | Undeclared:
-        """The task's Salus job: its declaration, or for a tenant its slice's memory as persistent memory."""
-        if is_salus_job(task):
-            return declared_job(task, job_id)
-        capacity_mb = self.executor(self.pick_device(request)).controller.lanes.capacity_mb
-        memory_mb = request.memory / MIB if request.memory else request.gpus * capacity_mb
-        return SalusJob(job_id, memory_mb, TENANT_EPHEMERAL_MB, TENANT_EXPECTED_S, on_demand=True)
+    def _placed(self, task: Any, request: ResourceRequest, job_id: str) -> tuple[SalusJob | Undeclared, SalusExecutor]:
+        """The task's Salus job (its declaration, checked first; or for a tenant its slice's memory as persistent
+        memory, sized on the device it goes to) and the executor of that device, picked once."""
+        job = declared_job(task, job_id) if is_salus_job(task) else None
+        executor = self.executor(self.pick_device(request))
+        if job is None:
+            capacity_mb = executor.controller.lanes.capacity_mb
+            memory_mb = request.memory / MIB if request.memory else request.gpus * capacity_mb
+            job = SalusJob(job_id, memory_mb, TENANT_EPHEMERAL_MB, TENANT_EXPECTED_S, on_demand=True)
+        return job, executor
 
     def pick_device(self, request: ResourceRequest) -> int:
         """Of the task's pinned devices (``gpu_request(devices=...)``), else of the Salus devices, the one whose
@@ -187,8 +190,7 @@ class SalusAdmission:
         """Wait until the device's executor admits the task (a Salus job into a lane, a tenant beside them); the
         placement is the device's lease under the job's own id, with the job's budget as its memory: a lane's
         ``P + L_lane``, a tenant's own request."""
-        job = self._job(task, request, new_job_id(task.name))
-        executor = self.executor(self.pick_device(request))
+        job, executor = self._placed(task, request, new_job_id(task.name))
         lane = executor.admit(job, cancel_event, self._timeout)
         device = executor.placement or Lease("", "", (executor.device,), 1.0, 0)
         tenant = not is_salus_job(task)

@@ -46,9 +46,8 @@ from gpu.schedulers.salus.controller import Ask, Profiled, SalusController, Salu
 from gpu.schedulers.salus.lanes import Margins
 from gpu.units import parse_memory
 from tasks.requests import Lane, current_placement
-from tasks.salus_profiling import CpuProbe, CudaProbe
+from tasks.salus_profiling import MIB, CpuProbe, CudaProbe
 
-MIB = 2 ** 20
 PROFILE_ITERATIONS = 2  # iterations measured when a job declares no memory (the first one builds lazy state)
 _ATTR = "__gpuflows_salus_job__"
 _OVERRIDES: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("gpuflows_salus_options", default={})

@@ -70,6 +70,23 @@ def job_rows(trace: Sequence[SharingJob], results: Sequence[dict[str, Any]], arr
     return rows
 
 
+def executor_record(executor: Any, trace: Sequence[SharingJob], task_prefix: str
+                    ) -> tuple[dict[str, tuple[float, float]], dict[str, list[int]]]:
+    """What a policy's executor recorded, by trace job id: the memory each job was admitted with (declared, or
+    as profiled) and the lanes its token log granted it, one per iteration. An executor's job id is its task's
+    name, ``<task_prefix><job id>-<workload>``, and a suffix."""
+    def trace_id(executor_id: str) -> str:
+        return executor_id.removeprefix(task_prefix).split("-")[0]
+
+    sizes = {job.job_id: (job.persistent_mb, job.ephemeral_mb) for job in trace}
+    for executor_id, measured in executor.profiles.items():
+        sizes[trace_id(executor_id)] = measured
+    grants: dict[str, list[int]] = {}
+    for _, lane, executor_id in executor.switches:
+        grants.setdefault(trace_id(executor_id), []).append(lane)
+    return sizes, grants
+
+
 def _by_lane(rows: Sequence[dict[str, Any]]) -> dict[int, list[tuple[float, float, str]]]:
     lanes: dict[int, list[tuple[float, float, str]]] = {}
     for r in rows:

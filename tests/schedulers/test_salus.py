@@ -259,3 +259,20 @@ def test_bad_input_fails_before_any_work():
         Margins(total=0.5)
     with pytest.raises(ConfigError, match=r"jobs\[w\]\.weight"):
         SalusJob("w", 1, 1, weight=0)
+
+
+def test_a_profiled_job_is_readmitted_with_its_measured_sizes_before_a_shorter_queued_job():
+    """``Profiled``: its persistent memory is resident already, so it goes first even where SRTF would pick the
+    queued job; it must not hold its lane's token."""
+    from gpu.schedulers.salus.controller import Profiled
+
+    ctl = SalusController(C, "srtf", NO_MARGINS)
+    ctl.on_arrival(0.0, SalusJob("p", 1.0, C - 1.0, expected_s=100.0, on_demand=True))  # profiled: whole device
+    assert ctl.on_arrival(0.0, SalusJob("s", 2500, 3000, expected_s=1.0, on_demand=True)).queued == ("s",)
+    assert [r.job_id for r in ctl.on_arrival(0.1, Ask("p")).runs] == ["p"]
+    with pytest.raises(ConfigError, match="holds its lane's token"):
+        ctl.on_arrival(0.2, Profiled("p", 8000, 6000))
+    ctl.on_iteration(0.2, "p", 0.1)
+    step = ctl.on_arrival(0.2, Profiled("p", 8000, 6000))  # 14000 MB: no room for "s" (2500 + 3000) beside it
+    assert [a.job_id for a in step.admitted] == ["p"]
+    assert ctl.queue == ("s",)
