@@ -151,11 +151,15 @@ class MeasuredNona:
                 resolved = True
             except ConfigError:
                 pass  # no θ keeps the link stable at these rates: the one in force stays
-        entry = ctl.table.entries[ctl.entry]
-        row = ThetaEpoch(t_s, rates, per_request, ctl.entry, resolved,
-                         {f"{k}:{root}": list(th) for (k, root), th in entry.thetas.items()})
+        row = ThetaEpoch(t_s, rates, per_request, ctl.entry, resolved, self.thetas)
         self.history.append(row)
         return row
+
+    @property
+    def thetas(self) -> dict[str, list[float]]:
+        """θ in force per ``"class:subgraph root"`` (aligned with its Ω), as the result and MLflow keep it."""
+        ctl = self.controller
+        return {f"{k}:{root}": list(th) for (k, root), th in ctl.table.entries[ctl.entry].thetas.items()}
 
 
 def replicated_plan(sessions: Sequence[Session], profiles: Mapping[str, BatchProfile], nodes: int,
