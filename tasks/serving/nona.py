@@ -37,7 +37,8 @@ from gpu.schedulers.nexus.squishy import GpuNode, SessionPlacement, Plan, Sessio
 from gpu.schedulers.nexus.profiles import BatchProfile
 from gpu.schedulers.nona.baselines import (RandomPlacement, expert_q, expert_thetas, opportunistic_thetas,
                                            undistributed_thetas)
-from gpu.schedulers.nona.optimizer import Cluster, LookupTable, NonaModel, QueryClass, Solution, solve
+from gpu.schedulers.nona.optimizer import (Cluster, LookupTable, NonaModel, QueryClass, Solution, solve,
+                                           theta_vector)
 from gpu.schedulers.nona.dag import Dag
 from gpu.schedulers.nona.policy import NonaController, NonaRouting
 
@@ -96,8 +97,7 @@ def baseline_routing(name: str, dags: Mapping[str, Dag], nodes: Sequence[int], s
     else:
         model = serving_model(dags, {}, n, 1.0)
         thetas = (undistributed_thetas if name == "undistributed" else opportunistic_thetas)(dags, n)
-    theta = np.concatenate([np.asarray(thetas[key]) for key in model.keys])
-    fixed = Solution(dict(rates or {k: 0.0 for k in dags}), thetas, model.predict(theta))
+    fixed = Solution(dict(rates or {k: 0.0 for k in dags}), thetas, model.predict(theta_vector(model, thetas)))
     return NonaRouting(NonaController(dict(dags), LookupTable((fixed,)), len(nodes), seed=seed, policy=name),
                        _stages(dags))
 
