@@ -145,12 +145,11 @@ def serving_rollout(spec: dict | str | None = None, duration_s: float | None = N
     from tasks.serving.epochs import EpochFeedback
     from tasks.serving.loadgen import LoadGenerator
     from tasks.serving.models import load_digits_tensors, load_or_train
-    from tasks.serving.nona import MeasuredNona
+    from tasks.serving.nona import MeasuredNona, replicated_plan
     from tasks.serving.orloj import PROFILE_REQUESTS, orloj_controller, policy_factory
     from tasks.serving.runtime import LocalServingRuntime
     from tasks.serving.beacons import BeaconLoop
     from tasks.serving.figures import summarise
-    from tasks.serving.nona import replicated_plan
     from tasks.serving.placement import handoff_bytes, query_routing
     from tasks.serving.rollout_mlflow import log_rollout, plan_summary
     from tasks.serving.spec import check_slos
@@ -221,9 +220,7 @@ def serving_rollout(spec: dict | str | None = None, duration_s: float | None = N
     result = summarise(sp, rt, load, marks, beacons, profiles)
     result.update(orloj_epochs=feedback.orloj_epochs, nona_epochs=feedback.nona_epochs)
     if nona is not None:  # θ in force at the end per (class, subgraph root), aligned with its Ω
-        ctl = nona.controller
-        result["nona_theta"] = {f"{k}:{root}": list(th) for (k, root), th
-                                in ctl.table.entries[ctl.entry].thetas.items()}
+        result["nona_theta"] = nona.thetas
     columns = ("epoch", "start_s", "end_s", "replanned", "gpus", "unassigned_rps", "offered_rps", "throughput_rps",
                "slo_attainment", "bad_rate", "p99_latency_ms")
     publish_table("serving-rollout-epochs", [{k: e[k] for k in columns} for e in result["epochs"]],

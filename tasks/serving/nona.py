@@ -37,7 +37,8 @@ from gpu.schedulers.nexus.squishy import GpuNode, SessionPlacement, Plan, Sessio
 from gpu.schedulers.nexus.profiles import BatchProfile
 from gpu.schedulers.nona.baselines import (RandomPlacement, expert_q, expert_thetas, opportunistic_thetas,
                                            undistributed_thetas)
-from gpu.schedulers.nona.optimizer import Cluster, LookupTable, NonaModel, QueryClass, Solution, solve
+from gpu.schedulers.nona.optimizer import (Cluster, LookupTable, NonaModel, QueryClass, Solution, solve,
+                                           theta_vector)
 from gpu.schedulers.nona.dag import Dag
 from gpu.schedulers.nona.policy import NonaController, NonaRouting
 
@@ -96,8 +97,7 @@ def baseline_routing(name: str, dags: Mapping[str, Dag], nodes: Sequence[int], s
     else:
         model = serving_model(dags, {}, n, 1.0)
         thetas = (undistributed_thetas if name == "undistributed" else opportunistic_thetas)(dags, n)
-    theta = np.concatenate([np.asarray(thetas[key]) for key in model.keys])
-    fixed = Solution(dict(rates or {k: 0.0 for k in dags}), thetas, model.predict(theta))
+    fixed = Solution(dict(rates or {k: 0.0 for k in dags}), thetas, model.predict(theta_vector(model, thetas)))
     return NonaRouting(NonaController(dict(dags), LookupTable((fixed,)), len(nodes), seed=seed, policy=name),
                        _stages(dags))
 
@@ -151,11 +151,15 @@ class MeasuredNona:
                 resolved = True
             except ConfigError:
                 pass  # no θ keeps the link stable at these rates: the one in force stays
-        entry = ctl.table.entries[ctl.entry]
-        row = ThetaEpoch(t_s, rates, per_request, ctl.entry, resolved,
-                         {f"{k}:{root}": list(th) for (k, root), th in entry.thetas.items()})
+        row = ThetaEpoch(t_s, rates, per_request, ctl.entry, resolved, self.thetas)
         self.history.append(row)
         return row
+
+    @property
+    def thetas(self) -> dict[str, list[float]]:
+        """θ in force per ``"class:subgraph root"`` (aligned with its Ω), as the result and MLflow keep it."""
+        ctl = self.controller
+        return {f"{k}:{root}": list(th) for (k, root), th in ctl.table.entries[ctl.entry].thetas.items()}
 
 
 def replicated_plan(sessions: Sequence[Session], profiles: Mapping[str, BatchProfile], nodes: int,

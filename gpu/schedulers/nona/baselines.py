@@ -21,7 +21,7 @@ import numpy as np
 
 from gpu.errors import ConfigError
 from gpu.schedulers.nona.dag import Dag, branches, groupings, subgraphs, undistributed
-from gpu.schedulers.nona.optimizer import NonaModel
+from gpu.schedulers.nona.optimizer import NonaModel, theta_vector
 from gpu.schedulers.nona.policy import QueryPlacement, Query
 
 
@@ -72,7 +72,7 @@ def expert_q(model: NonaModel, servers: int, grid: tuple[float, ...] = EXPERT_GR
 
     def objective(q: float) -> float:
         thetas = expert_thetas(dags, servers, q)
-        return model.predict(np.concatenate([np.asarray(thetas[key]) for key in model.keys])).objective
+        return model.predict(theta_vector(model, thetas)).objective
 
     return min(grid, key=lambda q: (objective(q), q))
 

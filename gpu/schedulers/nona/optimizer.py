@@ -326,9 +326,11 @@ def _softmax_objective(z: np.ndarray, model: NonaModel, beta: np.ndarray, penalt
     return value, grad
 
 
-def theta_vector(model: NonaModel, solution: Solution) -> np.ndarray:
-    """A solution's θ as the model's flat vector (for ``predict``)."""
-    return np.concatenate([np.asarray(solution.thetas[key]) for key in model.keys])
+def theta_vector(model: NonaModel, solution: Solution | Mapping[tuple[str, str], Sequence[float]]) -> np.ndarray:
+    """A solution's θ (or θ per ``(class, subgraph root)``, e.g. a baseline's) as the model's flat vector (for
+    ``predict``)."""
+    thetas = solution.thetas if isinstance(solution, Solution) else solution
+    return np.concatenate([np.asarray(thetas[key]) for key in model.keys])
 
 
 @dataclass(frozen=True)

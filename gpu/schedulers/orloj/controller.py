@@ -126,12 +126,13 @@ class OrlojController:
         return Reprofiled(tuple(sorted(hists.items())), self._batch_limits())
 
     def _batch_limits(self) -> tuple[tuple[str, int], ...]:
-        table = self.batch_policy.table  # type: ignore[attr-defined]
-        out = []
-        for app, slo in sorted(self.slo_ms.items()):
-            fits = [bs for bs in table.batch_sizes if table.means[table.key(app, bs)] <= slo]
-            out.append((app, max(fits, default=0)))
-        return tuple(out)
+        """Per application, the largest batch size whose ``E[L_B(bs)]`` (the policy's own Alg. 4.1 line 11
+        estimate, ``OrlojPolicy.estimates``) fits its SLO; 0 when none does."""
+        policy = self.batch_policy
+        sizes = policy.table.batch_sizes  # type: ignore[attr-defined]
+        estimate = policy.estimates  # type: ignore[attr-defined]
+        return tuple((app, max((bs for bs in sizes if estimate([app], bs)[0] <= slo), default=0))
+                     for app, slo in sorted(self.slo_ms.items()))
 
     def _next(self, now: float) -> Dispatch:
         if not self.queue:
