@@ -11,6 +11,19 @@ from functools import lru_cache
 from typing import Any
 
 
+MLP_EPHEMERAL_MB = 64.0
+"""Per-iteration memory of ``mlp`` as a Salus job: a batch's activations are kilobytes; CUDA's caching allocator
+takes 2 MiB blocks and cuBLAS an 8 MiB workspace per stream, so 64 MiB is a generous ceiling."""
+
+
+def mlp_resident_mb(hidden: int, copies: int) -> float:
+    """Resident memory (MiB) of ``mlp(hidden)`` (Salus thesis Observation 2: model and optimizer state): its fp32
+    weights held ``copies`` times — 1 to serve; with gradients and the optimizer's state to train (3 for SGD with
+    momentum, 4 for Adam) — at least 1 MiB."""
+    params = (64 + 1) * hidden + (hidden + 1) * 10
+    return max(1.0, params * 4 * copies / 2 ** 20)
+
+
 @lru_cache(maxsize=4)
 def digits_tensors(device: Any = "cpu") -> tuple[Any, Any]:
     """Images scaled to [0, 1] as float32 (N × 64) and labels, on ``device``; cached per device (read-only)."""

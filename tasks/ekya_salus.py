@@ -35,23 +35,16 @@ from typing import Any, Sequence
 from gpu.schedulers.ekya.thief import train_job
 from gpu.schedulers.salus.controller import SalusJob
 from tasks.ekya_tasks import FrameAnswers, SegmentResult, WindowSettings
-from tasks.salus_executor import MIB
+from tasks.digits import MLP_EPHEMERAL_MB, mlp_resident_mb
 from tasks.salus_lanes import LoggedSalusExecutor, submit_in_lane
 
 EXECUTORS = ("slices", "salus")
 JOBS_PER_DEVICE = 8
 """Worker processes per device under ``--executor salus``: a retraining and an inference job per stream sharing
 a device, plus a closed period's inference job still serving its last frames."""
-EPHEMERAL_MB = 64.0
-"""A job's per-iteration memory: a batch's activations are kilobytes; CUDA's caching allocator takes 2 MiB
-blocks and cuBLAS an 8 MiB workspace per stream, so 64 MiB is a generous ceiling for this small MLP."""
-
-
 def persistent_mb(settings: WindowSettings, training: bool) -> float:
-    """The stream model's resident memory (thesis Observation 2: model and optimizer state): its fp32 weights,
-    plus gradients and Adam's two moments when training; at least 1 MiB."""
-    params = (64 + 1) * settings.hidden + (settings.hidden + 1) * 10
-    return max(1.0, params * 4 * (4 if training else 1) / MIB)
+    """The stream model's resident memory: its weights, plus gradients and Adam's two moments when training."""
+    return mlp_resident_mb(settings.hidden, 4 if training else 1)
 
 
 @dataclass(frozen=True)
@@ -183,7 +176,7 @@ class EkyaLanes:
         executor = self.executor(device)
         job_id = f"{name}#{uuid.uuid4().hex[:8]}"
         training = name == train_job(name.split("/")[0])
-        job = SalusJob(job_id, persistent_mb(self.settings, training), EPHEMERAL_MB, weight=gpus, on_demand=True)
+        job = SalusJob(job_id, persistent_mb(self.settings, training), MLP_EPHEMERAL_MB, weight=gpus, on_demand=True)
         future, _, waited = submit_in_lane(executor, job, task, dict(gpus=gpus, devices=devices, label=label),
                                            *args, **kwargs)
         self._jobs[job_id] = _Admitted(name, device, gpus, waited)

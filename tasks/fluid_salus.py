@@ -28,6 +28,7 @@ from prefect.futures import as_completed
 from gpu.devices import Device, discover
 from gpu.state import state_dir
 from gpu.tuning.base import TuningAlgorithm
+from tasks.digits import MLP_EPHEMERAL_MB, mlp_resident_mb
 from tasks.fluid_packing import digits_split
 from tasks.fluid_trial_log import TrialLog, best_result
 from tasks.fluid_trials import load_model, model_and_optimizer, train_epochs
@@ -39,17 +40,12 @@ from tasks.ui import publish_table
 EXECUTION = "salus-pack"
 MAX_PACKED = 8
 """Trials admitted on the device at once (the executor's ``max_jobs``; process workers keep one each)."""
-EPHEMERAL_MB = 64.0
-"""A trial's per-iteration memory: a batch's activations are kilobytes; CUDA's caching allocator takes 2 MiB
-blocks and cuBLAS an 8 MiB workspace, so 64 MiB is a generous ceiling for the flow's MLP."""
 
 
 def trial_memory_mb(config: dict[str, Any]) -> tuple[float, float]:
     """A trial's Salus memory (MiB): persistent = the 64-hidden-10 MLP's fp32 weights, gradients and SGD momentum
-    (thesis Observation 2: model and optimizer state), at least 1 MiB; ephemeral = ``EPHEMERAL_MB``."""
-    hidden = int(config["hidden"])
-    params = (64 + 1) * hidden + (hidden + 1) * 10
-    return max(1.0, params * 4 * 3 / MIB), EPHEMERAL_MB
+    (thesis Observation 2: model and optimizer state), at least 1 MiB; ephemeral = ``MLP_EPHEMERAL_MB``."""
+    return mlp_resident_mb(int(config["hidden"]), 3), MLP_EPHEMERAL_MB
 
 
 def salus_pack_runner(pool: GpuPool, mode: str | None) -> dict[str, Any]:
