@@ -31,13 +31,17 @@ def test_the_slice_timeline_serves_in_arrival_order_and_stops_at_the_round_end()
 
 @pytest.mark.slow
 def test_a_trainer_on_twice_the_share_takes_about_twice_the_measured_steps(tmp_path):
-    steps = {}
-    for share in (0.2, 0.4):
+    """Each round is a fraction of a second of real SGD steps, so one stall of a busy machine (or torch's first
+    backward) moves a single round's count: the rounds alternate between the shares after a warm-up round, and
+    the median counts are compared."""
+    steps = {0.2: [], 0.4: []}
+    for i, share in enumerate((0.4, 0.2, 0.4, 0.2, 0.4, 0.2, 0.4)):  # the first: warm-up, not counted
         with placed(on_share(share)):
-            out = cj.run_trainer.fn(TRAINER, WINDOW, None, str(tmp_path / f"t{share}.pt"))
-        steps[share] = out["steps"]
+            out = cj.run_trainer.fn(TRAINER, WINDOW, None, str(tmp_path / f"t{i}.pt"))
+        if i:
+            steps[share].append(out["steps"])
         assert out["alloc"] == share and out["work_ms"] > 0 and len(out["perf"]) == WINDOW.reports
-    assert 1.5 < steps[0.4] / steps[0.2] < 2.6
+    assert 1.5 < np.median(steps[0.4]) / np.median(steps[0.2]) < 2.6, steps
 
 
 @pytest.mark.slow
