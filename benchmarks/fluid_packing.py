@@ -1,7 +1,7 @@
 """G1 + G5 for real: the packing curve of small torch trainers on one device, and a packed 16-trial grid.
 
 G1 (thesis Eq. 3.1, §3.5): p = 1..8 identical trainers of the trial_groups flow's MLP on scikit-learn's digits
-(``tasks.fluid_packing``) run concurrently on one device, each for the same number of iterations; the per-trial
+(``tasks.fluid.packing``) run concurrently on one device, each for the same number of iterations; the per-trial
 time per iteration ``T^p`` gives ``O^p``, the fitted ``alpha`` and the packing limit ``c``
 (``gpu.schedulers.fluid.algorithms.fit_packing_curve``, scipy ``curve_fit``).
 G5 (StaticFluid on n = 1): a 16-trial grid (learning rate x hidden width) trained with ``c`` trials at a time
@@ -29,8 +29,8 @@ import time
 
 from benchmarks.cli import benchmark_parser, finish
 from gpu.schedulers.fluid.algorithms import fit_packing_curve, save_packing_curve
-from tasks.charts import pyplot, save_png
-from tasks.fluid_packing import Trainers
+from tasks.report.charts import pyplot, save_png
+from tasks.fluid.packing import Trainers
 
 LEVELS = tuple(range(1, 9))
 GRID_LRS = (0.01, 0.03, 0.1, 0.3)

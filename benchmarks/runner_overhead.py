@@ -170,7 +170,7 @@ def run(quick: bool, tasks: int | None, ray_tasks: int | None, skip_ray: bool = 
     from prefect.task_runners import ProcessPoolTaskRunner, ThreadPoolTaskRunner
 
     from resource_blocks import GpuPool
-    from tasks.runners import GpuTaskRunner
+    from tasks.runtime.runners import GpuTaskRunner
 
     flow_fn = _overhead_flow()
     pool = GpuPool(name=f"bench-{os.getpid()}", device_backend="simulated")
@@ -203,7 +203,7 @@ def run(quick: bool, tasks: int | None, ray_tasks: int | None, skip_ray: bool = 
         import ray
         from prefect_ray import RayTaskRunner
 
-        from tasks.ray_runner import GpuRayTaskRunner
+        from tasks.runtime.ray_runner import GpuRayTaskRunner
 
         # One local Ray for both runners (each reuses an initialised Ray and leaves it running);
         # its own temp dir so it never attaches to another Ray found in /tmp/ray.

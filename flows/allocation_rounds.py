@@ -1,13 +1,13 @@
 """Cilantro allocation rounds as a Prefect flow (thesis ch. 3, §3.3 Fig. 3.3, §3.4, §3.7).
 
 Jobs — by default two torch inference services replaying the Cilantro Twitter trace and one torch
-training job (``tasks.cilantro_jobs``) — share ``capacity`` GPU units of a pool. The decisions are taken
+training job (``tasks.cilantro.jobs``) — share ``capacity`` GPU units of a pool. The decisions are taken
 by :class:`gpu.schedulers.cilantro.round.CilantroRound`, the controller the simulator drives too; this flow
 is its world with measured outcomes. Every round:
 
 1. **run** — every job runs the round as a Prefect task placed by ``GpuTaskRunner`` on a slice of its
    allocation (``with gpu_options(gpus=a_j)``); it really serves its requests (or takes its training steps)
-   with its torch model, times each on its slice (``tasks.slices.on_slice``) and reports the SLO attainment
+   with its torch model, times each on its slice (``tasks.runtime.slices.on_slice``) and reports the SLO attainment
    or steps/s it measured, per report period;
 2. **learn and decide** — ``on_round(now, reports)`` folds the reports into each job's interval-tree learner
    and ARIMA load forecaster (the first ``warmup_reports`` of each job are skipped) and decides the next
@@ -52,12 +52,12 @@ from gpu.schedulers.cilantro.fair import ResourceFair
 from gpu.schedulers.cilantro.types import JobSpec
 from gpuflows.args import add_runner_arguments, flow_arguments, flow_parser, output_file, run_checked
 from resource_blocks import GpuPool, MlflowTarget
-from tasks.cilantro_allocator import RoundSettings, run_lock
-from tasks.cilantro_jobs import JobConfig
-from tasks.flow_runtime import (flow_runner, log_flow_inputs, log_flow_outcome, pool_block, publish_mlflow_link, settings,
+from tasks.cilantro.allocator import RoundSettings, run_lock
+from tasks.cilantro.jobs import JobConfig
+from tasks.runtime.flow import (flow_runner, log_flow_inputs, log_flow_outcome, pool_block, publish_mlflow_link, settings,
                                 tracking_target)
-from tasks.cilantro_rounds import run_rounds
-from tasks.runners import GpuTaskRunner
+from tasks.cilantro.rounds import run_rounds
+from tasks.runtime.runners import GpuTaskRunner
 
 MODES = ("process", "thread")
 _SLO_FREE = (ResourceFair,)  # the only policy whose decision never reads a performance or an SLO
@@ -167,7 +167,7 @@ def allocation_rounds(rounds: int = 3, round_s: float = 10.0, policy: str = "cil
         pool: GpuPool block, the name of a saved one, or None (a simulated 1 x 16 GiB pool "cilantro").
         capacity: GPU units shared by the jobs (<= the pool's GPUs); unit: allocation granularity.
         resume: continue the saved state of ``run_name`` (``state_dir()/cilantro/<run_name>.json``).
-        jobs: job mappings (``tasks.cilantro_jobs.JobConfig`` fields); None = 2 services + 1 trainer.
+        jobs: job mappings (``tasks.cilantro.jobs.JobConfig`` fields); None = 2 services + 1 trainer.
         max_change: B, the largest change of a job's allocation per round in GPU units (None: unbounded).
         trace_step: trace values advanced per report (time compression of the Twitter trace).
         warmup_reports: reports per job ignored by its learner.

@@ -15,10 +15,10 @@ Per retraining window (thesis §2.4):
    on its slice says when it deploys; ``EkyaController.on_job_done`` then returns its GPUs to its
    stream's inference and re-invokes the thief (and FixedConfig) for the rest of the window;
 4. inference tasks serve the live frames of each period between two such events at the frame rate
-   the stream's inference share sustains, measured on that share (``tasks.ekya_tasks.infer_segment``);
+   the stream's inference share sustains, measured on that share (``tasks.ekya.work.infer_segment``);
    measured accuracy = share of frames answered correctly against the true labels.
 
-Time inside a window is slice time (``window_s`` slice seconds; ``tasks.ekya_window``): the measured
+Time inside a window is slice time (``window_s`` slice seconds; ``tasks.ekya.window``): the measured
 work divided by the share it ran on, so decisions follow the real torch work (make a stream's work
 heavier and its jobs take longer) but not how loaded this machine happens to be. The simulator
 (``gpuflows simulate ekya``) drives the same controller with modelled outcomes. A retraining that fails
@@ -29,7 +29,7 @@ and durations; each retrained model is a version of the registered model ``<pref
 
 ``executor``: ``slices`` (each job a task on its own fraction) or ``salus``: each device's retraining and
 inference jobs are co-located Salus jobs in one lane under weighted FAIR, Ekya's split as the weights
-(``tasks.ekya_salus``); the window's MLflow run adds the lanes, admission waits and realised vs decided shares.
+(``tasks.ekya.salus``); the window's MLflow run adds the lanes, admission waits and realised vs decided shares.
 
     python -m flows.continuous_retraining --streams 2 --windows 2 --policy thief [--executor salus]
 """
@@ -47,15 +47,15 @@ from gpu.schedulers.ekya.thief import EkyaParams
 from gpu.schedulers.ekya.policies import make_policy, policy_names
 from gpuflows.args import add_runner_arguments, error, flow_arguments, flow_parser, output_file, run_checked
 from resource_blocks import GpuPool, MlflowTarget
-from tasks.ekya_salus import EXECUTORS, JOBS_PER_DEVICE, log_lanes
-from tasks.ekya_tasks import WindowSettings, config_grid
-from tasks.ekya_window import RunSettings, WindowResult, make_controller, run_window, start_streams
-from tasks.flow_runtime import (flow_runner, log_flow_inputs, log_flow_outcome, pool_block, publish_mlflow_link, settings,
+from tasks.ekya.salus import EXECUTORS, JOBS_PER_DEVICE, log_lanes
+from tasks.ekya.work import WindowSettings, config_grid
+from tasks.ekya.window import RunSettings, WindowResult, make_controller, run_window, start_streams
+from tasks.runtime.flow import (flow_runner, log_flow_inputs, log_flow_outcome, pool_block, publish_mlflow_link, settings,
                                 tracking_target)
-from tasks.runners import GpuTaskRunner
-from tasks.tracking import flow_tracker
-from tasks.charts import publish_pool_occupancy
-from tasks.ui import FlowProgress, publish_ekya_windows
+from tasks.runtime.runners import GpuTaskRunner
+from tasks.runtime.tracking import flow_tracker
+from tasks.report.charts import publish_pool_occupancy
+from tasks.report.artifacts import FlowProgress, publish_ekya_windows
 
 MODES = ("process", "thread")
 
@@ -76,7 +76,7 @@ def policy_slug(policy: str) -> str:
 
 def _windows(run: RunSettings, parent: str | None) -> dict:
     """The windows themselves, in the flow run (its tasks on the flow's GPU task runner)."""
-    from tasks.ekya_tracking import WindowLogger
+    from tasks.ekya.records import WindowLogger
 
     logger = WindowLogger.for_flow(run, parent)
     controller = make_controller(run)
@@ -209,9 +209,9 @@ def continuous_retraining(streams: int = 4, windows: int = 3, window_s: float = 
 
     Args:
         streams, windows, window_s: problem size; ``window_s`` is slice seconds per window (measured torch
-            work divided by the share it ran on; see ``tasks.ekya_window``).
+            work divided by the share it ran on; see ``tasks.ekya.window``).
         policy: an Ekya policy name (``gpu.schedulers.ekya.policies``: thief, thief_start_splits, noretrain,
-            fixedres, uniform_<cfg>_<pct>, fixedconfig_<cfg> with <cfg> from ``tasks.ekya_tasks.config_grid``)
+            fixedres, uniform_<cfg>_<pct>, fixedconfig_<cfg> with <cfg> from ``tasks.ekya.work.config_grid``)
             or "uniform" (fixed ``uniform_config``, ``uniform_share`` to inference).
         pool: GpuPool block, the name of a saved one, or None (saved default or simulated 2 x 16 GiB).
         seed: drift, golden model and training seeds.
@@ -225,7 +225,7 @@ def continuous_retraining(streams: int = 4, windows: int = 3, window_s: float = 
         objects_per_frame: stream -> training samples each of its labelled frames yields (default 1): a busy
             camera's retraining does that many times the torch work per epoch, with the same configs.
         executor: "slices" (each job a task on its GPU fraction) or "salus" (each device's jobs co-located in one
-            Salus lane under weighted FAIR, Ekya's split as the weights; ``tasks.ekya_salus``).
+            Salus lane under weighted FAIR, Ekya's split as the weights; ``tasks.ekya.salus``).
 
     Returns:
         ``{"policy", "streams", "windows": [{"window", "accuracy": {stream: measured}, "predicted",

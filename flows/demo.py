@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"accuracy plot: {summaries[policy]['plot']}")
     print("\n" + comparison_table(summaries))
     print(f"\ndemo finished in {time.perf_counter() - started:.0f} s")
-    from tasks.flow_runtime import where_runs_went
+    from tasks.runtime.flow import where_runs_went
 
     print(where_runs_went())
     return 0

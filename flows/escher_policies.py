@@ -1,10 +1,10 @@
 """ESCHER policies on real Prefect tasks, each written only as ``set_resource`` calls plus resource requests
 (Bhardwaj, ESCHER, thesis ch. 4: Table 4.2, §4.4e–f, §4.5 Fig. 4.5a and 4.6).
 
-Every task is a small torch or data job (``tasks/escher_jobs.py``) run by ``GpuTaskRunner`` on a pool of several
+Every task is a small torch or data job (``tasks/escher/jobs.py``) run by ``GpuTaskRunner`` on a pool of several
 simulated nodes; no policy code lives in the runner or the ledger. The flow is the ESLs' world: it drives the
 engine's ESLs (``gpu.schedulers.escher``) with its real clock and applies their decisions on the pool ledger. The
-flow itself only checks its input (``tasks/escher_settings.py``), runs each chosen policy (``tasks/escher_demos.py``,
+flow itself only checks its input (``tasks/escher/settings.py``), runs each chosen policy (``tasks/escher/demos.py``,
 one module per policy beside it) and records the run. Policies (``--policy``, repeatable; default all; the same
 names as ``gpuflows simulate escher`` and a ``SchedulerPolicy(system="escher")``):
 
@@ -45,13 +45,13 @@ from gpu.schedulers.escher import POLICIES
 from gpu.scenario import integer
 from gpuflows.args import error
 from resource_blocks import GpuPool, MlflowTarget, SchedulerPolicy
-from tasks.escher_demos import DEMOS, run_policy
-from tasks.escher_settings import Settings, check_settings, choose
-from tasks.escher_tracking import log_policy_runs
-from tasks.flow_runtime import (flow_runner, log_flow_inputs, log_flow_outcome, pool_block, publish_mlflow_link,
+from tasks.escher.demos import DEMOS, run_policy
+from tasks.escher.settings import Settings, check_settings, choose
+from tasks.escher.records import log_policy_runs
+from tasks.runtime.flow import (flow_runner, log_flow_inputs, log_flow_outcome, pool_block, publish_mlflow_link,
                                 settings, tracking_target)
-from tasks.runners import GpuTaskRunner
-from tasks.ui import publish_table
+from tasks.runtime.runners import GpuTaskRunner
+from tasks.report.artifacts import publish_table
 
 MODES = ("thread", "process")
 BACKENDS = ("local", "ray")
@@ -205,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         kwargs["pool"], kwargs["tracking"], _, _ = prepare(pool, **kwargs)
         policies = escher_policies
         if args.backend == "ray":  # the same flow and parameters, its tasks on the cluster's nodes
-            from tasks.ray_runner import GpuRayTaskRunner
+            from tasks.runtime.ray_runner import GpuRayTaskRunner
 
             policies = escher_policies.with_options(task_runner=GpuRayTaskRunner(configure=runner_settings))
         out = policies(**kwargs)

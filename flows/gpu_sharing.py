@@ -1,7 +1,7 @@
 """Salus on real torch jobs: one trace of trainers and inference loops sharing one pool device, run under each
 policy (thesis Ch. 2, the Table 2.1 experiment scaled down to seconds).
 
-The trace (``tasks.salus_trace``: seeded, a Table A.1-like mix of trainers and S5-like inference loops, or jobs
+The trace (``tasks.salus.trace``: seeded, a Table A.1-like mix of trainers and S5-like inference loops, or jobs
 given one by one) is submitted at its arrival times to a Salus executor on one pool device, once per policy
 (FIFO, PACK, SRTF, FAIR by default). The executor admits each job into a memory lane by its persistent and
 ephemeral memory, declared (its workload's) or profiled over its first iterations (Algorithm 2.1) and its policy picks, at every iteration boundary, which job
@@ -30,15 +30,15 @@ from gpu.scenario import choose, integer, names, positive
 from gpu.schedulers.salus.policies import POLICIES
 from gpuflows.args import add_runner_arguments, error, flow_parser
 from resource_blocks import GpuPool, MlflowTarget
-from tasks.charts import publish_chart
-from tasks.flow_runtime import (flow_runner, log_flow_inputs, log_flow_outcome, pool_block, publish_mlflow_link,
+from tasks.report.charts import publish_chart
+from tasks.runtime.flow import (flow_runner, log_flow_inputs, log_flow_outcome, pool_block, publish_mlflow_link,
                                 settings, tracking_target)
-from tasks.runners import GpuTaskRunner
-from tasks.salus_executor import MIB, salus_options
-from tasks.salus_outcomes import (METRICS, PolicyOutcome, executor_record, job_rows, lane_chart, log_policy_run,
+from tasks.runtime.runners import GpuTaskRunner
+from tasks.salus.executor import MIB, salus_options
+from tasks.salus.outcomes import (METRICS, PolicyOutcome, executor_record, job_rows, lane_chart, log_policy_run,
                                    predicted, solo_iteration_s)
-from tasks.salus_trace import JOB_TASKS, SharingJob, explicit_trace, sharing_trace, warm_up
-from tasks.ui import publish_table
+from tasks.salus.trace import JOB_TASKS, SharingJob, explicit_trace, sharing_trace, warm_up
+from tasks.report.artifacts import publish_table
 
 log = logging.getLogger(__name__)
 
@@ -117,7 +117,7 @@ def _publish(outcome: PolicyOutcome, sim: dict[str, float], parent: str | None, 
                   + (f"; {ACCOUNTING_ONLY}" if outcome.simulated_device else ""))
     run_id = None
     if parent is not None:
-        from tasks.tracking import open_client
+        from tasks.runtime.tracking import open_client
 
         try:
             run_id = log_policy_run(open_client(tracking_uri), parent, outcome, sim)

@@ -20,7 +20,7 @@ the profiled stage latencies and the link and re-solved every epoch from the mea
 service times (Nona, §III; ``tasks.serving.placement``, ``tasks.serving.nona``). The spec's ``link`` emulates the bottleneck link the
 hand-offs between nodes queue on (``tasks.serving.link``). With ``batch_policy: orloj`` the workers' batches
 re-profile ORLOJ every epoch (thesis §4.3.2; ``tasks.serving.epochs``). The figures come from
-``tasks.serving.figures``, the MLflow runs from ``tasks.serving.rollout_mlflow``.
+``tasks.serving.figures``, the MLflow runs from ``tasks.serving.records``.
 
     python -m flows.serving_rollout --duration-s 20
     python -m flows.serving_rollout --spec scenarios/serving/diamond_nona.yaml --placement nona
@@ -49,13 +49,13 @@ from gpu.schedulers.nexus.epoch import EpochPlanner
 from gpu.schedulers.nexus.profiles import BatchProfile
 from gpuflows.args import error, output_file, simulated
 from resource_blocks import GpuPool, MlflowTarget
-from tasks.requests import current_placement, gpu_request
-from tasks.flow_runtime import (flow_runner, log_flow_inputs, log_flow_outcome, pool_block, publish_mlflow_link, settings,
+from tasks.runtime.requests import current_placement, gpu_request
+from tasks.runtime.flow import (flow_runner, log_flow_inputs, log_flow_outcome, pool_block, publish_mlflow_link, settings,
                                 tracking_target)
-from tasks.runners import GpuTaskRunner
-from tasks.charts import publish_pool_occupancy
-from tasks.tracking import flow_tracker
-from tasks.ui import FlowProgress, publish_table
+from tasks.runtime.runners import GpuTaskRunner
+from tasks.report.charts import publish_pool_occupancy
+from tasks.runtime.tracking import flow_tracker
+from tasks.report.artifacts import FlowProgress, publish_table
 
 DEFAULT_SPEC = Path(__file__).resolve().parent.parent / "scenarios" / "serving" / "digits.yaml"
 RAY_TICK_S = 0.002  # with Ray actors every routed burst is a remote call (~0.5 ms): hand arrivals over per 2 ms
@@ -151,7 +151,7 @@ def serving_rollout(spec: dict | str | None = None, duration_s: float | None = N
     from tasks.serving.beacons import BeaconLoop
     from tasks.serving.figures import summarise
     from tasks.serving.placement import handoff_bytes, query_routing
-    from tasks.serving.rollout_mlflow import log_rollout, plan_summary
+    from tasks.serving.records import log_rollout, plan_summary
     from tasks.serving.spec import check_slos
 
     sp = prepare(spec, duration_s, batch_policy, placement, backend, mode)
@@ -268,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     tracking = MlflowTarget(experiment=args.experiment, enabled=not args.no_tracking)
     rollout = serving_rollout
     if args.backend == "ray":  # the same flow and parameters, its tasks on Ray
-        from tasks.ray_runner import GpuRayTaskRunner
+        from tasks.runtime.ray_runner import GpuRayTaskRunner
 
         rollout = serving_rollout.with_options(task_runner=GpuRayTaskRunner(configure=runner_settings))
     try:

@@ -6,14 +6,14 @@ every chunk of a trial's iterations as a real torch training task at that width 
 (``gpu_options(gpus=width, devices=gpus)``: widths < 1 share one device). Resizes apply at the next chunk
 boundary from the trial's checkpoint. Completions are read with the public Prefect future API
 (``as_completed``, ``future.state``) and fed back to the session; a failed trial is recorded (score 1.0 =
-accuracy 0) and the search goes on. FLUID's inputs are measured (§3.5, ``tasks.fluid_profiling``): ``c``
+accuracy 0) and the search goes on. FLUID's inputs are measured (§3.5, ``tasks.fluid.profiling``): ``c``
 and ``alpha`` from the device's packing curve (Eq. 3.1: the one ``benchmarks/fluid_packing.py`` saved, else a
 short measurement at start-up), ``beta`` and ``d`` from the flow's MLP timed at several widths, and every
 trial's seconds per iteration from a short run on a ``1/c`` slice, so its runtime is ``budget * t1``. The
 controller runs on the flow's wall clock; the result and the MLflow run carry the makespan (``makespan_s``) and
 each TrialGroup's. In process mode the runner keeps ``c`` workers per device, so ``c`` packed trials train at
 once. MLflow: one child run per trial under the flow's run, the best model registered. ``--execution salus-pack``
-packs the trials onto the pool's first device as Salus jobs under PACK instead (``tasks.fluid_salus``).
+packs the trials onto the pool's first device as Salus jobs under PACK instead (``tasks.fluid.salus``).
 
     python -m flows.trial_groups --algorithm grid --iterations 4
 """
@@ -39,18 +39,18 @@ from gpu.state import state_dir
 from gpu.tuning import ALGORITHMS, Choice, Grid, LogUniform, parse_space
 from gpuflows.args import error, flow_arguments, flow_parser, output_file, run_checked
 from resource_blocks import GpuPool, MlflowTarget
-from tasks.fluid_escher import PLACEMENTS, EscherTrials, escher_trials, nodes_pool
-from tasks.fluid_profiling import TrialProfiler, calibrate, trials_per_device
-from tasks.fluid_salus import EXECUTION as SALUS_PACK, pack_search, salus_pack_runner
-from tasks.fluid_trial_log import TrialLog, best_result
-from tasks.fluid_trials import load_model, train_chunk
-from tasks.requests import gpu_options
-from tasks.flow_runtime import (flow_runner, log_flow_inputs, log_flow_outcome, pool_block, publish_mlflow_link,
+from tasks.fluid.escher import PLACEMENTS, EscherTrials, escher_trials, nodes_pool
+from tasks.fluid.profiling import TrialProfiler, calibrate, trials_per_device
+from tasks.fluid.salus import EXECUTION as SALUS_PACK, pack_search, salus_pack_runner
+from tasks.fluid.records import TrialLog, best_result
+from tasks.fluid.trials import load_model, train_chunk
+from tasks.runtime.requests import gpu_options
+from tasks.runtime.flow import (flow_runner, log_flow_inputs, log_flow_outcome, pool_block, publish_mlflow_link,
                                 settings, tracking_target)
-from tasks.runners import GpuTaskRunner
-from tasks.tracking import flow_tracker
-from tasks.charts import publish_pool_occupancy
-from tasks.ui import FlowProgress, publish_table
+from tasks.runtime.runners import GpuTaskRunner
+from tasks.runtime.tracking import flow_tracker
+from tasks.report.charts import publish_pool_occupancy
+from tasks.report.artifacts import FlowProgress, publish_table
 
 SEARCHES = ("grid", "random", "hyperband", "asha", "bohb", "pbt")
 EXECUTIONS = policy_names()  # fifo, static_fluid, fluid: every policy the simulator offers
@@ -106,7 +106,7 @@ def _search(algorithm: str, trials: int, iterations: int, seed: int, space: dict
             alpha: float | None, packing_iterations: int, chunk: int, fail_trial: str | None, tracking_uri: str,
             model_name: str, progress: bool, parent: str | None, escher: EscherTrials | None = None) -> dict:
     """The search itself, in the flow run (its chunks on the flow's GPU task runner); ``parent``: its MLflow run;
-    ``escher``: chunks run as ESCHER gangs over every node's GPUs (``tasks.fluid_escher``), else pinned to FLUID's."""
+    ``escher``: chunks run as ESCHER gangs over every node's GPUs (``tasks.fluid.escher``), else pinned to FLUID's."""
     algo = make_algorithm(algorithm, trials, iterations, seed, space, min_iterations, generations)
     log = TrialLog(parent, tracking_uri)
     cal = calibrate(execution, escher.slots if escher else gpus, device, c, d, alpha, packing_iterations, seed,
@@ -265,14 +265,14 @@ def trial_groups(algorithm: str = "grid", trials: int = 4, iterations: int = 4, 
         pool: GpuPool block, saved block name, or None (saved default or simulated 2 x 16 GiB).
         execution: "fluid" (StaticFluid + DynamicFluid), "static_fluid" (Algorithm 3.1 only) or "fifo" (one whole
             GPU per trial): ``gpu.schedulers.fluid.policies``, the simulator's policies; or "salus-pack": every
-            trial a Salus job under PACK on the pool's first device (``tasks.fluid_salus``; c, d, alpha unused).
+            trial a Salus job under PACK on the pool's first device (``tasks.fluid.salus``; c, d, alpha unused).
         space: raw search space for ``gpu.tuning.parse_space`` (needs lr, hidden, batch_size).
         c: FLUID's packing limit (trials per GPU). None derives it from the pool device's packing curve (Eq. 3.1):
             the curve ``benchmarks/fluid_packing.py`` last saved for that device in the state folder, else one
             measured at start-up (p = 1..4 trainers of this flow's MLP x ``packing_iterations`` iterations, a task
             holding one pool device whole; a few seconds on CPU). Curve, alpha and c are logged on the parent run.
         d: FLUID's parallelism limit (GPUs per trial). None derives it from beta (Eq. 3.2), fitted to the flow's MLP
-            timed at widths 1..min(GPUs, 4) on whole devices at start-up (``tasks.fluid_profiling``); beta is
+            timed at widths 1..min(GPUs, 4) on whole devices at start-up (``tasks.fluid.profiling``); beta is
             measured whenever the pool has 2+ GPUs. chunk: iterations per task (resizes apply between chunks).
             Every trial's seconds per iteration is profiled on a 1/c slice before FLUID places it (once per model
             shape), so StaticFluid weighs trials by measured runtime, not by budget.
@@ -286,7 +286,7 @@ def trial_groups(algorithm: str = "grid", trials: int = 4, iterations: int = 4, 
         model_name: registered model name (default ``trial-groups-<algorithm>``).
         placement: "pool" (each chunk pinned to the GPUs FLUID chose) or "escher" (a pool of several nodes:
             each chunk a gang of data-parallel workers on nodes an ESCHER library chose, migrating between
-            chunks as EscherTune does; ``tasks.fluid_escher``).
+            chunks as EscherTune does; ``tasks.fluid.escher``).
     """
     prepare(pool, tracking, algorithm=algorithm, trials=trials, iterations=iterations, seed=seed, space=space,
             min_iterations=min_iterations, generations=generations, execution=execution, c=c, d=d, alpha=alpha,

@@ -2,7 +2,7 @@
 
 State lives in SQLite so that every flow run using the same pool, in any process on this
 machine, shares one ledger (on a Ray cluster the same class runs inside one named actor, see
-``tasks.ray_runner``); ``path=None`` keeps it in memory for one process and for simulations.
+``tasks.runtime.ray_runner``); ``path=None`` keeps it in memory for one process and for simulations.
 
 What it guarantees (``docs/architecture.md`` says how each is tested):
 

@@ -24,6 +24,6 @@ class MlflowTarget(Block):
         return load_or_default(cls, name)
 
     def resolved_uri(self) -> str:
-        from tasks.tracking import default_tracking_uri
+        from tasks.runtime.tracking import default_tracking_uri
 
         return self.tracking_uri or default_tracking_uri()

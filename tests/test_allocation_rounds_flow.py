@@ -8,7 +8,7 @@ import json
 import pytest
 
 import flows.allocation_rounds as ar
-import tasks.cilantro_rounds as cr
+import tasks.cilantro.rounds as cr
 from gpu.errors import ConfigError
 from resource_blocks import GpuPool, MlflowTarget
 

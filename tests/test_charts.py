@@ -10,9 +10,9 @@ from types import SimpleNamespace
 import pytest
 
 from gpu.devices import discover
-from tasks.charts import (cilantro_rounds_figure, ekya_split_figure, holder_names, lease_intervals,
+from tasks.report.charts import (cilantro_rounds_figure, ekya_split_figure, holder_names, lease_intervals,
                           occupancy_figure, register_holder)
-from tasks.ui import FlowProgress, ekya_window_rows, flat_row
+from tasks.report.artifacts import FlowProgress, ekya_window_rows, flat_row
 
 A, B, C = "host:100:aaaa", "host:200:bbbb", "host:300:cccc"
 
@@ -142,9 +142,9 @@ def test_a_flow_run_publishes_its_pool_occupancy_to_prefect_and_mlflow(state_dir
     from prefect.context import get_run_context
 
     from resource_blocks import GpuPool, MlflowTarget
-    from tasks.charts import publish_pool_occupancy
-    from tasks.requests import gpu_options
-    from tasks.runners import GpuTaskRunner, flow_mlflow_run_id
+    from tasks.report.charts import publish_pool_occupancy
+    from tasks.runtime.requests import gpu_options
+    from tasks.runtime.runners import GpuTaskRunner, flow_mlflow_run_id
 
     @task
     def work(i: int) -> int:

@@ -9,7 +9,7 @@ import pytest
 
 import flows.allocation_rounds as ar
 from gpu.errors import ConfigError
-from tasks.cilantro_allocator import RoundBook, load_state, open_book, save_state, state_path
+from tasks.cilantro.allocator import RoundBook, load_state, open_book, save_state, state_path
 
 
 def settings(name: str, resume: bool = True):
@@ -23,7 +23,7 @@ def test_a_saved_book_resumes_with_its_planned_decision_and_its_learners(state_d
     book = RoundBook(s)
     d0 = book.ctl.on_round(0.0, {})
     report = {"alloc": 0.35, "loads": [400.0] * 4, "perf": [1.0] * 4, "sigma": [0.025] * 4}
-    from tasks.cilantro_allocator import report_of
+    from tasks.cilantro.allocator import report_of
 
     d1 = book.ctl.on_round(2.0, {name: report_of(report) for name in d0.allocation})
     save_state("book", book.to_state())

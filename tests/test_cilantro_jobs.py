@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import tasks.cilantro_jobs as cj
+import tasks.cilantro.jobs as cj
 from gpu.ledger import Lease
-from tasks.requests import TaskPlacement, placed
+from tasks.runtime.requests import TaskPlacement, placed
 
 WINDOW = cj.RoundWindow(0, 1.0, 0.25, 1 / 3, trace_step=1, seed=0)
 SERVICE = cj.JobConfig("svc", "service", 0.9, base_load=200.0, hidden=1024, rows=256)

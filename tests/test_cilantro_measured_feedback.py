@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import flows.allocation_rounds as ar
-from tasks.cilantro_allocator import state_path
-import tasks.cilantro_jobs as cilantro_jobs
+from tasks.cilantro.allocator import state_path
+import tasks.cilantro.jobs as cilantro_jobs
 from gpu.schedulers.cilantro.learners import learner_from_state
 from resource_blocks import GpuPool
 

@@ -17,7 +17,7 @@ import pytest
 
 from gpu.errors import ConfigError
 from resource_blocks import GpuPool, MlflowTarget
-from tasks.streams import (conditions, inference_profile_points, make_streams, processed_mask, serve,
+from tasks.ekya.streams import (conditions, inference_profile_points, make_streams, processed_mask, serve,
                            window_frames)
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
@@ -108,7 +108,7 @@ def test_accuracy_plot_is_an_artifact_of_the_flow_run(thief_run):
 
 
 def test_the_prefect_ui_shows_each_window_with_its_decision_and_accuracy(thief_run, table_artifacts):
-    """One row per window and stream, the decision first, 8 columns (``tasks.ui.ekya_window_rows``)."""
+    """One row per window and stream, the decision first, 8 columns (``tasks.report.artifacts.ekya_window_rows``)."""
     summary, _, _ = thief_run
     shown = [(w["window"], s, pytest.approx(w["accuracy"][s], rel=1e-3))
              for w in summary["windows"] for s in summary["streams"]]
@@ -193,7 +193,7 @@ def test_measured_inference_accuracy_falls_when_the_slice_cannot_keep_up(state_d
     """The inference task measures how long its model takes per frame on its slice; over a shorter period
     than the work needs it sustains a lower frame rate, answers skipped frames with the last result and
     really loses accuracy."""
-    from tasks.ekya_tasks import WindowSettings, bootstrap_model, infer_segment
+    from tasks.ekya.work import WindowSettings, bootstrap_model, infer_segment
 
     settings = WindowSettings(frames=400)
     spec = min(make_streams(4, seed=0), key=lambda s: s.drift)
@@ -222,7 +222,7 @@ def test_every_policy_the_simulator_offers_is_selectable_in_the_flow(state_dir, 
     """The flow validates against the same policy families as ``gpuflows simulate ekya``, before a run starts."""
     from flows.continuous_retraining import prepare
     from gpu.schedulers.ekya.policies import policy_names
-    from tasks.ekya_tasks import config_grid
+    from tasks.ekya.work import config_grid
 
     names = [n.replace("<pct>", "30") for n in policy_names(config_grid())]
     assert {"thief", "thief_start_splits", "noretrain", "fixedres", "uniform_e30-all-d100_30",

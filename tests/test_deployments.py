@@ -256,7 +256,7 @@ def test_the_flows_runner_comes_from_the_decorator_and_survives_duplication_and_
     import cloudpickle
 
     from flows import pool_demo as module
-    from tasks.runners import GpuTaskRunner
+    from tasks.runtime.runners import GpuTaskRunner
 
     runner = module.pool_demo.task_runner
     assert isinstance(runner, GpuTaskRunner) and runner.configure is module.runner_settings

@@ -11,9 +11,9 @@ import pytest
 
 from gpu.errors import ConfigError
 from resource_blocks import GpuPool, MlflowTarget
-from tasks.ekya_salus import EkyaLanes, shared_span
-from tasks.ekya_tasks import ConfigSpec, WindowSettings, infer_frames, infer_segment, retrain, small_net
-from tasks.streams import make_streams, window_frames
+from tasks.ekya.salus import EkyaLanes, shared_span
+from tasks.ekya.work import ConfigSpec, WindowSettings, infer_frames, infer_segment, retrain, small_net
+from tasks.ekya.streams import make_streams, window_frames
 
 TINY = dict(streams=2, windows=2, frames=300, labelled=200, mode="thread")
 
@@ -221,7 +221,7 @@ def test_weighted_fair_gives_no_catch_up_to_a_job_that_starts_iterating_late():
 def test_salus_executor_keeps_a_worker_process_per_co_located_job():
     """Process mode: a device's co-located jobs each get a worker, so an admitted job never waits for one."""
     from flows.continuous_retraining import runner_settings
-    from tasks.ekya_salus import JOBS_PER_DEVICE
+    from tasks.ekya.salus import JOBS_PER_DEVICE
 
     pool = _pool("ekya-salus-workers")
     assert runner_settings({"pool": pool, "executor": "salus"})["workers_per_device_set"] == JOBS_PER_DEVICE >= 4

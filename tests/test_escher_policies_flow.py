@@ -11,8 +11,8 @@ import pytest
 from flows.escher_policies import DEFAULT_POOL, POLICIES, escher_policies, main, prepare
 from gpu.errors import ConfigError
 from resource_blocks import GpuPool, SchedulerPolicy
-from tasks.runners import GpuTaskRunner
-from tasks.escher_jobs import shard_text
+from tasks.runtime.runners import GpuTaskRunner
+from tasks.escher.jobs import shard_text
 from gpu.schedulers.escher.effort import source_lines
 
 GOOD = dict(gang_size=2, gang_timeout_s=30.0, team_weights=[1, 1], jobs=2, steps=5, mode="thread", seed=0,
@@ -153,7 +153,7 @@ def test_a_gang_of_three_runs_at_once_in_process_mode(state_dir):
 def test_a_scheduler_policy_runs_its_demo_and_mlflow_keeps_a_run_per_policy(state_dir):
     from mlflow import MlflowClient
 
-    from tasks.tracking import default_tracking_uri
+    from tasks.runtime.tracking import default_tracking_uri
 
     block = SchedulerPolicy(system="escher", policy="tune", params={"steps": 4})
     out = escher_policies(policy=block)
@@ -188,11 +188,11 @@ def test_a_gang_rolls_back_until_its_ghosts_all_start_and_a_crashed_member_ends_
 
     from prefect import flow
 
-    import tasks.escher_gang
+    import tasks.escher.gang
     from gpu.placement import ResourceRequest
     from gpu.schedulers.escher.api import Escher
-    from tasks.escher_gang import run_gang
-    from tasks.escher_jobs import RENDEZVOUS_TIMEOUT, train
+    from tasks.escher.gang import run_gang
+    from tasks.escher.jobs import RENDEZVOUS_TIMEOUT, train
 
     pool = GpuPool(name="escher-rollback", device_backend="simulated", simulated="1x16GiB", nodes=4)
     runner = GpuTaskRunner(pool=pool, mode="thread", tracking=False)
@@ -210,7 +210,7 @@ def test_a_gang_rolls_back_until_its_ghosts_all_start_and_a_crashed_member_ends_
         threading.Timer(1.0, ledger.release, (busy.lease_id,)).start()
         gang = run_gang(ledger, Escher(ledger), size=4, steps=3, timeout_s=0.3, seed=0, workdir=str(tmp_path))
         clean = _pool_is_clean("escher-rollback")
-        monkeypatch.setattr(tasks.escher_gang, "train", crashing_train)
+        monkeypatch.setattr(tasks.escher.gang, "train", crashing_train)
         started = time.monotonic()
         with pytest.raises(RuntimeError):
             run_gang(ledger, Escher(ledger), size=2, steps=10_000, timeout_s=5, seed=0, workdir=str(tmp_path))
@@ -246,7 +246,7 @@ def _members_in_threads(rendezvous, ranks, steps=50):
     """Run ``gang_member``'s body for ``ranks`` in threads (as thread mode does); each one's error or result."""
     import threading
 
-    from tasks.escher_gang import gang_member
+    from tasks.escher.gang import gang_member
 
     outcome: dict[int, BaseException | dict] = {}
 
@@ -267,8 +267,8 @@ def test_members_whose_peer_never_starts_end_as_soon_as_the_rendezvous_is_aborte
     two waiting members end with GangAborted at once instead of after the 60 s rendezvous timeout."""
     import time
 
-    from tasks.escher_jobs import RENDEZVOUS_TIMEOUT
-    from tasks.gang_rendezvous import GangAborted, Rendezvous
+    from tasks.escher.jobs import RENDEZVOUS_TIMEOUT
+    from tasks.runtime.rendezvous import GangAborted, Rendezvous
 
     rendezvous = Rendezvous(str(tmp_path / "store"), 3, RENDEZVOUS_TIMEOUT)
     threads, outcome = _members_in_threads(rendezvous, [0, 1])
@@ -286,9 +286,9 @@ def test_a_member_that_crashes_mid_gang_ends_its_peer_at_once(tmp_path, monkeypa
     fails at once (a connection error) instead of waiting out the collective's 60 s timeout."""
     import time
 
-    import tasks.escher_gang
-    from tasks.escher_jobs import RENDEZVOUS_TIMEOUT, train
-    from tasks.gang_rendezvous import Rendezvous
+    import tasks.escher.gang
+    from tasks.escher.jobs import RENDEZVOUS_TIMEOUT, train
+    from tasks.runtime.rendezvous import Rendezvous
 
     def crashing_train(model, steps, shard, shards, average):
         if shard == 1:
@@ -296,7 +296,7 @@ def test_a_member_that_crashes_mid_gang_ends_its_peer_at_once(tmp_path, monkeypa
             raise RuntimeError("member 1 crashed")
         return train(model, steps, shard, shards, average)
 
-    monkeypatch.setattr(tasks.escher_gang, "train", crashing_train)
+    monkeypatch.setattr(tasks.escher.gang, "train", crashing_train)
     started = time.monotonic()
     threads, outcome = _members_in_threads(Rendezvous(str(tmp_path / "store"), 2, RENDEZVOUS_TIMEOUT), [0, 1],
                                           steps=10_000)

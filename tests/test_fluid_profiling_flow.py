@@ -34,7 +34,7 @@ def _hidden_of(summary: dict, tid: str) -> int:
 @pytest.fixture(scope="module")
 def light_and_heavy(prefect_server, state_folder):
     """The same grid twice on 2 simulated GPUs (c = 2, d = 1): as shipped, then with one model 128x wider."""
-    import tasks.fluid_trials as trials
+    import tasks.fluid.trials as trials
 
     runs = {}
     for label in ("light", "heavy"):

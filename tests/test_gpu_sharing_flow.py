@@ -9,8 +9,8 @@ import pytest
 from flows.gpu_sharing import gpu_sharing, main, prepare
 from gpu.errors import ConfigError
 from resource_blocks import GpuPool, MlflowTarget
-from tasks.salus_outcomes import lane_overlaps, peak_lanes, summarise, switch_gaps
-from tasks.salus_trace import explicit_trace, sharing_trace
+from tasks.salus.outcomes import lane_overlaps, peak_lanes, summarise, switch_gaps
+from tasks.salus.trace import explicit_trace, sharing_trace
 
 # One long trainer first, then seven short jobs arriving while it runs (Fig. 2.8a's situation); the short ones
 # dominate the average, so a loaded machine slowing the long one does not decide the comparison.

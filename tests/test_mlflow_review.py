@@ -9,8 +9,8 @@ import pytest
 from prefect import flow, task
 
 from resource_blocks import MlflowTarget
-from tasks.requests import gpu_request
-from tasks.runners import GpuTaskRunner, flow_mlflow_run_id
+from tasks.runtime.requests import gpu_request
+from tasks.runtime.runners import GpuTaskRunner, flow_mlflow_run_id
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
 
@@ -85,7 +85,7 @@ def test_a_models_second_version_prints_no_already_exists_line_and_real_errors_s
     import torch
     from mlflow.exceptions import MlflowException
 
-    from tasks.tracking import ensure_experiment, open_client, register_model_version
+    from tasks.runtime.tracking import ensure_experiment, open_client, register_model_version
 
     uri = MlflowTarget(experiment="review-registry").resolved_uri()
     client = open_client(uri)
@@ -135,7 +135,7 @@ def test_simulated_pool_logs_the_share_held_and_nothing_measured(state_dir, sim_
 
 
 def test_measured_gpu_readings_use_mlflow_system_metric_names():
-    from tasks.tracking import GPU_MEMORY_METRIC, GPU_UTIL_METRIC, TaskRecord, _task_run
+    from tasks.runtime.tracking import GPU_MEMORY_METRIC, GPU_UTIL_METRIC, TaskRecord, _task_run
 
     rec = TaskRecord("t", "id", 1.0, placement={"node": "n", "devices": [0], "fraction": 0.25}, placed_at=2.0,
                      finished_at=3.0, state="COMPLETED", gpu_utilization=40.0, gpu_share=0.25, gpu_memory_mb=512.0)
@@ -160,7 +160,7 @@ def test_benchmark_prints_the_thread_mlflow_ratio():
 
 
 def test_task_fields_name_what_a_task_worked_on():
-    from tasks.tracking import TaskRecord, _task_run, task_fields
+    from tasks.runtime.tracking import TaskRecord, _task_run, task_fields
 
     class Config:
         name = "e5-all-d50"
@@ -190,7 +190,7 @@ def test_ekya_task_runs_name_their_stream_and_window(ekya_pair):
 
 def test_links_open_mlflow_on_its_model_training_view():
     """MLflow 3's UI opens in its GenAI view (no run table) unless the link asks for the model-training one."""
-    from tasks.flow_runtime import mlflow_run_url
+    from tasks.runtime.flow import mlflow_run_url
 
     assert mlflow_run_url("sqlite:///x.db", "2", "abc") == (
         "http://127.0.0.1:5000/#/experiments/2/runs/abc?workflowType=machine_learning")
@@ -214,7 +214,7 @@ def test_the_mlflow_run_link_shows_the_runs_readable_name(ekya_pair):
 
 
 def test_task_run_name_says_what_the_task_did():
-    from tasks.tracking import task_fields, task_run_name
+    from tasks.runtime.tracking import task_fields, task_run_name
 
     class StreamSpec:
         name = "cam1"
@@ -227,7 +227,7 @@ def test_task_run_name_says_what_the_task_did():
 
 
 def test_a_nested_run_links_its_prefect_task_run():
-    from tasks.tracking import TaskRecord, _task_run
+    from tasks.runtime.tracking import TaskRecord, _task_run
 
     run = _task_run("parent", TaskRecord("retrain", "tr-1", 1.0), "http://127.0.0.1:4200")
     assert run["tags"]["prefect.task_run_url"] == "http://127.0.0.1:4200/runs/task-run/tr-1"

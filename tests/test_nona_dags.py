@@ -1,4 +1,4 @@
-"""Nona's DAGs from torch.fx traces (tasks/nona_dags.py) agree with the engine's generated workloads."""
+"""Nona's DAGs from torch.fx traces (tasks/nona/dags.py) agree with the engine's generated workloads."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from gpu.sim.nona.workloads import resnet18_graph
 @pytest.mark.slow
 def test_traced_resnet18_has_table_2s_71_nodes_and_the_generated_graphs_bytes_and_flops():
     torch = pytest.importorskip("torch")
-    from tasks.nona_dags import ResNet18, fx_dag
+    from tasks.nona.dags import ResNet18, fx_dag
 
     traced = fx_dag(ResNet18(), torch.randn(1, 3, 224, 224), "resnet18")
     generated = resnet18_graph()

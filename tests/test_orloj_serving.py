@@ -120,7 +120,7 @@ def test_each_worker_gets_its_own_policy_and_span_policies_refuse_per_app_slos(d
 @pytest.fixture(scope="module")
 def dynamic():
     from tasks.serving.models import load_digits_tensors, load_or_train
-    from tasks.streams import transform
+    from tasks.ekya.streams import transform
 
     torch.set_num_threads(1)
     data = load_digits_tensors()
@@ -179,7 +179,7 @@ def test_the_serving_flow_accepts_every_registered_batch_policy():
 def test_the_serving_flow_serves_a_dynamic_model_with_orloj(state_dir):
     from flows.serving_rollout import serving_rollout
     from resource_blocks import GpuPool
-    from tasks.runners import GpuTaskRunner
+    from tasks.runtime.runners import GpuTaskRunner
 
     spec = {"name": "dynamic", "runtime": {"training_steps": 30, "profile_repeats": 3, "batch_policy": "orloj"},
             "sessions": [{"id": "early_exit", "model": "digits_dynamic", "slo_ms": 200, "rate": 40},

@@ -31,8 +31,8 @@ from prefect.context import FlowRunContext
 from gpu.errors import ConfigError
 from gpu.placement import ResourceRequest
 from resource_blocks import GpuPool
-from tasks.ray_runner import NAMESPACE, GpuRayTaskRunner
-from tasks.requests import current_placement, gpu_request
+from tasks.runtime.ray_runner import NAMESPACE, GpuRayTaskRunner
+from tasks.runtime.requests import current_placement, gpu_request
 from tests.test_escher_suite import SUITE, Backend, check_replay_restores_resources_after_node_loss_and_an_esl_restart
 
 RAY_BIN = str(Path(sys.executable).with_name("ray"))
@@ -435,7 +435,7 @@ if sys.argv[3] != "-":                        # stand in for a driver on another
     gpu.liveness.HOST = sys.argv[3]
 import ray
 from gpu.placement import ResourceRequest
-from tasks.ray_runner import NAMESPACE, RayLedger
+from tasks.runtime.ray_runner import NAMESPACE, RayLedger
 ray.init(address=sys.argv[1], namespace=NAMESPACE, log_to_driver=False)
 ledger = RayLedger(ray.get_actor(sys.argv[2], namespace=NAMESPACE), 0.6)
 p = ledger.allocate(ResourceRequest(gpus=1, node=sys.argv[4], devices=(0,)), timeout=60)
@@ -452,7 +452,7 @@ def test_ledger_actor_frees_a_dead_drivers_slice_fences_a_silent_one_and_passes_
     from gpu.errors import LeaseLost
     from gpu.ledger import Lease
     from gpu.placement import FifoBestFit, ResourceRequest
-    from tasks.ray_runner import RayLedger, cluster_spec, ledger_actor
+    from tasks.runtime.ray_runner import RayLedger, cluster_spec, ledger_actor
 
     ray.init(address=two_node_run["address"], namespace=NAMESPACE, log_to_driver=False)
     name = f"faults-{uuid.uuid4().hex[:8]}"
@@ -505,8 +505,8 @@ def test_ray_ledger_serves_the_escher_resource_api_and_a_task_reaches_it_through
     from gpu.placement import FifoBestFit, ResourceRequest
     from gpu.schedulers.escher.api import Escher
     from gpu.schedulers.escher.primitives import anti_affinity, with_task
-    from tasks.ray_runner import RayLedger, cluster_spec, ledger_actor
-    from tasks.requests import TaskPlacement
+    from tasks.runtime.ray_runner import RayLedger, cluster_spec, ledger_actor
+    from tasks.runtime.requests import TaskPlacement
 
     def set_resource_on_my_node(placement_env: str) -> str:
         """A Ray task placed by the ledger creates ``coloc-t1`` on its own node (ESCHER P1, node_spec=None)."""
@@ -514,7 +514,7 @@ def test_ray_ledger_serves_the_escher_resource_api_and_a_task_reaches_it_through
 
         import ray
 
-        from tasks.requests import PLACEMENT_ENV, set_resource
+        from tasks.runtime.requests import PLACEMENT_ENV, set_resource
 
         os.environ[PLACEMENT_ENV] = placement_env
         set_resource("coloc-t1", 2)
@@ -554,13 +554,13 @@ class RayBackend(Backend):
     name = "ray"
 
     def __init__(self) -> None:
-        from tasks.ray_runner import cluster_spec
+        from tasks.runtime.ray_runner import cluster_spec
 
         self._all = cluster_spec("2x16GiB")
         self._open(self._all)
 
     def _open(self, spec) -> None:
-        from tasks.ray_runner import RayLedger, ledger_actor
+        from tasks.runtime.ray_runner import RayLedger, ledger_actor
 
         self._actor = ledger_actor(spec, self.policy, 5.0, f"escher-suite-{uuid.uuid4().hex[:8]}")
         self.ledger = RayLedger(self._actor, 5.0)
@@ -646,7 +646,7 @@ class TestOnTheRayLedgerActor:
 
 def test_a_task_that_reaches_another_node_than_its_placement_is_not_run(two_node_run):
     """The ledger is the authority on where a task runs: a Ray worker on another node refuses to run it."""
-    from tasks.ray_runner import _run_placed_task
+    from tasks.runtime.ray_runner import _run_placed_task
 
     ray.init(address=two_node_run["address"], namespace=NAMESPACE, log_to_driver=False)
     try:

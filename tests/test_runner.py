@@ -14,8 +14,8 @@ from prefect.states import StateType
 from gpu.errors import NeverFitsError
 from gpu.placement import ResourceRequest
 from resource_blocks import GpuPool, MlflowTarget
-from tasks.requests import current_placement, gpu_options, gpu_request
-from tasks.runners import GpuTaskRunner, flow_mlflow_run_id
+from tasks.runtime.requests import current_placement, gpu_options, gpu_request
+from tasks.runtime.runners import GpuTaskRunner, flow_mlflow_run_id
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
 
@@ -170,7 +170,7 @@ def test_runner_is_a_configuration_value(sim_pool):
 
 
 def test_request_precedence_default_then_task_then_block():
-    from tasks.requests import resolve_request
+    from tasks.runtime.requests import resolve_request
 
     @task
     def plain():

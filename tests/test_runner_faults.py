@@ -25,8 +25,8 @@ from prefect.states import StateType
 
 from gpu.pool import pool_path
 from resource_blocks import GpuPool
-from tasks.requests import current_placement, gpu_request
-from tasks.runners import GpuTaskRunner
+from tasks.runtime.requests import current_placement, gpu_request
+from tasks.runtime.runners import GpuTaskRunner
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
 
@@ -89,8 +89,8 @@ from pathlib import Path
 from prefect import flow, task
 
 from resource_blocks import GpuPool
-from tasks.requests import gpu_request
-from tasks.runners import GpuTaskRunner
+from tasks.runtime.requests import gpu_request
+from tasks.runtime.runners import GpuTaskRunner
 
 
 @gpu_request(gpus=1)

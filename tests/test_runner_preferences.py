@@ -11,8 +11,8 @@ from prefect.states import StateType
 
 from gpu.errors import ConfigError
 from gpu.placement import ResourceRequest
-from tasks.requests import current_placement, gpu_options, gpu_request, resolve_requests
-from tasks.runners import GpuTaskRunner
+from tasks.runtime.requests import current_placement, gpu_options, gpu_request, resolve_requests
+from tasks.runtime.runners import GpuTaskRunner
 
 
 @task

@@ -13,8 +13,8 @@ from gpu.errors import ConfigError, NeverFitsError
 from gpu.ledger import Lease
 from gpu.schedulers.salus.controller import SalusJob
 from resource_blocks import GpuPool
-from tasks.requests import Lane, TaskPlacement
-from tasks.salus_executor import SalusExecutor, declared_job, salus_iterations, salus_job, salus_options
+from tasks.runtime.requests import Lane, TaskPlacement
+from tasks.salus.executor import SalusExecutor, declared_job, salus_iterations, salus_job, salus_options
 
 torch.set_num_threads(1)
 

@@ -18,10 +18,10 @@ from prefect.states import StateType
 from gpu.pool import pool_path
 from gpu.schedulers.salus.controller import SalusJob
 from resource_blocks import GpuPool
-from tasks.flow_runtime import flow_runner
-from tasks.requests import Lane, current_placement
-from tasks.runners import GpuTaskRunner
-from tasks.salus_executor import SalusExecutor, salus_iterations, salus_job
+from tasks.runtime.flow import flow_runner
+from tasks.runtime.requests import Lane, current_placement
+from tasks.runtime.runners import GpuTaskRunner
+from tasks.salus.executor import SalusExecutor, salus_iterations, salus_job
 
 torch.set_num_threads(1)
 

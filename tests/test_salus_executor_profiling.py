@@ -10,8 +10,8 @@ import torch
 
 from gpu.errors import ConfigError, NeverFitsError
 from gpu.schedulers.salus.controller import Profiled, SalusController, SalusJob
-from tasks.requests import Lane
-from tasks.salus_executor import SalusExecutor, Undeclared, declared_job, salus_iterations, salus_job
+from tasks.runtime.requests import Lane
+from tasks.salus.executor import SalusExecutor, Undeclared, declared_job, salus_iterations, salus_job
 
 torch.set_num_threads(1)
 DEVICE_MB = 1300  # 1000 MB usable after the 300 MB reserve

@@ -13,10 +13,10 @@ from prefect.states import StateType
 
 from gpu.errors import ConfigError, NeverFitsError
 from resource_blocks import GpuPool
-from tasks.flow_runtime import flow_runner, settings
-from tasks.requests import current_placement, gpu_options
-from tasks.salus_executor import salus_iterations, salus_job
-from tasks.runners import GpuTaskRunner
+from tasks.runtime.flow import flow_runner, settings
+from tasks.runtime.requests import current_placement, gpu_options
+from tasks.salus.executor import salus_iterations, salus_job
+from tasks.runtime.runners import GpuTaskRunner
 
 def _pool(name: str) -> GpuPool:
     return GpuPool(name=name, device_backend="simulated", simulated="1x16GiB")
@@ -239,7 +239,7 @@ def test_a_plain_gpu_task_goes_where_no_executor_holds_the_device_else_beside_th
     """Routing of a task that is no Salus job: on a two-GPU pool a fraction leases the other device; on a one-GPU
     pool (or pinned to the Salus device) its executor hosts it; whole Salus devices are refused, naming the task."""
     from gpu.placement import ResourceRequest
-    from tasks.salus_admission import SalusAdmission, SalusSettings
+    from tasks.salus.admission import SalusAdmission, SalusSettings
 
     def route(simulated: str, **request):
         pool = GpuPool(name=f"salus-route-{simulated}", device_backend="simulated", simulated=simulated)

@@ -12,7 +12,7 @@ import yaml
 
 from gpu.errors import ConfigError
 from resource_blocks import GpuPool, MlflowTarget
-from tasks.runners import GpuTaskRunner
+from tasks.runtime.runners import GpuTaskRunner
 from tasks.serving.spec import load_spec
 
 SPEC = str(Path(__file__).resolve().parent.parent / "scenarios" / "serving" / "diamond_nona.yaml")

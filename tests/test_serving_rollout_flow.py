@@ -7,7 +7,7 @@ import pytest
 
 from gpu.errors import ConfigError
 from resource_blocks import GpuPool, MlflowTarget
-from tasks.runners import GpuTaskRunner
+from tasks.runtime.runners import GpuTaskRunner
 from tasks.serving.spec import parse_spec
 
 pytestmark = pytest.mark.usefixtures("prefect_server")

@@ -6,8 +6,8 @@ import torch
 
 from gpu.contract import contract_violations, is_frozen_decision
 from gpu.ledger import Lease
-from tasks.requests import TaskPlacement, placed
-from tasks.slices import MPS_PIPE_ENV, mps_environment, on_slice
+from tasks.runtime.requests import TaskPlacement, placed
+from tasks.runtime.slices import MPS_PIPE_ENV, mps_environment, on_slice
 
 
 def _placement(fraction: float) -> TaskPlacement:

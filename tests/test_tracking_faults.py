@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 import flows.allocation_rounds as ar
-from tasks.cilantro_allocator import state_path
+from tasks.cilantro.allocator import state_path
 from resource_blocks import GpuPool, MlflowTarget
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
@@ -32,8 +32,8 @@ import json, os, sys, threading, time
 from pathlib import Path
 from prefect import flow, task
 from resource_blocks import GpuPool, MlflowTarget
-from tasks.runners import GpuTaskRunner, flow_mlflow_run_id
-from tasks.tracking import flow_tracker
+from tasks.runtime.runners import GpuTaskRunner, flow_mlflow_run_id
+from tasks.runtime.tracking import flow_tracker
 
 uri, n, go, hang = sys.argv[1], int(sys.argv[2]), Path(sys.argv[3]), sys.argv[4] == "hang"
 
@@ -113,7 +113,7 @@ def _hanging_flow(state_dir: Path, tasks: int):
 
 
 def test_a_kill_9_flow_run_is_marked_killed_by_the_next_tracker(state_dir):
-    from tasks.tracking import RunTracker
+    from tasks.runtime.tracking import RunTracker
 
     uri, proc, parent = _hanging_flow(state_dir, 3)
     client = _client(uri)
@@ -144,7 +144,7 @@ def test_a_flow_run_ended_by_sigterm_is_killed_in_mlflow(state_dir):
 def test_the_mlflow_status_of_a_flow_run_follows_its_prefect_state(state_dir):
     from prefect import flow, task
 
-    from tasks.runners import GpuTaskRunner, flow_mlflow_run_id
+    from tasks.runtime.runners import GpuTaskRunner, flow_mlflow_run_id
 
     target = MlflowTarget(experiment="faults-states")
     parents = []
@@ -204,7 +204,7 @@ def die():
     os.kill(os.getpid(), signal.SIGKILL)
 
 if point == "after_save":
-    import tasks.cilantro_rounds as cr
+    import tasks.cilantro.rounds as cr
     real_log_round = cr.log_round
     cr.log_round = lambda client, rec: die() if rec["round"] == 1 else real_log_round(client, rec)
 else:
@@ -256,7 +256,7 @@ def test_a_cilantro_flow_killed_between_saving_and_logging_a_round_logs_it_once_
 
 SEED_STORES = """
 import sys
-from tasks.tracking import open_client
+from tasks.runtime.tracking import open_client
 for uri, runs in (sys.argv[1], 0), (sys.argv[2], 1):
     client = open_client(uri)
     for _ in range(runs):
@@ -265,7 +265,7 @@ for uri, runs in (sys.argv[1], 0), (sys.argv[2], 1):
 
 
 def test_a_store_left_half_migrated_is_set_aside_only_when_it_holds_no_run(tmp_path):
-    from tasks.tracking import open_client
+    from tasks.runtime.tracking import open_client
 
     empty, used = tmp_path / "empty" / "mlflow.db", tmp_path / "used" / "mlflow.db"
     proc = _python(SEED_STORES, f"sqlite:///{empty}", f"sqlite:///{used}")

@@ -22,9 +22,9 @@ from gpu.placement import ResourceRequest
 from gpu.schedulers.escher.gang import Gang
 from gpu.schedulers.escher.trials import plan_trial_nodes, worker_shape
 from resource_blocks import GpuPool, MlflowTarget
-from tasks.flow_runtime import flow_runner
-from tasks.fluid_escher import RENDEZVOUS_TIMEOUT, escher_trials
-from tasks.runners import GpuTaskRunner
+from tasks.runtime.flow import flow_runner
+from tasks.fluid.escher import RENDEZVOUS_TIMEOUT, escher_trials
+from tasks.runtime.runners import GpuTaskRunner
 
 GRID = {"lr": 0.1, "hidden": {"grid": [16, 256]}, "batch_size": 64}
 FAILING, SURVIVOR = "c0000@0", "c0001@0"

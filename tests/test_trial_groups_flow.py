@@ -85,7 +85,7 @@ def test_c_is_derived_from_a_packing_curve_measured_at_start_and_logged(hyperban
 
 def test_a_saved_packing_curve_is_used_without_measuring(state_dir):
     """The benchmark's saved curve for the device wins (returned before submitting a task)."""
-    from tasks.fluid_profiling import saved_or_measured_curve
+    from tasks.fluid.profiling import saved_or_measured_curve
 
     saved = fit_packing_curve([1, 2, 3], [100.0, 190.0, 200.0])
     save_packing_curve(saved, "NVIDIA Test GPU", iterations=2000)
@@ -185,7 +185,7 @@ def test_wide_trials_go_data_parallel_only_on_gpus_torch_sees(monkeypatch, devic
 
     import torch
 
-    from tasks.fluid_trials import data_parallel_ids
+    from tasks.fluid.trials import data_parallel_ids
 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: cuda_count)
     placed = types.SimpleNamespace(device=device, visible_devices=visible, gpu_indices=gpus)

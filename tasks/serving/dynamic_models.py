@@ -4,7 +4,7 @@
 (max softmax ≥ ``threshold``) or after ``max_steps``, as RDI-Nets and SkipNet do with exits and skipped layers
 (thesis §4.2.1). A batch keeps looping until every input in it has exited, so the batch costs its slowest
 request (padding, Eq. 4.4); a clean digit exits in a step or two, a corrupted one (noise, rotation as in
-``tasks.streams``) needs more. ORLOJ's histograms of the model are alone times of sampled requests
+``tasks.ekya.streams``) needs more. ORLOJ's histograms of the model are alone times of sampled requests
 (:func:`alone_times`). ``ExitByInput`` takes its exit from the input instead, so a workload can drift to
 heavier work on demand.
 """

@@ -3,7 +3,7 @@
 ``LocalServingRuntime(..., backend="ray")`` takes each node's lease on the pool's ledger as for local
 workers, then starts a :class:`RayWorkerHandle`: an actor hosting a
 :class:`~tasks.serving.worker.ServingWorker` in its own process (the models travel to it as state dicts;
-``ray_node_id`` pins it to the Ray node the lease names, the way ``tasks.ray_runner`` places tasks). The
+``ray_node_id`` pins it to the Ray node the lease names, the way ``tasks.runtime.ray_runner`` places tasks). The
 local :class:`~tasks.serving.frontend.Frontend` routes to the handles as to local workers; each routed burst
 (ids, stamps, input rows) is one ``actor.push.remote`` — a Ray call of hundreds of µs, so this backend buys
 capacity across machines, not the µs dispatch path of local workers.

@@ -85,7 +85,7 @@ def test_affinity_puts_replicas_apart_and_consumers_beside_their_producers():
 
 
 def test_the_simulator_the_flow_and_the_policy_block_name_the_same_policies():
-    from tasks.escher_demos import DEMOS
+    from tasks.escher.demos import DEMOS
     from gpu.schedulers.escher import POLICIES
     from resource_blocks import SchedulerPolicy
 

@@ -274,7 +274,7 @@ class CilantroRound:
 
         Raises:
             KeyError, TypeError, ValueError: the state lacks what the round needs; callers that read it
-                from a file name the file (``tasks.cilantro_allocator.load_state``).
+                from a file name the file (``tasks.cilantro.allocator.load_state``).
         """
         names = [j.name for j in self.jobs]
         self.rule.set_state(state["policy"])

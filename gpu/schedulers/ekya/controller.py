@@ -15,7 +15,7 @@ The controller follows ``gpu.contract.Controller``: it never reads a clock. A *w
 
 and applies the returned ``EkyaStep``: every stream's inference GPUs and the retraining jobs to start.
 The simulator (``gpu.sim.ekya.run``) feeds it modelled outcomes (a job ends ``retrain_s`` after it starts and
-reaches its profiled accuracy); the flow (``tasks.ekya_window``) feeds it what the torch work measured.
+reaches its profiled accuracy); the flow (``tasks.ekya.window``) feeds it what the torch work measured.
 
 Between events the controller only knows its own predictions: a running job's remaining time is the
 prediction made when it started (``RunningRetrain``), never a measurement the world has not reported.

@@ -1,6 +1,6 @@
 """Where a FLUID trial's data-parallel workers go on a pool of nodes, as ESCHER's ESL decides it (Bhardwaj, ESCHER,
 thesis Table 4.2 P3 anti-affinity used as a preference, then P1 affinity; §4.5 EscherTune's trials): pure
-decisions over the ledger's free state. ``tasks/fluid_escher.py`` turns a decision into ``trial-<id>``
+decisions over the ledger's free state. ``tasks/fluid/escher.py`` turns a decision into ``trial-<id>``
 resources, ghosts and workers on real tasks.
 """
 

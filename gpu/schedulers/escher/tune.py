@@ -1,5 +1,5 @@
 """EscherTune's ESL (Bhardwaj, ESCHER, thesis §4.5, Fig. 4.6c): when a trial should move, and the move itself, as
-``set_resource`` calls on the trial's ``trial-<id>`` resource. ``tasks/escher_tune.py`` runs it on real tasks:
+``set_resource`` calls on the trial's ``trial-<id>`` resource. ``tasks/escher/tune.py`` runs it on real tasks:
 the trial checkpoints, ``trial-<id>`` moves, and the relaunched task, with unchanged requests, resumes there."""
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ flow (or the simulator) owns the clock and the trial processes and calls:
 ``profile`` (one call per TrialGroup, so a profiler can measure the group's trials side by side) attaches
 measured ``iter_time_s``/``alpha``/``beta`` to each trial before FLUID sees it (§3.5:
 "FLUID thus uses a small fraction of resources to profile current trials and reuse the result throughout the
-whole tuning session"); the flow's profiler is ``tasks.fluid_profiling``, the simulator's ``Workload.profile``.
+whole tuning session"); the flow's profiler is ``tasks.fluid.profiling``, the simulator's ``Workload.profile``.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ Ch. 2 (= Salus, MLSys'20): the job life cycle of Fig. 2.3 — a job asks the mem
 scheduled lane by lane by the iteration scheduler (FIFO, PACK, SRTF, FAIR; §2.4).
 
 ``SalusController`` is a ``gpu.contract.Controller``: the world (``gpu.sim.salus.run`` or the torch executor
-``tasks.salus_executor``) calls
+``tasks.salus.executor``) calls
 
 * ``on_arrival(now, job)`` — a job asks for a lane;
 * ``on_iteration(now, job_id, gpu_s)`` — the job's iteration ended after ``gpu_s`` seconds of GPU time;

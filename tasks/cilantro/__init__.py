@@ -1,0 +1,1 @@
+"""Cilantro's flow side (OSDI 2023): real jobs on their slices, the allocator and the rounds of a flow run."""

@@ -1,0 +1,1 @@
+"""What a reviewer reads: charts, Prefect artifacts and progress, and the MLflow records flows publish."""

@@ -1,0 +1,158 @@
+"""What every gpuflows flow does the same way, whichever entry point started it.
+
+A flow is ONE Prefect flow whose decorator carries ``GpuTaskRunner(configure=<module-level function>)``: the
+runner takes its pool, mode and MLflow target from the flow run's own parameters (a block, a saved block's
+name or the defaults) on first use. ``python -m flows.<name>``, ``gpuflows demo``, a test calling the flow and
+``prefect deployment run`` therefore run the same flow with the same runner; the run the user clicks holds the
+task runs, the artifacts and the link to its MLflow run (artifact ``mlflow-run``), and that MLflow run links
+back (tags ``prefect.flow_run_id``, ``prefect.flow_run_url``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from resource_blocks import GpuPool, MlflowTarget
+from tasks.runtime.runners import MODES, PlacingTaskRunner, flow_mlflow_run_id
+
+SALUS_SETTINGS = ("salus_policy", "salus_devices", "salus_admission", "max_jobs_per_device", "salus_workers")
+
+
+def pool_block(pool: GpuPool | str | dict | None, default: GpuPool | None = None) -> GpuPool:
+    """A GpuPool parameter as a block: the block itself, a saved block's name, or ``default`` (else the saved
+    default block or a simulated 2 x 16 GiB pool) when None."""
+    if isinstance(pool, GpuPool):
+        return pool
+    if isinstance(pool, dict):  # a block passed through the API as its fields
+        return GpuPool(**pool)
+    if not pool and default is not None:
+        return default
+    return GpuPool.load_or_default(pool)
+
+
+def tracking_target(tracking: MlflowTarget | bool | str | dict | None, experiment: str | None = None) -> MlflowTarget:
+    """A tracking parameter as an MlflowTarget: the block, a saved block's name, False (off) or None (default)."""
+    if isinstance(tracking, MlflowTarget):
+        return tracking
+    if isinstance(tracking, dict):
+        return MlflowTarget(**tracking)
+    if isinstance(tracking, str):
+        return MlflowTarget.load_or_default(tracking)
+    target = MlflowTarget(enabled=tracking is not False)
+    return target.model_copy(update={"experiment": experiment}) if experiment else target
+
+
+def flow_runner() -> PlacingTaskRunner | None:
+    """The current flow run's GPU task runner with its settings resolved (None under another task runner)."""
+    from prefect.context import FlowRunContext
+
+    ctx = FlowRunContext.get()
+    runner = ctx.task_runner if ctx else None
+    return runner.resolve() if isinstance(runner, PlacingTaskRunner) else None
+
+
+def mlflow_run_url(tracking_uri: str, experiment_id: str, run_id: str, tab: str = "") -> str:
+    """Where the MLflow UI shows the run (``tab``: e.g. "artifacts"): the tracking server itself, or ``mlflow ui``
+    on its default port. MLflow 3's UI starts in its GenAI view (traces, no run table) unless the URL asks for
+    ``workflowType=machine_learning``, the view with runs, params, metrics and Compare."""
+    base = tracking_uri.rstrip("/") if tracking_uri.startswith(("http://", "https://")) else "http://127.0.0.1:5000"
+    page = f"/{tab}" if tab else ""
+    return f"{base}/#/experiments/{experiment_id}/runs/{run_id}{page}?workflowType=machine_learning"
+
+
+def _link_markdown(uri: str, experiment: str, experiment_id: str, run_id: str, run_name: str) -> str:
+    """The ``mlflow-run`` artifact's text: the MLflow run by name, linked, and how to serve a local store."""
+    url = mlflow_run_url(uri, experiment_id, run_id)
+    served = "" if uri.startswith(("http://", "https://")) else (
+        f"\n\nThe store is `{uri}`: serve it with `mlflow ui --backend-store-uri {uri}`, then open the link.")
+    return (f"**MLflow run** [{run_name}]({url}) — run `{run_id}` in experiment `{experiment}` (id {experiment_id}); "
+            f"its tags `prefect.flow_run_id` and `prefect.flow_run_url` point back to this flow run.{served}")
+
+
+# MLflow run id -> (the ``mlflow-run`` artifact's id, the link's other fields), so the link can follow the run's
+# readable name once ``log_flow_inputs`` gives it one.
+_LINKS: dict[str, tuple[Any, tuple[str, str, str]]] = {}
+
+
+def publish_mlflow_link(runner: PlacingTaskRunner | None = None) -> str | None:
+    """Open the flow run's MLflow run (the runner's) and attach a link to it as the markdown artifact
+    ``mlflow-run`` of this flow run; returns the MLflow run id (None when tracking is off)."""
+    runner = runner or flow_runner()
+    if runner is None or not runner.tracking.enabled:
+        return None
+    run_id = flow_mlflow_run_id()
+    if run_id is None:
+        return None
+    from mlflow import MlflowClient
+    from prefect.artifacts import create_markdown_artifact
+
+    uri = runner.tracking.resolved_uri()
+    run = MlflowClient(uri).get_run(run_id)
+    fields = (uri, runner.tracking.experiment, run.info.experiment_id)
+    artifact_id = create_markdown_artifact(
+        _link_markdown(*fields, run_id, run.info.run_name), key="mlflow-run",
+        description="The MLflow run of this flow run (per-task placements, metrics, models)")
+    _LINKS[run_id] = (artifact_id, fields)
+    return run_id
+
+
+def _rename_link(run_id: str, run_name: str) -> None:
+    """Show the MLflow run's new name in this flow run's ``mlflow-run`` artifact (published before the rename)."""
+    if run_id not in _LINKS:
+        return
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.actions import ArtifactUpdate
+
+    artifact_id, fields = _LINKS.pop(run_id)
+    with get_client(sync_client=True) as client:
+        client.update_artifact(artifact_id, ArtifactUpdate(data=_link_markdown(*fields, run_id, run_name)))
+
+
+def settings(parameters: dict[str, Any], default_pool: GpuPool | None = None, experiment: str | None = None,
+             **extra: Any) -> dict[str, Any]:
+    """Runner settings from a flow's ``pool``/``mode``/``tracking`` parameters (a ``configure`` hook's body).
+
+    ``mode="salus"`` selects Salus co-location; the Salus settings (``salus_policy``, ``salus_devices``,
+    ``salus_admission``, ``max_jobs_per_device``, ``salus_workers``) come from parameters of those names, so a
+    deployment chooses them like any other parameter (a bad value: the runner's ConfigError naming it)."""
+    out = {"pool": pool_block(parameters.get("pool"), default_pool),
+           "tracking": tracking_target(parameters.get("tracking"), experiment)}
+    if parameters.get("mode") in MODES:  # a bad mode is the flow's own check to report
+        out["mode"] = parameters["mode"]
+    out.update({k: parameters[k] for k in SALUS_SETTINGS if parameters.get(k) is not None})
+    return {**out, **extra}
+
+
+def where_runs_went() -> str:
+    """One line naming where this process's Prefect runs and MLflow runs were recorded, and how to look."""
+    from prefect.settings import PREFECT_API_URL, get_current_settings
+
+    from tasks.runtime.tracking import default_tracking_uri
+
+    api = PREFECT_API_URL.value()
+    prefect = (f"Prefect runs: the server at {api}" if api else
+               f"Prefect runs: PREFECT_HOME={get_current_settings().home} (see them with `make server`, "
+               "then http://127.0.0.1:4200)")
+    return f"{prefect}; MLflow runs: {default_tracking_uri()} (`make mlflow-ui`, then http://127.0.0.1:5000)"
+
+
+def log_flow_inputs(system: str, label: str | None, params: dict[str, Any]) -> None:
+    """The flow's decision inputs as params of its MLflow run, named ``<system>-<label>-<time>``, so runs of
+    one system's experiment compare side by side (no-op when tracking is off)."""
+    from tasks.runtime.tracking import flow_run_name, flow_tracker
+
+    tracker = flow_tracker()
+    if tracker is not None:
+        run_name = flow_run_name(system, label)
+        tracker.log_flow_inputs({"system": system, **params}, run_name=run_name)
+        if tracker.parent_run_id is not None:
+            _rename_link(tracker.parent_run_id, run_name)
+
+
+def log_flow_outcome(metrics: dict[str, Any]) -> None:
+    """The flow's headline outcome as metrics of its MLflow run (no-op when tracking is off)."""
+    from tasks.runtime.tracking import flow_tracker
+
+    tracker = flow_tracker()
+    if tracker is not None:
+        tracker.log_flow_outcome(metrics)

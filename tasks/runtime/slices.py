@@ -1,0 +1,121 @@
+"""What a task's slice of a GPU means, in one place: enforced and measured on real GPUs, emulated on a
+simulated pool.
+
+Schedulers decide from *measured* work (Ekya's retraining durations and frame rates, Cilantro's
+latencies, FLUID's iteration times). A task measures its work with ``on_slice`` and reports
+``SliceTiming.slice_s``: how long that work takes on the slice it was given.
+
+- **Real GPU** (``cuda:N``): the share is enforced — the memory cap through torch's per-process memory
+  fraction, the compute share through CUDA MPS's active-thread percentage when an MPS control daemon
+  serves the worker (``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``, read when CUDA starts, so the process
+  runner sets it before CUDA initialises; see ``mps_environment``). The timing is the wall clock after a
+  device synchronise: what the slice really delivered, contention included.
+- **Simulated pool** (``cpu``): there is no device to share. The work runs on the CPU at full speed
+  and we measure its CPU time on the calling thread (``time.thread_time``: immune to other tasks
+  competing for the same cores, which a GPU slice would not suffer either; gpuflows tasks run torch
+  with one intra-op thread, so the calling thread does all the work). The emulation then says a
+  fraction ``f`` of a device delivers ``f`` of its throughput, so ``slice_s = work_s / f``. This is the
+  only place in gpuflows where a model stands in for hardware, and it takes a measurement as input:
+  make the work heavier and ``slice_s`` grows with it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from tasks.runtime.requests import TaskPlacement, current_placement
+
+MPS_PIPE_ENV = "CUDA_MPS_PIPE_DIRECTORY"
+MPS_THREADS_ENV = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
+_DEFAULT_MPS_PIPE = "/tmp/nvidia-mps"
+
+
+@dataclass(frozen=True)
+class SliceTiming:
+    """One measured piece of work: its own time and the time it takes on the task's slice."""
+
+    work_s: float   # measured: thread CPU time (simulated pool) or synchronised wall time (GPU)
+    slice_s: float  # work_s / share when emulated; work_s itself on a real GPU
+    share: float    # the fraction of one device the task held (1.0 outside a runner)
+    emulated: bool  # True when slice_s comes from the simulated-pool emulation
+
+
+class SliceClock:
+    """Filled in when the ``on_slice`` block ends; read ``.timing`` after it."""
+
+    timing: SliceTiming | None = None
+
+    def __init__(self) -> None:
+        self.timing = None
+
+
+def _share(placement: TaskPlacement | None) -> float:
+    if placement is None or not placement.gpu_indices:
+        return 1.0
+    return max(1e-6, min(1.0, placement.fraction))
+
+
+def _on_gpu(placement: TaskPlacement | None) -> bool:
+    return placement is not None and placement.device.startswith("cuda")
+
+
+@contextmanager
+def on_slice(placement: TaskPlacement | None = None) -> Iterator[SliceClock]:
+    """Measure the work inside the block as time on the task's slice (see module docstring)."""
+    p = placement or current_placement()
+    clock = SliceClock()
+    gpu = _on_gpu(p)
+    if gpu:
+        import torch
+
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+    else:
+        start = time.thread_time()
+    yield clock
+    if gpu:
+        torch.cuda.synchronize()
+        work = time.perf_counter() - start
+        clock.timing = SliceTiming(work, work, _share(p), False)
+    else:
+        work = time.thread_time() - start
+        share = _share(p)
+        clock.timing = SliceTiming(work, work / share, share, True)
+
+
+def mps_available() -> bool:
+    """True when a CUDA MPS control daemon is listening (its pipe directory has a control socket)."""
+    pipe = Path(os.environ.get(MPS_PIPE_ENV, _DEFAULT_MPS_PIPE))
+    return (pipe / "control").exists()
+
+
+def mps_environment(fraction: float) -> dict[str, str]:
+    """Environment a worker process needs so MPS caps its compute at ``fraction`` of the device.
+
+    Empty when no MPS daemon runs (the share is then a scheduling promise, not a hardware cap) or the
+    task holds whole devices.
+    """
+    if fraction >= 1.0 or not mps_available():
+        return {}
+    return {MPS_THREADS_ENV: str(max(1, round(100 * fraction)))}
+
+
+def enforce(placement: TaskPlacement | None = None) -> None:
+    """Apply the slice inside a running task: cap torch's CUDA allocator at the placement's memory.
+
+    A no-op on a simulated pool or without a memory cap. Compute shares are applied before CUDA starts
+    (``mps_environment``), not here.
+    """
+    p = placement or current_placement()
+    if not _on_gpu(p) or not p.memory_cap:
+        return
+    import torch
+
+    dev = torch.device(p.device)
+    total = torch.cuda.get_device_properties(dev).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(1.0, p.memory_cap / total), dev)

@@ -1,0 +1,185 @@
+"""What a Salus policy did to a trace of real torch jobs, measured, beside what the simulator predicts.
+
+Every job reports the wall-clock span of each of its Salus iterations (taken inside the iteration, after its
+lane's token was granted and before it is handed back), its lane and when it was admitted. From those spans
+alone come the thesis's Table 2.1 metrics (makespan, queuing, average and p95 JCT, §2.5.1) and the switch
+latency: the gap between one job's iteration ending and the next job's iteration starting on the same lane,
+i.e. the token hand-off at an iteration boundary, where no state moves (§2.3.2). The same spans check the
+one-iteration-at-a-time rule of a lane (``lane_overlaps`` must stay empty).
+
+``predicted`` runs ``gpu.sim.salus`` on the same jobs (the memory they were admitted with, declared or
+profiled, and the same arrivals, iterations and SRTF expected times) with each job's iteration time as measured, so the measured and simulated numbers differ
+only by what the simulator's contention model leaves out.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from gpu.schedulers.salus.controller import SalusController, SalusJob
+from gpu.sim.salus.engine import simulate
+from gpu.sim.salus.workloads import TraceJob
+from tasks.salus.trace import SharingJob
+
+log = logging.getLogger(__name__)
+
+METRICS = ("makespan_s", "avg_queuing_s", "avg_jct_s", "p95_jct_s")
+
+
+@dataclass
+class PolicyOutcome:
+    """One policy's run of the trace: a row per job (times in seconds since the first arrival)."""
+
+    policy: str
+    jobs: list[dict[str, Any]]
+    device_mb: float
+    simulated_device: bool
+    sizes: dict[str, tuple[float, float]]  # job -> (P, E) MB Algorithm 2.1 admitted it with, declared or profiled
+    summary: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.summary:
+            self.summary = summarise(self.jobs)
+
+
+def job_rows(trace: Sequence[SharingJob], results: Sequence[dict[str, Any]], arrivals: Sequence[float],
+             t0: float, sizes: dict[str, tuple[float, float]], grants: dict[str, list[int]]) -> list[dict[str, Any]]:
+    """One row per job from its task's result, the wall time it was submitted at (its arrival), the memory it
+    was admitted with and the lanes the executor's token log granted it, one per iteration (a profiled job
+    moves from its profiling lane to the lane it is re-admitted into; ``span_lanes`` follows it)."""
+    rows = []
+    for job, result, arrived in zip(trace, results, arrivals):
+        spans = [(s - t0, e - t0) for s, e in result["spans"]]
+        start, end = spans[0][0], spans[-1][1]
+        lanes = grants.get(job.job_id) or [result["lane"]]
+        span_lanes = lanes if len(lanes) == len(spans) else [lanes[-1]] * len(spans)
+        rows.append({"job": job.job_id, "kind": job.kind, "workload": job.workload, "lane": lanes[-1],
+                     "arrival_s": arrived - t0, "admitted_s": result["admitted"] - t0, "start_s": start,
+                     "end_s": end, "queuing_s": start - (arrived - t0), "jct_s": end - (arrived - t0),
+                     "setup_s": start - (result["admitted"] - t0),
+                     "iterations": len(spans), "mean_iteration_ms": 1e3 * float(np.mean([e - s for s, e in spans])),
+                     "persistent_mb": sizes[job.job_id][0], "ephemeral_mb": sizes[job.job_id][1],
+                     "token_grants": len(grants.get(job.job_id, ())), "spans": spans, "span_lanes": span_lanes,
+                     **{k: result[k] for k in ("accuracy", "served") if k in result}})
+    return rows
+
+
+def executor_record(executor: Any, trace: Sequence[SharingJob], task_prefix: str
+                    ) -> tuple[dict[str, tuple[float, float]], dict[str, list[int]]]:
+    """What a policy's executor recorded, by trace job id: the memory each job was admitted with (declared, or
+    as profiled) and the lanes its token log granted it, one per iteration. An executor's job id is its task's
+    name, ``<task_prefix><job id>-<workload>``, and a suffix."""
+    def trace_id(executor_id: str) -> str:
+        return executor_id.removeprefix(task_prefix).split("-")[0]
+
+    sizes = {job.job_id: (job.persistent_mb, job.ephemeral_mb) for job in trace}
+    for executor_id, measured in executor.profiles.items():
+        sizes[trace_id(executor_id)] = measured
+    grants: dict[str, list[int]] = {}
+    for _, lane, executor_id in executor.switches:
+        grants.setdefault(trace_id(executor_id), []).append(lane)
+    return sizes, grants
+
+
+def _by_lane(rows: Sequence[dict[str, Any]]) -> dict[int, list[tuple[float, float, str]]]:
+    lanes: dict[int, list[tuple[float, float, str]]] = {}
+    for r in rows:
+        for (s, e), lane in zip(r["spans"], r.get("span_lanes") or [r["lane"]] * len(r["spans"])):
+            lanes.setdefault(lane, []).append((s, e, r["job"]))
+    return {lane: sorted(spans) for lane, spans in lanes.items()}
+
+
+def switch_gaps(rows: Sequence[dict[str, Any]]) -> list[float]:
+    """Seconds from one job's iteration end to another job's next iteration start in the same lane."""
+    return [s2 - e1 for spans in _by_lane(rows).values()
+            for (_, e1, j1), (s2, _, j2) in zip(spans, spans[1:]) if j1 != j2]
+
+
+def lane_overlaps(rows: Sequence[dict[str, Any]]) -> list[tuple[str, str]]:
+    """Pairs of jobs whose iterations overlapped in one lane (a lane runs one iteration at a time: none)."""
+    return [(j1, j2) for spans in _by_lane(rows).values()
+            for (_, e1, j1), (s2, _, j2) in zip(spans, spans[1:]) if s2 < e1]
+
+
+def peak_lanes(rows: Sequence[dict[str, Any]]) -> int:
+    """Most lanes holding an admitted job at once (a lane lives while one of its jobs is admitted and unfinished)."""
+    return max(len({r["lane"] for r in rows if r["admitted_s"] <= t < r["end_s"]}) for t in
+               (r["admitted_s"] for r in rows))
+
+
+def summarise(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Table 2.1's metrics plus the peak number of lanes, the switch latency (median and p95, ms) and the jobs'
+    average setup (admission to first iteration: building the model and its data, in process mode also the
+    worker process's start; queuing includes it, as a job's session setup counts in Salus's JCT)."""
+    jct = np.array([r["jct_s"] for r in rows])
+    out = {"makespan_s": max(r["end_s"] for r in rows) - min(r["arrival_s"] for r in rows),
+           "avg_queuing_s": float(np.mean([r["queuing_s"] for r in rows])),
+           "avg_jct_s": float(jct.mean()), "p95_jct_s": float(np.percentile(jct, 95)),
+           "avg_setup_s": float(np.mean([r["setup_s"] for r in rows])),
+           "peak_lanes": float(peak_lanes(rows))}
+    gaps = switch_gaps(rows)
+    out["switches"] = float(len(gaps))
+    if gaps:
+        out |= {"switch_ms_median": 1e3 * float(np.median(gaps)), "switch_ms_p95": 1e3 * float(np.percentile(gaps, 95))}
+    return out
+
+
+def solo_iteration_s(outcomes: Sequence[PolicyOutcome]) -> dict[str, float]:
+    """Each job's iteration time as measured: the lowest mean over the policies run (the least contended)."""
+    best: dict[str, float] = {}
+    for outcome in outcomes:
+        for r in outcome.jobs:
+            best[r["job"]] = min(best.get(r["job"], np.inf), r["mean_iteration_ms"] / 1e3)
+    return best
+
+
+def predicted(trace: Sequence[SharingJob], outcome: PolicyOutcome, iter_s: dict[str, float]) -> dict[str, float]:
+    """The simulator's Table 2.1 metrics for the same jobs under the outcome's policy, with the memory they were
+    admitted with (its contention model: lanes progress at ``min(1, 1/sum u)`` of solo speed, with ``u`` from
+    the jobs' workloads)."""
+    jobs = [TraceJob(SalusJob(j.job_id, *outcome.sizes[j.job_id], expected_s=j.expected_s), j.arrival_s,
+                     iter_s[j.job_id], j.iterations, j.u) for j in trace]
+    summary = simulate(jobs, SalusController(outcome.device_mb, outcome.policy)).summary()
+    return {k: summary[k] for k in (*METRICS, "peak_lanes")}
+
+
+def log_policy_run(client: Any, parent_run_id: str, outcome: PolicyOutcome, sim: dict[str, float]) -> str:
+    """One MLflow run nested under the flow's run for the policy: its measured metrics, the simulator's
+    (``sim_<metric>``) and the per-job rows with their iteration spans (``jobs.json``); returns the run id."""
+    from mlflow.entities import Metric, Param
+
+    from tasks.runtime.tracking import holder_tags
+
+    exp_id = client.get_run(parent_run_id).info.experiment_id
+    run = client.create_run(exp_id, run_name=f"salus-{outcome.policy}", tags={
+        "mlflow.parentRunId": parent_run_id, "policy": outcome.policy, **holder_tags(),
+        "simulated_device": str(outcome.simulated_device).lower()})
+    rid = run.info.run_id
+    metrics = {**outcome.summary, **{f"sim_{k}": v for k, v in sim.items()}}
+    client.log_batch(rid, metrics=[Metric(k, float(v), 0, 0) for k, v in metrics.items()],
+                     params=[Param("policy", outcome.policy), Param("jobs", str(len(outcome.jobs))),
+                             Param("device_mb", f"{outcome.device_mb:g}")])
+    client.log_dict(rid, outcome.jobs, "jobs.json")
+    client.set_terminated(rid, "FINISHED")
+    return rid
+
+
+def lane_chart(outcome: PolicyOutcome) -> Path | None:
+    """The policy's lane Gantt PNG (``tasks.report.charts.salus_lanes_png``), None when it could not be drawn."""
+    from tasks.report.charts import salus_lanes_png
+
+    title = (f"Salus {outcome.policy}: makespan {outcome.summary['makespan_s']:.2f} s, average JCT "
+             f"{outcome.summary['avg_jct_s']:.2f} s, at most {int(outcome.summary['peak_lanes'])} lane(s) at once"
+             + ("\nlanes are accounting only (simulated device)" if outcome.simulated_device else ""))
+    try:
+        return salus_lanes_png(outcome.jobs, Path(tempfile.mkdtemp(prefix="gpuflows-chart-"))
+                               / f"salus-lanes-{outcome.policy}.png", title=title)
+    except Exception as exc:  # noqa: BLE001 - a chart never fails the flow
+        log.warning("could not draw the lane chart of %s: %r", outcome.policy, exc)
+        return None

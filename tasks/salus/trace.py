@@ -1,0 +1,200 @@
+"""A seeded job trace of small real torch trainers and inference loops for one Salus device (thesis §2.5.1).
+
+The thesis replays a production-like trace of Table A.1 training jobs (§2.5.1, Table 2.1) and serves
+inference instances beside them (§2.5.3). ``sharing_trace`` draws the same mix, scaled down from minutes to
+seconds: Poisson arrivals, log-normal (heavy-tailed) iteration counts, every trainer a Table A.1 workload
+(``gpu.sim.salus.workloads``) and every inference loop one of S5's instances. A job *declares* its workload's
+persistent and ephemeral memory (so Algorithm 2.1 admits it as it would the real model), or leaves both out to
+have the runner profile what its torch work really allocates (``tasks.salus.profiling``), and runs a stand-in
+torch model sized after it: an MLP on scikit-learn's digits whose hidden width grows with the persistent
+memory, and whose iteration does work in proportion to the workload's solo iteration time (optimizer steps
+for a trainer, batches of requests for an inference loop).
+
+    trace = sharing_trace(jobs=8, seed=0, mean_gap_s=0.1, median_iterations=20)
+    trace[0]  # SharingJob(job_id='job0', kind='train', workload='resnet50_50', iterations=18, steps=6, ...)
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+from prefect import task
+
+from gpu.errors import ConfigError
+from gpu.scenario import choose, entries, integer, positive, require
+from gpu.sim.salus.workloads import all_workloads, inference_instances, workload
+from tasks.digits import digits_tensors, mlp
+from tasks.runtime.requests import current_placement
+from tasks.salus.executor import salus_iterations, salus_job
+
+KINDS = ("train", "infer")
+STEPS_PER_SOLO_S = 20      # optimizer steps (or request batches) per second of the workload's solo iteration
+STEP_S_ESTIMATE = 0.002    # declared seconds per step (an Adam step of the stand-in MLP, batch 128, one core)
+BATCH = 128                # samples per optimizer step, requests per inference batch
+JOB_KEYS = ("kind", "workload", "iterations", "arrival_s")
+
+
+@dataclass(frozen=True)
+class SharingJob:
+    """One job of the trace: what it declares to Salus and the torch work it does.
+
+    ``workload``: a Table A.1 ``<model>_<batch>`` for a trainer, an S5 model name for an inference loop;
+    ``steps``: optimizer steps (or request batches) per Salus iteration; ``hidden``: the stand-in MLP's width;
+    ``iter_s``: the workload's solo iteration seconds and ``u`` its compute intensity (the simulator's inputs).
+    """
+
+    job_id: str
+    kind: str
+    workload: str
+    arrival_s: float
+    iterations: int
+    steps: int
+    hidden: int
+    persistent_mb: float
+    ephemeral_mb: float
+    iter_s: float
+    u: float
+
+    @property
+    def expected_s(self) -> float:
+        """Declared total run time, what SRTF orders by (it assumes known durations, §2.4.2)."""
+        return self.iterations * self.steps * STEP_S_ESTIMATE
+
+    def row(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _instances() -> dict[str, Any]:
+    return {i.instance_id.split("#")[0]: i for i in inference_instances(1)}
+
+
+def sharing_job(job_id: str, kind: str, name: str, iterations: int, arrival_s: float,
+                field: str = "workload") -> SharingJob:
+    """A trainer of Table A.1 workload ``name`` or an inference loop of S5 model ``name`` (ConfigError naming
+    ``field`` if unknown)."""
+    if kind == "train":
+        w = workload(choose(name, field, all_workloads()))
+        p, e, solo, u = w.persistent_mb, w.ephemeral_mb, w.iter_s, w.u
+    else:
+        instance = _instances()[choose(name, field, sorted(_instances()))]
+        p, e, solo, u = instance.persistent_mb, instance.ephemeral_mb, instance.service_s, instance.u
+    return SharingJob(job_id, kind, name, arrival_s, iterations, max(1, round(solo * STEPS_PER_SOLO_S)),
+                      32 + round(p / 8), p, e, solo, u)
+
+
+def sharing_trace(jobs: int, seed: int, mean_gap_s: float, median_iterations: int, sigma: float = 0.8,
+                  inference_share: float = 0.25) -> list[SharingJob]:
+    """``jobs`` jobs, seeded: arrivals ``mean_gap_s`` apart on average (the first at 0), iterations log-normal
+    around ``median_iterations`` (at least 2), a trainer of a uniform Table A.1 workload or, with probability
+    ``inference_share``, an inference loop of a uniform S5 model."""
+    rng = np.random.default_rng(seed)
+    trainers, models = all_workloads(), sorted(_instances())
+    arrivals = np.concatenate([[0.0], np.cumsum(rng.exponential(mean_gap_s, jobs - 1))])
+    out = []
+    for i, at in enumerate(arrivals):
+        infer = rng.random() < inference_share
+        name = models[rng.integers(len(models))] if infer else trainers[rng.integers(len(trainers))]
+        iterations = max(2, round(float(rng.lognormal(np.log(median_iterations), sigma))))
+        out.append(sharing_job(f"job{i}", "infer" if infer else "train", name, iterations, float(at)))
+    return out
+
+
+def explicit_trace(rows: Sequence[Mapping[str, Any]]) -> list[SharingJob]:
+    """Jobs given one by one: ``[{kind: train|infer, workload, iterations, arrival_s}]`` (``kind`` defaults to
+    train, ``arrival_s`` to 0), checked field by field."""
+    parsed = entries(rows, "trace", JOB_KEYS)
+    if not parsed:
+        raise ConfigError("trace", rows, "must list at least one job")
+    out = []
+    for i, row in enumerate(parsed):
+        where = f"trace[{i}]"
+        kind = choose(row.get("kind", "train"), f"{where}.kind", list(KINDS))
+        iterations = integer(require(row, "iterations", f"{where}."), f"{where}.iterations", minimum=1)
+        arrival = positive(row.get("arrival_s", 0.0), f"{where}.arrival_s", allow_zero=True)
+        name = require(row, "workload", f"{where}.")
+        out.append(sharing_job(f"job{i}", kind, name, iterations, arrival,
+                               f"{where}.workload"))
+    return sorted(out, key=lambda j: j.arrival_s)
+
+
+# -- the jobs: real torch work, one Salus iteration per pass ------------------------------------------------
+def warm_up() -> None:
+    """One Adam step of the stand-in model in this process: thread-mode jobs share its imports (torch,
+    scikit-learn, and what the first optimizer step loads), which the first policy run would otherwise pay
+    inside its first job's setup (seconds on a busy machine)."""
+    import torch
+
+    xs, ys = digits_tensors("cpu")
+    model = mlp(8, 0, "cpu")
+    _step(model, torch.optim.Adam(model.parameters()), xs, ys, torch.Generator().manual_seed(0))
+
+
+def _step(model: Any, opt: Any, xs: Any, ys: Any, gen: Any) -> None:
+    import torch
+
+    idx = torch.randint(0, len(xs), (BATCH,), generator=gen).to(xs.device)
+    loss = torch.nn.functional.cross_entropy(model(xs[idx]), ys[idx])
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+
+
+def _outcome(job_id: str, spans: list[tuple[float, float]], admitted: float, **extra: Any) -> dict[str, Any]:
+    placement = current_placement()
+    lane = placement.lane
+    return {"job": job_id, "lane": lane.lane_id if lane else -1, "device": placement.device,
+            "admitted": admitted, "spans": spans, **extra}
+
+
+@salus_job()  # each trace job declares its workload's memory with salus_options, or is profiled
+@task
+def train_job(job_id: str, hidden: int, steps: int, iterations: int, seed: int) -> dict[str, Any]:
+    """A trainer: each Salus iteration is ``steps`` Adam steps of the MLP on digits; returns its iteration
+    spans (wall clock), its lane and the accuracy it reached."""
+    import torch
+
+    admitted = time.time()
+    torch.set_num_threads(1)
+    device = torch.device(current_placement().device)
+    xs, ys = digits_tensors(device)
+    model = mlp(hidden, seed, device)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    gen = torch.Generator().manual_seed(seed)
+    spans = []
+    for _ in salus_iterations(iterations):
+        start = time.time()
+        for _ in range(steps):
+            _step(model, opt, xs, ys, gen)
+        spans.append((start, time.time()))
+    with torch.no_grad():
+        accuracy = float((model(xs).argmax(1) == ys).float().mean())
+    return _outcome(job_id, spans, admitted, accuracy=accuracy)
+
+
+@salus_job()  # each trace job declares its workload's memory with salus_options, or is profiled
+@task
+def infer_job(job_id: str, hidden: int, steps: int, iterations: int, seed: int) -> dict[str, Any]:
+    """An inference loop: each Salus iteration answers ``steps`` batches of requests (digits to classify, forward
+    only); returns its iteration spans, its lane and how many requests it served."""
+    import torch
+
+    admitted = time.time()
+    torch.set_num_threads(1)
+    device = torch.device(current_placement().device)
+    xs, _ = digits_tensors(device)
+    model = mlp(hidden, seed, device).eval()
+    gen = torch.Generator().manual_seed(seed)
+    spans, served = [], 0
+    for _ in salus_iterations(iterations):
+        start = time.time()
+        with torch.no_grad():
+            for _ in range(steps):
+                served += len(model(xs[torch.randint(0, len(xs), (BATCH,), generator=gen).to(device)]).argmax(1))
+        spans.append((start, time.time()))
+    return _outcome(job_id, spans, admitted, served=served)
+
+
+JOB_TASKS = {"train": train_job, "infer": infer_job}
