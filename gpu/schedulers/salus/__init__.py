@@ -5,4 +5,5 @@ Scheduler modules:
 - ``controller``: Salus on one device: admit jobs into GPU lanes and switch them at iteration boundaries (thesis Ch
 - ``lanes``: Salus GPU lanes: where a job's ephemeral memory goes (thesis Ch
 - ``policies``: Salus's iteration schedulers: which job in a lane runs the next iteration (thesis §2.4, §2.5.1)
+- ``system``: Salus's entry in the system registry (``gpu.systems``)
 """

@@ -27,7 +27,7 @@ from gpu.report import SimulationReport
 from gpu.scenario import (
     entries, integer, known_fields, label, load_scenario, policy_names, positive, section,
 )
-from gpu.schedulers.escher import POLICIES
+from gpu.schedulers.escher.policies import POLICIES
 from gpu.sim.escher.affinity import PLACEMENTS, Affinity, affinity_placements
 from gpu.sim.escher.gangs import GangLoad, gang_latencies
 from gpu.sim.escher.workloads import (

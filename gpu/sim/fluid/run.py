@@ -25,7 +25,7 @@ from gpu.schedulers.fluid.algorithms import (FluidParams, PackingCurve, Trial, f
 from gpu.schedulers.fluid.policies import POLICIES, build_executor
 from gpu.sim.fluid.engine import RunResult, simulate
 from gpu.sim.fluid.workload import Workload
-from gpu.tuning import ALGORITHMS, FixedTrials, TuningAlgorithm, parse_space
+from gpu.schedulers.fluid.tuning import ALGORITHMS, FixedTrials, TuningAlgorithm, parse_space
 
 MAX_GPUS = 100_000  # the executors keep per-GPU state: a typo like 1e9 would exhaust memory, not simulate
 SCENARIO_KEYS = ("name", "gpus", "seed", "policies", "fluid", "workload", "trials", "algorithm")
@@ -169,4 +169,4 @@ def report(name: str, results: dict[str, RunResult], info: dict[str, Any], gpus:
     return SimulationReport("fluid", table, summary, {"parameters": [{"name": k, "value": v} for k, v in info.items()]})
 
 
-__all__ = ["POLICIES", "build_executor", "run", "report", "Trial"]
+__all__ = ["run", "report", "Trial"]
