@@ -80,9 +80,8 @@ class BatchPolicy(Protocol):
 
     A policy may keep state (ORLOJ's histograms, a Clockwork-like plan, Clipper's AIMD batch size): each worker
     then holds its own instance, built by its factory (``gpu.systems.make_batch_policy(name)``), never one shared
-    object. A policy
-    that learns from executed batches also defines ``observe(batch, started_ms, finished_ms)``; the worker and
-    the simulator call it after every batch (``observe_batch``).
+    object. A policy that learns from executed batches also defines ``observe(batch, started_ms, finished_ms)``; the
+    worker and the simulator call it after every batch (``observe_batch``).
     """
 
     name: str
@@ -100,8 +99,6 @@ def observe_batch(policy: BatchPolicy, batch: Sequence[InferenceRequest], starte
         observe(batch, started_ms, finished_ms)
 
 
-
-@runtime_checkable
 class BatchCostModel(Protocol):
     """How long a padded batch runs given its requests' alone (batch-of-one) times, in ms.
 

@@ -51,7 +51,7 @@ class System:
     controller: str
     example: str
     flows: tuple[str, ...] = ()
-    batch_policies: Mapping[str, str] = field(default_factory=dict)
+    batch_policies: Mapping[str, str] = field(default_factory=dict, hash=False)
 
     @property
     def simulator(self) -> str:
