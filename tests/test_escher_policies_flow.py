@@ -102,11 +102,15 @@ def test_the_policies_place_real_tasks_as_the_esls_say(state_dir):
     assert max(m["started"] for m in members) < min(m["ended"] for m in members)     # all ran at once
     assert len({round(m["checksum"], 9) for m in members}) == 1                      # one data-parallel model
 
-    shares, jobs = out["hfs"]["shares"], out["hfs"]["jobs"]
+    shares, jobs, timeline = out["hfs"]["shares"], out["hfs"]["jobs"], out["hfs"]["timeline"]
     assert {u: len(n) for u, n in shares.items()} == {"a": 2, "b1": 1, "b2": 1}       # 1:1 teams, 1:1 in B
     assert set(shares["a"]).isdisjoint(shares["b1"] + shares["b2"])
-    for job in jobs:
-        assert job["node"] in shares[job["user"]]
+    for row in timeline:                                                              # never a node twice
+        held = [n for nodes in row["shares"].values() for n in nodes]
+        assert len(held) == len(set(held))
+    for job in jobs:                                                                  # only on its user's nodes
+        assert any(job["node"] in row["shares"][job["user"]] for row in timeline)
+    assert timeline[-1]["shares"] == {"a": [], "b1": [], "b2": []}                    # every share given back
 
     # WordCount (Fig. 4.5a): the same counts as one Counter over the whole text; locality moves nothing
     whole = collections.Counter(" ".join(shard_text(i, 2000, 0) for i in range(6)).split())
@@ -132,6 +136,55 @@ def test_the_policies_place_real_tasks_as_the_esls_say(state_dir):
     names = {row["name"] for row in out["actions"]}
     assert names >= {"anti-replicas", "anti-gang-ghosts", "gang-dp", "res-a", "data-shard-0", "anti-predictors",
                      "coloc-predictor-0", "trial-long"}
+    assert _pool_is_clean("escher")
+
+
+HEAVIER = 100
+"""How much heavier user b1's SGD is in the heavier-work test: each step runs over the digits this many times."""
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("prefect_server")
+def test_a_user_whose_jobs_are_heavier_is_handed_the_nodes_the_others_leave_idle(state_dir, monkeypatch):
+    """Fig. 4.5c's max-min sharing driven by measured work: user b1's jobs train on 100x the data per step (same
+    flow settings), so once a's and b2's light jobs end, the monitor's next periods hand their idle nodes to b1,
+    whose second job then runs beside its first on a node that was a's. With shares fixed at the start, b1's
+    jobs would run one after the other on its one node."""
+    import time
+
+    import torch
+    from prefect import task
+
+    import tasks.escher.fair_share
+    from tasks.escher.jobs import digits, linear_model, team_job, where
+
+    @task
+    def heavier_for_b1(user: str, i: int, steps: int) -> dict:
+        if user != "b1":
+            return team_job.fn(user, i, steps)
+        started = time.time()
+        x, y = digits()
+        x, y = x.repeat(HEAVIER, 1), y.repeat(HEAVIER)
+        model = linear_model(4 + i)
+        opt = torch.optim.SGD(model.parameters(), lr=0.5)
+        for _ in range(steps):
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+        return {"task": f"{user}-{i}", "user": user, **where(started)}
+
+    digits()  # the digits loaded and torch imported before the flow: every job's time is its own work
+    monkeypatch.setattr(tasks.escher.fair_share, "team_job", heavier_for_b1)
+    out = escher_policies(policies=["hfs"], jobs=2, steps=30, tracking=False)["hfs"]
+    first, second = sorted((j for j in out["jobs"] if j["user"] == "b1"), key=lambda j: j["started"])
+    assert out["shares"]["b1"] == [first["node"]]                                     # b1 starts on its one node
+    assert second["node"] in out["shares"]["a"]                                       # then is handed one of a's
+    assert second["started"] < first["ended"]                                         # while its first job runs
+    a_done = max(j["ended"] for j in out["jobs"] if j["user"] == "a")
+    assert first["ended"] > a_done                                                    # the heavy work was longer
+    handed = [row for row in out["timeline"] if row["demand"].get("a") == 0 and row["demand"].get("b1", 0) >= 2]
+    assert handed and all(row["shares"]["a"] == [] and len(row["shares"]["b1"]) >= 2 for row in handed)
+    assert out["metrics"]["peak_share_b1_nodes"] >= 2
     assert _pool_is_clean("escher")
 
 

@@ -7,6 +7,7 @@ reported as such.
 
 from __future__ import annotations
 
+import collections
 from dataclasses import dataclass
 
 import numpy as np
@@ -14,7 +15,7 @@ import numpy as np
 from gpu.devices import simulated_nodes
 from gpu.placement import FifoBestFit, ResourceRequest
 from gpu.schedulers.escher.api import Actions, Escher, SetResource
-from gpu.schedulers.escher.hfs import HierarchicalFairShare
+from gpu.schedulers.escher.hfs import FairShareMonitor, HierarchicalFairShare
 from gpu.schedulers.escher.primitives import ElasticLoadBalancer, colocate, store_data, with_task
 from gpu.sim.escher.world import Timing, World
 
@@ -102,9 +103,11 @@ def fair_share(load: FairShare, timing: Timing, seed: int) -> list[dict[str, flo
     world = World(simulated_nodes("0x1GiB", load.nodes, cpus=1), FifoBestFit(backfill=True), timing, seed)
     rng = np.random.default_rng(seed + 11)
     root = HierarchicalFairShare(sorted(world.ledger.cluster_status()))
+    monitor = FairShareMonitor(root, load.period_s)
     teams: dict[str, HierarchicalFairShare] = {}
     resource: dict[str, str] = {}
     running = {u: 0 for u, *_ in load.arrivals}
+    on_node: dict[str, collections.Counter] = {u: collections.Counter() for u in running}
     queued = dict(running)
     warm: set[tuple[str, str]] = set()
     warming = [0]
@@ -119,6 +122,7 @@ def fair_share(load: FairShare, timing: Timing, seed: int) -> list[dict[str, flo
         def start(p) -> None:
             queued[user] -= 1
             running[user] += 1
+            on_node[user][p.node] += 1
             if user == "B" and (user, p.node) not in warm:
                 warm.add((user, p.node))
                 warmup[0] = load.warmup_s
@@ -129,6 +133,7 @@ def fair_share(load: FairShare, timing: Timing, seed: int) -> list[dict[str, flo
 
         def end(p) -> None:
             running[user] -= 1
+            on_node[user][p.node] -= 1
 
         world.run_task(ResourceRequest(cpus=1, resources={resource[user]: 1}), lambda p: work + warmup[0], start, end)
 
@@ -141,9 +146,10 @@ def fair_share(load: FairShare, timing: Timing, seed: int) -> list[dict[str, flo
 
     def rebalance() -> None:
         demand = {u: running[u] + queued[u] + BACKLOG for u in resource}
-        world.apply(root.on_round(world.now, demand))
-        if world.now + load.period_s < load.horizon_s:
-            world.loop.after(load.period_s, rebalance)
+        decision = monitor.on_wake(world.now, demand, {u: +on_node[u] for u in resource})
+        world.apply(decision.actions)
+        if decision.wake_at < load.horizon_s:
+            world.loop.at(decision.wake_at, rebalance)
 
     def sample() -> None:
         samples.append({"t": world.now, **{u: float(running[u]) for u in running},
