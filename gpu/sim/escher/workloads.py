@@ -14,9 +14,10 @@ import numpy as np
 
 from gpu.devices import simulated_nodes
 from gpu.placement import FifoBestFit, ResourceRequest
-from gpu.schedulers.escher.api import Actions, Escher, SetResource
+from gpu.schedulers.escher.api import Escher
 from gpu.schedulers.escher.hfs import FairShareMonitor, HierarchicalFairShare
 from gpu.schedulers.escher.primitives import ElasticLoadBalancer, colocate, store_data, with_task
+from gpu.schedulers.escher.tune import TrialProgress, consolidation, spread_by_availability, trial_resources
 from gpu.sim.escher.world import Timing, World
 
 TRANSFER_SHARE = 0.583   # Fig. 4.5a: no-locality transfer share of job time at 500 GB
@@ -251,10 +252,11 @@ class Tune:
 
 
 def tune(load: Tune, migrate: bool, timing: Timing, seed: int) -> dict[str, float]:
-    """Five load-balanced short jobs, then a ``long_gpus`` job placed where GPUs are free. With
-    ``migrate`` (EscherTune) a monitor moves the long job's ``trial-long`` resource to one node once
-    one has room for all its workers: checkpoint, stop the workers, move the resource, relaunch them
-    with unchanged requests. Throughput of the long job: 1 co-located, 1/``spread_penalty`` spread."""
+    """Five load-balanced short jobs, then a ``long_gpus`` job spread where GPUs are free
+    (``spread_by_availability``). With ``migrate`` (EscherTune) a monitor asks the flow's ``consolidation`` every
+    ``poll_s`` and moves the long job's ``trial-long`` resource onto fewer nodes once they have room for all its
+    workers: checkpoint, stop the workers, move the resource, relaunch them with unchanged requests. Throughput of
+    the long job: 1 co-located, 1/``spread_penalty`` spread."""
     world = World(simulated_nodes(f"{load.gpus_per_node}x16GiB", load.nodes, cpus=8), FifoBestFit(backfill=True),
                   timing, seed)
     lb = ElasticLoadBalancer("short")
@@ -264,6 +266,7 @@ def tune(load: Tune, migrate: bool, timing: Timing, seed: int) -> dict[str, floa
         world.esl.apply(lb.on_arrival(0.0, world.ledger.cluster_status(), 1))
     workers: dict[str, str] = {}                   # lease id -> node
     state = {"work": 0.0, "since": 0.0, "rate": 0.0, "migrated_at": -1.0, "moving": False}
+    nodes = sorted(world.ledger.cluster_status())
 
     def account() -> None:
         state["work"] += state["rate"] * (world.now - state["since"])
@@ -283,35 +286,31 @@ def tune(load: Tune, migrate: bool, timing: Timing, seed: int) -> dict[str, floa
         set_rate()
 
     def place() -> None:                            # spread by availability, one trial-long unit per free GPU
-        status = world.ledger.cluster_status()
-        left, calls = load.long_gpus, []
-        for node in sorted(status):
-            take = min(left, int(status[node]["GPU"][1]))
-            if take:
-                calls.append(SetResource("trial-long", float(take), node))
-                left -= take
-        world.apply(Actions(tuple(calls)), then=launch)
+        counts = spread_by_availability(world.ledger.free_state(), load.long_gpus, 1.0)
+        world.apply(trial_resources("long", counts or (), nodes), then=launch)
 
     def monitor() -> None:
-        status = world.ledger.cluster_status()
-        spread = len(set(workers.values())) > 1
-        target = next((n for n in sorted(status) if status[n]["GPU"][1] >= load.long_gpus), None)
-        if migrate and spread and target and not state["moving"]:
+        account()
+        placement = collections.Counter(workers.values())
+        # the job runs to the horizon: what it has left is the rest of the run; a move costs its downtime
+        rate, left_s = state["rate"], load.horizon_s - world.now
+        progress = TrialProgress(int(state["work"]), int(state["work"] + rate * left_s), rate,
+                                 load.checkpoint_s) if rate > 0 else None
+        decision = consolidation(world.ledger.free_state(), placement, 1.0, progress)
+        if migrate and decision and not state["moving"]:
             state["moving"] = True
             set_rate()
             state["migrated_at"] = world.now
-            world.loop.after(load.checkpoint_s, lambda: move(target))
+            world.loop.after(load.checkpoint_s, lambda: move(decision.counts))
         if world.now + load.poll_s < load.horizon_s:
             world.loop.after(load.poll_s, monitor)
 
-    def move(target: str) -> None:
+    def move(counts) -> None:
         for lease in list(workers):
             world.release(lease)
         workers.clear()
-        old = [SetResource("trial-long", 0.0, n) for n, res in world.ledger.cluster_status().items()
-               if "trial-long" in res and n != target]
         state["moving"] = False
-        world.apply(Actions((*old, SetResource("trial-long", float(load.long_gpus), target))), then=launch)
+        world.apply(trial_resources("long", counts, nodes), then=launch)
 
     world.loop.at(1.0, place)
     world.loop.at(1.0 + load.poll_s, monitor)
