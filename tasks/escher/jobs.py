@@ -184,17 +184,24 @@ def map_shard(shard: int, source: str, workdir: str, reducers: int) -> dict:
     if source != my_node():
         shutil.copyfile(node_folder(workdir, source) / local.name, local)
         moved = local.stat().st_size
-    counts = collections.Counter(local.read_text().split())
+    outputs = map_text(local.read_text(), shard, reducers, here)
+    return {"task": f"map-{shard}", "shard": shard, "source": source, "input_bytes": local.stat().st_size,
+            "transfer_bytes": moved, "partitions": outputs, **where(started)}
+
+
+def map_text(text: str, shard: int, reducers: int, folder: Path) -> list[str]:
+    """A mapper's work on one shard's text: count its words and write one partition file per reducer into
+    ``folder``; the files' paths (``benchmarks/escher.py`` times this as WordCount's compute per byte)."""
+    counts = collections.Counter(text.split())
     parts: list[dict[str, int]] = [{} for _ in range(reducers)]
     for word, n in counts.items():
         parts[partition_of(word, reducers)][word] = n
     outputs = []
     for r, part in enumerate(parts):
-        out = here / f"map-{shard}-{r}.json"
+        out = folder / f"map-{shard}-{r}.json"
         out.write_text(json.dumps(part))
         outputs.append(str(out))
-    return {"task": f"map-{shard}", "shard": shard, "source": source, "input_bytes": local.stat().st_size,
-            "transfer_bytes": moved, "partitions": outputs, **where(started)}
+    return outputs
 
 
 @task

@@ -26,14 +26,25 @@ TRANSFER_SHARE = 0.583   # Fig. 4.5a: no-locality transfer share of job time at 
 # -- WordCount (Fig. 4.5a/b) -----------------------------------------------------------------------
 @dataclass(frozen=True)
 class WordCount:
+    """Fig. 4.5a/b's WordCount: ``compute_s_per_gb`` a mapper's counting cost, ``bandwidth_gb_s`` a chunk's transfer
+    rate from another node; None calibrates it (``bandwidth``): what a simulator cannot know unless it is measured
+    (``benchmarks/escher.py`` measures both on this machine with the flow's own mapper code)."""
+
     nodes: int = 100
     input_gb: tuple[float, ...] = (50, 100, 200, 300, 400, 500)
     cluster_sizes: tuple[int, ...] = (25, 50, 100, 200)
     compute_s_per_gb: float = 2.0
+    bandwidth_gb_s: float | None = None
+
+
+def link_bandwidth(load: WordCount, nodes: int) -> float:
+    """The transfer rate of a run on ``nodes`` nodes: the measured one, else the calibrated one."""
+    return load.bandwidth_gb_s if load.bandwidth_gb_s is not None else bandwidth(load, nodes)
 
 
 def bandwidth(load: WordCount, nodes: int) -> float:
-    """GB/s that makes transfer ``TRANSFER_SHARE`` of job time without locality, at the largest input."""
+    """Calibration: the GB/s that makes transfer ``TRANSFER_SHARE`` of job time without locality, at the largest
+    input (true by construction: used only when no bandwidth was measured)."""
     chunk = max(load.input_gb) / nodes
     compute = load.compute_s_per_gb * chunk
     remote = (nodes - 1) / nodes
