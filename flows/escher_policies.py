@@ -145,7 +145,10 @@ def report(out: dict) -> list[str]:
             f"{m['node']} gpu{m['devices']}" for m in g["members"])
             + f" after {g['gang_latency_s']:.2f} s ({g['attempts']} attempt(s))")
     if "hfs" in out:
-        lines.append("HFS shares: " + ", ".join(f"{u} {n}" for u, n in out["hfs"]["shares"].items()))
+        m = out["hfs"]["metrics"]
+        lines.append("HFS shares at the start: " + ", ".join(f"{u} {n}" for u, n in out["hfs"]["shares"].items())
+                     + f"; {m['rebalances']} rebalances, most nodes held: "
+                     + ", ".join(f"{u} {m[f'peak_share_{u}_nodes']}" for u in out["hfs"]["shares"]))
     if "locality" in out:
         for label in ("no_locality", "locality"):
             w = out["locality"][label]
