@@ -234,8 +234,8 @@ def test_a_scheduler_policy_runs_its_demo_and_mlflow_keeps_a_run_per_policy(stat
     import json
 
     calls = json.load(open(logged))
-    assert {(c["name"], c["node"]) for c in calls if c["name"] == "anti-short" and c["capacity"] > 0} == {
-        ("anti-short", f"node{i}") for i in range(4)}
+    assert {(c["node"], c["capacity"]) for c in calls if c["name"] == "lb-short" and c["capacity"] > 0} == {
+        (f"node{i}", 1.0) for i in range(4)}                              # one short job per node leaves one room
     assert [(c["node"], c["capacity"]) for c in calls if c["name"] == "trial-long" and c["capacity"] > 0] == [
         (n, float(w)) for placement in out["tune"]["placements"] for n, w in placement.items()]
 
@@ -292,14 +292,14 @@ def test_a_gang_rolls_back_until_its_ghosts_all_start_and_a_crashed_member_ends_
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("prefect_server")
-def test_a_trial_with_no_room_beside_the_short_jobs_fails_the_run_and_leaves_nothing_behind(state_dir):
-    """Half of every node's GPU is held, so the short jobs take the other halves and EscherTune's trial has no room
-    to start: the run fails once the short jobs have ended, and neither their ``anti-short`` nor ``trial-long`` nor
-    any lease of the run is left on the pool."""
+def test_a_trial_with_no_room_to_start_fails_the_run_and_leaves_nothing_behind(state_dir):
+    """Every GPU is held but half of node0's, so EscherTune has room for one of its trial's two workers and no short
+    job: the run fails, and neither ``trial-long`` nor any lease of the run is left on the pool."""
     from gpu.placement import ResourceRequest
 
     ledger = GpuPool(name="escher", device_backend="simulated", simulated="1x16GiB", nodes=4).open_ledger()
-    held = [ledger.allocate(ResourceRequest(gpus=0.5, node=f"node{i}", label="busy"), timeout=5) for i in range(4)]
+    held = [ledger.allocate(ResourceRequest(gpus=0.5 if i == 0 else 1, node=f"node{i}", label="busy"), timeout=5)
+            for i in range(4)]
     with pytest.raises(RuntimeError, match="no room for trial-long"):
         escher_policies(policies=["tune"], steps=2, tracking=False)
     assert sorted(lease.lease_id for lease in ledger.leases()) == sorted(h.lease_id for h in held)

@@ -60,7 +60,7 @@ DEMOS: dict[str, Demo] = {
     "colocation": Demo("alphazero", (anti_affinity, colocate, with_task), lambda r: run_colocation(
         r.esl, r.settings.pairs, r.settings.rounds, r.settings.seed, r.workdir), "5"),
     "tune": Demo("eschertune", (spread_by_availability, consolidation, place_trial),
-                 lambda r: run_tune(r.esl, r.nodes, r.settings.steps, r.workdir), "50"),
+                 lambda r: run_tune(r.esl, r.settings.steps, r.workdir), "50"),
 }
 
 

@@ -1,4 +1,4 @@
-"""EscherTune on real tasks (Bhardwaj, ESCHER, thesis §4.5–4.6, Fig. 4.6c): short jobs load-balanced one per node,
+"""EscherTune on real tasks (Bhardwaj, ESCHER, thesis §4.5–4.6, Fig. 4.6c): short jobs load-balanced over the nodes,
 then a long data-parallel trial spread over the nodes by GPU availability; when a short job's end leaves a node with
 room for all the trial's workers, the ESL consolidates the trial there: the workers checkpoint and stop,
 ``trial-<id>`` moves, and the relaunched workers, with unchanged requests, resume from the checkpoint.
@@ -18,16 +18,18 @@ from pathlib import Path
 
 from prefect.futures import wait
 
-from gpu.schedulers.escher.api import Escher
-from gpu.schedulers.escher.primitives import anti_affinity
+from gpu.schedulers.escher.api import Actions, Escher, SetResource
+from gpu.schedulers.escher.trials import worker_room
 from gpu.schedulers.escher.tune import TrialProgress, consolidation, place_trial, spread_by_availability
 from tasks.escher.jobs import RENDEZVOUS_TIMEOUT, short_job, trial_worker
 from tasks.runtime.rendezvous import Rendezvous, abort_when_failed
 from tasks.runtime.requests import gpu_options
 
 TRIAL, WORKERS, SHARE = "long", 2, 0.5
-"""The long trial: two data-parallel workers of half a GPU each; the short jobs take half a GPU too (one per node),
-so the trial starts spread and fits on one node once a short job there has ended (Fig. 4.6c at pool scale)."""
+"""The long trial: two data-parallel workers of half a GPU each. The short jobs take half a GPU too and fill every
+node but one worker's room (``lb-short``: the load-balancing resource of Table 4.2 with that capacity per node), so
+the trial starts spread, as the paper's 4-GPU job beside five 1-GPU jobs on 3 x 4 GPUs, and fits on one node once a
+short job there has ended (Fig. 4.6c at pool scale)."""
 TRIAL_LENGTH, SHORT_LENGTH = 100, 10
 """The trial trains ``TRIAL_LENGTH x steps`` steps; short job ``i`` trains ``SHORT_LENGTH x steps x (i + 1)``, so the
 short jobs end one after another while the trial runs."""
@@ -83,6 +85,13 @@ def _ended(launch: _Launch) -> list[dict]:
     return sorted((f.result() for f in launch.futures), key=lambda r: r["rank"])
 
 
+def _load_balance_short_jobs(esl: Escher) -> int:
+    """``lb-short`` on every node with capacity = the short jobs that leave it room for one trial worker; how many."""
+    slots = {n.name: worker_room(n, SHARE) - 1 for n in esl.ledger.free_state()}
+    esl.apply(Actions(tuple(SetResource("lb-short", float(k), n) for n, k in sorted(slots.items()) if k > 0)))
+    return sum(k for k in slots.values() if k > 0)
+
+
 def _held_by_all(esl: Escher, resource: str, count: int, futures: list) -> None:
     """Wait until ``count`` leases hold ``resource`` (every short job has its slice) or one of ``futures`` ended."""
     while sum(resource in lease.resources for lease in esl.ledger.leases()) < count:
@@ -91,18 +100,18 @@ def _held_by_all(esl: Escher, resource: str, count: int, futures: list) -> None:
             return
 
 
-def run_tune(esl: Escher, nodes: list[str], steps: int, workdir: str) -> dict:
-    """Short jobs one per node, the long trial spread by availability, consolidated once room and its measurements
-    say so; returns every launch's workers, the moves and what was measured."""
+def run_tune(esl: Escher, steps: int, workdir: str) -> dict:
+    """Short jobs load-balanced over the nodes, the long trial spread by availability, consolidated once room and its
+    measurements say so; returns every launch's workers, the moves and what was measured. The ESL's resources
+    (``lb-short``, ``trial-long``) are deleted by ``run_policy`` once the run ends or fails."""
     total = TRIAL_LENGTH * steps
     files = {k: str(Path(workdir) / f"trial-{TRIAL}.{k}") for k in ("checkpoint", "progress", "stop")}
-    spread = anti_affinity(esl, "short")
     shorts = []
-    for i in range(len(nodes)):
-        with gpu_options(gpus=SHARE, resources=spread):
+    for i in range(_load_balance_short_jobs(esl)):
+        with gpu_options(gpus=SHARE, resources={"lb-short": 1}):
             shorts.append(short_job.with_options(name=f"short-{i}").submit(i, SHORT_LENGTH * steps * (i + 1)))
     try:
-        _held_by_all(esl, "anti-short", len(nodes), shorts)
+        _held_by_all(esl, "lb-short", len(shorts), shorts)
         counts = spread_by_availability(esl.ledger.free_state(), WORKERS, SHARE)
         if counts is None:
             raise RuntimeError(f"EscherTune: no room for trial-{TRIAL}'s {WORKERS} workers of {SHARE} GPU beside the "
@@ -129,7 +138,8 @@ def run_tune(esl: Escher, nodes: list[str], steps: int, workdir: str) -> dict:
                           "rate": measured.rate})
             launches.append(_launch(esl, decision.counts, total, files, workdir))
     finally:  # the short jobs end on their own; the run returns (or fails) only once they have
-        wait(shorts)
+        if shorts:
+            wait(shorts)
     ends = [launch.launched_at for launch in launches[1:]] + [float("inf")]
     rates = [launch.progress(files["progress"], total, end) for launch, end in zip(launches, ends)]
     short_rows = [f.result() for f in shorts]
