@@ -15,7 +15,9 @@ names as ``gpuflows simulate escher`` and a ``SchedulerPolicy(system="escher")``
   on its node (``lease_resource``, P4); the members request only ``{gang-<g>: 1}``, start together on the ghosts'
   devices and train one data-parallel model through a gloo all-reduce. Ghosts not all held within the timeout are
   rolled back and retried after jittered back-off; a member that fails or dies ends the others at once.
-- ``hfs`` (§4.4f): ``HierarchicalFairShare`` over the nodes, team A (one user) and team B (two users).
+- ``hfs`` (§4.4f, Fig. 4.5c): ``HierarchicalFairShare`` over the nodes, team A (one user) and team B (two users),
+  rebalanced every 0.2 s by ``FairShareMonitor`` on each user's unfinished jobs (the simulator's loop, on the wall
+  clock): nodes a user leaves idle go to users with work left.
 - ``locality`` (§4.5, Fig. 4.5a): WordCount over per-node local files, run without and with the paper's two-line
   change (the writer's ``store_data``, the mapper's ``{data-<shard>: 1}``); bytes read across nodes are counted.
 - ``colocation`` (§4.5, Fig. 4.6a): AlphaZero predictors on GPU slices, load-balanced one per node, each with its

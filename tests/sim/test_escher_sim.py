@@ -56,7 +56,7 @@ def test_wordcount_locality_matches_native_with_a_calibrated_or_a_measured_bandw
     measured = WordCount(nodes=20, compute_s_per_gb=20.0, bandwidth_gb_s=2.8)    # rates as measured on one machine
     assert link_bandwidth(measured, 20) == 2.8 and link_bandwidth(load, 20) == bw
     local = wordcount(measured, "random", 500, 20, 2.8, T, 0)["transfer_share"]
-    per_gb = 1 / 2.8                                                             # s to move a GB beside 20 s to count it
+    per_gb = 1 / 2.8                                                          # s to move a GB, beside 20 s to count it
     assert 0 < local <= per_gb / (per_gb + 20.0) + 1e-12
 
 
