@@ -46,7 +46,7 @@ from gpu.liveness import HOST, Owner, process_alive, process_start, process_stat
 from gpu.wakeup import SAFETY_POLL_S, Doorbells, drain
 from gpu.placement import (
     DeviceChoice, DeviceState, FifoBestFit, NodeState, PlacementPolicy, ResourceRequest, Waiting, apply_choice,
-    awaits_missing_resource, check_ever_fits, choose_all, plan_grants,
+    check_ever_fits, choose_all, configured, plan_grants, waits_off_head,
 )
 from gpu.scenario import number, positive
 from gpu.units import format_memory
@@ -580,7 +580,8 @@ class PoolLedger(LedgerClient):
             devices = tuple(DeviceState(d.index, d.memory_total, 1.0 - used_c.get((n.name, d.index), 0.0),
                                         d.memory_total - used_m.get((n.name, d.index), 0), d.uuid) for d in n.devices)
             res = {k: cap - used_res.get((n.name, k), 0.0) for k, cap in caps.get(n.name, {}).items()}
-            out.append(NodeState(n.name, devices, n.cpus_total, n.cpus_total - used_cpu.get(n.name, 0.0), res))
+            out.append(NodeState(n.name, devices, n.cpus_total, n.cpus_total - used_cpu.get(n.name, 0.0), res,
+                                 caps.get(n.name, {})))
         return out
 
     def _plan(self, db: sqlite3.Connection) -> None:
@@ -602,14 +603,16 @@ class PoolLedger(LedgerClient):
         for rows in batches:
             if not rows:
                 break
-            nodes = nodes if nodes is not None else self._free_state(db, self._requested_names(db))
+            if nodes is None:
+                nodes = self._free_state(db, self._requested_names(db))
+                as_configured = configured(nodes)
             waiting = [Waiting(r[0], _parse_request(r[1]), r[2]) for r in rows]
             grants = plan_grants(self.policy, waiting, nodes)
             for w, r in zip(waiting, rows):
                 if w.ticket in grants:
                     chosen.append((w, grants[w.ticket], r[3]))
                     nodes = apply_choice(nodes, w.request, grants[w.ticket])
-                elif order is not None and not (w.request.resources and awaits_missing_resource(w.request, nodes)):
+                elif order is not None and not waits_off_head(w.request, as_configured):
                     break  # the first misfit: nothing after it is granted
             else:
                 continue
