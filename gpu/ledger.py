@@ -673,10 +673,8 @@ class PoolLedger(LedgerClient):
         one on another host when its heartbeat expired. Tickets of dead holders go too.
         """
         now = time.time()
-        if not force:
-            row = db.execute("SELECT value FROM meta WHERE key='last_reclaim'").fetchone()
-            if row and now - float(row[0]) < self.reclaim_interval:
-                return 0
+        if not force and not self._due(db, now):
+            return 0
         db.execute("INSERT OR REPLACE INTO meta VALUES ('last_reclaim', ?)", (repr(now),))
         workers: dict[str, list[tuple[int, int]]] = {}
         for owner, pid, pstart in db.execute("SELECT owner, pid, pstart FROM workers WHERE host=?", (HOST,)):
@@ -942,8 +940,17 @@ class PoolLedger(LedgerClient):
 
     def _reclaim_due(self) -> bool:
         with self._conn() as db:
-            row = db.execute("SELECT value FROM meta WHERE key='last_reclaim'").fetchone()
-        return row is None or time.time() - float(row[0]) >= self.reclaim_interval
+            return self._due(db, time.time())
+
+    def _due(self, db: sqlite3.Connection, now: float) -> bool:
+        """Whether the pool's last reclaim, by any process, was ``reclaim_interval`` or more ago.
+
+        The stamp is another process's wall clock: one stamped in our future (that client's clock was
+        stepped ahead, or ours back) is due too, or a clock an hour ahead would stop reclaim for an hour.
+        A step thus costs an extra reclaim pass, never a later one.
+        """
+        row = db.execute("SELECT value FROM meta WHERE key='last_reclaim'").fetchone()
+        return row is None or not 0.0 <= now - float(row[0]) < self.reclaim_interval
 
     def _collect(self, waiting: list[int]) -> None:
         """Read, in one snapshot, which of ``waiting`` were granted or dropped."""

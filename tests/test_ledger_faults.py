@@ -190,6 +190,29 @@ def test_an_orphaned_worker_keeps_its_dead_flows_slices(path):
     assert take_holders_gpu(ledger, timeout=5) < 1.0
 
 
+_STEPPED_CLOCK = """
+import sys, time
+real_time = time.time
+time.time = lambda: real_time() + 3600        # this client's wall clock was stepped an hour ahead
+from gpu.devices import PoolSpec, parse_simulated
+from gpu.ledger import PoolLedger
+PoolLedger(PoolSpec((parse_simulated("2x16GiB", "n0", cpus=8),)), sys.argv[1]).free_state()   # a reclaim pass
+"""
+
+
+def test_a_client_whose_clock_stepped_ahead_does_not_stop_reclaim(path):
+    """A client an hour ahead stamps the pool's last reclaim in everyone else's future; a dead holder must
+    still be reclaimed at once, not an hour later."""
+    holder = Holder(path)
+    ledger = waiter(path)
+    subprocess.run([sys.executable, "-c", _STEPPED_CLOCK, str(path)], check=True, timeout=60)
+    with sqlite3.connect(path) as db:
+        stamped = float(db.execute("SELECT value FROM meta WHERE key='last_reclaim'").fetchone()[0])
+    assert stamped > time.time() + 3000                 # the fault is in the file
+    holder.kill()
+    take_holders_gpu(ledger, timeout=5)                 # AllocationTimeout if reclaim waited for the stamp
+
+
 @pytest.mark.parametrize("wipe", ["truncate", "delete", "delete-with-lock"])
 def test_a_wiped_pool_file_is_refused_while_its_holders_live(path, wipe):
     """Deleting or truncating the pool file under a live holder must not start an empty pool."""
