@@ -42,7 +42,7 @@ from typing import Any, Callable, Iterator, Mapping, Sequence
 from gpu.devices import Device, Node, PoolSpec
 from gpu.errors import AllocationTimeout, ConfigError, LeaseLost, LedgerBusy, LedgerError, LedgerReplaced
 from gpu.ledger_file import LOCK_TIMEOUT_S, LedgerFile, describe_error
-from gpu.liveness import HOST, Owner, process_alive, process_start, process_state
+from gpu.liveness import HOST, PID_SPACE, Owner, pids_visible, process_alive, process_start, process_state
 from gpu.wakeup import SAFETY_POLL_S, Doorbells, drain
 from gpu.placement import (
     DeviceChoice, DeviceState, FifoBestFit, NodeState, PlacementPolicy, ResourceRequest, Waiting, apply_choice,
@@ -68,7 +68,8 @@ CREATE TABLE IF NOT EXISTS events (
   id INTEGER PRIMARY KEY AUTOINCREMENT, t REAL, kind TEXT, lease_id TEXT, label TEXT,
   node TEXT, devices TEXT, fraction REAL, memory INTEGER, reason TEXT, holder TEXT);
 """
-_ADDED_COLUMNS = {"leases": ("generation INTEGER", "ticket INTEGER", "backed_by TEXT"),
+_ADDED_COLUMNS = {"leases": ("generation INTEGER", "ticket INTEGER", "backed_by TEXT", "space TEXT"),
+                  "tickets": ("space TEXT",), "workers": ("space TEXT",),
                   "events": ("reason TEXT", "holder TEXT"), "resources": ("lease TEXT",)}
 _KEEP_EVENTS = 20_000
 _PLAN_BATCH = 16
@@ -86,6 +87,7 @@ class _Shared:
 _LEASE_COLS = "id, node, devices, fraction, memory, cpus, resources, label, granted_at, generation"
 _EVENT_COLS = "t, kind, lease_id, label, node, devices, fraction, memory, holder, reason"
 _EVENT_LEASE = "id, label, node, devices, fraction, memory, owner"  # a lease row as events record it
+_HOLDER_COLS = "owner, host, pid, pstart, space"  # who holds a lease or waits with a ticket
 
 
 _OPEN: "weakref.WeakValueDictionary[str, PoolLedger]" = weakref.WeakValueDictionary()
@@ -532,7 +534,7 @@ class PoolLedger(LedgerClient):
 
     def _owner_row(self, owner: Owner | None) -> tuple:
         o = owner or self.owner
-        return o.key, o.host, o.pid, o.pstart
+        return o.key, o.host, o.pid, o.pstart, o.space
 
     def _placement(self, row) -> Lease:
         return Lease(row[0], row[1], tuple(json.loads(row[2])), row[3], row[4], row[5], json.loads(row[6]),
@@ -632,17 +634,20 @@ class PoolLedger(LedgerClient):
         now = time.time()
         for w, choice, owner in chosen:
             generation += 1
-            ticket = db.execute("SELECT owner, host, pid, pstart FROM tickets WHERE id=?", (w.ticket,)).fetchone()
+            holder = db.execute(f"SELECT {_HOLDER_COLS} FROM tickets WHERE id=?", (w.ticket,)).fetchone()
             backer = self._backer(db, w.request, choice.node)
             devices, fraction, memory = backer[1:] if backer else (json.dumps(list(choice.devices)), choice.fraction,
                                                                    choice.memory)
-            lease = (uuid.uuid4().hex, *ticket, w.request.label, choice.node, devices, fraction, memory,
-                     w.request.cpus, json.dumps(dict(w.request.resources)), now, now + self.lease_ttl, generation,
-                     w.ticket, backer[0] if backer else None)
-            db.execute("INSERT INTO leases VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", lease)
+            lease_id = uuid.uuid4().hex
+            db.execute(f"INSERT INTO leases (id, {_HOLDER_COLS}, label, node, devices, fraction, memory, cpus, "
+                       "resources, granted_at, expires_at, generation, ticket, backed_by) "
+                       "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                       (lease_id, *holder, w.request.label, choice.node, devices, fraction, memory, w.request.cpus,
+                        json.dumps(dict(w.request.resources)), now, now + self.lease_ttl, generation, w.ticket,
+                        backer[0] if backer else None))
             db.execute("DELETE FROM tickets WHERE id=?", (w.ticket,))
             self._granted_to.owners.add(owner)
-            self._event(db, "allocate", (lease[0], lease[5], lease[6], lease[7], lease[8], lease[9], lease[1]))
+            self._event(db, "allocate", (lease_id, w.request.label, choice.node, devices, fraction, memory, owner))
         db.execute("INSERT OR REPLACE INTO meta VALUES ('generation', ?)", (str(generation),))
 
     @staticmethod
@@ -669,29 +674,32 @@ class PoolLedger(LedgerClient):
     def _reclaim(self, db: sqlite3.Connection, force: bool = False) -> int:
         """Free what dead holders hold (at most once per ``reclaim_interval`` across processes unless ``force``).
 
-        A holder on this host is dead when its process and every worker registered under it are gone;
-        one on another host when its heartbeat expired. Tickets of dead holders go too.
+        A holder whose pids we see (this host, this pid namespace and boot: ``pids_visible``) is dead when
+        its process and every worker registered under it are gone; any other (another host, a container's
+        pid namespace) when its heartbeat expired. Tickets of dead holders go too.
         """
         now = time.time()
         if not force and not self._due(db, now):
             return 0
         db.execute("INSERT OR REPLACE INTO meta VALUES ('last_reclaim', ?)", (repr(now),))
         workers: dict[str, list[tuple[int, int]]] = {}
-        for owner, pid, pstart in db.execute("SELECT owner, pid, pstart FROM workers WHERE host=?", (HOST,)):
+        for owner, host, pid, pstart, space in db.execute(f"SELECT {_HOLDER_COLS} FROM workers").fetchall():
+            if not pids_visible(host, space):
+                continue
             if process_alive(pid, pstart):
                 workers.setdefault(owner, []).append((pid, pstart))
             else:
-                db.execute("DELETE FROM workers WHERE owner=? AND host=? AND pid=?", (owner, HOST, pid))
+                db.execute("DELETE FROM workers WHERE owner=? AND host=? AND pid=?", (owner, host, pid))
         dead: dict[str, str] = {}
-        for owner, host, pid, pstart, expires in db.execute(
-                "SELECT owner, host, pid, pstart, MIN(expires_at) FROM (SELECT owner, host, pid, pstart, expires_at "
-                "FROM leases UNION ALL SELECT owner, host, pid, pstart, expires_at FROM tickets) GROUP BY owner"
-        ).fetchall():
-            if host == HOST:
+        for owner, host, pid, pstart, space, expires in db.execute(
+                f"SELECT {_HOLDER_COLS}, MIN(expires_at) FROM (SELECT {_HOLDER_COLS}, expires_at FROM leases "
+                f"UNION ALL SELECT {_HOLDER_COLS}, expires_at FROM tickets) GROUP BY owner").fetchall():
+            if pids_visible(host, space):
                 if not process_alive(pid, pstart) and not workers.get(owner):
                     dead[owner] = f"its holder (pid {pid}) died"
             elif expires < now:
-                dead[owner] = f"its holder (pid {pid} on {host}) sent no heartbeat for {self.lease_ttl:g} s"
+                dead[owner] = (f"its holder ({_where(host, space, pid)}) sent no heartbeat "
+                               f"for {self.lease_ttl:g} s")
         freed = 0
         for owner, reason in dead.items():
             for r in db.execute(f"SELECT {_EVENT_LEASE} FROM leases WHERE owner=?",
@@ -713,8 +721,8 @@ class PoolLedger(LedgerClient):
 
     def _insert_ticket(self, db: sqlite3.Connection, request: ResourceRequest, priority: float, owner: Owner | None) -> int:
         now = time.time()
-        cur = db.execute("INSERT INTO tickets (owner, host, pid, pstart, request, priority, created_at, expires_at) "
-                         "VALUES (?,?,?,?,?,?,?,?)",
+        cur = db.execute("INSERT INTO tickets (owner, host, pid, pstart, space, request, priority, created_at, "
+                         "expires_at) VALUES (?,?,?,?,?,?,?,?,?)",
                          (*self._owner_row(owner), json.dumps(request.to_dict()), priority, now, now + self.lease_ttl))
         return int(cur.lastrowid)
 
@@ -1082,19 +1090,26 @@ class PoolLedger(LedgerClient):
             for name, (cap, avail) in res.items():
                 lines.append(f"  resource {name}@{node}: {avail:g}/{cap:g} available")
         with self._tx("read the leases") as db:
-            rows = db.execute(f"SELECT {_LEASE_COLS}, host, pid, expires_at FROM leases").fetchall()
+            rows = db.execute(f"SELECT {_LEASE_COLS}, host, space, pid, expires_at FROM leases").fetchall()
             waiting = db.execute("SELECT COUNT(*) FROM tickets").fetchone()[0]
         now = time.time()
         for r in rows:
-            host, pid, expires = r[-3:]
-            holder = f"pid {pid}" + ("" if host == HOST else f" on {host}")
-            if host == HOST and process_state(pid) == "T":
+            host, space, pid, expires = r[-4:]
+            holder = _where(host, space, pid)
+            if pids_visible(host, space) and process_state(pid) == "T":
                 holder += " (stopped: keeps its slices until it resumes or dies)"
             elif expires < now:
                 holder += f" (no heartbeat for {now - expires + self.lease_ttl:.0f} s)"
-            lines.append(f"lease {self._placement(r[:-3]).describe()} held by {holder}")
+            lines.append(f"lease {self._placement(r[:-4]).describe()} held by {holder}")
         lines.append(f"{waiting} request(s) waiting")
         return lines
+
+
+def _where(host: str, space: str | None, pid: int) -> str:
+    """A holder's process as this process can name it (its pid means nothing outside its pid space)."""
+    if pids_visible(host, space):
+        return f"pid {pid}"
+    return f"pid {pid} on {host}" if host != HOST else f"pid {pid} in another pid namespace of this host"
 
 
 def status_of(nodes: list[NodeState], capacities) -> dict[str, dict[str, tuple[float, float]]]:
@@ -1139,7 +1154,8 @@ def register_worker(path: str, owner_key: str) -> None:
     except sqlite3.Error as exc:
         raise describe_error(exc, path, "register a worker process") from exc
     try:
-        db.execute("INSERT OR REPLACE INTO workers VALUES (?,?,?,?)", (owner_key, HOST, pid, process_start(pid)))
+        db.execute(f"INSERT OR REPLACE INTO workers ({_HOLDER_COLS}) VALUES (?,?,?,?,?)",
+                   (owner_key, HOST, pid, process_start(pid), PID_SPACE))
     except sqlite3.Error as exc:
         raise describe_error(exc, path, "register a worker process") from exc
     finally:

@@ -1,9 +1,10 @@
 """Who may still be using a slice: processes, their liveness, and open handles to a file.
 
-The ledger frees a slice only when no process that may run on it is alive. On one host that is
-decided from ``/proc`` (pid plus the kernel's start time, so a reused pid is not mistaken for the
-holder); a heartbeat expiry is only trusted for holders on other hosts, whose processes this host
-cannot see.
+The ledger frees a slice only when no process that may run on it is alive. Within one pid space
+that is decided from ``/proc`` (pid plus the kernel's start time, so a reused pid is not mistaken for
+the holder); a heartbeat expiry is only trusted for holders whose pids this process cannot read:
+on other hosts, or on this host in another pid namespace (a container with host networking has our
+hostname, but its pid 1 is not ours), or from before a reboot.
 """
 
 from __future__ import annotations
@@ -16,6 +17,33 @@ from pathlib import Path
 from typing import Iterable
 
 HOST = socket.gethostname()
+
+
+def pid_space() -> str:
+    """Which pids this process sees: the kernel's boot id and the (device, inode) of its pid namespace.
+
+    Two processes may judge each other by pid only when these are equal: the hostname alone is shared by
+    containers with host networking (each with its own pid namespace) and survives a reboot (a new boot
+    reuses every pid). Empty parts where ``/proc`` lacks them (then equal for every process of the host).
+    """
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        boot = ""
+    try:
+        ns = os.stat("/proc/self/ns/pid")
+        namespace = f"{ns.st_dev}:{ns.st_ino}"
+    except OSError:
+        namespace = ""
+    return f"{boot}/{namespace}"
+
+
+PID_SPACE = pid_space()
+
+
+def pids_visible(host: str, space: str | None) -> bool:
+    """Whether a process recorded as on ``host`` in pid space ``space`` can be judged by its pid from here."""
+    return host == HOST and space == PID_SPACE
 
 
 def process_start(pid: int) -> int:
@@ -60,17 +88,18 @@ def process_state(pid: int) -> str:
 
 @dataclass(frozen=True)
 class Owner:
-    """Who holds a lease or a ticket: a process on a host (plus a token per ledger client)."""
+    """Who holds a lease or a ticket: a process on a host in a pid space (plus a token per ledger client)."""
 
     host: str
     pid: int
     pstart: int
     token: str
+    space: str = ""
 
     @classmethod
     def this_process(cls) -> "Owner":
         pid = os.getpid()
-        return cls(HOST, pid, process_start(pid), uuid.uuid4().hex[:8])
+        return cls(HOST, pid, process_start(pid), uuid.uuid4().hex[:8], PID_SPACE)
 
     @property
     def key(self) -> str:

@@ -7,6 +7,7 @@ and a real SQLite file, the way etcd and Kubernetes test leases.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -47,10 +48,11 @@ for line in sys.stdin:                        # commands from the test
 
 
 class Holder:
-    """A process holding one whole GPU of the pool at ``path``, driven over stdin/stdout."""
+    """A process holding one whole GPU of the pool at ``path``, driven over stdin/stdout; ``prefix`` runs it
+    under another command (a new pid namespace)."""
 
-    def __init__(self, path: Path, ttl: float = 30.0, host: str = "-"):
-        self.proc = subprocess.Popen([sys.executable, "-c", _HOLDER, str(path), str(ttl), host],
+    def __init__(self, path: Path, ttl: float = 30.0, host: str = "-", prefix: tuple[str, ...] = ()):
+        self.proc = subprocess.Popen([*prefix, sys.executable, "-c", _HOLDER, str(path), str(ttl), host],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.lease_id, self.owner_key = self.proc.stdout.readline().split()
 
@@ -171,6 +173,38 @@ def test_a_remote_holder_that_stops_heartbeating_is_fenced_and_told(path):
         assert holder.say("check").startswith("LeaseLost")
     finally:
         holder.kill()
+
+
+def new_pid_namespace() -> tuple[str, ...] | None:
+    """The ``unshare`` command that runs a process in a new pid namespace here (as root, else in a user namespace
+    mapping this user to root), killed with ``unshare``; None where neither works."""
+    if shutil.which("unshare") is None:
+        return None
+    for extra in ((), ("--user", "--map-root-user")):
+        prefix = ("unshare", *extra, "--pid", "--fork", "--mount-proc", "--kill-child")
+        if subprocess.run([*prefix, "true"], capture_output=True).returncode == 0:
+            return prefix
+    return None
+
+
+def test_a_holder_in_another_pid_namespace_is_judged_by_heartbeat(path):
+    """A container with host networking: our hostname, its own pids (the holder is pid 1 there, which is init
+    here). Its pid cannot tell us whether it lives, so it is judged by heartbeat like another host's holder:
+    kept while it heartbeats, re-granted once it is killed and its lease expires."""
+    prefix = new_pid_namespace()
+    if prefix is None:
+        pytest.skip("no form of unshare can create a pid namespace on this machine")
+    holder = Holder(path, ttl=3.0, prefix=prefix)
+    try:
+        assert holder.owner_key.split(":")[1] == "1"        # the fault: a pid from another namespace
+        ledger = waiter(path, lease_ttl=3.0)
+        with pytest.raises(AllocationTimeout):
+            take_holders_gpu(ledger, timeout=1.5)           # judged by pid, it was re-granted at once
+        assert holder.say("check") == "held"
+        assert any("another pid namespace" in line for line in ledger.describe())
+    finally:
+        holder.kill()
+    take_holders_gpu(ledger, timeout=15)                    # heartbeats stopped: the lease expires
 
 
 def test_an_orphaned_worker_keeps_its_dead_flows_slices(path):
