@@ -13,6 +13,7 @@ empty pool that grants their GPUs again. Three things guard it:
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import sqlite3
@@ -26,6 +27,27 @@ from gpu.liveness import processes_holding
 LOCK_TIMEOUT_S = 30.0
 
 
+def unwritable(path: str) -> str | None:
+    """Why this process cannot write in ``path``'s folder, or None if it can. Even reading a pool needs to: SQLite
+    keeps a WAL database's -wal and -shm files beside it, and every client takes the pool's lock file."""
+    folder = os.path.dirname(os.path.abspath(path))
+    try:
+        if os.statvfs(folder).f_flag & os.ST_RDONLY:
+            return f"the file system holding {folder} is read-only"
+    except OSError:
+        return None
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"the folder {folder} is not writable by this process (uid {os.geteuid()})"
+    return None
+
+
+def describe_os_error(exc: OSError, path: str, action: str) -> LedgerError:
+    """One sentence for a failed file operation on the pool's files (its folder, its lock)."""
+    why = unwritable(path) if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM) else None
+    return LedgerError(f"pool ledger {path}: could not {action}: {why or f'{exc.strerror} ({exc.filename})'}; "
+                       "nothing was changed")
+
+
 def describe_error(exc: sqlite3.Error, path: str, action: str) -> LedgerError:
     """One sentence for a SQLite failure: what happened to the pool file and what to do."""
     text = str(exc).lower()
@@ -34,8 +56,8 @@ def describe_error(exc: sqlite3.Error, path: str, action: str) -> LedgerError:
     elif "locked" in text or "busy" in text:
         return LedgerBusy(f"pool ledger {path}: could not {action}: another process held its write lock "
                           "for longer than this call could wait; nothing was changed")
-    elif "readonly" in text or "read-only" in text:
-        why = "it is read-only for this process"
+    elif "readonly" in text or "read-only" in text or "unable to open" in text:
+        why = unwritable(path) or ("it is read-only for this process" if "unable" not in text else str(exc))
     elif "malformed" in text or "not a database" in text or "no such table" in text:
         return LedgerReplaced(f"pool ledger {path}: the file was truncated or overwritten while in use ({exc})")
     else:
@@ -61,8 +83,11 @@ class LedgerFile:
 
         ``create_schema(db)`` creates the tables (idempotent) inside the opening transaction.
         """
-        Path(self.path).parent.mkdir(parents=True, exist_ok=True)
-        self._lock_fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            Path(self.path).parent.mkdir(parents=True, exist_ok=True)
+            self._lock_fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise describe_os_error(exc, self.path, "open the pool") from exc
         try:
             if self._looks_new():
                 self._take_fresh_lock()
