@@ -27,6 +27,7 @@ across all processes.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import logging
 import os
@@ -40,7 +41,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
 from gpu.devices import Device, Node, PoolSpec
-from gpu.errors import AllocationTimeout, ConfigError, LeaseLost, LedgerBusy, LedgerError, LedgerReplaced
+from gpu.errors import (
+    AllocationTimeout, ConfigError, LeaseLost, LedgerBusy, LedgerBusyTimeout, LedgerError, LedgerReplaced,
+)
 from gpu.ledger_file import LOCK_TIMEOUT_S, LedgerFile, describe_error
 from gpu.liveness import HOST, PID_SPACE, Owner, pids_visible, process_alive, process_start, process_state
 from gpu.wakeup import SAFETY_POLL_S, Doorbells, drain
@@ -71,6 +74,11 @@ CREATE TABLE IF NOT EXISTS events (
 _ADDED_COLUMNS = {"leases": ("generation INTEGER", "ticket INTEGER", "backed_by TEXT", "space TEXT"),
                   "tickets": ("space TEXT",), "workers": ("space TEXT",),
                   "events": ("reason TEXT", "holder TEXT"), "resources": ("lease TEXT",)}
+_INDEXES = ("CREATE INDEX IF NOT EXISTS leases_by_ticket ON leases(ticket)",
+            "CREATE INDEX IF NOT EXISTS leases_by_owner ON leases(owner)",
+            "CREATE INDEX IF NOT EXISTS resources_by_name ON resources(name)",
+            "CREATE INDEX IF NOT EXISTS resources_by_lease ON resources(lease)")
+_SCHEMA_VERSION = hashlib.sha1(repr((_SCHEMA, _ADDED_COLUMNS, _INDEXES)).encode()).hexdigest()[:16]
 _KEEP_EVENTS = 20_000
 _PLAN_BATCH = 16
 _Finish = Callable[[sqlite3.Connection], Any]
@@ -95,7 +103,7 @@ _OPEN: "weakref.WeakValueDictionary[str, PoolLedger]" = weakref.WeakValueDiction
 
 
 def _create_schema(db: sqlite3.Connection) -> None:
-    """Create the tables, adding the columns older ledgers lack."""
+    """Create the tables, adding the columns older ledgers lack, and record the schema's version."""
     for statement in _SCHEMA.split(";"):
         if statement.strip():
             db.execute(statement)
@@ -104,10 +112,19 @@ def _create_schema(db: sqlite3.Connection) -> None:
         for column in columns:
             if column.split()[0] not in have:
                 db.execute(f"ALTER TABLE {table} ADD COLUMN {column}")
-    db.execute("CREATE INDEX IF NOT EXISTS leases_by_ticket ON leases(ticket)")
-    db.execute("CREATE INDEX IF NOT EXISTS leases_by_owner ON leases(owner)")
-    db.execute("CREATE INDEX IF NOT EXISTS resources_by_name ON resources(name)")
-    db.execute("CREATE INDEX IF NOT EXISTS resources_by_lease ON resources(lease)")
+    for statement in _INDEXES:
+        db.execute(statement)
+    db.execute("INSERT OR REPLACE INTO meta VALUES ('schema', ?)", (_SCHEMA_VERSION,))
+
+
+def _schema_current(db: sqlite3.Connection) -> bool:
+    """Whether the file already has this version's schema: then opening it writes nothing, and so never waits
+    for the write lock (a writer stopped inside its transaction would hold a new client for SQLite's patience)."""
+    try:
+        row = db.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
+    except sqlite3.OperationalError:  # no meta table: a new file
+        return False
+    return row is not None and row[0] == _SCHEMA_VERSION
 
 
 @functools.lru_cache(maxsize=8192)
@@ -308,7 +325,7 @@ class PoolLedger(LedgerClient):
         self._pending: list[_Shared] = []         # work queued for the next shared transaction
         self._granted_to = threading.local()      # owners a transaction granted to, rung after commit
         if self._file:
-            self._idle.append(self._file.open(_create_schema))
+            self._idle.append(self._file.open(_create_schema, _schema_current))
             self._bells: Doorbells | None = Doorbells(self._file.pool_id)
         else:
             self._memory = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
@@ -323,8 +340,11 @@ class PoolLedger(LedgerClient):
         self._closed = threading.Event()
         self._want_heartbeat = heartbeat
         self._threads: list[threading.Thread] = []
-        with self._tx("open the pool") as db:
-            self._sync_spec(db)
+        with self._conn() as db:
+            stored = db.execute("SELECT value FROM meta WHERE key='spec'").fetchone()
+        if stored is None or stored[0] != self._spec_text():
+            with self._tx("store the pool's layout") as db:
+                self._sync_spec(db)
 
     @property
     def capacity(self) -> list[NodeState]:
@@ -491,8 +511,13 @@ class PoolLedger(LedgerClient):
                 self._poked = True
                 self._cv.notify_all()
 
+    def _spec_text(self) -> str:
+        """The pool's layout as the ledger stores it (``open_ledger`` and ``gpu.pool.read_pool`` read it back)."""
+        return json.dumps([[n.name, n.cpus, [[d.index, d.memory_total] for d in n.devices]] for n in self.spec.nodes])
+
     def _sync_spec(self, db: sqlite3.Connection) -> None:
-        wanted = json.dumps([[n.name, n.cpus, [[d.index, d.memory_total] for d in n.devices]] for n in self.spec.nodes])
+        """Store this client's layout; a different stored one is replaced only while no lease holds it."""
+        wanted = self._spec_text()
         row = db.execute("SELECT value FROM meta WHERE key='spec'").fetchone()
         if row and row[0] != wanted:
             self._reclaim(db, force=True)
@@ -792,7 +817,7 @@ class PoolLedger(LedgerClient):
         try:
             ticket, placement = self.submit_and_try(request, priority, busy=timeout)
         except LedgerBusy as exc:
-            raise AllocationTimeout(f"request {request.describe()} got no placement within {timeout}s: {exc}") from exc
+            raise LedgerBusyTimeout(f"request {request.describe()} got no placement within {timeout}s: {exc}") from exc
         if placement is not None:
             return placement
         with self._cv:

@@ -20,11 +20,23 @@ import sqlite3
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from gpu.errors import ConfigError, LedgerBusy, LedgerError, LedgerReplaced
-from gpu.liveness import processes_holding
+from gpu.liveness import lock_holders, process_state, processes_holding
 
 LOCK_TIMEOUT_S = 30.0
+WAL_WRITE_LOCK = 120  # the byte of the -shm file a WAL database's writer locks (SQLite's wal.c, WALINDEX_LOCK_OFFSET)
+
+
+def write_lock_holder(path: str) -> str:
+    """Who holds ``path``'s write lock, as a phrase naming the process and whether it is stopped."""
+    pids = lock_holders(f"{path}-shm", WAL_WRITE_LOCK)
+    if not pids:
+        return "another process"
+    states = {"T": " (stopped: resume it with kill -CONT, or end it)", "t": " (stopped by a debugger)",
+              "D": " (in uninterruptible I/O)"}
+    return " and ".join(f"pid {pid}{states.get(process_state(pid), '')}" for pid in pids)
 
 
 def unwritable(path: str) -> str | None:
@@ -54,7 +66,7 @@ def describe_error(exc: sqlite3.Error, path: str, action: str) -> LedgerError:
     if "full" in text:
         why = f"the disk holding it is full (free space in {os.path.dirname(path) or '.'}); nothing was changed"
     elif "locked" in text or "busy" in text:
-        return LedgerBusy(f"pool ledger {path}: could not {action}: another process held its write lock "
+        return LedgerBusy(f"pool ledger {path}: could not {action}: {write_lock_holder(path)} held its write lock "
                           "for longer than this call could wait; nothing was changed")
     elif "readonly" in text or "read-only" in text or "unable to open" in text:
         why = unwritable(path) or ("it is read-only for this process" if "unable" not in text else str(exc))
@@ -78,10 +90,12 @@ class LedgerFile:
     def lock_path(self) -> str:
         return self.path + ".lock"
 
-    def open(self, create_schema) -> sqlite3.Connection:
+    def open(self, create_schema: Callable[[sqlite3.Connection], None],
+             schema_current: Callable[[sqlite3.Connection], bool]) -> sqlite3.Connection:
         """Open the file, creating the pool only if no live client holds a pool at this path.
 
-        ``create_schema(db)`` creates the tables (idempotent) inside the opening transaction.
+        ``create_schema(db)`` creates the tables (idempotent) inside the opening transaction, run only when
+        ``schema_current(db)`` says the file lacks them: opening a current pool only reads.
         """
         try:
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
@@ -93,7 +107,7 @@ class LedgerFile:
                 self._take_fresh_lock()
             else:
                 fcntl.flock(self._lock_fd, fcntl.LOCK_SH)
-            db = self._connect_and_adopt(create_schema)
+            db = self._connect_and_adopt(create_schema, schema_current)
             fcntl.flock(self._lock_fd, fcntl.LOCK_SH)  # downgrade after creating; no-op otherwise
             return db
         except BaseException:
@@ -163,24 +177,12 @@ class LedgerFile:
     def _open(self) -> sqlite3.Connection:
         return sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=LOCK_TIMEOUT_S)
 
-    def _connect_and_adopt(self, create_schema) -> sqlite3.Connection:
+    def _connect_and_adopt(self, create_schema, schema_current) -> sqlite3.Connection:
         db = self._open()
         try:
-            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA journal_mode=WAL")  # writes only to a new file
             db.execute("PRAGMA synchronous=NORMAL")
-            db.execute("BEGIN IMMEDIATE")
-            try:
-                create_schema(db)
-                row = db.execute("SELECT value FROM meta WHERE key='pool_id'").fetchone()
-                if row is None:
-                    self.pool_id = uuid.uuid4().hex
-                    db.execute("INSERT INTO meta VALUES ('pool_id', ?)", (self.pool_id,))
-                else:
-                    self.pool_id = row[0]
-                db.execute("COMMIT")
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
+            self.pool_id = self._stored_pool_id(db, schema_current) or self._create(db, create_schema)
         except sqlite3.DatabaseError as exc:
             db.close()
             if isinstance(exc, sqlite3.OperationalError) and "no such table" not in str(exc):
@@ -190,6 +192,33 @@ class LedgerFile:
         st = os.stat(self.path)
         self.identity = (st.st_dev, st.st_ino)
         return db
+
+    @staticmethod
+    def _stored_pool_id(db: sqlite3.Connection, schema_current) -> str | None:
+        """The pool id of a file that needs no schema change, read without the write lock; else None."""
+        db.execute("BEGIN")
+        try:
+            if not schema_current(db):
+                return None
+            row = db.execute("SELECT value FROM meta WHERE key='pool_id'").fetchone()
+            return row[0] if row else None
+        finally:
+            db.execute("COMMIT")
+
+    @staticmethod
+    def _create(db: sqlite3.Connection, create_schema) -> str:
+        """Create or upgrade the schema and the pool id in one write transaction; the pool id."""
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            create_schema(db)
+            row = db.execute("SELECT value FROM meta WHERE key='pool_id'").fetchone()
+            pool_id = row[0] if row else uuid.uuid4().hex
+            db.execute("INSERT OR REPLACE INTO meta VALUES ('pool_id', ?)", (pool_id,))
+            db.execute("COMMIT")
+            return pool_id
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
 
     def verify(self, db: sqlite3.Connection) -> None:
         """Raise LedgerReplaced unless the path is still our file and it still holds our pool."""

@@ -132,3 +132,22 @@ def processes_holding(paths: Iterable[str | Path]) -> list[int]:
             except OSError:
                 continue
     return sorted(found)
+
+
+def lock_holders(path: str | Path, offset: int) -> list[int]:
+    """Pids holding a POSIX write lock on byte ``offset`` of ``path`` (``/proc/locks``: SQLite's locks are POSIX
+    record locks); empty when none, or where ``/proc/locks`` or the file is unavailable."""
+    try:
+        st = os.stat(path)
+        table = Path("/proc/locks").read_text()
+    except OSError:
+        return []
+    where = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    pids = []
+    for line in table.splitlines():
+        fields = line.split()  # "1: POSIX  ADVISORY  WRITE 12563 fe:00:2156219 120 120"; "->" marks a waiter
+        if len(fields) == 8 and fields[1] == "POSIX" and fields[3] == "WRITE" and fields[5] == where:
+            end = fields[7]
+            if int(fields[6]) <= offset and (end == "EOF" or offset <= int(end)):
+                pids.append(int(fields[4]))
+    return pids

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from gpu.devices import PoolSpec, parse_simulated
-from gpu.errors import AllocationTimeout, LeaseLost, LedgerError, LedgerReplaced
+from gpu.errors import AllocationTimeout, LeaseLost, LedgerBusy, LedgerError, LedgerReplaced
 from gpu.ledger import PoolLedger, register_worker
 from gpu.placement import ResourceRequest
 
@@ -156,6 +156,36 @@ def test_a_held_write_lock_reclaims_nothing_and_timeouts_still_hold(path):
     with pytest.raises(AllocationTimeout):
         ledger.allocate(ResourceRequest(gpus=0.5), timeout=0.5)
     holder.kill()
+
+
+_STOPPED_WRITER = """
+import sqlite3, sys
+db = sqlite3.connect(sys.argv[1], isolation_level=None)
+db.execute("BEGIN IMMEDIATE")                 # the pool's write lock, then SIGSTOP from the test
+print("locked", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_writer_stopped_inside_its_transaction_costs_a_new_client_only_its_timeout(path):
+    """A client SIGSTOPped while it holds the write lock freezes every write to the pool. A new client (its
+    constructor and first request) still returns by the caller's timeout, with LedgerBusy naming the stopped
+    process, which is also an AllocationTimeout to callers that only wait."""
+    pool(path).close()
+    writer = subprocess.Popen([sys.executable, "-c", _STOPPED_WRITER, str(path)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert writer.stdout.readline().strip() == "locked"
+        os.kill(writer.pid, signal.SIGSTOP)
+        start = time.monotonic()
+        with pytest.raises(LedgerBusy) as err:
+            pool(path).allocate(ResourceRequest(gpus=1), timeout=2)
+        assert time.monotonic() - start < 2 + 2.5                 # SQLite's own patience was 30 s, twice
+        assert isinstance(err.value, AllocationTimeout)
+        assert f"pid {writer.pid} (stopped" in str(err.value) and str(path) in str(err.value)
+    finally:
+        writer.kill()
+        writer.wait()
 
 
 def test_a_remote_holder_that_stops_heartbeating_is_fenced_and_told(path):
