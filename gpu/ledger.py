@@ -386,10 +386,13 @@ class PoolLedger(LedgerClient):
         with self._conn() as db, (nullcontext() if turn_held else self._writing(action, patience)):
             self._begin(db, action, max(0.0, deadline - time.monotonic()))
             self._granted_to.owners = granted = set()
+            stamped = None
             try:
-                if self._file:
-                    self._file.verify(db)
+                epoch = self._file.verify(db) if self._file else None
+                changes = db.total_changes
                 yield db
+                if epoch is not None and db.total_changes != changes:
+                    stamped = self._file.stamp(db, epoch)
                 db.execute("COMMIT")
             except BaseException as exc:
                 if db.in_transaction:
@@ -397,6 +400,8 @@ class PoolLedger(LedgerClient):
                 if isinstance(exc, sqlite3.Error):
                     raise describe_error(exc, self.path, action) from exc
                 raise
+            if stamped is not None:
+                self._file.committed(stamped)
         if granted:
             self._ring(granted)
 

@@ -1,12 +1,16 @@
 """The pool ledger's file: its identity, the lock every client holds, and what SQLite errors mean.
 
-A pool file that is deleted, truncated or replaced under live clients must never come back as an
-empty pool that grants their GPUs again. Three things guard it:
+A pool file that is deleted, truncated, replaced or rolled back under live clients must never come
+back as a pool that grants their GPUs again. Four things guard it:
 
 * every open client holds a shared ``flock`` on ``<pool>.lock`` for its whole life, so a process
-  that finds the pool file missing or empty while that lock is held knows live clients lost it;
+  that finds the pool file missing, empty or older than the pool while that lock is held knows live
+  clients lost it;
 * a pool id (random, written once into the file) and the file's (device, inode) identity are
   remembered by every client and checked at the start of each transaction;
+* an epoch, counting the pool's committed changes, is kept in the file and, after each commit, in
+  ``<pool>.epoch`` beside it: a file whose epoch is behind the sidecar's (restored from an older copy
+  without its -wal, or rolled back) is refused while live clients hold the pool;
 * when the lock file itself is gone too, ``/proc`` shows live processes still holding the deleted
   pool file open.
 """
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import logging
 import os
 import sqlite3
 import uuid
@@ -25,7 +30,10 @@ from typing import Callable
 from gpu.errors import ConfigError, LedgerBusy, LedgerError, LedgerReplaced
 from gpu.liveness import lock_holders, process_state, processes_holding
 
+log = logging.getLogger("gpuflows.ledger")
+
 LOCK_TIMEOUT_S = 30.0
+_MARK_BYTES = 64  # the epoch sidecar's record: "<pool id> <epoch>\n", padded
 WAL_WRITE_LOCK = 120  # the byte of the -shm file a WAL database's writer locks (SQLite's wal.c, WALINDEX_LOCK_OFFSET)
 
 
@@ -84,11 +92,17 @@ class LedgerFile:
     path: str
     pool_id: str = ""
     identity: tuple[int, int] = (0, 0)
+    epoch: int = 0  # the newest epoch this client saw committed
     _lock_fd: int = -1
+    _epoch_fd: int = -1
 
     @property
     def lock_path(self) -> str:
         return self.path + ".lock"
+
+    @property
+    def epoch_path(self) -> str:
+        return self.path + ".epoch"
 
     def open(self, create_schema: Callable[[sqlite3.Connection], None],
              schema_current: Callable[[sqlite3.Connection], bool]) -> sqlite3.Connection:
@@ -100,7 +114,9 @@ class LedgerFile:
         try:
             Path(self.path).parent.mkdir(parents=True, exist_ok=True)
             self._lock_fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+            self._epoch_fd = os.open(self.epoch_path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as exc:
+            self.close()
             raise describe_os_error(exc, self.path, "open the pool") from exc
         try:
             if self._looks_new():
@@ -108,7 +124,12 @@ class LedgerFile:
             else:
                 fcntl.flock(self._lock_fd, fcntl.LOCK_SH)
             db = self._connect_and_adopt(create_schema, schema_current)
-            fcntl.flock(self._lock_fd, fcntl.LOCK_SH)  # downgrade after creating; no-op otherwise
+            try:
+                self._adopt_epoch(db)
+            except BaseException:
+                db.close()
+                raise
+            fcntl.flock(self._lock_fd, fcntl.LOCK_SH)  # downgrade after creating or adopting; no-op otherwise
             return db
         except BaseException:
             self.close()
@@ -220,19 +241,98 @@ class LedgerFile:
             db.execute("ROLLBACK")
             raise
 
-    def verify(self, db: sqlite3.Connection) -> None:
-        """Raise LedgerReplaced unless the path is still our file and it still holds our pool."""
+    def verify(self, db: sqlite3.Connection) -> int:
+        """Raise LedgerReplaced unless the path is still our file, it still holds our pool, and it is not older
+        than the pool (its epoch behind one this client or the sidecar saw committed); the file's epoch."""
         try:
             st = os.stat(self.path)
             same_file = (st.st_dev, st.st_ino) == self.identity and st.st_size > 0
         except FileNotFoundError:
             same_file = False
-        row = db.execute("SELECT value FROM meta WHERE key='pool_id'").fetchone() if same_file else None
-        if row is None or row[0] != self.pool_id:
+        meta = dict(db.execute("SELECT key, value FROM meta WHERE key IN ('pool_id', 'epoch')")) if same_file else {}
+        if meta.get("pool_id") != self.pool_id:
             raise LedgerReplaced(f"pool ledger {self.path} was deleted, truncated or replaced while this process "
                                  f"(pid {os.getpid()}) held the pool open; its leases can no longer be trusted")
+        epoch = int(meta.get("epoch", 0))
+        mark = self._read_mark()
+        newest = max(self.epoch, mark[1] if mark and mark[0] == self.pool_id else 0)
+        if epoch < newest:
+            raise LedgerReplaced(f"pool ledger {self.path} went back from epoch {newest} to {epoch} while this process "
+                                 f"(pid {os.getpid()}) held the pool open: it was restored from an older copy or "
+                                 "rolled back; its leases can no longer be trusted")
+        return epoch
+
+    @staticmethod
+    def stamp(db: sqlite3.Connection, epoch: int) -> int:
+        """Inside a transaction that changed the pool: record its epoch (the one ``verify`` read, plus one)."""
+        db.execute("INSERT OR REPLACE INTO meta VALUES ('epoch', ?)", (str(epoch + 1),))
+        return epoch + 1
+
+    def committed(self, epoch: int) -> None:
+        """After the commit of ``epoch``: raise the sidecar's mark to it (never lower it: another process may have
+        committed a later epoch and marked it first). A mark that cannot be written only weakens the check."""
+        self.epoch = max(self.epoch, epoch)
+        try:
+            fcntl.flock(self._epoch_fd, fcntl.LOCK_EX)
+            try:
+                mark = self._parse_mark(os.pread(self._epoch_fd, _MARK_BYTES, 0))
+                if mark is None or mark[0] != self.pool_id or mark[1] < epoch:
+                    self._write_mark(epoch)
+            finally:
+                fcntl.flock(self._epoch_fd, fcntl.LOCK_UN)
+        except OSError as exc:
+            log.warning("pool %s: could not record epoch %d in %s: %s", self.path, epoch, self.epoch_path, exc)
+
+    def _adopt_epoch(self, db: sqlite3.Connection) -> None:
+        """Refuse a file older than the pool's last commits while live clients hold the pool: a copy restored
+        without its -wal lacks their leases. With no live client left, the file is the pool from now on."""
+        row = db.execute("SELECT value FROM meta WHERE key='epoch'").fetchone()
+        self.epoch = int(row[0]) if row else 0
+        mark = self._read_mark()
+        if mark is None or (mark[0] == self.pool_id and mark[1] <= self.epoch):
+            self.committed(self.epoch)  # a new sidecar gets its first mark
+            return
+        if not self._alone():
+            behind = f"epoch {self.epoch}, behind the {mark[1]} its clients committed" if mark[0] == self.pool_id \
+                else f"pool {self.pool_id}, not the pool {mark[0]} its clients hold"
+            who = processes_holding([self.lock_path])
+            raise LedgerReplaced(
+                f"pool ledger {self.path} holds {behind}: it was restored from an older copy, rolled back or replaced "
+                f"while live processes (pids {', '.join(map(str, who[:8])) or 'unknown'}) held the pool. Opening it "
+                "would grant their GPUs again; stop those processes first (then this file is the pool)")
+        log.warning("pool %s: adopting the file at epoch %d (the pool had reached %s, with no client left)",
+                    self.path, self.epoch, mark)
+        self._write_mark(self.epoch)
+
+    def _alone(self) -> bool:
+        """Whether no other client holds the pool (this one's shared lock becomes exclusive until ``open`` ends)."""
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_SH)  # a failed conversion gave up the shared lock (flock(2))
+            return False
+
+    def _read_mark(self) -> tuple[str, int] | None:
+        fcntl.flock(self._epoch_fd, fcntl.LOCK_SH)
+        try:
+            return self._parse_mark(os.pread(self._epoch_fd, _MARK_BYTES, 0))
+        finally:
+            fcntl.flock(self._epoch_fd, fcntl.LOCK_UN)
+
+    @staticmethod
+    def _parse_mark(data: bytes) -> tuple[str, int] | None:
+        """``(pool id, epoch)`` from the sidecar's record; None when it is empty or not one."""
+        fields = data.decode("ascii", "replace").split()
+        return (fields[0], int(fields[1])) if len(fields) == 2 and fields[1].isdigit() else None
+
+    def _write_mark(self, epoch: int) -> None:
+        """One fixed-width record, so a reader under the shared lock never sees a mix of two."""
+        os.pwrite(self._epoch_fd, f"{self.pool_id} {epoch:020d}\n".encode().ljust(_MARK_BYTES), 0)
 
     def close(self) -> None:
-        if self._lock_fd >= 0:
-            os.close(self._lock_fd)  # drops the flock
-            self._lock_fd = -1
+        for name in ("_lock_fd", "_epoch_fd"):
+            fd = getattr(self, name)
+            if fd >= 0:
+                os.close(fd)  # drops the flock
+                setattr(self, name, -1)

@@ -299,6 +299,30 @@ def test_a_wiped_pool_file_is_refused_while_its_holders_live(path, wipe):
     assert pool(path).allocate(ResourceRequest(gpus=1), timeout=1).devices == (0,)   # no holder left: a fresh pool
 
 
+@pytest.mark.parametrize("restore", ["copy-over", "replace"])
+def test_a_pool_file_restored_from_an_older_copy_is_refused_while_its_holders_live(path, tmp_path, restore):
+    """A copy taken while the pool was idle is put back (over the file, or renamed over it) without its -wal and
+    -shm while a holder lives: its lease is not in the copy, so opening the pool must not grant its GPU again."""
+    pool(path).close()                                    # idle: every commit is in the file itself
+    backup = tmp_path / "backup.sqlite"
+    shutil.copyfile(path, backup)
+    holder = Holder(path)
+    try:
+        for suffix in ("-wal", "-shm"):
+            Path(f"{path}{suffix}").unlink()
+        if restore == "copy-over":
+            shutil.copyfile(backup, path)                     # the same inode, older contents
+        else:
+            shutil.copyfile(backup, tmp_path / "restoring")
+            os.replace(tmp_path / "restoring", path)
+        with pytest.raises(LedgerReplaced, match=str(path)) as err:
+            pool(path).allocate(ResourceRequest(gpus=2), timeout=1)
+        assert str(holder.proc.pid) in str(err.value) and "older copy" in str(err.value)
+    finally:
+        holder.kill()
+    assert len(pool(path).allocate(ResourceRequest(gpus=2), timeout=1).devices) == 2   # no holder left: it is the pool
+
+
 def test_a_request_for_a_resource_nobody_created_waits_off_the_head(path):
     """ESCHER's signalling (P2): the consumer queued before the producer does not block the pool."""
     ledger = pool(path)
