@@ -40,6 +40,7 @@ from contextlib import closing, contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
+from gpu.claims import claim_devices
 from gpu.devices import Device, Node, PoolSpec
 from gpu.errors import (
     AllocationTimeout, ConfigError, LeaseLost, LedgerBusy, LedgerBusyTimeout, LedgerError, LedgerReplaced,
@@ -325,6 +326,7 @@ class PoolLedger(LedgerClient):
         self._pending: list[_Shared] = []         # work queued for the next shared transaction
         self._granted_to = threading.local()      # owners a transaction granted to, rung after commit
         if self._file:
+            claim_devices([d.uuid for n in spec.nodes for d in n.devices if not d.simulated], self.path)
             self._idle.append(self._file.open(_create_schema, _schema_current))
             self._bells: Doorbells | None = Doorbells(self._file.pool_id)
         else:

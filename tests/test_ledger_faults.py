@@ -323,6 +323,41 @@ def test_a_pool_file_restored_from_an_older_copy_is_refused_while_its_holders_li
     assert len(pool(path).allocate(ResourceRequest(gpus=2), timeout=1).devices) == 2   # no holder left: it is the pool
 
 
+_REAL_LIKE_POOL = """
+import sys
+from gpu.devices import Device, Node, PoolSpec
+from gpu.pool import open_pool
+gpus = tuple(Device(i, f"GPU-{sys.argv[1]}-{i}", "NVML-like GPU", 2**34, 2**34) for i in range(2))  # not simulated
+ledger = open_pool("default", spec=PoolSpec((Node("n0", gpus, 8.0),)))
+print("opened", ledger.path, flush=True)
+sys.stdin.read()
+"""
+
+
+def test_one_gpu_has_one_ledger_on_a_machine_whatever_the_state_folder(tmp_path):
+    """The state folder defaults to ./.state: two working directories opening the same GPUs (two processes with
+    two state folders, devices with the same UUIDs) must not make two ledgers that each grant them whole."""
+    tag = os.urandom(4).hex()
+
+    def run_in(state: str, **kw) -> subprocess.Popen:
+        env = {**os.environ, "GPUFLOWS_STATE_DIR": str(tmp_path / state),
+               "GPUFLOWS_DEVICE_REGISTRY": str(tmp_path / "registry")}
+        return subprocess.Popen([sys.executable, "-c", _REAL_LIKE_POOL, tag], env=env, stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+
+    first = run_in("a")
+    try:
+        assert first.stdout.readline().startswith("opened")
+        out, err = run_in("b").communicate("", timeout=60)
+        assert "ConfigError" in err and f"belong to the ledger {tmp_path / 'a' / 'pools' / 'default.sqlite'}" in err
+        assert f"GPU-{tag}-0" in err and str(first.pid) in err and not out
+    finally:
+        first.kill()
+        first.wait()
+    out, err = run_in("b").communicate("", timeout=60)  # its ledger is no longer in use: the GPUs move
+    assert out.startswith(f"opened {tmp_path / 'b'}"), err
+
+
 def test_a_request_for_a_resource_nobody_created_waits_off_the_head(path):
     """ESCHER's signalling (P2): the consumer queued before the producer does not block the pool."""
     ledger = pool(path)

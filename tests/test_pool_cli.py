@@ -54,7 +54,7 @@ from gpu.pool import open_pool
 from gpuflows.cli import main
 print("pool", main(["pool", "--name", "demo"]), flush=True)
 try:
-    open_pool("fresh", simulated="1x16GiB")
+    open_pool("fresh", simulated="1x16GiB", backend="simulated")
 except LedgerError as exc:
     print("fresh", type(exc).__name__, exc, flush=True)
 os.environ["GPUFLOWS_STATE_DIR"] = os.path.join(os.environ["GPUFLOWS_STATE_DIR"], "missing")
@@ -82,7 +82,7 @@ def test_a_read_only_state_folder_is_a_ledger_error_not_a_traceback(state_dir):
     """The pool in use (its -wal and -shm exist, so it can be read) but its folder read-only for the caller:
     `gpuflows pool` and opening a new pool name the file and say it is read-only, and a state folder that
     cannot be created is a configuration error, never an OSError's traceback."""
-    held = open_pool("demo", simulated="2x16GiB")
+    held = open_pool("demo", simulated="2x16GiB", backend="simulated")
     held.allocate(ResourceRequest(gpus=1), timeout=5)
     prefix, undo = read_only(state_dir)
     try:
