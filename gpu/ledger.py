@@ -390,7 +390,7 @@ class PoolLedger(LedgerClient):
         is shorter (then LedgerBusy). ``turn_held``: the caller already holds this process's write turn.
         Owners granted something in the transaction are rung once it committed.
         """
-        patience = min(self.lock_timeout, busy or self.lock_timeout)
+        patience = self._patience(busy)
         deadline = time.monotonic() + patience
         with self._conn() as db, (nullcontext() if turn_held else self._writing(action, patience)):
             self._begin(db, action, max(0.0, deadline - time.monotonic()))
@@ -413,6 +413,10 @@ class PoolLedger(LedgerClient):
                 self._file.committed(stamped)
         if granted:
             self._ring(granted)
+
+    def _patience(self, busy: float | None) -> float:
+        """How long a call waits for the write lock: ``busy`` (0: one try) up to ``lock_timeout``."""
+        return self.lock_timeout if busy is None else min(self.lock_timeout, max(0.0, busy))
 
     @contextmanager
     def _writing(self, action: str, patience: float) -> Iterator[None]:
@@ -452,7 +456,7 @@ class PoolLedger(LedgerClient):
         mine = _Shared(work)
         with self._pending_lock:
             self._pending.append(mine)
-        patience = min(self.lock_timeout, busy or self.lock_timeout)
+        patience = self._patience(busy)
         deadline = time.monotonic() + patience
         if self._writer.acquire(timeout=patience):
             try:
@@ -477,7 +481,7 @@ class PoolLedger(LedgerClient):
 
     def _run_shared(self, action: str, patience: float, batch: list[_Shared]) -> None:
         try:
-            with self._tx(action, patience or None, turn_held=True) as db:
+            with self._tx(action, patience, turn_held=True) as db:
                 finishes = [piece.work(db) for piece in batch]
                 self._plan(db)
                 for piece, finish in zip(batch, finishes):
