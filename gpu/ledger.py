@@ -100,6 +100,9 @@ _EVENT_LEASE = "id, label, node, devices, fraction, memory, owner"  # a lease ro
 _HOLDER_COLS = "owner, host, pid, pstart, space"  # who holds a lease or waits with a ticket
 
 
+_QUEUING = object()
+"""A waiting ticket's outcome while the transaction queuing it has not committed (not yet visible to a look)."""
+
 _OPEN: "weakref.WeakValueDictionary[str, PoolLedger]" = weakref.WeakValueDictionary()
 """Ledgers open in this process by ``pool_id``: a task in thread mode reaches its runner's ledger."""
 
@@ -331,7 +334,7 @@ class PoolLedger(LedgerClient):
         self._writer = threading.Lock()           # one write transaction per process at a time (_writing)
         self._pending_lock = threading.Lock()
         self._pending: list[_Shared] = []         # work queued for the next shared transaction
-        self._granted_to = threading.local()      # owners a transaction granted to, rung after commit
+        self._granted_to = threading.local()      # what a transaction granted: owners to ring, this process's leases
         if self._file:
             claim_devices([d.uuid for n in spec.nodes for d in n.devices if not d.simulated], self.path)
             self._idle.append(self._file.open(_create_schema, _schema_current))
@@ -343,7 +346,8 @@ class PoolLedger(LedgerClient):
         self._capacity = [NodeState(n.name, tuple(DeviceState(d.index, d.memory_total, uuid=d.uuid) for d in n.devices),
                                     n.cpus, n.cpus) for n in spec.nodes]
         super().__init__()
-        self._outcomes: dict[int, Lease | BaseException | None] = {}
+        self._outcomes: dict[int, Lease | BaseException | object | None] = {}  # this process's waiting tickets
+        self._watch_idle = False                  # the watcher sleeps long: nothing of this process waits
         self._abandoned: set[int] = set()
         self._poked = False
         self._closed = threading.Event()
@@ -395,6 +399,7 @@ class PoolLedger(LedgerClient):
         with self._conn() as db, (nullcontext() if turn_held else self._writing(action, patience)):
             self._begin(db, action, max(0.0, deadline - time.monotonic()))
             self._granted_to.owners = granted = set()
+            self._granted_to.mine = mine = {}
             stamped = None
             try:
                 epoch = self._file.verify(db) if self._file else None
@@ -411,8 +416,10 @@ class PoolLedger(LedgerClient):
                 raise
             if stamped is not None:
                 self._file.committed(stamped)
+        if mine:
+            self._deliver(mine)
         if granted:
-            self._ring(granted)
+            self._ring(granted - {self.owner.key})
 
     def _patience(self, busy: float | None) -> float:
         """How long a call waits for the write lock: ``busy`` (0: one try) up to ``lock_timeout``."""
@@ -687,16 +694,16 @@ class PoolLedger(LedgerClient):
             backer = self._backer(db, w.request, choice.node)
             devices, fraction, memory = backer[1:] if backer else (json.dumps(list(choice.devices)), choice.fraction,
                                                                    choice.memory)
-            lease_id = uuid.uuid4().hex
-            db.execute(f"INSERT INTO leases (id, {_HOLDER_COLS}, label, node, devices, fraction, memory, cpus, "
-                       "resources, granted_at, expires_at, generation, ticket, backed_by) "
+            lease = (uuid.uuid4().hex, choice.node, devices, fraction, memory, w.request.cpus,
+                     json.dumps(dict(w.request.resources)), w.request.label, now, generation)  # as _LEASE_COLS
+            db.execute(f"INSERT INTO leases ({_LEASE_COLS}, {_HOLDER_COLS}, expires_at, ticket, backed_by) "
                        "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                       (lease_id, *holder, w.request.label, choice.node, devices, fraction, memory, w.request.cpus,
-                        json.dumps(dict(w.request.resources)), now, now + self.lease_ttl, generation, w.ticket,
-                        backer[0] if backer else None))
+                       (*lease, *holder, now + self.lease_ttl, w.ticket, backer[0] if backer else None))
             db.execute("DELETE FROM tickets WHERE id=?", (w.ticket,))
             self._granted_to.owners.add(owner)
-            self._event(db, "allocate", (lease_id, w.request.label, choice.node, devices, fraction, memory, owner))
+            if owner == self.owner.key:  # delivered by the committing thread, no watcher round trip
+                self._granted_to.mine[w.ticket] = self._placement(lease)
+            self._event(db, "allocate", (lease[0], w.request.label, choice.node, devices, fraction, memory, owner))
         db.execute("INSERT OR REPLACE INTO meta VALUES ('generation', ?)", (str(generation),))
 
     @staticmethod
@@ -781,12 +788,20 @@ class PoolLedger(LedgerClient):
         return self.submit_and_try(request, priority, owner)[0]
 
     def submit_and_try(self, request: ResourceRequest, priority: float = 0.0, owner: Owner | None = None,
-                       busy: float | None = None) -> tuple[int, Lease | None]:
-        """Queue ``request`` and plan the queue in one transaction (most requests fit at once)."""
+                       busy: float | None = None, awaiting: list[int] | None = None) -> tuple[int, Lease | None]:
+        """Queue ``request`` and plan the queue in one transaction (most requests fit at once).
+
+        ``awaiting``: the caller will wait for the ticket (``allocate``), which is registered, and appended to
+        the list, before the transaction commits, so that no grant after the commit can miss its waiter.
+        """
         self._check(request)
         self._start_threads()
         def work(db: sqlite3.Connection) -> _Finish:
             ticket = self._insert_ticket(db, request, priority, owner)
+            if awaiting is not None:
+                with self._cv:
+                    self._outcomes[ticket] = _QUEUING
+                awaiting.append(ticket)
 
             def finish(db: sqlite3.Connection) -> tuple[int, Lease | None]:
                 placement = self._granted(db, ticket)
@@ -839,15 +854,25 @@ class PoolLedger(LedgerClient):
         even while another process holds the ledger's write lock.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
+        awaiting: list[int] = []
         try:
-            ticket, placement = self.submit_and_try(request, priority, busy=timeout)
-        except LedgerBusy as exc:
-            raise LedgerBusyTimeout(f"request {request.describe()} got no placement within {timeout}s: {exc}") from exc
-        if placement is not None:
-            return placement
+            ticket, placement = self.submit_and_try(request, priority, busy=timeout, awaiting=awaiting)
+        except BaseException as exc:
+            with self._cv:
+                for t in awaiting:  # its transaction failed: nothing was queued
+                    self._outcomes.pop(t, None)
+            if isinstance(exc, LedgerBusy):
+                raise LedgerBusyTimeout(f"request {request.describe()} got no placement within {timeout}s: "
+                                        f"{exc}") from exc
+            raise
         with self._cv:
-            self._outcomes[ticket] = None
-            self._wake_watcher()
+            if placement is not None:
+                self._outcomes.pop(ticket, None)
+                return placement
+            if self._outcomes.get(ticket) is _QUEUING:
+                self._outcomes[ticket] = None
+            if self._watch_idle:  # it sleeps long when nothing waits: its reclaim checks must start now
+                self._wake_watcher()
             try:
                 while True:
                     outcome = self._outcomes[ticket]
@@ -962,9 +987,10 @@ class PoolLedger(LedgerClient):
         next_reclaim = next_look = 0.0
         while not self._closed.is_set():
             with self._cv:
-                waiting = [t for t, o in self._outcomes.items() if o is None]
+                waiting = [t for t, o in self._outcomes.items() if o is None or o is _QUEUING]
                 abandoned = list(self._abandoned)
                 poked, self._poked = self._poked, False
+                self._watch_idle = not (waiting or abandoned)
             now = time.monotonic()
             try:
                 for ticket in abandoned:
@@ -1011,8 +1037,11 @@ class PoolLedger(LedgerClient):
         return row is None or not 0.0 <= now - float(row[0]) < self.reclaim_interval
 
     def _collect(self, waiting: list[int]) -> None:
-        """Read, in one snapshot, which of ``waiting`` were granted or dropped."""
+        """Read, in one snapshot, which of ``waiting`` were granted or dropped (a ticket whose queuing has not
+        committed yet is neither)."""
         marks = ",".join("?" * len(waiting))
+        with self._cv:  # before the snapshot: one committed after it is in it
+            committed = [t for t in waiting if self._outcomes.get(t) is not _QUEUING]
         with self._conn() as db:
             db.execute("BEGIN")
             try:
@@ -1022,7 +1051,7 @@ class PoolLedger(LedgerClient):
             finally:
                 db.execute("COMMIT")
         outcomes: dict[int, Lease | BaseException] = {r[0]: self._placement(r[1:]) for r in granted}
-        for ticket in waiting:
+        for ticket in committed:
             if ticket not in outcomes and ticket not in queued:
                 outcomes[ticket] = LedgerError(f"pool {self.path}: request ticket {ticket} was dropped from the queue "
                                                "(this process looked dead or stopped heartbeating)")
