@@ -10,16 +10,19 @@ What it guarantees (``docs/architecture.md`` says how each is tested):
   planning the whole queue (``plan_grants``) and granting what the policy grants, to whichever
   owner waits: FIFO holds across processes by construction, and what a waiter receives is the
   committed lease row, never a process-local cache.
-* **No slice held by two live processes.** On this host a holder's slices are freed only once the
-  holder *and every worker process registered under it* are dead (``/proc``, pid + start time):
-  a stopped (SIGSTOP) or starved holder keeps them, whatever its heartbeat. A heartbeat expiry
-  frees slices only of holders on other hosts, and those learn it on their next heartbeat
+* **No slice held by two live processes.** Where a holder's pids are visible (this host, pid namespace and
+  boot: ``gpu.liveness.PID_SPACE``) its slices are freed only once the holder *and every worker process
+  registered under it* are dead (``/proc``, pid + start time): a stopped (SIGSTOP) or starved holder keeps
+  them, whatever its heartbeat. A heartbeat expiry frees slices only of holders whose pids are not visible
+  (other hosts, containers with their own pid namespace), and those learn it on their next heartbeat
   (``watch``), each lease carrying a fencing ``generation``.
-* **A wiped file never becomes an empty pool** (``gpu.ledger_file``), and SQLite failures (disk
-  full, a write lock held elsewhere) are ``LedgerError``s that say so.
+* **A wiped, replaced or rolled-back file never becomes a pool that grants held GPUs again**
+  (``gpu.ledger_file``), a GPU has one ledger per machine (``gpu.claims``), and SQLite and OS failures (disk
+  full, a write lock held elsewhere, a read-only folder) are ``LedgerError``s that say so.
 
-Waiting is cheap: one watcher thread per process sleeps on its doorbell (``gpu.wakeup``), which the
-granting transaction rings after it commits, and then reads its tickets' fate (it also looks every
+Waiting is cheap: one watcher thread per process sleeps on its doorbell (``gpu.wakeup``), which a
+transaction granting one of its tickets in another process rings after it commits (a grant to a thread of
+the committing process is handed over directly), and then reads its tickets' fate (it also looks every
 ``SAFETY_POLL_S``, in case a ring was lost); dead holders are looked for once per ``reclaim_interval``
 across all processes.
 """

@@ -302,7 +302,11 @@ class LedgerFile:
                 "would grant their GPUs again; stop those processes first (then this file is the pool)")
         log.warning("pool %s: adopting the file at epoch %d (the pool had reached %s, with no client left)",
                     self.path, self.epoch, mark)
-        self._write_mark(self.epoch)
+        fcntl.flock(self._epoch_fd, fcntl.LOCK_EX)
+        try:
+            self._write_mark(self.epoch)  # lowered: this file is the pool now
+        finally:
+            fcntl.flock(self._epoch_fd, fcntl.LOCK_UN)
 
     def _alone(self) -> bool:
         """Whether no other client holds the pool (this one's shared lock becomes exclusive until ``open`` ends)."""
