@@ -30,7 +30,9 @@ resources, node and device pins; ``SHAPES``). Measured per phase, for 16, 48, 96
   moment T2's ``allocate`` was called. Submit times taken by the clients alone would not do: a client waits
   an unbounded time for SQLite's write lock before its ticket exists. "Still waited": T2's
   ``Placement.granted_at`` (stamped inside the serialised grant transaction) is before T1's, or before
-  T1's deadline when T1 timed out. Same shape, so if T2 fits so did T1. A request granted at once is never
+  T1's deadline when T1 timed out, unless T1's grant was logged before T2's: a T1 granted just before its
+  deadline whose thread woke too late to take it (the ledger withdraws such a grant: "request withdrawn")
+  did not wait behind T2. Same shape, so if T2 fits so did T1. A request granted at once is never
   seen waiting and can only be the T2 of a pair; ``tickets_seen_N`` says how many tickets were observed;
 - kill -9: a process holds the only GPU of a one-GPU pool, 8 waiters queue for it, the holder is killed;
   reclaim time is the kill to the first waiter's ``allocate`` returning. Target 1 s.
@@ -54,6 +56,7 @@ import tempfile
 import threading
 import time
 from collections import defaultdict
+from contextlib import closing
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
@@ -132,8 +135,11 @@ def replay(intervals: list[dict], caps: dict, res_caps: dict) -> list[str]:
     return bad
 
 
-def fifo_inversions(records: list[dict], seen: dict[str, tuple]) -> list[tuple[str, str, float]]:
-    """(earlier, overtaking, lag s) pairs of same-shape requests; see the module docstring."""
+def fifo_inversions(records: list[dict], seen: dict[str, tuple],
+                    logged: dict[str, int] | None = None) -> list[tuple[str, str, float]]:
+    """(earlier, overtaking, lag s) pairs of same-shape requests; see the module docstring. ``logged``: each
+    label's position in the ledger's log of grants (its ``events`` table), for requests that timed out."""
+    logged = logged or {}
     out = []
     groups: dict[str, list[dict]] = defaultdict(list)
     for r in records:
@@ -151,7 +157,8 @@ def fifo_inversions(records: list[dict], seen: dict[str, tuple]) -> list[tuple[s
         for t2 in g[bisect.bisect_right(k, ins1):bisect.bisect_left(k, end1 - CLOCK_EPS)]:
             id2 = seen.get(t2["label"], (None,))[0]
             before = id1 < id2 if id1 is not None and id2 is not None else ins1 + CLOCK_EPS < t2["t_call"]
-            if before and t2 is not t1:
+            granted_first = t1["label"] in logged and logged[t1["label"]] < logged.get(t2["label"], -1)
+            if before and t2 is not t1 and not granted_first:
                 out.append((t1["label"], t2["label"], end1 - t2["granted_at"]))
     return out
 
@@ -335,6 +342,8 @@ def run_phase(clients: int, duration: float, threads: int, root: Path, seed: int
     sampler.join(30)
     sampled = json.loads((folder / "sampler.json").read_text())
     records = [json.loads(line) for f in sorted(folder.glob("client-*.jsonl")) for line in f.read_text().splitlines()]
+    with closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as db:  # where a timed-out request was granted
+        sampled["logged"] = {label: i for i, label in db.execute("SELECT id, label FROM events WHERE kind='allocate'")}
     return {"clients": clients, "processes": len(procs), "records": records, "kill": kill, "caps": caps,
             "res_caps": res_caps, "wake_late_ms_max": 1000 * max(lateness, default=0.0),
             **figures(records, sampled, caps, res_caps, t0.value, duration, kill)}
@@ -359,7 +368,8 @@ def figures(records, sampled, caps, res_caps, t0, duration, kill) -> dict[str, A
             "timeout_overrun_ms_max": 1000 * max([0.0, *overrun]),
             "late_returns": sum(o > OVERRUN_TARGET_MS / 1000 for o in overrun),
             "errors": sum(r["kind"] == "error" or "error" in r and r["kind"] == "grant" for r in records),
-            "stuck": sum(r["kind"] == "stuck" for r in records), "fifo": fifo_inversions(records, seen),
+            "stuck": sum(r["kind"] == "stuck" for r in records),
+            "fifo": fifo_inversions(records, seen, sampled.get("logged")),
             "sampled_violations": sampled["violations"], "replay_violations": replayed,
             "samples": sampled["samples"], "tickets_seen": len(seen)}
 
