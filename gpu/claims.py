@@ -52,12 +52,7 @@ def claim_devices(uuids: Iterable[str], ledger: str) -> None:
             taken = {o for o in owners.values() if o and o != ledger and _in_use(LedgerFile(o).lock_path)}
             if taken:
                 other = sorted(taken)[0]
-                mine = [u for u, o in owners.items() if o == other]
-                pids = processes_holding([LedgerFile(other).lock_path])
-                raise ConfigError("pool", ledger, f"its devices {', '.join(mine)} belong to the ledger {other}, in use "
-                                                  f"(pids {', '.join(map(str, pids[:8])) or 'unknown'}): one ledger "
-                                                  "per GPU on a machine, or both grant it whole. Use that pool (its "
-                                                  "state folder and name), or stop its clients first")
+                raise _refusal(ledger, other, [u for u, o in owners.items() if o == other])
             for u, o in owners.items():
                 if o != ledger:
                     _write_owner(folder / _file_name(u), ledger)
@@ -66,13 +61,22 @@ def claim_devices(uuids: Iterable[str], ledger: str) -> None:
                           f"{exc.strerror} ({exc.filename})") from exc
 
 
+def _refusal(ledger: str, other: str, uuids: list[str]) -> ConfigError:
+    """Why ``ledger`` may not open devices ``uuids``: they belong to ``other``, in use by the pids named."""
+    pids = processes_holding([LedgerFile(other).lock_path])
+    return ConfigError("pool", ledger, f"its devices {', '.join(uuids)} belong to the ledger {other}, in use (pids "
+                                       f"{', '.join(map(str, pids[:8])) or 'unknown'}): one ledger per GPU on a "
+                                       "machine, or both grant it whole. Use that pool (its state folder and name), "
+                                       "or stop its clients first")
+
+
 @contextmanager
 def _registry_locked(folder: Path) -> Iterator[None]:
     """The registry, exclusively: two ledgers claiming the same device at once cannot both win."""
     if not folder.is_dir():
         folder.mkdir(parents=True, exist_ok=True)
         folder.chmod(0o1777)  # every user's ledgers claim here; the sticky bit keeps each claim its owner's
-    fd = os.open(folder / ".lock", os.O_RDWR | os.O_CREAT, 0o666)
+    fd = os.open(folder / ".lock", os.O_RDONLY | os.O_CREAT, 0o644)  # flock needs no write access: any user may
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
