@@ -8,7 +8,9 @@ Scenario format: ``docs/nona.md``; example: ``scenarios/nona/paper_80.yaml``. Po
   ``simulation.epoch_s`` the measured rates pick the nearest entry, or trigger a re-solve (§III-A);
 * ``expert`` — q·Opportunistic + (1−q)·undistributed with q grid-searched in this simulator (best mean JCT);
 * ``opportunistic``, ``random``, ``undistributed`` — the fixed placements of ``gpu.schedulers.nona.baselines``;
-* ``spark`` — Spark's fair scheduler on live state (``gpu.sim.nona.engine``).
+* ``spark`` — Spark's fair scheduler on live state (``gpu.sim.nona.engine``);
+* ``sjf_cp`` — the Decima-style list scheduler on live state (shortest job first, critical path within a job),
+  in place of Decima, whose trained model is not available.
 """
 
 from __future__ import annotations
@@ -178,8 +180,8 @@ def run_policy(setup: Setup, policy: str) -> Outcome:
     """Simulate one policy on the setup."""
     choose(policy, "policy", list(POLICIES))
     n, seed, dags = setup.cluster.servers, setup.workload.seed, setup.dags
-    if policy == "spark":
-        return Outcome(policy, simulate(setup.cluster, setup.workload, None))
+    if policy in ("spark", "sjf_cp"):
+        return Outcome(policy, simulate(setup.cluster, setup.workload, None, live=policy))
     if policy == "random":
         return Outcome(policy, simulate(setup.cluster, setup.workload, RandomPlacement(dags, seed)))
     if policy == "nona_table":
