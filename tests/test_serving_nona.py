@@ -15,6 +15,7 @@ from gpu.ledger import PoolLedger
 from gpu.schedulers.nexus.squishy import Session
 from gpu.schedulers.nona.controller import Query
 from tasks.serving.link import EmulatedLink
+from tasks.serving.transport import SocketLink, measured_mu, probe_mu
 from tasks.serving.loadgen import LoadGenerator, RateTrace
 from tasks.serving.models import load_digits_tensors, load_or_train, profile_model
 from tasks.serving.nona import replicated_plan, solve_routing, stage_dag
@@ -90,13 +91,33 @@ def test_the_emulated_link_serves_hand_offs_first_come_first_served_at_bytes_ove
     link = EmulatedLink(1e6).start()
     got: list[tuple[str, int]] = []
     t0 = time.perf_counter_ns()
-    done = [link.send(t0, 1000, lambda k=k: got.append((k, time.perf_counter_ns()))) for k in "xyz"]
+    done = [link.send(t0, 1000, lambda data, k=k: got.append((k, time.perf_counter_ns()))) for k in "xyz"]
     assert [d - t0 for d in done] == [1_000_000, 2_000_000, 3_000_000]  # 1 kB at 1 MB/s: 1 ms each, queued
     link.close()
     assert [k for k, _ in got] == ["x", "y", "z"] and all(t >= d for (_, t), d in zip(got, done))
     assert link.transfers == 3 and link.wait_ns == 3_000_000 and link.busy_ns == 3_000_000
     with pytest.raises(ConfigError, match="link.mu"):
         EmulatedLink(0)
+
+
+def test_the_socket_link_moves_the_bytes_first_come_first_served_no_faster_than_mu():
+    """Real transfers: each hand-off's bytes cross a loopback socket in order, paced by the sender's token bucket
+    so that none ends sooner than its bytes at μ after the previous one; the data arrives as sent, and the link
+    measures itself (μ from bytes over transfer time, never above the pace)."""
+    link = SocketLink(1e6).start()
+    got: list[tuple[str, bytes, int]] = []
+    t0 = time.perf_counter_ns()
+    for k in "xyz":
+        link.send(t0, 2000, lambda data, k=k: got.append((k, data, time.perf_counter_ns() - t0)), k.encode() * 300)
+    link.close()
+    assert [(k, d) for k, d, _ in got] == [(k, k.encode() * 300) for k in "xyz"]
+    assert all(t >= (i + 1) * 2_000_000 for i, (*_, t) in enumerate(got))  # 2 kB at 1 MB/s: 2 ms each, queued
+    assert link.transfers == 3 and link.bytes == 6000 and link.busy_ns >= 3 * 2_000_000
+    assert link.wait_ns > 0  # y and z queued behind x
+    assert measured_mu(link.bytes, link.busy_ns) <= 1e6
+    assert probe_mu(None, 25_600, count=3) > 0  # an unpaced probe measures loopback itself
+    with pytest.raises(ConfigError, match="link.mu"):
+        SocketLink(-1.0)
 
 
 def test_a_congested_link_charges_every_cross_node_hand_off_a_join_included(served):
