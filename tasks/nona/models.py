@@ -135,8 +135,8 @@ class DenseNet121(nn.Module):
             parts.append(_DenseBlock(n, c))
             c += 32 * n
             if i < 3:
-                parts.append(nn.Sequential(nn.BatchNorm2d(c), nn.ReLU(inplace=True), nn.Conv2d(c, c // 2, 1, bias=False),
-                                           nn.AvgPool2d(2, 2)))
+                parts.append(nn.Sequential(nn.BatchNorm2d(c), nn.ReLU(inplace=True),
+                                           nn.Conv2d(c, c // 2, 1, bias=False), nn.AvgPool2d(2, 2)))
                 c //= 2
         self.blocks = nn.Sequential(*parts)
         self.norm = nn.BatchNorm2d(c)

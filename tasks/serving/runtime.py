@@ -103,7 +103,8 @@ class LocalServingRuntime:
             ``tasks.serving.transport``) or ``emulated`` (a computed delay, no bytes move: ``tasks.serving.link``).
         handoff_bytes: bytes a hand-off to each child stage session carries per request (default: its input
             row's), e.g. the parent's measured activation size.
-        measure_batches: workers keep every batch's size and forward time for ``take_batches`` (local backend).
+        measure_batches: workers keep every batch's size and forward time for ``take_batches`` (local backend);
+            ``"cpu"``: the forward's thread CPU time rather than its wall time (``ServingWorker``).
     """
 
     def __init__(self, models: Mapping[str, nn.Module], profiles: Mapping[str, BatchProfile], ledger: LedgerClient,
@@ -115,7 +116,7 @@ class LocalServingRuntime:
                  chains: Mapping[str, tuple[str, float]] | None = None, controller: NexusController | None = None,
                  apps: Mapping[str, float | None] | None = None, query_routing: QueryRouting | None = None,
                  link_mu: float | None = None, handoff_bytes: Mapping[str, float] | None = None,
-                 measure_batches: bool = False, link: str = "socket"):
+                 measure_batches: bool | str = False, link: str = "socket"):
         if backend not in BACKENDS:
             raise ConfigError("backend", backend, f"unknown serving backend; choose one of {list(BACKENDS)}")
         if controller is not None and (chains or load_balancer != "drr"):
