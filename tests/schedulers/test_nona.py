@@ -11,8 +11,8 @@ from gpu.errors import ConfigError
 from gpu.schedulers.nona.optimizer import Cluster, LookupTable, NonaModel, QueryClass, solve, solve_table, theta_vector
 from gpu.schedulers.nona.baselines import (RandomPlacement, expert_thetas, opportunistic_thetas,
                                            undistributed_thetas)
-from gpu.schedulers.nona.dag import (Dag, Subgraph, bottlenecks, contract, contractible_edges, groupings,
-                                     subgraphs)
+from gpu.schedulers.nona.dag import (Dag, Subgraph, bottlenecks, branches, contract, contractible_edges,
+                                     groupings, subgraphs)
 from gpu.schedulers.nona.controller import GroupingSampler, NonaController, Query
 from gpu.sim.nona.workloads import motivating_query, paper_models
 
@@ -71,6 +71,8 @@ def test_sequential_models_contract_to_one_task_and_gpt2_keeps_its_attention_bra
         q, k, v = (next(t for t in s.intermediates if t.endswith(f"attn_{x}")) for x in "qkv")
         assert set(gpt2.preds[q]) == set(gpt2.preds[k]) == set(gpt2.preds[v])
         assert set(gpt2.succs[q]) == set(gpt2.succs[k]) == set(gpt2.succs[v])
+        parts = branches(gpt2, s)  # Opportunistic's parts: ln_1 and attention are serial, q, k, v parallel
+        assert len(parts) == 3 and (k,) in parts and (v,) in parts and q in parts[0]
 
 
 def test_bottlenecks_are_the_nodes_on_every_path():
