@@ -89,13 +89,24 @@ def profile_models(names: Sequence[str] | None = None, repeats: int = 5, seed: i
         torch.set_num_threads(threads)
 
 
+def _cpu_name() -> str:
+    """The CPU's model name (Linux's ``/proc/cpuinfo``), else the platform's machine type."""
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def profile_document(dags: dict[str, Dag], repeats: int, command: str) -> dict[str, Any]:
     """The JSON ``gpu.sim.nona.workloads.load_profile`` reads: per class, task seconds and edge bytes, and
     where and how they were measured."""
     return {
         "about": {"measured": "thread CPU time per torch.fx node, median of repeats, batch 1, one intra-op thread",
                   "units": {"tasks": "s", "edges": "bytes"}, "repeats": repeats, "command": command,
-                  "cpu": platform.processor() or platform.machine(), "torch": torch.__version__,
+                  "cpu": _cpu_name(), "torch": torch.__version__,
                   "date": time.strftime("%Y-%m-%d")},
         "classes": {name: {"tasks": {t: float(f"{p:.6g}") for t, p in zip(d.tasks, d.ops)},
                            "edges": [[a, b, int(s)] for a, b, s in d.edges]} for name, d in dags.items()},

@@ -147,6 +147,7 @@ class _World:
         self.busy = [False] * cluster.servers
         self.link: deque = deque()
         self.link_busy = False
+        self.link_busy_s = 0.0  # the link's busy time between the warm-up and the horizon
         self.records: list[JobRecord] = []
         self.fair: list[tuple[float, int]] = []  # (priority, job id) of jobs with ready tasks, lazy: Spark's
         # priority is its running tasks, SJF-CP's its remaining work
@@ -264,6 +265,8 @@ class _World:
             return
         self.link_busy = True
         job, task, length, since = self.link.popleft()
+        now = self.loop.now
+        self.link_busy_s += max(0.0, min(now + length, self.w.horizon_s) - max(now, self.w.warmup_s))
         if job is None:  # a background transfer is a whole job
             self.loop.after(length, lambda: (self.records.append(
                 JobRecord(BACKGROUND_COMM, since, self.loop.now - since, self.loop.now - since - length, 0)),
@@ -328,11 +331,16 @@ class _World:
 def simulate(cluster: Cluster, workload: Workload, placer: Placer | Controller | None, *,
              epoch_s: float | None = None,
              on_epoch: Callable[[float, dict[str, float]], object] | None = None,
-             live: str = "spark") -> list[JobRecord]:
+             live: str = "spark", observed: dict[str, float] | None = None) -> list[JobRecord]:
     """Run one scheme (``placer=None``: the live-state scheduler ``live``, Spark's fair scheduler or SJF-CP); the
-    jobs that arrived after the warm-up.
+    jobs that arrived after the warm-up. ``observed`` (a dict) receives ``link_rho``: the share of the time
+    between the warm-up and the horizon the link spent transferring (the ρ the scheme really put on it).
 
     ``on_epoch(now, measured_rates)`` runs every ``epoch_s`` seconds of arrivals (e.g. to drive a controller's
     ``on_epoch`` and install re-solved θ).
     """
-    return _World(cluster, workload, placer, epoch_s, on_epoch, live).run()
+    world = _World(cluster, workload, placer, epoch_s, on_epoch, live)
+    records = world.run()
+    if observed is not None:
+        observed["link_rho"] = world.link_busy_s / max(1e-12, workload.horizon_s - workload.warmup_s)
+    return records
