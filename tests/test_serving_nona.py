@@ -1,5 +1,5 @@
 """Nona in the serving runtime: joins on real workers, per-query routing by the sampled placement, and the
-emulated bottleneck link that makes cross-node hand-offs cost (Nona §III)."""
+bottleneck link that makes cross-node hand-offs cost (Nona §III): real bytes on a loopback socket, or emulated."""
 
 from __future__ import annotations
 
@@ -18,7 +18,9 @@ from tasks.serving.link import EmulatedLink
 from tasks.serving.transport import SocketLink, measured_mu, probe_mu
 from tasks.serving.loadgen import LoadGenerator, RateTrace
 from tasks.serving.models import load_digits_tensors, load_or_train, profile_model
-from tasks.serving.nona import replicated_plan, solve_routing, stage_dag
+from gpu.schedulers.nexus.profiles import linear_profile
+from gpu.schedulers.nona.dag import groupings, subgraphs, undistributed
+from tasks.serving.nona import MeasuredNona, replicated_plan, solve_routing, stage_dag
 from tasks.serving.runtime import LocalServingRuntime
 
 DIAMOND = {"q/b": ("q/a", 1.0), "q/c": ("q/a", 1.0), "q/d": (("q/b", "q/c"), 1.0)}
@@ -118,6 +120,34 @@ def test_the_socket_link_moves_the_bytes_first_come_first_served_no_faster_than_
     assert probe_mu(None, 25_600, count=3) > 0  # an unpaced probe measures loopback itself
     with pytest.raises(ConfigError, match="link.mu"):
         SocketLink(-1.0)
+
+
+def test_nona_re_solves_for_the_mu_the_socket_link_measured():
+    """θ solved for a link that would carry a 25.6 kB hand-off in 0.3 ms splits 3 ms branches; the real link is
+    paced at 10 ms a hand-off. The epoch after hand-offs crossed it, MeasuredNona reads the link's μ from their
+    bytes and transfer times, finds it beyond ±40 % of the μ θ was solved with, and θ re-solved for it keeps
+    the branches together."""
+    handoff = 25_600.0
+    profiles = {"m": linear_profile("m", 0.0, 3.0, 16)}
+    dag = stage_dag("q", {u: "m" for u in "abcd"}, INPUTS, profiles, {f"q/{u}": handoff for u in "bcd"})
+    omega = groupings(subgraphs(dag)[0], max_parts=2)
+    fast, slow = handoff / 3e-4, handoff / 1e-2
+    routing = solve_routing({"q": dag}, {"q": 10.0}, [0, 1], fast)
+    before = routing.controller.table.entries[0].thetas["q", "a"]
+    link = SocketLink(slow).start()
+    nona = MeasuredNona(routing, 2, fast, link=link)
+    try:
+        for _ in range(3):
+            done = []
+            link.send(time.perf_counter_ns(), handoff, done.append, b"rows")
+            while not done:
+                time.sleep(0.005)
+        row = nona.on_epoch(1.0, {"q/a": 10}, 1.0, {})
+    finally:
+        link.close()
+    assert 1 - before[undistributed(omega)] > 0.9
+    assert row.resolved and row.link_mu <= slow and row.link_mu < 0.5 * fast
+    assert 1 - row.thetas["q:a"][undistributed(omega)] < 0.1
 
 
 def test_a_congested_link_charges_every_cross_node_hand_off_a_join_included(served):
