@@ -29,7 +29,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from gpu.schedulers.salus.controller import SalusJob  # noqa: E402
-from tasks.runtime.requests import Lane  # noqa: E402
+from tasks.salus.placement import Lane  # noqa: E402
 from tasks.salus.executor import SalusExecutor, salus_iterations  # noqa: E402
 
 

@@ -34,6 +34,7 @@ from tasks.report.charts import publish_chart
 from tasks.runtime.flow import (flow_runner, log_flow_inputs, log_flow_outcome, pool_block, publish_mlflow_link,
                                 settings, tracking_target)
 from tasks.runtime.runners import GpuTaskRunner
+from tasks.salus.admission import SalusColocation, salus_executor
 from tasks.salus.executor import MIB, salus_options
 from tasks.salus.outcomes import (METRICS, PolicyOutcome, executor_record, job_rows, lane_chart, log_policy_run,
                                    predicted, solo_iteration_s)
@@ -53,7 +54,7 @@ ACCOUNTING_ONLY = "lanes are accounting only: a simulated device, the jobs run o
 
 def runner_settings(parameters: dict) -> dict:
     """The flow's runner from its own parameters (``pool``, ``tracking``): it opens the flow's MLflow run; each
-    policy's jobs run on a runner in Salus mode of their own on the same pool (``run_policy``)."""
+    policy's jobs run on a runner with a Salus admission of their own on the same pool (``run_policy``)."""
     return settings(parameters, DEFAULT_POOL, "gpuflows-salus")
 
 
@@ -80,16 +81,16 @@ def prepare(pool: GpuPool | str | dict | None, tracking: MlflowTarget | bool | s
 
 
 def run_policy(trace: Sequence[SharingJob], policy: str, pool: GpuPool, mode: str, memory: str) -> PolicyOutcome:
-    """Submit the trace at its arrival times to a runner in Salus mode with ``policy`` on device 0 of ``pool``
+    """Submit the trace at its arrival times to a runner with a Salus admission under ``policy`` on device 0 of ``pool``
     (its jobs in worker processes or threads, ``mode``; their memory declared or profiled, ``memory``); the
     jobs' measured rows once all are done. The runner leases the device for the policy's run and gives it back
     when it exits, however the run ended. A runner of its own per policy, not the flow's: an executor's policy
     is fixed for its life. Its MLflow tracking is off (the flow's runner holds the flow run's one MLflow run);
     each job's record goes into the policy's nested run instead (``jobs.json``)."""
-    runner = GpuTaskRunner(pool=pool, mode="salus", salus_policy=policy, salus_devices=(DEVICE,),
-                           max_jobs_per_device=min(len(trace), MAX_JOBS), salus_workers=mode, tracking=False)
+    runner = GpuTaskRunner(pool=pool, mode=mode, tracking=False, admission=SalusColocation(
+        policy=policy, devices=(DEVICE,), max_jobs_per_device=min(len(trace), MAX_JOBS)))
     with runner:
-        executor = runner.salus().executor(DEVICE)
+        executor = salus_executor(runner, DEVICE)
         device_mb = executor.controller.lanes.capacity_mb
         submitted = []
         t0 = time.time()

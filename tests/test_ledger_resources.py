@@ -14,7 +14,8 @@ from gpu.devices import simulated_nodes
 from gpu.errors import ConfigError
 from gpu.ledger import PoolLedger, open_ledger
 from gpu.placement import ResourceRequest
-from tasks.runtime.requests import TaskPlacement, placed, set_resource
+from tasks.runtime.requests import TaskPlacement, placed
+from tasks.runtime.task_ledger import set_resource
 
 
 def three_nodes(path=None) -> PoolLedger:
@@ -89,7 +90,8 @@ def test_a_placement_names_its_pool_and_a_task_sets_a_resource_on_its_own_node()
 _WORKER = """
 import json, sys
 from gpu.ledger import Lease
-from tasks.runtime.requests import TaskPlacement, placed, set_resource
+from tasks.runtime.requests import TaskPlacement, placed
+from tasks.runtime.task_ledger import set_resource
 with placed(TaskPlacement(Lease.from_dict(json.loads(sys.argv[1])), "cpu", "")):
     set_resource("data-0", 3)
 """

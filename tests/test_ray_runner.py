@@ -514,7 +514,8 @@ def test_ray_ledger_serves_the_escher_resource_api_and_a_task_reaches_it_through
 
         import ray
 
-        from tasks.runtime.requests import PLACEMENT_ENV, set_resource
+        from tasks.runtime.requests import PLACEMENT_ENV
+        from tasks.runtime.task_ledger import set_resource
 
         os.environ[PLACEMENT_ENV] = placement_env
         set_resource("coloc-t1", 2)

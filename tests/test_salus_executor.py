@@ -13,8 +13,9 @@ from gpu.errors import ConfigError, NeverFitsError
 from gpu.ledger import Lease
 from gpu.schedulers.salus.controller import SalusJob
 from resource_blocks import GpuPool
-from tasks.runtime.requests import Lane, TaskPlacement
+from tasks.runtime.requests import TaskPlacement
 from tasks.salus.executor import SalusExecutor, declared_job, salus_iterations, salus_job, salus_options
+from tasks.salus.placement import Lane, placement_lane
 
 torch.set_num_threads(1)
 
@@ -129,10 +130,10 @@ def test_executor_holds_the_device_lease_for_its_life(state_dir):
 
 
 def test_lane_travels_in_the_task_placement_env():
-    tp = TaskPlacement(Lease("l1", "n", (0,), 1.0, 0), "cpu", "0", Lane(2, "job-x", 3 * 2 ** 30, "/tmp/s.sock"))
+    tp = TaskPlacement(Lease("l1", "n", (0,), 1.0, 0), "cpu", "0", Lane(2, "job-x", 3 * 2 ** 30, "/tmp/s.sock").payload())
     back = TaskPlacement.from_env(tp.to_env())
     assert back == tp and back.memory_cap == 3 * 2 ** 30
-    assert TaskPlacement.from_env(TaskPlacement(tp.placement, "cpu", "0").to_env()).lane is None
+    assert placement_lane(TaskPlacement.from_env(TaskPlacement(tp.placement, "cpu", "0").to_env())) is None
 
 
 def test_outside_salus_iterations_are_a_plain_range():

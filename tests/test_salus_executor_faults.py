@@ -19,9 +19,11 @@ from gpu.pool import pool_path
 from gpu.schedulers.salus.controller import SalusJob
 from resource_blocks import GpuPool
 from tasks.runtime.flow import flow_runner
-from tasks.runtime.requests import Lane, current_placement
+from tasks.runtime.requests import current_placement
 from tasks.runtime.runners import GpuTaskRunner
+from tasks.salus.admission import SalusColocation, salus_executor
 from tasks.salus.executor import SalusExecutor, salus_iterations, salus_job
+from tasks.salus.placement import Lane
 
 torch.set_num_threads(1)
 
@@ -93,11 +95,11 @@ def killed_or_not(marker: str, kill: bool) -> bool:
 def test_a_job_whose_worker_is_killed_frees_its_lane_and_the_queued_job_is_admitted(state_dir, tmp_path):
     marker = str(tmp_path / "a-died")
 
-    @flow(task_runner=GpuTaskRunner(pool=_pool("salus-kill"), mode="salus", salus_policy="fifo",
-                                    max_jobs_per_device=2, tracking=False))
+    @flow(task_runner=GpuTaskRunner(pool=_pool("salus-kill"), admission=SalusColocation(policy="fifo",
+                                    max_jobs_per_device=2), tracking=False))
     def one_killed():
         a = killed_or_not.submit(marker, True)
-        executor = flow_runner().salus().executor(0)
+        executor = salus_executor(flow_runner(), 0)
         deadline = time.monotonic() + 60
         while not executor.controller.lanes.persistent and time.monotonic() < deadline:  # A admitted first
             time.sleep(0.01)
@@ -136,11 +138,11 @@ def waits_for_a_lane() -> None:
 
 @pytest.mark.usefixtures("prefect_server")
 def test_jobs_of_an_executor_that_lost_its_device_lease_end_crashed_not_hung(state_dir):
-    @flow(task_runner=GpuTaskRunner(pool=_pool("salus-lost", lease_ttl_s=1.5), mode="salus",
-                                    salus_workers="thread", salus_policy="fair", tracking=False))
+    @flow(task_runner=GpuTaskRunner(pool=_pool("salus-lost", lease_ttl_s=1.5), mode="thread",
+                                    admission=SalusColocation(policy="fair"), tracking=False))
     def loses_the_device():
         futures = [runs_until_stopped.submit(True), runs_until_stopped.submit(False)]
-        executor = flow_runner().salus().executor(0)
+        executor = salus_executor(flow_runner(), 0)
         deadline = time.monotonic() + 60
         while len(executor.controller.lanes.persistent) < 2 and time.monotonic() < deadline:  # both in the lane
             time.sleep(0.01)

@@ -10,8 +10,8 @@ import torch
 
 from gpu.errors import ConfigError, NeverFitsError
 from gpu.schedulers.salus.controller import Profiled, SalusController, SalusJob
-from tasks.runtime.requests import Lane
 from tasks.salus.executor import SalusExecutor, Undeclared, declared_job, salus_iterations, salus_job
+from tasks.salus.placement import Lane
 
 torch.set_num_threads(1)
 DEVICE_MB = 1300  # 1000 MB usable after the 300 MB reserve

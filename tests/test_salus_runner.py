@@ -1,4 +1,4 @@
-"""GpuTaskRunner(mode="salus") in real Prefect flows: tasks admitted into lanes by their device's executor, which holds
+"""GpuTaskRunner(admission=SalusColocation(...)) in real Prefect flows: tasks admitted into lanes by their device's executor, which holds
 the one device lease; iterations never overlap in a lane; a failing task frees its lane; bad declarations
 fail in the flow before any work."""
 
@@ -15,7 +15,9 @@ from gpu.errors import ConfigError, NeverFitsError
 from resource_blocks import GpuPool
 from tasks.runtime.flow import flow_runner, settings
 from tasks.runtime.requests import current_placement, gpu_options
+from tasks.salus.admission import SalusAdmission, SalusColocation, salus_executor, salus_settings
 from tasks.salus.executor import salus_iterations, salus_job
+from tasks.salus.placement import current_lane, placement_lane
 from tasks.runtime.runners import GpuTaskRunner
 
 def _pool(name: str) -> GpuPool:
@@ -44,14 +46,14 @@ def tiny_trainer(fail_at: int | None = None) -> dict:
             raise RuntimeError("failed mid-iteration")
         spans.append((start, time.perf_counter()))
         losses.append(loss.item())
-    lane = current_placement().lane
+    lane = current_lane()
     return {"lane": lane.lane_id, "cap": lane.memory_cap, "spans": spans, "losses": losses,
             "leases": len(_pool("salus-runner").open_ledger().leases())}
 
 
 @pytest.mark.usefixtures("prefect_server")
 def test_tasks_share_one_device_lease_and_one_lane_without_overlapping(state_dir):
-    @flow(task_runner=GpuTaskRunner(pool=_pool("salus-runner"), mode="salus", salus_workers="thread", salus_policy="fair",
+    @flow(task_runner=GpuTaskRunner(pool=_pool("salus-runner"), mode="thread", admission=SalusColocation(policy="fair"),
                                       tracking=False))
     def colocated():
         return [f.result() for f in [tiny_trainer.submit() for _ in range(3)]]
@@ -67,7 +69,7 @@ def test_tasks_share_one_device_lease_and_one_lane_without_overlapping(state_dir
 
 @pytest.mark.usefixtures("prefect_server")
 def test_a_failing_task_frees_its_lane_and_the_others_finish(state_dir):
-    @flow(task_runner=GpuTaskRunner(pool=_pool("salus-runner"), mode="salus", salus_workers="thread", salus_policy="pack",
+    @flow(task_runner=GpuTaskRunner(pool=_pool("salus-runner"), mode="thread", admission=SalusColocation(policy="pack"),
                                       tracking=False))
     def one_fails():
         bad, good = tiny_trainer.submit(fail_at=1), tiny_trainer.submit()
@@ -95,14 +97,14 @@ def profiled_trainer() -> dict:
         loss.backward()
         opt.step()
         losses.append(loss.item())
-    return {"profiled": current_placement().lane.profile_iterations, "losses": losses}
+    return {"profiled": current_lane().profile_iterations, "losses": losses}
 
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("prefect_server")
 def test_a_task_declaring_no_memory_is_profiled_then_runs_beside_a_declared_one(state_dir):
-    @flow(task_runner=GpuTaskRunner(pool=_pool("salus-runner"), mode="salus", salus_workers="thread",
-                                    salus_policy="srtf", tracking=False))
+    @flow(task_runner=GpuTaskRunner(pool=_pool("salus-runner"), mode="thread",
+                                    admission=SalusColocation(policy="srtf"), tracking=False))
     def mixed():
         return profiled_trainer.submit().result(), tiny_trainer.submit().result()
 
@@ -133,8 +135,8 @@ def test_bad_declarations_fail_in_the_flow_before_any_work(state_dir):
     for bad, error, match in ((whole_device, ConfigError, "gpus.*'whole_device'.*only Salus executors"),
                               (too_big, NeverFitsError, "too_big.*16384 MB"),
                               (no_expected_time, ConfigError, "expected_s")):
-        @flow(task_runner=GpuTaskRunner(pool=_pool("salus-runner"), mode="salus", salus_workers="thread",
-                                        salus_policy="srtf", tracking=False))
+        @flow(task_runner=GpuTaskRunner(pool=_pool("salus-runner"), mode="thread",
+                                        admission=SalusColocation(policy="srtf"), tracking=False))
         def submits():
             with gpu_options(gpus=1):
                 bad.submit()
@@ -142,21 +144,21 @@ def test_bad_declarations_fail_in_the_flow_before_any_work(state_dir):
         with pytest.raises(error, match=match):
             submits()
     with pytest.raises(ConfigError, match="salus_policy"):
-        GpuTaskRunner(mode="salus", salus_policy="lottery")
+        GpuTaskRunner(admission=SalusColocation(policy="lottery"))
 
 
 def test_runner_is_a_configuration_value():
-    a = GpuTaskRunner(mode="salus", salus_policy="srtf", salus_devices=(0, 1), max_jobs_per_device=4)
+    a = GpuTaskRunner(admission=SalusColocation(policy="srtf", devices=(0, 1), max_jobs_per_device=4))
     assert a.duplicate() == a and pickle.loads(pickle.dumps(a)) == a
-    assert a != GpuTaskRunner(mode="salus", salus_policy="fair") and a != GpuTaskRunner(salus_policy="srtf")
+    assert a != GpuTaskRunner(admission=SalusColocation(policy="fair")) and a != GpuTaskRunner()
     for field, bad in (("salus_devices", (0, 0)), ("max_jobs_per_device", 0), ("salus_workers", "gpu"),
                        ("salus_admission", "greedy"), ("mode", "salsa")):
         with pytest.raises(ConfigError, match=field):
-            GpuTaskRunner(**{field: bad})
+            GpuTaskRunner(**{"mode": bad} if field == "mode" else salus_settings({"mode": "salus", field: bad}))
 
 
 def _from_parameters(parameters: dict) -> dict:
-    return settings(parameters, _pool("salus-runner"))
+    return settings(parameters, _pool("salus-runner"), **salus_settings(parameters))
 
 
 @pytest.mark.usefixtures("prefect_server")
@@ -166,7 +168,7 @@ def test_a_flow_run_parameter_selects_salus_mode_as_a_deployment_would(state_dir
                tracking: bool = False):
         runner = flow_runner()
         lanes = [f.result()["lane"] for f in [tiny_trainer.submit() for _ in range(2)]]
-        return runner.mode, runner.salus_policy, lanes
+        return runner.admission.name, runner.admission.policy, lanes
 
     assert picked(mode="salus", salus_policy="fair") == ("salus", "fair", [0, 0])
     assert _pool("salus-runner").open_ledger().leases() == []
@@ -174,8 +176,8 @@ def test_a_flow_run_parameter_selects_salus_mode_as_a_deployment_would(state_dir
 
 @pytest.mark.usefixtures("prefect_server")
 def test_process_mode_gives_each_admitted_job_a_worker(state_dir):
-    @flow(task_runner=GpuTaskRunner(pool=_pool("salus-runner"), mode="salus", salus_policy="fair", max_jobs_per_device=2,
-                                      tracking=False))
+    @flow(task_runner=GpuTaskRunner(pool=_pool("salus-runner"), admission=SalusColocation(policy="fair",
+                                      max_jobs_per_device=2), tracking=False))
     def colocated():
         return [f.result() for f in [tiny_trainer.submit() for _ in range(2)]]
 
@@ -190,9 +192,9 @@ def plain_step() -> dict:
     device, the executor's Eq. 2.1 account while it holds its memory."""
     placement = current_placement()
     lease = placement.placement
-    seen = {"devices": lease.devices, "memory": lease.memory, "lane": placement.lane}
+    seen = {"devices": lease.devices, "memory": lease.memory, "lane": placement_lane(placement)}
     if lease.devices == (0,):
-        lanes = flow_runner().salus().executor(0).controller.lanes
+        lanes = salus_executor(flow_runner(), 0).controller.lanes
         seen |= {"used_mb": lanes.used_mb(), "room_for_2g_2g": lanes.find(*lanes.margins.charge(2048, 2048)).outcome,
                  "leases_on_gpu0": [x.label for x in flow_runner().ledger().leases() if x.devices == (0,)]}
     return seen
@@ -209,8 +211,8 @@ def test_plain_tasks_take_plain_slices_beside_salus_jobs(state_dir):
     pinned to the Salus device is charged in that executor's account, not given a second lease of the device."""
     pool = GpuPool(name="salus-mixed", device_backend="simulated", simulated="2x16GiB")
 
-    @flow(task_runner=GpuTaskRunner(pool=pool, mode="salus", salus_workers="thread", salus_policy="fair",
-                                    salus_devices=(0,), tracking=False))
+    @flow(task_runner=GpuTaskRunner(pool=pool, mode="thread", admission=SalusColocation(policy="fair", devices=(0,)),
+                                    tracking=False))
     def mixed():
         loader = plain_step.submit()
         with gpu_options(gpus=0.5):
@@ -220,7 +222,7 @@ def test_plain_tasks_take_plain_slices_beside_salus_jobs(state_dir):
             tenant = plain_step.submit()
             failed = plain_failure.submit()
         failed.wait()
-        still_charged = list(flow_runner().salus().executor(0).controller.lanes.persistent)
+        still_charged = list(salus_executor(flow_runner(), 0).controller.lanes.persistent)
         return (loader.result(), evaluation.result(), tenant.result(), [t.result() for t in trainers], failed.state,
                 still_charged)
 
@@ -239,13 +241,12 @@ def test_a_plain_gpu_task_goes_where_no_executor_holds_the_device_else_beside_th
     """Routing of a task that is no Salus job: on a two-GPU pool a fraction leases the other device; on a one-GPU
     pool (or pinned to the Salus device) its executor hosts it; whole Salus devices are refused, naming the task."""
     from gpu.placement import ResourceRequest
-    from tasks.salus.admission import SalusAdmission, SalusSettings
 
     def route(simulated: str, **request):
         pool = GpuPool(name=f"salus-route-{simulated}", device_backend="simulated", simulated=simulated)
         ledger = pool.open_ledger()
         try:
-            return SalusAdmission(SalusSettings(devices=(0,)), lambda: ledger, None, lambda *_: None).ledger_request(
+            return SalusAdmission(SalusColocation(devices=(0,)), lambda: ledger, None, lambda *_: None).ledger_request(
                 plain_step, ResourceRequest(**request))
         finally:
             ledger.close()

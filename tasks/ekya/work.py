@@ -43,8 +43,9 @@ from prefect.cache_policies import NO_CACHE
 from gpu.errors import ConfigError
 from gpu.schedulers.ekya.profiler import ProfileObservation
 from gpu.state import state_dir
-from tasks.runtime.requests import Lane, current_placement
+from tasks.runtime.requests import current_placement
 from tasks.salus.executor import salus_iterations
+from tasks.salus.placement import Lane
 from tasks.runtime.slices import on_slice
 from tasks.ekya.streams import StreamSpec, augmented_digits, processed_mask, serve, training_views, window_frames
 

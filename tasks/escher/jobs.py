@@ -31,7 +31,8 @@ from gpu.schedulers.escher.api import Escher
 from gpu.schedulers.escher.primitives import colocate, store_data
 from tasks.digits import digits_tensors
 from tasks.runtime.rendezvous import Rendezvous
-from tasks.runtime.requests import current_placement, task_ledger
+from tasks.runtime.requests import current_placement
+from tasks.runtime.task_ledger import task_ledger
 
 RENDEZVOUS_TIMEOUT = timedelta(seconds=60)  # the patience of a gang's all-reduce or an AlphaZero pair with a slow peer
 VOCABULARY = tuple(f"w{i:03d}" for i in range(200))

@@ -10,8 +10,8 @@ declared memory (``trial_memory_mb``) decides its lane, each iteration (one epoc
 once. A trial trains its whole budget in one task: Salus gives no widths to resize. The tuning algorithm
 sees completions as under FLUID, so every algorithm (promotions and checkpoints included) runs the same way.
 
-The flow's runner runs in Salus mode for this (``salus_pack_runner``: ``GpuTaskRunner(mode="salus",
-salus_policy="pack")`` on the pool's first device): the device's executor leases it whole and charges the jobs
+The flow's runner admits them through Salus for this (``salus_pack_runner``:
+``GpuTaskRunner(admission=SalusColocation(policy="pack"))`` on the pool's first device): the device's executor leases it whole and charges the jobs
 ``ΣP + Σ_lanes max E`` inside (Eq. 2.1), each trial task declares its memory (``salus_options``) and is
 admitted by the executor instead of leasing a slice, and its worker marks its iterations with
 ``salus_iterations``.
@@ -34,7 +34,10 @@ from tasks.fluid.records import TrialLog, best_result
 from tasks.fluid.trials import load_model, model_and_optimizer, train_epochs
 from resource_blocks import GpuPool
 from tasks.runtime.requests import current_placement, gpu_options
+from tasks.runtime.runners import MODES
+from tasks.salus.admission import SalusColocation
 from tasks.salus.executor import MIB, salus_iterations, salus_options
+from tasks.salus.placement import placement_lane
 from tasks.report.artifacts import publish_table
 
 EXECUTION = "salus-pack"
@@ -49,11 +52,11 @@ def trial_memory_mb(config: dict[str, Any]) -> tuple[float, float]:
 
 
 def salus_pack_runner(pool: GpuPool, mode: str | None) -> dict[str, Any]:
-    """The flow runner's settings for ``salus-pack``: Salus mode, PACK, the pool's first device; jobs in worker
-    processes or threads as the flow's ``mode`` says."""
+    """The flow runner's settings for ``salus-pack``: a Salus admission under PACK on the pool's first device;
+    jobs in worker processes or threads as the flow's ``mode`` says."""
     first = discover(pool.simulated, pool.device_backend).nodes[0].devices[0].index
-    return {"mode": "salus", "salus_policy": "pack", "salus_devices": (first,), "max_jobs_per_device": MAX_PACKED,
-            "salus_workers": mode if mode in ("process", "thread") else "process"}
+    return {"mode": mode if mode in MODES else "process",
+            "admission": SalusColocation(policy="pack", devices=(first,), max_jobs_per_device=MAX_PACKED)}
 
 
 @task(name="salus-packed-trial", task_run_name="trial-{trial_id}")
@@ -66,7 +69,7 @@ def train_packed(trial_id: str, config: dict[str, Any], start: int, iterations: 
 
     placed = current_placement()
     device = placed.device if placed is not None else "cpu"
-    lane = placed.lane if placed is not None else None
+    lane = placement_lane(placed)
     torch.set_num_threads(1)
     torch.manual_seed(seed * 100_003 + start)
     data = tuple(t.to(device) for t in digits_split(seed))
@@ -94,7 +97,7 @@ def train_packed(trial_id: str, config: dict[str, Any], start: int, iterations: 
 
 def pack_search(algo: TuningAlgorithm, algorithm: str, device: Device, seed: int, fail_trial: str | None,
                 tracking_uri: str, model_name: str, parent: str | None) -> dict[str, Any]:
-    """Run ``algo``'s trials as Salus jobs under PACK on ``device`` (the flow's runner in Salus mode,
+    """Run ``algo``'s trials as Salus jobs under PACK on ``device`` (the flow's runner with a Salus admission,
     ``salus_pack_runner``) until it is finished; the flow's summary (the keys of FLUID's, with ``c`` and
     ``lanes`` = the lanes the trials trained in;
     ``makespan_s`` counts from the first submission, the trials' start-up included, ``training_s`` from the

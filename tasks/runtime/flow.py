@@ -15,8 +15,6 @@ from typing import Any
 from resource_blocks import GpuPool, MlflowTarget
 from tasks.runtime.runners import MODES, PlacingTaskRunner, flow_mlflow_run_id
 
-SALUS_SETTINGS = ("salus_policy", "salus_devices", "salus_admission", "max_jobs_per_device", "salus_workers")
-
 
 def pool_block(pool: GpuPool | str | dict | None, default: GpuPool | None = None) -> GpuPool:
     """A GpuPool parameter as a block: the block itself, a saved block's name, or ``default`` (else the saved
@@ -110,16 +108,13 @@ def _rename_link(run_id: str, run_name: str) -> None:
 
 def settings(parameters: dict[str, Any], default_pool: GpuPool | None = None, experiment: str | None = None,
              **extra: Any) -> dict[str, Any]:
-    """Runner settings from a flow's ``pool``/``mode``/``tracking`` parameters (a ``configure`` hook's body).
-
-    ``mode="salus"`` selects Salus co-location; the Salus settings (``salus_policy``, ``salus_devices``,
-    ``salus_admission``, ``max_jobs_per_device``, ``salus_workers``) come from parameters of those names, so a
-    deployment chooses them like any other parameter (a bad value: the runner's ConfigError naming it)."""
+    """Runner settings from a flow's ``pool``/``mode``/``tracking`` parameters (a ``configure`` hook's body);
+    ``extra``: settings of the flow's own, e.g. ``workers_per_device_set`` or a system's ``admission``
+    (``tasks.salus.admission.salus_settings`` reads Salus's from the same parameters)."""
     out = {"pool": pool_block(parameters.get("pool"), default_pool),
            "tracking": tracking_target(parameters.get("tracking"), experiment)}
     if parameters.get("mode") in MODES:  # a bad mode is the flow's own check to report
         out["mode"] = parameters["mode"]
-    out.update({k: parameters[k] for k in SALUS_SETTINGS if parameters.get(k) is not None})
     return {**out, **extra}
 
 

@@ -26,7 +26,7 @@ import contextvars
 import json
 import os
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Iterator, Mapping, Sequence
 
 from gpu.errors import ConfigError
@@ -108,30 +108,15 @@ def resolve_request(task: Any, default: Mapping[str, Any] | None = None) -> Reso
 
 
 @dataclass(frozen=True)
-class Lane:
-    """The Salus memory lane a task was admitted into (thesis Alg. 2.1; ``tasks.salus.executor``).
-
-    ``memory_cap``: bytes the job may use, its persistent memory plus the lane's size (``P + L_lane``);
-    ``token``: address of the device executor's iteration-token service (a Unix socket path);
-    ``profile_iterations``: iterations to measure before the job is re-admitted with its measured memory
-    (0: it declared its memory; otherwise it was admitted alone on the device to be profiled).
-    """
-
-    lane_id: int
-    job_id: str
-    memory_cap: int
-    token: str
-    profile_iterations: int = 0
-
-
-@dataclass(frozen=True)
 class TaskPlacement:
     """What a running task was given: where to put tensors and how much it may use."""
 
     placement: Lease
     device: str                 # torch device string: 'cuda:N' on real GPUs, 'cpu' on a simulated pool
     visible_devices: str        # CUDA_VISIBLE_DEVICES the task runs under ('' in thread mode)
-    lane: Lane | None = None    # set when a Salus executor admitted the task into a lane of its device
+    admission: dict[str, Any] | None = None
+    """What the runner's admission (``tasks.runtime.admission``) gave the task, opaque here and read by that
+    system's own helper (a Salus job's lane: ``tasks.salus.executor.current_lane``); None for a plain lease."""
 
     @property
     def fraction(self) -> float:
@@ -139,8 +124,9 @@ class TaskPlacement:
 
     @property
     def memory_cap(self) -> int:
-        """Bytes of GPU memory the task may use per device (0: no cap requested; a lane's budget under Salus)."""
-        return self.lane.memory_cap if self.lane else self.placement.memory
+        """Bytes of GPU memory the task may use per device (0: no cap requested): its admission's budget where
+        that set one (``memory_cap`` of the payload), else its lease's memory."""
+        return int((self.admission or {}).get("memory_cap", self.placement.memory))
 
     @property
     def gpu_indices(self) -> tuple[int, ...]:
@@ -148,14 +134,12 @@ class TaskPlacement:
 
     def to_env(self) -> str:
         return json.dumps({"placement": self.placement.to_dict(), "device": self.device,
-                           "visible_devices": self.visible_devices,
-                           "lane": None if self.lane is None else asdict(self.lane)})
+                           "visible_devices": self.visible_devices, "admission": self.admission})
 
     @classmethod
     def from_env(cls, text: str) -> "TaskPlacement":
         d = json.loads(text)
-        lane = Lane(**d["lane"]) if d.get("lane") else None
-        return cls(Lease.from_dict(d["placement"]), d["device"], d["visible_devices"], lane)
+        return cls(Lease.from_dict(d["placement"]), d["device"], d["visible_devices"], d.get("admission"))
 
 
 def current_placement() -> TaskPlacement | None:
@@ -164,28 +148,6 @@ def current_placement() -> TaskPlacement | None:
     if p is None and os.environ.get(PLACEMENT_ENV):
         p = TaskPlacement.from_env(os.environ[PLACEMENT_ENV])
     return p
-
-
-def task_ledger():
-    """The ledger of the pool the running task was placed by (its placement carries the pool's id):
-    the runner's own in thread mode, the pool file from a worker process, the ledger actor on Ray."""
-    from gpu.ledger import open_ledger
-
-    tp = current_placement()
-    if tp is None or not tp.placement.pool:
-        raise ConfigError("placement", None, "set_resource needs a task placed by a GPU task runner")
-    if tp.placement.pool.startswith("ray:"):
-        from tasks.runtime.ray_runner import attach
-
-        return attach(tp.placement.pool)
-    return open_ledger(tp.placement.pool)
-
-
-def set_resource(name: str, capacity: float, node: str | None = None) -> None:
-    """ESCHER's ``set_resource`` from inside a task: ``node=None`` is the task's own node (ESCHER
-    Listing 1, primitive P1), unlike the ledger's ``set_resource`` where None means every node."""
-    tp = current_placement()
-    task_ledger().set_resource(name, capacity, node or (tp.placement.node if tp else None))
 
 
 @contextmanager

@@ -13,7 +13,6 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextvars
-import dataclasses
 import functools
 import os
 import signal
@@ -30,17 +29,18 @@ from prefect.futures import PrefectConcurrentFuture, PrefectFuture, wait
 from prefect.task_runners import TaskRunner
 from prefect.utilities.collections import visit_collection
 
+from gpu.devices import nvml_readings
 from gpu.errors import AllocationTimeout, ConfigError, NeverFitsError
 from gpu.ledger import LedgerClient, Lease, register_worker
 from gpu.placement import ResourceRequest, check_ever_fits
 from resource_blocks import GpuPool, MlflowTarget, SchedulerPolicy
-from tasks.runtime.requests import TaskPlacement, resolve_requests
-from tasks.salus.admission import SalusAdmission, SalusSettings
+from tasks.runtime.admission import Admission, AdmissionHost, Admitter
+from tasks.runtime.requests import PLACEMENT_ENV, TaskPlacement, placed, resolve_requests
 from tasks.runtime.tracking import RunTracker, TaskRecord, flow_tracker, task_fields
 
 _CANCEL_GRACE = 2.0       # seconds __exit__ gives cancelled tasks to stop and release their leases
 _WATCHDOG_INTERVAL = 0.1  # seconds between a process worker's checks that its flow process lives
-MODES = ("process", "thread", "salus")  # GpuTaskRunner's ways to run a placed task
+MODES = ("process", "thread")  # GpuTaskRunner's ways to run a placed task
 PREFERENCE_TIMEOUT_S = 5.0  # a preference's wait when the runner has no allocation timeout (Fig. 4.4a's timeout)
 
 
@@ -391,9 +391,9 @@ class PlacingTaskRunner(TaskRunner[PrefectConcurrentFuture]):
         runner's ``allocation_timeout``).
 
         The seam for runners whose tasks share a lease that something else holds for longer than a task
-        (a Salus device executor admits a task into a memory lane of the device it leases): they override
-        this and ``_release`` together (an override without ``timeout`` serves tasks without a preference
-        list). Raises what ``LedgerClient.allocate`` raises.
+        (``GpuTaskRunner``'s admission, ``tasks.runtime.admission``): they override this and ``_release``
+        together (an override without ``timeout`` serves tasks without a preference list). Raises what
+        ``LedgerClient.allocate`` raises.
         """
         timeout = self.allocation_timeout if timeout is ... else timeout
         placement = self._ledger.allocate(request, timeout, cancel_event)
@@ -512,8 +512,6 @@ class PlacingTaskRunner(TaskRunner[PrefectConcurrentFuture]):
     def _measure_gpu(self, placement: Lease, record: TaskRecord) -> None:
         """At the end of the task: the share it held (``gpu_share``) and, on real GPUs only, NVML's
         utilisation and memory in use averaged over its devices; nothing measured on a simulated pool."""
-        from gpu.devices import nvml_readings
-
         record.gpu_share = placement.fraction if placement.devices else None
         if placement.simulated or not placement.devices:
             return
@@ -598,129 +596,121 @@ class GpuTaskRunner(PlacingTaskRunner):
 
     Args:
         pool: the GpuPool block (default: NVML GPUs, else a simulated 2 x 16 GiB pool).
-        mode: ``"process"`` (default; CUDA_VISIBLE_DEVICES per task), ``"thread"`` (CPU-only work,
-            lowest overhead; the placement's device string carries the GPU index instead) or ``"salus"``
-            (Salus co-location, thesis Ch. 2: tasks declared with ``@salus_job`` are admitted into memory
-            lanes of a device that one executor per device leases whole, and switched at the iteration
-            boundaries they mark with ``salus_iterations``; other tasks take a plain slice beside them; see
-            ``tasks.salus.admission``).
+        mode: ``"process"`` (default; CUDA_VISIBLE_DEVICES per task) or ``"thread"`` (CPU-only work, lowest
+            overhead; the placement's device string carries the GPU index instead).
         workers_per_device_set: processes kept per set of visible devices (process mode).
+        admission: how a system admits tasks into what it holds for longer than a task, instead of each task
+            leasing its own slice (``tasks.runtime.admission``; e.g. ``tasks.salus.admission.SalusColocation``:
+            tasks admitted into memory lanes of a device one executor leases whole). None: every task takes its
+            own ledger lease. A task the admission does not place takes its plain lease as usual.
         policy: SchedulerPolicy block choosing the placement policy (default FIFO + best fit).
         tracking: MlflowTarget block, or False to switch MLflow tracking off.
         default_request: request for tasks that declare none (default: nothing, i.e. CPU only).
-        salus_policy, salus_devices, salus_admission, max_jobs_per_device, salus_workers: Salus mode's
-            settings (``tasks.salus.admission.SalusSettings``). Salus jobs run in worker processes, one per
-            admitted job (``max_jobs_per_device`` per device, and the executor admits no more, so an admitted
-            job never waits for a process while holding its lane): only a process can be capped at its lane
-            budget ``P + L_lane`` (``torch.cuda.set_per_process_memory_fraction`` is per process), and a job
-            that crashes takes neither the executor nor the other jobs with it. Threads on per-lane CUDA
-            streams would hand off faster but share one allocator and one fate; ``salus_workers="thread"``
-            runs jobs in threads for CPU-only work and tests.
     """
 
     def __init__(self, pool: GpuPool | None = None, mode: str = "process", workers_per_device_set: int = 2,
-                 salus_policy: str = "pack", salus_devices: tuple[int, ...] = (0,), salus_admission: str | None = None,
-                 max_jobs_per_device: int = 8, salus_workers: str = "process", **kwargs):
+                 admission: Admission | None = None, **kwargs):
         if mode not in MODES:
             raise ConfigError("mode", mode, f"choose one of {MODES}")
         if isinstance(workers_per_device_set, bool) or not isinstance(workers_per_device_set, int) \
                 or workers_per_device_set < 1:
             raise ConfigError("workers_per_device_set", workers_per_device_set, "must be a whole number >= 1")
-        salus = SalusSettings(salus_policy, salus_devices, salus_admission, max_jobs_per_device, salus_workers)
+        if admission is not None and not isinstance(admission, Admission):
+            raise ConfigError("admission", admission, "must be an Admission (tasks.runtime.admission), or None")
         super().__init__(pool, **kwargs)
         self.mode = mode
         self.workers_per_device_set = workers_per_device_set
-        self.salus_policy, self.salus_devices, self.salus_admission = salus.policy, salus.devices, salus.admission
-        self.max_jobs_per_device, self.salus_workers = salus.max_jobs_per_device, salus.workers
-        self._salus: SalusAdmission | None = None
-        self._executor_gone: set[uuid.UUID] = set()  # task runs whose Salus executor lost its device lease
-        self._salus_lock = threading.Lock()
+        self.admission = admission
+        self._admitter: Admitter | None = None
+        self._admitter_lock = threading.Lock()
+        self._holder_gone: set[uuid.UUID] = set()  # task runs whose admission lost what held their placement
         self._pools: dict[str, Any] = {}
         self._broken_pools: list[Any] = []
         self._pools_lock = threading.Lock()
 
     def _config(self) -> dict[str, Any]:
         return {**super()._config(), "mode": self.mode, "workers_per_device_set": self.workers_per_device_set,
-                "salus_policy": self.salus_policy, "salus_devices": self.salus_devices,
-                "salus_admission": self.salus_admission, "max_jobs_per_device": self.max_jobs_per_device,
-                "salus_workers": self.salus_workers}
+                "admission": self.admission}
 
     def _open_ledger(self) -> LedgerClient:
         return self.pool.open_ledger(self.policy.placement_policy())
 
     @property
     def _in_threads(self) -> bool:
-        return self.mode == "thread" or (self.mode == "salus" and self.salus_workers == "thread")
+        return self.mode == "thread"
 
-    # -- Salus mode: admission into a device's lanes behind the _acquire/_release seam ---------------------
-    def salus(self) -> SalusAdmission:
-        """Salus mode's admission (its executors, one per device), built from the resolved settings on first use."""
+    # -- the admission seam: _acquire/_release/_settle/_task_placement ask the admission, if any -------------
+    def admitter(self) -> Admitter | None:
+        """The admission's live state for this runner (None without an admission), opened from the resolved
+        settings on first use: what a system's helper reads (``tasks.salus.admission.salus_executor``)."""
         self.resolve()
-        if self.mode != "salus":
-            raise ConfigError("mode", self.mode, "Salus admission needs mode='salus'")
-        with self._salus_lock:
-            if self._salus is None:
-                settings = SalusSettings(self.salus_policy, self.salus_devices, self.salus_admission,
-                                         self.max_jobs_per_device, self.salus_workers)
-                self._salus = SalusAdmission(settings, self._ensure_ledger, self.allocation_timeout,
-                                             self._lease_lost)
-            return self._salus
+        if self.admission is None:
+            return None
+        with self._admitter_lock:
+            if self._admitter is None:
+                self._admitter = self.admission.open(
+                    AdmissionHost(self._ensure_ledger, self.allocation_timeout, self._lease_lost))
+            return self._admitter
 
     def submit(self, task, parameters: dict[str, Any], wait_for: Iterable[PrefectFuture] | None = None,
                dependencies: dict[str, set] | None = None) -> PrefectConcurrentFuture:
-        """Under Salus, also check where the task will run and its declaration first (one error in the flow)."""
-        if self._started and self.resolve().mode == "salus":
-            self.salus().check(task, resolve_requests(task, self.default_request)[0])
+        """Under an admission, also check the task against it first (one error in the flow, before any work)."""
+        admitter = self.admitter() if self._started else None
+        if admitter is not None:
+            admitter.check(task, resolve_requests(task, self.default_request)[0])
         return super().submit(task, parameters, wait_for, dependencies)
 
     def _acquire(self, task, task_run_id: uuid.UUID, request: ResourceRequest, cancel_event: threading.Event,
                  timeout: float | None | EllipsisType = ...) -> Lease:
-        """Under Salus: a Salus job (or a tenant) waits for its device's executor; any other task takes its plain
-        ledger lease (``SalusAdmission.ledger_request``)."""
-        plain = request if self.mode != "salus" else self.salus().ledger_request(task, request)
+        """Under an admission: a task it places waits to be admitted; any other task takes its plain ledger
+        lease (``Admitter.ledger_request``)."""
+        admitter = self.admitter()
+        plain = request if admitter is None else admitter.ledger_request(task, request)
         if plain is not None:
             return super()._acquire(task, task_run_id, plain, cancel_event, timeout)
-        placement = self.salus().acquire(task, request, cancel_event)
+        placement = admitter.acquire(task, request, cancel_event)
         with self._leases_lock:
             self._held[placement.lease_id] = task_run_id
         return placement
 
     def _release(self, placement: Lease, task_name: str) -> str | None:
-        if self.mode != "salus" or not self.salus().holds(placement):
+        admitter = self.admitter()
+        if admitter is None or not admitter.holds(placement):
             return super()._release(placement, task_name)
-        lost = self.salus().release(placement)
+        lost = admitter.release(placement)
         with self._leases_lock:
             task_run_id = self._held.pop(placement.lease_id, None)
             lost = self._lost.pop(placement.lease_id, None) or lost
             if lost is not None and task_run_id is not None:
-                self._executor_gone.add(task_run_id)
+                self._holder_gone.add(task_run_id)
         return None if lost is None else f"task {task_name!r}: {lost}"
 
     def _settle(self, task, task_run_id: uuid.UUID, state, cancel_event: threading.Event, lost: str | None):
-        """A task whose Salus executor lost the device's lease ends Crashed: the infrastructure under it went
-        away (whatever the job itself made of it: its next token request raised)."""
+        """A task whose admission lost what held its placement (a Salus executor its device's lease) ends
+        Crashed: the infrastructure under it went away, whatever the task itself made of it."""
         with self._leases_lock:
-            executor_gone = task_run_id in self._executor_gone
-            self._executor_gone.discard(task_run_id)
-        if not executor_gone:
+            holder_gone = task_run_id in self._holder_gone
+            self._holder_gone.discard(task_run_id)
+        if not holder_gone:
             return super()._settle(task, task_run_id, state, cancel_event, lost)
         from prefect.states import Crashed
 
         self.logger.error("task %r: %s", task.name, lost)
-        state = Crashed(message=f"{lost} (the job: {state.message})")
+        state = Crashed(message=f"{lost} (the task: {state.message})")
         self._report_state(task, task_run_id, state)
         return state
 
     def _task_placement(self, placement: Lease | None) -> TaskPlacement:
-        lane = self._salus.lane(placement) if self._salus is not None else None
+        admitter = self._admitter
+        payload = admitter.payload(placement) if admitter is not None and placement is not None else None
         placement = placement or Lease("", "", (), 0.0, 0)
         if placement.simulated or not placement.devices:
-            tp = TaskPlacement(placement, "cpu", "" if self._in_threads else placement.cuda_visible_devices)
+            device, visible = "cpu", "" if self._in_threads else placement.cuda_visible_devices
         elif self._in_threads:
-            tp = TaskPlacement(placement, f"cuda:{placement.devices[0]}", "")
+            device, visible = f"cuda:{placement.devices[0]}", ""
         else:
-            tp = TaskPlacement(placement, "cuda:0", placement.cuda_visible_devices)
-        return dataclasses.replace(tp, lane=lane)
+            device, visible = "cuda:0", placement.cuda_visible_devices
+        return TaskPlacement(placement, device, visible, None if payload is None else dict(payload))
 
     def _execute(self, task, task_run_id, parameters, wait_for, dependencies, placement, cancel_event):
         tp = self._task_placement(placement)
@@ -731,8 +721,6 @@ class GpuTaskRunner(PlacingTaskRunner):
     @staticmethod
     def _execute_in_thread(task, task_run_id, parameters, wait_for, dependencies, tp, cancel_event):
         from prefect.task_engine import run_task_async, run_task_sync
-
-        from tasks.runtime.requests import placed
 
         kwargs = dict(task=task, task_run_id=task_run_id, parameters=parameters, wait_for=wait_for,
                       return_type="state", dependencies=dependencies, context=dict(cancel_event=cancel_event))
@@ -749,7 +737,8 @@ class GpuTaskRunner(PlacingTaskRunner):
             pool = self._pools.get(visible)
             if pool is None:
                 ledger = self._ensure_ledger()
-                workers = self.max_jobs_per_device if self.mode == "salus" else self.workers_per_device_set
+                workers = self.workers_per_device_set if self.admission is None else \
+                    self.admission.worker_processes(self.workers_per_device_set)
                 pool = ProcessPoolTaskRunner(workers, initializer=_init_worker,
                                              initargs=(visible, os.getpid(), ledger.path, ledger.owner.key))
                 pool.__enter__()
@@ -759,8 +748,6 @@ class GpuTaskRunner(PlacingTaskRunner):
     def _execute_in_process(self, task, task_run_id, parameters, wait_for, dependencies, tp):
         import cloudpickle
         from prefect.states import Crashed
-
-        from tasks.runtime.requests import PLACEMENT_ENV
 
         pool = self._process_pool(tp.visible_devices)
         context, settings_env = self._worker_context()
@@ -798,7 +785,7 @@ class GpuTaskRunner(PlacingTaskRunner):
             pools, self._pools, self._broken_pools = [*self._pools.values(), *self._broken_pools], {}, []
         for pool in pools:
             pool.__exit__(None, None, None)
-        with self._salus_lock:
-            salus, self._salus = self._salus, None
-        if salus is not None:
-            salus.close()
+        with self._admitter_lock:
+            admitter, self._admitter = self._admitter, None
+        if admitter is not None:
+            admitter.close()

@@ -1,12 +1,14 @@
-"""Salus admission: how ``GpuTaskRunner(mode="salus")`` places a task — into a memory lane of a device that
-one Salus executor leases whole, instead of a ledger lease of its own (thesis Ch. 2, Fig. 2.3).
+"""Salus admission: how ``GpuTaskRunner(admission=SalusColocation(...))`` places a task — into a memory lane of a
+device that one Salus executor leases whole, instead of a ledger lease of its own (thesis Ch. 2, Fig. 2.3).
 
 A plain placement charges every task its own slice, so co-located torch jobs would each pay ``P + E`` and
 nothing would decide which of them runs when. Under Salus the device is charged once (``ΣP + Σ_lanes max E``,
 Eq. 2.1) by its ``tasks.salus.executor.SalusExecutor``, which admits each job into a lane (Algorithm 2.1) and
-hands out iteration tokens under the chosen policy. ``SalusAdmission`` is the strategy the runner's
-``_acquire``/``_release``/``_task_placement`` seam delegates to; it owns one executor per device of
-``devices`` (opened on first use, closed with the runner).
+hands out iteration tokens under the chosen policy. ``SalusColocation`` is the runner setting (an
+``Admission`` of ``tasks.runtime.admission``: frozen, picklable, checked when made); ``SalusAdmission`` is the
+live state the runner's acquire/release seam asks (an ``Admitter``): it owns one executor per device of
+``devices`` (opened on first use, closed with the runner). The job's lane reaches its task as the placement's
+admission payload (``tasks.salus.placement.current_lane``).
 
     @salus_job(persistent="300MiB", ephemeral="2GiB", expected_s=60)
     @task
@@ -14,7 +16,15 @@ hands out iteration tokens under the chosen policy. ``SalusAdmission`` is the st
         for step in salus_iterations(200):
             ...
 
-    @flow(task_runner=GpuTaskRunner(mode="salus", salus_policy="fair"))
+    @flow(task_runner=GpuTaskRunner(admission=SalusColocation(policy="fair")))
+
+A flow that takes its runner from its parameters (a deployment) selects it with ``mode="salus"`` and the
+``salus_*`` parameters (``salus_settings``). Jobs run in worker processes (the runner's ``mode="process"``),
+one per admitted job: ``max_jobs_per_device`` per device, and the executor admits no more, so an admitted job
+never waits for a process while holding its lane. Only a process can be capped at its lane budget ``P + L_lane``
+(``torch.cuda.set_per_process_memory_fraction`` is per process), and a job that crashes takes neither the
+executor nor the other jobs with it. Threads on per-lane CUDA streams would hand off faster but share one
+allocator and one fate; the runner's ``mode="thread"`` runs jobs in threads for CPU-only work and tests.
 
 A task that is no Salus job (a data loader, an evaluation: no ``@salus_job``) takes a plain slice with its usual
 ``gpu_options`` request, side by side with the Salus jobs (``SalusAdmission.ledger_request``). One that needs no
@@ -37,46 +47,50 @@ from __future__ import annotations
 import dataclasses
 import threading
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar, Mapping
 
 from gpu.errors import ConfigError, NeverFitsError
 from gpu.ledger import LedgerClient, Lease
 from gpu.placement import ResourceRequest, check_ever_fits
 from gpu.schedulers.salus.controller import SalusJob
 from gpu.schedulers.salus.policies import ADMISSIONS, POLICIES
-from tasks.runtime.requests import Lane
+from tasks.runtime.admission import AdmissionHost
+from tasks.runtime.runners import MODES, GpuTaskRunner
 from tasks.salus.executor import MIB, SalusExecutor, Undeclared, declared_job, is_salus_job, new_job_id
+from tasks.salus.placement import Lane
 
-WORKERS = ("process", "thread")
 TENANT_EPHEMERAL_MB = 1.0
 """A tenant's ephemeral size: it takes no tokens, so its memory is all persistent; Algorithm 2.1 needs an ``E`` > 0,
 and a lane of 1 MB that a Salus job may grow and join (it runs there alone: the tenant never asks for a token)."""
 TENANT_EXPECTED_S = 1e-6
 """A tenant's declared GPU time under the policy (SRTF needs one per job): it runs no iterations there."""
+PARAMETERS = {"salus_policy": "policy", "salus_devices": "devices", "salus_admission": "admission_rule",
+              "max_jobs_per_device": "max_jobs_per_device"}
+"""Flow parameters of a Salus runner (``salus_settings``) and the ``SalusColocation`` field each sets."""
 
 
 @dataclass(frozen=True)
-class SalusSettings:
-    """The runner's Salus settings, checked (ConfigError naming the field).
+class SalusColocation:
+    """The runner's Salus admission (``GpuTaskRunner(admission=SalusColocation(...))``), checked when made
+    (ConfigError naming the flow parameter that sets the field, ``PARAMETERS``).
 
     ``policy``: the devices' iteration scheduler (``fifo``/``pack``/``srtf``/``fair``/``weighted_fair``);
-    ``devices``: pool device indices with an executor; ``admission``: override the policy's admission
+    ``devices``: pool device indices with an executor; ``admission_rule``: override the policy's admission
     (``exclusive``/``one_lane``/``lanes``); ``max_jobs_per_device``: jobs admitted at once per device (in
-    process workers: the worker processes per device); ``workers``: ``process`` (one worker process per
-    admitted job, each capped at its lane budget) or ``thread`` (CPU-only work and tests: no memory cap).
+    process mode: the worker processes per device).
     """
 
     policy: str = "pack"
     devices: tuple[int, ...] = (0,)
-    admission: str | None = None
+    admission_rule: str | None = None
     max_jobs_per_device: int = 8
-    workers: str = "process"
+    name: ClassVar[str] = "salus"
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
             raise ConfigError("salus_policy", self.policy, f"unknown; choose one of {sorted(POLICIES)}")
-        if self.admission is not None and self.admission not in ADMISSIONS:
-            raise ConfigError("salus_admission", self.admission, f"unknown; choose one of {list(ADMISSIONS)}")
+        if self.admission_rule is not None and self.admission_rule not in ADMISSIONS:
+            raise ConfigError("salus_admission", self.admission_rule, f"unknown; choose one of {list(ADMISSIONS)}")
         devices = self.devices
         if isinstance(devices, (str, bytes)) or not hasattr(devices, "__iter__") or not tuple(devices) \
                 or len(set(devices)) != len(tuple(devices)) \
@@ -86,8 +100,37 @@ class SalusSettings:
         n = self.max_jobs_per_device
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ConfigError("max_jobs_per_device", n, "must be a whole number >= 1")
-        if self.workers not in WORKERS:
-            raise ConfigError("salus_workers", self.workers, f"choose one of {WORKERS}")
+
+    def open(self, host: AdmissionHost) -> "SalusAdmission":
+        return SalusAdmission(self, host.ledger, host.allocation_timeout, host.on_lost)
+
+    def worker_processes(self, default: int) -> int:
+        """One worker process per job a device admits at once: an admitted job never waits for a process."""
+        return self.max_jobs_per_device
+
+
+def salus_settings(parameters: Mapping[str, Any]) -> dict[str, Any]:
+    """Runner settings for a flow run whose parameters select Salus (``mode="salus"``): its ``SalusColocation``
+    from the ``salus_*`` parameters (``PARAMETERS``) and the runner's mode from ``salus_workers`` (``process``,
+    the default, or ``thread``); nothing for any other mode. A flow's ``configure`` hook adds them to its
+    settings (``settings(parameters, **salus_settings(parameters))``), so a deployment chooses Salus like any
+    other parameter (a bad value: ConfigError naming the parameter)."""
+    if parameters.get("mode") != "salus":
+        return {}
+    workers = parameters.get("salus_workers") or "process"
+    if workers not in MODES:
+        raise ConfigError("salus_workers", workers, f"choose one of {MODES}")
+    chosen = {field: parameters[name] for name, field in PARAMETERS.items() if parameters.get(name) is not None}
+    return {"mode": workers, "admission": SalusColocation(**chosen)}
+
+
+def salus_executor(runner: GpuTaskRunner, device: int) -> SalusExecutor:
+    """The executor of ``device`` under ``runner``'s Salus admission (leasing the device on first use), for a
+    flow or test that reads its controller or token log. ConfigError when the runner admits no Salus jobs."""
+    admitter = runner.admitter()
+    if not isinstance(admitter, SalusAdmission):
+        raise ConfigError("admission", runner.admission, "the runner has no Salus admission (SalusColocation)")
+    return admitter.executor(device)
 
 
 class SalusAdmission:
@@ -95,14 +138,14 @@ class SalusAdmission:
     lease); other tasks onto a plain slice (a ledger lease off the Salus devices, or a tenant of an executor).
 
     Args:
-        settings: the runner's checked Salus settings.
+        settings: the runner's checked Salus admission.
         ledger: opens the pool's ledger (the runner's, on first use); each executor leases its device on it.
         allocation_timeout: how long an executor waits for its device, and a job for a lane.
         on_lost: called with each admitted job's placement id when its executor's device lease is lost (the
             runner fails the task holding it and stops it).
     """
 
-    def __init__(self, settings: SalusSettings, ledger: Callable[[], LedgerClient],
+    def __init__(self, settings: SalusColocation, ledger: Callable[[], LedgerClient],
                  allocation_timeout: float | None, on_lost: Callable[[str, str], Any]):
         self.settings = settings
         self._ledger = ledger
@@ -119,7 +162,7 @@ class SalusAdmission:
         with self._lock:
             if device not in self._executors:
                 self._executors[device] = SalusExecutor(
-                    self._ledger(), device, policy=self.settings.policy, admission=self.settings.admission,
+                    self._ledger(), device, policy=self.settings.policy, admission=self.settings.admission_rule,
                     max_jobs=self.settings.max_jobs_per_device, allocation_timeout=self._timeout,
                     on_lost=self._executor_lost)
             return self._executors[device]
@@ -207,10 +250,13 @@ class SalusAdmission:
         with self._lock:
             return placement.lease_id in self._lanes
 
-    def lane(self, placement: Lease | None) -> Lane | None:
+    def payload(self, placement: Lease) -> dict[str, Any] | None:
+        """The job's lane as its placement's admission payload (``tasks.salus.placement``); None for a tenant
+        (its budget is its placement's memory) or a plain lease."""
         with self._lock:
-            held = self._lanes.get(placement.lease_id) if placement is not None else None
-        return held[1] if held else None
+            held = self._lanes.get(placement.lease_id)
+        lane = held[1] if held else None
+        return None if lane is None else lane.payload()
 
     def release(self, placement: Lease) -> str | None:
         """The job left the executor (finished, failed, cancelled or crashed): its memory is freed. Returns why the

@@ -10,8 +10,8 @@ iterations. A job marks its iterations with ``for step in salus_iterations(n):``
 the lane's token (the controller's ``Run``), runs, and returns the token with the iteration's measured
 time, so switches happen only at iteration boundaries and a lane runs one iteration at a time.
 
-Jobs are separate worker processes (``GpuTaskRunner(mode="salus")``'s default) or threads
-(``salus_workers="thread"``). The token service is a Unix socket per executor with a line protocol (``ask`` →
+Jobs are separate worker processes (``GpuTaskRunner(admission=SalusColocation(...))``'s default) or threads
+(the runner's ``mode="thread"``). The token service is a Unix socket per executor with a line protocol (``ask`` →
 ``go``, ``next SECONDS`` → ``go``, ``profiled SECONDS P E`` → ``go``, ``end SECONDS`` → ``ok``), which both
 reach the same way. We run jobs as processes because ``torch.cuda.set_per_process_memory_fraction`` can then
 cap each job at its lane budget ``P + L_lane`` and a crashed job cannot take the executor with it. Threads
@@ -45,7 +45,8 @@ from gpu.placement import ResourceRequest
 from gpu.schedulers.salus.controller import Ask, Profiled, SalusController, SalusJob, SalusStep
 from gpu.schedulers.salus.lanes import Margins
 from gpu.units import parse_memory
-from tasks.runtime.requests import Lane, current_placement
+from tasks.runtime.requests import current_placement
+from tasks.salus.placement import Lane, current_lane
 from tasks.salus.profiling import MIB, CpuProbe, CudaProbe
 
 PROFILE_ITERATIONS = 2  # iterations measured when a job declares no memory (the first one builds lazy state)
@@ -113,7 +114,8 @@ class Undeclared:
 
 def is_salus_job(task: Any) -> bool:
     """Whether a task runs as a Salus job: marked ``@salus_job``, or submitted inside a ``salus_options`` block.
-    Any other task under ``GpuTaskRunner(mode="salus")`` takes a plain slice (``tasks.salus.admission``)."""
+    Any other task under ``GpuTaskRunner(admission=SalusColocation(...))`` takes a plain slice
+    (``tasks.salus.admission``)."""
     return getattr(getattr(task, "fn", task), _ATTR, None) is not None or bool(_OVERRIDES.get())
 
 
@@ -416,7 +418,7 @@ def salus_iterations(n: int, lane: Lane | None = None, release_cache: bool = Tru
     CUDA the allocator's statistics, else the tensors its frame holds and ``torch.profiler``'s allocations), is
     re-admitted with the measured ``P`` and ``E``, and goes on under its new lane's budget.
     """
-    lane = lane or getattr(current_placement(), "lane", None)
+    lane = lane or current_lane()
     if lane is None:
         yield from range(n)
         return

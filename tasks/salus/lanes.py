@@ -2,14 +2,14 @@
 
 A flow whose jobs keep their own ledger leases (Ekya's windows, ``tasks.ekya.salus``: each job holds the GPU
 fraction Ekya decided, pinned where Ekya's plan put it, and the flow's runner also serves tasks that are no
-Salus jobs) drives a device's ``SalusExecutor`` directly instead of through ``GpuTaskRunner(mode="salus")``:
+Salus jobs) drives a device's ``SalusExecutor`` directly instead of through the runner's Salus admission:
 the flow admits the job (Algorithm 2.1 gives it a lane, thesis Ch. 2), submits its task with that lane, and
 the job leaves the lane when the task ends, whatever way it ends. The executor holds no ledger lease
 (``lease=False``), so the ledger stays the one account of the pool; it only orders iterations inside it.
 
 This is the second of two admission paths, on purpose: the runner's (``tasks.salus.admission``, behind
-``GpuTaskRunner(mode="salus")``) makes the executor the one holder of its device, charging ``ΣP + Σ_lanes max E``
-(Eq. 2.1) instead of each job's lease. Serving Ekya through it would drop Ekya's decided fractions from the
+``GpuTaskRunner(admission=SalusColocation(...))``) makes the executor the one holder of its device, charging
+``ΣP + Σ_lanes max E`` (Eq. 2.1) instead of each job's lease. Serving Ekya through it would drop Ekya's decided fractions from the
 ledger (and its pinned placement); serving the runner through this one would charge every job ``P + E`` again.
 """
 
@@ -19,8 +19,9 @@ import time
 from typing import Any
 
 from gpu.schedulers.salus.controller import SalusJob, SalusStep
-from tasks.runtime.requests import Lane, gpu_options
+from tasks.runtime.requests import gpu_options
 from tasks.salus.executor import SalusExecutor
+from tasks.salus.placement import Lane
 
 
 class LoggedSalusExecutor(SalusExecutor):

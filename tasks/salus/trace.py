@@ -29,6 +29,7 @@ from gpu.sim.salus.workloads import all_workloads, inference_instances, workload
 from tasks.digits import digits_tensors, mlp
 from tasks.runtime.requests import current_placement
 from tasks.salus.executor import salus_iterations, salus_job
+from tasks.salus.placement import placement_lane
 
 KINDS = ("train", "infer")
 STEPS_PER_SOLO_S = 20      # optimizer steps (or request batches) per second of the workload's solo iteration
@@ -144,7 +145,7 @@ def _step(model: Any, opt: Any, xs: Any, ys: Any, gen: Any) -> None:
 
 def _outcome(job_id: str, spans: list[tuple[float, float]], admitted: float, **extra: Any) -> dict[str, Any]:
     placement = current_placement()
-    lane = placement.lane
+    lane = placement_lane(placement)
     return {"job": job_id, "lane": lane.lane_id if lane else -1, "device": placement.device,
             "admitted": admitted, "spans": spans, **extra}
 
