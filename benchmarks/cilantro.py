@@ -29,7 +29,7 @@ from gpu.schedulers.cilantro.policies import POLICIES  # noqa: E402
 from gpu.sim.cilantro.run import simulate_all, summarize  # noqa: E402
 from gpu.sim.cilantro.microservices import run_microservices  # noqa: E402
 from gpu.sim.cilantro.scenario import parse_multitenant, static_example  # noqa: E402
-from tasks.report.charts import pyplot, save_png  # noqa: E402
+from tasks.runtime.png import pyplot, save_png  # noqa: E402
 
 PAPER = {  # Table 3.2: W_S, W_E, F_NJC, useful usage
     "oracle-sw": (0.892, 0.324, 0.336, 0.964), "oracle-ew": (0.752, 0.412, 0.272, 0.997),

@@ -23,7 +23,7 @@ from gpu.schedulers.ekya.thief import StreamState, thief_schedule  # noqa: E402
 from gpu.sim.ekya.run import simulate_policy  # noqa: E402
 from gpu.sim.ekya.scenario import load  # noqa: E402
 from gpu.sim.ekya.workloads import generate  # noqa: E402
-from tasks.report.charts import pyplot, save_png  # noqa: E402
+from tasks.runtime.png import pyplot, save_png  # noqa: E402
 
 UNIFORM = ("uniform_cfg1_50", "uniform_cfg2_90", "uniform_cfg2_50", "uniform_cfg2_30", "uniform_cfg1_90")
 WINDOW_S = 200.0

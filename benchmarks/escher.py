@@ -33,7 +33,7 @@ from gpu.sim.escher import run as sim
 from gpu.sim.escher.workloads import AlphaZero, FairShare, Tune, WordCount
 from gpu.sim.escher.gangs import GangLoad
 from gpu.sim.escher.world import Timing
-from tasks.report.charts import pyplot, save_png
+from tasks.runtime.png import pyplot, save_png
 
 NODES = 50   # Fig. 4.8: a 50-node Ray cluster
 _clock = time.process_time

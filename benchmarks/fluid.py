@@ -25,7 +25,7 @@ from gpu.sim.fluid.engine import RunResult, simulate
 from gpu.sim.fluid.workload import Workload
 from gpu.schedulers.fluid.tuning import (ASHA, BOHB, PBT, Choice, FixedTrials, GridSearch, Hyperband, LogUniform,
                                          SuccessiveHalving, SyncBOHB, TuningAlgorithm, Uniform)
-from tasks.report.charts import pyplot, save_png
+from tasks.runtime.png import pyplot, save_png
 
 SPACE = {"lr": LogUniform(1e-4, 1e-1), "momentum": Uniform(0.5, 0.99), "layers": Choice((2, 3, 4))}
 

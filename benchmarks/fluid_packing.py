@@ -29,7 +29,7 @@ import time
 
 from benchmarks.cli import benchmark_parser, finish
 from gpu.schedulers.fluid.algorithms import fit_packing_curve, save_packing_curve
-from tasks.report.charts import pyplot, save_png
+from tasks.runtime.png import pyplot, save_png
 from tasks.fluid.packing import Trainers
 
 LEVELS = tuple(range(1, 9))

@@ -52,7 +52,7 @@ from benchmarks.nexus_cases import (GAME, GAME_RESNET_ONLY, TRAFFIC, drr_bursts,
                                     print_drr_bursts, print_game, print_traffic, traffic, traffic_summary)
 from benchmarks.nexus_multiplexing import multiplexing, multiplexing_summary, print_multiplexing
 from benchmarks.nexus_epochs import epoch_reaction, epochs_summary, print_epochs, save_plot
-from tasks.report.charts import pyplot, save_png
+from tasks.runtime.png import pyplot, save_png
 
 GPUS = 8
 MODELS_E = ("lenet", "vgg7", "googlenet", "resnet50", "inception", "vgg16", "vgg_face", "vgg_s")

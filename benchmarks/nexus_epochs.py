@@ -13,7 +13,7 @@ from typing import Mapping
 
 from gpu.sim.nexus.run import NexusScenario
 from gpu.sim.nexus.epochs import EpochTimeline, scaled, step_timeline
-from tasks.report.charts import pyplot, save_png
+from tasks.runtime.png import pyplot, save_png
 
 BASE_LOAD, STEP_AT_S, STEP_SCALE, DURATION_S = 0.6, 45.0, 1.5, 120.0
 ARRIVALS = ("uniform", "poisson")

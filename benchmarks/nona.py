@@ -37,7 +37,7 @@ from gpu.schedulers.nona.controller import GroupingSampler  # noqa: E402
 from gpu.sim.nona.run import GBPS, Outcome, Setup, model_for, parse, rates_for_load, run_policy, stats  # noqa: E402
 from gpu.sim.nona.engine import BACKGROUND_COMM, BACKGROUND_COMPUTE, Workload, simulate  # noqa: E402
 from gpu.sim.nona.workloads import load_profile, motivating_query, paper_models  # noqa: E402
-from tasks.report.charts import pyplot, save_png  # noqa: E402
+from tasks.runtime.png import pyplot, save_png  # noqa: E402
 
 TABLE_2 = {"gpt2": (178, 40), "densenet121": (429, 4), "vgg16": (41, 1), "alexnet": (23, 1), "resnet18": (71, 10)}
 FIG_3A = {"spark": (32, 56), "opportunistic": (30, 180), "random": (70, 202), "sjf_cp": (139, 350)}  # all jobs

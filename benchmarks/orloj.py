@@ -32,7 +32,7 @@ from gpu.batching import BatchContext, InferenceRequest
 from gpu.schedulers.orloj.hull import LineQueue
 from gpu.sim.orloj.run import Setup, build_policy, ratios, serve, sweep
 from gpu.sim.orloj.workload import load
-from tasks.report.charts import pyplot, save_png
+from tasks.runtime.png import pyplot, save_png
 
 ROOT = Path(__file__).resolve().parent.parent
 POLICIES = ("clipper", "nexus", "clockwork", "orloj")  # the thesis's column order

@@ -25,7 +25,7 @@ from gpu.schedulers.salus.lanes import NO_MARGINS, LaneManager
 from gpu.sim.salus.engine import SimResult, simulate
 from gpu.sim.salus.workloads import (TraceJob, all_workloads, inference_instances, tiresias_like_trace, trace_job,
                                      workload)
-from tasks.report.charts import pyplot, save_png
+from tasks.runtime.png import pyplot, save_png
 
 C_MB = 16_000.0
 TABLE_2_1 = {"fifo": (303.4, 167.6, 170.6, 251.1), "srtf": (306.0, 28.6, 53.4, 217.0),

@@ -47,15 +47,16 @@ from gpu.schedulers.ekya.thief import EkyaParams
 from gpu.schedulers.ekya.policies import make_policy, policy_names
 from gpuflows.args import add_runner_arguments, error, flow_arguments, flow_parser, output_file, run_checked
 from resource_blocks import GpuPool, MlflowTarget
-from tasks.ekya.salus import EXECUTORS, JOBS_PER_DEVICE, log_lanes
+from tasks.ekya.records import WindowLogger
+from tasks.ekya.salus import EXECUTORS, JOBS_PER_DEVICE
 from tasks.ekya.work import WindowSettings, config_grid
 from tasks.ekya.window import RunSettings, WindowResult, make_controller, run_window, start_streams
 from tasks.runtime.flow import (flow_runner, log_flow_inputs, log_flow_outcome, pool_block, publish_mlflow_link, settings,
                                 tracking_target)
 from tasks.runtime.runners import GpuTaskRunner
 from tasks.runtime.tracking import flow_tracker
-from tasks.report.charts import publish_pool_occupancy
-from tasks.report.artifacts import FlowProgress, publish_ekya_windows
+from tasks.report.occupancy import publish_pool_occupancy
+from tasks.report.progress import FlowProgress
 
 MODES = ("process", "thread")
 
@@ -76,9 +77,7 @@ def policy_slug(policy: str) -> str:
 
 def _windows(run: RunSettings, parent: str | None) -> dict:
     """The windows themselves, in the flow run (its tasks on the flow's GPU task runner)."""
-    from tasks.ekya.records import WindowLogger
-
-    logger = WindowLogger.for_flow(run, parent)
+    logger = WindowLogger(run, parent)
     controller = make_controller(run)
     golden, streams = start_streams(run, controller)
     results: list[WindowResult] = []
@@ -90,14 +89,14 @@ def _windows(run: RunSettings, parent: str | None) -> dict:
             try:  # a tracking store that fails costs the review, not the retraining
                 run_id = logger.log_window(result, streams)
                 if result.lanes is not None:
-                    log_lanes(logger.client, run_id, result.lanes, w)
+                    logger.log_lanes(run_id, result.lanes, w)
             except Exception as exc:
                 errors.append(f"window {w} not logged to MLflow: {exc!r}")
                 get_run_logger().error(errors[-1])
             results.append(result)
             progress.advance(note=f"mean accuracy {result.mean_measured:.3f}")
     plot = logger.log_plot(results)
-    publish_ekya_windows(slug, results, logger.parent_run_id, run.tracking_uri)
+    logger.publish_windows(slug, results)
     publish_pool_occupancy()
     summary = summarise(run, results, plot, logger.parent_run_id)
     tracker = flow_tracker()

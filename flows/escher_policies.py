@@ -51,11 +51,10 @@ from gpuflows.args import error
 from resource_blocks import GpuPool, MlflowTarget, SchedulerPolicy
 from tasks.escher.demos import DEMOS, run_policy
 from tasks.escher.settings import Settings, check_settings, choose
-from tasks.escher.records import log_policy_runs
+from tasks.escher.records import publish_policies
 from tasks.runtime.flow import (flow_runner, log_flow_inputs, log_flow_outcome, pool_block, publish_mlflow_link,
                                 settings, tracking_target)
 from tasks.runtime.runners import GpuTaskRunner
-from tasks.report.artifacts import publish_table
 
 MODES = ("thread", "process")
 BACKENDS = ("local", "ray")
@@ -128,8 +127,7 @@ def escher_policies(policies: list[str] | None = None, policy: SchedulerPolicy |
     with tempfile.TemporaryDirectory(prefix="escher-") as workdir:
         results = {name: run_policy(name, ledger, nodes, s, workdir) for name in chosen}
     actions = [a for out in results.values() for a in out["actions"]]
-    publish_table("escher-actions", actions, "ESCHER: every set_resource / lease_resource call the ESLs made")
-    errors = log_policy_runs(results, DEMOS)
+    errors = publish_policies(results, DEMOS, actions)
     log_flow_outcome({f"{name}_{k}": v for name, out in results.items() for k, v in out.get("metrics", {}).items()})
     return {"nodes": nodes, "policies": list(chosen), **results, "actions": actions, "mlflow_errors": errors}
 

@@ -17,7 +17,6 @@ jobs run on the CPU; tokens and policies are real).
 
 from __future__ import annotations
 
-import logging
 import sys
 import time
 from typing import Any, Sequence
@@ -30,18 +29,15 @@ from gpu.scenario import choose, integer, names, positive
 from gpu.schedulers.salus.policies import POLICIES
 from gpuflows.args import add_runner_arguments, error, flow_parser
 from resource_blocks import GpuPool, MlflowTarget
-from tasks.report.charts import publish_chart
-from tasks.runtime.flow import (flow_runner, log_flow_inputs, log_flow_outcome, pool_block, publish_mlflow_link,
-                                settings, tracking_target)
+from tasks.report.records import Records
+from tasks.runtime.flow import (log_flow_inputs, log_flow_outcome, pool_block, publish_mlflow_link, settings,
+                                tracking_target)
 from tasks.runtime.runners import GpuTaskRunner
 from tasks.salus.admission import SalusColocation, salus_executor
 from tasks.salus.executor import MIB, salus_options
-from tasks.salus.outcomes import (METRICS, PolicyOutcome, executor_record, job_rows, lane_chart, log_policy_run,
-                                   predicted, solo_iteration_s)
+from tasks.salus.outcomes import METRICS, PolicyOutcome, executor_record, job_rows, predicted, solo_iteration_s
+from tasks.salus.records import ACCOUNTING_ONLY, publish_comparison, publish_policy
 from tasks.salus.trace import JOB_TASKS, SharingJob, explicit_trace, sharing_trace, warm_up
-from tasks.report.artifacts import publish_table
-
-log = logging.getLogger(__name__)
 
 MODES = ("process", "thread")
 MEMORY = ("declared", "profiled")
@@ -49,7 +45,6 @@ DEFAULT_POLICIES = ("fifo", "pack", "srtf", "fair")
 DEFAULT_POOL = GpuPool(name="salus", simulated="1x16GiB")
 DEVICE = 0
 MAX_JOBS = 8  # jobs admitted at once on the device (in process mode: its worker processes)
-ACCOUNTING_ONLY = "lanes are accounting only: a simulated device, the jobs run on the CPU (tokens and policies are real)"
 
 
 def runner_settings(parameters: dict) -> dict:
@@ -109,29 +104,6 @@ def run_policy(trace: Sequence[SharingJob], policy: str, pool: GpuPool, mode: st
                          sizes=sizes)
 
 
-def _publish(outcome: PolicyOutcome, sim: dict[str, float], parent: str | None, tracking_uri: str,
-             errors: list[str]) -> None:
-    """The policy's Prefect table, its MLflow run and its lane chart (in both places)."""
-    table = [{k: v for k, v in r.items() if k not in ("spans", "span_lanes")} for r in outcome.jobs]
-    publish_table(f"salus-jobs-{outcome.policy.replace('_', '-')}", table,
-                  f"Salus {outcome.policy}: one row per job (seconds since the first arrival)"
-                  + (f"; {ACCOUNTING_ONLY}" if outcome.simulated_device else ""))
-    run_id = None
-    if parent is not None:
-        from tasks.runtime.tracking import open_client
-
-        try:
-            run_id = log_policy_run(open_client(tracking_uri), parent, outcome, sim)
-        except Exception as exc:  # noqa: BLE001 - kept and returned: the review loses a run, the flow goes on
-            errors.append(f"MLflow run of policy {outcome.policy} not logged: {exc!r}")
-            log.error(errors[-1])
-    png = lane_chart(outcome)
-    if png is not None:
-        publish_chart(png, f"salus-lanes-{outcome.policy.replace('_', '-')}", f"Salus {outcome.policy}: lanes",
-                      "One row per job: grey = queued, a bar per iteration coloured by its lane.", run_id,
-                      tracking_uri if run_id else None)
-
-
 @flow(name="salus-gpu-sharing", log_prints=True, task_runner=GpuTaskRunner(configure=runner_settings))
 def gpu_sharing(jobs: int = 8, seed: int = 0, gap_s: float = 0.1, median_iterations: int = 20,
                 trace: list[dict] | None = None, policies: list[str] | None = None,
@@ -154,29 +126,27 @@ def gpu_sharing(jobs: int = 8, seed: int = 0, gap_s: float = 0.1, median_iterati
     trace_, chosen, block, _ = prepare(pool, tracking, jobs=jobs, seed=seed, gap_s=gap_s,
                                        median_iterations=median_iterations, trace=trace, policies=policies, mode=mode,
                                        memory=memory)
-    parent = publish_mlflow_link()
+    publish_mlflow_link()
     log_flow_inputs("salus", "sharing", {"jobs": len(trace_), "seed": seed, "gap_s": gap_s,
                                          "median_iterations": median_iterations, "explicit_trace": trace is not None,
                                          "policies": ",".join(chosen), "mode": mode, "memory": memory})
-    tracking_uri = flow_runner().tracking.resolved_uri()
     if mode == "thread":
         warm_up()
     outcomes = [run_policy(trace_, policy, block, mode, memory) for policy in chosen]
     iter_s = solo_iteration_s(outcomes)
-    errors: list[str] = []
+    records = Records.of_flow()
     comparison = []
     for outcome in outcomes:
         sim = predicted(trace_, outcome, iter_s)
-        _publish(outcome, sim, parent, tracking_uri, errors)
+        publish_policy(records, outcome, sim)
         comparison.append({"policy": outcome.policy, **{k: outcome.summary[k] for k in (*METRICS, "peak_lanes")},
                            **{f"sim_{k}": v for k, v in sim.items()}})
     note = ACCOUNTING_ONLY if any(o.simulated_device for o in outcomes) else ""
-    publish_table("salus-policies", comparison, "Salus: each policy on the same trace, measured beside the simulator's "
-                  "prediction (sim_) for the same jobs" + (f"; {note}" if note else ""))
+    publish_comparison(records, comparison, note)
     log_flow_outcome({f"{row['policy']}_{k}": v for row in comparison for k, v in row.items() if k != "policy"})
     return {"trace": [j.row() for j in trace_], "policies": {o.policy: {"jobs": o.jobs, "summary": o.summary}
                                                             for o in outcomes},
-            "comparison": comparison, "note": note, "mlflow_errors": errors}
+            "comparison": comparison, "note": note, "mlflow_errors": records.errors}
 
 
 def print_comparison(out: dict) -> None:

@@ -21,10 +21,10 @@ from resource_blocks import GpuPool, MlflowTarget
 from tasks.digits import digits_tensors, mlp
 from tasks.runtime.flow import log_flow_inputs, publish_mlflow_link, settings
 from tasks.runtime.requests import current_placement, gpu_options
-from tasks.report.charts import publish_pool_occupancy
+from tasks.report.occupancy import publish_pool_occupancy
 from tasks.runtime.runners import GpuTaskRunner
 from tasks.runtime.slices import enforce
-from tasks.report.artifacts import FlowProgress
+from tasks.report.progress import FlowProgress
 
 # (gpus, memory) cycled over the submitted tasks: fractions, whole GPUs and memory caps.
 MIX: list[tuple[float, str | int]] = [(0.25, 0), (0.5, "4GiB"), (1, 0), (0.25, "2GiB"), (2, 0), (0.5, 0), (0, "6GiB")]

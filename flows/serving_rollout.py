@@ -51,13 +51,26 @@ from gpu.schedulers.nexus.epoch import EpochPlanner
 from gpu.schedulers.nexus.profiles import BatchProfile
 from gpuflows.args import error, output_file, simulated
 from resource_blocks import GpuPool, MlflowTarget
+from tasks.report.occupancy import publish_pool_occupancy
+from tasks.report.progress import FlowProgress
+from tasks.report.records import Records
+from tasks.runtime.flow import (flow_runner, log_flow_inputs, log_flow_outcome, pool_block, publish_mlflow_link,
+                                settings, tracking_target)
+from tasks.runtime.ray_runner import GpuRayTaskRunner
 from tasks.runtime.requests import current_placement, gpu_request
-from tasks.runtime.flow import (flow_runner, log_flow_inputs, log_flow_outcome, pool_block, publish_mlflow_link, settings,
-                                tracking_target)
 from tasks.runtime.runners import GpuTaskRunner
-from tasks.report.charts import publish_pool_occupancy
 from tasks.runtime.tracking import flow_tracker
-from tasks.report.artifacts import FlowProgress, publish_table
+from tasks.serving.beacons import BeaconLoop
+from tasks.serving.epochs import EpochFeedback
+from tasks.serving.figures import summarise
+from tasks.serving.loadgen import LoadGenerator
+from tasks.serving.models import load_digits_tensors, load_or_train, profile_model
+from tasks.serving.nona import MeasuredNona, replicated_plan
+from tasks.serving.orloj import PROFILE_REQUESTS, orloj_controller, policy_factory
+from tasks.serving.placement import NEEDS_LINK, handoff_bytes, link_mu, query_routing
+from tasks.serving.records import log_rollout, plan_summary, publish_epochs
+from tasks.serving.runtime import LINKS, LocalServingRuntime
+from tasks.serving.spec import PLACEMENTS, check_slos, load_spec, parse_spec
 
 DEFAULT_SPEC = Path(__file__).resolve().parent.parent / "scenarios" / "serving" / "digits.yaml"
 RAY_TICK_S = 0.002  # with Ray actors every routed burst is a remote call (~0.5 ms): hand arrivals over per 2 ms
@@ -69,8 +82,6 @@ def profile_serving_model(name: str, steps: int, seed: int, repeats: int) -> Bat
     """Train (or load) one model and measure its batching profile on the placement's device."""
     import torch
 
-    from tasks.serving.models import load_or_train, profile_model
-
     torch.set_num_threads(1)
     placement = current_placement()
     return profile_model(name, load_or_train(name, steps, seed), placement.device if placement else "cpu",
@@ -81,10 +92,6 @@ def prepare(spec: dict | str | None, duration_s: float | None = None, batch_poli
             placement: str | None = None, backend: str = "local", mode: str = "process", link: str = "socket"):
     """The serving spec with the flow's overrides, every parameter checked: ``main`` calls it before the flow and
     the flow at its start (a deployment run has no earlier place), so bad input fails before serving starts."""
-    from tasks.serving.placement import NEEDS_LINK
-    from tasks.serving.runtime import LINKS
-    from tasks.serving.spec import PLACEMENTS, load_spec, parse_spec
-
     if mode not in MODES:
         raise ConfigError("mode", mode, f"choose one of {MODES}")
     if backend not in BACKENDS:
@@ -148,21 +155,9 @@ def serving_rollout(spec: dict | str | None = None, duration_s: float | None = N
         The figures (``tasks.serving.figures.summarise``: per epoch and over the run, queries, dispatch
         overhead), ``mlflow_run_id`` and ``mlflow_errors`` (what could not be logged to MLflow; empty when everything was).
     """
-    from tasks.serving.epochs import EpochFeedback
-    from tasks.serving.loadgen import LoadGenerator
-    from tasks.serving.models import load_digits_tensors, load_or_train
-    from tasks.serving.nona import MeasuredNona, replicated_plan
-    from tasks.serving.orloj import PROFILE_REQUESTS, orloj_controller, policy_factory
-    from tasks.serving.runtime import LocalServingRuntime
-    from tasks.serving.beacons import BeaconLoop
-    from tasks.serving.figures import summarise
-    from tasks.serving.placement import handoff_bytes, link_mu, query_routing
-    from tasks.serving.records import log_rollout, plan_summary
-    from tasks.serving.spec import check_slos
-
     sp = prepare(spec, duration_s, batch_policy, placement, backend, mode, link)
     runner = flow_runner()  # the pool and target resolved from these parameters (or the runner given)
-    if backend == "ray" and type(runner).__name__ != "GpuRayTaskRunner":
+    if backend == "ray" and not isinstance(runner, GpuRayTaskRunner):
         raise ConfigError("backend", backend, "needs the flow on GpuRayTaskRunner (`python -m flows.serving_rollout "
                                               "--backend ray`, or deploy serving_rollout.with_options(task_runner="
                                               "GpuRayTaskRunner(configure=runner_settings)))")
@@ -231,23 +226,20 @@ def serving_rollout(spec: dict | str | None = None, duration_s: float | None = N
     if nona is not None:  # θ in force at the end per (class, subgraph root), aligned with its Ω
         result["nona_theta"] = nona.thetas
     result.update(link=link, **({"solver_link_mu": solver_mu} if solver_mu is not None else {}))
-    columns = ("epoch", "start_s", "end_s", "replanned", "gpus", "unassigned_rps", "offered_rps", "throughput_rps",
-               "slo_attainment", "bad_rate", "p99_latency_ms")
-    publish_table("serving-rollout-epochs", [{k: e[k] for k in columns} for e in result["epochs"]],
-                  f"Nexus epochs of {sp.name}: GPUs planned, load and SLO figures per epoch")
+    records = Records(tracking.resolved_uri() if tracking.enabled else None, parent)
+    publish_epochs(records, sp, result["epochs"])
     publish_pool_occupancy(runner)
-    result["mlflow_run_id"], errors = parent, []
-    if tracking.enabled:
-        try:
-            result["mlflow_run_id"] = log_rollout(tracking, parent, sp, result, marks, beacons, profiles)
-        except Exception as exc:  # the figures are the result; a store that fails is named in it, not fatal
-            errors.append(f"the rollout's epochs and figures were not logged to MLflow: {exc!r}")
-            get_run_logger().error(errors[-1])
+    result["mlflow_run_id"] = parent
+    if tracking.enabled:  # the figures are the result; a store that fails is named in it, not fatal
+        with records.kept("the rollout's epochs and figures were not logged to MLflow"):
+            if not records.enabled:  # no GPU task runner opened the flow's run: a run of their own
+                records = Records.own_run(tracking.resolved_uri(), tracking.experiment, f"serving-rollout-{sp.name}")
+            result["mlflow_run_id"] = log_rollout(records, sp, result, marks, beacons, profiles)
     log_flow_outcome({"goodput_rps": result["throughput_rps"] * (1.0 - result["bad_rate"]),
                       **{k: result[k] for k in ("throughput_rps", "offered_rps", "bad_rate", "slo_attainment",
                                                 "p99_latency_ms", "accuracy", "max_gpus", "replans") if k in result}})
     tracker = flow_tracker()
-    result["mlflow_errors"] = errors + (tracker.flush() if tracker else [])
+    result["mlflow_errors"] = records.errors + (tracker.flush() if tracker else [])
     return result
 
 
@@ -281,8 +273,6 @@ def main(argv: list[str] | None = None) -> int:
     tracking = MlflowTarget(experiment=args.experiment, enabled=not args.no_tracking)
     rollout = serving_rollout
     if args.backend == "ray":  # the same flow and parameters, its tasks on Ray
-        from tasks.runtime.ray_runner import GpuRayTaskRunner
-
         rollout = serving_rollout.with_options(task_runner=GpuRayTaskRunner(configure=runner_settings))
     try:
         result = rollout(args.spec, args.duration_s, args.batch_policy, args.backend, pool=pool, mode=args.mode,

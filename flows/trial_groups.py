@@ -49,8 +49,8 @@ from tasks.runtime.flow import (flow_runner, log_flow_inputs, log_flow_outcome, 
                                 settings, tracking_target)
 from tasks.runtime.runners import GpuTaskRunner
 from tasks.runtime.tracking import flow_tracker
-from tasks.report.charts import publish_pool_occupancy
-from tasks.report.artifacts import FlowProgress, publish_table
+from tasks.report.occupancy import publish_pool_occupancy
+from tasks.report.progress import FlowProgress
 
 SEARCHES = ("grid", "random", "hyperband", "asha", "bohb", "pbt")
 EXECUTIONS = policy_names()  # fifo, static_fluid, fluid: every policy the simulator offers
@@ -200,7 +200,7 @@ def _search(algorithm: str, trials: int, iterations: int, seed: int, space: dict
     bar.close()
     best = best_result(algo.results, failures)
     version = log.register(best.trial_id, load_model(best.config, ckpt(best.trial_id)), model_name)
-    publish_table(f"fluid-trials-{algorithm}", [
+    log.table(algorithm, [
         {"trial": r.trial_id, "config": r.config, "iterations": r.iterations,
          "val_accuracy": None if r.trial_id in failures else 1.0 - r.score, "failed": r.trial_id in failures,
          "gpu_widths": widths_seen.get(r.trial_id, []), "chunks": len(placements.get(r.trial_id, [])),

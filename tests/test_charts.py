@@ -10,9 +10,13 @@ from types import SimpleNamespace
 import pytest
 
 from gpu.devices import discover
-from tasks.report.charts import (cilantro_rounds_figure, ekya_split_figure, holder_names, lease_intervals,
-                          occupancy_figure, register_holder)
-from tasks.report.artifacts import FlowProgress, ekya_window_rows, flat_row
+from tasks.cilantro.charts import rounds_figure as cilantro_rounds_figure
+from tasks.ekya.charts import split_figure as ekya_split_figure
+from tasks.ekya.records import window_rows as ekya_window_rows
+from tasks.report.holders import holder_names, register_holder
+from tasks.report.occupancy import lease_intervals, occupancy_figure
+from tasks.report.progress import FlowProgress
+from tasks.report.tables import flat_row
 
 A, B, C = "host:100:aaaa", "host:200:bbbb", "host:300:cccc"
 
@@ -142,7 +146,7 @@ def test_a_flow_run_publishes_its_pool_occupancy_to_prefect_and_mlflow(state_dir
     from prefect.context import get_run_context
 
     from resource_blocks import GpuPool, MlflowTarget
-    from tasks.report.charts import publish_pool_occupancy
+    from tasks.report.occupancy import publish_pool_occupancy
     from tasks.runtime.requests import gpu_options
     from tasks.runtime.runners import GpuTaskRunner, flow_mlflow_run_id
 

@@ -108,7 +108,7 @@ def test_accuracy_plot_is_an_artifact_of_the_flow_run(thief_run):
 
 
 def test_the_prefect_ui_shows_each_window_with_its_decision_and_accuracy(thief_run, table_artifacts):
-    """One row per window and stream, the decision first, 8 columns (``tasks.report.artifacts.ekya_window_rows``)."""
+    """One row per window and stream, the decision first, 8 columns (``tasks.ekya.records.window_rows``)."""
     summary, _, _ = thief_run
     shown = [(w["window"], s, pytest.approx(w["accuracy"][s], rel=1e-3))
              for w in summary["windows"] for s in summary["streams"]]

@@ -204,7 +204,7 @@ def die():
     os.kill(os.getpid(), signal.SIGKILL)
 
 if point == "after_save":
-    import tasks.cilantro.rounds as cr
+    import tasks.cilantro.records as cr
     real_log_round = cr.log_round
     cr.log_round = lambda client, rec: die() if rec["round"] == 1 else real_log_round(client, rec)
 else:

@@ -4,7 +4,7 @@ columns) and the demo commands' text tables."""
 import json
 import math
 
-from tasks.report.artifacts import flat_row
+from tasks.report.tables import flat_row
 
 
 def test_a_mapping_becomes_one_column_per_key_and_numbers_are_rounded_for_reading():

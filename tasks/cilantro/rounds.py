@@ -1,5 +1,6 @@
 """One Cilantro flow run's rounds in the flow's world: run every job on its slice, feed the measured
-reports to the round controller, keep the state, log each round to MLflow (thesis §3.3 Fig. 3.3, §3.4).
+reports to the round controller, keep the state, log each round to MLflow (thesis §3.3 Fig. 3.3, §3.4;
+the records: ``tasks.cilantro.records``).
 
 ``flows.allocation_rounds`` validates the input and calls ``run_rounds``; the decisions are
 ``gpu.schedulers.cilantro.controller.CilantroRound``'s, the same controller the simulator drives.
@@ -7,98 +8,18 @@ reports to the round controller, keep the state, log each round to MLflow (thesi
 
 from __future__ import annotations
 
-import math
 import time
-import uuid
 from pathlib import Path
-from typing import Any
 
-import numpy as np
-from prefect import get_run_logger
-
-from tasks.cilantro.allocator import (RoundBook, RoundSettings, load_state, open_book, report_of, round_metrics,
-                                      save_state, state_path)
+from tasks.cilantro.allocator import (RoundSettings, load_state, open_book, report_of, round_metrics, save_state,
+                                      state_path)
 from tasks.cilantro.jobs import RoundWindow, run_service, run_trainer
-from tasks.report.charts import publish_pool_occupancy
+from tasks.cilantro.records import log_unlogged, publish_rounds, round_record
+from tasks.report.occupancy import publish_pool_occupancy
+from tasks.report.progress import FlowProgress
+from tasks.report.records import Records
 from tasks.runtime.requests import gpu_options
-from tasks.runtime.tracking import ensure_experiment, flow_tracker, holder_tags, open_client
-from tasks.report.artifacts import FlowProgress, publish_cilantro_rounds
-
-
-def round_record(s: RoundSettings, parent: str, row: dict, results: dict[str, dict | None]) -> dict:
-    """What MLflow gets for one round, as plain JSON: saved with the state first, logged after (``log_round``)."""
-    values = {}
-    for name, a in row["allocation"].items():
-        values[f"alloc_{name}"] = a
-        values[f"load_ucb_{name}"] = row["load_ucb"][name]
-        res = results.get(name)
-        if res is not None:
-            values[f"perf_{name}"] = float(np.mean(res["perf"]))
-            values[f"load_{name}"] = float(np.mean(res["loads"]))
-            values[f"throughput_{name}"] = res["throughput"]
-            values[f"accuracy_{name}"] = res["accuracy"]
-            values[f"work_ms_{name}"] = res["work_ms"]
-        if name in row["demands"]:
-            values[f"demand_{name}"] = row["demands"][name]
-        values[f"perf_lcb_{name}"] = row["perf_lcb"][name]
-        values[f"perf_ucb_{name}"] = row["perf_ucb"][name]
-    values.update({f"utility_{n}": u for n, u in row["utilities"].items()})
-    values.update({k: row[k] for k in ("social_welfare", "egalitarian_welfare", "njc_fairness") if k in row})
-    values.update(decision_time_s=row["decision_s"], allocated_total=sum(row["allocation"].values()),
-                  round_wall_s=row["wall_s"], failed_jobs=len(row["failed"]))
-    params = {"capacity": s.capacity, "unit": s.unit, "round_s": s.round_s, "report_s": s.report_s,
-              "max_change": s.max_change, "policy": s.policy}
-    return {"id": uuid.uuid4().hex, "round": row["round"], "parent": parent, "experiment": s.experiment,
-            "name": f"{s.run_name}-round-{row['round']}", "time": int(time.time() * 1000),
-            "status": "FAILED" if row["failed"] else "FINISHED",
-            "metrics": {k: float(v) for k, v in values.items() if math.isfinite(v)},
-            "params": {k: str(v) for k, v in params.items()},
-            "tags": {"cilantro.policy": s.policy, "cilantro.round": str(row["round"]), "round": str(row["round"]),
-                     "cilantro.run_name": s.run_name,
-                     "cilantro.failed": ",".join(row["failed"])}}
-
-
-def log_round(client: Any, rec: dict) -> str:
-    """Log one round record as a run nested under its flow's run; returns the run id.
-
-    Idempotent: a run already tagged with the record's id (its process died after creating it, or after
-    ending it but before the state forgot the record) is completed or kept, never duplicated; completing
-    it makes this process its holder, so no sweeper takes it for the dead one's.
-    """
-    from mlflow.entities import Metric, Param, RunTag
-
-    exp_id = ensure_experiment(client, rec["experiment"])
-    found = client.search_runs([exp_id], f"tags.`cilantro.record` = '{rec['id']}'", max_results=1)
-    if found and found[0].info.status in ("FINISHED", "FAILED"):
-        return found[0].info.run_id
-    run_id = found[0].info.run_id if found else client.create_run(
-        exp_id, run_name=rec["name"], start_time=rec["time"],
-        tags={"mlflow.parentRunId": rec["parent"], "cilantro.record": rec["id"], **holder_tags()}).info.run_id
-    client.log_batch(run_id, metrics=[Metric(k, v, rec["time"], rec["round"]) for k, v in rec["metrics"].items()],
-                     params=[Param(k, v) for k, v in rec["params"].items()],
-                     tags=[RunTag(k, v) for k, v in {**rec["tags"], **holder_tags()}.items()])
-    client.set_terminated(run_id, rec["status"])
-    return run_id
-
-
-def log_unlogged(s: RoundSettings, book: RoundBook) -> tuple[dict[int, str], list[str]]:
-    """Log the saved round records not yet known to be in MLflow, oldest first: ``{round: run id}`` and errors.
-
-    A logged record leaves ``book.unlogged`` (the next save drops it from the file); on a failure the
-    rest stay there for the next flow run of this run_name, and the error is logged and returned.
-    """
-    logged: dict[int, str] = {}
-    try:
-        client = open_client(s.tracking_uri)
-        for rec in list(book.unlogged):
-            logged[rec["round"]] = log_round(client, rec)
-            book.unlogged.remove(rec)
-    except Exception as exc:
-        msg = (f"rounds {[r['round'] for r in book.unlogged]} not logged to MLflow yet, kept in the state "
-               f"for the next run: {exc!r}")
-        get_run_logger().error(msg)
-        return logged, [msg]
-    return logged, []
+from tasks.runtime.tracking import flow_tracker
 
 
 def run_jobs(s: RoundSettings, alloc: dict[str, float], r: int, ckpt_dir: Path,
@@ -169,7 +90,7 @@ def run_rounds(s: RoundSettings, parent: str | None) -> dict:
         rows.append(row)
         progress.advance(note=f"round {r}" + (f", failed {','.join(row['failed'])}" if row["failed"] else ""))
     progress.close()
-    publish_cilantro_rounds(s.run_name, s.policy, rows, parent, s.tracking_uri)
+    publish_rounds(Records(s.tracking_uri, parent), s.run_name, s.policy, rows)
     publish_pool_occupancy()
     return {"run_name": s.run_name, "policy": s.policy, "start_round": start, "next_round": ctl.next_round,
             "resumed": s.resume and saved is not None, "rounds": rows, "state_path": str(state_path(s.run_name)),

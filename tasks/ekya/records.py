@@ -1,5 +1,6 @@
-"""MLflow records of the continuous-retraining flow: a nested run per window, the retrained models
-in the Model Registry, and an accuracy-over-time plot.
+"""Ekya's records of the continuous-retraining flow: a nested MLflow run per window, the retrained models in the
+Model Registry, an accuracy-over-time plot, and the Prefect table and chart of the windows. Published through
+``tasks.report.records``.
 
 Window run (child of the flow's run from ``flow_mlflow_run_id()``): params ``<stream>.config``,
 ``<stream>.infer_gpus``, ``<stream>.retrain_gpus``, ``<stream>.retrain_state`` (COMPLETED, FAILED,
@@ -8,46 +9,32 @@ CANCELLED, CRASHED, DISCARDED or NONE), ``<stream>.deployed_version``; metrics
 (true labels), ``<stream>.profiled_accuracy`` / ``<stream>.retrained_val_accuracy`` (predicted vs
 reached by the retrained model, golden labels), ``<stream>.predicted_retrain_s`` / ``<stream>.measured_retrain_s``
 (the controller's predicted vs the measured retraining duration, slice seconds), ``<stream>.golden_label_accuracy``, the means;
-tags ``policy``, ``window``, ``failed_retrains``; artifact ``events.json`` (allocations over time).
+tags ``policy``, ``window``, ``failed_retrains``; artifact ``events.json`` (allocations over time); under
+``--executor salus`` also the window's ``salus.*`` metrics (lanes, admission waits, realised vs decided shares).
 Each completed retraining is a version of the registered model ``<prefix>-<stream>`` with tags
 ``window``, ``config``, ``policy``, ``deployed``; the deployed one holds the alias ``champion``. Models are logged with
 ``serialization_format="pickle"`` (the loaded model is the nn.Module) and an explicit
 ``torch==2.13.0`` requirement (no requirement inference, no ``+cpu`` label), ENVIRONMENT.md §3.7, §4d.
+On the flow run: the table ``ekya-windows-<policy>`` (one row per window and stream) and the chart
+``ekya-split-<policy>``.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import tempfile
-from contextlib import contextmanager
-from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable
 
 from gpu.state import state_dir
-from tasks.report.charts import pyplot, save_png
+from tasks.ekya.charts import split_png
+from tasks.ekya.salus import LaneReport
 from tasks.ekya.window import RunSettings, StreamRuntime, WindowResult
-from tasks.runtime.tracking import holder_tags, open_client, register_model_version
+from tasks.ekya.work import small_net
+from tasks.report.records import Records
+from tasks.report.tables import cell
+from tasks.runtime.png import pyplot, save_png
 
 CHAMPION = "champion"  # alias of the registered version each stream serves (``models:/<prefix>-<stream>@champion``)
-
-
-class _DropPickleWarning(logging.Filter):
-    """Drops mlflow.pytorch's one warning that pickle serialisation can run code on load: these models are
-    ours, written and read by this project (pickle keeps the loaded model the same nn.Module)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("Saving pytorch model by Pickle or CloudPickle format")
-
-
-@contextmanager
-def _without_pickle_warning() -> Iterator[None]:
-    logger, flt = logging.getLogger("mlflow.pytorch"), _DropPickleWarning()
-    logger.addFilter(flt)
-    try:
-        yield
-    finally:
-        logger.removeFilter(flt)
+log = logging.getLogger(__name__)
 
 
 class WindowLogger:
@@ -55,40 +42,31 @@ class WindowLogger:
 
     def __init__(self, run: RunSettings, parent_run_id: str | None):
         self.run = run
-        self.parent_run_id = parent_run_id
-        self.client: Any = None
-        self.experiment_id: str | None = None
-        if parent_run_id is not None:
-            self.client = open_client(run.tracking_uri)
-            self.experiment_id = self.client.get_run(parent_run_id).info.experiment_id
+        self.records = Records(run.tracking_uri, parent_run_id)
 
-    @classmethod
-    def for_flow(cls, run: RunSettings, parent_run_id: str | None) -> "WindowLogger":
-        return cls(run, parent_run_id)
+    @property
+    def parent_run_id(self) -> str | None:
+        return self.records.parent
 
     def log_window(self, result: WindowResult, streams: list[StreamRuntime]) -> str | None:
         """One nested run for the window, plus a registered model version per completed retraining."""
-        if self.client is None:
+        if not self.records.enabled:
             return None
-        from mlflow.entities import Metric, Param, RunTag
-
         w, policy = result.window, self.run.policy
-        run = self.client.create_run(self.experiment_id, run_name=f"{policy}-window-{w}", tags={
-            "mlflow.parentRunId": self.parent_run_id, **holder_tags(), "policy": policy, "window": str(w),
-            "failed_retrains": ",".join(result.failures) or "none"})
-        rid = run.info.run_id
+        rid = self.records.nested(f"{policy}-window-{w}", {"policy": policy, "window": w,
+                                                            "failed_retrains": ",".join(result.failures) or "none"})
         jobs = {j.stream: j for j in result.jobs}
-        params = [Param("pool_gpus", str(self.run.pool_gpus)), Param("window_s", str(self.run.window_s))]
+        params: dict[str, Any] = {"pool_gpus": self.run.pool_gpus, "window_s": self.run.window_s}
         metrics: dict[str, float] = {"mean_measured_accuracy": result.mean_measured,
                                      "mean_predicted_accuracy": sum(result.predicted.values()) / len(result.predicted)}
         for s in streams:
             n = s.spec.name
             job = jobs.get(n)
-            params += [Param(f"{n}.config", str(result.configs.get(n))),
-                       Param(f"{n}.infer_gpus", f"{result.start_alloc.get(f'{n}/infer', 0.0):.2f}"),
-                       Param(f"{n}.retrain_gpus", f"{job.gpus:.2f}" if job else "0"),
-                       Param(f"{n}.retrain_state", job.outcome if job else "NONE"),
-                       Param(f"{n}.deployed_version", s.version)]
+            params |= {f"{n}.config": result.configs.get(n),
+                       f"{n}.infer_gpus": f"{result.start_alloc.get(f'{n}/infer', 0.0):.2f}",
+                       f"{n}.retrain_gpus": f"{job.gpus:.2f}" if job else "0",
+                       f"{n}.retrain_state": job.outcome if job else "NONE",
+                       f"{n}.deployed_version": s.version}
             metrics |= {f"{n}.predicted_accuracy": result.predicted[n], f"{n}.measured_accuracy": result.measured[n],
                         f"{n}.golden_label_accuracy": result.profiles[n].golden_accuracy,
                         f"{n}.start_model_accuracy": result.profiles[n].current_accuracy}
@@ -97,44 +75,35 @@ class WindowLogger:
                 metrics[f"{n}.predicted_retrain_s"] = job.expected_s
                 if job.result is not None:
                     metrics[f"{n}.measured_retrain_s"] = job.result.slice_s
-                if job.result is not None:
                     metrics[f"{n}.retrained_val_accuracy"] = job.result.val_accuracy
-        self.client.log_batch(rid, metrics=[Metric(k, float(v), 0, w) for k, v in metrics.items()], params=params,
-                              tags=[RunTag(f"{n}.failed", "true") for n in result.failures])
-        with tempfile.TemporaryDirectory() as tmp:
-            path = Path(tmp) / "events.json"
-            path.write_text(json.dumps(result.events, indent=1))
-            self.client.log_artifact(rid, str(path))
+        self.records.log(rid, params=params, metrics=metrics, step=w,
+                         tags={f"{n}.failed": "true" for n in result.failures})
+        self.records.json(rid, result.events, "events.json")
         self._register(rid, result, streams)
-        self.client.set_terminated(rid, "FINISHED")
+        self.records.finish(rid)
         return rid
 
+    def log_lanes(self, run_id: str | None, report: LaneReport, window: int) -> None:
+        """Add a window's Salus metrics (``--executor salus``) to its MLflow run."""
+        if run_id is not None:
+            self.records.log(run_id, metrics=report.metrics(), step=window)
+
     def _register(self, run_id: str, result: WindowResult, streams: list[StreamRuntime]) -> None:
-        import mlflow
-        import mlflow.pytorch
-
-        from tasks.ekya.work import small_net
-
-        done = [j for j in result.jobs if j.outcome == "COMPLETED" and j.result is not None]
-        if not done:
-            return
-        mlflow.set_tracking_uri(self.run.tracking_uri)
         deployed = {s.spec.name: s.version for s in streams}
-        with mlflow.start_run(run_id=run_id), _without_pickle_warning():
-            for job in done:
-                model = small_net(self.run.settings)
-                model.load_state_dict(job.result.state)
-                name = f"{self.run.registry_prefix}-{job.stream}"
-                info = mlflow.pytorch.log_model(model.eval(), name=job.stream, serialization_format="pickle",
-                                                pip_requirements=["torch==2.13.0"])
-                version = register_model_version(self.client, name, info, run_id)
-                tags = {"window": str(result.window), "config": job.config.name, "policy": self.run.policy,
-                        "deployed": str(deployed[job.stream] == f"w{result.window}-{job.config.name}").lower(),
-                        "val_accuracy": f"{job.result.val_accuracy:.4f}"}
-                for k, v in tags.items():
-                    self.client.set_model_version_tag(name, version, k, v)
-                if tags["deployed"] == "true":  # the version serving the stream now: alias champion
-                    self.client.set_registered_model_alias(name, CHAMPION, version)
+        for job in result.jobs:
+            if job.outcome != "COMPLETED" or job.result is None:
+                continue
+            model = small_net(self.run.settings)
+            model.load_state_dict(job.result.state)
+            name = f"{self.run.registry_prefix}-{job.stream}"
+            version = self.records.model(run_id, model.eval(), job.stream, name)
+            tags = {"window": str(result.window), "config": job.config.name, "policy": self.run.policy,
+                    "deployed": str(deployed[job.stream] == f"w{result.window}-{job.config.name}").lower(),
+                    "val_accuracy": f"{job.result.val_accuracy:.4f}"}
+            for k, v in tags.items():
+                self.records.client.set_model_version_tag(name, version, k, v)
+            if tags["deployed"] == "true":  # the version serving the stream now: alias champion
+                self.records.client.set_registered_model_alias(name, CHAMPION, version)
 
     def log_plot(self, results: list[WindowResult]) -> str:
         """Accuracy over (slice) time per stream as a PNG in the state folder, logged to the flow's run."""
@@ -161,6 +130,42 @@ class WindowLogger:
         out = state_dir() / "ekya" / "plots" / f"{self.run.policy}-{self.parent_run_id or 'untracked'}" / "accuracy.png"
         fig.tight_layout()
         save_png(fig, out, dpi=110)
-        if self.client is not None:
-            self.client.log_artifact(self.parent_run_id, str(out))
+        self.records.file(None, out)
         return str(out)
+
+    def publish_windows(self, slug: str, results: list[WindowResult]) -> None:
+        """Ekya's table (``ekya-windows-<slug>``) and its chart (``ekya-split-<slug>``: the GPU split per stream
+        beside accuracy per window, also ``charts/`` of the flow's MLflow run)."""
+        policy = self.run.policy
+        self.records.table(f"ekya-windows-{slug}", window_rows(results),
+                           f"Ekya {slug}: per window and stream, the retraining configuration chosen and the GPUs "
+                           "allotted at the window's start, then the accuracy predicted and measured")
+        windows = [{"window": r.window, "split": dict(r.start_alloc), "accuracy": dict(r.measured),
+                    "predicted": dict(r.predicted)} for r in results]
+        try:
+            png = split_png(windows, title=f"Ekya {slug}: GPU split beside accuracy")
+        except Exception as exc:  # noqa: BLE001 - a chart never fails the flow
+            log.warning("could not draw Ekya's split chart of %s: %r", policy, exc)
+            return
+        self.records.chart(png, f"ekya-split-{slug}", f"Ekya {slug}: GPU split per stream beside accuracy per window",
+                           "Left: GPUs each stream got at each window's start, for inference (solid) and retraining "
+                           "(hatched); right: accuracy measured (solid) and predicted (dashed).")
+
+
+def window_rows(results: Iterable[WindowResult]) -> list[dict[str, Any]]:
+    """Ekya's table: one row per window and stream, the decision first, 8 columns.
+
+    Laid out per window, every stream added 5 columns (measured, predicted, config, inference and
+    retraining GPUs): 23 with 4 streams, the decisions off-screen at 1600 px. Per window and stream the
+    table stays 8 columns wide whatever the number of streams; a window's streams are adjacent rows, so
+    the split between them reads down the GPU columns. ``results``: ``tasks.ekya.window.WindowResult``.
+    """
+    rows = []
+    for r in results:
+        for stream in r.measured:
+            rows.append({"window": r.window, "stream": stream, "retrain_config": r.configs.get(stream) or "none",
+                         "retrain_gpus": cell(float(r.start_alloc.get(f"{stream}/train", 0.0))),
+                         "infer_gpus": cell(float(r.start_alloc.get(f"{stream}/infer", 0.0))),
+                         "predicted": cell(r.predicted.get(stream)), "measured": cell(r.measured[stream]),
+                         "failed": stream in r.failures})
+    return rows

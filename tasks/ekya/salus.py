@@ -218,12 +218,3 @@ class PeriodAnswers:
     def result(self) -> SegmentResult:
         answers: FrameAnswers = self.future.result()
         return answers.segment(self.last, self.period_s)
-
-
-def log_lanes(client: Any, run_id: str | None, report: LaneReport, window: int) -> None:
-    """Add a window's Salus metrics to its MLflow run (no-op when tracking is off)."""
-    if client is None or run_id is None:
-        return
-    from mlflow.entities import Metric
-
-    client.log_batch(run_id, metrics=[Metric(k, float(v), 0, window) for k, v in report.metrics().items()])

@@ -6,6 +6,7 @@ handle and leaves none of that ESL's resources on the pool, whether the policy e
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from typing import Callable
@@ -20,7 +21,6 @@ from tasks.escher.affinity import run_affinity, run_colocation
 from tasks.escher.fair_share import run_hfs
 from tasks.escher.gang import run_gang
 from tasks.escher.settings import Settings
-from tasks.escher.records import esl_log
 from tasks.escher.tune import run_tune
 from tasks.escher.wordcount import run_locality
 
@@ -62,6 +62,16 @@ DEMOS: dict[str, Demo] = {
     "tune": Demo("eschertune", (spread_by_availability, consolidation, place_trial),
                  lambda r: run_tune(r.esl, r.settings.steps, r.workdir), "50"),
 }
+
+
+def esl_log(log_path: str, policy: str) -> list[dict]:
+    """The ``set_resource`` calls a policy's ESL logged to ``log_path``, as rows of the flow's actions table."""
+    if not os.path.exists(log_path):
+        return []
+    with open(log_path) as f:
+        return [{"call": "set_resource", **{k: v for k, v in json.loads(line).items() if k != "spec"},
+                 "by": f"{policy} ESL"}
+                for line in f if line.strip()]
 
 
 def run_policy(name: str, ledger, nodes: list[str], settings: Settings, workdir: str) -> dict:

@@ -1,37 +1,19 @@
-"""MLflow records of the FLUID TrialGroups flow: FLUID's measured parameters on the flow's run, a child run per trial.
+"""FLUID's records of the TrialGroups flow: FLUID's measured parameters on the flow's run, a child run per trial, the
+best trial's model in the Model Registry and the Prefect table ``fluid-trials-<algorithm>``. Published through
+``tasks.report.records``.
 
 Under the flow's run (the GPU task runner opens it): params ``fluid.c``/``d``/``alpha``/``beta`` and where each came
 from, the packing curve (Eq. 3.1, metrics by level p) and the scaling curve (metrics by width); one child run per
 trial with its config, budget and profiled ``iter_time_s``, per-iteration loss/accuracy and per-chunk placement.
-No-ops when tracking is off.
+No-ops when tracking is off; a failing store costs the review, not the search (``TrialLog.errors``).
 """
 
 from __future__ import annotations
 
-import functools
-import logging
-from typing import Any, Callable
+from typing import Any
 
 from tasks.fluid.profiling import Calibration
-from tasks.runtime.tracking import register_model_version
-
-log = logging.getLogger(__name__)
-
-
-def _kept_going(method: Callable) -> Callable:
-    """A failing tracking store costs the review, not the search: the error is kept for the flow's
-    ``mlflow_errors`` and logged, and the trial goes on. A no-op when tracking is off."""
-    @functools.wraps(method)
-    def guarded(self: "TrialLog", *args: Any, **kwargs: Any) -> Any:
-        if self.client is None:
-            return None
-        try:
-            return method(self, *args, **kwargs)
-        except Exception as exc:
-            self.errors.append(f"{method.__name__} not logged to MLflow: {exc!r}")
-            log.error(self.errors[-1])
-            return None
-    return guarded
+from tasks.report.records import Records
 
 
 def best_result(results: list[Any], failed: Any) -> Any:
@@ -49,80 +31,77 @@ class TrialLog:
     """A child MLflow run per trial under the flow's run (no-op when tracking is off)."""
 
     def __init__(self, parent: str | None, tracking_uri: str):
-        self.parent, self.runs, self.client, self.exp = parent, {}, None, None
-        self.errors: list[str] = []
-        if parent is not None:
-            from mlflow import MlflowClient
+        self.records = Records(tracking_uri, parent)
+        self.runs: dict[str, str] = {}
 
-            self.client = MlflowClient(tracking_uri)
-            self.exp = self.client.get_run(parent).info.experiment_id
-        self.tracking_uri = tracking_uri
+    @property
+    def parent(self) -> str | None:
+        return self.records.parent
 
-    @_kept_going
+    @property
+    def errors(self) -> list[str]:
+        return self.records.errors
+
     def open(self, trial, algorithm: str, execution: str) -> None:
-        from mlflow.entities import Param
+        with self.records.kept("open not logged to MLflow"):
+            run = self.records.nested(f"trial-{trial.trial_id}", {
+                "trial_id": trial.trial_id, "trial": trial.trial_id, "algorithm": algorithm, "execution": execution,
+                "checkpoint_from": trial.checkpoint or "none"})
+            if run is not None:
+                self.records.log(run, params={**trial.config, "budget": trial.budget,
+                                              "resume_from": trial.resume_from,
+                                              "iter_time_s": f"{trial.iter_time_s:.6g}"})
+                self.runs[trial.trial_id] = run
 
-        run = self.client.create_run(self.exp, run_name=f"trial-{trial.trial_id}", tags={
-            "mlflow.parentRunId": self.parent, "trial_id": trial.trial_id, "trial": trial.trial_id, "algorithm": algorithm,
-            "execution": execution, "checkpoint_from": trial.checkpoint or "none"})
-        params = [Param(k, str(v)) for k, v in trial.config.items()]
-        params += [Param("budget", str(trial.budget)), Param("resume_from", str(trial.resume_from)),
-                   Param("iter_time_s", f"{trial.iter_time_s:.6g}")]
-        self.client.log_batch(run.info.run_id, params=params)
-        self.runs[trial.trial_id] = run.info.run_id
-
-    @_kept_going
     def chunk(self, out: dict[str, Any], step0: int) -> None:
-        from mlflow.entities import Metric, RunTag
-
-        rid = self.runs[out["trial_id"]]
-        metrics = [Metric("width", float(out["width"]), 0, step0), Metric("gpu_fraction", out["fraction"], 0, step0),
-                   Metric("data_parallel_devices", out["data_parallel"], 0, step0)]
-        for i, (loss, acc) in enumerate(zip(out["loss"], out["val_accuracy"])):
-            metrics += [Metric("loss", loss, 0, step0 + i + 1), Metric("val_accuracy", acc, 0, step0 + i + 1)]
+        if out["trial_id"] not in self.runs:
+            return
         devices = ",".join(map(str, out["devices"]))
-        tags = [RunTag("devices", devices), RunTag("width", f"{out['width']:.3f}"), RunTag("execution_note", out["note"]),
-                RunTag(f"placement.{step0:04d}", f"node={out['node']} devices={devices} fraction={out['fraction']:g} "
-                                                 f"width={out['width']:g} data_parallel={out['data_parallel']}")]
-        self.client.log_batch(rid, metrics=metrics, tags=tags)
+        with self.records.kept("chunk not logged to MLflow"):
+            self.records.log(self.runs[out["trial_id"]], step=step0, metrics={
+                "width": out["width"], "gpu_fraction": out["fraction"], "data_parallel_devices": out["data_parallel"]},
+                series=[point for i, (loss, acc) in enumerate(zip(out["loss"], out["val_accuracy"]))
+                        for point in (("loss", loss, step0 + i + 1), ("val_accuracy", acc, step0 + i + 1))],
+                tags={"devices": devices, "width": f"{out['width']:.3f}", "execution_note": out["note"],
+                      f"placement.{step0:04d}": f"node={out['node']} devices={devices} fraction={out['fraction']:g} "
+                                                f"width={out['width']:g} data_parallel={out['data_parallel']}"})
 
-    @_kept_going
     def close(self, trial_id: str, ok: bool, error: str | None = None) -> None:
-        if error:
-            self.client.set_tag(self.runs[trial_id], "error", error[:500])
-        self.client.set_terminated(self.runs[trial_id], "FINISHED" if ok else "FAILED")
+        if trial_id not in self.runs:
+            return
+        with self.records.kept("close not logged to MLflow"):
+            if error:
+                self.records.log(self.runs[trial_id], tags={"error": error[:500]})
+            self.records.finish(self.runs[trial_id], "FINISHED" if ok else "FAILED")
 
-    @_kept_going
     def register(self, trial_id: str, model, name: str) -> str | None:
-        import mlflow
-        import mlflow.pytorch
+        if trial_id not in self.runs:
+            return None
+        with self.records.kept("register not logged to MLflow"):
+            version = self.records.model(self.runs[trial_id], model, "model", name)
+            self.records.finish(self.runs[trial_id])
+            return version
+        return None
 
-        mlflow.set_tracking_uri(self.tracking_uri)
-        with mlflow.start_run(run_id=self.runs[trial_id]):
-            info = mlflow.pytorch.log_model(model, name="model", serialization_format="pickle",
-                                            pip_requirements=["torch==2.13.0"])
-        version = register_model_version(self.client, name, info, self.runs[trial_id])
-        self.client.set_terminated(self.runs[trial_id], "FINISHED")
-        return version
-
-    @_kept_going
     def search(self, cal: Calibration) -> None:
         """FLUID's parameters on the parent run, and the packing (metrics by p) and scaling (by width) curves
         they came from."""
-        from mlflow.entities import Metric, Param
-
-        params = [Param("fluid.c", str(cal.c)), Param("fluid.d", str(cal.d)), Param("fluid.alpha", f"{cal.alpha:.4g}"),
-                  Param("fluid.beta", f"{cal.beta:.4g}"), Param("fluid.c_source", cal.c_source[:500]),
-                  Param("fluid.d_source", cal.d_source[:500])]
-        metrics = [Metric("calibration_s", cal.seconds, 0, 0)]
+        params = {"fluid.c": cal.c, "fluid.d": cal.d, "fluid.alpha": f"{cal.alpha:.4g}",
+                  "fluid.beta": f"{cal.beta:.4g}", "fluid.c_source": cal.c_source[:500],
+                  "fluid.d_source": cal.d_source[:500]}
+        metrics = {"calibration_s": cal.seconds}
+        series: list[tuple[str, float, int]] = []
         if cal.scaling is not None:
-            metrics += [Metric("scaling_iter_s", h, 0, w) for w, h in zip(cal.scaling.widths, cal.scaling.iter_times)]
+            series += [("scaling_iter_s", h, w) for w, h in zip(cal.scaling.widths, cal.scaling.iter_times)]
         curve = cal.curve
         if curve is not None:
-            params.append(Param("packing.o_th", str(curve.o_th)))
-            metrics += [Metric("packing_alpha", curve.alpha, 0, 0), Metric("packing_c", curve.c, 0, 0),
-                       Metric("packing_t1_s", curve.t1, 0, 0)]
-            metrics += [Metric("packing_iters_per_s", x, 0, p) for p, x in zip(curve.ps, curve.throughputs)]
-            metrics += [Metric("packing_marginal_benefit", o, 0, p)
-                        for p, o in zip(curve.ps[1:], curve.marginal_benefit)]
-        self.client.log_batch(self.parent, metrics=metrics, params=params)
+            params["packing.o_th"] = curve.o_th
+            metrics |= {"packing_alpha": curve.alpha, "packing_c": curve.c, "packing_t1_s": curve.t1}
+            series += [("packing_iters_per_s", x, p) for p, x in zip(curve.ps, curve.throughputs)]
+            series += [("packing_marginal_benefit", o, p) for p, o in zip(curve.ps[1:], curve.marginal_benefit)]
+        with self.records.kept("search not logged to MLflow"):
+            self.records.log(params=params, metrics=metrics, series=series)
+
+    def table(self, algorithm: str, rows: list[dict[str, Any]], description: str) -> None:
+        """The Prefect table ``fluid-trials-<algorithm>`` (one row per trial), also as JSON in the flow's run."""
+        self.records.table(f"fluid-trials-{algorithm}", rows, description)

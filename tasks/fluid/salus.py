@@ -38,7 +38,6 @@ from tasks.runtime.runners import MODES
 from tasks.salus.admission import SalusColocation
 from tasks.salus.executor import MIB, salus_iterations, salus_options
 from tasks.salus.placement import placement_lane
-from tasks.report.artifacts import publish_table
 
 EXECUTION = "salus-pack"
 MAX_PACKED = 8
@@ -147,7 +146,7 @@ def pack_search(algo: TuningAlgorithm, algorithm: str, device: Device, seed: int
     spans = [span for r in results.values() for span in r["spans"]]
     best = best_result(algo.results, errors)
     version = log.register(best.trial_id, load_model(best.config, ckpt(best.trial_id)), model_name)
-    publish_table(f"fluid-trials-{algorithm}", [
+    log.table(algorithm, [
         {"trial": r.trial_id, "config": r.config, "iterations": r.iterations,
          "val_accuracy": None if r.trial_id in errors else 1.0 - r.score, "failed": r.trial_id in errors,
          "lane": results[r.trial_id]["lane"] if r.trial_id in results else None,

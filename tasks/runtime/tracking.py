@@ -28,7 +28,7 @@ from typing import Any, Iterator
 
 from gpu.liveness import HOST, process_alive, process_start
 from gpu.state import state_dir
-from tasks.report.charts import pyplot, save_png
+from tasks.runtime.png import pyplot, save_png
 
 log = logging.getLogger("gpuflows.tracking")
 

@@ -9,8 +9,9 @@ the job leaves the lane when the task ends, whatever way it ends. The executor h
 
 This is the second of two admission paths, on purpose: the runner's (``tasks.salus.admission``, behind
 ``GpuTaskRunner(admission=SalusColocation(...))``) makes the executor the one holder of its device, charging
-``ΣP + Σ_lanes max E`` (Eq. 2.1) instead of each job's lease. Serving Ekya through it would drop Ekya's decided fractions from the
-ledger (and its pinned placement); serving the runner through this one would charge every job ``P + E`` again.
+``ΣP + Σ_lanes max E`` (Eq. 2.1) instead of each job's lease. Serving Ekya through it would drop Ekya's decided
+fractions from the ledger (and its pinned placement); serving the runner through this one would charge every job
+``P + E`` again.
 """
 
 from __future__ import annotations

@@ -14,10 +14,7 @@ only by what the simulator's contention model leaves out.
 
 from __future__ import annotations
 
-import logging
-import tempfile
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
@@ -26,8 +23,6 @@ from gpu.schedulers.salus.controller import SalusController, SalusJob
 from gpu.sim.salus.engine import simulate
 from gpu.sim.salus.workloads import TraceJob
 from tasks.salus.trace import SharingJob
-
-log = logging.getLogger(__name__)
 
 METRICS = ("makespan_s", "avg_queuing_s", "avg_jct_s", "p95_jct_s")
 
@@ -147,39 +142,3 @@ def predicted(trace: Sequence[SharingJob], outcome: PolicyOutcome, iter_s: dict[
                      iter_s[j.job_id], j.iterations, j.u) for j in trace]
     summary = simulate(jobs, SalusController(outcome.device_mb, outcome.policy)).summary()
     return {k: summary[k] for k in (*METRICS, "peak_lanes")}
-
-
-def log_policy_run(client: Any, parent_run_id: str, outcome: PolicyOutcome, sim: dict[str, float]) -> str:
-    """One MLflow run nested under the flow's run for the policy: its measured metrics, the simulator's
-    (``sim_<metric>``) and the per-job rows with their iteration spans (``jobs.json``); returns the run id."""
-    from mlflow.entities import Metric, Param
-
-    from tasks.runtime.tracking import holder_tags
-
-    exp_id = client.get_run(parent_run_id).info.experiment_id
-    run = client.create_run(exp_id, run_name=f"salus-{outcome.policy}", tags={
-        "mlflow.parentRunId": parent_run_id, "policy": outcome.policy, **holder_tags(),
-        "simulated_device": str(outcome.simulated_device).lower()})
-    rid = run.info.run_id
-    metrics = {**outcome.summary, **{f"sim_{k}": v for k, v in sim.items()}}
-    client.log_batch(rid, metrics=[Metric(k, float(v), 0, 0) for k, v in metrics.items()],
-                     params=[Param("policy", outcome.policy), Param("jobs", str(len(outcome.jobs))),
-                             Param("device_mb", f"{outcome.device_mb:g}")])
-    client.log_dict(rid, outcome.jobs, "jobs.json")
-    client.set_terminated(rid, "FINISHED")
-    return rid
-
-
-def lane_chart(outcome: PolicyOutcome) -> Path | None:
-    """The policy's lane Gantt PNG (``tasks.report.charts.salus_lanes_png``), None when it could not be drawn."""
-    from tasks.report.charts import salus_lanes_png
-
-    title = (f"Salus {outcome.policy}: makespan {outcome.summary['makespan_s']:.2f} s, average JCT "
-             f"{outcome.summary['avg_jct_s']:.2f} s, at most {int(outcome.summary['peak_lanes'])} lane(s) at once"
-             + ("\nlanes are accounting only (simulated device)" if outcome.simulated_device else ""))
-    try:
-        return salus_lanes_png(outcome.jobs, Path(tempfile.mkdtemp(prefix="gpuflows-chart-"))
-                               / f"salus-lanes-{outcome.policy}.png", title=title)
-    except Exception as exc:  # noqa: BLE001 - a chart never fails the flow
-        log.warning("could not draw the lane chart of %s: %r", outcome.policy, exc)
-        return None

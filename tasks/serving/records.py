@@ -1,4 +1,5 @@
-"""The serving rollout in MLflow: its figures, time series and plot on the flow's run, one nested run per epoch.
+"""The serving rollout's records: its figures, time series and plot on the flow's MLflow run, one nested run per
+epoch, and the Prefect table ``serving-rollout-epochs``. Published through ``tasks.report.records``.
 
 What Nexus (Shen et al., SOSP'19, §7) plots over a trace — offered and good rate, GPUs in the plan, bad rate —
 goes to the parent run as ``series_*`` metrics (step = second of trace) and a figure; ORLOJ's re-profiling and
@@ -15,9 +16,14 @@ from typing import Mapping
 
 from gpu.schedulers.nexus.profiles import BatchProfile
 from gpu.schedulers.nexus.squishy import Plan
-from resource_blocks import MlflowTarget
+from tasks.report.records import Records
+from tasks.runtime.png import pyplot
+from tasks.serving.epochs import feedback_series
 from tasks.serving.figures import EpochMark
 from tasks.serving.spec import ServingSpec
+
+EPOCH_COLUMNS = ("epoch", "start_s", "end_s", "replanned", "gpus", "unassigned_rps", "offered_rps", "throughput_rps",
+                 "slo_attainment", "bad_rate", "p99_latency_ms")
 
 
 def plan_summary(plan: Plan) -> str:
@@ -28,11 +34,7 @@ def plan_summary(plan: Plan) -> str:
 
 def plot_rollout(result: dict, beacons: list[dict], marks: list[EpochMark], path: Path) -> Path:
     """Offered and good rate, GPUs, and bad rate per beacon, with the epochs marked (dashed: a re-plan)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     t = [b["t_s"] for b in beacons]
     fig, ax = plt.subplots(3, 1, figsize=(9, 7), sharex=True)
     ax[0].plot(t, [b["offered_rps"] for b in beacons], label="offered")
@@ -56,49 +58,34 @@ def plot_rollout(result: dict, beacons: list[dict], marks: list[EpochMark], path
     return path
 
 
-def log_rollout(tracking: MlflowTarget, parent: str | None, sp: ServingSpec, result: dict, marks: list[EpochMark],
-                beacons: list[dict], profiles: Mapping[str, BatchProfile]) -> str:
-    """Per-epoch nested runs under ``parent`` (or a run of our own when no runner opened one)."""
-    from mlflow import MlflowClient
-    from mlflow.entities import Metric, Param
+def publish_epochs(records: Records, sp: ServingSpec, epochs: list[dict]) -> None:
+    """The table ``serving-rollout-epochs``: GPUs planned, load and SLO figures per epoch."""
+    records.table("serving-rollout-epochs", [{k: e[k] for k in EPOCH_COLUMNS} for e in epochs],
+                  f"Nexus epochs of {sp.name}: GPUs planned, load and SLO figures per epoch")
 
-    from tasks.serving.epochs import feedback_series
-    from tasks.runtime.tracking import ensure_experiment
 
-    client = MlflowClient(tracking.resolved_uri())
-    if parent is None:
-        exp_id = ensure_experiment(client, tracking.experiment)
-        parent = client.create_run(exp_id, run_name=f"serving-rollout-{sp.name}").info.run_id
-        own = True
-    else:
-        exp_id, own = client.get_run(parent).info.experiment_id, False
-    now = 0
-    flat = {k: float(v) for k, v in result.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-    metrics = [Metric(k, v, now, 0) for k, v in flat.items()]
-    for b in beacons:
-        step = int(round(b["t_s"]))
-        metrics += [Metric(f"series_{k}", float(b[k]), now, step)
-                    for k in ("offered_rps", "throughput_rps", "bad_rate", "gpus", "gpu_share")]
-    metrics += [Metric(k, v, now, step) for k, v, step in
-                feedback_series(result["orloj_epochs"], result["nona_epochs"], result["queries"])]
-    client.log_batch(parent, metrics=metrics, params=[
-        Param("spec", sp.name), Param("batch_policy", sp.batch_policy), Param("load_balancer", sp.load_balancer),
-        Param("preset", sp.preset), Param("models", ",".join(sp.models)), Param("placement", sp.placement)])
+def log_rollout(records: Records, sp: ServingSpec, result: dict, marks: list[EpochMark], beacons: list[dict],
+                profiles: Mapping[str, BatchProfile]) -> str | None:
+    """The figures, series and plot on ``records``' run, and per-epoch nested runs under it; returns the run id."""
+    series = [(f"series_{k}", float(b[k]), int(round(b["t_s"]))) for b in beacons
+              for k in ("offered_rps", "throughput_rps", "bad_rate", "gpus", "gpu_share")]
+    series += feedback_series(result["orloj_epochs"], result["nona_epochs"], result["queries"])
+    records.log(metrics={k: v for k, v in result.items() if isinstance(v, (int, float)) and not isinstance(v, bool)},
+                series=series, params={"spec": sp.name, "batch_policy": sp.batch_policy,
+                                       "load_balancer": sp.load_balancer, "preset": sp.preset,
+                                       "models": ",".join(sp.models), "placement": sp.placement})
+    keys = ("gpus", "unassigned_rps", "offered_rps", "throughput_rps", "slo_attainment", "bad_rate", "dropped",
+            "late", "mean_batch", "p50_latency_ms", "p99_latency_ms", "start_s", "end_s")
     for e, m in zip(result["epochs"], marks):
-        run = client.create_run(exp_id, run_name=f"epoch-{e['epoch']}", tags={"mlflow.parentRunId": parent,
-                                                                            "nexus.replanned": str(e["replanned"])})
-        keys = ("gpus", "unassigned_rps", "offered_rps", "throughput_rps", "slo_attainment", "bad_rate", "dropped",
-                "late", "mean_batch", "p50_latency_ms", "p99_latency_ms", "start_s", "end_s")
-        client.log_batch(run.info.run_id, metrics=[Metric(k, float(e[k]), now, e["epoch"]) for k in keys],
-                         params=[Param("plan", plan_summary(m.plan)[:6000]), Param("epoch", str(e["epoch"]))])
-        client.log_text(run.info.run_id, json.dumps(e["plan"], indent=1), "plan.json")
-        client.set_terminated(run.info.run_id)
+        run = records.nested(f"epoch-{e['epoch']}", {"nexus.replanned": e["replanned"]})
+        records.log(run, metrics={k: e[k] for k in keys}, step=e["epoch"],
+                    params={"plan": plan_summary(m.plan), "epoch": e["epoch"]})
+        records.text(run, json.dumps(e["plan"], indent=1), "plan.json")
+        records.finish(run)
     folder = Path(tempfile.mkdtemp(prefix="serving-rollout-"))
-    client.log_artifact(parent, str(plot_rollout(result, beacons, marks, folder / "serving_rollout.png")), "serving")
-    client.log_text(parent, json.dumps({m: {"batches": list(p.batches), "latency_ms": list(p.latency_ms)}
-                                        for m, p in profiles.items()}), "serving/profiles.json")
-    client.log_text(parent, json.dumps(result, indent=1, default=str), "serving/summary.json")
-    if own:
-        client.set_terminated(parent)
-    return parent
-
+    records.file(None, plot_rollout(result, beacons, marks, folder / "serving_rollout.png"), "serving")
+    records.text(None, json.dumps({m: {"batches": list(p.batches), "latency_ms": list(p.latency_ms)}
+                                   for m, p in profiles.items()}), "serving/profiles.json")
+    records.text(None, json.dumps(result, indent=1, default=str), "serving/summary.json")
+    records.close()
+    return records.parent

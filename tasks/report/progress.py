@@ -1,137 +1,24 @@
-"""What a flow run shows in the Prefect UI besides its task runs and logs: its decisions, charts and progress.
-
-MLflow keeps every number of a run; the Prefect UI is where an operator watches runs. Each flow publishes
-its per-period decisions and outcomes (Ekya windows, Cilantro rounds, FLUID trials, Nexus epochs) as a
-table artifact on its flow run, so the Artifacts tab answers "what did the scheduler decide, and how did
-it go" without leaving Prefect; charts (``tasks.report.charts``) sit beside the tables, and :class:`FlowProgress`
-shows how far a long flow is, in the terminal and as a progress artifact.
-
-Tables are for reading at 1600 px: numbers are rounded (4 significant digits, 3 inside lists), lists and
-mappings inside a cell are short text (``0.333, 0.5``; ``lr=0.01 hidden=16``), and wide per-stream layouts
-are turned into one row per period and stream (:func:`ekya_window_rows`).
-"""
+"""How far a long flow is: a progress bar in the terminal and a progress artifact in the Prefect UI."""
 
 from __future__ import annotations
 
 import contextvars
-import json
 import logging
-import math
 import threading
 import time
-from typing import Any, Iterable, Mapping
+from typing import Any
 
-from prefect.artifacts import create_table_artifact
+from prefect.artifacts import create_progress_artifact, update_progress_artifact
+from prefect.context import FlowRunContext
+from prefect.logging.handlers import PrefectConsoleHandler
 
-
-def _short(value: Any) -> str:
-    """A value inside a cell as short text: floats to 3 significant digits, lists comma-separated,
-    mappings as ``k=v`` pairs."""
-    if isinstance(value, bool) or value is None:
-        return json.dumps(value)
-    if isinstance(value, float):
-        return f"{value:.3g}" if math.isfinite(value) else "n/a"
-    if isinstance(value, (int, str)):
-        return str(value)
-    if isinstance(value, Mapping):
-        return " ".join(f"{k}={_short(v)}" for k, v in value.items())
-    if isinstance(value, (list, tuple, set, frozenset)):
-        return ", ".join(_short(v) for v in value)
-    return str(value)
-
-
-def _cell(value: Any) -> Any:
-    """A JSON cell: floats to 4 significant digits (NaN/inf as None), lists and mappings as short text."""
-    if isinstance(value, bool) or value is None or isinstance(value, (int, str)):
-        return value
-    if isinstance(value, float):
-        return float(f"{value:.4g}") if math.isfinite(value) else None
-    return _short(value)
-
-
-def flat_row(row: Mapping[str, Any]) -> dict[str, Any]:
-    """One table row: a mapping value becomes one column per key (``accuracy.cam0``), the rest one cell each."""
-    out: dict[str, Any] = {}
-    for key, value in row.items():
-        if isinstance(value, Mapping):
-            out.update({f"{key}.{k}": _cell(v) for k, v in value.items()})
-        else:
-            out[key] = _cell(value)
-    return out
-
-
-def publish_table(key: str, rows: Iterable[Mapping[str, Any]], description: str) -> None:
-    """Attach ``rows`` to the current flow run as the table artifact ``key`` (lowercase, digits, dashes)."""
-    create_table_artifact([flat_row(r) for r in rows], key=key, description=description)
-
-
-def ekya_window_rows(results: Iterable[Any]) -> list[dict[str, Any]]:
-    """Ekya's table: one row per window and stream, the decision first, 8 columns.
-
-    Laid out per window, every stream added 5 columns (measured, predicted, config, inference and
-    retraining GPUs): 23 with 4 streams, the decisions off-screen at 1600 px. Per window and stream the
-    table stays 8 columns wide whatever the number of streams; a window's streams are adjacent rows, so
-    the split between them reads down the GPU columns. ``results``: ``tasks.ekya.window.WindowResult``.
-    """
-    rows = []
-    for r in results:
-        for stream in r.measured:
-            rows.append({"window": r.window, "stream": stream, "retrain_config": r.configs.get(stream) or "none",
-                         "retrain_gpus": _cell(float(r.start_alloc.get(f"{stream}/train", 0.0))),
-                         "infer_gpus": _cell(float(r.start_alloc.get(f"{stream}/infer", 0.0))),
-                         "predicted": _cell(r.predicted.get(stream)), "measured": _cell(r.measured[stream]),
-                         "failed": stream in r.failures})
-    return rows
-
-
-def publish_ekya_windows(policy: str, results: list[Any], parent: str | None = None,
-                         tracking_uri: str | None = None) -> None:
-    """Ekya's table (``ekya-windows-<policy>``) and its chart (``ekya-split-<policy>``: the GPU split per
-    stream beside accuracy per window, also ``charts/`` of the flow's MLflow run ``parent``)."""
-    publish_table(f"ekya-windows-{policy}", ekya_window_rows(results),
-                  f"Ekya {policy}: per window and stream, the retraining configuration chosen and the GPUs allotted at "
-                  "the window's start, then the accuracy predicted and measured")
-    from tasks.report.charts import ekya_split_png, publish_chart
-
-    windows = [{"window": r.window, "split": dict(r.start_alloc), "accuracy": dict(r.measured),
-                "predicted": dict(r.predicted)} for r in results]
-    try:
-        png = ekya_split_png(windows, title=f"Ekya {policy}: GPU split beside accuracy")
-    except Exception as exc:  # noqa: BLE001 - a chart never fails the flow
-        logging.getLogger(__name__).warning("could not draw Ekya's split chart: %r", exc)
-        return
-    publish_chart(png, f"ekya-split-{policy}", f"Ekya {policy}: GPU split per stream beside accuracy per window",
-                  "Left: GPUs each stream got at each window's start, for inference (solid) and retraining "
-                  "(hatched); right: accuracy measured (solid) and predicted (dashed).", parent, tracking_uri)
-
-
-def publish_cilantro_rounds(run_name: str, policy: str, rows: list[dict[str, Any]], parent: str | None = None,
-                            tracking_uri: str | None = None) -> None:
-    """Cilantro's table (``cilantro-rounds-<run>``) and chart (``cilantro-rounds-chart-<run>``, also
-    ``charts/`` of the flow's MLflow run ``parent``): allocation and utility per job per round."""
-    publish_table(f"cilantro-rounds-{run_name}", [
-        {k: row[k] for k in ("round", "allocation", "utilities", "social_welfare", "egalitarian_welfare",
-                             "njc_fairness", "decision_s", "failed") if k in row} for row in rows],
-        f"Cilantro {policy}: GPU units allotted per job, the utilities they measured and the welfare/fairness "
-        "of each round")
-    from tasks.report.charts import cilantro_rounds_png, publish_chart
-
-    try:
-        png = cilantro_rounds_png(rows, title=f"Cilantro {policy}, run {run_name}")
-    except Exception as exc:  # noqa: BLE001 - a chart never fails the flow
-        logging.getLogger(__name__).warning("could not draw Cilantro's rounds chart: %r", exc)
-        return
-    publish_chart(png, f"cilantro-rounds-chart-{run_name.lower().replace('_', '-').replace('.', '-')}",
-                  f"Cilantro {policy}: allocation and utility per job per round",
-                  "Left: GPU units each job held per round; right: the utility it measured (x: its task failed).",
-                  parent, tracking_uri)
+from tasks.runtime.flow import flow_runner
+from tasks.runtime.runners import GpuTaskRunner
 
 
 def _console():
     """The rich Console of Prefect's console log handler, so a progress bar drawn on it stays below the log
     lines Prefect prints (rich moves a live display down past each print), else None."""
-    from prefect.logging.handlers import PrefectConsoleHandler
-
     for name in ("prefect.flow_runs", "prefect", ""):
         logger = logging.getLogger(name)
         while logger is not None:
@@ -145,12 +32,10 @@ def _console():
 def _logs_through_this_console() -> bool:
     """Whether the current flow run's task logs are printed by this process (GPU task runner in thread mode)."""
     try:
-        from tasks.runtime.flow import flow_runner
-
         runner = flow_runner()
     except Exception:  # noqa: BLE001
         return False
-    return runner is not None and type(runner).__name__ == "GpuTaskRunner" and getattr(runner, "mode", "") == "thread"
+    return isinstance(runner, GpuTaskRunner) and runner.mode == "thread"
 
 
 class FlowProgress:
@@ -211,9 +96,6 @@ class FlowProgress:
                         self._live = False
         if self.total:
             try:
-                from prefect.artifacts import create_progress_artifact
-                from prefect.context import FlowRunContext
-
                 if FlowRunContext.get() is not None:
                     self._artifact = create_progress_artifact(0.0, key=f"progress-{self.key}",
                                                               description=self.description)
@@ -248,8 +130,6 @@ class FlowProgress:
         self._poster.start()
 
     def _post_loop(self) -> None:
-        from prefect.artifacts import update_progress_artifact
-
         while True:
             if not self._wake.wait(600):
                 return
