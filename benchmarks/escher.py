@@ -29,6 +29,8 @@ from benchmarks.cli import benchmark_parser, finish
 from gpu.devices import simulated_nodes
 from gpu.ledger import PoolLedger
 from gpu.placement import ResourceRequest
+from gpu.schedulers.escher import gang as escher_gang
+from gpu.schedulers.escher.effort import source_lines
 from gpu.sim.escher import run as sim
 from gpu.sim.escher.workloads import AlphaZero, FairShare, Tune, WordCount
 from gpu.sim.escher.gangs import GangLoad
@@ -133,9 +135,6 @@ def wordcount_rates(folder: str, words: int = 400_000, reps: int = 5) -> tuple[f
 def lines_of_code() -> dict[str, int]:
     """Effort (§4.5): lines an application adds per policy, counted from our code (statements, no
     docstrings/comments): the WordCount change, a gang design's controller."""
-    from gpu.schedulers.escher import gang as escher_gang
-    from gpu.schedulers.escher.effort import source_lines
-
     return {"loc_locality": 2, "loc_appspace": source_lines(escher_gang.AppSpaceGang),
             "loc_libspace": source_lines(escher_gang.LibSpaceGang),
             "loc_framespace": source_lines(escher_gang.FrameSpaceGang)}

@@ -17,7 +17,8 @@ from typing import Callable, Iterable, Mapping
 import numpy as np
 
 from gpu.schedulers.nexus.policies import POLICIES
-from gpu.sim.nexus.run import NexusScenario, load, max_load, scaled_sessions
+from gpu.schedulers.nexus.routing import DeficitRoundRobin
+from gpu.sim.nexus.run import NexusScenario, build_plan, evaluate, load, max_load, paper_bad_rate, scaled_sessions
 
 TRAFFIC = {"nexus": "nexus", "nexus_even_split": "-QA", "nexus_lazy_drop": "-ED", "batch_oblivious": "b-o",
            "batch_oblivious_lazy_drop_overlap": "-SS-ED-QA = all but OL off",
@@ -247,9 +248,6 @@ def drr_bursts(duration_s: float, seed: int, load: float = 0.5) -> dict[str, flo
     20 frames inside SSD's 190 ms GPU budget, drops most of them and then idles for the rest of the round.
     Weighted random spreads the same shares frame by frame. Returns the longest DRR run to one GPU and the
     query bad rate under each balancer (same plan, same arrivals)."""
-    from gpu.schedulers.nexus.routing import DeficitRoundRobin
-    from gpu.sim.nexus.run import build_plan, evaluate, paper_bad_rate
-
     sc = case_scenarios({"nonrush": TRAFFIC_FILES["nonrush"]}, duration_s, seed)["nonrush"]
     st = POLICIES["batch_oblivious"]
     plan = build_plan(sc, st, load, sc.gpus)

@@ -33,6 +33,12 @@ from pathlib import Path
 from typing import Any, Callable
 
 from benchmarks.cli import benchmark_parser, write_json
+from gpu.devices import PoolSpec, parse_simulated
+from gpu.ledger import PoolLedger
+from gpu.placement import ResourceRequest
+from resource_blocks import GpuPool
+from tasks.runtime.ray_runner import GpuRayTaskRunner
+from tasks.runtime.runners import GpuTaskRunner
 
 TARGET_RATIO = 1.5
 LEDGER_THREADS = 16
@@ -122,10 +128,6 @@ def time_flow(flow_fn, runner, n: int) -> tuple[float, float]:
 
 def ledger_pairs_per_s(shared: bool, pairs_per_thread: int) -> float:
     """allocate+release pairs per second from LEDGER_THREADS threads on a simulated 2 x 16 GiB pool."""
-    from gpu.devices import parse_simulated, PoolSpec
-    from gpu.ledger import PoolLedger
-    from gpu.placement import ResourceRequest
-
     folder = Path(tempfile.mkdtemp(prefix="gpuflows-ledger-"))
     path = folder / "pool.sqlite" if shared else None
     ledger = PoolLedger(PoolSpec((parse_simulated("2x16GiB", "bench"),)), path)
@@ -169,9 +171,6 @@ def run(quick: bool, tasks: int | None, ray_tasks: int | None, skip_ray: bool = 
 
     from prefect.task_runners import ProcessPoolTaskRunner, ThreadPoolTaskRunner
 
-    from resource_blocks import GpuPool
-    from tasks.runtime.runners import GpuTaskRunner
-
     flow_fn = _overhead_flow()
     pool = GpuPool(name=f"bench-{os.getpid()}", device_backend="simulated")
     out: dict[str, Any] = {"tasks": n, "ray_tasks": n_ray, "quick": quick, "cpus": os.cpu_count()}
@@ -202,8 +201,6 @@ def run(quick: bool, tasks: int | None, ray_tasks: int | None, skip_ray: bool = 
     if not skip_ray:
         import ray
         from prefect_ray import RayTaskRunner
-
-        from tasks.runtime.ray_runner import GpuRayTaskRunner
 
         # One local Ray for both runners (each reuses an initialised Ray and leaves it running);
         # its own temp dir so it never attaches to another Ray found in /tmp/ray.

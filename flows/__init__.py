@@ -20,14 +20,14 @@ from __future__ import annotations
 import os
 import sys
 
+from gpu.state import state_dir
+
 
 def _default_prefect_home() -> None:
     # Prefect fixes its home when it is first imported; later, changing the variable would split this
     # process from its task worker processes.
     if os.environ.get("PREFECT_HOME") or "prefect" in sys.modules:
         return
-    from gpu.state import state_dir
-
     home = state_dir() / "prefect"
     home.mkdir(parents=True, exist_ok=True)  # Prefect creates its home but not the parents
     os.environ["PREFECT_HOME"] = str(home)

@@ -21,6 +21,7 @@ from flows.continuous_retraining import MODES, continuous_retraining, format_sum
 from gpu.errors import GpuflowsError
 from gpuflows.args import error, flow_arguments, simulated
 from resource_blocks import GpuPool
+from tasks.runtime.flow import where_runs_went
 
 
 def comparison_table(summaries: dict[str, dict]) -> str:
@@ -72,8 +73,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"accuracy plot: {summaries[policy]['plot']}")
     print("\n" + comparison_table(summaries))
     print(f"\ndemo finished in {time.perf_counter() - started:.0f} s")
-    from tasks.runtime.flow import where_runs_went
-
     print(where_runs_went())
     return 0
 

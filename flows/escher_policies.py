@@ -50,10 +50,11 @@ from gpu.scenario import integer
 from gpuflows.args import error
 from resource_blocks import GpuPool, MlflowTarget, SchedulerPolicy
 from tasks.escher.demos import DEMOS, run_policy
-from tasks.escher.settings import Settings, check_settings, choose
 from tasks.escher.records import publish_policies
+from tasks.escher.settings import Settings, check_settings, choose
 from tasks.runtime.flow import (flow_runner, log_flow_inputs, log_flow_outcome, pool_block, publish_mlflow_link,
                                 settings, tracking_target)
+from tasks.runtime.ray_runner import GpuRayTaskRunner
 from tasks.runtime.runners import GpuTaskRunner
 
 MODES = ("thread", "process")
@@ -214,8 +215,6 @@ def main(argv: list[str] | None = None) -> int:
         kwargs["pool"], kwargs["tracking"], _, _ = prepare(pool, **kwargs)
         policies = escher_policies
         if args.backend == "ray":  # the same flow and parameters, its tasks on the cluster's nodes
-            from tasks.runtime.ray_runner import GpuRayTaskRunner
-
             policies = escher_policies.with_options(task_runner=GpuRayTaskRunner(configure=runner_settings))
         out = policies(**kwargs)
     except GpuflowsError as exc:

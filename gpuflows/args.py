@@ -10,6 +10,9 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
+from gpu.devices import parse_simulated
+from gpu.errors import ConfigError, GpuflowsError
+
 
 def output_file(path: str) -> str:
     """An output path whose folder exists: checked when the arguments are parsed, so a typo fails at once and
@@ -23,9 +26,6 @@ def output_file(path: str) -> str:
 def simulated(spec: str) -> str:
     """``--simulated``/``--simulate`` devices (COUNT x MEMORY within ``gpu.devices``' bounds), checked when the
     arguments are parsed: the pool is only built once the flow runs, and on a GPU machine not at all."""
-    from gpu.devices import parse_simulated
-    from gpu.errors import ConfigError
-
     try:
         parse_simulated(spec)
     except ConfigError as exc:
@@ -80,8 +80,6 @@ def run_checked(flow: Any, prepare: Callable[..., tuple], kwargs: dict[str, Any]
     """Run a flow from its command line: ``prepare(**kwargs)`` checks every argument and settles the pool and MLflow
     target (its first two results) before any flow run starts, then the flow runs and its summary is ``report``-ed.
     Returns the exit status: 2 with one line naming a bad argument, else 0."""
-    from gpu.errors import GpuflowsError
-
     try:
         kwargs["pool"], kwargs["tracking"], *_ = prepare(**kwargs)
         summary = flow(**kwargs)

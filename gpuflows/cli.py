@@ -9,7 +9,9 @@ import argparse
 import sys
 from typing import Callable
 
+from gpu.devices import discover
 from gpu.errors import GpuflowsError
+from gpu.pool import open_pool, pool_names, read_pool
 from gpu.systems import SYSTEMS
 from gpuflows.args import output_file, simulated
 
@@ -24,8 +26,6 @@ def _simulate(args: argparse.Namespace) -> int:
 
 
 def _devices(args: argparse.Namespace) -> int:
-    from gpu.devices import discover
-
     pool = discover(args.simulate)
     for node in pool.nodes:
         for d in node.devices:
@@ -37,8 +37,6 @@ def _devices(args: argparse.Namespace) -> int:
 
 
 def _pool(args: argparse.Namespace) -> int:
-    from gpu.pool import open_pool, pool_names, read_pool
-
     if args.list:
         pools = [read_pool(name) for name in pool_names()]
         for p in pools:

@@ -7,6 +7,8 @@ from typing import Literal
 from prefect.blocks.core import Block
 from pydantic import Field
 
+from gpu.devices import simulated_nodes
+from gpu.pool import open_pool
 from resource_blocks._defaults import load_or_default
 
 
@@ -37,9 +39,6 @@ class GpuPool(Block):
 
     def open_ledger(self, policy=None):
         """The pool's ledger on this machine (see ``gpu.pool.open_pool``)."""
-        from gpu.devices import simulated_nodes
-        from gpu.pool import open_pool
-
         spec = simulated_nodes(self.simulated, self.nodes) if self.nodes > 1 else None
         return open_pool(self.name, spec=spec, simulated=self.simulated, backend=self.device_backend, policy=policy,
                          shared=self.shared, lease_ttl=self.lease_ttl_s)

@@ -5,7 +5,13 @@ from __future__ import annotations
 from prefect.blocks.core import Block
 from pydantic import Field
 
+from gpu.state import state_dir
 from resource_blocks._defaults import load_or_default
+
+
+def default_tracking_uri() -> str:
+    """Where runs go when no tracking server is named: SQLite in the project's state folder (``gpu.state``)."""
+    return f"sqlite:///{state_dir() / 'mlflow.db'}"
 
 
 class MlflowTarget(Block):
@@ -24,6 +30,4 @@ class MlflowTarget(Block):
         return load_or_default(cls, name)
 
     def resolved_uri(self) -> str:
-        from tasks.runtime.tracking import default_tracking_uri
-
         return self.tracking_uri or default_tracking_uri()

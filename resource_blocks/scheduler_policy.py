@@ -11,6 +11,9 @@ from typing import Any
 from prefect.blocks.core import Block
 from pydantic import Field, model_validator
 
+from gpu.placement import FifoBestFit
+from gpu.scenario import choose
+from gpu.systems import system
 from resource_blocks._defaults import load_or_default
 
 
@@ -31,9 +34,6 @@ class SchedulerPolicy(Block):
 
     @model_validator(mode="after")
     def _known_policy(self) -> "SchedulerPolicy":
-        from gpu.scenario import choose
-        from gpu.systems import system
-
         if self.system == "pool":
             choose(self.policy, "policy", ["fifo", "fifo-backfill"])
         else:
@@ -48,9 +48,6 @@ class SchedulerPolicy(Block):
 
     def placement_policy(self):
         """The task runner's placement policy when ``system == 'pool'``."""
-        from gpu.placement import FifoBestFit
-        from gpu.scenario import choose
-
         if self.system != "pool":
             raise ValueError(f"system={self.system!r}: only 'pool' policies place tasks on the runner")
         backfill = choose(self.policy, "policy", {"fifo": False, "fifo-backfill": True})

@@ -17,12 +17,11 @@ import functools
 import multiprocessing as mp
 import queue
 import time
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from gpu.schedulers.fluid.algorithms import PackingCurve
+from gpu.schedulers.fluid.algorithms import PackingCurve, fit_packing_curve
 
 
 @functools.lru_cache(maxsize=4)
@@ -186,8 +185,6 @@ def measure_packing_curve(device: str = "cpu", max_p: int = 4, iterations: int =
 
     ``c`` is capped at ``max_p`` (the largest level measured). A few seconds on CPU, mostly process start-up.
     """
-    from gpu.schedulers.fluid.algorithms import fit_packing_curve
-
     with Trainers(device, workers=max_p, batch=batch) as trainers:
         levels = range(1, max_p + 1)
         throughputs = [trainers.level(p, hidden, iterations)[0] for p in levels]

@@ -13,7 +13,9 @@ from __future__ import annotations
 from typing import Any
 
 from resource_blocks import GpuPool, MlflowTarget
+from resource_blocks.mlflow_target import default_tracking_uri
 from tasks.runtime.runners import MODES, PlacingTaskRunner, flow_mlflow_run_id
+from tasks.runtime.tracking import flow_run_name, flow_tracker
 
 
 def pool_block(pool: GpuPool | str | dict | None, default: GpuPool | None = None) -> GpuPool:
@@ -122,8 +124,6 @@ def where_runs_went() -> str:
     """One line naming where this process's Prefect runs and MLflow runs were recorded, and how to look."""
     from prefect.settings import PREFECT_API_URL, get_current_settings
 
-    from tasks.runtime.tracking import default_tracking_uri
-
     api = PREFECT_API_URL.value()
     prefect = (f"Prefect runs: the server at {api}" if api else
                f"Prefect runs: PREFECT_HOME={get_current_settings().home} (see them with `make server`, "
@@ -134,8 +134,6 @@ def where_runs_went() -> str:
 def log_flow_inputs(system: str, label: str | None, params: dict[str, Any]) -> None:
     """The flow's decision inputs as params of its MLflow run, named ``<system>-<label>-<time>``, so runs of
     one system's experiment compare side by side (no-op when tracking is off)."""
-    from tasks.runtime.tracking import flow_run_name, flow_tracker
-
     tracker = flow_tracker()
     if tracker is not None:
         run_name = flow_run_name(system, label)
@@ -146,8 +144,6 @@ def log_flow_inputs(system: str, label: str | None, params: dict[str, Any]) -> N
 
 def log_flow_outcome(metrics: dict[str, Any]) -> None:
     """The flow's headline outcome as metrics of its MLflow run (no-op when tracking is off)."""
-    from tasks.runtime.tracking import flow_tracker
-
     tracker = flow_tracker()
     if tracker is not None:
         tracker.log_flow_outcome(metrics)

@@ -16,7 +16,7 @@ import threading
 import time
 from typing import Any, Sequence
 
-from gpu.devices import Device, Node, PoolSpec, nvml_devices, parse_simulated
+from gpu.devices import Device, Node, PoolSpec, discover, nvml_devices, parse_simulated
 from gpu.ledger import LedgerClient, Lease, PoolLedger, raise_if_wait_over
 from gpu.liveness import Owner
 from gpu.placement import NodeState, ResourceRequest
@@ -281,8 +281,6 @@ class GpuRayTaskRunner(PlacingTaskRunner):
         if not ray.is_initialized():
             kwargs = dict(self.init_kwargs)
             if not address:
-                from gpu.devices import discover
-
                 local = discover(self.pool.simulated, self.pool.device_backend)
                 kwargs.setdefault("num_gpus", local.gpu_count)
                 kwargs.setdefault("object_store_memory", 200 * 2**20)

@@ -28,6 +28,7 @@ from typing import Any, Iterator
 
 from gpu.liveness import HOST, process_alive, process_start
 from gpu.state import state_dir
+from resource_blocks.mlflow_target import default_tracking_uri
 from tasks.runtime.png import pyplot, save_png
 
 log = logging.getLogger("gpuflows.tracking")
@@ -38,10 +39,6 @@ _OPEN_LOCK = threading.Lock()
 _LINGER_S = 0.2    # how long the writer gathers finished tasks into one batch
 _BATCH_MAX = 512   # records per batch at most
 _TRACKERS: dict[str, RunTracker] = {}  # by flow run id, for flow_tracker()
-
-
-def default_tracking_uri() -> str:
-    return f"sqlite:///{state_dir() / 'mlflow.db'}"
 
 
 def holder_tags() -> dict[str, str]:

@@ -15,6 +15,7 @@ import numpy as np
 
 from gpu.schedulers.nexus.profiles import BatchProfile
 from gpu.schedulers.nexus.squishy import Plan
+from tasks.serving.chaining import query_bad_rate
 from tasks.serving.spec import ServingSpec
 
 
@@ -92,8 +93,6 @@ def query_jct(outcomes, root_session: str, stages: set[str], root) -> np.ndarray
 
 def query_figures(sp, rt) -> dict[str, dict[str, float]]:
     """Per query served as a DAG: how many (root requests) and the share that were bad (Nexus §7's unit)."""
-    from tasks.serving.chaining import query_bad_rate
-
     out: dict[str, dict[str, float]] = {}
     if not rt.chainer.parents:
         return out

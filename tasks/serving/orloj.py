@@ -23,6 +23,7 @@ from gpu.schedulers.nexus.profiles import BatchProfile
 from gpu.schedulers.nexus.squishy import Session
 from gpu.schedulers.orloj.controller import OrlojController
 from gpu.schedulers.orloj.profiler import OnlineProfiler
+from tasks.serving.dynamic_models import alone_times
 
 PROFILE_REQUESTS = 100  # test digits each model is timed alone on before ORLOJ serves it
 MIN_SAMPLES = 10  # batches of an application in an epoch before its histogram is re-published
@@ -32,8 +33,6 @@ def orloj_controller(models: Mapping[str, Any], profiles: Mapping[str, BatchProf
                      rows: np.ndarray, epoch_s: float, seed: int = 0) -> OrlojController:
     """The rollout's ORLOJ controller: histograms of each model timed alone on ``rows``, an SLO per session, and
     a profiler whose window holds one epoch's measurements (§4.3.2 "resets its profiling memory")."""
-    from tasks.serving.dynamic_models import alone_times
-
     served = sorted({s.model for s in sessions})
     by_model = {m: alone_times(models[m], {m: rows})[m] for m in served}
     hists = {s.session_id: by_model[s.model] for s in sessions}

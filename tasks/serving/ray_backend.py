@@ -44,6 +44,7 @@ from tasks.serving.frontend import CHAINED_IDS, Frontend
 from tasks.serving.models import ARCHITECTURES, INPUT_FEATURES
 from tasks.serving.ring import check_width
 from tasks.serving.stats import Recorder
+from tasks.serving.worker import ServingWorker
 
 COUNTERS = ("busy_ns", "execute_ns", "execute1_ns", "batches", "batches1", "served", "inline_batches",
             "inline_execute_ns")
@@ -70,8 +71,6 @@ class _WorkerActor:
     def __init__(self, node: GpuNode, states: Mapping[str, dict], profiles: Mapping[str, BatchProfile],
                  policy: BatchPolicy, device: str, accounting: Accounting, threads: int = 1,
                  chains: Mapping[str, tuple[str, float]] | None = None, load_balancer: str = "drr", seed: int = 0):
-        from tasks.serving.worker import ServingWorker
-
         torch.set_num_threads(threads)
         models = {}
         for name, state in states.items():

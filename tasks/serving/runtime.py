@@ -38,6 +38,7 @@ from gpu.schedulers.nexus.routing import QueryRouting
 from tasks.serving.chaining import QueryChainer
 from tasks.serving.frontend import Frontend
 from tasks.serving.link import EmulatedLink
+from tasks.serving.ray_backend import RayWorkerHandle
 from tasks.serving.transport import SocketLink
 from tasks.serving.stats import Recorder
 from tasks.serving.worker import ServingWorker, check_policy
@@ -227,8 +228,6 @@ class LocalServingRuntime:
 
     def _start_worker(self, node: GpuNode, lease: Lease, device: str) -> Any:
         if self.backend == "ray":
-            from tasks.serving.ray_backend import RayWorkerHandle
-
             return RayWorkerHandle(node, self.models, self.profiles, self._new_policy(), lease, self.recorder,
                                    self.accounting, device, chainer=self.chainer, seed=self.seed)
         return ServingWorker(node, self.models, self.profiles, self._new_policy(), self.recorder, device,
