@@ -34,13 +34,16 @@ demo: $(STAMP)
 	mkdir -p "$(PREFECT_HOME)"
 	$(VENV)/bin/gpuflows demo
 
+# The import rules first (pyproject.toml's [tool.importlinter], docs/architecture.md): a second, then the tests.
 test: $(STAMP)
 	mkdir -p "$(PREFECT_HOME)"
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 # The inner loop: everything but the tests that start a Prefect server, Ray or a worker (marked slow).
 test-fast: $(STAMP)
 	mkdir -p "$(PREFECT_HOME)"
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
 
 # The Prefect UI and API on this home's database (runs of the embedded server included): http://127.0.0.1:$(PORT)
