@@ -1,1 +1,1 @@
-"""Ekya's flow side (NSDI 2022): continuous retraining windows on drifting streams, its Salus executor and records."""
+"""Ekya's flow side (NSDI 2022): continuous retraining windows on drifting streams, its Salus executor, records and chart."""

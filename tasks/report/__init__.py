@@ -1,1 +1,2 @@
-"""What a reviewer reads: charts, Prefect artifacts and progress, and the MLflow records flows publish."""
+"""What a reviewer reads, naming no system: charts, tables and progress in the Prefect UI, the pool's occupancy, and
+``records``: the one way each system publishes its MLflow records, tables and charts."""
