@@ -1,13 +1,13 @@
 """The one way a system publishes what its flow run did: MLflow runs nested under the flow's run, Prefect tables
 and charts on the flow run. A system's ``records.py`` says *what* it records; this module says *how*.
 
-    records = Records.of_flow()                         # the flow's MLflow run; every call a no-op when off
-    run = records.nested("salus-fair", {"policy": "fair"})
+    records = Records.of_flow()                        # the flow's MLflow run; every call a no-op when off
+    run = records.nested("<system>-<policy>", {"policy": policy})
     records.log(run, params={"jobs": 8}, metrics={"makespan_s": 12.5})
     records.json(run, rows, "jobs.json")
     records.finish(run)
-    records.table("salus-jobs-fair", rows, "one row per job")            # Prefect table + tables/<key>.json
-    records.chart(png, "salus-lanes-fair", title, description, run)     # Prefect markdown + charts/<file>
+    records.table("<system>-jobs", rows, "one row per job")            # Prefect table + tables/<key>.json
+    records.chart(png, "<system>-chart", title, description, run)      # Prefect markdown + charts/<file>
 
 Every nested run carries its holder's host and pid (``tasks.runtime.tracking.holder_tags``), so a later tracker
 marks the runs of a process that died KILLED. A tracking store that fails costs the record, not the flow: run the

@@ -1,12 +1,12 @@
 """Tables a flow run shows in the Prefect UI: its per-period decisions and outcomes, readable at 1600 px.
 
 MLflow keeps every number of a run; the Prefect UI is where an operator watches runs. Each flow publishes its
-per-period decisions and outcomes (Ekya windows, Cilantro rounds, FLUID trials, Nexus epochs, Salus jobs) as a
-table artifact of its flow run (through ``tasks.report.records.Records.table``, which also keeps the rows as
-JSON in MLflow), so the Artifacts tab answers "what did the scheduler decide, and how did it go" without leaving
-Prefect. Numbers are rounded (4 significant digits, 3 inside lists) and lists and mappings inside a cell are
-short text (``0.333, 0.5``; ``lr=0.01 hidden=16``); a system with wide per-stream layouts turns them into one
-row per period and stream first (``tasks.ekya.records.window_rows``).
+per-period decisions and outcomes (windows, rounds, trials, epochs, jobs) as a table artifact of its flow run
+(through ``tasks.report.records.Records.table``, which also keeps the rows as JSON in MLflow), so the Artifacts tab
+answers "what did the scheduler decide, and how did it go" without leaving Prefect. Numbers are rounded (4
+significant digits, 3 inside lists) and lists and mappings inside a cell are short text (``0.333, 0.5``;
+``lr=0.01 hidden=16``); a system with a wide per-stream layout turns it into one row per period and stream first,
+so the table stays a few columns wide whatever the number of streams.
 """
 
 from __future__ import annotations

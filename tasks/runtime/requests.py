@@ -115,8 +115,8 @@ class TaskPlacement:
     device: str                 # torch device string: 'cuda:N' on real GPUs, 'cpu' on a simulated pool
     visible_devices: str        # CUDA_VISIBLE_DEVICES the task runs under ('' in thread mode)
     admission: dict[str, Any] | None = None
-    """What the runner's admission (``tasks.runtime.admission``) gave the task, opaque here and read by that
-    system's own helper (a Salus job's lane: ``tasks.salus.executor.current_lane``); None for a plain lease."""
+    """What the runner's admission (``tasks.runtime.admission``) gave the task, opaque here and read by the
+    admitting system's own helper; None for a plain lease."""
 
     @property
     def fraction(self) -> float:
