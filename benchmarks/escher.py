@@ -35,6 +35,7 @@ from gpu.sim.escher import run as sim
 from gpu.sim.escher.workloads import AlphaZero, FairShare, Tune, WordCount
 from gpu.sim.escher.gangs import GangLoad
 from gpu.sim.escher.world import Timing
+from tasks.escher.jobs import map_text, shard_text
 from tasks.runtime.png import pyplot, save_png
 
 NODES = 50   # Fig. 4.8: a 50-node Ray cluster
@@ -112,8 +113,6 @@ def wordcount_rates(folder: str, words: int = 400_000, reps: int = 5) -> tuple[f
     """Fig. 4.5a's two inputs measured on this machine with the flow's own WordCount code: a mapper's compute
     (``map_text``: count the words, write the partitions) in s per GB of input, and a chunk's transfer from another
     node (a shard copied between two nodes' folders, as ``map_shard`` does) in GB/s. Best of ``reps``, CPU time."""
-    from tasks.escher.jobs import map_text, shard_text
-
     text = shard_text(0, words, 0)
     source, target = Path(folder) / "node0", Path(folder) / "node1"
     source.mkdir(exist_ok=True)

@@ -39,8 +39,8 @@ from tasks.serving.chaining import QueryChainer
 from tasks.serving.frontend import Frontend
 from tasks.serving.link import EmulatedLink
 from tasks.serving.ray_backend import RayWorkerHandle
-from tasks.serving.transport import SocketLink
 from tasks.serving.stats import Recorder
+from tasks.serving.transport import SocketLink
 from tasks.serving.worker import ServingWorker, check_policy
 
 SHARE_STEP = 0.05
