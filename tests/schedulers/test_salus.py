@@ -127,6 +127,30 @@ def test_departed_lane_is_reclaimed_by_the_lane_below_at_its_iteration_boundary(
     assert {r.job_id for r in step.runs} == {"B", "D"}
 
 
+def test_lanes_in_place_keep_running_while_another_lane_waits_to_slide():
+    """Lanes e, a, b, c stacked from the top; a's job leaves while b is mid-iteration, so b cannot slide up yet
+    and c (whose new span is still b's) waits below it, at an offset a large job's persistent memory then
+    passes. Only b and c wait for b's boundary: e, at its place and clear of the persistent region, runs on,
+    and the newcomer's lane opens once c has moved."""
+    lanes = LaneManager(10_000, NO_MARGINS)
+    placed = {}
+    for job, e in (("e", 1000), ("a", 500), ("b", 1000), ("c", 1000)):
+        placed[job] = lanes.admit(job, 100, e).lane_id
+    lanes.settle(set(placed.values()))
+    assert all(lanes.ready(lid) for lid in placed.values())
+    lanes.release("a")  # between two of b's iterations: b's lane is busy
+    lanes.settle({placed["e"], placed["c"]})
+    view = {v.jobs[0]: v for v in lanes.lanes()}
+    assert view["c"].placed_offset_mb == 6500 and view["c"].offset_mb == 7000  # its new span overlaps b's
+    d = lanes.admit("d", 6300, 300)  # Alg. 2.1: 300 + 6300 + 3000 + 300 <= 10000 -> a new lane at the bottom
+    lanes.settle({placed["e"], placed["c"], d.lane_id})
+    assert sum(lanes.persistent.values()) > view["c"].placed_offset_mb  # c's old span reaches into P's region
+    assert lanes.ready(placed["e"])  # in place: runs on while b finishes its iteration
+    assert not lanes.ready(placed["c"]) and not lanes.ready(d.lane_id)
+    lanes.settle(set(lanes.lane_of.values()))  # b's boundary: b slides up, then c, then d's lane opens
+    assert all(lanes.ready(lid) for lid in lanes.lane_of.values())
+
+
 def test_a_grown_lane_waits_for_its_iteration_boundary():
     ctl = SalusController(C, "pack", margins=NO_MARGINS)
     for name, p, e in (("a", 500, 2000), ("b", 500, 3000), ("c", 500, 4000)):

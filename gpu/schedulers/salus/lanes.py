@@ -253,13 +253,16 @@ class LaneManager:
         return tuple(moves)
 
     def ready(self, lane_id: int) -> bool:
-        """A lane may start an iteration: laid out at its target, and clear of the persistent region."""
+        """A lane may start an iteration: laid out at its target, and clear of the persistent region.
+
+        Judged for this lane alone: another lane still waiting to slide (its iteration in flight) holds only its
+        own span, so lanes already in place go on running meanwhile — lanes run in parallel and
+        defragmentation costs them nothing (§2.3.3, §2.3.3.1)."""
         off, size = self.targets()[lane_id]
         placed = self._lanes[lane_id].placed
         floor = sum(self.persistent.values())
-        lowest = min((l.placed[0] for l in self._lanes.values() if l.placed is not None), default=self.usable_mb)
         return placed is not None and abs(placed[0] - off) < _TOL and abs(placed[1] - size) < _TOL \
-            and lowest >= floor - _TOL
+            and placed[0] >= floor - _TOL
 
     def jobs_in(self, lane_id: int) -> tuple[str, ...]:
         """The lane's jobs in joining order."""
