@@ -139,11 +139,15 @@ class LaneManager:
         self.ephemeral: dict[str, float] = {}
         self.lane_of: dict[str, int] = {}
         self._lanes: dict[int, _Lane] = {}  # insertion order = layout order, top of memory first
+        self._fences: dict[int, tuple[str, float]] = {}  # lane -> (job past its token bound, lane size kept)
         self._next_id = 0
 
     # --- Eq. 2.1 ------------------------------------------------------------------------------------------
     def lane_size(self, lane_id: int) -> float:
-        """``L_l = max_{j in l} E_j`` (a grow adds the job whose ``E`` sets the new size, Alg. 2.1 line 9)."""
+        """``L_l = max_{j in l} E_j`` (a grow adds the job whose ``E`` sets the new size, Alg. 2.1 line 9); a fenced
+        lane keeps the size it had when fenced (its holder's iteration may still use any of it)."""
+        if lane_id in self._fences:
+            return self._fences[lane_id][1]
         return max((self.ephemeral[j] for j in self._lanes[lane_id].jobs), default=0.0)
 
     def used_mb(self) -> float:
@@ -178,8 +182,8 @@ class LaneManager:
         if self.max_jobs is not None and len(self.persistent) >= self.max_jobs:
             return LaneChoice("not_found")
         sum_p = sum(self.persistent.values()) + p
-        sizes = {lid: self.lane_size(lid) for lid in self._lanes}
-        sum_l = sum(sizes.values())
+        sum_l = sum(self.lane_size(lid) for lid in self._lanes)
+        sizes = {lid: self.lane_size(lid) for lid in self._lanes if lid not in self._fences}  # a fence takes no job
         if (self.max_lanes is None or len(sizes) < self.max_lanes) and sum_p + sum_l + e <= self.usable_mb + _TOL:
             return LaneChoice("new", None, e)                                          # lines 1-3
         fits = [lid for lid, size in sizes.items() if size >= e - _TOL]
@@ -217,10 +221,47 @@ class LaneManager:
         del self.persistent[job_id], self.ephemeral[job_id]
         lane = self._lanes[lane_id]
         lane.jobs.remove(job_id)
+        if self._fences.get(lane_id, ("",))[0] == job_id:
+            del self._fences[lane_id]
         if not lane.jobs:
             del self._lanes[lane_id]
         self.check()
         return lane_id
+
+    # --- a token holder past its bound (gpu.schedulers.salus.overrun) ------------------------------------------
+    def fence(self, job_id: str) -> None:
+        """The job holding its lane's token lost it mid-iteration: its lane keeps its size and takes no new job
+        until the job reaches its boundary (``unfence``) or leaves (``release``)."""
+        lane_id = self.lane_of[job_id]
+        self._fences[lane_id] = (job_id, self.lane_size(lane_id))
+
+    def split_off(self, job_id: str) -> int | None:
+        """Move the other jobs of ``job_id``'s fenced lane to a new lane sized to their ``max E`` (laid out at the
+        next ``settle``), so they go on while the fence keeps the job's memory. Returns the new lane, or None when
+        the job is alone or Eq. 2.1 has no room for the new lane yet (they wait; call again later)."""
+        lane_id = self.lane_of[job_id]
+        rest = [j for j in self._lanes[lane_id].jobs if j != job_id]
+        if not rest or lane_id not in self._fences:
+            return None
+        size = max(self.ephemeral[j] for j in rest)
+        if self.used_mb() + size > self.usable_mb + _TOL:
+            return None
+        new_id, self._next_id = self._next_id, self._next_id + 1
+        self._lanes[new_id] = _Lane(rest)
+        self._lanes[lane_id].jobs = [job_id]
+        for j in rest:
+            self.lane_of[j] = new_id
+        self.check()
+        return new_id
+
+    def unfence(self, job_id: str) -> None:
+        """The fenced lane's job reached its boundary: the lane is an ordinary lane again."""
+        self._fences.pop(self.lane_of[job_id], None)
+
+    @property
+    def fenced(self) -> dict[int, str]:
+        """Fenced lanes and the job each is kept for."""
+        return {lid: job for lid, (job, _) in self._fences.items()}
 
     # --- layout and auto-defragmentation --------------------------------------------------------------------
     def targets(self) -> dict[int, tuple[float, float]]:
