@@ -31,6 +31,7 @@ import math
 from dataclasses import dataclass, field
 
 from gpu.errors import ConfigError, GpuflowsError, NeverFitsError
+from gpu.scenario import MAX_MB
 
 _TOL = 1e-6
 OUTCOMES = ("new", "join", "grow", "not_found")
@@ -55,10 +56,11 @@ class Margins:
     def __post_init__(self) -> None:
         for name in ("persistent", "total"):
             v = getattr(self, name)
-            if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 1:
-                raise ConfigError(f"margins.{name}", v, "must be a finite factor >= 1")
-        if not isinstance(self.reserve_mb, (int, float)) or not math.isfinite(self.reserve_mb) or self.reserve_mb < 0:
-            raise ConfigError("margins.reserve_mb", self.reserve_mb, "must be a finite number of MB >= 0")
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not 1 <= v <= 100:
+                raise ConfigError(f"margins.{name}", v, "must be a finite factor from 1 to 100")
+        r = self.reserve_mb
+        if isinstance(r, bool) or not isinstance(r, (int, float)) or not math.isfinite(r) or not 0 <= r <= MAX_MB:
+            raise ConfigError("margins.reserve_mb", r, f"must be a finite number of MB from 0 to {MAX_MB:,.0f} (1 TiB)")
 
     def charge(self, persistent_mb: float, ephemeral_mb: float) -> tuple[float, float]:
         return persistent_mb * self.persistent * self.total, ephemeral_mb * self.total
