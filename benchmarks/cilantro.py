@@ -25,7 +25,7 @@ from benchmarks.cli import benchmark_parser, write_json  # noqa: E402
 from benchmarks import cilantro_learning  # noqa: E402
 from benchmarks.paper_table import print_beside_paper  # noqa: E402
 from gpu.scenario import load_scenario  # noqa: E402
-from gpu.schedulers.cilantro import POLICIES  # noqa: E402
+from gpu.schedulers.cilantro.policies import POLICIES  # noqa: E402
 from gpu.sim.cilantro.run import simulate_all, summarize  # noqa: E402
 from gpu.sim.cilantro.microservices import run_microservices  # noqa: E402
 from gpu.sim.cilantro.scenario import parse_multitenant, static_example  # noqa: E402

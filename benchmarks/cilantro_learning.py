@@ -34,7 +34,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from gpu.scenario import load_scenario  # noqa: E402
-from gpu.schedulers.cilantro import make_policy  # noqa: E402
+from gpu.schedulers.cilantro.policies import make_policy  # noqa: E402
 from gpu.schedulers.cilantro.types import Feedback, JobView, AllocationPolicy, Snapshot  # noqa: E402
 from gpu.sim.cilantro.run import PolicyRun, load_ucbs, simulate_policy  # noqa: E402
 from gpu.sim.cilantro.scenario import MultiTenantConfig, parse_multitenant  # noqa: E402

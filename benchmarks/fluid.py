@@ -19,12 +19,12 @@ import numpy as np
 from benchmarks.cli import benchmark_parser, write_json
 from gpu.schedulers.fluid.algorithms import (FluidParams, Trial, lower_bound, max_parallelism, packing_limit, theorem1_bound,
                                   theorem2_bound)
-from gpu.schedulers.fluid.executor import FluidExecutor
-from gpu.sim.fluid.run import build_executor
+from gpu.schedulers.fluid.controller import FluidExecutor
+from gpu.schedulers.fluid.policies import build_executor
 from gpu.sim.fluid.engine import RunResult, simulate
 from gpu.sim.fluid.workload import Workload
-from gpu.tuning import ASHA, BOHB, PBT, Choice, FixedTrials, GridSearch, Hyperband, LogUniform, SuccessiveHalving
-from gpu.tuning import SyncBOHB, TuningAlgorithm, Uniform
+from gpu.schedulers.fluid.tuning import (ASHA, BOHB, PBT, Choice, FixedTrials, GridSearch, Hyperband, LogUniform,
+                                         SuccessiveHalving, SyncBOHB, TuningAlgorithm, Uniform)
 from tasks.report.charts import pyplot, save_png
 
 SPACE = {"lr": LogUniform(1e-4, 1e-1), "momentum": Uniform(0.5, 0.99), "layers": Choice((2, 3, 4))}

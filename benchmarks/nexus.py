@@ -35,13 +35,16 @@ from pathlib import Path
 
 import numpy as np
 
-from gpu.batching import BatchContext, EarlyDropPolicy, LazyDropPolicy, InferenceRequest, make_policy
+from gpu.batching import BatchContext, InferenceRequest
+from gpu.schedulers.nexus.batching import EarlyDropPolicy, LazyDropPolicy
+from gpu.systems import make_batch_policy
 from gpu.schedulers.nexus.squishy import GpuNode, SessionPlacement, Plan, Session, SquishyPacker, gpu_lower_bound
 from gpu.schedulers.nexus.prefix import PrefixGroup, variant_profiles
 from gpu.schedulers.nexus.profiles import linear_profile, published_profiles
 from gpu.schedulers.nexus.synthetic import MIB, SUFFIX_FC_MEMORY_BYTES, synthetic_profile, synthetic_profiles
 from gpu.schedulers.nexus.query import Query, QueryStage, even_split, profile_throughput, split_slo
-from gpu.sim.nexus.run import STRATEGIES, NexusScenario, evaluate, fewest_gpus, max_load
+from gpu.schedulers.nexus.policies import POLICIES
+from gpu.sim.nexus.run import NexusScenario, evaluate, fewest_gpus, max_load
 from gpu.sim.nexus.engine import simulate_plan
 
 from benchmarks.cli import benchmark_parser, write_json
@@ -90,9 +93,9 @@ def throughput_table(scs: dict[str, NexusScenario], iters: int
     worst: dict[str, dict[str, float]] = {}
     for name, sc in scs.items():
         base = sum(s.rate for s in sc.sessions)
-        loads = {st: max_load(sc, STRATEGIES[st], GPUS, iters=iters) for st in COMPARED}
+        loads = {st: max_load(sc, POLICIES[st], GPUS, iters=iters) for st in COMPARED}
         out[name] = {st: load * base for st, load in loads.items()}
-        worst[name] = {st: max((x.bad_rate for x in evaluate(sc, STRATEGIES[st], loads[st], GPUS)[1].sessions.values()),
+        worst[name] = {st: max((x.bad_rate for x in evaluate(sc, POLICIES[st], loads[st], GPUS)[1].sessions.values()),
                                default=0.0) for st in ("nexus", "batch_oblivious")}
         out[name]["slo_bound"] = slo_bound(sc)
     return out, worst
@@ -113,8 +116,8 @@ def gpus_needed(sc: NexusScenario) -> dict[str, float]:
     alike, the smallest cluster on which Nexus / the batch-oblivious scheduler measure ≤ 1 % bad."""
     nexus = SquishyPacker(sc.profiles).plan(list(sc.sessions))
     alone = SquishyPacker(sc.profiles, colocate=False).plan(list(sc.sessions))
-    _, res = evaluate(sc, STRATEGIES["nexus"], 1.0, None)
-    measured = {st: fewest_gpus(sc, STRATEGIES[st], 4 * alone.num_gpus) for st in ("nexus", "batch_oblivious")}
+    _, res = evaluate(sc, POLICIES["nexus"], 1.0, None)
+    measured = {st: fewest_gpus(sc, POLICIES[st], 4 * alone.num_gpus) for st in ("nexus", "batch_oblivious")}
     return {"nexus": nexus.num_gpus, "nexus_bad_rate": res.bad_rate, "no_colocation": alone.num_gpus,
             "lower_bound": gpu_lower_bound(sc.sessions, sc.profiles),
             "nexus_measured": float(measured["nexus"] or math.nan),
@@ -132,7 +135,8 @@ def drop_policies(alphas: list[float], duration_s: float, seed: int, iters: int)
                 sess = Session("s", "m", 100.0, rate)
                 plan = Plan("fixed", "paper", (GpuNode(0, 50.0, (SessionPlacement("s", "m", 100.0, 25, rate, 50.0, 100.0),),
                                                        saturated=True),), (sess,))
-                return simulate_plan(plan, {"m": prof}, make_policy(name), duration_s=duration_s, seed=seed).bad_rate
+                return simulate_plan(plan, {"m": prof}, make_batch_policy(name), duration_s=duration_s,
+                                     seed=seed).bad_rate
 
             lo, hi = 0.0, 500.0
             for _ in range(iters):
@@ -159,8 +163,8 @@ def query_split(quick: bool, iters: int, seed: int) -> dict[str, dict[str, float
             row = {"analytic": even_split(q, tput).gpus / dp.gpus, "ssd_budget_ms": dp.slo_ms["det"]}
             if not quick or slo == 400.0:
                 sc = NexusScenario("qa", "paper", pr, (), (q,), GPUS, 5.0, "uniform", seed)
-                even = max_load(sc, STRATEGIES["nexus_even_split"], GPUS, iters=iters)
-                row["simulated"] = max_load(sc, STRATEGIES["nexus"], GPUS, iters=iters) / max(even, 1e-9)
+                even = max_load(sc, POLICIES["nexus_even_split"], GPUS, iters=iters)
+                row["simulated"] = max_load(sc, POLICIES["nexus"], GPUS, iters=iters) / max(even, 1e-9)
             out[f"slo{int(slo)}_gamma{gamma:g}"] = row
     return out
 
@@ -181,8 +185,8 @@ def prefix_batching(ms: tuple[int, ...], iters: int, seed: int) -> dict[int, dic
                                                             for j in range(m)), (), 1, 5.0, "uniform", seed,
                            prefix_groups=(group,))
         merged = group.merged_profile([1.0] * m)
-        out[m] = {"pb": max_load(sc, STRATEGIES["nexus"], 1, iters=iters) * 100.0 * m,
-                  "no_pb": max_load(sc, STRATEGIES["nexus_no_prefix_batching"], 1, iters=iters) * 100.0 * m,
+        out[m] = {"pb": max_load(sc, POLICIES["nexus"], 1, iters=iters) * 100.0 * m,
+                  "no_pb": max_load(sc, POLICIES["nexus_no_prefix_batching"], 1, iters=iters) * 100.0 * m,
                   "pb_memory_mb": merged.memory(merged.max_batch) / MIB,
                   "no_pb_memory_mb": m * profiles["variant0"].memory(prefix.max_batch) / MIB}
     return out

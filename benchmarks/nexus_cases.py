@@ -16,7 +16,8 @@ from typing import Callable, Iterable, Mapping
 
 import numpy as np
 
-from gpu.sim.nexus.run import STRATEGIES, NexusScenario, load, max_load, scaled_sessions
+from gpu.schedulers.nexus.policies import POLICIES
+from gpu.sim.nexus.run import NexusScenario, load, max_load, scaled_sessions
 
 TRAFFIC = {"nexus": "nexus", "nexus_even_split": "-QA", "nexus_lazy_drop": "-ED", "batch_oblivious": "b-o",
            "batch_oblivious_lazy_drop_overlap": "-SS-ED-QA = all but OL off",
@@ -50,7 +51,7 @@ def case_throughput(cases: Mapping[str, NexusScenario], strategies: Iterable[str
                     frames: Callable[[NexusScenario], float] = query_frames) -> dict[str, dict[str, float]]:
     """Max frames/s at ≤ 1 % bad (``max_load`` on the case's own cluster × its base frame rate) per case and
     configuration."""
-    return {case: {st: max_load(sc, STRATEGIES[st], sc.gpus, iters=iters) * frames(sc) for st in strategies}
+    return {case: {st: max_load(sc, POLICIES[st], sc.gpus, iters=iters) * frames(sc) for st in strategies}
             for case, sc in cases.items()}
 
 
@@ -72,7 +73,7 @@ def traffic(duration_s: float, seed: int, iters: int) -> dict[str, dict[str, flo
         out[case].update(row)
     for case, sc in cases.items():
         for st, key in (("nexus", "ssd_budget_ms"), ("nexus_even_split", "even_ssd_budget_ms")):
-            gpu = next(s.slo_ms for s in scaled_sessions(sc, STRATEGIES[st])[0] if s.model == "ssd")
+            gpu = next(s.slo_ms for s in scaled_sessions(sc, POLICIES[st])[0] if s.model == "ssd")
             out[case][key] = gpu + sc.preprocess("ssd")  # the stage's share of the SLO, pre-processing included
     return out
 
@@ -250,7 +251,7 @@ def drr_bursts(duration_s: float, seed: int, load: float = 0.5) -> dict[str, flo
     from gpu.sim.nexus.run import build_plan, evaluate, paper_bad_rate
 
     sc = case_scenarios({"nonrush": TRAFFIC_FILES["nonrush"]}, duration_s, seed)["nonrush"]
-    st = STRATEGIES["batch_oblivious"]
+    st = POLICIES["batch_oblivious"]
     plan = build_plan(sc, st, load, sc.gpus)
     shares = plan.rate_shares()["traffic/detect"]
     picks = DeficitRoundRobin(sorted(shares), [shares[n] for n in sorted(shares)]).pick_many(2000)

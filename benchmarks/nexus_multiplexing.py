@@ -20,7 +20,7 @@ Model (every choice inferred, the paper gives none of these numbers):
   keeps as a sensitivity row (``SENSITIVITY_PREPROCESS_MS``): serialised on 4 cores it alone costs the baselines
   4–5× at one model, more than the paper's whole 1.4–2.1× against TF Serving (docs/nexus.md).
 * Dispatch: Nexus and Nexus-parallel early drop at the planned batch; TF-like waits for its fixed batch;
-  Clipper-like lazy drop — the §7.2 baselines of ``gpu.schedulers.nexus.strategies``.
+  Clipper-like lazy drop — the §7.2 baselines of ``gpu.schedulers.nexus.policies``.
 
 Throughput is the largest total req/s (k equal-rate sessions) with ≤ 1 % bad, ``gpu.sim.nexus.run.max_load``.
 """
@@ -35,7 +35,8 @@ from gpu.errors import ConfigError
 from gpu.schedulers.nexus.squishy import Session
 from gpu.schedulers.nexus.profiles import BatchProfile
 from gpu.schedulers.nexus.synthetic import synthetic_profile
-from gpu.sim.nexus.run import STRATEGIES, NexusScenario, max_load
+from gpu.schedulers.nexus.policies import POLICIES
+from gpu.sim.nexus.run import NexusScenario, max_load
 
 MODEL = "inception"
 BASE_RATE = 100.0  # req/s per copy at load 1; the search scales it
@@ -82,7 +83,7 @@ def throughput(k: int, slo_ms: float, duration_s: float, seed: int, iters: int,
     for row, (name, parallel) in SYSTEMS.items():
         sc = scenario(k, slo_ms, parallel, duration_s, seed, preprocess_ms)
         try:
-            out[row] = max_load(sc, STRATEGIES[name], sc.gpus, iters=iters) * BASE_RATE * k
+            out[row] = max_load(sc, POLICIES[name], sc.gpus, iters=iters) * BASE_RATE * k
         except ConfigError:  # even batch 1 misses the SLO (2·ℓ'(1) > SLO): the system serves nothing in time
             out[row] = 0.0
     return out

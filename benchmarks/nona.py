@@ -27,7 +27,7 @@ from benchmarks.cli import benchmark_parser, write_json  # noqa: E402
 from gpu.scenario import load_scenario  # noqa: E402
 from gpu.schedulers.nona.optimizer import Cluster, NonaModel, QueryClass, solve  # noqa: E402
 from gpu.schedulers.nona.dag import contract, groupings, subgraphs  # noqa: E402
-from gpu.schedulers.nona.policy import GroupingSampler  # noqa: E402
+from gpu.schedulers.nona.controller import GroupingSampler  # noqa: E402
 from gpu.sim.nona.run import GBPS, Outcome, Setup, model_for, parse, rates_for_load, run_policy, stats  # noqa: E402
 from gpu.sim.nona.engine import BACKGROUND_COMM, BACKGROUND_COMPUTE, Workload, simulate  # noqa: E402
 from gpu.sim.nona.workloads import motivating_query, paper_models  # noqa: E402

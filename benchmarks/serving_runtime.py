@@ -41,7 +41,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from benchmarks.cli import benchmark_parser, write_json  # noqa: E402
-from gpu.batching import EarlyDropPolicy  # noqa: E402
+from gpu.schedulers.nexus.batching import EarlyDropPolicy  # noqa: E402
 from gpu.devices import PoolSpec, discover, nvml_utilization  # noqa: E402
 from gpu.ledger import PoolLedger  # noqa: E402
 from gpu.schedulers.nexus.squishy import Session, SquishyPacker  # noqa: E402

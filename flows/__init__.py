@@ -1,5 +1,11 @@
 """gpuflows' Prefect flows, each runnable as ``python -m flows.<name>`` and deployed from ``prefect.yaml``.
 
+Each flow runs one or more systems, and each system's registry entry names its flows
+(``gpu/schedulers/<system>/system.py``, ``flows=``), except two that run no system: ``pool_demo`` (the GPU task
+runner placing plain torch tasks on pool slices) and ``demo`` (``make demo``: ``pool_demo``, then Ekya's
+``continuous_retraining`` with the thief against a uniform baseline). ``tests/test_systems.py`` keeps the two lists
+true.
+
 One Prefect home for every entry point: importing this package (``python -m flows.<name>``, ``gpuflows demo``,
 a script importing a flow) before Prefect sets ``PREFECT_HOME`` to ``<state folder>/prefect`` — ``./.state/prefect``,
 or ``$GPUFLOWS_STATE_DIR/prefect`` — when it is unset: the folder the Makefile exports for ``make demo``,

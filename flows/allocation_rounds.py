@@ -2,7 +2,7 @@
 
 Jobs — by default two torch inference services replaying the Cilantro Twitter trace and one torch
 training job (``tasks.cilantro.jobs``) — share ``capacity`` GPU units of a pool. The decisions are taken
-by :class:`gpu.schedulers.cilantro.round.CilantroRound`, the controller the simulator drives too; this flow
+by :class:`gpu.schedulers.cilantro.controller.CilantroRound`, the controller the simulator drives too; this flow
 is its world with measured outcomes. Every round:
 
 1. **run** — every job runs the round as a Prefect task placed by ``GpuTaskRunner`` on a slice of its
@@ -46,7 +46,7 @@ from prefect import flow
 from gpu.devices import discover
 from gpu.errors import ConfigError
 from gpu.scenario import MAX_COUNT, MAX_GPUS, MAX_SEED, integer, positive
-from gpu.schedulers.cilantro import POLICIES, make_policy
+from gpu.schedulers.cilantro.policies import POLICIES, make_policy
 from gpu.schedulers.cilantro.fair import ResourceFair
 from gpu.schedulers.cilantro.types import JobSpec
 from gpuflows.args import add_runner_arguments, flow_arguments, flow_parser, output_file, run_checked
@@ -161,7 +161,7 @@ def allocation_rounds(rounds: int = 3, round_s: float = 10.0, policy: str = "cil
         rounds: rounds this flow run executes (after the saved ones when resuming).
         round_s, report_s: seconds of each slice's own clock per round and per job report (the paper: 120 s and
             10 s; a round costs up to ``round_s`` of real compute, so the default rounds are shorter).
-        policy: a Cilantro policy name (``gpu.schedulers.cilantro.POLICIES``), e.g. cilantro-njc, cilantro-ew.
+        policy: a Cilantro policy name (``gpu.schedulers.cilantro.policies.POLICIES``), e.g. cilantro-njc, cilantro-ew.
         pool: GpuPool block, the name of a saved one, or None (a simulated 1 x 16 GiB pool "cilantro").
         capacity: GPU units shared by the jobs (<= the pool's GPUs); unit: allocation granularity.
         resume: continue the saved state of ``run_name`` (``state_dir()/cilantro/<run_name>.json``).

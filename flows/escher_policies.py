@@ -41,7 +41,7 @@ from typing import Any
 from prefect import flow
 
 from gpu.errors import ConfigError, GpuflowsError
-from gpu.schedulers.escher import POLICIES
+from gpu.schedulers.escher.policies import POLICIES
 from gpu.scenario import integer
 from gpuflows.args import error
 from resource_blocks import GpuPool, MlflowTarget, SchedulerPolicy

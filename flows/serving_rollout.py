@@ -45,7 +45,7 @@ from prefect import flow, get_run_logger, task
 from prefect.exceptions import CancelledRun
 from prefect.states import Cancelled
 
-from gpu.batching import POLICIES
+from gpu.systems import BATCH_POLICIES
 from gpu.errors import ConfigError, GpuflowsError
 from gpu.scenario import choose, positive
 from gpu.pool import pool_path
@@ -100,7 +100,7 @@ def prepare(spec: dict | str | None, duration_s: float | None = None, batch_poli
     if duration_s is not None:
         parsed = replace(parsed, duration_s=positive(duration_s, "duration_s"))
     if batch_policy is not None:
-        parsed = replace(parsed, batch_policy=choose(batch_policy, "batch_policy", list(POLICIES)))
+        parsed = replace(parsed, batch_policy=choose(batch_policy, "batch_policy", list(BATCH_POLICIES)))
     if placement is not None:
         parsed = replace(parsed, placement=choose(placement, "placement", list(PLACEMENTS)))
     if parsed.placement in NEEDS_LINK and parsed.link_mu is None:

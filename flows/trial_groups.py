@@ -1,6 +1,6 @@
 """FLUID hyperparameter TrialGroups as a Prefect flow: a tuning algorithm's trials on GPU-pool slices.
 
-The tuning algorithm (``gpu.tuning``) hands out TrialGroups, FLUID (``FluidExecutor``: StaticFluid +
+The tuning algorithm (``gpu.schedulers.fluid.tuning``) hands out TrialGroups, FLUID (``FluidExecutor``: StaticFluid +
 DynamicFluid, thesis §3.3.3) or the FIFO baseline decides each trial's width, and the ``GpuTaskRunner`` runs
 every chunk of a trial's iterations as a real torch training task at that width on the GPUs FLUID chose
 (``gpu_options(gpus=width, devices=gpus)``: widths < 1 share one device). Resizes apply at the next chunk
@@ -32,11 +32,11 @@ from gpu.devices import Node, discover
 from gpu.errors import ConfigError, GpuflowsError
 from gpu.scenario import MAX_COUNT, MAX_SEED, integer
 from gpu.schedulers.fluid.algorithms import FluidParams, packing_limit
-from gpu.schedulers.fluid.executor import Step
+from gpu.schedulers.fluid.controller import Step
 from gpu.schedulers.fluid.policies import build_executor, policy_names
 from gpu.schedulers.fluid.session import TuningSession
 from gpu.state import state_dir
-from gpu.tuning import ALGORITHMS, Choice, Grid, LogUniform, parse_space
+from gpu.schedulers.fluid.tuning import ALGORITHMS, Choice, Grid, LogUniform, parse_space
 from gpuflows.args import error, flow_arguments, flow_parser, output_file, run_checked
 from resource_blocks import GpuPool, MlflowTarget
 from tasks.fluid.escher import PLACEMENTS, EscherTrials, escher_trials, nodes_pool
@@ -58,7 +58,7 @@ MODES = ("process", "thread")
 MAX_TRIALS = 10_000  # trials (and PBT generations) of one search: each is real torch work
 GRID_SPACE = {"lr": Grid((0.01, 0.1)), "hidden": Grid((16, 64)), "batch_size": Choice((64,))}
 RANDOM_SPACE = {"lr": LogUniform(0.003, 0.3), "hidden": Choice((16, 32, 64, 128)), "batch_size": Choice((32, 64, 128))}
-TRIAL_IDS = {  # how gpu.tuning's algorithms name trials (config @ rung): a --fail-trial of another form never fails
+TRIAL_IDS = {  # how FLUID's tuning algorithms name trials (config @ rung): a --fail-trial of another form never fails
     "grid": (r"c\d{4}@0", "c0001@0"), "random": (r"c\d{4}@0", "c0001@0"),
     "asha": (r"c\d{4}@\d+", "c0001@1"), "bohb": (r"c\d{4}@\d+", "c0001@1"),
     "hyperband": (r"c\d{4}@\d+\.\d+", "c0001@2.0"), "pbt": (r"m\d{3}@\d+", "m001@1")}
@@ -66,7 +66,8 @@ TRIAL_IDS = {  # how gpu.tuning's algorithms name trials (config @ rung): a --fa
 
 def make_algorithm(algorithm: str, trials: int, iterations: int, seed: int, space: dict | None,
                    min_iterations: int, generations: int):
-    """The tuning algorithm of ``gpu.tuning`` for this search (validated: one ConfigError naming the bad value)."""
+    """The tuning algorithm of ``gpu.schedulers.fluid.tuning`` for this search (validated: one ConfigError naming the
+    bad value)."""
     if algorithm not in SEARCHES:
         raise ConfigError("algorithm", algorithm, f"choose one of {SEARCHES}")
     integer(seed, "seed", minimum=0, maximum=MAX_SEED)  # numpy's generators refuse negatives
@@ -261,14 +262,14 @@ def trial_groups(algorithm: str = "grid", trials: int = 4, iterations: int = 4, 
     """Tune a torch MLP on ``load_digits`` (lr, hidden size, batch size) with FLUID-placed TrialGroups.
 
     Args:
-        algorithm: one of grid, random, hyperband, asha, bohb, pbt (``gpu.tuning.ALGORITHMS``).
+        algorithm: one of grid, random, hyperband, asha, bohb, pbt (``gpu.schedulers.fluid.tuning.ALGORITHMS``).
         trials: configs to sample (random/asha/bohb) or PBT population; grid uses its grid, hyperband its brackets.
         iterations: budget per fully trained config (epochs); ``min_iterations`` the smallest rung.
         pool: GpuPool block, saved block name, or None (saved default or simulated 2 x 16 GiB).
         execution: "fluid" (StaticFluid + DynamicFluid), "static_fluid" (Algorithm 3.1 only) or "fifo" (one whole
             GPU per trial): ``gpu.schedulers.fluid.policies``, the simulator's policies; or "salus-pack": every
             trial a Salus job under PACK on the pool's first device (``tasks.fluid.salus``; c, d, alpha unused).
-        space: raw search space for ``gpu.tuning.parse_space`` (needs lr, hidden, batch_size).
+        space: raw search space for ``gpu.schedulers.fluid.tuning.parse_space`` (needs lr, hidden, batch_size).
         c: FLUID's packing limit (trials per GPU). None derives it from the pool device's packing curve (Eq. 3.1):
             the curve ``benchmarks/fluid_packing.py`` last saved for that device in the state folder, else one
             measured at start-up (p = 1..4 trainers of this flow's MLP x ``packing_iterations`` iterations, a task

@@ -37,7 +37,8 @@ HOOKS: dict[str, str] = {
     "on_iteration": "a job reached an iteration boundary",
     "on_wake": "a wake-up time the controller asked for has come (a batch policy waiting to fill a batch)",
 }
-"""The hook vocabulary. A new system adds a hook here, with the event that triggers it."""
+"""The hook vocabulary every system shares. A new kind of event is a change to the contract, not to one system: its
+hook goes here, with the event that triggers it."""
 
 
 @runtime_checkable

@@ -18,9 +18,10 @@ What it guarantees (``docs/architecture.md`` says how each is tested):
 * **A wiped file never becomes an empty pool** (``gpu.ledger_file``), and SQLite failures (disk
   full, a write lock held elsewhere) are ``LedgerError``s that say so.
 
-Waiting is cheap: one watcher thread per process polls SQLite's ``data_version`` (no lock) and
-reads its tickets' fate when another process committed; dead holders are looked for once per
-``reclaim_interval`` across all processes.
+Waiting is cheap: one watcher thread per process sleeps on its doorbell (``gpu.wakeup``), which the
+granting transaction rings after it commits, and then reads its tickets' fate (it also looks every
+``SAFETY_POLL_S``, in case a ring was lost); dead holders are looked for once per ``reclaim_interval``
+across all processes.
 """
 
 from __future__ import annotations

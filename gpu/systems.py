@@ -1,100 +1,65 @@
-"""Every system gpuflows runs, in one registry: ``SYSTEMS[name]`` says where its simulator, controller,
-policies, scenario example and flow live.
+"""Every system gpuflows runs, found rather than listed: ``SYSTEMS[name]`` says where its simulator, controller,
+policies, scenario example and flows live, and ``BATCH_POLICIES`` where each serving batch policy lives.
 
-``gpuflows simulate`` (its choices and ``--help``), the ``SchedulerPolicy`` block (which checks a
-``system``/``policy`` pair before a flow starts) and the registry-wide invariant tests all read this
-table, so a new system plugs in with one entry. References are ``"module:attribute"`` strings imported
-on first use, so the CLI starts without importing every engine.
+Each package ``gpu/schedulers/<system>/`` declares its own entry, ``SYSTEM = System(...)`` in its ``system.py``
+(``gpu.plugin.System``); this module scans ``gpu.schedulers``'s subpackages (``pkgutil``) and imports only those
+small modules, so a new system is a new package and edits no shared module. ``gpuflows simulate`` (its choices and
+``--help``), the ``SchedulerPolicy`` block (which checks a ``system``/``policy`` pair before a flow starts), the
+serving runtime's ``batch_policy`` and the registry-wide invariant tests all read what is found here.
 """
 
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, Callable
+import pkgutil
 
+import gpu.schedulers
+from gpu.batching import BatchPolicy
 from gpu.errors import ConfigError
-from gpu.report import SimulationReport
+from gpu.plugin import ROOT, System, resolve
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def resolve(ref: str) -> Any:
-    """Import ``"module:attribute"``."""
-    module, _, attr = ref.partition(":")
-    return getattr(importlib.import_module(module), attr)
+__all__ = ["BATCH_POLICIES", "ROOT", "SYSTEMS", "System", "make_batch_policy", "resolve", "system"]
 
 
-@dataclass(frozen=True)
-class System:
-    """One system: what ``gpuflows simulate <name>`` runs and which controller its flow drives.
+def discover() -> dict[str, System]:
+    """The ``SYSTEM`` entry of every subpackage of ``gpu.schedulers``, by name (sorted).
 
-    ``simulator``: ``run(scenario_path, policies) -> SimulationReport``, raising ``ConfigError`` on bad
-    input. ``controller``: the ``gpu.contract.Controller`` class both the simulator and the flow drive.
-    ``policies``: references to collections of policy names (a name with ``<...>`` is a pattern).
-    ``example``: a shipped scenario every policy runs on. ``flow``: the module of its Prefect flow.
+    A subpackage without a ``system.py``, or whose entry names another package, is an error here, at import:
+    a system that half plugs in would otherwise vanish from the CLI, the block and the registry tests unseen.
     """
-
-    name: str
-    paper: str
-    simulator: str
-    controller: str
-    policies: tuple[str, ...]
-    example: str
-    flow: str | None = None
-
-    @property
-    def run(self) -> Callable[[str, list[str] | None], SimulationReport]:
-        return resolve(self.simulator)
-
-    def policy_names(self) -> list[str]:
-        names: list[str] = []
-        for ref in self.policies:
-            names += [n for n in resolve(ref) if n not in names]
-        return names
-
-    def example_path(self) -> Path:
-        return ROOT / self.example
-
-    def check_policy(self, policy: str) -> str:
-        """``policy`` when this system offers it (patterns match any filler), else ConfigError('policy')."""
-        import re
-
-        for name in self.policy_names():
-            pattern = re.sub(r"<[^>]+>", ".+", re.escape(name).replace(r"\<", "<").replace(r"\>", ">"))
-            if re.fullmatch(pattern, policy):
-                return policy
-        raise ConfigError("policy", policy, f"not a {self.name} policy; choose from {self.policy_names()}")
+    found: dict[str, System] = {}
+    for info in pkgutil.iter_modules(gpu.schedulers.__path__, gpu.schedulers.__name__ + "."):
+        if not info.ispkg:
+            continue
+        package = info.name.rpartition(".")[2]
+        try:
+            entry = importlib.import_module(f"{info.name}.system").SYSTEM
+        except (ModuleNotFoundError, AttributeError) as exc:
+            raise ImportError(f"{info.name} is a system package without `SYSTEM = System(...)` in its "
+                              f"system.py (docs/architecture.md, 'Adding a ninth system'): {exc}") from exc
+        if not isinstance(entry, System) or entry.name != package:
+            raise ImportError(f"{info.name}.system.SYSTEM must be a gpu.plugin.System named {package!r}, "
+                              f"got {entry!r}")
+        found[package] = entry
+    return dict(sorted(found.items()))
 
 
-SYSTEMS: dict[str, System] = {s.name: s for s in (
-    System("ekya", "Bhardwaj et al., Ekya, NSDI 2022", "gpu.sim.ekya.run:run",
-           "gpu.schedulers.ekya.controller:EkyaController", ("gpu.schedulers.ekya.policies:POLICY_FORMS",),
-           "scenarios/ekya/table_2_1.yaml", "flows.continuous_retraining"),
-    System("fluid", "Yu, FLUID (Salus/FLUID thesis, ch. 3)", "gpu.sim.fluid.run:run",
-           "gpu.schedulers.fluid.executor:FluidExecutor", ("gpu.schedulers.fluid.policies:POLICIES",),
-           "scenarios/fluid/toy.yaml", "flows.trial_groups"),
-    System("cilantro", "Bhardwaj et al., Cilantro, OSDI 2023", "gpu.sim.cilantro.run:run",
-           "gpu.schedulers.cilantro.round:CilantroRound",
-           ("gpu.schedulers.cilantro:POLICIES", "gpu.sim.cilantro.scenario:STATIC_POLICIES"),
-           "scenarios/cilantro/small.yaml", "flows.allocation_rounds"),
-    System("nexus", "Shen et al., Nexus, SOSP 2019", "gpu.sim.nexus.run:run",
-           "gpu.schedulers.nexus.controller:NexusController", ("gpu.schedulers.nexus.strategies:STRATEGIES",),
-           "scenarios/nexus/table2_toy.yaml", "flows.serving_rollout"),
-    System("salus", "Yu, Salus (Salus/FLUID thesis, ch. 2; MLSys 2020)", "gpu.sim.salus.run:run",
-           "gpu.schedulers.salus.controller:SalusController", ("gpu.schedulers.salus.policies:POLICIES",),
-           "scenarios/salus/fair_three_jobs.yaml", "flows.gpu_sharing"),
-    System("escher", "Bhardwaj, ESCHER: Expressive Scheduling with Ephemeral Resources, SoCC 2021 (thesis ch. 4)",
-           "gpu.sim.escher.run:run", "gpu.schedulers.escher.hfs:HierarchicalFairShare", ("gpu.sim.escher.run:POLICIES",),
-           "scenarios/escher/small.yaml", "flows.escher_policies"),
-    System("orloj", "Yu, ORLOJ (PhD thesis, U. Michigan 2022, ch. 4)", "gpu.sim.orloj.run:run",
-           "gpu.schedulers.orloj.controller:OrlojController", ("gpu.sim.orloj.workload:POLICY_NAMES",),
-           "scenarios/orloj/small.yaml"),
-    System("nona", "Pit-Claudel et al., Nona: congestion-aware stochastic scheduling of inference queries",
-           "gpu.sim.nona.run:run", "gpu.schedulers.nona.policy:NonaController", ("gpu.sim.nona.run:POLICIES",),
-           "scenarios/nona/motivating.yaml"),
-)}
+def _batch_policies(systems: dict[str, System]) -> dict[str, str]:
+    """Every system's batch policies, name → factory reference; a name two systems declare is an error."""
+    refs: dict[str, str] = {}
+    owner: dict[str, str] = {}
+    for entry in systems.values():
+        for name, ref in entry.batch_policies.items():
+            if name in refs:
+                raise ImportError(f"batch policy {name!r} is declared by both {owner[name]} and {entry.name}")
+            refs[name], owner[name] = ref, entry.name
+    return refs
+
+
+SYSTEMS: dict[str, System] = discover()
+BATCH_POLICIES: dict[str, str] = _batch_policies(SYSTEMS)
+"""Serving batch policies by name (Nexus's ``early_drop``, ``lazy_drop``, ``fixed_batch``; ORLOJ's ``orloj``,
+``clockwork``, ``clipper``), each a ``"module:attribute"`` factory declared by its system."""
 
 
 def system(name: str) -> System:
@@ -102,3 +67,14 @@ def system(name: str) -> System:
     if name not in SYSTEMS:
         raise ConfigError("system", name, f"unknown; choose from {sorted(SYSTEMS)}")
     return SYSTEMS[name]
+
+
+def make_batch_policy(name: str, **params) -> BatchPolicy:
+    """A new batch policy by name (ConfigError naming ``batch_policy`` when unknown).
+
+    Each call builds a new instance, so every worker owns its policy's state (ORLOJ's ``orloj`` needs
+    ``histograms=``, per-application alone times: ``gpu.schedulers.orloj.policy``).
+    """
+    if name not in BATCH_POLICIES:
+        raise ConfigError("batch_policy", name, f"unknown; choose one of {sorted(BATCH_POLICIES)}")
+    return resolve(BATCH_POLICIES[name])(**params)

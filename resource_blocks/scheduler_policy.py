@@ -19,7 +19,7 @@ class SchedulerPolicy(Block):
     params={'delta': 0.1}``. The placement policy of the task runner is ``system='pool'``
     (``fifo`` or ``fifo-backfill``); a flow reads the other systems' blocks itself, e.g.
     ``system='escher', policy='locality', params={'shards': 4}`` runs the ESCHER flow's WordCount alone
-    (``tasks.escher.settings.choose``; the names are ``gpu.schedulers.escher.POLICIES``)."""
+    (``tasks.escher.settings.choose``; the names are ``gpu.schedulers.escher.policies.POLICIES``)."""
 
     _block_type_name = "gpuflows scheduler policy"
     _description = "Which scheduler policy a gpuflows flow uses, with its parameters."

@@ -297,7 +297,7 @@ def test_an_empty_nexus_id_is_refused(tmp_path, system, field, empty):
     ([0.1, 0.2], "search_space.lr", "must be a number, a string"),
 ])
 def test_a_malformed_search_space_entry_is_named(entry, field, why):
-    from gpu.tuning import parse_space
+    from gpu.schedulers.fluid.tuning import parse_space
 
     with pytest.raises(ConfigError, match=rf"^{field}=.*: {why}"):
         parse_space({"lr": entry, "batch_size": 64}, "search_space")

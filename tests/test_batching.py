@@ -3,8 +3,9 @@
 import numpy as np
 import pytest
 
-from gpu.batching import (BatchContext, BatchPolicy, EarlyDropPolicy, FixedBatchPolicy, LazyDropPolicy, InferenceRequest,
-                          make_policy)
+from gpu.batching import BatchContext, BatchPolicy, InferenceRequest
+from gpu.schedulers.nexus.batching import EarlyDropPolicy, FixedBatchPolicy, LazyDropPolicy
+from gpu.systems import make_batch_policy as make_policy
 from gpu.errors import ConfigError
 
 

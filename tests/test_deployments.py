@@ -25,34 +25,10 @@ ROOT = Path(__file__).resolve().parents[1]
 PREFECT = str(Path(sys.executable).with_name("prefect"))
 DEPLOYMENTS = yaml.safe_load((ROOT / "prefect.yaml").read_text())["deployments"]
 
-# Small runs of every deployment in prefect.yaml (merged over its parameters). pool-demo keeps the default process
-# mode (a deployment once ran its tasks with no placement); the others run in thread mode, as on a 2-core machine
-# process-mode workers would each import torch again. Each names the table artifact its flow publishes.
-TINY_SERVING_SPEC = {
-    "name": "tiny", "sessions": [{"id": "mlp", "model": "digits_mlp", "slo_ms": 100, "rate": 30}],
-    "trace": {"duration_s": 3, "seed": 1, "phases": [{"at_s": 0, "scale": 1.0}]},
-    "epoch": {"epoch_s": 2, "min_epoch_s": 1, "beacon_s": 1, "avg_interval_s": 1},
-    "runtime": {"training_steps": 10, "profile_repeats": 2},
-}
-SMALL = {
-    "pool-demo": ({"tasks": 2, "steps": 3}, None),
-    "ekya-continuous-retraining": ({"streams": 1, "windows": 1, "frames": 100, "labelled": 100, "mode": "thread",
-                                    "registry_prefix": "deploy-test"}, "ekya-windows-thief"),
-    "serving-rollout": ({"spec": TINY_SERVING_SPEC, "mode": "thread"}, "serving-rollout-epochs"),
-    "serving-rollout-nona": ({"spec": "scenarios/serving/diamond_nona.yaml", "placement": "nona", "duration_s": 2,
-                              "mode": "thread"}, "serving-rollout-epochs"),
-    "serving-rollout-nona-opportunistic": ({"spec": "scenarios/serving/diamond_nona.yaml",
-                                            "placement": "opportunistic", "duration_s": 2, "mode": "thread"},
-                                           "serving-rollout-epochs"),
-    "fluid-trial-groups": ({"algorithm": "random", "trials": 2, "iterations": 1, "chunk": 1, "c": 2, "alpha": 1.5,
-                            "mode": "thread", "progress": False}, "fluid-trials-random"),
-    "cilantro-allocation-rounds": ({"rounds": 1, "round_s": 10.0, "report_s": 5.0, "mode": "thread",
-                                    "run_name": "deploy-test", "resume": False}, "cilantro-rounds-deploy-test"),
-    "salus-gpu-sharing": ({"jobs": 2, "median_iterations": 3, "gap_s": 0.0, "policies": ["srtf"], "mode": "thread"},
-                          "salus-jobs-srtf"),
-    "escher-policies": ({"gang_size": 2, "jobs": 1, "steps": 3, "shards": 2, "words": 200, "rounds": 2,
-                         "mode": "thread"}, "escher-actions"),
-}
+# Small runs of every deployment in prefect.yaml, merged over its parameters, each with the table artifact its flow
+# publishes (tests/deployment_runs.yaml: a new deployment adds data there, not code here).
+SMALL = {name: (run["parameters"], run["table"])
+         for name, run in yaml.safe_load((ROOT / "tests" / "deployment_runs.yaml").read_text()).items()}
 SCHEDULED = "every-15s"  # a test-only deployment of pool-demo with an interval schedule
 
 

@@ -18,7 +18,7 @@ from gpu.schedulers.nexus.profiles import linear_profile
 from gpu.schedulers.nexus.squishy import Session
 from gpu.schedulers.nona.dag import groupings, subgraphs, undistributed
 from gpu.schedulers.nona.optimizer import solve
-from gpu.schedulers.nona.policy import Query
+from gpu.schedulers.nona.controller import Query
 from tasks.serving.dynamic_models import ExitByInput, depth_rows
 from tasks.serving.epochs import EpochFeedback
 from tasks.serving.models import ARCHITECTURES

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from gpu.batching import PaddedBatchModel, make_policy
+from gpu.schedulers.orloj.cost_model import PaddedBatchModel
+from gpu.systems import make_batch_policy as make_policy
 from gpu.devices import discover
 from gpu.errors import ConfigError
 from gpu.ledger import PoolLedger

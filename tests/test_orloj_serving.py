@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from gpu.batching import make_policy
+from gpu.systems import make_batch_policy as make_policy
 from gpu.devices import discover
 from gpu.errors import ConfigError
 from gpu.ledger import PoolLedger
@@ -143,7 +143,7 @@ def test_corrupted_digits_exit_later_and_a_batch_waits_for_its_slowest_input(dyn
 
 @pytest.mark.slow
 def test_the_worker_serves_digits_dynamic_with_orloj_and_accounts_for_every_request(dynamic):
-    from gpu.batching import PaddedBatchModel
+    from gpu.schedulers.orloj.cost_model import PaddedBatchModel
     from tasks.serving.dynamic_models import alone_times
 
     model, clean, noisy = dynamic

@@ -13,7 +13,7 @@ from gpu.devices import discover
 from gpu.errors import ConfigError
 from gpu.ledger import PoolLedger
 from gpu.schedulers.nexus.squishy import Session
-from gpu.schedulers.nona.policy import Query
+from gpu.schedulers.nona.controller import Query
 from tasks.serving.link import EmulatedLink
 from tasks.serving.loadgen import LoadGenerator, RateTrace
 from tasks.serving.models import load_digits_tensors, load_or_train, profile_model

@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from gpu.batching import BatchDecision, EarlyDropPolicy, make_policy
+from gpu.batching import BatchDecision
+from gpu.schedulers.nexus.batching import EarlyDropPolicy
+from gpu.systems import make_batch_policy as make_policy
 from gpu.devices import discover
 from gpu.errors import ConfigError
 from gpu.ledger import PoolLedger

@@ -13,7 +13,7 @@ import pytest
 from flows.trial_groups import SEARCHES, main, make_algorithm, trial_groups
 from gpu.errors import ConfigError
 from gpu.schedulers.fluid.algorithms import FluidParams, fit_packing_curve, save_packing_curve
-from gpu.schedulers.fluid.executor import FluidExecutor
+from gpu.schedulers.fluid.controller import FluidExecutor
 from gpu.schedulers.fluid.session import TuningSession
 from resource_blocks import MlflowTarget
 

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from gpu.errors import ConfigError
-from gpu.tuning import (ASHA, BOHB, PBT, Choice, Grid, GridSearch, Hyperband, KDESampler, LogUniform, RandomSearch,
-                        SuccessiveHalving, SyncBOHB, Uniform, parse_space)
+from gpu.schedulers.fluid.tuning import (ASHA, BOHB, PBT, Choice, Grid, GridSearch, Hyperband, KDESampler, LogUniform,
+                                         RandomSearch, SuccessiveHalving, SyncBOHB, Uniform, parse_space)
 
 SPACE = {"lr": LogUniform(1e-4, 1e-1), "momentum": Uniform(0.5, 0.99), "layers": Choice((2, 3, 4))}
 
@@ -134,7 +134,7 @@ def test_bad_tuning_input_raises_config_error_naming_the_field(make, field):
 
 
 def test_gpu_imports_without_ray_torch_or_prefect():
-    code = ("import sys, gpu.tuning, gpu.schedulers.fluid.session, gpu.sim.fluid.run; "
+    code = ("import sys, gpu.schedulers.fluid.tuning, gpu.schedulers.fluid.session, gpu.sim.fluid.run; "
             "print([m for m in ('ray', 'torch', 'prefect', 'mlflow') if m in sys.modules])")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

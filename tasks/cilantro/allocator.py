@@ -1,7 +1,7 @@
 """The flow's side of Cilantro's allocation rounds, for ``flows.allocation_rounds`` (thesis ch. 3, §3.3 Fig. 3.3).
 
 The round itself (learners, load forecasts, policy, RNG, the decision) is
-:class:`gpu.schedulers.cilantro.round.CilantroRound`, the same controller the simulator drives. Here:
+:class:`gpu.schedulers.cilantro.controller.CilantroRound`, the same controller the simulator drives. Here:
 the flow's settings (:class:`RoundSettings`), its jobs as the round knows them (:func:`round_jobs`: an
 ``IntervalBinaryTree`` per job on ``x = a/ℓ``, an ``ArimaForecaster`` per service), and :class:`RoundBook`,
 which adds what only the flow keeps (trainer checkpoints, history, unlogged MLflow records) and round-trips
@@ -26,11 +26,11 @@ from typing import Any, Iterator
 import numpy as np
 
 from gpu.errors import ConfigError
-from gpu.schedulers.cilantro import make_policy
+from gpu.schedulers.cilantro.policies import make_policy
 from gpu.schedulers.cilantro.forecasters import ArimaForecaster
 from gpu.schedulers.cilantro.learners import IntervalBinaryTree
 from gpu.schedulers.cilantro.metrics import egalitarian_welfare, njc_fairness, social_welfare
-from gpu.schedulers.cilantro.round import CilantroRound, JobReport, LoadForecasts, RoundJob
+from gpu.schedulers.cilantro.controller import CilantroRound, JobReport, LoadForecasts, RoundJob
 from gpu.schedulers.cilantro.types import JobSpec
 from gpu.state import state_dir
 from tasks.cilantro.jobs import JobConfig

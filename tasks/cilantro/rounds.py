@@ -2,7 +2,7 @@
 reports to the round controller, keep the state, log each round to MLflow (thesis §3.3 Fig. 3.3, §3.4).
 
 ``flows.allocation_rounds`` validates the input and calls ``run_rounds``; the decisions are
-``gpu.schedulers.cilantro.round.CilantroRound``'s, the same controller the simulator drives.
+``gpu.schedulers.cilantro.controller.CilantroRound``'s, the same controller the simulator drives.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""ESCHER's policies as the flow runs them: one ``Demo`` per name of ``gpu.schedulers.escher.POLICIES`` (a test
+"""ESCHER's policies as the flow runs them: one ``Demo`` per name of ``gpu.schedulers.escher.policies.POLICIES`` (a test
 keeps the two the same set), each the
 ESL code whose lines are counted (thesis §4.5 counts two for WordCount, five for AlphaZero, fifty for EscherTune;
 Fig. 4.7: AppSpace 78) and the call that runs it on real tasks, and ``run_policy``, which runs one with its own ESL

@@ -7,7 +7,7 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from gpu.errors import ConfigError
-from gpu.schedulers.escher import POLICIES
+from gpu.schedulers.escher.policies import POLICIES
 from gpu.scenario import MAX_FACTOR, MAX_SEED, integer, positive
 from resource_blocks import SchedulerPolicy
 

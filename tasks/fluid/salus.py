@@ -27,7 +27,7 @@ from prefect.futures import as_completed
 
 from gpu.devices import Device, discover
 from gpu.state import state_dir
-from gpu.tuning.base import TuningAlgorithm
+from gpu.schedulers.fluid.tuning.base import TuningAlgorithm
 from tasks.digits import MLP_EPHEMERAL_MB, mlp_resident_mb
 from tasks.fluid.packing import digits_split
 from tasks.fluid.records import TrialLog, best_result

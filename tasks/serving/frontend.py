@@ -16,7 +16,7 @@ deadline-ordered and needs an object policy (``LocalServingRuntime`` refuses a s
 
 Per-query routing (``query_routing``, ``gpu.schedulers.nexus.routing.QueryRouting``): a seam keyed by each
 request's query (its root request's id) that may send a query's stages where it chose — Nona's sampled
-placement (``gpu.schedulers.nona.policy.NonaRouting``); the default follows the shares. Hand-offs: a request
+placement (``gpu.schedulers.nona.controller.NonaRouting``); the default follows the shares. Hand-offs: a request
 a query stage issues knows the node its parent ran on; one issued to another node is a cross-node hand-off
 (``handoffs`` / ``cross_node`` count them) and, with an emulated ``link`` (``tasks.serving.link``), reaches
 its worker only after crossing it: ``handoff_bytes[child session]`` bytes per request (default: the bytes of

@@ -40,7 +40,7 @@ from gpu.schedulers.nona.baselines import (RandomPlacement, expert_q, expert_the
 from gpu.schedulers.nona.optimizer import (Cluster, LookupTable, NonaModel, QueryClass, Solution, solve,
                                            theta_vector)
 from gpu.schedulers.nona.dag import Dag
-from gpu.schedulers.nona.policy import NonaController, NonaRouting
+from gpu.schedulers.nona.controller import NonaController, NonaRouting
 
 INPUT_BYTES = 64 * 4  # a digits request: 64 float32 features
 BASELINES = ("undistributed", "opportunistic", "random", "expert")

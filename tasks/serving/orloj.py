@@ -17,7 +17,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from gpu.batching import PaddedBatchModel, make_policy
+from gpu.schedulers.orloj.cost_model import PaddedBatchModel
+from gpu.systems import make_batch_policy
 from gpu.schedulers.nexus.profiles import BatchProfile
 from gpu.schedulers.nexus.squishy import Session
 from gpu.schedulers.orloj.controller import OrlojController
@@ -42,7 +43,7 @@ def orloj_controller(models: Mapping[str, Any], profiles: Mapping[str, BatchProf
         batch = PaddedBatchModel.from_profile(profiles[served[0]].latency, profiles[served[0]].max_batch, c0)
     else:
         batch = PaddedBatchModel(c0)
-    policy = make_policy("orloj", histograms=hists, model=batch, mix="own_app")
+    policy = make_batch_policy("orloj", histograms=hists, model=batch, mix="own_app")
     profiler = OnlineProfiler(window_ms=0.999 * epoch_s * 1000.0, min_samples=MIN_SAMPLES, bins=50, seed=seed)
     return OrlojController(policy, profiler=profiler, slo_ms={s.session_id: s.slo_ms for s in sessions})
 
@@ -50,6 +51,6 @@ def orloj_controller(models: Mapping[str, Any], profiles: Mapping[str, BatchProf
 def policy_factory(name: str, orloj: OrlojController | None) -> Callable[[], Any]:
     """One batch policy per worker; ORLOJ's copies start from the controller's histograms of the moment."""
     if orloj is None:
-        return lambda: make_policy(name)
+        return lambda: make_batch_policy(name)
     ref = orloj.batch_policy
-    return lambda: make_policy("orloj", histograms=ref.histograms, model=ref.model, mix=ref.mix)  # type: ignore
+    return lambda: make_batch_policy("orloj", histograms=ref.histograms, model=ref.model, mix=ref.mix)  # type: ignore

@@ -13,7 +13,7 @@ from typing import Mapping
 
 from gpu.errors import ConfigError
 from gpu.schedulers.nexus.profiles import BatchProfile
-from gpu.schedulers.nona.policy import NonaRouting
+from gpu.schedulers.nona.controller import NonaRouting
 from tasks.serving.nona import baseline_routing, solve_routing, stage_dag
 from tasks.serving.spec import ServingSpec
 

@@ -24,7 +24,8 @@ from typing import Any, Callable, Mapping
 import torch
 from torch import nn
 
-from gpu.batching import BatchPolicy, EarlyDropPolicy, SpanPolicy
+from gpu.batching import BatchPolicy, SpanPolicy
+from gpu.schedulers.nexus.batching import EarlyDropPolicy
 from gpu.errors import AllocationTimeout, ConfigError
 from gpu.ledger import LedgerClient, Lease
 from gpu.placement import ResourceRequest
@@ -67,7 +68,7 @@ class LocalServingRuntime:
         ledger: the pool's ledger (``GpuPool(...).open_ledger()``).
         policy: a ``BatchPolicy`` shared by the workers (default early drop; the span policies are stateless).
         policy_factory: instead of ``policy``, makes one policy per worker (for policies with state: ORLOJ and
-            its Clockwork-/Clipper-like baselines, ``gpu.batching.POLICIES``).
+            its Clockwork-/Clipper-like baselines, ``gpu.systems.make_batch_policy``).
         preset: latency accounting of the plans (``paper``/``code``).
         load_balancer: ``drr`` or ``weighted_random``.
         allocation_timeout: seconds to wait for a lease before failing the rollout.
@@ -92,7 +93,7 @@ class LocalServingRuntime:
         apps: application id → its own SLO in ms (None: its session's), for ``frontend.submit(..., app=...)``;
             the workers hand each request's application to the policy (``Frontend``). Local backend only.
         query_routing: per-query routing of multi-stage queries (``Frontend``; e.g. Nona's
-            ``gpu.schedulers.nona.policy.NonaRouting``); default: every request follows its session's shares.
+            ``gpu.schedulers.nona.controller.NonaRouting``); default: every request follows its session's shares.
         link_mu: emulate a bottleneck link of this many bytes/s between nodes (``tasks.serving.link``):
             cross-node hand-offs between query stages queue on it FIFO; None: hand-offs cost nothing.
         handoff_bytes: bytes a hand-off to each child stage session carries per request (default: its input

@@ -34,7 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Collection, Mapping
 
-from gpu.batching import POLICIES
+from gpu.systems import BATCH_POLICIES
 from gpu.errors import ConfigError
 from gpu.scenario import (MAX_COUNT, MAX_FANOUT, MAX_MS, MAX_RATE, MAX_SECONDS, MAX_SEED, choose, entries, integer,
                           label, load_scenario, mapping, number, positive, require, section, within_events)
@@ -272,7 +272,7 @@ def parse_spec(raw: Mapping[str, Any], name: str = "serving") -> ServingSpec:
         name=label(raw.get("name", name), "name"), sessions=tuple(sessions), queries=tuple(queries), phases=phases,
         duration_s=duration_s,
         seed=integer(trace.get("seed", 0), "trace.seed", minimum=0, maximum=MAX_SEED), preset=preset, epoch=epoch,
-        batch_policy=choose(rt.get("batch_policy", "early_drop"), "runtime.batch_policy", list(POLICIES)),
+        batch_policy=choose(rt.get("batch_policy", "early_drop"), "runtime.batch_policy", list(BATCH_POLICIES)),
         load_balancer=choose(rt.get("load_balancer", "drr"), "runtime.load_balancer", list(LOAD_BALANCERS)),
         training_steps=integer(rt.get("training_steps", 300), "runtime.training_steps", minimum=1, maximum=MAX_COUNT),
         profile_repeats=integer(rt.get("profile_repeats", 10), "runtime.profile_repeats", minimum=1,

@@ -2,8 +2,8 @@
 
 Nexus §6.3 (node runtime, "batch-aware dispatch"; the authors' ``backend/gpu_executor.cpp``):
 the worker keeps one deadline-ordered queue per session placed on its GPU and visits the sessions
-round-robin. At each visit it asks the batch policy (``gpu.batching``: ``EarlyDropPolicy`` for Nexus,
-``LazyDropPolicy``, ``FixedBatchPolicy``, or any other ``BatchPolicy`` such as ORLOJ's) what to run and what
+round-robin. At each visit it asks the batch policy (a ``gpu.batching.BatchPolicy``: Nexus's ``EarlyDropPolicy``,
+``LazyDropPolicy``, ``FixedBatchPolicy``, or any other such as ORLOJ's) what to run and what
 to drop, executes the batch on its torch device, and moves on; it never waits for a batch to fill unless
 the policy asks it to (``wake_at_ms``). Every request ends as one :class:`~tasks.serving.stats.Outcome`.
 

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from gpu.errors import ConfigError
-from gpu.schedulers.cilantro import POLICIES, Feedback, JobSpec, JobView, Snapshot, make_policy
+from gpu.schedulers.cilantro.policies import POLICIES, make_policy
+from gpu.schedulers.cilantro.types import Feedback, JobSpec, JobView, Snapshot
 from gpu.schedulers.cilantro.demand_mmf import demand_bounds, recommend_demand
 from gpu.schedulers.cilantro.fair import max_min_fair
 from gpu.schedulers.cilantro.greedy import GreedyEW

@@ -11,10 +11,10 @@ import pytest
 
 from gpu.contract import contract_violations, is_frozen_decision
 from gpu.errors import ConfigError
-from gpu.schedulers.cilantro import POLICIES, make_policy
+from gpu.schedulers.cilantro.policies import POLICIES, make_policy
 from gpu.schedulers.cilantro.forecasters import ArimaForecaster
 from gpu.schedulers.cilantro.learners import IntervalBinaryTree
-from gpu.schedulers.cilantro.round import CilantroRound, JobReport, LoadForecasts, RoundJob, policy_names
+from gpu.schedulers.cilantro.controller import CilantroRound, JobReport, LoadForecasts, RoundJob, policy_names
 from gpu.schedulers.cilantro.types import JobSpec
 
 

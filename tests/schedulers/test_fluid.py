@@ -10,10 +10,10 @@ from gpu.schedulers.fluid.algorithms import (FluidParams, RunningTrial, Trial, T
                                   load_packing_curve, max_parallelism, packing_curve_path, packing_limit, runtime,
                                   save_packing_curve, static_fluid, theorem1_bound, theorem2_bound)
 from gpu.schedulers.fluid.baselines import FifoExecutor
-from gpu.schedulers.fluid.executor import FluidExecutor, TrialPlacement, Step
+from gpu.schedulers.fluid.controller import FluidExecutor, TrialPlacement, Step
 from gpu.sim.fluid.engine import simulate
 from gpu.sim.fluid.workload import Workload
-from gpu.tuning import FixedTrials
+from gpu.schedulers.fluid.tuning import FixedTrials
 
 TOY = [("a1", 4.0, {}), ("a2", 4.0, {}), ("a3", 12.0, {}), ("a4", 30.0, {})]
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from gpu.batching import make_policy
+from gpu.systems import make_batch_policy as make_policy
 from gpu.errors import ConfigError
 from gpu.schedulers.nexus.squishy import GpuNode, SessionPlacement, Plan, Session
 from gpu.schedulers.nexus.chaining import QueryChains

@@ -6,7 +6,8 @@ from gpu.errors import ConfigError
 from gpu.schedulers.nexus.squishy import Session
 from gpu.schedulers.nexus.prefix import PrefixGroup, merge_sessions, variant_profiles
 from gpu.schedulers.nexus.profiles import linear_profile
-from gpu.sim.nexus.run import STRATEGIES, NexusScenario, max_load
+from gpu.schedulers.nexus.policies import POLICIES as STRATEGIES
+from gpu.sim.nexus.run import NexusScenario, max_load
 
 PREFIX = linear_profile("trunk", 1.0, 10.0, 64, memory_bytes=1000)
 SUFFIX = linear_profile("head", 0.1, 1.0, 64, memory_bytes=10)

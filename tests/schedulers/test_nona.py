@@ -13,7 +13,7 @@ from gpu.schedulers.nona.baselines import (RandomPlacement, expert_thetas, oppor
                                            undistributed_thetas)
 from gpu.schedulers.nona.dag import (Dag, Subgraph, bottlenecks, contract, contractible_edges, groupings,
                                      subgraphs)
-from gpu.schedulers.nona.policy import GroupingSampler, NonaController, Query
+from gpu.schedulers.nona.controller import GroupingSampler, NonaController, Query
 from gpu.sim.nona.workloads import motivating_query, paper_models, resnet18_graph
 
 MOTIVATING = Cluster(servers=2, nu=1000.0, mu=10e9)  # §II: 80 Gbps, ops in ms of compute

@@ -6,7 +6,7 @@ import pytest
 from gpu.errors import ConfigError
 from gpu.schedulers.nona.optimizer import Cluster, LookupTable, NonaModel, QueryClass, solve
 from gpu.schedulers.nona.dag import Dag
-from gpu.schedulers.nona.policy import NonaController, NonaRouting, Query
+from gpu.schedulers.nona.controller import NonaController, NonaRouting, Query
 
 STAGES = {f"q/{t}": ("q", t) for t in "abcd"}
 

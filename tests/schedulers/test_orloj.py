@@ -6,7 +6,8 @@ from math import factorial
 import numpy as np
 import pytest
 
-from gpu.batching import BatchContext, PaddedBatchModel, InferenceRequest
+from gpu.batching import BatchContext, InferenceRequest
+from gpu.schedulers.orloj.cost_model import PaddedBatchModel
 from gpu.errors import ConfigError
 from gpu.schedulers.orloj.policy import (Histogram, OrlojPolicy, RESET_EXPONENT, batch_latency, line_coefficients,
                                   max_cdf, priority_scores, step_cost_scores)

@@ -1,6 +1,7 @@
 """The ORLOJ worker loop as a contract controller: hooks take ``now`` first and return frozen dispatches."""
 
-from gpu.batching import BatchContext, InferenceRequest, make_policy
+from gpu.batching import BatchContext, InferenceRequest
+from gpu.systems import make_batch_policy as make_policy
 from gpu.contract import contract_violations, is_frozen_decision
 from gpu.schedulers.orloj.policy import Histogram
 from gpu.schedulers.orloj.controller import BatchDone, OrlojController

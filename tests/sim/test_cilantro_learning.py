@@ -7,7 +7,7 @@ import pytest
 
 from benchmarks.cilantro_learning import (ToldPolicy, ci_noise, environment, fallback, learning, misreporting,
                                           noise_sensitivity, per_job, run)
-from gpu.schedulers.cilantro import make_policy
+from gpu.schedulers.cilantro.policies import make_policy
 
 
 @pytest.fixture(scope="module")

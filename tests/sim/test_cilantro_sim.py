@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from gpu.errors import ConfigError
-from gpu.schedulers.cilantro import make_policy
+from gpu.schedulers.cilantro.policies import make_policy
 from gpu.sim.cilantro.run import load_ucbs, run, simulate_policy
 from gpu.sim.cilantro.scenario import parse_multitenant
 from gpuflows.cli import main

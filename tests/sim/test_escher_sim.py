@@ -86,7 +86,7 @@ def test_affinity_puts_replicas_apart_and_consumers_beside_their_producers():
 
 def test_the_simulator_the_flow_and_the_policy_block_name_the_same_policies():
     from tasks.escher.demos import DEMOS
-    from gpu.schedulers.escher import POLICIES
+    from gpu.schedulers.escher.policies import POLICIES
     from resource_blocks import SchedulerPolicy
 
     assert set(EXPERIMENTS) == set(DEMOS) == set(POLICIES)

@@ -8,8 +8,9 @@ from gpu.errors import ConfigError
 from gpu.schedulers.nexus.squishy import GpuNode, SessionPlacement, Plan, Session, SquishyPacker
 from gpu.schedulers.nexus.profiles import linear_profile, serial_preprocess
 from gpu.schedulers.nexus.synthetic import synthetic_profiles
-from gpu.batching import make_policy
-from gpu.sim.nexus.run import STRATEGIES, NexusScenario, evaluate, max_load, run, scaled_sessions
+from gpu.systems import make_batch_policy as make_policy
+from gpu.schedulers.nexus.policies import POLICIES as STRATEGIES
+from gpu.sim.nexus.run import NexusScenario, evaluate, max_load, run, scaled_sessions
 from gpu.sim.nexus.engine import simulate_plan
 
 NEXUS = STRATEGIES["nexus"]

@@ -6,13 +6,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gpu.batching import make_policy
+from gpu.systems import make_batch_policy as make_policy
 from gpu.errors import ConfigError
 from gpu.schedulers.nexus.squishy import GpuNode, SessionPlacement, Plan, Session, SquishyPacker
 from gpu.schedulers.nexus.profiles import linear_profile
 from gpu.schedulers.nexus.synthetic import synthetic_profiles
 from gpu.schedulers.nexus.query import Query, QueryStage
-from gpu.sim.nexus.run import (STRATEGIES, NexusScenario, build_plan, evaluate, fewest_gpus, load, max_load,
+from gpu.schedulers.nexus.policies import POLICIES as STRATEGIES
+from gpu.sim.nexus.run import (NexusScenario, build_plan, evaluate, fewest_gpus, load, max_load,
                            paper_bad_rate, run, scaled_sessions)
 from gpu.sim.nexus.engine import SessionStats, SimResult, arrival_times, simulate_plan
 from gpuflows.cli import main

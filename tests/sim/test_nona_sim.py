@@ -12,7 +12,7 @@ import yaml
 from gpu.errors import ConfigError
 from gpu.schedulers.nona.optimizer import Cluster, NonaModel, QueryClass
 from gpu.schedulers.nona.dag import contract
-from gpu.schedulers.nona.policy import GroupingSampler
+from gpu.schedulers.nona.controller import GroupingSampler
 from gpu.sim.nona.run import parse, run
 from gpu.sim.nona.engine import BACKGROUND_COMM, Workload, simulate
 from gpu.sim.nona.workloads import motivating_query

@@ -129,7 +129,7 @@ def test_orloj_runs_per_gpu_on_a_multi_gpu_nexus_plan_with_a_dynamic_model():
     """simulate_plan with alone times: batches cost their slowest request, each GPU owns its policy."""
     import numpy as np
 
-    from gpu.batching import make_policy
+    from gpu.systems import make_batch_policy as make_policy
     from gpu.schedulers.nexus.squishy import GpuNode, SessionPlacement, Plan, Session
     from gpu.schedulers.nexus.profiles import linear_profile
     from gpu.sim.nexus.engine import AloneTimes, simulate_plan

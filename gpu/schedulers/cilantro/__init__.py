@@ -1,59 +1,19 @@
 """Cilantro: performance-aware allocation for general objectives via online feedback (thesis ch. 3).
 
-One module per concern: ``learners`` (performance CIs), ``forecasters`` (load UCBs), one module per
-policy family (``fair``, ``demand_mmf``, ``welfare``, ``evolutionary``, ``greedy``, ``ernest``,
-``quasar``, ``minerva``, ``reactive``), ``allocation`` (granularity and the ±B box), ``metrics``
-and ``microservices``. :data:`POLICIES` maps the paper's policy names (Table 3.2) to factories;
-:func:`make_policy` builds one and raises ConfigError for an unknown name.
+Scheduler modules:
 
-A round, as a flow runs it::
-
-    policy = make_policy("cilantro-njc")
-    alloc = policy.decide(snapshot, rng)      # {job: amount}; snapshot from learner bounds
-    state = policy.get_state()                # JSON; policy.set_state(state) after a restart
+- ``allocation``: resource granularity and the round's allocation space 𝒜^(r) (§3.4)
+- ``controller``: ``CilantroRound``, the allocation round as one controller for the simulator and the flow
+- ``demand_mmf``: Cilantro-NJC, max-min fairness on learned demands (§3.4, eqs. 3.5–3.6)
+- ``ernest``, ``quasar``, ``minerva``, ``greedy``, ``reactive``: the baselines of §3.7, adapted to demand learning
+- ``evolutionary``: evolutionary welfare search (EvoAlg-SW/-EW)
+- ``fair``: demand-based max-min fairness and Resource-Fair
+- ``forecasters``: load forecasters, an upper confidence bound on the next round's load (§3.3, §3.6)
+- ``learners``: performance learners with confidence intervals (§3.3, §3.6)
+- ``metrics``: utilities and the welfare/fairness metrics (eqs. 3.1–3.3, 3.8)
+- ``microservices``: microservice allocation by OFU on one end-to-end signal (eq. 3.7, Fig. 3.12)
+- ``policies``: ``POLICIES``, the paper's policy names (Table 3.2) → factories, and ``make_policy``
+- ``system``: Cilantro's entry in the system registry (``gpu.systems``)
+- ``types``: the snapshot a policy decides from, and the policy contract (§3.3, Fig. 3.3)
+- ``welfare``: welfare policies by optimism in the face of uncertainty (§3.4, eq. 3.4)
 """
-
-from __future__ import annotations
-
-from typing import Callable
-
-from gpu.errors import ConfigError
-from gpu.schedulers.cilantro.demand_mmf import DemandMMF
-from gpu.schedulers.cilantro.ernest import Ernest
-from gpu.schedulers.cilantro.evolutionary import EvoAlgPolicy
-from gpu.schedulers.cilantro.fair import ResourceFair
-from gpu.schedulers.cilantro.greedy import GreedyEW
-from gpu.schedulers.cilantro.minerva import Minerva
-from gpu.schedulers.cilantro.quasar import Quasar
-from gpu.schedulers.cilantro.reactive import MIAD, Parties
-from gpu.schedulers.cilantro.types import Allocation, Feedback, JobSpec, JobView, AllocationPolicy, Snapshot
-from gpu.schedulers.cilantro.welfare import WelfarePolicy
-
-POLICIES: dict[str, Callable[[], AllocationPolicy]] = {
-    "oracle-sw": lambda: WelfarePolicy("oracle-sw", "social", learner="oracle"),
-    "oracle-ew": lambda: WelfarePolicy("oracle-ew", "egalitarian", learner="oracle"),
-    "oracle-njc": lambda: DemandMMF("oracle-njc", learner="oracle"),
-    "cilantro-sw": lambda: WelfarePolicy("cilantro-sw", "social"),
-    "cilantro-ew": lambda: WelfarePolicy("cilantro-ew", "egalitarian"),
-    "cilantro-njc": lambda: DemandMMF("cilantro-njc"),
-    "cilantro-pf": lambda: WelfarePolicy("cilantro-pf", "proportional"),
-    "evoalg-sw": lambda: EvoAlgPolicy("evoalg-sw", "social"),
-    "evoalg-ew": lambda: EvoAlgPolicy("evoalg-ew", "egalitarian"),
-    "resource-fair": ResourceFair,
-    "greedy-ew": GreedyEW,
-    "ernest": Ernest,
-    "quasar": Quasar,
-    "minerva": Minerva,
-    "parties": Parties,
-    "miad": MIAD,
-}
-
-
-def make_policy(name: str) -> AllocationPolicy:
-    """A fresh policy by its paper name; ConfigError naming ``policy`` if unknown."""
-    if name not in POLICIES:
-        raise ConfigError("policy", name, f"unknown; choose one of {sorted(POLICIES)}")
-    return POLICIES[name]()
-
-
-__all__ = ["POLICIES", "make_policy", "Allocation", "Feedback", "JobSpec", "JobView", "AllocationPolicy", "Snapshot"]

@@ -35,8 +35,9 @@ Decide = Callable[[Sequence[StreamState], float, float, Mapping[str, float] | No
 """``decide(streams, gpus, window_s, start)``: one invocation of a policy (``start``: re-invocation seed)."""
 
 FIXED_NAMES = ("thief", "thief_start_splits", "noretrain", "fixedres")
-POLICY_FORMS = FIXED_NAMES + ("uniform_<cfg>_<pct>", "fixedconfig_<cfg>")
-"""Every policy name ``make_policy`` accepts (``<cfg>``: a retraining config; ``<pct>``: 1-100)."""
+POLICIES = FIXED_NAMES + ("uniform_<cfg>_<pct>", "fixedconfig_<cfg>")
+"""Every policy name ``make_policy`` accepts (``<cfg>``: a retraining config; ``<pct>``: 1-100): what the system
+registry offers (``gpu/schedulers/ekya/system.py``)."""
 
 
 @dataclass(frozen=True)

@@ -3,16 +3,14 @@
 Scheduler modules:
 
 - ``api``: ESCHER: scheduling policies as ephemeral resources over the pool ledger
+- ``controller``: the controller the registry checks, ``HierarchicalFairShare`` (``hfs``)
 - ``effort``: the lines of code a policy costs, counted as §4.5 counts effort
 - ``gang``: Gang scheduling as ESCHER writes it (§4.4e, Table 4.2 "Gang", Fig
 - ``hfs``: Hierarchical max-min fair sharing as an ESL (ESCHER §4.4f, Fig
+- ``policies``: ``POLICIES``, ESCHER's experiments and demos by name
 - ``primitives``: ESCHER's primitives P1–P4 (§4.4) and the Table 4.2 policies built from them, as ESL calls
 - ``soft``: Soft constraints, OR-composition and conflict relaxation as an ESL (ESCHER §4.4g–h, Fig
+- ``system``: ESCHER's entry in the system registry (``gpu.systems``)
 - ``trials``: where a FLUID trial's data-parallel workers go on a pool of nodes (anti-affinity, then affinity)
 - ``tune``: EscherTune's ESL (§4.5, Fig. 4.6c): when a trial moves to another node, and the move
 """
-
-POLICIES = ("affinity", "gang", "hfs", "locality", "colocation", "tune")
-"""ESCHER's policies by name, one set for every place that names them: the simulator's experiments
-(``gpu.sim.escher.run``), the flow's demos (``flows.escher_policies``) and a ``SchedulerPolicy(system="escher")``."""
-

@@ -17,7 +17,7 @@
   Theorem 2 / Eq. 3.3, used by tests and the benchmark to check StaticFluid on random instances.
 
 Widths: a width < 1 is a fraction of one GPU shared with other trials (always ``1/c``), a width >= 1 is a whole
-number of GPUs for distributed training. Placement onto concrete GPUs is ``gpu.schedulers.fluid.executor``.
+number of GPUs for distributed training. Placement onto concrete GPUs is ``gpu.schedulers.fluid.controller``.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from gpu.errors import ConfigError
 from gpu.schedulers.fluid.algorithms import Trial, TrialGroup
-from gpu.schedulers.fluid.executor import GroupClock, TrialPlacement, PlacementBook, Step
+from gpu.schedulers.fluid.controller import GroupClock, TrialPlacement, PlacementBook, Step
 
 
 class FifoExecutor:

@@ -14,7 +14,7 @@ from typing import Sequence
 from gpu.scenario import choose
 from gpu.schedulers.fluid.algorithms import FluidParams
 from gpu.schedulers.fluid.baselines import FifoExecutor
-from gpu.schedulers.fluid.executor import FluidExecutor
+from gpu.schedulers.fluid.controller import FluidExecutor
 
 POLICIES = ("fifo", "static_fluid", "fluid")
 

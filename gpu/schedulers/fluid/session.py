@@ -20,8 +20,8 @@ from __future__ import annotations
 from typing import Callable, Protocol, Sequence
 
 from gpu.schedulers.fluid.algorithms import Trial, TrialGroup
-from gpu.schedulers.fluid.executor import TrialPlacement, Step
-from gpu.tuning.base import TuningAlgorithm
+from gpu.schedulers.fluid.controller import TrialPlacement, Step
+from gpu.schedulers.fluid.tuning.base import TuningAlgorithm
 
 
 class Executor(Protocol):

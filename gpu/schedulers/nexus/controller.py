@@ -31,7 +31,7 @@ from gpu.schedulers.nexus.squishy import Plan
 from gpu.schedulers.nexus.chaining import Issue, QueryChains
 from gpu.schedulers.nexus.epoch import EpochPlanner
 from gpu.schedulers.nexus.routing import DeficitRoundRobin, Router, WeightedRandom
-from gpu.schedulers.nexus.strategies import Strategy, policy_names, strategy
+from gpu.schedulers.nexus.policies import Strategy, policy_names, strategy
 
 T = TypeVar("T")
 
@@ -56,7 +56,7 @@ class NexusController:
             world installs and no epoch changes (the §7.2 experiments, one ``simulate_plan``).
         chains: ``{child stage session: (parent stage session, γ)}``, queries served as DAGs (a join lists its
             parents as a tuple, ``nexus_chaining``).
-        policy: the serving configuration (``nexus_strategies``); it names the load balancer unless
+        policy: the serving configuration (``gpu.schedulers.nexus.policies``); it names the load balancer unless
             ``load_balancer`` is given.
         rng: seed or generator of the routing (weighted random) and fan-out draws.
         time_unit: the world's clock for chaining deadlines, ``ms`` or ``ns``.

@@ -18,7 +18,7 @@ sequence to the same GPUs.
 
 Per-query routing (:class:`QueryRouting`): a seam that may route each request of a multi-stage query by its
 query (the id of the query's root request) instead of by its session's shares — Nona places a whole query
-at once (``gpu.schedulers.nona.policy.NonaRouting``). The default, :class:`PlanShares`, routes nothing
+at once (``gpu.schedulers.nona.controller.NonaRouting``). The default, :class:`PlanShares`, routes nothing
 itself: every request follows its session's shares, as Nexus does.
 
 Example: ``DeficitRoundRobin("ab", [2, 1]).pick_many(6)`` → ``[0, 0, 1, 0, 0, 1]``.

@@ -22,7 +22,7 @@ import numpy as np
 from gpu.errors import ConfigError
 from gpu.schedulers.nona.dag import Dag, branches, groupings, subgraphs, undistributed
 from gpu.schedulers.nona.optimizer import NonaModel, theta_vector
-from gpu.schedulers.nona.policy import QueryPlacement, Query
+from gpu.schedulers.nona.controller import QueryPlacement, Query
 
 
 def undistributed_thetas(dags: Mapping[str, Dag], servers: int) -> dict[tuple[str, str], tuple[float, ...]]:

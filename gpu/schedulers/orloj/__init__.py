@@ -6,7 +6,10 @@ Scheduler modules:
   latency
 - ``controller``: One GPU worker's batching loop as a ``gpu.contract.Controller``: queue, batch policy, feedback,
   profiler
+- ``cost_model``: ``PaddedBatchModel``, a padded batch runs as long as its slowest request (Eq. 4.3/4.4)
 - ``hull``: ORLOJ's priority queue as a dynamic upper envelope of lines (Yu 2022, §4.4.4, Fig
+- ``policies``: ``POLICIES``, ORLOJ and the baselines of its evaluation (§4.5), by name
 - ``policy``: ORLOJ: distribution-aware batching for dynamic DNNs (P
 - ``profiler``: ORLOJ's online profiler (Yu 2022, §4.3.2): per-application alone times of sampled finished requests
+- ``system``: ORLOJ's entry in the system registry (``gpu.systems``)
 """

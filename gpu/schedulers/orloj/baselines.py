@@ -8,8 +8,9 @@ latency per size, what a data-independent profiler measures):
   is *predicted* to end: earliest deadline first, the largest batch whose predicted finish meets the earliest
   deadline. When a batch overruns its prediction, the already-planned next batch misses its start window and
   fails ("frequent time-out error in its scheduler, causing the subsequent batch to fail", §4.5.3).
-* Nexus-like — ``gpu.batching.EarlyDropPolicy`` (Shen et al., SOSP'19, §6.3) with the plan's batch size, the
-  largest ``b`` whose ``2·ℓ(b)`` fits the SLO on the mean latency; built by :func:`nexus_plan_batch`.
+* Nexus-like — Nexus's own early drop (Shen et al., SOSP'19, §6.3; the batch registry's ``early_drop``) with the
+  plan's batch size, the largest ``b`` whose ``2·ℓ(b)`` fits the SLO on the mean latency; built by
+  :func:`nexus_plan_batch`.
 * :class:`ClipperLike` — Clipper (Crankshaw et al., NSDI'17, §4.3.1) AIMD: grow the batch by one while the
   observed batch latency stays within the SLO, back off by 10 % when it does not; first come first served,
   no deadline drops.

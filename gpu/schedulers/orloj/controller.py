@@ -3,8 +3,8 @@
 The world (the simulator's ``EventLoop`` in ``gpu.sim.orloj.run``; any driver with a real clock) tells the
 controller when a request arrives and when the batch it dispatched finished; each hook returns a frozen
 :class:`Dispatch` — the batch to run now, the requests to drop, and which finished requests to time alone for
-ORLOJ's profiler (§4.3.2). The controller owns the queue and the policy (ORLOJ or a baseline,
-``gpu.batching.POLICIES``) and calls the policy's ``observe`` after each batch; it reads no clock.
+ORLOJ's profiler (§4.3.2). The controller owns the queue and the policy (ORLOJ or a baseline, any
+``gpu.batching.BatchPolicy``) and calls the policy's ``observe`` after each batch; it reads no clock.
 
 Re-profiling has one entry point in both worlds, ``on_epoch``: at every epoch boundary of its clock the world
 hands over what it measured in the epoch, per application ``(k, ms)`` of each batch of ``k`` of its requests

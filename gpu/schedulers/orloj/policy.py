@@ -32,7 +32,8 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from gpu.batching import BatchContext, BatchDecision, PaddedBatchModel, InferenceRequest
+from gpu.batching import BatchContext, BatchDecision, InferenceRequest
+from gpu.schedulers.orloj.cost_model import PaddedBatchModel
 from gpu.errors import ConfigError
 
 MIXES = ("round_robin", "iid", "request_aware", "own_app")

@@ -26,7 +26,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from gpu.batching import PaddedBatchModel
+from gpu.schedulers.orloj.cost_model import PaddedBatchModel
 from gpu.errors import ConfigError
 from gpu.schedulers.orloj.policy import Histogram
 

@@ -1,7 +1,7 @@
 """Simulator of Cilantro's multi-tenant experiment (thesis ch. 3, §3.7, Table 3.2, Figs. 3.8–3.9).
 
 Jobs report every ``report_s`` (10 s) with noise; every ``round_s`` (120 s) the round controller
-:class:`~gpu.schedulers.cilantro.round.CilantroRound` — the one the Prefect flow drives — folds the
+:class:`~gpu.schedulers.cilantro.controller.CilantroRound` — the one the Prefect flow drives — folds the
 reports into the learners and decides the next round. Metrics (eqs. 3.1–3.3, 3.8) are computed per
 report from the *true* performance at the actual loads and time-averaged. Ground truth and loads follow
 the authors' code (docs/cilantro.md); latency jobs observe ``Binomial(N, p)/N`` with ``N = ℓ·10 s`` and report ``σ = 0.5/√N`` (the
@@ -24,11 +24,11 @@ import numpy as np
 from gpu.errors import ConfigError
 from gpu.report import SimulationReport
 from gpu.scenario import load_scenario, policy_names
-from gpu.schedulers.cilantro import POLICIES, make_policy
+from gpu.schedulers.cilantro.policies import POLICIES, make_policy
 from gpu.schedulers.cilantro.forecasters import ArimaForecaster, EwmaForecaster
 from gpu.schedulers.cilantro.learners import IntervalBinaryTree, SaturatingLearner
 from gpu.schedulers.cilantro.metrics import njc_fairness, njc_fairness_resource, useful_usage
-from gpu.schedulers.cilantro.round import CilantroRound, JobReport, LoadForecasts, RoundJob
+from gpu.schedulers.cilantro.controller import CilantroRound, JobReport, LoadForecasts, RoundJob
 from gpu.schedulers.cilantro.types import AllocationPolicy
 from gpu.sim.cilantro.scenario import MultiTenantConfig, SimJob, parse_multitenant, run_static
 
@@ -58,7 +58,7 @@ def make_forecaster(cfg: MultiTenantConfig) -> ArimaForecaster | EwmaForecaster:
 
 def load_ucbs(cfg: MultiTenantConfig, loads: np.ndarray) -> np.ndarray:
     """Load UCB per (round, job) for rounds ``0 … rounds`` (the last one follows the final round), from the
-    round's own forecasts (:class:`~gpu.schedulers.cilantro.round.LoadForecasts`) fed with past reports."""
+    round's own forecasts (:class:`~gpu.schedulers.cilantro.controller.LoadForecasts`) fed with past reports."""
     k = cfg.reports_per_round
     names = [job.spec.name for job in cfg.jobs]
     forecasts = LoadForecasts({job.spec.name: make_forecaster(cfg) for job in cfg.jobs if not job.profile.throughput},
@@ -114,7 +114,7 @@ def simulate_policy(cfg: MultiTenantConfig, policy: AllocationPolicy, seed: int,
                     keep_allocations: bool = False) -> tuple[PolicyRun, dict]:
     """Run ``policy`` for rounds ``[start_round, stop_round)``; returns its traces and a resumable state.
 
-    The world of :class:`~gpu.schedulers.cilantro.round.CilantroRound`: outcomes come from the profiled true
+    The world of :class:`~gpu.schedulers.cilantro.controller.CilantroRound`: outcomes come from the profiled true
     curves with report noise (:func:`_observe`). ``state`` (from a previous call's return) restores the
     round (learners, policy, RNG, planned decision) and the noise RNG, so a run split in two equals one
     uninterrupted run.

@@ -15,7 +15,7 @@ from gpu.errors import ConfigError
 from gpu.report import SimulationReport
 from gpu.scenario import (MAX_FACTOR, MAX_RATE, MAX_SECONDS, MAX_SEED, MAX_SEEDS, choose, integer, known_fields,
                           mapping, policy_names, positive, require)
-from gpu.schedulers.cilantro import make_policy
+from gpu.schedulers.cilantro.policies import make_policy
 from gpu.schedulers.cilantro.metrics import (UTILITY_EXPONENTS, egalitarian_welfare, njc_fairness,
                                              njc_fairness_resource, social_welfare, useful_usage)
 from gpu.schedulers.cilantro.types import JobSpec, JobView, Snapshot
@@ -183,7 +183,8 @@ def parse_multitenant(raw: Mapping[str, Any]) -> MultiTenantConfig:
     )
 
 
-STATIC_POLICIES = ["resource-fair", "oracle-njc", "oracle-sw", "oracle-ew", "cilantro-pf"]
+DEFAULT_STATIC_POLICIES = ("resource-fair", "oracle-njc", "oracle-sw", "oracle-ew", "cilantro-pf")
+"""What a ``kind: static`` scenario (Fig. 3.4) runs when it names no ``policies``: a subset of ``POLICIES``."""
 
 
 def static_example(capacity: float, demands: list[float], policies: list[str] | None = None) -> list[dict[str, Any]]:
@@ -195,7 +196,7 @@ def static_example(capacity: float, demands: list[float], policies: list[str] | 
     snap = Snapshot(capacity, jobs, previous=None, max_change=None, round_index=1)
     fair_u = np.minimum(1, capacity / len(d) / d)
     rows = []
-    for name in policies or STATIC_POLICIES:
+    for name in policies or DEFAULT_STATIC_POLICIES:
         a = np.array(list(make_policy(name).decide(snap, np.random.default_rng(0)).values()))
         u = np.minimum(1, a / d)
         rows.append({"policy": name, "allocation": "/".join(f"{v:g}" for v in a), "social_welfare": social_welfare(u),
@@ -215,7 +216,7 @@ def run_static(raw: Mapping[str, Any], policies: list[str] | None) -> Simulation
     if not isinstance(demands, list) or not demands:
         raise ConfigError("demands", demands, "must be a non-empty list")
     rows = static_example(capacity, [positive(v, f"demands[{i}]", upper=MAX_UNITS) for i, v in enumerate(demands)],
-                          policy_names(raw, policies, STATIC_POLICIES))
+                          policy_names(raw, policies, DEFAULT_STATIC_POLICIES))
     summary = {f"{r['policy'].replace('-', '_')}_{m}": r[m] for r in rows
                for m in ("social_welfare", "egalitarian_welfare", "njc_fairness", "useful_usage")}
     return SimulationReport("cilantro", rows, summary)

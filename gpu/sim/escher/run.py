@@ -29,7 +29,7 @@ from gpu.scenario import (
     MAX_FACTOR, MAX_MS, MAX_RATE, MAX_SECONDS, MAX_SEED, entries, integer, known_fields, label, load_scenario,
     policy_names, positive, section, within_events,
 )
-from gpu.schedulers.escher import POLICIES
+from gpu.schedulers.escher.policies import POLICIES
 from gpu.sim.escher.affinity import PLACEMENTS, Affinity, affinity_placements
 from gpu.sim.escher.gangs import GangLoad, gang_latencies
 from gpu.sim.escher.workloads import (

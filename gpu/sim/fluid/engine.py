@@ -11,11 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from gpu.errors import GpuflowsError
-from gpu.schedulers.fluid.executor import TrialPlacement, Step
+from gpu.schedulers.fluid.controller import TrialPlacement, Step
 from gpu.schedulers.fluid.session import Executor, TuningSession
 from gpu.sim.events import EventHandle, EventLoop
 from gpu.sim.fluid.workload import Workload
-from gpu.tuning.base import TuningAlgorithm
+from gpu.schedulers.fluid.tuning.base import TuningAlgorithm
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from gpu.schedulers.fluid.algorithms import (MAX_PACKED, FluidParams, PackingCur
 from gpu.schedulers.fluid.policies import POLICIES, build_executor
 from gpu.sim.fluid.engine import RunResult, simulate
 from gpu.sim.fluid.workload import Workload
-from gpu.tuning import ALGORITHMS, FixedTrials, TuningAlgorithm, parse_space
+from gpu.schedulers.fluid.tuning import ALGORITHMS, FixedTrials, TuningAlgorithm, parse_space
 
 SCENARIO_KEYS = ("name", "gpus", "seed", "policies", "fluid", "workload", "trials", "algorithm")
 FLUID_KEYS = ("c", "d", "epsilon", "o_th", "concurrency")
@@ -169,4 +169,4 @@ def report(name: str, results: dict[str, RunResult], info: dict[str, Any], gpus:
     return SimulationReport("fluid", table, summary, {"parameters": [{"name": k, "value": v} for k, v in info.items()]})
 
 
-__all__ = ["POLICIES", "build_executor", "run", "report", "Trial"]
+__all__ = ["run", "report", "Trial"]

@@ -22,7 +22,7 @@ import numpy as np
 from gpu.errors import ConfigError
 from gpu.scenario import MAX_FACTOR, MAX_SECONDS, number, positive
 from gpu.schedulers.fluid.algorithms import Trial
-from gpu.tuning.space import dimensions, encode
+from gpu.schedulers.fluid.tuning.space import dimensions, encode
 
 
 @dataclass(frozen=True)

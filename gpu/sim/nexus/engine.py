@@ -34,7 +34,7 @@ from typing import Callable, Mapping, NamedTuple
 
 import numpy as np
 
-from gpu.batching import BatchContext, BatchPolicy, PaddedBatchModel, InferenceRequest, observe_batch
+from gpu.batching import BatchContext, BatchCostModel, BatchPolicy, InferenceRequest, observe_batch
 from gpu.errors import ConfigError
 from gpu.schedulers.nexus.squishy import Plan
 from gpu.schedulers.nexus.overflow import route_unassigned
@@ -173,7 +173,7 @@ def _remove(queue: deque, positions: tuple[int, ...]) -> list[InferenceRequest]:
 class AloneTimes(NamedTuple):
     """A dynamic model's per-request cost: alone times drawn per request, a batch priced by Eq. 4.3/4.4."""
 
-    model: PaddedBatchModel
+    model: BatchCostModel
     sample: Callable[[np.random.Generator, int], np.ndarray]  # (rng, n) -> n alone times, ms
 
 

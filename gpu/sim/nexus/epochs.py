@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Mapping, Sequence
 
-from gpu.batching import make_policy
+from gpu.systems import make_batch_policy
 from gpu.errors import ConfigError
 from gpu.schedulers.nexus.squishy import Session, SquishyPacker
 from gpu.schedulers.nexus.controller import NexusController
@@ -106,7 +106,7 @@ def step_timeline(profiles: Mapping[str, BatchProfile], sessions: Sequence[Sessi
         raise ConfigError("scale", scale, "must be > 0")
     planner = EpochPlanner(SquishyPacker(profiles, preset), sessions, config)
     controller = NexusController(planner, rng=seed)
-    policy = make_policy(batch_policy)
+    policy = make_batch_policy(batch_policy)
     beacons: list[Beacon] = []
     plan = controller.plan
     n = int(round(duration_s / config.beacon_s))

@@ -1,7 +1,7 @@
 """``gpuflows simulate nexus``: plan a scenario's sessions and queries, then simulate every policy on it.
 
 A *policy* here is a whole serving configuration from the paper's evaluation (§7), one of
-``gpu.schedulers.nexus.strategies.STRATEGIES``: ``nexus`` is the full system, the others its ablations and the
+``gpu.schedulers.nexus.policies.POLICIES``: ``nexus`` is the full system, the others its ablations and the
 Clipper/TF-Serving-like baselines of §7.2. Scenario format: ``docs/nexus.md``.
 
 CPU model (§6.3, §7.3.1; inferred, docs/nexus.md): a model may declare ``preprocess_ms`` per request. With OL
@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from gpu.batching import make_policy
+from gpu.systems import make_batch_policy
 from gpu.errors import ConfigError
 from gpu.report import SimulationReport
 from gpu.scenario import (MAX_BATCH, MAX_COUNT, MAX_FANOUT, MAX_GPUS, MAX_MB, MAX_MS, MAX_RATE, MAX_SECONDS,
@@ -31,7 +31,7 @@ from gpu.schedulers.nexus.overflow import route_unassigned
 from gpu.schedulers.nexus.prefix import PrefixGroup, merge_sessions, variant_profiles
 from gpu.schedulers.nexus.profiles import (PRESETS, BatchProfile, linear_profile, published_profiles,
                                            serial_preprocess, table_profile)
-from gpu.schedulers.nexus.strategies import STRATEGIES, Strategy
+from gpu.schedulers.nexus.policies import POLICIES, Strategy
 from gpu.schedulers.nexus.synthetic import MIB, synthetic_profiles
 from gpu.schedulers.nexus.query import (Query, QueryStage, Throughput, even_split, profile_throughput,
                                         split_slo)
@@ -347,7 +347,7 @@ def evaluate(sc: NexusScenario, strategy: Strategy, load: float = 1.0, gpus: int
     """Plan at ``load`` and simulate the plan with the strategy's batch policy (and CPU model)."""
     plan = build_plan(sc, strategy, load, gpus)
     sessions, profiles = scaled_sessions(sc, strategy, load)
-    res = simulate_plan(plan, profiles, make_policy(strategy.batch_policy),
+    res = simulate_plan(plan, profiles, make_batch_policy(strategy.batch_policy),
                         rates={s.session_id: s.rate for s in sessions},
                         duration_s=duration_s or sc.duration_s,
                         arrivals=sc.arrivals, noise=sc.noise, seed=sc.seed, streams=sc.session_streams(),
@@ -427,12 +427,12 @@ def max_load(sc: NexusScenario, strategy: Strategy, gpus: int, *, target_bad: fl
 def run(scenario_path: str, policies: list[str] | None = None) -> SimulationReport:
     """Simulate each named policy (default all) on the scenario; one table row per policy."""
     sc = load(scenario_path)
-    names = policies or list(STRATEGIES)
+    names = policies or list(POLICIES)
     for n in names:
-        choose(n, "policy", list(STRATEGIES))
+        choose(n, "policy", list(POLICIES))
     rows, summary = [], {}
     for n in names:
-        st = STRATEGIES[n]
+        st = POLICIES[n]
         plan, res = evaluate(sc, st, gpus=sc.gpus)
         offered = res.total("offered")
         rows.append({"policy": n, "placement": st.placement, "batch_policy": st.batch_policy,

@@ -38,7 +38,7 @@ import numpy as np
 from gpu.contract import Controller
 from gpu.schedulers.nona.optimizer import Cluster
 from gpu.schedulers.nona.dag import Dag
-from gpu.schedulers.nona.policy import QueryPlacement, Query
+from gpu.schedulers.nona.controller import QueryPlacement, Query
 from gpu.sim.events import EventLoop
 
 BACKGROUND_COMPUTE, BACKGROUND_COMM = "background-compute", "background-comm"

@@ -27,11 +27,11 @@ from gpu.schedulers.nona.optimizer import Cluster, NonaModel, QueryClass, Soluti
 from gpu.schedulers.nona.baselines import (RandomPlacement, expert_thetas, opportunistic_thetas,
                                            undistributed_thetas)
 from gpu.schedulers.nona.dag import Dag, contract
-from gpu.schedulers.nona.policy import GroupingSampler, NonaController
+from gpu.schedulers.nona.controller import GroupingSampler, NonaController
+from gpu.schedulers.nona.policies import POLICIES
 from gpu.sim.nona.engine import BACKGROUND_COMM, BACKGROUND_COMPUTE, JobRecord, Placer, Workload, simulate
 from gpu.sim.nona.workloads import motivating_query, paper_models
 
-POLICIES = ("nona", "nona_star", "nona_table", "expert", "opportunistic", "random", "spark", "undistributed")
 MODELS = {**{name: (lambda name=name: paper_models()[name]) for name in paper_models()}, "motivating": motivating_query}
 GBPS = 1e9 / 8  # bytes per second in one Gbit/s
 MAX_SERVERS = 100_000
@@ -291,4 +291,4 @@ def report(setup: Setup, outcomes: list[Outcome]) -> SimulationReport:
                              "model vs simulation": predicted})
 
 
-__all__ = ["POLICIES", "Setup", "parse", "run", "run_policy", "report", "stats", "rates_for_load"]
+__all__ = ["Setup", "parse", "run", "run_policy", "report", "stats", "rates_for_load"]

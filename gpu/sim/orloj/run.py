@@ -2,9 +2,10 @@
 
 The world owns the clock (``gpu.sim.events.EventLoop``) and the truth: each request's alone time is sampled
 from its application's distribution, and a batch runs for Eq. 4.3/4.4 on those true times
-(``gpu.batching.PaddedBatchModel``). It drives one ``gpu.schedulers.orloj.controller.OrlojController`` per run,
-which owns the queue and the policy. The policies are the runtime's ``gpu.batching`` objects; they see only
-requests, deadlines and what their profiler measured:
+(``gpu.schedulers.orloj.cost_model.PaddedBatchModel``). It drives one
+``gpu.schedulers.orloj.controller.OrlojController`` per run, which owns the queue and the policy. The policies
+are the runtime's batch policies, built by name through the registry (``gpu.systems.make_batch_policy``: ORLOJ's
+own and Nexus's ``early_drop``); they see only requests, deadlines and what their profiler measured:
 
 * ORLOJ: per-application histograms of alone times, from a warm profiler (``PROFILE_SAMPLES`` requests per
   application timed alone) or, with ``orloj.profiler: online``, from ``COLD_SAMPLES`` per application and then
@@ -29,17 +30,20 @@ from typing import Callable
 
 import numpy as np
 
-from gpu.batching import BatchContext, BatchPolicy, PaddedBatchModel, InferenceRequest, make_policy
+from gpu.batching import BatchContext, BatchPolicy, InferenceRequest
+from gpu.schedulers.orloj.cost_model import PaddedBatchModel
+from gpu.systems import make_batch_policy
 from gpu.errors import ConfigError
 from gpu.report import SimulationReport
 from gpu.schedulers.orloj.policy import Histogram, LatencyTable
 from gpu.schedulers.orloj.baselines import nexus_plan_batch
 from gpu.schedulers.orloj.controller import BatchDone, Dispatch, OrlojController, Reprofiled
+from gpu.schedulers.orloj.policies import POLICIES
 from gpu.schedulers.orloj.profiler import OnlineProfiler
 from gpu.scenario import choose, within_events
 from gpu.sim.events import EventLoop
 from gpu.sim.nexus.engine import SessionStats, arrival_times
-from gpu.sim.orloj.workload import POLICY_NAMES, Case, OrlojScenario, load
+from gpu.sim.orloj.workload import Case, OrlojScenario, load
 
 PROFILE_SAMPLES = 20_000
 COLD_SAMPLES = 30  # an online-profiled ORLOJ starts from this many alone times per application
@@ -111,13 +115,13 @@ def build_policy(name: str, setup: Setup, sc: OrlojScenario) -> BatchPolicy:
     """A fresh policy for one worker (baselines keep state, so never shared between runs)."""
     if name == "orloj":
         hists = setup.cold_histograms if sc.profiler == "online" else setup.histograms
-        return make_policy("orloj", histograms=hists, model=setup.model, batch_sizes=setup.batch_sizes, b=sc.b,
-                           mix=sc.mix)
+        return make_batch_policy("orloj", histograms=hists, model=setup.model, batch_sizes=setup.batch_sizes,
+                                 b=sc.b, mix=sc.mix)
     if name == "clockwork":
-        return make_policy("clockwork", batch_sizes=setup.batch_sizes)
+        return make_batch_policy("clockwork", batch_sizes=setup.batch_sizes)
     if name == "nexus":
-        return make_policy("early_drop")
-    return make_policy("clipper")
+        return make_batch_policy("early_drop")
+    return make_batch_policy("clipper")
 
 
 class _World:
@@ -253,7 +257,7 @@ def ratios(rows: list[dict]) -> dict[float, list[float]]:
 def run(scenario_path: str, policies: list[str] | None = None) -> SimulationReport:
     """Simulate each named policy (default: the scenario's, else all four) on every case and SLO."""
     sc = load(scenario_path)
-    chosen = [choose(p, "policy", list(POLICY_NAMES)) for p in (policies or sc.policies)]
+    chosen = [choose(p, "policy", list(POLICIES)) for p in (policies or sc.policies)]
     rows = sweep(sc, chosen)
     summary = {f"finish_rate_{p}": float(np.mean([r["finish_rate"] for r in rows if r["policy"] == p]))
                for p in chosen}

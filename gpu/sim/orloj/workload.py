@@ -18,13 +18,13 @@ import numpy as np
 from gpu.errors import ConfigError
 from gpu.scenario import (MAX_BATCH, MAX_EVENTS, MAX_FACTOR, MAX_MS, MAX_SECONDS, MAX_SEEDS, entries, fraction,
                           integer, label, load_scenario, names, positive, require, section)
+from gpu.schedulers.orloj.policies import POLICIES
 
 Z99 = 2.3263478740408408  # the standard normal's 99th percentile
 MAX_SLO_MULTIPLIER = 1_000.0  # an SLO of 1,000 x the p99 alone time: no batch policy decides anything any more
 MAX_LOAD = 100.0  # offered load in units of the largest batch's throughput
 MAX_BINS = 100_000  # histogram bins per application
 MIN_MS = 1.0  # the synthetic distributions are truncated here
-POLICY_NAMES = ("orloj", "clockwork", "nexus", "clipper")
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,7 @@ class OrlojScenario:
     name: str
     cases: tuple[Case, ...]
     slo_multipliers: tuple[float, ...] = (1.5, 2.0, 3.0, 4.0, 5.0)
-    policies: tuple[str, ...] = POLICY_NAMES
+    policies: tuple[str, ...] = POLICIES
     seeds: int = 5
     duration_s: float = 60.0
     requests: int | None = None  # when set, each case runs for this many expected arrivals instead
@@ -144,10 +144,10 @@ def parse(raw: dict[str, Any], source: str = "scenario") -> OrlojScenario:
     multipliers = tuple(positive(m, f"slo_multipliers[{i}]", upper=MAX_SLO_MULTIPLIER)
                         for i, m in enumerate(raw.get("slo_multipliers",
                                                                                              [1.5, 2, 3, 4, 5])))
-    policies = tuple(names(raw.get("policies", list(POLICY_NAMES)), "policies"))
+    policies = tuple(names(raw.get("policies", list(POLICIES)), "policies"))
     for p in policies:
-        if p not in POLICY_NAMES:
-            raise ConfigError("policies", p, f"unknown; choose from {list(POLICY_NAMES)}")
+        if p not in POLICIES:
+            raise ConfigError("policies", p, f"unknown; choose from {list(POLICIES)}")
     sizes = tuple(integer(b, f"batch_sizes[{i}]", 1, MAX_BATCH)
                   for i, b in enumerate(raw.get("batch_sizes", [1, 2, 4, 8, 16])))
     if not multipliers or not sizes or not policies:
@@ -168,4 +168,4 @@ def load(path: str) -> OrlojScenario:
     return parse(load_scenario(path), str(path))
 
 
-__all__ = ["AppDistribution", "Case", "OrlojScenario", "POLICY_NAMES", "load", "lognormal_sigma", "parse"]
+__all__ = ["AppDistribution", "Case", "OrlojScenario", "load", "lognormal_sigma", "parse"]

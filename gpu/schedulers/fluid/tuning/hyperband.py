@@ -19,8 +19,8 @@ import numpy as np
 
 from gpu.errors import ConfigError
 from gpu.schedulers.fluid.algorithms import Trial, TrialGroup
-from gpu.tuning.base import ConfigSampler, RandomSampler, TuningAlgorithm, check_budget, check_count
-from gpu.tuning.space import Space
+from gpu.schedulers.fluid.tuning.base import ConfigSampler, RandomSampler, TuningAlgorithm, check_budget, check_count
+from gpu.schedulers.fluid.tuning.space import Space
 
 
 class _Bracket:

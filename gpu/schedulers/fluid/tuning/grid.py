@@ -1,6 +1,6 @@
 """Grid and random search: every trial in ONE TrialGroup with the full budget (thesis §3.3.2).
 
-Variants come from Ray Tune's variant generator (``gpu.tuning.space.variants``). ``FixedTrials`` submits a
+Variants come from Ray Tune's variant generator (``space.variants``). ``FixedTrials`` submits a
 given list (e.g. the toy example of Fig. 3.5: budgets 4, 4, 12, 30 s).
 """
 
@@ -12,8 +12,8 @@ import numpy as np
 
 from gpu.errors import ConfigError
 from gpu.schedulers.fluid.algorithms import Trial, TrialGroup
-from gpu.tuning.base import TuningAlgorithm, check_budget, check_count
-from gpu.tuning.space import Space, validate_space, variants
+from gpu.schedulers.fluid.tuning.base import TuningAlgorithm, check_budget, check_count
+from gpu.schedulers.fluid.tuning.space import Space, validate_space, variants
 
 
 class _OneGroup(TuningAlgorithm):

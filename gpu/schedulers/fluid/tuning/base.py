@@ -21,7 +21,7 @@ import numpy as np
 
 from gpu.errors import ConfigError
 from gpu.schedulers.fluid.algorithms import Trial, TrialGroup
-from gpu.tuning.space import Space, sample, validate_space
+from gpu.schedulers.fluid.tuning.space import Space, sample, validate_space
 
 
 @dataclass(frozen=True)

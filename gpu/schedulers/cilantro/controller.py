@@ -30,7 +30,7 @@ from typing import Any, Callable, Mapping, Protocol
 import numpy as np
 
 from gpu.errors import ConfigError
-from gpu.schedulers.cilantro import POLICIES
+from gpu.schedulers.cilantro.policies import POLICIES
 from gpu.schedulers.cilantro.learners import learner_from_state
 from gpu.schedulers.cilantro.types import Feedback, JobSpec, JobView, AllocationPolicy, Snapshot
 

@@ -18,8 +18,8 @@ import numpy as np
 
 from gpu.errors import ConfigError
 from gpu.schedulers.fluid.algorithms import Trial, TrialGroup
-from gpu.tuning.base import TuningAlgorithm, check_budget, check_count
-from gpu.tuning.space import Choice, Grid, LogUniform, Space, Uniform, sample, validate_space
+from gpu.schedulers.fluid.tuning.base import TuningAlgorithm, check_budget, check_count
+from gpu.schedulers.fluid.tuning.space import Choice, Grid, LogUniform, Space, Uniform, sample, validate_space
 
 
 class PBT(TuningAlgorithm):

@@ -17,9 +17,9 @@ from typing import Any
 import numpy as np
 from scipy.stats import gaussian_kde
 
-from gpu.tuning.asha import ASHA
-from gpu.tuning.hyperband import Hyperband
-from gpu.tuning.space import Space, decode, dimensions, encode, sample, validate_space
+from gpu.schedulers.fluid.tuning.asha import ASHA
+from gpu.schedulers.fluid.tuning.hyperband import Hyperband
+from gpu.schedulers.fluid.tuning.space import Space, decode, dimensions, encode, sample, validate_space
 
 
 class KDESampler:

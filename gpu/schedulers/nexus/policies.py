@@ -6,7 +6,7 @@ A *policy* here is a whole serving configuration from the paper's evaluation (Ne
 pre-processing overlapped with the GPU (OL, §6.3, on or off) and the frontend's load balancer (§5). ``nexus`` is
 the full system; the others are its ablations and the Clipper/TF-Serving-like baselines of §7.2.
 
-Example: ``STRATEGIES["batch_oblivious"]`` → ``Strategy("batch_oblivious", "batch_oblivious", "early_drop", "even")``.
+Example: ``POLICIES["batch_oblivious"]`` → ``Strategy("batch_oblivious", "batch_oblivious", "early_drop", "even")``.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ class Strategy:
     load_balancer: str = "drr"
 
 
-STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
+POLICIES: dict[str, Strategy] = {s.name: s for s in (
     Strategy("nexus", "squishy", "early_drop"),
     Strategy("nexus_lazy_drop", "squishy", "lazy_drop"),
     Strategy("nexus_even_split", "squishy", "early_drop", "even"),
@@ -53,11 +53,11 @@ STRATEGIES: dict[str, Strategy] = {s.name: s for s in (
 
 def policy_names() -> list[str]:
     """Every Nexus policy, the full system first (what the system registry offers)."""
-    return list(STRATEGIES)
+    return list(POLICIES)
 
 
 def strategy(name: str) -> Strategy:
     """The serving configuration called ``name``."""
-    if name not in STRATEGIES:
+    if name not in POLICIES:
         raise ConfigError("policy", name, f"unknown Nexus policy; choose one of {policy_names()}")
-    return STRATEGIES[name]
+    return POLICIES[name]
