@@ -324,6 +324,11 @@ def test_bad_input_fails_before_any_work():
         Margins(total=0.5)
     with pytest.raises(ConfigError, match=r"jobs\[w\]\.weight"):
         SalusJob("w", 1, 1, weight=0)
+    with pytest.raises(ConfigError, match=r"^jobs\[t\]\.token_floor_s=1e\+30"):
+        SalusJob("t", 1, 1, token_floor_s=1e30)
+    for bad in (dict(floor_s=0), dict(floor_s=float("nan")), dict(factor=0.5), dict(factor=1e30)):
+        with pytest.raises(ConfigError, match=r"^token_bound\."):
+            TokenBound(**bad)
 
 
 def test_a_profiled_job_is_readmitted_with_its_measured_sizes_before_a_shorter_queued_job():

@@ -20,7 +20,10 @@ Choices where the thesis is silent (our reading, see ``docs/salus.md``):
 * a grow (line 9) only ever grows a lane and is *applied* when the lane reaches an iteration boundary:
   until then the lane cannot start an iteration (``ready``) — the memory below it is still in use;
 * on departure the lane shrinks to ``max E`` of its remaining jobs, an empty lane is dropped;
-* margins from the authors' code: ``P`` x 1.1, ``P + E`` x 1.05, 300 MB of the device held in reserve.
+* margins from the authors' code: ``P`` x 1.1, ``P + E`` x 1.05, 300 MB of the device held in reserve;
+* a lane whose token holder overran its bound is *fenced* (``fence``, ``split_off``, ``unfence``): kept at its size
+  for that job's iteration in flight, closed to new jobs, its other jobs moved to a lane of their own
+  (``gpu.schedulers.salus.overrun``).
 
 Units: MB throughout. Lane ids are small integers, never reused.
 """
