@@ -23,6 +23,7 @@ import torch
 
 from gpu.errors import ConfigError
 from gpu.sim.nexus.engine import arrival_times
+from tasks.serving.interrupt import StopRequest
 
 
 @dataclass(frozen=True)
@@ -93,13 +94,15 @@ class LoadReport:
     """What the generator did: requests sent, the true label of each request id, and how late it ran.
 
     ``start_ms``: time 0 of the trace on ``perf_counter`` (arrival k is stamped ``start + times[k]``);
-    ``max_lag_ms``: the most an arrival waited to be handed over; ``calls``: calls to the frontend."""
+    ``max_lag_ms``: the most an arrival waited to be handed over; ``calls``: calls to the frontend;
+    ``interrupted``: the run stopped before the trace's end (``stop``)."""
 
     start_ms: float
     sent: int = 0
     labels: dict[int, int] = field(default_factory=dict)
     max_lag_ms: float = 0.0
     calls: int = 0
+    interrupted: bool = False
 
 
 class LoadGenerator:
@@ -136,8 +139,10 @@ class LoadGenerator:
         self.tick_s = float(tick_s)
         self.turn = turn or nullcontext
 
-    def run(self, on_beacon: Callable[[float], None] | None = None, beacon_s: float = 1.0) -> LoadReport:
-        """Send every arrival at its time; call ``on_beacon(t_s)`` at each beacon (blocking the generator)."""
+    def run(self, on_beacon: Callable[[float], None] | None = None, beacon_s: float = 1.0,
+            stop: StopRequest | None = None) -> LoadReport:
+        """Send every arrival at its time; call ``on_beacon(t_s)`` at each beacon (blocking the generator). Ends
+        early, at its next turn, once ``stop.requested`` (``tasks.serving.interrupt``: Ctrl-C)."""
         times, who = self.trace.arrivals(self.seed)
         sids = sorted(set(who))
         code = {sid: j for j, sid in enumerate(sids)}
@@ -152,6 +157,9 @@ class LoadGenerator:
         next_turn = 0.0
         i = 0
         while True:
+            if stop is not None and stop.requested:
+                report.interrupted = True
+                break
             now = (time.perf_counter_ns() - t0) / 1e9
             while on_beacon is not None and now >= next_beacon and next_beacon <= end_s:
                 on_beacon(next_beacon)
@@ -185,5 +193,5 @@ class LoadGenerator:
                         if labels is not None:
                             report.labels.update(zip(ids, [labels[k] for k in ks.tolist()]))
             i = j
-        report.sent = n
+        report.sent = i
         return report

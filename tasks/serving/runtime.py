@@ -267,10 +267,10 @@ class LocalServingRuntime:
         for w in self.workers.values():
             w.update_policy(change)
 
-    def _retire(self, nid: int) -> None:
+    def _retire(self, nid: int, drain: bool = True) -> None:
         worker = self.workers.pop(nid)
         try:
-            worker.stop(drain=True)
+            worker.stop(drain=drain)
             if hasattr(worker, "take_batches"):
                 self._retired_batches.append(worker.take_batches())
             for k in self._retired:
@@ -315,8 +315,9 @@ class LocalServingRuntime:
                 "mean_batch": c["served"] / max(1, c["batches"]),
                 "inline_share": c["inline_batches"] / max(1, c["batches"])}
 
-    def close(self) -> None:
-        """Stop every worker (draining its queue) and release every lease."""
+    def close(self, drain: bool = True) -> None:
+        """Stop every worker (serving what is queued, or with ``drain=False`` dropping it) and release every
+        lease."""
         errors: list[BaseException] = []
         if self.link is not None:  # deliver the hand-offs in flight before the workers drain
             try:
@@ -325,7 +326,7 @@ class LocalServingRuntime:
                 errors.append(exc)
         for nid in list(self.workers):
             try:
-                self._retire(nid)
+                self._retire(nid, drain)
             except Exception as exc:  # keep releasing the others
                 errors.append(exc)
         if self._gc_saved is not None:
@@ -338,5 +339,13 @@ class LocalServingRuntime:
     def __enter__(self) -> "LocalServingRuntime":
         return self
 
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        """Close; leaving on an exception (an interrupt, a failure) drops what is queued instead of serving it, and
+        a failure to close is noted on that exception rather than replacing it."""
+        if exc is None:
+            self.close()
+            return
+        try:
+            self.close(drain=False)
+        except Exception as failure:
+            exc.add_note(f"closing the serving runtime also failed: {failure!r}")

@@ -36,7 +36,8 @@ from typing import Any, Collection, Mapping
 
 from gpu.systems import BATCH_POLICIES
 from gpu.errors import ConfigError
-from gpu.scenario import choose, entries, integer, label, load_scenario, mapping, number, positive, require, section
+from gpu.scenario import (MAX_COUNT, MAX_FANOUT, MAX_MS, MAX_RATE, MAX_SECONDS, MAX_SEED, choose, entries, integer,
+                          label, load_scenario, mapping, number, positive, require, section, within_events)
 from gpu.schedulers.nexus.squishy import Session
 from gpu.schedulers.nexus.chaining import QueryChains
 from gpu.schedulers.nexus.epoch import EpochConfig
@@ -54,6 +55,10 @@ _STAGE = {"name", "model", "parent", "parents", "gamma"}
 _PLACEMENT = {"policy", "nodes"}
 PLACEMENTS = ("nexus", "shares", "nona", *BASELINES)
 _LINK = {"mu", "bytes"}
+MAX_NODES = 1_024  # nodes of a fixed placement: a lease each
+MAX_LINK_BYTES_S = 1e13  # an emulated link of 80 Tb/s
+MAX_HANDOFF_BYTES = 2.0**40  # a hand-off of 1 TiB
+MAX_PROFILE_REPEATS = 1_000
 _TRACE = {"duration_s", "seed", "phases"}
 _PHASE = {"at_s", "scale", "rates"}
 _RUNTIME = {"batch_policy", "load_balancer", "training_steps", "profile_repeats"}
@@ -83,6 +88,16 @@ class ServingSpec:
     nodes: int = 2
     link_mu: float | None = None
     handoff_bytes: float | None = None
+
+    def __post_init__(self) -> None:
+        """The trace's length, and the arrivals it makes, are bounded however the spec was made (a parsed file, or a
+        flow's ``duration_s`` override through ``dataclasses.replace``)."""
+        positive(self.duration_s, "duration_s", upper=MAX_SECONDS)
+        base = {s.session_id: s.rate for s in self.sessions} | {q.query_id: q.rate for q in self.queries}
+        peak = max(sum(p.get("rates", {}).get(k, r * p.get("scale", 1.0)) for k, r in base.items())
+                   for p in self.phases)
+        within_events(peak * self.duration_s, "duration_s", self.duration_s,
+                      "arrivals (the peak phase's rates x duration_s)")
 
     def stage_inputs(self, query: Query) -> dict[str, tuple[str, ...]]:
         """Stage → its parent stages (a join lists all of them) for every non-root stage of ``query``."""
@@ -160,8 +175,8 @@ def _sessions(raw: list[dict[str, Any]]) -> list[Session]:
         where = f"sessions[{i}]."
         sid = label(require(s, "id", where), f"{where}id")
         model = check_model(label(require(s, "model", where), f"{where}model"), f"{sid}.model")
-        out.append(Session(sid, model, number(require(s, "slo_ms", where), f"{where}slo_ms"),
-                           number(require(s, "rate", where), f"{where}rate")))
+        out.append(Session(sid, model, number(require(s, "slo_ms", where), f"{where}slo_ms", upper=MAX_MS),
+                           number(require(s, "rate", where), f"{where}rate", upper=MAX_RATE)))
     return out
 
 
@@ -191,9 +206,9 @@ def _queries(raw: list[dict[str, Any]]) -> tuple[list[Query], dict[str, tuple[st
             stages.append(QueryStage(name, check_model(label(require(st, "model", at), f"{at}model"),
                                                        f"{qid}.{name}.model"),
                                      None if parent is None else label(parent, f"{at}parent"),
-                                     number(st.get("gamma", 1.0), f"{at}gamma")))
-        out.append(Query(qid, tuple(stages), number(require(q, "slo_ms", where), f"{where}slo_ms"),
-                         number(require(q, "rate", where), f"{where}rate")))
+                                     number(st.get("gamma", 1.0), f"{at}gamma", upper=MAX_FANOUT)))
+        out.append(Query(qid, tuple(stages), number(require(q, "slo_ms", where), f"{where}slo_ms", upper=MAX_MS),
+                         number(require(q, "rate", where), f"{where}rate", upper=MAX_RATE)))
         names = {st.name for st in stages}
         for child, parents in joins.items():
             for p in parents:
@@ -211,13 +226,14 @@ def _phases(raw: Any, ids: set[str]) -> tuple[dict, ...]:
         for sid, r in rates.items():
             if sid not in ids:
                 raise ConfigError(f"{where}rates", sid, f"unknown session or query; choose one of {sorted(ids)}")
-            positive(r, f"{where}rates.{sid}", allow_zero=True)
-        at_s = positive(require(p, "at_s", where), f"{where}at_s", allow_zero=True)
+            positive(r, f"{where}rates.{sid}", allow_zero=True, upper=MAX_RATE)
+        at_s = positive(require(p, "at_s", where), f"{where}at_s", allow_zero=True, upper=MAX_SECONDS)
         if i == 0 and at_s != 0:
             raise ConfigError(f"{where}at_s", p["at_s"], "the first phase must start at 0")
         if i > 0 and at_s <= phases[-1]["at_s"]:
             raise ConfigError(f"{where}at_s", p["at_s"], f"must be after the previous phase's {phases[-1]['at_s']:g} s")
-        phases.append({"at_s": at_s, "scale": positive(p.get("scale", 1.0), f"{where}scale", allow_zero=True),
+        phases.append({"at_s": at_s, "scale": positive(p.get("scale", 1.0), f"{where}scale", allow_zero=True,
+                                                       upper=MAX_FANOUT),
                        "rates": rates})
     return tuple(phases)
 
@@ -225,7 +241,8 @@ def _phases(raw: Any, ids: set[str]) -> tuple[dict, ...]:
 def _epoch(raw: Any) -> EpochConfig:
     """``epoch: {epoch_s, min_epoch_s, beacon_s, avg_interval_s, low, high, shrink}`` (seconds, fractions)."""
     ep = section(raw, "epoch", _EPOCH)
-    values = {k: positive(ep.get(k, default), f"epoch.{k}") for k, default in _EPOCH.items()}
+    values = {k: positive(ep.get(k, default), f"epoch.{k}", upper=MAX_SECONDS if k.endswith("_s") else MAX_FANOUT)
+              for k, default in _EPOCH.items()}
     if values["min_epoch_s"] > values["epoch_s"]:
         raise ConfigError("epoch.min_epoch_s", ep["min_epoch_s"], f"must be <= epoch_s={values['epoch_s']:g}")
     return EpochConfig(**values)
@@ -250,18 +267,20 @@ def parse_spec(raw: Mapping[str, Any], name: str = "serving") -> ServingSpec:
     rt = section(raw.get("runtime"), "runtime", _RUNTIME)
     place = section(raw.get("placement"), "placement", _PLACEMENT)
     link = section(raw.get("link"), "link", _LINK)
+    duration_s = positive(trace.get("duration_s", 30.0), "trace.duration_s", upper=MAX_SECONDS)
     spec = ServingSpec(
-        name=str(raw.get("name", name)), sessions=tuple(sessions), queries=tuple(queries), phases=phases,
-        duration_s=positive(trace.get("duration_s", 30.0), "trace.duration_s"),
-        seed=integer(trace.get("seed", 0), "trace.seed", minimum=0), preset=preset, epoch=epoch,
+        name=label(raw.get("name", name), "name"), sessions=tuple(sessions), queries=tuple(queries), phases=phases,
+        duration_s=duration_s,
+        seed=integer(trace.get("seed", 0), "trace.seed", minimum=0, maximum=MAX_SEED), preset=preset, epoch=epoch,
         batch_policy=choose(rt.get("batch_policy", "early_drop"), "runtime.batch_policy", list(BATCH_POLICIES)),
         load_balancer=choose(rt.get("load_balancer", "drr"), "runtime.load_balancer", list(LOAD_BALANCERS)),
-        training_steps=integer(rt.get("training_steps", 300), "runtime.training_steps", minimum=1),
-        profile_repeats=integer(rt.get("profile_repeats", 10), "runtime.profile_repeats", minimum=1),
+        training_steps=integer(rt.get("training_steps", 300), "runtime.training_steps", minimum=1, maximum=MAX_COUNT),
+        profile_repeats=integer(rt.get("profile_repeats", 10), "runtime.profile_repeats", minimum=1,
+                                maximum=MAX_PROFILE_REPEATS),
         joins=joins, placement=choose(place.get("policy", "nexus"), "placement.policy", list(PLACEMENTS)),
-        nodes=integer(place.get("nodes", 2), "placement.nodes", minimum=1),
-        link_mu=positive(link["mu"], "link.mu") if "mu" in link else None,
-        handoff_bytes=positive(link["bytes"], "link.bytes") if "bytes" in link else None)
+        nodes=integer(place.get("nodes", 2), "placement.nodes", minimum=1, maximum=MAX_NODES),
+        link_mu=positive(link["mu"], "link.mu", upper=MAX_LINK_BYTES_S) if "mu" in link else None,
+        handoff_bytes=positive(link["bytes"], "link.bytes", upper=MAX_HANDOFF_BYTES) if "bytes" in link else None)
     QueryChains(spec.chains())  # joins' γ, parents of one query, no cycles: checked before anything runs
     return spec
 

@@ -279,7 +279,7 @@ class ServingWorker:
                 while self.run_once()[0]:
                     pass
                 left = any(s.ring.tail != s.ring.head for s in self._slots)
-        except BaseException as exc:
+        except Exception as exc:  # a KeyboardInterrupt is the user's, not the model's: it passes (a clean unwind)
             self.error, self._drain, self._stop = exc, False, True
             ran = False
         finally:

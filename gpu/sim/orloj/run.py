@@ -40,7 +40,7 @@ from gpu.schedulers.orloj.baselines import nexus_plan_batch
 from gpu.schedulers.orloj.controller import BatchDone, Dispatch, OrlojController, Reprofiled
 from gpu.schedulers.orloj.policies import POLICIES
 from gpu.schedulers.orloj.profiler import OnlineProfiler
-from gpu.scenario import choose
+from gpu.scenario import choose, within_events
 from gpu.sim.events import EventLoop
 from gpu.sim.nexus.engine import SessionStats, arrival_times
 from gpu.sim.orloj.workload import Case, OrlojScenario, load
@@ -215,6 +215,8 @@ def sweep(sc: OrlojScenario, policies: list[str], seeds: int | None = None,
     """Finish rate (mean ± std over seeds) of every case × SLO multiplier × policy."""
     setups = [Setup.build(case, sc) for case in sc.cases]
     for setup in setups:  # before any run: an SLO no request can meet is a mistake in the scenario
+        within_events(setup.rate_per_s * setup.duration_s(sc), "duration_s", sc.duration_s,
+                      f"requests of case {setup.case.name!r} (its rate at load {sc.load:g} x duration_s)")
         shortest = min(h.edges[0] for h in setup.histograms.values())
         for m in sc.slo_multipliers:
             if m * setup.p99_ms < shortest:

@@ -16,10 +16,14 @@ from typing import Any
 import numpy as np
 
 from gpu.errors import ConfigError
-from gpu.scenario import entries, fraction, integer, label, load_scenario, names, positive, require, section
+from gpu.scenario import (MAX_BATCH, MAX_EVENTS, MAX_FACTOR, MAX_MS, MAX_SECONDS, MAX_SEEDS, entries, fraction,
+                          integer, label, load_scenario, names, positive, require, section)
 from gpu.schedulers.orloj.policies import POLICIES
 
 Z99 = 2.3263478740408408  # the standard normal's 99th percentile
+MAX_SLO_MULTIPLIER = 1_000.0  # an SLO of 1,000 x the p99 alone time: no batch policy decides anything any more
+MAX_LOAD = 100.0  # offered load in units of the largest batch's throughput
+MAX_BINS = 100_000  # histogram bins per application
 MIN_MS = 1.0  # the synthetic distributions are truncated here
 
 
@@ -102,15 +106,15 @@ def _app(raw: dict[str, Any], where: str) -> AppDistribution:
     if len(kinds) != 1:
         raise ConfigError(where, raw, "give exactly one of normal, lognormal, constant_ms")
     if kinds[0] == "constant_ms":
-        return AppDistribution(app_id, "constant", positive(raw["constant_ms"], f"{where}.constant_ms"))
+        return AppDistribution(app_id, "constant", positive(raw["constant_ms"], f"{where}.constant_ms", upper=MAX_MS))
     if kinds[0] == "normal":
         n = section(raw["normal"], f"{where}.normal", {"mean_ms", "std_ms"}, optional=False)
         return AppDistribution(app_id, "normal", positive(require(n, "mean_ms", f"{where}.normal."),
-                                                          f"{where}.normal.mean_ms"),
-                               positive(require(n, "std_ms", f"{where}.normal."), f"{where}.normal.std_ms"))
+                                                          f"{where}.normal.mean_ms", upper=MAX_MS),
+                               positive(require(n, "std_ms", f"{where}.normal."), f"{where}.normal.std_ms", upper=MAX_MS))
     ln = section(raw["lognormal"], f"{where}.lognormal", {"mean_ms", "p99_ms"}, optional=False)
-    mean = positive(require(ln, "mean_ms", f"{where}.lognormal."), f"{where}.lognormal.mean_ms")
-    p99 = positive(require(ln, "p99_ms", f"{where}.lognormal."), f"{where}.lognormal.p99_ms")
+    mean = positive(require(ln, "mean_ms", f"{where}.lognormal."), f"{where}.lognormal.mean_ms", upper=MAX_MS)
+    p99 = positive(require(ln, "p99_ms", f"{where}.lognormal."), f"{where}.lognormal.p99_ms", upper=MAX_MS)
     lognormal_sigma(mean, p99)
     return AppDistribution(app_id, "lognormal", mean, p99)
 
@@ -129,32 +133,35 @@ def parse(raw: dict[str, Any], source: str = "scenario") -> OrlojScenario:
         if len({a.app_id for a in apps}) != len(apps):
             raise ConfigError(f"{where}.apps", [a.app_id for a in apps], "application ids must be unique")
         cases.append(Case(label(require(c, "name", f"{where}."), f"{where}.name"), apps,
-                          positive(c.get("scale", 1.0), f"{where}.scale")))
+                          positive(c.get("scale", 1.0), f"{where}.scale", upper=MAX_FACTOR)))
     if not cases:
         raise ConfigError("cases", [], "a scenario needs at least one case")
-    overhead = positive(raw.get("overhead_ms", 0.0), "overhead_ms", allow_zero=True)
+    overhead = positive(raw.get("overhead_ms", 0.0), "overhead_ms", allow_zero=True, upper=MAX_MS)
     cases = [Case(c.name, c.apps, c.scale, overhead) for c in cases]
     orloj = section(raw.get("orloj"), "orloj", {"b", "mix", "bins", "profiler", "epoch_s"})
     if orloj.get("profiler", "warm") not in ("warm", "online"):
         raise ConfigError("orloj.profiler", orloj["profiler"], "choose 'warm' or 'online'")
-    multipliers = tuple(positive(m, f"slo_multipliers[{i}]") for i, m in enumerate(raw.get("slo_multipliers",
+    multipliers = tuple(positive(m, f"slo_multipliers[{i}]", upper=MAX_SLO_MULTIPLIER)
+                        for i, m in enumerate(raw.get("slo_multipliers",
                                                                                              [1.5, 2, 3, 4, 5])))
     policies = tuple(names(raw.get("policies", list(POLICIES)), "policies"))
     for p in policies:
         if p not in POLICIES:
             raise ConfigError("policies", p, f"unknown; choose from {list(POLICIES)}")
-    sizes = tuple(integer(b, f"batch_sizes[{i}]", 1) for i, b in enumerate(raw.get("batch_sizes", [1, 2, 4, 8, 16])))
+    sizes = tuple(integer(b, f"batch_sizes[{i}]", 1, MAX_BATCH)
+                  for i, b in enumerate(raw.get("batch_sizes", [1, 2, 4, 8, 16])))
     if not multipliers or not sizes or not policies:
         raise ConfigError("slo_multipliers", multipliers, "need SLO multipliers, batch sizes and policies")
     return OrlojScenario(
         name=label(raw.get("name", source), "name"), cases=tuple(cases), slo_multipliers=multipliers,
-        policies=policies, seeds=integer(raw.get("seeds", 5), "seeds", 1),
-        duration_s=positive(raw.get("duration_s", 60.0), "duration_s"),
-        requests=None if raw.get("requests") is None else integer(raw["requests"], "requests", 1), load=positive(raw.get("load", 0.8), "load"),
+        policies=policies, seeds=integer(raw.get("seeds", 5), "seeds", 1, MAX_SEEDS),
+        duration_s=positive(raw.get("duration_s", 60.0), "duration_s", upper=MAX_SECONDS),
+        requests=None if raw.get("requests") is None else integer(raw["requests"], "requests", 1, MAX_EVENTS),
+        load=positive(raw.get("load", 0.8), "load", upper=MAX_LOAD),
         c0_fraction=fraction(raw.get("c0_fraction", 0.9), "c0_fraction"), batch_sizes=tuple(sorted(set(sizes))),
-        b=positive(orloj.get("b", 1e-4), "orloj.b"), mix=str(orloj.get("mix", "round_robin")),
-        bins=integer(orloj.get("bins", 200), "orloj.bins", 2), profiler=orloj.get("profiler", "warm"),
-        epoch_s=positive(orloj.get("epoch_s", 10.0), "orloj.epoch_s"))
+        b=positive(orloj.get("b", 1e-4), "orloj.b", upper=1.0), mix=label(orloj.get("mix", "round_robin"), "orloj.mix"),
+        bins=integer(orloj.get("bins", 200), "orloj.bins", 2, MAX_BINS), profiler=orloj.get("profiler", "warm"),
+        epoch_s=positive(orloj.get("epoch_s", 10.0), "orloj.epoch_s", upper=MAX_SECONDS))
 
 
 def load(path: str) -> OrlojScenario:
