@@ -49,7 +49,7 @@ def test_only_runs_the_named_checks(tmp_path, capsys):
 
 
 def test_every_line_fits_120_columns_and_the_json_round_trips():
-    long = Outcome("fluid", "FAIL", "c=3 alpha=1.21 " * 12, "measured/predicted trial time off: " + "c0001@0 9.1, " * 20,
+    long = Outcome("fluid", "FAIL", "c=3 alpha=1.21 " * 12, "trial time off: " + "c0001@0 9.1, " * 20,
                    {"c": 3, "alpha": float("nan"), "gains": (1.0, 1.8)}, seconds=12.4)
     assert len(long.line("5b")) <= WIDTH and long.line("5b").startswith("[FAIL] 5b fluid")
     data = long.to_json()

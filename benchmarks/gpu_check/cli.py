@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Iterator, Sequence
 
 from benchmarks.cli import benchmark_parser, finish
-from benchmarks.gpu_check.items import BY_NAME, ITEMS, QUICK_TOTAL_S, Item
-from benchmarks.gpu_check.machine import Machine, probe
+from benchmarks.gpu_check.items import ITEMS, QUICK_TOTAL_S, Item
+from benchmarks.gpu_check.machine import probe
 from benchmarks.gpu_check.report import Outcome, flat_json
 from gpuflows.args import output_file
 
@@ -129,7 +129,8 @@ def run_item(item: Item, quick: bool, budget: float, workdir: Path, env: dict[st
         proc.wait()
         code = None
     finally:
-        stop_mps_daemon(workdir)
+        if item.name == "mps":
+            stop_mps_daemon(workdir)
     seconds = time.perf_counter() - started
     if code is None:
         return Outcome(item.name, "FAIL", detail=f"over its {budget:.0f} s budget: stopped", seconds=seconds)

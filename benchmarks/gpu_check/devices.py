@@ -1,4 +1,4 @@
-"""Check 1: NVML discovery (``gpu.devices``) and torch agree on this machine's GPUs, and ``gpuflows devices`` lists them.
+"""Check 1: NVML discovery (``gpu.devices``) and torch agree on this machine's GPUs; ``gpuflows devices`` lists them.
 
 The pool is built from NVML's view (index, UUID, memory) while tasks reach their devices through CUDA with
 ``CUDA_DEVICE_ORDER=PCI_BUS_ID``: index i must be the same device to both (same UUID), with the same memory
@@ -44,7 +44,8 @@ def judge(nvml: list[Device] | tuple[Device, ...], seen: list[tuple[str, int]], 
         failures.append(f"torch sees {len(seen)} device(s), NVML {len(nvml)} (CUDA_VISIBLE_DEVICES={visible})")
     mismatched = [d.index for d, (uuid, _) in zip(nvml, seen) if uuid.lower() != d.uuid.lower()]
     if mismatched:
-        failures.append(f"index {mismatched[0]} is {seen[mismatched[0]][0]} to torch, {nvml[mismatched[0]].uuid} to NVML")
+        first = mismatched[0]
+        failures.append(f"index {first} is {seen[first][0]} to torch, {nvml[first].uuid} to NVML")
     gaps = [abs(total - d.memory_total) / d.memory_total for d, (_, total) in zip(nvml, seen)]
     if gaps and max(gaps) > MEMORY_TOLERANCE:
         failures.append(f"memory differs by {100 * max(gaps):.1f}% between NVML and torch")

@@ -26,8 +26,9 @@ def check(settings: Settings) -> Outcome:
     from resource_blocks import GpuPool
 
     frames, windows = (300, 1) if settings.quick else (1000, 2)
-    summary = continuous_retraining(streams=2, windows=windows, pool=GpuPool(name="gpu-check-ekya", device_backend="nvml"),
-                                    mode="process", tracking=False, frames=frames, labelled=frames)
+    pool = GpuPool(name="gpu-check-ekya", device_backend="nvml")
+    summary = continuous_retraining(streams=2, windows=windows, pool=pool, mode="process", tracking=False,
+                                    frames=frames, labelled=frames)
     return judge(summary)
 
 
@@ -37,7 +38,8 @@ def judge(summary: dict[str, Any]) -> Outcome:
     failures = []
     if not jobs:
         failures.append("no stream retrained in any window")
-    ratios: dict[str, float | None] = {f"w{w['window']}_{s}": None for w in summary["windows"] for s in summary["streams"]}
+    ratios: dict[str, float | None] = {f"w{w['window']}_{stream}": None for w in summary["windows"]
+                                       for stream in summary["streams"]}
     errors, parts = [], []
     for window, stream, job in jobs:
         if job["state"] != "COMPLETED":

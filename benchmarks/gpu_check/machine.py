@@ -56,10 +56,8 @@ def probe() -> Machine:
     import torch
 
     build = torch.version.cuda or ""
-    if not build:
-        why = f"torch {torch.__version__} is a CPU build"
-    elif not torch.cuda.is_available():
-        why = f"torch {torch.__version__} sees no CUDA device ({'NVML lists ' + str(len(nvml)) if nvml else 'no NVML driver'})"
-    else:
+    if build and torch.cuda.is_available():
         return Machine(True, "", torch.__version__, build, nvml, driver)
-    return Machine(False, why + ("" if nvml else "; NVML finds no GPU"), torch.__version__, build, nvml, driver)
+    why = f"torch {torch.__version__} {'sees no CUDA device' if build else 'is a CPU build'}"
+    return Machine(False, f"{why}; NVML {f'lists {len(nvml)} GPU(s)' if nvml else 'finds no GPU'}", torch.__version__,
+                   build, nvml, driver)

@@ -2,8 +2,9 @@
 
 One flow on a pool of this machine's NVML devices, in four phases of real torch tasks (``work.slice_task``):
 
-A. four ``gpus=0.25`` tasks share one device: each holds 1 GiB and they meet at a ``Rendezvous`` (so all four held
-   their slices at once), each sees only its device (one CUDA device, the lease's NVML UUID);
+A. four ``gpus=0.25`` tasks share one device: they meet at a ``Rendezvous`` (so all four held their slices at
+   once), then each allocates 1 GiB and multiplies matrices; each sees only its device (one CUDA device, with the
+   lease's NVML UUID);
 B. a task declaring ``memory="2GiB"`` that allocates 4 GiB fails with torch's out-of-memory error naming its cap
    (``slices.enforce``), beside three ``gpus=0.25`` neighbours that met it first and finish;
 C. two ``gpus=1`` tasks get distinct devices where there are several, and queue (one after the other) on one;
@@ -68,7 +69,7 @@ def plan(devices: Sequence[Device]) -> Plan:
 
 
 def cap_fraction(cap: int, total: int) -> float:
-    """The per-process memory fraction ``slices.enforce`` gives torch for a cap of ``cap`` bytes on a device of ``total``."""
+    """The per-process memory fraction ``slices.enforce`` gives torch for ``cap`` bytes on a device of ``total``."""
     return min(1.0, cap / total)
 
 
@@ -146,13 +147,14 @@ def judge(expected: Plan, seen: dict[str, Any], devices: Sequence[Device]) -> Ou
     if used != [(expected.quarter_devices[0],)] or len(set(expected.quarter_devices)) != 1:
         failures.append(f"quarter slices on {used}, the ledger's plan {sorted(set(expected.quarter_devices))}")
     for r in shared + seen["neighbours"] + seen["whole"]:
-        wrong = r["torch_devices"] != len(r["devices"]) or [u.lower() for u in r["uuids"]] != [uuid[i] for i in r["devices"]]
-        if wrong:
+        shown = [u.lower() for u in r["uuids"]]
+        if r["torch_devices"] != len(r["devices"]) or shown != [uuid[i] for i in r["devices"]]:
             failures.append(f"a task leased {r['devices']} but CUDA showed it {r['uuids']} "
                             f"(CUDA_VISIBLE_DEVICES={r['visible']})")
             break
     cap = parse_memory(CAP, "memory")
-    oom = seen["capped_state"] == "FAILED" and any(names_cap(seen["capped_message"], cap, t) for t in set(total.values()))
+    message = seen["capped_message"]
+    oom = seen["capped_state"] == "FAILED" and any(names_cap(message, cap, t) for t in set(total.values()))
     if not oom:
         failures.append(f"the {CAP}-capped task allocating {OVER:g} GiB ended {seen['capped_state']}: "
                         f"{seen['capped_message'][:160]!r}")

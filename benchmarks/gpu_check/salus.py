@@ -40,8 +40,8 @@ def salus_flow(pool: Any, quick: bool) -> dict[str, Any]:
     runner = GpuTaskRunner(pool=pool, mode="salus", salus_policy="fair", salus_devices=(0,), max_jobs_per_device=2,
                            tracking=False)
     with runner:
-        futures = [runner.submit(lane_job.with_options(name=f"lane-job{i}"), {"job": f"job{i}", "iterations": iterations,
-                                                                                "seed": i}) for i in range(2)]
+        futures = [runner.submit(lane_job.with_options(name=f"lane-job{i}"),
+                                 {"job": f"job{i}", "iterations": iterations, "seed": i}) for i in range(2)]
         pair = [f.result() for f in futures]
     long, short = (100, 20) if quick else (300, 60)
     trace = explicit_trace([{"kind": "train", "workload": WORKLOAD, "iterations": n, "arrival_s": 0.0}

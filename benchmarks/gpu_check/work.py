@@ -52,8 +52,9 @@ def slice_task(alloc_gib: float, iterations: int, rendezvous: Rendezvous | None 
     held = torch.ones(int(alloc_gib * GIB), dtype=torch.uint8, device=placed.device)
     tflops, seconds = matmul_rate(placed.device, size, iterations)
     return {**seen_devices(), "rank": rank, "devices": list(placed.gpu_indices), "fraction": placed.fraction,
-            "memory_cap": placed.memory_cap, "allocated": int(held.numel()), "mps_threads": os.environ.get(MPS_THREADS_ENV),
-            "tflops": tflops, "work_s": seconds, "start": start, "end": time.monotonic()}
+            "memory_cap": placed.memory_cap, "allocated": int(held.numel()),
+            "mps_threads": os.environ.get(MPS_THREADS_ENV), "tflops": tflops, "work_s": seconds, "start": start,
+            "end": time.monotonic()}
 
 
 @salus_job(persistent=LANE_PERSISTENT, ephemeral=LANE_EPHEMERAL)
