@@ -114,6 +114,7 @@ def check(settings: Settings) -> Outcome:
     why = start_daemon(workdir)
     if why is not None:
         return Outcome("mps", "SKIP", detail=f"no MPS daemon: {why}")
+    before = {key: os.environ.get(key) for key in daemon_env(workdir)}
     try:
         os.environ.update(daemon_env(workdir))  # this process and the runner's workers see the daemon
         rates: dict[float, float] = {}
@@ -131,6 +132,11 @@ def check(settings: Settings) -> Outcome:
         return judge(rates, tasks, mps_available())
     finally:
         quit_daemon(workdir)
+        for key, value in before.items():  # later work in this process (a test session) runs without MPS
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def judge(rates: dict[float, float], tasks: list[dict[str, Any]], available: bool) -> Outcome:
