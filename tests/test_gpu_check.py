@@ -13,7 +13,7 @@ import pytest
 
 from benchmarks.gpu_check.cli import main
 from benchmarks.gpu_check.items import ITEMS
-from benchmarks.gpu_check.pool import cap_fraction, names_cap, plan, torch_size
+from benchmarks.gpu_check.pool import names_cap, plan, torch_size
 from benchmarks.gpu_check.report import WIDTH, Outcome, flat_json
 from gpu.devices import parse_simulated
 
@@ -69,17 +69,16 @@ def test_the_ledger_plans_four_quarters_on_one_device_and_whole_gpus_apart_or_qu
     assert len(set(two.quarter_devices)) == 1 and sorted(two.whole_devices) == [0, 1] and not two.whole_queue
 
 
-def test_the_cap_is_the_fraction_torch_is_given_and_named_as_torch_writes_it():
-    total = 85_520_809_984  # an H100's memory as CUDA reports it
+def test_the_cap_is_recognised_as_torch_names_it_in_its_out_of_memory_error():
     cap = 2 * 2**30
-    assert cap_fraction(cap, total) == pytest.approx(0.02511, rel=1e-3) and cap_fraction(2 * total, total) == 1.0
     assert (torch_size(1000), torch_size(1536), torch_size(512 * 2**20), torch_size(cap)) == (
         "1000 bytes", "1.50 KiB", "512.00 MiB", "2.00 GiB")
     message = ("CUDA out of memory. Tried to allocate 4.00 GiB. GPU 0 has a total capacity of 79.65 GiB of which "
                "75.1 GiB is free. 2.00 GiB allowed; Of the allocated memory 0 bytes is allocated by PyTorch")
-    assert names_cap(message, cap, total)
-    assert not names_cap(message.replace("2.00 GiB allowed; ", ""), cap, total)
-    assert not names_cap("RuntimeError: 2.00 GiB allowed", cap, total)
+    assert names_cap(message, cap)
+    assert not names_cap(message.replace("2.00 GiB allowed; ", ""), cap)  # an OOM with no cap set
+    assert not names_cap(message, 3 * 2**30)  # another cap
+    assert not names_cap("RuntimeError: 2.00 GiB allowed", cap)  # not an out-of-memory error
 
 
 def test_nothing_it_imports_pulls_mlflow_or_ray_and_it_runs_without_them():

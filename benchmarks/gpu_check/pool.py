@@ -68,11 +68,6 @@ def plan(devices: Sequence[Device]) -> Plan:
         ledger.close()
 
 
-def cap_fraction(cap: int, total: int) -> float:
-    """The per-process memory fraction ``slices.enforce`` gives torch for ``cap`` bytes on a device of ``total``."""
-    return min(1.0, cap / total)
-
-
 def torch_size(nbytes: float) -> str:
     """``nbytes`` as torch's CUDA allocator writes sizes in its out-of-memory message (``format_size``)."""
     for limit, unit, scale in ((1024, "bytes", 1), (2**20, "KiB", 1024), (2**30, "MiB", 2**20)):
@@ -81,10 +76,10 @@ def torch_size(nbytes: float) -> str:
     return f"{nbytes / 2**30:.2f} GiB"
 
 
-def names_cap(message: str, cap: int, total: int) -> bool:
-    """Whether an out-of-memory ``message`` names the cap: torch writes ``"<size> allowed;"`` when a per-process
-    fraction is set, the size being the fraction times the device's memory."""
-    return "out of memory" in message.lower() and f"{torch_size(cap_fraction(cap, total) * total)} allowed" in message
+def names_cap(message: str, cap: int) -> bool:
+    """Whether an out-of-memory ``message`` names the cap: with a per-process fraction set (``slices.enforce`` sets
+    ``cap / total``) torch writes ``"<fraction x total> allowed;"``, i.e. the cap."""
+    return "out of memory" in message.lower() and f"{torch_size(cap)} allowed" in message
 
 
 @flow(name="gpu-check-pool")
@@ -113,11 +108,11 @@ def pool_flow(workdir: str, quick: bool, pool: Any) -> dict[str, Any]:
            "capped_state": capped.state.type.value, "capped_message": capped.state.message or "",
            "whole": [f.result() for f in whole]}
     single = GpuTaskRunner(pool=pool, mode="process", workers_per_device_set=1, tracking=False)
-    with single:
-        with gpu_options(memory=CAP):
+    with single:  # both on device 0: one set of visible devices, so one worker process runs both
+        with gpu_options(memory=CAP, devices=(0,)):
             first = single.submit(slice_task, {"alloc_gib": 1.0, "iterations": iterations})
             first.wait()
-        with gpu_options(gpus=1 / QUARTERS):
+        with gpu_options(gpus=1 / QUARTERS, devices=(0,)):
             after = single.submit(slice_task, {"alloc_gib": OVER - 1, "iterations": iterations})
             after.wait()
     out["after_cap"] = {"first": first.state.type.value, "state": after.state.type.value,
@@ -140,7 +135,6 @@ def check(settings: Settings) -> Outcome:
 def judge(expected: Plan, seen: dict[str, Any], devices: Sequence[Device]) -> Outcome:
     """Hold the run (``pool_flow``'s result) to the plan and to what each phase must show."""
     uuid = {d.index: d.uuid.lower() for d in devices}
-    total = {d.index: d.memory_total for d in devices}
     failures: list[str] = []
     shared = seen["shared"]
     used = sorted({tuple(r["devices"]) for r in shared})
@@ -152,9 +146,7 @@ def judge(expected: Plan, seen: dict[str, Any], devices: Sequence[Device]) -> Ou
             failures.append(f"a task leased {r['devices']} but CUDA showed it {r['uuids']} "
                             f"(CUDA_VISIBLE_DEVICES={r['visible']})")
             break
-    cap = parse_memory(CAP, "memory")
-    message = seen["capped_message"]
-    oom = seen["capped_state"] == "FAILED" and any(names_cap(message, cap, t) for t in set(total.values()))
+    oom = seen["capped_state"] == "FAILED" and names_cap(seen["capped_message"], parse_memory(CAP, "memory"))
     if not oom:
         failures.append(f"the {CAP}-capped task allocating {OVER:g} GiB ended {seen['capped_state']}: "
                         f"{seen['capped_message'][:160]!r}")
@@ -169,6 +161,8 @@ def judge(expected: Plan, seen: dict[str, Any], devices: Sequence[Device]) -> Ou
     if not expected.whole_queue and len(set(whole_devices)) != WHOLE:
         failures.append(f"two gpus=1 tasks shared device(s) {whole_devices}")
     after = seen["after_cap"]
+    if after["first"] != "COMPLETED":
+        failures.append(f"a {CAP}-capped task allocating 1 GiB ended {after['first']}")
     leaked = after["state"] != "COMPLETED"
     if leaked:
         failures.append(f"an uncapped task after a {CAP}-capped one in the same worker ended {after['state']}: "

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import numpy as np
@@ -30,18 +31,21 @@ MIB = 2**20
 
 
 @flow(name="gpu-check-salus")
-def salus_flow(pool: Any, quick: bool) -> dict[str, Any]:
+def salus_flow(pool: Any, quick: bool, workdir: str) -> dict[str, Any]:
     """The co-located pair on a runner in Salus mode, then the trace under FIFO and under SRTF."""
     from flows.gpu_sharing import run_policy
+    from tasks.runtime.rendezvous import Rendezvous
     from tasks.runtime.runners import GpuTaskRunner
     from tasks.salus.trace import explicit_trace, warm_up
 
     iterations = 20 if quick else 60
     runner = GpuTaskRunner(pool=pool, mode="salus", salus_policy="fair", salus_devices=(0,), max_jobs_per_device=2,
                            tracking=False)
+    meet = Rendezvous.create(workdir, "lane-jobs-", 2, timedelta(seconds=60))
     with runner:
         futures = [runner.submit(lane_job.with_options(name=f"lane-job{i}"),
-                                 {"job": f"job{i}", "iterations": iterations, "seed": i}) for i in range(2)]
+                                 {"job": f"job{i}", "iterations": iterations, "rendezvous": meet, "rank": i, "seed": i})
+                   for i in range(2)]
         pair = [f.result() for f in futures]
     long, short = (100, 20) if quick else (300, 60)
     trace = explicit_trace([{"kind": "train", "workload": WORKLOAD, "iterations": n, "arrival_s": 0.0}
@@ -56,7 +60,8 @@ def salus_flow(pool: Any, quick: bool) -> dict[str, Any]:
 def check(settings: Settings) -> Outcome:
     from resource_blocks import GpuPool
 
-    return judge(salus_flow(GpuPool(name="gpu-check-salus", device_backend="nvml"), settings.quick))
+    return judge(salus_flow(GpuPool(name="gpu-check-salus", device_backend="nvml"), settings.quick,
+                            str(settings.workdir)))
 
 
 def judge(seen: dict[str, Any]) -> Outcome:

@@ -59,13 +59,14 @@ def slice_task(alloc_gib: float, iterations: int, rendezvous: Rendezvous | None 
 
 @salus_job(persistent=LANE_PERSISTENT, ephemeral=LANE_EPHEMERAL)
 @task(cache_policy=NO_CACHE)
-def lane_job(job: str, iterations: int, hidden: int = 2048, layers: int = 4, batch: int = 8192,
-             seed: int = 0) -> dict[str, Any]:
+def lane_job(job: str, iterations: int, rendezvous: Rendezvous, rank: int, hidden: int = 2048, layers: int = 4,
+             batch: int = 8192, seed: int = 0) -> dict[str, Any]:
     """A Salus job: an MLP of ``layers`` x ``hidden`` trained with Adam, one step per Salus iteration, so its
-    persistent memory (weights, gradients, Adam's two moments: ~4 x 4 x hidden² x layers bytes, ~270 MB at the
-    defaults) stays under what it declares and each iteration's activations (``batch`` rows) are its ephemeral
-    memory. Returns its iteration spans (wall clock), its lane and budget, the memory held at iteration boundaries
-    and the peak."""
+    persistent memory (weights, gradients, Adam's two moments, its batch: ~340 MB at the defaults) stays under what
+    it declares and each iteration's activations (``batch`` rows) are its ephemeral memory. The jobs meet at
+    ``rendezvous`` once built, so neither runs its iterations alone while the other's worker is still starting.
+    Returns its iteration spans (wall clock), its lane and budget, the memory held at iteration boundaries and the
+    peak."""
     import torch
 
     placed = current_placement()
@@ -78,6 +79,7 @@ def lane_job(job: str, iterations: int, hidden: int = 2048, layers: int = 4, bat
     y = torch.randint(0, 10, (batch,), device=device)
     cuda = device.type == "cuda"  # on a simulated pool (CPU) there is no device memory to read: 0
     spans, held = [], [0]
+    rendezvous.join(rank)
     for _ in salus_iterations(iterations):
         begin = time.time()
         opt.zero_grad()
