@@ -1,8 +1,9 @@
 """Check 5b: FLUID on CUDA (thesis §3.3-3.5): the packing curve measured on the device, one TrialGroup run.
 
-``flows.trial_groups`` cannot run on the GPU machine: ``gpu.tuning`` expands a search space with ``ray.tune``, and
-Ray does not fit in the machine's transfer. So the check drives the flow's own device-side pieces for one grid
-TrialGroup (the flow's ``GRID_SPACE``, four trials) on ``GpuTaskRunner`` (process mode) over the NVML devices:
+``flows.trial_groups`` cannot run on the GPU machine: ``gpu.schedulers.fluid.tuning`` expands a search space with
+``ray.tune``, and Ray does not fit in the machine's transfer. So the check drives the flow's own device-side pieces
+for one grid TrialGroup (the flow's ``GRID_SPACE``, four trials) on ``GpuTaskRunner`` (process mode) over the NVML
+devices:
 
 1. ``tasks.fluid.profiling.calibrate``: with a fresh state folder no curve is saved, so the flow's start-up
    measurement runs on the device (Eq. 3.1: p = 1..4 trainers of its MLP, fitted ``alpha`` and ``c``; ``beta``
@@ -35,7 +36,8 @@ SEED = 0
 
 def grid_group(space: dict[str, Any], iterations: int):
     """The TrialGroup of a space of ``Grid`` and ``Choice`` axes (their values' cross product), named as
-    ``gpu.tuning`` names a grid's trials (``c0000@0`` ...), each with a budget of ``iterations``."""
+    ``gpu.schedulers.fluid.tuning`` names a grid's trials (``c0000@0`` ...), each with a budget of
+    ``iterations``."""
     from gpu.schedulers.fluid.algorithms import Trial, TrialGroup
 
     names = sorted(space)
