@@ -158,7 +158,7 @@ def serving_rollout(spec: dict | str | None = None, duration_s: float | None = N
         went back.
     """
     try:
-        return _rollout(spec, duration_s, batch_policy, backend, pool, mode, tracking, placement)
+        return _rollout(spec, duration_s, batch_policy, backend, pool, mode, tracking, placement, link)
     except KeyboardInterrupt:  # every lease is back by now: the runtime closed on the way out
         get_run_logger().warning(INTERRUPTED)
         return Cancelled(message=INTERRUPTED)
@@ -166,7 +166,7 @@ def serving_rollout(spec: dict | str | None = None, duration_s: float | None = N
 
 def _rollout(spec: dict | str | None, duration_s: float | None, batch_policy: str | None, backend: str,
              pool: GpuPool | str | None, mode: str, tracking: MlflowTarget | bool | str | None,
-             placement: str | None) -> dict[str, Any]:
+             placement: str | None, link: str) -> dict[str, Any]:
     """The body of ``serving_rollout`` (its arguments and result)."""
     from tasks.serving.epochs import EpochFeedback
     from tasks.serving.interrupt import interruptible
