@@ -144,7 +144,8 @@ def scaling(quick: bool) -> dict:
         s = replace(sc, cases=(case,), slo_multipliers=(3.0,), requests=300 if quick else sc.requests,
                     seeds=2 if quick else 3)
         setup = Setup.build(case, s)
-        runs = [serve(setup, build_policy("orloj", setup, s), 3.0 * setup.p99_ms, seed, setup.duration_s(s), True)
+        runs = [serve(setup, build_policy("orloj", setup, s, 3.0 * setup.p99_ms), 3.0 * setup.p99_ms, seed,
+                      setup.duration_s(s), True)
                 for seed in range(s.seeds)]
         rate = float(np.mean([r.finish_rate for r in runs]))
         out[f"scale_{scale:g}_finish_rate"] = round(rate, 4)
@@ -158,7 +159,7 @@ def decision_time(quick: bool) -> dict:
     """RT-4 (Fig. 4.12): one ORLOJ decision over n pending requests (Python, whole Algorithm 4.1 iteration)."""
     sc = load(str(ROOT / "scenarios" / "orloj" / "modality.yaml"))
     setup = Setup.build(sc.cases[2], sc)
-    policy = build_policy("orloj", setup, sc)
+    policy = build_policy("orloj", setup, sc, 3.0 * setup.p99_ms)
     rng = np.random.default_rng(0)
     print("\n== RT-4 (Fig. 4.12): decision time vs pending requests (Python; thesis: <0.5 ms insertion in C++) ==")
     out = {}
