@@ -115,21 +115,22 @@ class NexusPlanned:
     Args:
         duty_ms: the plan's duty cycle: a batch starts no sooner than this after the previous one started (a
             batch that overruns it delays the next; the plan does not adapt, §4.2.3 "cannot reach a stable
-            state").
+            state"). None: the planned ℓ(b) of the plan's batch, a saturated node's cycle (what a serving worker,
+            told only its placement's batch, can know).
         dispatch: the registry's name of Nexus's dispatch rule (§6.3 early drop by default).
 
     Example: duty 100 ms; a batch at t = 0 → at t = 40 ``decide`` asks to be woken at 100, and runs then.
     """
 
-    duty_ms: float
+    duty_ms: float | None = None
     dispatch: str = "early_drop"
     name: str = "nexus"
     _rule: BatchPolicy = field(init=False, repr=False)
     _next_ms: float = field(default=-math.inf, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        if not (np.isfinite(self.duty_ms) and self.duty_ms > 0):
-            raise ConfigError("duty_ms", self.duty_ms, "need a finite duty cycle > 0 ms")
+        if self.duty_ms is not None and not (np.isfinite(self.duty_ms) and self.duty_ms > 0):
+            raise ConfigError("duty_ms", self.duty_ms, "need a finite duty cycle > 0 ms (or none: the plan's ℓ(b))")
         self._rule = make_batch_policy(self.dispatch)
 
     def decide(self, queue: Sequence[InferenceRequest], ctx: BatchContext) -> BatchDecision:
@@ -137,5 +138,6 @@ class NexusPlanned:
             return BatchDecision(wake_at_ms=self._next_ms)
         decision = self._rule.decide(queue, ctx)
         if decision.run:
-            self._next_ms = ctx.now_ms + self.duty_ms
+            duty = ctx.latency_ms(ctx.target_batch) if self.duty_ms is None else self.duty_ms
+            self._next_ms = ctx.now_ms + duty
         return decision
