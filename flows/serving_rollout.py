@@ -146,7 +146,7 @@ def serving_rollout(spec: dict | str | None = None, duration_s: float | None = N
     from tasks.serving.loadgen import LoadGenerator
     from tasks.serving.models import load_digits_tensors, load_or_train
     from tasks.serving.nona import MeasuredNona, replicated_plan
-    from tasks.serving.orloj import PROFILE_REQUESTS, orloj_controller, policy_factory
+    from tasks.serving.orloj import PROFILE_REQUESTS, app_inputs, orloj_controller, policy_factory
     from tasks.serving.runtime import LocalServingRuntime
     from tasks.serving.beacons import BeaconLoop
     from tasks.serving.figures import summarise
@@ -190,17 +190,15 @@ def serving_rollout(spec: dict | str | None = None, duration_s: float | None = N
                                                      in routing.controller.table.entries[0].thetas.items()})
     trace = sp.trace(sessions, issued=set(chains))
     data = load_digits_tensors(sp.seed)
-    local = backend == "local"  # measured feedback comes from local workers (docs/orloj.md: Ray)
-    orloj = (orloj_controller(models, profiles, sessions, data.x_test[:PROFILE_REQUESTS].numpy(),
+    orloj = (orloj_controller(models, profiles, sessions, sp.apps, data.x_test[:PROFILE_REQUESTS].numpy(),
                               sp.epoch.epoch_s, sp.seed) if sp.batch_policy == "orloj" else None)
     nona = MeasuredNona(routing, sp.nodes, sp.link_mu, sp.seed) if sp.placement == "nona" else None
     with LocalServingRuntime(models, profiles, ledger, None, sp.preset, seed=sp.seed, backend=backend,
                              controller=controller, policy_factory=policy_factory(sp.batch_policy, orloj),
                              query_routing=routing, link_mu=sp.link_mu, handoff_bytes=handoff_bytes(sp),
-                             measure_batches=local and (orloj is not None or nona is not None)) as rt:
+                             apps=sp.app_slos or None, measure_batches=orloj is not None or nona is not None) as rt:
         rt.apply(controller.plan)
-        feedback = EpochFeedback(sp.epoch.epoch_s, rt.take_batches, rt.update_policies, orloj if local else None,
-                                 nona)
+        feedback = EpochFeedback(sp.epoch.epoch_s, rt.take_batches, rt.update_policies, orloj, nona)
         progress = FlowProgress("serving-rollout", sp.duration_s, f"serving {sp.name}", unit="s of trace").start()
 
         def replanned(t_s: float, new) -> None:
@@ -213,8 +211,8 @@ def serving_rollout(spec: dict | str | None = None, duration_s: float | None = N
                                replanned)
         ray = backend == "ray"  # a turn's bursts to one actor as one Ray call, a turn per 2 ms
         load = LoadGenerator(rt.frontend.submit, trace, data.x_test, data.y_test, sp.seed, rt.frontend.submit_many,
-                             RAY_TICK_S if ray else 0.0, rt.frontend.turn if ray else None).run(on_beacon,
-                                                                                               sp.epoch.beacon_s)
+                             RAY_TICK_S if ray else 0.0, rt.frontend.turn if ray else None,
+                             app_inputs(sp, data.x_test.numpy())).run(on_beacon, sp.epoch.beacon_s)
     progress.close()
     marks, beacons = on_beacon.marks, on_beacon.beacons
     result = summarise(sp, rt, load, marks, beacons, profiles)
