@@ -190,8 +190,13 @@ def test_a_session_shared_by_applications_is_parsed_and_loaded_by_their_shares()
     noisy = spec.apps[1].inputs(rows)
     assert spec.apps[0].inputs(rows) is rows and 0.1 < np.abs(noisy - rows).mean() < 0.3
     sent: dict[str, list] = {}
-    load = LoadGenerator(lambda *a, **k: 0, RateTrace.constant({"s": 400.0}, 2.0), torch.from_numpy(rows),
-                         submit_many=lambda sid, xs, t, app=None: sent.setdefault(app, []).append(xs) or range(len(xs)),
+
+    def submit_many(sid, xs, t, app=None):
+        sent.setdefault(app, []).append(xs)
+        return range(len(xs))
+
+    load = LoadGenerator(lambda sid, x, t, app=None: submit_many(sid, x, t, app)[0], RateTrace.constant({"s": 400.0}, 2.0),
+                         torch.from_numpy(rows), submit_many=submit_many,
                          apps={"s": [(a.app_id, a.share, a.inputs(rows)) for a in spec.apps]})
     report = load.run()
     n = {a: sum(len(x) for x in v) for a, v in sent.items()}
