@@ -40,8 +40,7 @@ def orloj_controller(models: Mapping[str, Any], profiles: Mapping[str, BatchProf
     from tasks.serving.dynamic_models import alone_times
 
     served = sorted({s.model for s in sessions})
-    by_model = {m: alone_times(models[m], {m: rows})[m] for m in {s.model for s in sessions
-                                                                   if not any(a.session_id == s.session_id for a in apps)}}
+    by_model: dict[str, Any] = {}  # a model timed once for all its sessions without applications
     hists, slo = {}, {}
     for s in sessions:
         own = [a for a in apps if a.session_id == s.session_id]
@@ -49,6 +48,8 @@ def orloj_controller(models: Mapping[str, Any], profiles: Mapping[str, BatchProf
             hists[a.app_id] = alone_times(models[s.model], {a.app_id: a.inputs(rows, seed)})[a.app_id]
             slo[a.app_id] = a.slo_ms or s.slo_ms
         if not own:
+            if s.model not in by_model:
+                by_model[s.model] = alone_times(models[s.model], {s.model: rows})[s.model]
             hists[s.session_id], slo[s.session_id] = by_model[s.model], s.slo_ms
     fits = [np.polyfit(profiles[m].batches, profiles[m].latency_ms, 1)[1] for m in served]
     c0 = max(0.0, min(min(fits), min(h.edges[0] for h in hists.values())))
@@ -56,7 +57,8 @@ def orloj_controller(models: Mapping[str, Any], profiles: Mapping[str, BatchProf
         batch = PaddedBatchModel.from_profile(profiles[served[0]].latency, profiles[served[0]].max_batch, c0)
     else:
         batch = PaddedBatchModel(c0)
-    policy = make_batch_policy("orloj", histograms=hists, model=batch, mix="round_robin" if len(served) == 1 else "own_app")
+    mix = "round_robin" if len(served) == 1 else "own_app"
+    policy = make_batch_policy("orloj", histograms=hists, model=batch, mix=mix)
     profiler = OnlineProfiler(window_ms=0.999 * epoch_s * 1000.0, min_samples=MIN_SAMPLES, bins=50, seed=seed)
     return OrlojController(policy, profiler=profiler, slo_ms=slo)
 
