@@ -15,13 +15,17 @@ names as ``gpuflows simulate escher`` and a ``SchedulerPolicy(system="escher")``
   on its node (``lease_resource``, P4); the members request only ``{gang-<g>: 1}``, start together on the ghosts'
   devices and train one data-parallel model through a gloo all-reduce. Ghosts not all held within the timeout are
   rolled back and retried after jittered back-off; a member that fails or dies ends the others at once.
-- ``hfs`` (§4.4f): ``HierarchicalFairShare`` over the nodes, team A (one user) and team B (two users).
+- ``hfs`` (§4.4f, Fig. 4.5c): ``HierarchicalFairShare`` over the nodes, team A (one user) and team B (two users),
+  rebalanced every 0.2 s by ``FairShareMonitor`` on each user's unfinished jobs (the simulator's loop, on the wall
+  clock): nodes a user leaves idle go to users with work left.
 - ``locality`` (§4.5, Fig. 4.5a): WordCount over per-node local files, run without and with the paper's two-line
   change (the writer's ``store_data``, the mapper's ``{data-<shard>: 1}``); bytes read across nodes are counted.
 - ``colocation`` (§4.5, Fig. 4.6a): AlphaZero predictors on GPU slices, load-balanced one per node, each with its
   CPU board aggregator co-located through ``coloc-predictor-<i>``.
-- ``tune`` (§4.5, Fig. 4.6c, EscherTune): a trial trains, checkpoints and stops; the ESL moves ``trial-<id>`` to
-  another node and the relaunched task, with unchanged requests, resumes from the checkpoint there.
+- ``tune`` (§4.5, Fig. 4.6c, EscherTune): short jobs one per node, then a two-worker data-parallel trial spread by
+  GPU availability; once a short job's end leaves a node room for both workers and the trial's measured rate says
+  the move pays, the workers checkpoint and stop, ``trial-<id>`` moves, and the relaunched workers, with unchanged
+  requests, resume from the checkpoint there.
 
 MLflow: experiment ``gpuflows-escher``, a run nested under the flow's run per policy (every task's node, the
 ``set_resource`` log as ``set_resource.json``, the policy's lines of code beside the paper's, its metrics); Prefect
@@ -103,7 +107,7 @@ def escher_policies(policies: list[str] | None = None, policy: SchedulerPolicy |
         gang_size: members of the data-parallel gang (one GPU ghost each, one per node).
         gang_timeout_s: AppSpace's timeout for all ghosts to start before a rollback.
         team_weights: HFS weights of team A and team B (default [1, 1]).
-        jobs: tasks per HFS user; steps: SGD steps per task (per EscherTune chunk).
+        jobs: tasks per HFS user; steps: SGD steps per task (EscherTune's trial: 100x, its short jobs 10x-40x).
         seed: the gang's back-off jitter, WordCount's text, AlphaZero's positions.
         shards, words, reducers: WordCount's input shards, words per shard, reducers.
         pairs, rounds: AlphaZero's predictor/aggregator pairs and board rounds per pair.
@@ -143,7 +147,10 @@ def report(out: dict) -> list[str]:
             f"{m['node']} gpu{m['devices']}" for m in g["members"])
             + f" after {g['gang_latency_s']:.2f} s ({g['attempts']} attempt(s))")
     if "hfs" in out:
-        lines.append("HFS shares: " + ", ".join(f"{u} {n}" for u, n in out["hfs"]["shares"].items()))
+        m = out["hfs"]["metrics"]
+        lines.append("HFS shares at the start: " + ", ".join(f"{u} {n}" for u, n in out["hfs"]["shares"].items())
+                     + f"; {m['rebalances']} rebalances, most nodes held: "
+                     + ", ".join(f"{u} {m[f'peak_share_{u}_nodes']}" for u in out["hfs"]["shares"]))
     if "locality" in out:
         for label in ("no_locality", "locality"):
             w = out["locality"][label]
@@ -153,10 +160,14 @@ def report(out: dict) -> list[str]:
         lines.append("AlphaZero: " + ", ".join(f"predictor-{i} {p['predictor']['node']} / aggregator "
                                                f"{p['aggregator']['node']}" for i, p in enumerate(out["colocation"]["pairs"])))
     if "tune" in out:
-        t = out["tune"]
-        lines.append(f"EscherTune: trial on {t['before']['node']} steps 0-{t['before']['last_step']} "
-                     f"(loss {t['before']['final_loss']:.4f}), migrated to {t['after']['node']}, resumed at step "
-                     f"{t['after']['first_step']} (loss {t['after']['losses'][0]:.4f})")
+        t, m = out["tune"], out["tune"]["metrics"]
+        where = " -> ".join("+".join(f"{n}x{w}" for n, w in p.items()) for p in t["placements"])
+        lines.append(f"EscherTune: trial on {where}; " + (
+            f"consolidated at step {m['moved_at_step']} (measured {t['moves'][0]['rate']:.0f} steps/s, "
+            f"{t['moves'][0]['remaining_s']:.2f} s left > launch {t['moves'][0]['launch_s']:.2f} s), resumed at "
+            f"step {m['resumed_step']} (loss {m['loss_at_checkpoint']:.4f} -> {m['loss_on_resume']:.4f}); "
+            f"{m['rate_spread_steps_s']:.0f} steps/s spread, {m['rate_after_steps_s']:.0f} after"
+            if t["moves"] else "never consolidated (no node had room while the move paid)"))
     for name in out["policies"]:
         paper = DEMOS[name].paper_lines
         lines.append(f"lines of code, {DEMOS[name].run_name}: {out[name]['esl_lines']}"

@@ -17,8 +17,10 @@ baselines (``undistributed``, ``opportunistic``, ``random``, ``expert``) host ev
 ``placement.nodes`` nodes (a fixed plan, no re-planning), ``shares`` routing each request by its session's shares,
 the others each query by the placement they give it: ``nona`` samples it from θ, solved before the rollout from
 the profiled stage latencies and the link and re-solved every epoch from the measured query rates and stage
-service times (Nona, §III; ``tasks.serving.placement``, ``tasks.serving.nona``). The spec's ``link`` emulates the bottleneck link the
-hand-offs between nodes queue on (``tasks.serving.link``). With ``batch_policy: orloj`` the workers' batches
+service times (Nona, §III; ``tasks.serving.placement``, ``tasks.serving.nona``). The spec's ``link`` is the bottleneck
+link the hand-offs between nodes queue on: by default their bytes cross a loopback socket paced at ``link.mu``
+(``tasks.serving.transport``) and Nona solves with the μ the link measured; ``--link emulated`` delays them by
+arithmetic instead (``tasks.serving.link``). With ``batch_policy: orloj`` the workers' batches
 re-profile ORLOJ every epoch (thesis §4.3.2; ``tasks.serving.epochs``). The figures come from
 ``tasks.serving.figures``, the MLflow runs from ``tasks.serving.records``.
 
@@ -76,16 +78,18 @@ def profile_serving_model(name: str, steps: int, seed: int, repeats: int) -> Bat
 
 
 def prepare(spec: dict | str | None, duration_s: float | None = None, batch_policy: str | None = None,
-            placement: str | None = None, backend: str = "local", mode: str = "process"):
+            placement: str | None = None, backend: str = "local", mode: str = "process", link: str = "socket"):
     """The serving spec with the flow's overrides, every parameter checked: ``main`` calls it before the flow and
     the flow at its start (a deployment run has no earlier place), so bad input fails before serving starts."""
     from tasks.serving.placement import NEEDS_LINK
+    from tasks.serving.runtime import LINKS
     from tasks.serving.spec import PLACEMENTS, load_spec, parse_spec
 
     if mode not in MODES:
         raise ConfigError("mode", mode, f"choose one of {MODES}")
     if backend not in BACKENDS:
         raise ConfigError("backend", backend, f"choose one of {BACKENDS}")
+    choose(link, "link", list(LINKS))
     path = Path(str(spec or DEFAULT_SPEC))
     if not isinstance(spec, dict) and not path.is_absolute() and not path.exists():
         path = DEFAULT_SPEC.parent.parent.parent / path  # a shipped spec named from the package root (deployments)
@@ -120,7 +124,7 @@ def runner_settings(parameters: dict) -> dict:
 def serving_rollout(spec: dict | str | None = None, duration_s: float | None = None,
                     batch_policy: str | None = None, backend: str = "local", pool: GpuPool | str | None = None,
                     mode: str = "process", tracking: MlflowTarget | bool | str | None = None,
-                    placement: str | None = None) -> dict[str, Any]:
+                    placement: str | None = None, link: str = "socket") -> dict[str, Any]:
     """Profile, plan, roll out and serve the spec's trace, re-planning every epoch; returns the figures.
 
     Args:
@@ -137,6 +141,8 @@ def serving_rollout(spec: dict | str | None = None, duration_s: float | None = N
             "gpuflows-nexus" (every Nexus run's experiment).
         placement: override the spec's placement (``nexus``, ``shares``, ``nona`` or a Nona baseline:
             ``undistributed``, ``opportunistic``, ``random``, ``expert``; module docstring).
+        link: the bottleneck link between nodes, ``socket`` (real bytes over loopback, paced at ``link.mu``) or
+            ``emulated`` (a computed delay).
 
     Returns:
         The figures (``tasks.serving.figures.summarise``: per epoch and over the run, queries, dispatch
@@ -150,11 +156,11 @@ def serving_rollout(spec: dict | str | None = None, duration_s: float | None = N
     from tasks.serving.runtime import LocalServingRuntime
     from tasks.serving.beacons import BeaconLoop
     from tasks.serving.figures import summarise
-    from tasks.serving.placement import handoff_bytes, query_routing
+    from tasks.serving.placement import handoff_bytes, link_mu, query_routing
     from tasks.serving.records import log_rollout, plan_summary
     from tasks.serving.spec import check_slos
 
-    sp = prepare(spec, duration_s, batch_policy, placement, backend, mode)
+    sp = prepare(spec, duration_s, batch_policy, placement, backend, mode, link)
     runner = flow_runner()  # the pool and target resolved from these parameters (or the runner given)
     if backend == "ray" and type(runner).__name__ != "GpuRayTaskRunner":
         raise ConfigError("backend", backend, "needs the flow on GpuRayTaskRunner (`python -m flows.serving_rollout "
@@ -184,7 +190,8 @@ def serving_rollout(spec: dict | str | None = None, duration_s: float | None = N
                                  load_balancer=sp.load_balancer, rng=sp.seed, time_unit="ns")
     if sp.placement != "nexus":  # every node hosts every stage; the plan stays fixed
         controller.plan = replicated_plan(sessions, profiles, sp.nodes)
-    routing = query_routing(sp, profiles)
+    solver_mu = link_mu(sp, link) if sp.placement in ("nona", "expert") else sp.link_mu
+    routing = query_routing(sp, profiles, solver_mu)
     if sp.placement == "nona":
         get_run_logger().info("Nona θ solved: %s", {f"{k}/{r}": [round(x, 3) for x in th] for (k, r), th
                                                      in routing.controller.table.entries[0].thetas.items()})
@@ -192,12 +199,15 @@ def serving_rollout(spec: dict | str | None = None, duration_s: float | None = N
     data = load_digits_tensors(sp.seed)
     orloj = (orloj_controller(models, profiles, sessions, sp.apps, data.x_test[:PROFILE_REQUESTS].numpy(),
                               sp.epoch.epoch_s, sp.seed) if sp.batch_policy == "orloj" else None)
-    nona = MeasuredNona(routing, sp.nodes, sp.link_mu, sp.seed) if sp.placement == "nona" else None
+    nona = MeasuredNona(routing, sp.nodes, solver_mu, sp.seed) if sp.placement == "nona" else None
     with LocalServingRuntime(models, profiles, ledger, None, sp.preset, seed=sp.seed, backend=backend,
                              controller=controller, policy_factory=policy_factory(sp.batch_policy, orloj),
                              query_routing=routing, link_mu=sp.link_mu, handoff_bytes=handoff_bytes(sp),
-                             apps=sp.app_slos or None, measure_batches=orloj is not None or nona is not None) as rt:
+                             apps=sp.app_slos or None, measure_batches=orloj is not None or nona is not None,
+                             link=link) as rt:
         rt.apply(controller.plan)
+        if nona is not None:  # every epoch, the link's μ as measured on the hand-offs it carried
+            nona.link = rt.link
         feedback = EpochFeedback(sp.epoch.epoch_s, rt.take_batches, rt.update_policies, orloj, nona)
         progress = FlowProgress("serving-rollout", sp.duration_s, f"serving {sp.name}", unit="s of trace").start()
 
@@ -219,6 +229,7 @@ def serving_rollout(spec: dict | str | None = None, duration_s: float | None = N
     result.update(orloj_epochs=feedback.orloj_epochs, nona_epochs=feedback.nona_epochs)
     if nona is not None:  # θ in force at the end per (class, subgraph root), aligned with its Ω
         result["nona_theta"] = nona.thetas
+    result.update(link=link, **({"solver_link_mu": solver_mu} if solver_mu is not None else {}))
     columns = ("epoch", "start_s", "end_s", "replanned", "gpus", "unassigned_rps", "offered_rps", "throughput_rps",
                "slo_attainment", "bad_rate", "p99_latency_ms")
     publish_table("serving-rollout-epochs", [{k: e[k] for k in columns} for e in result["epochs"]],
@@ -256,9 +267,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--placement", default=None,
                     help="override the spec's placement: nexus (packed plan), or every stage on every node routed by "
                          "shares, nona or a Nona baseline (undistributed, opportunistic, random, expert)")
+    ap.add_argument("--link", choices=("socket", "emulated"), default="socket",
+                    help="the link between nodes: hand-offs' bytes over a loopback socket paced at link.mu (socket), "
+                         "or a computed delay with no bytes moved (emulated)")
     args = ap.parse_args(argv)
     try:  # a bad spec, duration, policy or pool name fails here, before a Prefect server starts
-        prepare(args.spec, args.duration_s, args.batch_policy, args.placement, args.backend, args.mode)
+        prepare(args.spec, args.duration_s, args.batch_policy, args.placement, args.backend, args.mode, args.link)
         pool_path(args.pool)
     except GpuflowsError as exc:
         return error(exc)
@@ -271,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
         rollout = serving_rollout.with_options(task_runner=GpuRayTaskRunner(configure=runner_settings))
     try:
         result = rollout(args.spec, args.duration_s, args.batch_policy, args.backend, pool=pool, mode=args.mode,
-                         tracking=tracking, placement=args.placement)
+                         tracking=tracking, placement=args.placement, link=args.link)
     except GpuflowsError as exc:
         return error(exc)
     for e in result["epochs"]:

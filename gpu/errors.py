@@ -65,6 +65,11 @@ class LedgerBusy(LedgerError):
     """Another process held the pool ledger's write lock for longer than this call could wait."""
 
 
+class LedgerBusyTimeout(LedgerBusy, AllocationTimeout):
+    """``allocate``'s timeout ran out while another process held the pool's write lock: a LedgerBusy naming that
+    process, and an AllocationTimeout to callers that only wait."""
+
+
 class LedgerReplaced(LedgerError):
     """The pool ledger's file was deleted, truncated or replaced while processes still held the pool."""
 

@@ -10,16 +10,19 @@ What it guarantees (``docs/architecture.md`` says how each is tested):
   planning the whole queue (``plan_grants``) and granting what the policy grants, to whichever
   owner waits: FIFO holds across processes by construction, and what a waiter receives is the
   committed lease row, never a process-local cache.
-* **No slice held by two live processes.** On this host a holder's slices are freed only once the
-  holder *and every worker process registered under it* are dead (``/proc``, pid + start time):
-  a stopped (SIGSTOP) or starved holder keeps them, whatever its heartbeat. A heartbeat expiry
-  frees slices only of holders on other hosts, and those learn it on their next heartbeat
+* **No slice held by two live processes.** Where a holder's pids are visible (this host, pid namespace and
+  boot: ``gpu.liveness.PID_SPACE``) its slices are freed only once the holder *and every worker process
+  registered under it* are dead (``/proc``, pid + start time): a stopped (SIGSTOP) or starved holder keeps
+  them, whatever its heartbeat. A heartbeat expiry frees slices only of holders whose pids are not visible
+  (other hosts, containers with their own pid namespace), and those learn it on their next heartbeat
   (``watch``), each lease carrying a fencing ``generation``.
-* **A wiped file never becomes an empty pool** (``gpu.ledger_file``), and SQLite failures (disk
-  full, a write lock held elsewhere) are ``LedgerError``s that say so.
+* **A wiped, replaced or rolled-back file never becomes a pool that grants held GPUs again**
+  (``gpu.ledger_file``), a GPU has one ledger per machine (``gpu.claims``), and SQLite and OS failures (disk
+  full, a write lock held elsewhere, a read-only folder) are ``LedgerError``s that say so.
 
-Waiting is cheap: one watcher thread per process sleeps on its doorbell (``gpu.wakeup``), which the
-granting transaction rings after it commits, and then reads its tickets' fate (it also looks every
+Waiting is cheap: one watcher thread per process sleeps on its doorbell (``gpu.wakeup``), which a
+transaction granting one of its tickets in another process rings after it commits (a grant to a thread of
+the committing process is handed over directly), and then reads its tickets' fate (it also looks every
 ``SAFETY_POLL_S``, in case a ring was lost); dead holders are looked for once per ``reclaim_interval``
 across all processes.
 """
@@ -27,6 +30,7 @@ across all processes.
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import logging
 import os
@@ -39,14 +43,17 @@ from contextlib import closing, contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Iterator, Mapping, Sequence
 
+from gpu.claims import claim_devices
 from gpu.devices import Device, Node, PoolSpec
-from gpu.errors import AllocationTimeout, ConfigError, LeaseLost, LedgerBusy, LedgerError, LedgerReplaced
+from gpu.errors import (
+    AllocationTimeout, ConfigError, LeaseLost, LedgerBusy, LedgerBusyTimeout, LedgerError, LedgerReplaced,
+)
 from gpu.ledger_file import LOCK_TIMEOUT_S, LedgerFile, describe_error
-from gpu.liveness import HOST, Owner, process_alive, process_start, process_state
+from gpu.liveness import HOST, PID_SPACE, Owner, pids_visible, process_alive, process_start, process_state
 from gpu.wakeup import SAFETY_POLL_S, Doorbells, drain
 from gpu.placement import (
     DeviceChoice, DeviceState, FifoBestFit, NodeState, PlacementPolicy, ResourceRequest, Waiting, apply_choice,
-    awaits_missing_resource, check_ever_fits, choose_all, plan_grants,
+    check_ever_fits, choose_all, configured, plan_grants, waits_off_head,
 )
 from gpu.scenario import number, positive
 from gpu.units import format_memory
@@ -68,8 +75,15 @@ CREATE TABLE IF NOT EXISTS events (
   id INTEGER PRIMARY KEY AUTOINCREMENT, t REAL, kind TEXT, lease_id TEXT, label TEXT,
   node TEXT, devices TEXT, fraction REAL, memory INTEGER, reason TEXT, holder TEXT);
 """
-_ADDED_COLUMNS = {"leases": ("generation INTEGER", "ticket INTEGER", "backed_by TEXT"),
+_ADDED_COLUMNS = {"leases": ("generation INTEGER", "ticket INTEGER", "backed_by TEXT", "space TEXT"),
+                  "tickets": ("space TEXT", "wants TEXT"), "workers": ("space TEXT",),
                   "events": ("reason TEXT", "holder TEXT"), "resources": ("lease TEXT",)}
+_INDEXES = ("CREATE INDEX IF NOT EXISTS leases_by_ticket ON leases(ticket)",
+            "CREATE INDEX IF NOT EXISTS leases_by_owner ON leases(owner)",
+            "CREATE INDEX IF NOT EXISTS resources_by_name ON resources(name)",
+            "CREATE INDEX IF NOT EXISTS resources_by_lease ON resources(lease)",
+            "CREATE INDEX IF NOT EXISTS tickets_in_order ON tickets(priority DESC, id)")  # FifoBestFit.sql_order
+_SCHEMA_VERSION = hashlib.sha1(repr((_SCHEMA, _ADDED_COLUMNS, _INDEXES)).encode()).hexdigest()[:16]
 _KEEP_EVENTS = 20_000
 _PLAN_BATCH = 16
 _Finish = Callable[[sqlite3.Connection], Any]
@@ -86,14 +100,18 @@ class _Shared:
 _LEASE_COLS = "id, node, devices, fraction, memory, cpus, resources, label, granted_at, generation"
 _EVENT_COLS = "t, kind, lease_id, label, node, devices, fraction, memory, holder, reason"
 _EVENT_LEASE = "id, label, node, devices, fraction, memory, owner"  # a lease row as events record it
+_HOLDER_COLS = "owner, host, pid, pstart, space"  # who holds a lease or waits with a ticket
 
+
+_QUEUING = object()
+"""A waiting ticket's outcome while the transaction queuing it has not committed (not yet visible to a look)."""
 
 _OPEN: "weakref.WeakValueDictionary[str, PoolLedger]" = weakref.WeakValueDictionary()
 """Ledgers open in this process by ``pool_id``: a task in thread mode reaches its runner's ledger."""
 
 
 def _create_schema(db: sqlite3.Connection) -> None:
-    """Create the tables, adding the columns older ledgers lack."""
+    """Create the tables, adding the columns older ledgers lack, and record the schema's version."""
     for statement in _SCHEMA.split(";"):
         if statement.strip():
             db.execute(statement)
@@ -102,16 +120,31 @@ def _create_schema(db: sqlite3.Connection) -> None:
         for column in columns:
             if column.split()[0] not in have:
                 db.execute(f"ALTER TABLE {table} ADD COLUMN {column}")
-    db.execute("CREATE INDEX IF NOT EXISTS leases_by_ticket ON leases(ticket)")
-    db.execute("CREATE INDEX IF NOT EXISTS leases_by_owner ON leases(owner)")
-    db.execute("CREATE INDEX IF NOT EXISTS resources_by_name ON resources(name)")
-    db.execute("CREATE INDEX IF NOT EXISTS resources_by_lease ON resources(lease)")
+    for statement in _INDEXES:
+        db.execute(statement)
+    db.execute("INSERT OR REPLACE INTO meta VALUES ('schema', ?)", (_SCHEMA_VERSION,))
+
+
+def _schema_current(db: sqlite3.Connection) -> bool:
+    """Whether the file already has this version's schema: then opening it writes nothing, and so never waits
+    for the write lock (a writer stopped inside its transaction would hold a new client for SQLite's patience)."""
+    try:
+        row = db.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
+    except sqlite3.OperationalError:  # no meta table: a new file
+        return False
+    return row is not None and row[0] == _SCHEMA_VERSION
 
 
 @functools.lru_cache(maxsize=8192)
 def _parse_request(text: str) -> ResourceRequest:
     """A ticket's request from its committed row text (keyed by content, never by ticket id)."""
     return ResourceRequest.from_dict(json.loads(text))
+
+
+@functools.lru_cache(maxsize=1024)
+def _names(wants: str) -> tuple[str, ...]:
+    """The resource names of a ticket's ``wants`` column (a JSON list)."""
+    return tuple(json.loads(wants))
 
 
 @dataclass(frozen=True)
@@ -304,9 +337,10 @@ class PoolLedger(LedgerClient):
         self._writer = threading.Lock()           # one write transaction per process at a time (_writing)
         self._pending_lock = threading.Lock()
         self._pending: list[_Shared] = []         # work queued for the next shared transaction
-        self._granted_to = threading.local()      # owners a transaction granted to, rung after commit
+        self._granted_to = threading.local()      # what a transaction granted: owners to ring, this process's leases
         if self._file:
-            self._idle.append(self._file.open(_create_schema))
+            claim_devices([d.uuid for n in spec.nodes for d in n.devices if not d.simulated], self.path)
+            self._idle.append(self._file.open(_create_schema, _schema_current))
             self._bells: Doorbells | None = Doorbells(self._file.pool_id)
         else:
             self._memory = sqlite3.connect(":memory:", check_same_thread=False, isolation_level=None)
@@ -315,14 +349,18 @@ class PoolLedger(LedgerClient):
         self._capacity = [NodeState(n.name, tuple(DeviceState(d.index, d.memory_total, uuid=d.uuid) for d in n.devices),
                                     n.cpus, n.cpus) for n in spec.nodes]
         super().__init__()
-        self._outcomes: dict[int, Lease | BaseException | None] = {}
+        self._outcomes: dict[int, Lease | BaseException | object | None] = {}  # this process's waiting tickets
+        self._watch_idle = False                  # the watcher sleeps long: nothing of this process waits
         self._abandoned: set[int] = set()
         self._poked = False
         self._closed = threading.Event()
         self._want_heartbeat = heartbeat
         self._threads: list[threading.Thread] = []
-        with self._tx("open the pool") as db:
-            self._sync_spec(db)
+        with self._conn() as db:
+            stored = db.execute("SELECT value FROM meta WHERE key='spec'").fetchone()
+        if stored is None or stored[0] != self._spec_text():
+            with self._tx("store the pool's layout") as db:
+                self._sync_spec(db)
 
     @property
     def capacity(self) -> list[NodeState]:
@@ -359,15 +397,19 @@ class PoolLedger(LedgerClient):
         is shorter (then LedgerBusy). ``turn_held``: the caller already holds this process's write turn.
         Owners granted something in the transaction are rung once it committed.
         """
-        patience = min(self.lock_timeout, busy or self.lock_timeout)
+        patience = self._patience(busy)
         deadline = time.monotonic() + patience
         with self._conn() as db, (nullcontext() if turn_held else self._writing(action, patience)):
             self._begin(db, action, max(0.0, deadline - time.monotonic()))
             self._granted_to.owners = granted = set()
+            self._granted_to.mine = mine = {}
+            stamped = None
             try:
-                if self._file:
-                    self._file.verify(db)
+                epoch = self._file.verify(db) if self._file else None
+                changes = db.total_changes
                 yield db
+                if epoch is not None and db.total_changes != changes:
+                    stamped = self._file.stamp(db, epoch)
                 db.execute("COMMIT")
             except BaseException as exc:
                 if db.in_transaction:
@@ -375,8 +417,16 @@ class PoolLedger(LedgerClient):
                 if isinstance(exc, sqlite3.Error):
                     raise describe_error(exc, self.path, action) from exc
                 raise
+            if stamped is not None:
+                self._file.committed(stamped)
+        if mine:
+            self._deliver(mine)
         if granted:
-            self._ring(granted)
+            self._ring(granted - {self.owner.key})
+
+    def _patience(self, busy: float | None) -> float:
+        """How long a call waits for the write lock: ``busy`` (0: one try) up to ``lock_timeout``."""
+        return self.lock_timeout if busy is None else min(self.lock_timeout, max(0.0, busy))
 
     @contextmanager
     def _writing(self, action: str, patience: float) -> Iterator[None]:
@@ -416,7 +466,7 @@ class PoolLedger(LedgerClient):
         mine = _Shared(work)
         with self._pending_lock:
             self._pending.append(mine)
-        patience = min(self.lock_timeout, busy or self.lock_timeout)
+        patience = self._patience(busy)
         deadline = time.monotonic() + patience
         if self._writer.acquire(timeout=patience):
             try:
@@ -441,7 +491,7 @@ class PoolLedger(LedgerClient):
 
     def _run_shared(self, action: str, patience: float, batch: list[_Shared]) -> None:
         try:
-            with self._tx(action, patience or None, turn_held=True) as db:
+            with self._tx(action, patience, turn_held=True) as db:
                 finishes = [piece.work(db) for piece in batch]
                 self._plan(db)
                 for piece, finish in zip(batch, finishes):
@@ -489,8 +539,13 @@ class PoolLedger(LedgerClient):
                 self._poked = True
                 self._cv.notify_all()
 
+    def _spec_text(self) -> str:
+        """The pool's layout as the ledger stores it (``open_ledger`` and ``gpu.pool.read_pool`` read it back)."""
+        return json.dumps([[n.name, n.cpus, [[d.index, d.memory_total] for d in n.devices]] for n in self.spec.nodes])
+
     def _sync_spec(self, db: sqlite3.Connection) -> None:
-        wanted = json.dumps([[n.name, n.cpus, [[d.index, d.memory_total] for d in n.devices]] for n in self.spec.nodes])
+        """Store this client's layout; a different stored one is replaced only while no lease holds it."""
+        wanted = self._spec_text()
         row = db.execute("SELECT value FROM meta WHERE key='spec'").fetchone()
         if row and row[0] != wanted:
             self._reclaim(db, force=True)
@@ -532,7 +587,7 @@ class PoolLedger(LedgerClient):
 
     def _owner_row(self, owner: Owner | None) -> tuple:
         o = owner or self.owner
-        return o.key, o.host, o.pid, o.pstart
+        return o.key, o.host, o.pid, o.pstart, o.space
 
     def _placement(self, row) -> Lease:
         return Lease(row[0], row[1], tuple(json.loads(row[2])), row[3], row[4], row[5], json.loads(row[6]),
@@ -580,7 +635,8 @@ class PoolLedger(LedgerClient):
             devices = tuple(DeviceState(d.index, d.memory_total, 1.0 - used_c.get((n.name, d.index), 0.0),
                                         d.memory_total - used_m.get((n.name, d.index), 0), d.uuid) for d in n.devices)
             res = {k: cap - used_res.get((n.name, k), 0.0) for k, cap in caps.get(n.name, {}).items()}
-            out.append(NodeState(n.name, devices, n.cpus_total, n.cpus_total - used_cpu.get(n.name, 0.0), res))
+            out.append(NodeState(n.name, devices, n.cpus_total, n.cpus_total - used_cpu.get(n.name, 0.0), res,
+                                 caps.get(n.name, {})))
         return out
 
     def _plan(self, db: sqlite3.Connection) -> None:
@@ -602,14 +658,16 @@ class PoolLedger(LedgerClient):
         for rows in batches:
             if not rows:
                 break
-            nodes = nodes if nodes is not None else self._free_state(db, self._requested_names(db))
+            if nodes is None:
+                nodes = self._free_state(db, self._requested_names(db))
+                as_configured = configured(nodes)
             waiting = [Waiting(r[0], _parse_request(r[1]), r[2]) for r in rows]
             grants = plan_grants(self.policy, waiting, nodes)
             for w, r in zip(waiting, rows):
                 if w.ticket in grants:
                     chosen.append((w, grants[w.ticket], r[3]))
                     nodes = apply_choice(nodes, w.request, grants[w.ticket])
-                elif order is not None and not (w.request.resources and awaits_missing_resource(w.request, nodes)):
+                elif order is not None and not waits_off_head(w.request, as_configured):
                     break  # the first misfit: nothing after it is granted
             else:
                 continue
@@ -619,8 +677,14 @@ class PoolLedger(LedgerClient):
 
     @staticmethod
     def _requested_names(db: sqlite3.Connection) -> set[str]:
-        """The ephemeral resources any waiting ticket asks for (all a plan can need to read)."""
-        return {k for (text,) in db.execute("SELECT DISTINCT request FROM tickets") for k in _parse_request(text).resources}
+        """The ephemeral resources any waiting ticket asks for (all a plan can need to read), from each ticket's
+        ``wants``: distinct per set of names, not per ticket (each request text is, with its label), so a long
+        queue costs a plan one scan in SQLite, not a parse per ticket. A ticket queued without ``wants`` (by an
+        older client) is read from its request."""
+        names: set[str] = set()
+        for wants, text in db.execute("SELECT DISTINCT wants, CASE WHEN wants IS NULL THEN request END FROM tickets"):
+            names.update(_names(wants) if wants is not None else _parse_request(text).resources)
+        return names
 
     def _grant(self, db: sqlite3.Connection, chosen: list[tuple[Waiting, DeviceChoice, str]]) -> None:
         """Turn planned tickets into leases of their owners, each with the next fencing generation."""
@@ -629,17 +693,20 @@ class PoolLedger(LedgerClient):
         now = time.time()
         for w, choice, owner in chosen:
             generation += 1
-            ticket = db.execute("SELECT owner, host, pid, pstart FROM tickets WHERE id=?", (w.ticket,)).fetchone()
+            holder = db.execute(f"SELECT {_HOLDER_COLS} FROM tickets WHERE id=?", (w.ticket,)).fetchone()
             backer = self._backer(db, w.request, choice.node)
             devices, fraction, memory = backer[1:] if backer else (json.dumps(list(choice.devices)), choice.fraction,
                                                                    choice.memory)
-            lease = (uuid.uuid4().hex, *ticket, w.request.label, choice.node, devices, fraction, memory,
-                     w.request.cpus, json.dumps(dict(w.request.resources)), now, now + self.lease_ttl, generation,
-                     w.ticket, backer[0] if backer else None)
-            db.execute("INSERT INTO leases VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", lease)
+            lease = (uuid.uuid4().hex, choice.node, devices, fraction, memory, w.request.cpus,
+                     json.dumps(dict(w.request.resources)), w.request.label, now, generation)  # as _LEASE_COLS
+            db.execute(f"INSERT INTO leases ({_LEASE_COLS}, {_HOLDER_COLS}, expires_at, ticket, backed_by) "
+                       "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                       (*lease, *holder, now + self.lease_ttl, w.ticket, backer[0] if backer else None))
             db.execute("DELETE FROM tickets WHERE id=?", (w.ticket,))
             self._granted_to.owners.add(owner)
-            self._event(db, "allocate", (lease[0], lease[5], lease[6], lease[7], lease[8], lease[9], lease[1]))
+            if owner == self.owner.key:  # delivered by the committing thread, no watcher round trip
+                self._granted_to.mine[w.ticket] = self._placement(lease)
+            self._event(db, "allocate", (lease[0], w.request.label, choice.node, devices, fraction, memory, owner))
         db.execute("INSERT OR REPLACE INTO meta VALUES ('generation', ?)", (str(generation),))
 
     @staticmethod
@@ -666,31 +733,32 @@ class PoolLedger(LedgerClient):
     def _reclaim(self, db: sqlite3.Connection, force: bool = False) -> int:
         """Free what dead holders hold (at most once per ``reclaim_interval`` across processes unless ``force``).
 
-        A holder on this host is dead when its process and every worker registered under it are gone;
-        one on another host when its heartbeat expired. Tickets of dead holders go too.
+        A holder whose pids we see (this host, this pid namespace and boot: ``pids_visible``) is dead when
+        its process and every worker registered under it are gone; any other (another host, a container's
+        pid namespace) when its heartbeat expired. Tickets of dead holders go too.
         """
         now = time.time()
-        if not force:
-            row = db.execute("SELECT value FROM meta WHERE key='last_reclaim'").fetchone()
-            if row and now - float(row[0]) < self.reclaim_interval:
-                return 0
+        if not force and not self._due(db, now):
+            return 0
         db.execute("INSERT OR REPLACE INTO meta VALUES ('last_reclaim', ?)", (repr(now),))
         workers: dict[str, list[tuple[int, int]]] = {}
-        for owner, pid, pstart in db.execute("SELECT owner, pid, pstart FROM workers WHERE host=?", (HOST,)):
+        for owner, host, pid, pstart, space in db.execute(f"SELECT {_HOLDER_COLS} FROM workers").fetchall():
+            if not pids_visible(host, space):
+                continue
             if process_alive(pid, pstart):
                 workers.setdefault(owner, []).append((pid, pstart))
             else:
-                db.execute("DELETE FROM workers WHERE owner=? AND host=? AND pid=?", (owner, HOST, pid))
+                db.execute("DELETE FROM workers WHERE owner=? AND host=? AND pid=?", (owner, host, pid))
         dead: dict[str, str] = {}
-        for owner, host, pid, pstart, expires in db.execute(
-                "SELECT owner, host, pid, pstart, MIN(expires_at) FROM (SELECT owner, host, pid, pstart, expires_at "
-                "FROM leases UNION ALL SELECT owner, host, pid, pstart, expires_at FROM tickets) GROUP BY owner"
-        ).fetchall():
-            if host == HOST:
+        for owner, host, pid, pstart, space, expires in db.execute(
+                f"SELECT {_HOLDER_COLS}, MIN(expires_at) FROM (SELECT {_HOLDER_COLS}, expires_at FROM leases "
+                f"UNION ALL SELECT {_HOLDER_COLS}, expires_at FROM tickets) GROUP BY owner").fetchall():
+            if pids_visible(host, space):
                 if not process_alive(pid, pstart) and not workers.get(owner):
                     dead[owner] = f"its holder (pid {pid}) died"
             elif expires < now:
-                dead[owner] = f"its holder (pid {pid} on {host}) sent no heartbeat for {self.lease_ttl:g} s"
+                dead[owner] = (f"its holder ({_where(host, space, pid)}) sent no heartbeat "
+                               f"for {self.lease_ttl:g} s")
         freed = 0
         for owner, reason in dead.items():
             for r in db.execute(f"SELECT {_EVENT_LEASE} FROM leases WHERE owner=?",
@@ -712,9 +780,10 @@ class PoolLedger(LedgerClient):
 
     def _insert_ticket(self, db: sqlite3.Connection, request: ResourceRequest, priority: float, owner: Owner | None) -> int:
         now = time.time()
-        cur = db.execute("INSERT INTO tickets (owner, host, pid, pstart, request, priority, created_at, expires_at) "
-                         "VALUES (?,?,?,?,?,?,?,?)",
-                         (*self._owner_row(owner), json.dumps(request.to_dict()), priority, now, now + self.lease_ttl))
+        cur = db.execute("INSERT INTO tickets (owner, host, pid, pstart, space, request, wants, priority, created_at, "
+                         "expires_at) VALUES (?,?,?,?,?,?,?,?,?,?)",
+                         (*self._owner_row(owner), json.dumps(request.to_dict()), json.dumps(sorted(request.resources)),
+                          priority, now, now + self.lease_ttl))
         return int(cur.lastrowid)
 
     def submit(self, request: ResourceRequest, priority: float = 0.0, owner: Owner | None = None) -> int:
@@ -722,12 +791,20 @@ class PoolLedger(LedgerClient):
         return self.submit_and_try(request, priority, owner)[0]
 
     def submit_and_try(self, request: ResourceRequest, priority: float = 0.0, owner: Owner | None = None,
-                       busy: float | None = None) -> tuple[int, Lease | None]:
-        """Queue ``request`` and plan the queue in one transaction (most requests fit at once)."""
+                       busy: float | None = None, awaiting: list[int] | None = None) -> tuple[int, Lease | None]:
+        """Queue ``request`` and plan the queue in one transaction (most requests fit at once).
+
+        ``awaiting``: the caller will wait for the ticket (``allocate``), which is registered, and appended to
+        the list, before the transaction commits, so that no grant after the commit can miss its waiter.
+        """
         self._check(request)
         self._start_threads()
         def work(db: sqlite3.Connection) -> _Finish:
             ticket = self._insert_ticket(db, request, priority, owner)
+            if awaiting is not None:
+                with self._cv:
+                    self._outcomes[ticket] = _QUEUING
+                awaiting.append(ticket)
 
             def finish(db: sqlite3.Connection) -> tuple[int, Lease | None]:
                 placement = self._granted(db, ticket)
@@ -780,15 +857,25 @@ class PoolLedger(LedgerClient):
         even while another process holds the ledger's write lock.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
+        awaiting: list[int] = []
         try:
-            ticket, placement = self.submit_and_try(request, priority, busy=timeout)
-        except LedgerBusy as exc:
-            raise AllocationTimeout(f"request {request.describe()} got no placement within {timeout}s: {exc}") from exc
-        if placement is not None:
-            return placement
+            ticket, placement = self.submit_and_try(request, priority, busy=timeout, awaiting=awaiting)
+        except BaseException as exc:
+            with self._cv:
+                for t in awaiting:  # its transaction failed: nothing was queued
+                    self._outcomes.pop(t, None)
+            if isinstance(exc, LedgerBusy):
+                raise LedgerBusyTimeout(f"request {request.describe()} got no placement within {timeout}s: "
+                                        f"{exc}") from exc
+            raise
         with self._cv:
-            self._outcomes[ticket] = None
-            self._wake_watcher()
+            if placement is not None:
+                self._outcomes.pop(ticket, None)
+                return placement
+            if self._outcomes.get(ticket) is _QUEUING:
+                self._outcomes[ticket] = None
+            if self._watch_idle:  # it sleeps long when nothing waits: its reclaim checks must start now
+                self._wake_watcher()
             try:
                 while True:
                     outcome = self._outcomes[ticket]
@@ -903,9 +990,10 @@ class PoolLedger(LedgerClient):
         next_reclaim = next_look = 0.0
         while not self._closed.is_set():
             with self._cv:
-                waiting = [t for t, o in self._outcomes.items() if o is None]
+                waiting = [t for t, o in self._outcomes.items() if o is None or o is _QUEUING]
                 abandoned = list(self._abandoned)
                 poked, self._poked = self._poked, False
+                self._watch_idle = not (waiting or abandoned)
             now = time.monotonic()
             try:
                 for ticket in abandoned:
@@ -939,12 +1027,24 @@ class PoolLedger(LedgerClient):
 
     def _reclaim_due(self) -> bool:
         with self._conn() as db:
-            row = db.execute("SELECT value FROM meta WHERE key='last_reclaim'").fetchone()
-        return row is None or time.time() - float(row[0]) >= self.reclaim_interval
+            return self._due(db, time.time())
+
+    def _due(self, db: sqlite3.Connection, now: float) -> bool:
+        """Whether the pool's last reclaim, by any process, was ``reclaim_interval`` or more ago.
+
+        The stamp is another process's wall clock: one stamped in our future (that client's clock was
+        stepped ahead, or ours back) is due too, or a clock an hour ahead would stop reclaim for an hour.
+        A step thus costs an extra reclaim pass, never a later one.
+        """
+        row = db.execute("SELECT value FROM meta WHERE key='last_reclaim'").fetchone()
+        return row is None or not 0.0 <= now - float(row[0]) < self.reclaim_interval
 
     def _collect(self, waiting: list[int]) -> None:
-        """Read, in one snapshot, which of ``waiting`` were granted or dropped."""
+        """Read, in one snapshot, which of ``waiting`` were granted or dropped (a ticket whose queuing has not
+        committed yet is neither)."""
         marks = ",".join("?" * len(waiting))
+        with self._cv:  # before the snapshot: one committed after it is in it
+            committed = [t for t in waiting if self._outcomes.get(t) is not _QUEUING]
         with self._conn() as db:
             db.execute("BEGIN")
             try:
@@ -954,7 +1054,7 @@ class PoolLedger(LedgerClient):
             finally:
                 db.execute("COMMIT")
         outcomes: dict[int, Lease | BaseException] = {r[0]: self._placement(r[1:]) for r in granted}
-        for ticket in waiting:
+        for ticket in committed:
             if ticket not in outcomes and ticket not in queued:
                 outcomes[ticket] = LedgerError(f"pool {self.path}: request ticket {ticket} was dropped from the queue "
                                                "(this process looked dead or stopped heartbeating)")
@@ -1072,19 +1172,26 @@ class PoolLedger(LedgerClient):
             for name, (cap, avail) in res.items():
                 lines.append(f"  resource {name}@{node}: {avail:g}/{cap:g} available")
         with self._tx("read the leases") as db:
-            rows = db.execute(f"SELECT {_LEASE_COLS}, host, pid, expires_at FROM leases").fetchall()
+            rows = db.execute(f"SELECT {_LEASE_COLS}, host, space, pid, expires_at FROM leases").fetchall()
             waiting = db.execute("SELECT COUNT(*) FROM tickets").fetchone()[0]
         now = time.time()
         for r in rows:
-            host, pid, expires = r[-3:]
-            holder = f"pid {pid}" + ("" if host == HOST else f" on {host}")
-            if host == HOST and process_state(pid) == "T":
+            host, space, pid, expires = r[-4:]
+            holder = _where(host, space, pid)
+            if pids_visible(host, space) and process_state(pid) == "T":
                 holder += " (stopped: keeps its slices until it resumes or dies)"
             elif expires < now:
                 holder += f" (no heartbeat for {now - expires + self.lease_ttl:.0f} s)"
-            lines.append(f"lease {self._placement(r[:-3]).describe()} held by {holder}")
+            lines.append(f"lease {self._placement(r[:-4]).describe()} held by {holder}")
         lines.append(f"{waiting} request(s) waiting")
         return lines
+
+
+def _where(host: str, space: str | None, pid: int) -> str:
+    """A holder's process as this process can name it (its pid means nothing outside its pid space)."""
+    if pids_visible(host, space):
+        return f"pid {pid}"
+    return f"pid {pid} on {host}" if host != HOST else f"pid {pid} in another pid namespace of this host"
 
 
 def status_of(nodes: list[NodeState], capacities) -> dict[str, dict[str, tuple[float, float]]]:
@@ -1129,7 +1236,8 @@ def register_worker(path: str, owner_key: str) -> None:
     except sqlite3.Error as exc:
         raise describe_error(exc, path, "register a worker process") from exc
     try:
-        db.execute("INSERT OR REPLACE INTO workers VALUES (?,?,?,?)", (owner_key, HOST, pid, process_start(pid)))
+        db.execute(f"INSERT OR REPLACE INTO workers ({_HOLDER_COLS}) VALUES (?,?,?,?,?)",
+                   (owner_key, HOST, pid, process_start(pid), PID_SPACE))
     except sqlite3.Error as exc:
         raise describe_error(exc, path, "register a worker process") from exc
     finally:

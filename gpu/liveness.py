@@ -1,9 +1,10 @@
 """Who may still be using a slice: processes, their liveness, and open handles to a file.
 
-The ledger frees a slice only when no process that may run on it is alive. On one host that is
-decided from ``/proc`` (pid plus the kernel's start time, so a reused pid is not mistaken for the
-holder); a heartbeat expiry is only trusted for holders on other hosts, whose processes this host
-cannot see.
+The ledger frees a slice only when no process that may run on it is alive. Within one pid space
+that is decided from ``/proc`` (pid plus the kernel's start time, so a reused pid is not mistaken for
+the holder); a heartbeat expiry is only trusted for holders whose pids this process cannot read:
+on other hosts, or on this host in another pid namespace (a container with host networking has our
+hostname, but its pid 1 is not ours), or from before a reboot.
 """
 
 from __future__ import annotations
@@ -16,6 +17,33 @@ from pathlib import Path
 from typing import Iterable
 
 HOST = socket.gethostname()
+
+
+def pid_space() -> str:
+    """Which pids this process sees: the kernel's boot id and the (device, inode) of its pid namespace.
+
+    Two processes may judge each other by pid only when these are equal: the hostname alone is shared by
+    containers with host networking (each with its own pid namespace) and survives a reboot (a new boot
+    reuses every pid). Empty parts where ``/proc`` lacks them (then equal for every process of the host).
+    """
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        boot = ""
+    try:
+        ns = os.stat("/proc/self/ns/pid")
+        namespace = f"{ns.st_dev}:{ns.st_ino}"
+    except OSError:
+        namespace = ""
+    return f"{boot}/{namespace}"
+
+
+PID_SPACE = pid_space()
+
+
+def pids_visible(host: str, space: str | None) -> bool:
+    """Whether a process recorded as on ``host`` in pid space ``space`` can be judged by its pid from here."""
+    return host == HOST and space == PID_SPACE
 
 
 def process_start(pid: int) -> int:
@@ -60,17 +88,18 @@ def process_state(pid: int) -> str:
 
 @dataclass(frozen=True)
 class Owner:
-    """Who holds a lease or a ticket: a process on a host (plus a token per ledger client)."""
+    """Who holds a lease or a ticket: a process on a host in a pid space (plus a token per ledger client)."""
 
     host: str
     pid: int
     pstart: int
     token: str
+    space: str = ""
 
     @classmethod
     def this_process(cls) -> "Owner":
         pid = os.getpid()
-        return cls(HOST, pid, process_start(pid), uuid.uuid4().hex[:8])
+        return cls(HOST, pid, process_start(pid), uuid.uuid4().hex[:8], PID_SPACE)
 
     @property
     def key(self) -> str:
@@ -103,3 +132,22 @@ def processes_holding(paths: Iterable[str | Path]) -> list[int]:
             except OSError:
                 continue
     return sorted(found)
+
+
+def lock_holders(path: str | Path, offset: int) -> list[int]:
+    """Pids holding a POSIX write lock on byte ``offset`` of ``path`` (``/proc/locks``: SQLite's locks are POSIX
+    record locks); empty when none, or where ``/proc/locks`` or the file is unavailable."""
+    try:
+        st = os.stat(path)
+        table = Path("/proc/locks").read_text()
+    except OSError:
+        return []
+    where = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    pids = []
+    for line in table.splitlines():
+        fields = line.split()  # "1: POSIX  ADVISORY  WRITE 12563 fe:00:2156219 120 120"; "->" marks a waiter
+        if len(fields) == 8 and fields[1] == "POSIX" and fields[3] == "WRITE" and fields[5] == where:
+            end = fields[7]
+            if int(fields[6]) <= offset and (end == "EOF" or offset <= int(end)):
+                pids.append(int(fields[4]))
+    return pids

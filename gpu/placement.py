@@ -117,11 +117,20 @@ class DeviceState:
 
 @dataclass(frozen=True)
 class NodeState:
+    """One node: its devices, CPUs, and ephemeral resources free now and as configured (``resources_total``,
+    the capacities set, whatever is in use)."""
+
     name: str
     devices: tuple[DeviceState, ...]
     cpus_total: float
     cpus_free: float
     resources_free: Mapping[str, float] = field(default_factory=dict)
+    resources_total: Mapping[str, float] = field(default_factory=dict)
+
+    def idle(self) -> "NodeState":
+        """This node as configured with nothing in use: what could ever be granted on it as it is set up now."""
+        return NodeState(self.name, tuple(DeviceState(d.index, d.memory_total, uuid=d.uuid) for d in self.devices),
+                         self.cpus_total, self.cpus_total, self.resources_total, self.resources_total)
 
 
 @dataclass(frozen=True)
@@ -217,7 +226,8 @@ def apply_choice(nodes: Sequence[NodeState], request: ResourceRequest, choice: D
         res = dict(node.resources_free)
         for k, v in request.resources.items():
             res[k] = res.get(k, 0.0) - v
-        out.append(NodeState(node.name, devices, node.cpus_total, node.cpus_free - request.cpus, res))
+        out.append(NodeState(node.name, devices, node.cpus_total, node.cpus_free - request.cpus, res,
+                             node.resources_total))
     return out
 
 
@@ -234,26 +244,35 @@ def choose_all(policy: PlacementPolicy, requests: Sequence[ResourceRequest],
     return choices
 
 
-def awaits_missing_resource(request: ResourceRequest, nodes: Sequence[NodeState]) -> bool:
-    """Whether ``request`` names an ephemeral resource that exists on none of the nodes it may use.
+def configured(nodes: Sequence[NodeState]) -> list[NodeState]:
+    """``nodes`` as configured, idle (``NodeState.idle``): what ``waits_off_head`` compares a request with."""
+    return [n.idle() for n in nodes]
 
-    Such a request waits for another task to create the resource (ESCHER's task signalling,
-    primitive P2): it keeps its place in the queue but does not hold the head, or a signal's
-    consumer queued before its producer would deadlock the pool.
+
+def waits_off_head(request: ResourceRequest, configured_nodes: Sequence[NodeState]) -> bool:
+    """Whether ``request`` fits no single node *as the nodes are configured now* (``configured``: capacities,
+    not what is in use), so that waiting at the head of a FIFO queue would block every later request forever.
+
+    Only a request naming ephemeral resources can be here (the physical rest is refused at submit when it never
+    fits, ``check_ever_fits``): a resource nobody created yet (ESCHER's task signalling, P2: a consumer queued
+    before its producer), a barrier whose signals live on different nodes, a data-local task asking more CPUs
+    or GPUs than the data's node has, more of a resource than its capacity. Each may become satisfiable when a
+    resource is created or changed, so it keeps its ticket and its own timeout, but is passed over: ESCHER's
+    guarantee that a task whose requirements can be met is eventually scheduled (§4.3) holds under FIFO.
     """
-    usable = [n for n in nodes if request.node is None or n.name == request.node]
-    return any(all(k not in n.resources_free for n in usable) for k in request.resources)
+    return bool(request.resources) and not any(True for _ in candidate_choices(request, configured_nodes))
 
 
 def plan_grants(policy: PlacementPolicy, waiting: Sequence[Waiting], nodes: Sequence[NodeState],
                 until: int | None = None) -> dict[int, DeviceChoice]:
     """Which waiting tickets the policy grants now, in its order (stopping at the first misfit
-    unless the policy backfills; a request waiting for a resource nobody has created yet is
-    passed over, see ``awaits_missing_resource``). With ``until``, stop once that ticket is
-    decided: tickets after it in the order cannot change its grant."""
+    unless the policy backfills; a request that fits no node as configured now is passed over,
+    see ``waits_off_head``). With ``until``, stop once that ticket is decided: tickets after it in
+    the order cannot change its grant."""
     grants: dict[int, DeviceChoice] = {}
+    as_configured = configured(nodes)
     for w in policy.order(waiting):
-        if w.request.resources and awaits_missing_resource(w.request, nodes):
+        if waits_off_head(w.request, as_configured):
             if w.ticket == until:
                 break
             continue
@@ -274,13 +293,10 @@ def check_ever_fits(request: ResourceRequest, capacity: Sequence[NodeState]) -> 
 
     Ephemeral resources are not checked: they may be created later (ESCHER's task signalling).
     """
-    empty = [
-        NodeState(n.name, tuple(DeviceState(d.index, d.memory_total, uuid=d.uuid) for d in n.devices),
-                  n.cpus_total, n.cpus_total)
-        for n in capacity
-    ]
+    empty = [n.idle() for n in capacity]
     physical = replace(request, resources={})  # checked without them: O(nodes), not O(nodes x resources)
-    if any(True for _ in candidate_choices(physical, empty)):        return
+    if any(True for _ in candidate_choices(physical, empty)):
+        return
     totals = ", ".join(
         f"{n.name}: {len(n.devices)} GPU(s) of "
         f"{'/'.join(sorted({format_memory(d.memory_total) for d in n.devices})) or '-'}, {n.cpus_total:g} CPUs"

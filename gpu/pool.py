@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from gpu.devices import Device, Node, PoolSpec, discover, nvml_devices
 from gpu.errors import ConfigError
 from gpu.ledger import PoolLedger
+from gpu.ledger_file import unwritable
 from gpu.placement import PlacementPolicy
 from gpu.state import state_dir
 from gpu.units import format_memory
@@ -66,7 +67,7 @@ def read_pool(name: str) -> StoredPool:
             waiting, = db.execute("SELECT COUNT(*) FROM tickets").fetchone()
         spec = _stored_spec(json.loads(row[0]))
     except (sqlite3.Error, ValueError, TypeError) as exc:  # TypeError: no 'spec' row or not the stored shape
-        raise ConfigError("pool", name, f"its ledger {path} cannot be read ({exc})") from exc
+        raise ConfigError("pool", name, f"its ledger {path} cannot be read ({unwritable(str(path)) or exc})") from exc
     return StoredPool(name, spec, leases, waiting)
 
 

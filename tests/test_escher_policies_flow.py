@@ -102,11 +102,15 @@ def test_the_policies_place_real_tasks_as_the_esls_say(state_dir):
     assert max(m["started"] for m in members) < min(m["ended"] for m in members)     # all ran at once
     assert len({round(m["checksum"], 9) for m in members}) == 1                      # one data-parallel model
 
-    shares, jobs = out["hfs"]["shares"], out["hfs"]["jobs"]
+    shares, jobs, timeline = out["hfs"]["shares"], out["hfs"]["jobs"], out["hfs"]["timeline"]
     assert {u: len(n) for u, n in shares.items()} == {"a": 2, "b1": 1, "b2": 1}       # 1:1 teams, 1:1 in B
     assert set(shares["a"]).isdisjoint(shares["b1"] + shares["b2"])
-    for job in jobs:
-        assert job["node"] in shares[job["user"]]
+    for row in timeline:                                                              # never a node twice
+        held = [n for nodes in row["shares"].values() for n in nodes]
+        assert len(held) == len(set(held))
+    for job in jobs:                                                                  # only on its user's nodes
+        assert any(job["node"] in row["shares"][job["user"]] for row in timeline)
+    assert timeline[-1]["shares"] == {"a": [], "b1": [], "b2": []}                    # every share given back
 
     # WordCount (Fig. 4.5a): the same counts as one Counter over the whole text; locality moves nothing
     whole = collections.Counter(" ".join(shard_text(i, 2000, 0) for i in range(6)).split())
@@ -121,17 +125,74 @@ def test_the_policies_place_real_tasks_as_the_esls_say(state_dir):
     assert all(p["aggregator"]["node"] == p["predictor"]["node"] for p in pairs)
     assert all(len(p["aggregator"]["moves"]) == 4 for p in pairs)
 
-    # EscherTune (Fig. 4.6c): the relaunched trial ran elsewhere and went on from the checkpoint
-    before, after = out["tune"]["before"], out["tune"]["after"]
-    assert after["node"] != before["node"]
-    assert (before["first_step"], before["last_step"], after["first_step"], after["last_step"]) == (0, 5, 5, 10)
-    assert after["losses"][0] == pytest.approx(before["final_loss"], rel=1e-5)
-    assert before["final_loss"] < before["losses"][0]
-    assert after["final_loss"] < before["final_loss"]
+    # EscherTune (Fig. 4.6c): the trial started spread beside the short jobs, was consolidated onto the node a short
+    # job left room on once measured, and its relaunched workers went on from the checkpoint there
+    tune = out["tune"]
+    spread, moved = tune["launches"]
+    assert {r["node"] for r in spread} == {"node0", "node1"} and len({r["node"] for r in moved}) == 1
+    (move,) = tune["moves"]
+    assert move["from"] == {"node0": 1, "node1": 1} and list(move["to"].values()) == [2]
+    assert move["remaining_s"] > move["launch_s"] > 0 and move["rate"] > 0
+    short_end = {r["node"]: r["ended"] for r in tune["short_jobs"]}[moved[0]["node"]]
+    assert short_end <= max(r["ended"] for r in spread)                 # room appeared before the workers stopped
+    assert all(r["last_step"] == spread[0]["last_step"] for r in spread)  # the workers stopped at the same step
+    assert 0 < moved[0]["first_step"] == spread[0]["last_step"] < moved[0]["last_step"] == 500
+    assert moved[0]["losses"][0] == pytest.approx(spread[0]["final_loss"], rel=1e-5)
+    assert moved[0]["final_loss"] < spread[0]["final_loss"] < spread[0]["losses"][0]
+    assert len({round(r["checksum"], 9) for r in moved}) == 1          # one data-parallel model
 
     names = {row["name"] for row in out["actions"]}
     assert names >= {"anti-replicas", "anti-gang-ghosts", "gang-dp", "res-a", "data-shard-0", "anti-predictors",
                      "coloc-predictor-0", "trial-long"}
+    assert _pool_is_clean("escher")
+
+
+HEAVIER = 100
+"""How much heavier user b1's SGD is in the heavier-work test: each step runs over the digits this many times."""
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("prefect_server")
+def test_a_user_whose_jobs_are_heavier_is_handed_the_nodes_the_others_leave_idle(state_dir, monkeypatch):
+    """Fig. 4.5c's max-min sharing driven by measured work: user b1's jobs train on 100x the data per step (same
+    flow settings), so once a's and b2's light jobs end, the monitor's next periods hand their idle nodes to b1,
+    whose second job then runs beside its first on a node that was a's. With shares fixed at the start, b1's
+    jobs would run one after the other on its one node."""
+    import time
+
+    import torch
+    from prefect import task
+
+    import tasks.escher.fair_share
+    from tasks.escher.jobs import digits, linear_model, team_job, where
+
+    @task
+    def heavier_for_b1(user: str, i: int, steps: int) -> dict:
+        if user != "b1":
+            return team_job.fn(user, i, steps)
+        started = time.time()
+        x, y = digits()
+        x, y = x.repeat(HEAVIER, 1), y.repeat(HEAVIER)
+        model = linear_model(4 + i)
+        opt = torch.optim.SGD(model.parameters(), lr=0.5)
+        for _ in range(steps):
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+        return {"task": f"{user}-{i}", "user": user, **where(started)}
+
+    digits()  # the digits loaded and torch imported before the flow: every job's time is its own work
+    monkeypatch.setattr(tasks.escher.fair_share, "team_job", heavier_for_b1)
+    out = escher_policies(policies=["hfs"], jobs=2, steps=30, tracking=False)["hfs"]
+    first, second = sorted((j for j in out["jobs"] if j["user"] == "b1"), key=lambda j: j["started"])
+    assert out["shares"]["b1"] == [first["node"]]                                     # b1 starts on its one node
+    assert second["node"] in out["shares"]["a"]                                       # then is handed one of a's
+    assert second["started"] < first["ended"]                                         # while its first job runs
+    a_done = max(j["ended"] for j in out["jobs"] if j["user"] == "a")
+    assert first["ended"] > a_done                                                    # the heavy work was longer
+    handed = [row for row in out["timeline"] if row["demand"].get("a") == 0 and row["demand"].get("b1", 0) >= 2]
+    assert handed and all(row["shares"]["a"] == [] and len(row["shares"]["b1"]) >= 2 for row in handed)
+    assert out["metrics"]["peak_share_b1_nodes"] >= 2
     assert _pool_is_clean("escher")
 
 
@@ -158,21 +219,25 @@ def test_a_scheduler_policy_runs_its_demo_and_mlflow_keeps_a_run_per_policy(stat
     block = SchedulerPolicy(system="escher", policy="tune", params={"steps": 4})
     out = escher_policies(policy=block)
     assert out["policies"] == ["tune"] and out["mlflow_errors"] == []
-    assert out["tune"]["after"]["first_step"] == 4
+    assert out["tune"]["after"]["last_step"] == 400                   # the trial is 100 x steps long
     client = MlflowClient(default_tracking_uri())
     runs = client.search_runs([client.get_experiment_by_name("gpuflows-escher").experiment_id],
                               "tags.`escher.policy` = 'tune'")
     assert len(runs) == 1
     run = runs[0]
     assert run.info.run_name == "eschertune" and run.data.tags["mlflow.parentRunId"]
-    assert run.data.params["node.trial-long-from-4"] == out["tune"]["after"]["node"]
+    first = out["tune"]["before"]
+    assert run.data.params[f"node.{first['task']}"] == first["node"]
     assert run.data.params["paper_lines"] == "50" and run.data.metrics["esl_lines"] == out["tune"]["esl_lines"]
+    assert run.data.metrics["moves"] == len(out["tune"]["moves"])
     logged = client.download_artifacts(run.info.run_id, "set_resource.json", str(state_dir))
     import json
 
     calls = json.load(open(logged))
-    assert [(c["name"], c["capacity"], c["node"]) for c in calls if c["capacity"] > 0] == [
-        ("trial-long", 1.0, out["tune"]["before"]["node"]), ("trial-long", 1.0, out["tune"]["after"]["node"])]
+    assert {(c["node"], c["capacity"]) for c in calls if c["name"] == "lb-short" and c["capacity"] > 0} == {
+        (f"node{i}", 1.0) for i in range(4)}                              # one short job per node leaves one room
+    assert [(c["node"], c["capacity"]) for c in calls if c["name"] == "trial-long" and c["capacity"] > 0] == [
+        (n, float(w)) for placement in out["tune"]["placements"] for n, w in placement.items()]
 
 
 @pytest.mark.slow
@@ -227,14 +292,15 @@ def test_a_gang_rolls_back_until_its_ghosts_all_start_and_a_crashed_member_ends_
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("prefect_server")
-def test_a_migration_with_nowhere_to_go_fails_the_run_and_leaves_no_resource_behind(state_dir):
-    """The other nodes' GPUs are held, so EscherTune finds no node to move the trial to after its checkpoint: the
-    run fails, and the trial's resource and the chunk's lease are gone from the pool."""
+def test_a_trial_with_no_room_to_start_fails_the_run_and_leaves_nothing_behind(state_dir):
+    """Every GPU is held but half of node0's, so EscherTune has room for one of its trial's two workers and no short
+    job: the run fails, and neither ``trial-long`` nor any lease of the run is left on the pool."""
     from gpu.placement import ResourceRequest
 
     ledger = GpuPool(name="escher", device_backend="simulated", simulated="1x16GiB", nodes=4).open_ledger()
-    held = [ledger.allocate(ResourceRequest(gpus=1, node=f"node{i}", label="busy"), timeout=5) for i in (1, 2, 3)]
-    with pytest.raises(RuntimeError, match="no node but node0 has an idle GPU"):
+    held = [ledger.allocate(ResourceRequest(gpus=0.5 if i == 0 else 1, node=f"node{i}", label="busy"), timeout=5)
+            for i in range(4)]
+    with pytest.raises(RuntimeError, match="no room for trial-long"):
         escher_policies(policies=["tune"], steps=2, tracking=False)
     assert sorted(lease.lease_id for lease in ledger.leases()) == sorted(h.lease_id for h in held)
     assert all(set(r) <= {"CPU", "GPU"} for r in ledger.cluster_status().values())

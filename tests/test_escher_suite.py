@@ -283,6 +283,24 @@ def check_a_satisfiable_task_eventually_runs(b: Backend) -> None:
     assert len(done) == len(tickets)
 
 
+def check_a_request_no_node_can_hold_waits_off_the_head_under_fifo(b: Backend) -> None:
+    """§4.3's "a task whose requirements can be met will eventually be scheduled", under strict FIFO: a barrier
+    whose two signals live on different nodes fits no node as configured, so it waits off the head with its own
+    timeout and a later request is granted; once both signals are on one node the barrier runs there."""
+    ledger, nodes = b.ledger, b.nodes()
+    esl = Escher(ledger)
+    esl.set_resource("sig-a", 1, nodes[0])
+    esl.set_resource("sig-b", 1, nodes[1])
+    barrier = ResourceRequest(resources={"sig-a": 1, "sig-b": 1}, label="barrier")
+    waiting = ledger.submit(barrier)
+    later = grant(ledger, ResourceRequest(gpus=0.5, label="later"))
+    assert later is not None and granted(ledger, waiting) is None
+    with pytest.raises(AllocationTimeout):                     # queued behind it: its own timeout holds
+        ledger.allocate(barrier, timeout=0.3)
+    esl.set_resource("sig-b", 1, nodes[0])
+    assert granted(ledger, waiting).node == nodes[0]
+
+
 def check_composition_and_conflict_relaxation(b: Backend) -> None:
     """§4.4h: AND concatenates requirement vectors; an anti-affinity that conflicts is relaxed by the next
     soft preference once the first times out (the ESL cancels the attempt before relaunching)."""
@@ -355,6 +373,7 @@ SUITE = [
     check_a_queue_lets_exactly_the_released_batch_through,
     check_gang_is_all_or_none_and_its_rollback_deletes_the_gang_resource,
     check_a_satisfiable_task_eventually_runs,
+    check_a_request_no_node_can_hold_waits_off_the_head_under_fifo,
     check_composition_and_conflict_relaxation,
     check_infeasible_requests_time_out_or_are_cancelled_leaving_nothing_queued,
 ]

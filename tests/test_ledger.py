@@ -165,6 +165,26 @@ def test_ephemeral_resources_create_resize_delete_while_held():
     ledger.release(sig.lease_id)
 
 
+@pytest.mark.parametrize("kind", ["file", "memory", "sim"])
+def test_a_data_local_task_too_big_for_the_data_node_never_blocks_the_fifo_queue(kind, tmp_path):
+    """A mapper needing 4 CPUs where its data lives, on a 2-CPU node: it fits no node as configured (an 8-CPU
+    node lacks the data), so under strict FIFO it waits off the head with its own timeout, later requests are
+    granted, and it runs once the data is also on the big node."""
+    from gpu.sim.escher.ledger import SimLedger
+
+    spec = PoolSpec((parse_simulated("1x16GiB", "small", cpus=2), parse_simulated("1x16GiB", "big", cpus=8)))
+    ledger = SimLedger(spec) if kind == "sim" else PoolLedger(spec, tmp_path / "p.sqlite" if kind == "file" else None)
+    ledger.set_resource("data-7", 1, "small")
+    mapper = ResourceRequest(cpus=4, resources={"data-7": 1}, label="mapper")
+    waiting = ledger.submit(mapper)
+    assert ledger.allocate(ResourceRequest(gpus=0.5, cpus=2, label="later"), timeout=1).label == "later"
+    assert ledger.try_grant(waiting) is None
+    with pytest.raises(AllocationTimeout):                      # queued behind it: its own timeout holds
+        ledger.allocate(mapper, timeout=0.3)
+    ledger.set_resource("data-7", 1, "big")
+    assert ledger.try_grant(waiting).node == "big"
+
+
 _HAMMER = """
 import sys
 from gpu.devices import PoolSpec, parse_simulated

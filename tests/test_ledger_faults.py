@@ -7,6 +7,7 @@ and a real SQLite file, the way etcd and Kubernetes test leases.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -17,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from gpu.devices import PoolSpec, parse_simulated
-from gpu.errors import AllocationTimeout, LeaseLost, LedgerError, LedgerReplaced
+from gpu.errors import AllocationTimeout, LeaseLost, LedgerBusy, LedgerError, LedgerReplaced
 from gpu.ledger import PoolLedger, register_worker
 from gpu.placement import ResourceRequest
 
@@ -47,10 +48,11 @@ for line in sys.stdin:                        # commands from the test
 
 
 class Holder:
-    """A process holding one whole GPU of the pool at ``path``, driven over stdin/stdout."""
+    """A process holding one whole GPU of the pool at ``path``, driven over stdin/stdout; ``prefix`` runs it
+    under another command (a new pid namespace)."""
 
-    def __init__(self, path: Path, ttl: float = 30.0, host: str = "-"):
-        self.proc = subprocess.Popen([sys.executable, "-c", _HOLDER, str(path), str(ttl), host],
+    def __init__(self, path: Path, ttl: float = 30.0, host: str = "-", prefix: tuple[str, ...] = ()):
+        self.proc = subprocess.Popen([*prefix, sys.executable, "-c", _HOLDER, str(path), str(ttl), host],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.lease_id, self.owner_key = self.proc.stdout.readline().split()
 
@@ -156,6 +158,36 @@ def test_a_held_write_lock_reclaims_nothing_and_timeouts_still_hold(path):
     holder.kill()
 
 
+_STOPPED_WRITER = """
+import sqlite3, sys
+db = sqlite3.connect(sys.argv[1], isolation_level=None)
+db.execute("BEGIN IMMEDIATE")                 # the pool's write lock, then SIGSTOP from the test
+print("locked", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_writer_stopped_inside_its_transaction_costs_a_new_client_only_its_timeout(path):
+    """A client SIGSTOPped while it holds the write lock freezes every write to the pool. A new client (its
+    constructor and first request) still returns by the caller's timeout, with LedgerBusy naming the stopped
+    process, which is also an AllocationTimeout to callers that only wait."""
+    pool(path).close()
+    writer = subprocess.Popen([sys.executable, "-c", _STOPPED_WRITER, str(path)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert writer.stdout.readline().strip() == "locked"
+        os.kill(writer.pid, signal.SIGSTOP)
+        start = time.monotonic()
+        with pytest.raises(LedgerBusy) as err:
+            pool(path).allocate(ResourceRequest(gpus=1), timeout=2)
+        assert time.monotonic() - start < 2 + 2.5                 # SQLite's own patience was 30 s, twice
+        assert isinstance(err.value, AllocationTimeout)
+        assert f"pid {writer.pid} (stopped" in str(err.value) and str(path) in str(err.value)
+    finally:
+        writer.kill()
+        writer.wait()
+
+
 def test_a_remote_holder_that_stops_heartbeating_is_fenced_and_told(path):
     """A holder on another host is judged by its heartbeat: once it expires the slice is re-granted,
     and the holder learns it when it resumes: its watcher fires, release is refused, check raises."""
@@ -173,6 +205,38 @@ def test_a_remote_holder_that_stops_heartbeating_is_fenced_and_told(path):
         holder.kill()
 
 
+def new_pid_namespace() -> tuple[str, ...] | None:
+    """The ``unshare`` command that runs a process in a new pid namespace here (as root, else in a user namespace
+    mapping this user to root), killed with ``unshare``; None where neither works."""
+    if shutil.which("unshare") is None:
+        return None
+    for extra in ((), ("--user", "--map-root-user")):
+        prefix = ("unshare", *extra, "--pid", "--fork", "--mount-proc", "--kill-child")
+        if subprocess.run([*prefix, "true"], capture_output=True).returncode == 0:
+            return prefix
+    return None
+
+
+def test_a_holder_in_another_pid_namespace_is_judged_by_heartbeat(path):
+    """A container with host networking: our hostname, its own pids (the holder is pid 1 there, which is init
+    here). Its pid cannot tell us whether it lives, so it is judged by heartbeat like another host's holder:
+    kept while it heartbeats, re-granted once it is killed and its lease expires."""
+    prefix = new_pid_namespace()
+    if prefix is None:
+        pytest.skip("no form of unshare can create a pid namespace on this machine")
+    holder = Holder(path, ttl=3.0, prefix=prefix)
+    try:
+        assert holder.owner_key.split(":")[1] == "1"        # the fault: a pid from another namespace
+        ledger = waiter(path, lease_ttl=3.0)
+        with pytest.raises(AllocationTimeout):
+            take_holders_gpu(ledger, timeout=1.5)           # judged by pid, it was re-granted at once
+        assert holder.say("check") == "held"
+        assert any("another pid namespace" in line for line in ledger.describe())
+    finally:
+        holder.kill()
+    take_holders_gpu(ledger, timeout=15)                    # heartbeats stopped: the lease expires
+
+
 def test_an_orphaned_worker_keeps_its_dead_flows_slices(path):
     """The flow process dies but a worker registered under it runs on: its slices stay held until the
     worker is gone too."""
@@ -188,6 +252,29 @@ def test_an_orphaned_worker_keeps_its_dead_flows_slices(path):
     worker.kill()
     worker.wait()
     assert take_holders_gpu(ledger, timeout=5) < 1.0
+
+
+_STEPPED_CLOCK = """
+import sys, time
+real_time = time.time
+time.time = lambda: real_time() + 3600        # this client's wall clock was stepped an hour ahead
+from gpu.devices import PoolSpec, parse_simulated
+from gpu.ledger import PoolLedger
+PoolLedger(PoolSpec((parse_simulated("2x16GiB", "n0", cpus=8),)), sys.argv[1]).free_state()   # a reclaim pass
+"""
+
+
+def test_a_client_whose_clock_stepped_ahead_does_not_stop_reclaim(path):
+    """A client an hour ahead stamps the pool's last reclaim in everyone else's future; a dead holder must
+    still be reclaimed at once, not an hour later."""
+    holder = Holder(path)
+    ledger = waiter(path)
+    subprocess.run([sys.executable, "-c", _STEPPED_CLOCK, str(path)], check=True, timeout=60)
+    with sqlite3.connect(path) as db:
+        stamped = float(db.execute("SELECT value FROM meta WHERE key='last_reclaim'").fetchone()[0])
+    assert stamped > time.time() + 3000                 # the fault is in the file
+    holder.kill()
+    take_holders_gpu(ledger, timeout=5)                 # AllocationTimeout if reclaim waited for the stamp
 
 
 @pytest.mark.parametrize("wipe", ["truncate", "delete", "delete-with-lock"])
@@ -210,6 +297,65 @@ def test_a_wiped_pool_file_is_refused_while_its_holders_live(path, wipe):
     for suffix in ("", "-wal", "-shm"):
         Path(f"{path}{suffix}").unlink(missing_ok=True)
     assert pool(path).allocate(ResourceRequest(gpus=1), timeout=1).devices == (0,)   # no holder left: a fresh pool
+
+
+@pytest.mark.parametrize("restore", ["copy-over", "replace"])
+def test_a_pool_file_restored_from_an_older_copy_is_refused_while_its_holders_live(path, tmp_path, restore):
+    """A copy taken while the pool was idle is put back (over the file, or renamed over it) without its -wal and
+    -shm while a holder lives: its lease is not in the copy, so opening the pool must not grant its GPU again."""
+    pool(path).close()                                    # idle: every commit is in the file itself
+    backup = tmp_path / "backup.sqlite"
+    shutil.copyfile(path, backup)
+    holder = Holder(path)
+    try:
+        for suffix in ("-wal", "-shm"):
+            Path(f"{path}{suffix}").unlink()
+        if restore == "copy-over":
+            shutil.copyfile(backup, path)                     # the same inode, older contents
+        else:
+            shutil.copyfile(backup, tmp_path / "restoring")
+            os.replace(tmp_path / "restoring", path)
+        with pytest.raises(LedgerReplaced, match=str(path)) as err:
+            pool(path).allocate(ResourceRequest(gpus=2), timeout=1)
+        assert str(holder.proc.pid) in str(err.value) and "older copy" in str(err.value)
+    finally:
+        holder.kill()
+    assert len(pool(path).allocate(ResourceRequest(gpus=2), timeout=1).devices) == 2   # no holder left: it is the pool
+
+
+_REAL_LIKE_POOL = """
+import sys
+from gpu.devices import Device, Node, PoolSpec
+from gpu.pool import open_pool
+gpus = tuple(Device(i, f"GPU-{sys.argv[1]}-{i}", "NVML-like GPU", 2**34, 2**34) for i in range(2))  # not simulated
+ledger = open_pool("default", spec=PoolSpec((Node("n0", gpus, 8.0),)))
+print("opened", ledger.path, flush=True)
+sys.stdin.read()
+"""
+
+
+def test_one_gpu_has_one_ledger_on_a_machine_whatever_the_state_folder(tmp_path):
+    """The state folder defaults to ./.state: two working directories opening the same GPUs (two processes with
+    two state folders, devices with the same UUIDs) must not make two ledgers that each grant them whole."""
+    tag = os.urandom(4).hex()
+
+    def run_in(state: str, **kw) -> subprocess.Popen:
+        env = {**os.environ, "GPUFLOWS_STATE_DIR": str(tmp_path / state),
+               "GPUFLOWS_DEVICE_REGISTRY": str(tmp_path / "registry")}
+        return subprocess.Popen([sys.executable, "-c", _REAL_LIKE_POOL, tag], env=env, stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+
+    first = run_in("a")
+    try:
+        assert first.stdout.readline().startswith("opened")
+        out, err = run_in("b").communicate("", timeout=60)
+        assert "ConfigError" in err and f"belong to the ledger {tmp_path / 'a' / 'pools' / 'default.sqlite'}" in err
+        assert f"GPU-{tag}-0" in err and str(first.pid) in err and not out
+    finally:
+        first.kill()
+        first.wait()
+    out, err = run_in("b").communicate("", timeout=60)  # its ledger is no longer in use: the GPUs move
+    assert out.startswith(f"opened {tmp_path / 'b'}"), err
 
 
 def test_a_request_for_a_resource_nobody_created_waits_off_the_head(path):

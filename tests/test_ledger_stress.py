@@ -63,6 +63,9 @@ def test_fifo_inversions_only_when_provably_queued_first():
     timed_out = {"kind": "timeout", "label": "a", "shape": "s", "t_call": 0.0, "timeout": 3.0}
     assert len(fifo_inversions([timed_out, grant("b", "s", 0.1, 1.0)], {"a": (1, 0.01)})) == 1
     assert fifo_inversions([timed_out, grant("b", "s", 0.1, 3.5)], {"a": (1, 0.01)}) == []
+    # a's grant came before b's, but a's thread woke past its deadline: the ledger withdrew it, a did not wait
+    assert fifo_inversions([timed_out, grant("b", "s", 0.1, 1.0)], {"a": (1, 0.01)}, {"a": 7, "b": 8}) == []
+    assert len(fifo_inversions([timed_out, grant("b", "s", 0.1, 1.0)], {"a": (1, 0.01)}, {"a": 9, "b": 8})) == 1
 
 
 def test_sampler_reads_the_file_read_only_and_finds_an_overcommit(tmp_path):

@@ -92,7 +92,7 @@ def test_heavier_work_mid_run_shrinks_orlojs_batch_for_that_application_in_the_n
                                   mix="own_app")
     pool = PoolLedger(discover("1x16GiB", "simulated"))
     with LocalServingRuntime({"exit": model}, {"exit": profile}, pool, policy_factory=factory,
-                             apps={"steady": None, "drifting": None}, measure_batches=True) as rt:
+                             apps={"steady": None, "drifting": None}, measure_batches="cpu") as rt:
         rt.apply(plan)
         feedback = EpochFeedback(1.0, rt.take_batches, rt.update_policies, orloj=ctl)
         worker = rt.workers[0]

@@ -753,8 +753,11 @@ def test_escher_flow_on_ray_places_tasks_on_the_nodes_the_esls_chose(escher_on_r
     assert sorted(g["node"] for g in gang["ghosts"]) == out["ray_nodes"]
     assert max(m["started"] for m in gang["members"]) < min(m["ended"] for m in gang["members"])
     assert all(m["cvd"] == ",".join(map(str, m["devices"])) for m in gang["members"])
-    tune = out["tune"]                                                               # EscherTune's migration
-    assert tune["after"]["node"] != tune["before"]["node"] and tune["after"]["first_step"] == 5
+    tune = out["tune"]                                  # EscherTune: spread beside the short jobs, then consolidated
+    assert tune["placements"][0] == {n: 1 for n in out["ray_nodes"]}
+    assert all(len(p) == 1 for p in tune["placements"][1:]) and len(tune["moves"]) == len(tune["placements"]) - 1
+    assert [r[0]["first_step"] for r in tune["launches"][1:]] == [r[0]["last_step"] for r in tune["launches"][:-1]]
+    assert tune["after"]["last_step"] == 500
 
 
 def test_escher_flow_on_ray_shares_two_nodes_between_three_users_over_rounds(escher_on_ray):

@@ -1,5 +1,5 @@
 """Nona in the serving runtime: joins on real workers, per-query routing by the sampled placement, and the
-emulated bottleneck link that makes cross-node hand-offs cost (Nona §III)."""
+bottleneck link that makes cross-node hand-offs cost (Nona §III): real bytes on a loopback socket, or emulated."""
 
 from __future__ import annotations
 
@@ -15,9 +15,12 @@ from gpu.ledger import PoolLedger
 from gpu.schedulers.nexus.squishy import Session
 from gpu.schedulers.nona.controller import Query
 from tasks.serving.link import EmulatedLink
+from tasks.serving.transport import SocketLink, measured_mu, probe_mu
 from tasks.serving.loadgen import LoadGenerator, RateTrace
 from tasks.serving.models import load_digits_tensors, load_or_train, profile_model
-from tasks.serving.nona import replicated_plan, solve_routing, stage_dag
+from gpu.schedulers.nexus.profiles import linear_profile
+from gpu.schedulers.nona.dag import groupings, subgraphs, undistributed
+from tasks.serving.nona import MeasuredNona, replicated_plan, solve_routing, stage_dag
 from tasks.serving.runtime import LocalServingRuntime
 
 DIAMOND = {"q/b": ("q/a", 1.0), "q/c": ("q/a", 1.0), "q/d": (("q/b", "q/c"), 1.0)}
@@ -90,13 +93,61 @@ def test_the_emulated_link_serves_hand_offs_first_come_first_served_at_bytes_ove
     link = EmulatedLink(1e6).start()
     got: list[tuple[str, int]] = []
     t0 = time.perf_counter_ns()
-    done = [link.send(t0, 1000, lambda k=k: got.append((k, time.perf_counter_ns()))) for k in "xyz"]
+    done = [link.send(t0, 1000, lambda data, k=k: got.append((k, time.perf_counter_ns()))) for k in "xyz"]
     assert [d - t0 for d in done] == [1_000_000, 2_000_000, 3_000_000]  # 1 kB at 1 MB/s: 1 ms each, queued
     link.close()
     assert [k for k, _ in got] == ["x", "y", "z"] and all(t >= d for (_, t), d in zip(got, done))
     assert link.transfers == 3 and link.wait_ns == 3_000_000 and link.busy_ns == 3_000_000
     with pytest.raises(ConfigError, match="link.mu"):
         EmulatedLink(0)
+
+
+def test_the_socket_link_moves_the_bytes_first_come_first_served_no_faster_than_mu():
+    """Real transfers: each hand-off's bytes cross a loopback socket in order, paced by the sender's token bucket
+    so that none ends sooner than its bytes at μ after the previous one; the data arrives as sent, and the link
+    measures itself (μ from bytes over transfer time, never above the pace)."""
+    link = SocketLink(1e6).start()
+    got: list[tuple[str, bytes, int]] = []
+    t0 = time.perf_counter_ns()
+    for k in "xyz":
+        link.send(t0, 2000, lambda data, k=k: got.append((k, data, time.perf_counter_ns() - t0)), k.encode() * 300)
+    link.close()
+    assert [(k, d) for k, d, _ in got] == [(k, k.encode() * 300) for k in "xyz"]
+    assert all(t >= (i + 1) * 2_000_000 for i, (*_, t) in enumerate(got))  # 2 kB at 1 MB/s: 2 ms each, queued
+    assert link.transfers == 3 and link.bytes == 6000 and link.busy_ns >= 3 * 2_000_000
+    assert link.wait_ns > 0  # y and z queued behind x
+    assert measured_mu(link.bytes, link.busy_ns) <= 1e6
+    assert probe_mu(None, 25_600, count=3) > 0  # an unpaced probe measures loopback itself
+    with pytest.raises(ConfigError, match="link.mu"):
+        SocketLink(-1.0)
+
+
+def test_nona_re_solves_for_the_mu_the_socket_link_measured():
+    """θ solved for a link that would carry a 25.6 kB hand-off in 0.3 ms splits 3 ms branches; the real link is
+    paced at 10 ms a hand-off. The epoch after hand-offs crossed it, MeasuredNona reads the link's μ from their
+    bytes and transfer times, finds it beyond ±40 % of the μ θ was solved with, and θ re-solved for it keeps
+    the branches together."""
+    handoff = 25_600.0
+    profiles = {"m": linear_profile("m", 0.0, 3.0, 16)}
+    dag = stage_dag("q", {u: "m" for u in "abcd"}, INPUTS, profiles, {f"q/{u}": handoff for u in "bcd"})
+    omega = groupings(subgraphs(dag)[0], max_parts=2)
+    fast, slow = handoff / 3e-4, handoff / 1e-2
+    routing = solve_routing({"q": dag}, {"q": 10.0}, [0, 1], fast)
+    before = routing.controller.table.entries[0].thetas["q", "a"]
+    link = SocketLink(slow).start()
+    nona = MeasuredNona(routing, 2, fast, link=link)
+    try:
+        for _ in range(3):
+            done = []
+            link.send(time.perf_counter_ns(), handoff, done.append, b"rows")
+            while not done:
+                time.sleep(0.005)
+        row = nona.on_epoch(1.0, {"q/a": 10}, 1.0, {})
+    finally:
+        link.close()
+    assert 1 - before[undistributed(omega)] > 0.9
+    assert row.resolved and row.link_mu <= slow and row.link_mu < 0.5 * fast
+    assert 1 - row.thetas["q:a"][undistributed(omega)] < 0.1
 
 
 def test_a_congested_link_charges_every_cross_node_hand_off_a_join_included(served):

@@ -15,7 +15,7 @@ from gpu.schedulers.escher.effort import source_lines
 from gpu.schedulers.escher.gang import AppSpaceGang
 from gpu.schedulers.escher.hfs import HierarchicalFairShare, water_fill
 from gpu.schedulers.escher.primitives import anti_affinity, colocate, store_data, with_task
-from gpu.schedulers.escher.tune import migrate_trial, migration_target
+from gpu.schedulers.escher.tune import consolidation, place_trial, spread_by_availability
 from tasks.escher.affinity import run_affinity, run_colocation
 from tasks.escher.fair_share import run_hfs
 from tasks.escher.gang import run_gang
@@ -59,8 +59,8 @@ DEMOS: dict[str, Demo] = {
         r.esl, r.nodes, r.settings.shards, r.settings.words, r.settings.reducers, r.settings.seed, r.workdir), "2"),
     "colocation": Demo("alphazero", (anti_affinity, colocate, with_task), lambda r: run_colocation(
         r.esl, r.settings.pairs, r.settings.rounds, r.settings.seed, r.workdir), "5"),
-    "tune": Demo("eschertune", (migration_target, migrate_trial),
-                 lambda r: run_tune(r.esl, r.nodes, r.settings.steps, r.workdir), "50"),
+    "tune": Demo("eschertune", (spread_by_availability, consolidation, place_trial),
+                 lambda r: run_tune(r.esl, r.settings.steps, r.workdir), "50"),
 }
 
 

@@ -7,12 +7,14 @@ ran, so the flow can check that the ESLs' ``set_resource`` calls placed it (``fl
   lines of data locality are the writer's ``store_data`` and the mapper's ``{data-<shard>: 1}``;
 - AlphaZero (§4.5, Fig. 4.6a): a predictor (torch value network on a GPU slice) makes ``coloc-<id>`` on its node,
   and its board aggregator (CPU) exchanges boards and values with it through a store in that node's local folder;
-- EscherTune (§4.5, Fig. 4.6c): a trial's training chunk that resumes from the checkpoint of the previous chunk.
+- EscherTune (§4.5, Fig. 4.6c): short jobs, and the data-parallel workers of a long trial that checkpoint when told to
+  stop and resume from that checkpoint wherever they are relaunched.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import os
 import shutil
@@ -28,6 +30,7 @@ from prefect import task
 from gpu.schedulers.escher.api import Escher
 from gpu.schedulers.escher.primitives import colocate, store_data
 from tasks.digits import digits_tensors
+from tasks.runtime.rendezvous import Rendezvous
 from tasks.runtime.requests import current_placement, task_ledger
 
 RENDEZVOUS_TIMEOUT = timedelta(seconds=60)  # the patience of a gang's all-reduce or an AlphaZero pair with a slow peer
@@ -181,17 +184,24 @@ def map_shard(shard: int, source: str, workdir: str, reducers: int) -> dict:
     if source != my_node():
         shutil.copyfile(node_folder(workdir, source) / local.name, local)
         moved = local.stat().st_size
-    counts = collections.Counter(local.read_text().split())
+    outputs = map_text(local.read_text(), shard, reducers, here)
+    return {"task": f"map-{shard}", "shard": shard, "source": source, "input_bytes": local.stat().st_size,
+            "transfer_bytes": moved, "partitions": outputs, **where(started)}
+
+
+def map_text(text: str, shard: int, reducers: int, folder: Path) -> list[str]:
+    """A mapper's work on one shard's text: count its words and write one partition file per reducer into
+    ``folder``; the files' paths (``benchmarks/escher.py`` times this as WordCount's compute per byte)."""
+    counts = collections.Counter(text.split())
     parts: list[dict[str, int]] = [{} for _ in range(reducers)]
     for word, n in counts.items():
         parts[partition_of(word, reducers)][word] = n
     outputs = []
     for r, part in enumerate(parts):
-        out = here / f"map-{shard}-{r}.json"
+        out = folder / f"map-{shard}-{r}.json"
         out.write_text(json.dumps(part))
         outputs.append(str(out))
-    return {"task": f"map-{shard}", "shard": shard, "source": source, "input_bytes": local.stat().st_size,
-            "transfer_bytes": moved, "partitions": outputs, **where(started)}
+    return outputs
 
 
 @task
@@ -264,23 +274,56 @@ def board_aggregator(pair: int, rounds: int, moves: int, workdir: str, seed: int
 
 # -- EscherTune (§4.5, Fig. 4.6c) -----------------------------------------------------------------
 @task
-def trial_chunk(trial: str, steps: int, checkpoint: str) -> dict:
-    """``steps`` more SGD steps of trial ``trial``, resumed from ``checkpoint`` when it exists; saves the model,
-    optimizer and step count there before it stops (the application's checkpoint EscherTune migrates with)."""
+def short_job(i: int, steps: int) -> dict:
+    """One of EscherTune's short jobs: a digits classifier trained for ``steps`` steps beside the long trial."""
+    return _trained(f"short-{i}", steps, 10 + i)
+
+
+@task
+def trial_worker(trial: str, rank: int, total: int, rendezvous: Rendezvous, checkpoint: str, progress: str,
+                 stop: str) -> dict:
+    """One data-parallel worker of a trial: resumes from ``checkpoint`` when it exists and trains until the trial has
+    done ``total`` steps or any worker sees the ``stop`` file (the move EscherTune decided). Each step the workers sum
+    their gradients and, in one more all-reduce, the stop flag and their shards' losses, so they stop at the same step
+    and rank 0 appends the whole set's loss to ``progress`` (``step loss time`` lines: the rate the ESL measures).
+    Rank 0 saves the model, optimizer and step count to ``checkpoint`` before it stops."""
     import torch
 
     started = time.time()
-    model = linear_model(5)
-    path = Path(checkpoint)
-    done = 0
-    if path.exists():
-        state = torch.load(path)
-        model.load_state_dict(state["model"])
-        done = state["step"]
-    losses = train(model, steps)
-    torch.save({"model": model.state_dict(), "step": done + steps}, path)
-    return {"task": f"trial-{trial}-from-{done}", "trial": trial, "first_step": done, "last_step": done + steps,
-            "losses": losses, "final_loss": _loss(model), **where(started)}
+    with rendezvous.group(rank) as gang:
+        model = linear_model(5)
+        opt = torch.optim.SGD(model.parameters(), lr=0.5)
+        step = 0
+        if os.path.exists(checkpoint):
+            state = torch.load(checkpoint)
+            model.load_state_dict(state["model"])
+            opt.load_state_dict(state["optimizer"])
+            step = state["step"]
+        first = step
+        x, y = digits(rank, rendezvous.world)
+        losses = []
+        with open(progress, "a", buffering=1) if rank == 0 else contextlib.nullcontext() as log:
+            while step < total:
+                opt.zero_grad()
+                loss = torch.nn.functional.cross_entropy(model(x), y)
+                loss.backward()
+                for param in model.parameters():
+                    gang.allreduce(param.grad)
+                    param.grad /= rendezvous.world
+                opt.step()
+                step += 1
+                shared = torch.tensor([float(os.path.exists(stop)), loss.item() * len(y), len(y)])
+                gang.allreduce(shared)
+                losses.append(float(shared[1] / shared[2]))
+                if log is not None:
+                    log.write(f"{step} {losses[-1]} {time.time()}\n")
+                if shared[0] > 0:
+                    break
+        if rank == 0:
+            torch.save({"model": model.state_dict(), "optimizer": opt.state_dict(), "step": step}, checkpoint)
+    return {"task": f"trial-{trial}-w{rank}-from-{first}", "trial": trial, "rank": rank, "first_step": first,
+            "last_step": step, "losses": losses, "final_loss": _loss(model), "checksum": checksum(model),
+            **where(started)}
 
 
 def _loss(model) -> float:

@@ -1,99 +1,113 @@
-"""Nona's query DAGs from real torch models: ``torch.fx`` operator graphs with measured activation bytes.
+"""Nona's query DAGs from real torch models: ``torch.fx`` operator graphs, each operator timed, each edge's bytes.
 
-The paper takes its DAGs from PipeDream's profiler (§IV-A). We trace a model with ``torch.fx`` instead, so
-every operator (placeholder and output included) is one task. ``ShapeProp`` runs one forward pass on an
-example input and records each node's output tensor, and an edge's ``b`` is the byte size of the tensor its
-producer hands over. A task's ``p`` is its FLOPs, counted with ``torch.utils.flop_counter`` while the node
-runs. Operators that do no matrix work (norms, activations, adds) count one operation per output
-element. The resulting ``gpu.schedulers.nona.dag.Dag`` is what ``contract`` and the solver take.
+The paper takes its DAGs and per-layer profiles from PipeDream's profiler (§IV-A) and publishes neither. We
+trace a model with ``torch.fx`` instead, so every operator (placeholder and output included) is one task:
 
-torchvision is not installed here (a build for this torch would replace torch itself), so ``resnet18``
-rebuilds torchvision's ResNet18 (BasicBlock ×[2, 2, 2, 2], random weights) with the same module layout:
-``torch.fx`` traces it to the same 71 nodes.
+* an edge's ``b`` is the byte size of the tensor its producer hands over (``ShapeProp`` on an example input);
+* a task's ``p`` is its measured compute time in seconds: the median over ``repeats`` forward passes of the
+  thread CPU time the operator took (``time.thread_time_ns``; torch runs on the calling thread with one intra-op
+  thread), so other processes on a shared machine do not inflate it the way they inflate wall time. A server
+  of ν = 1 runs the task in that time.
+
+Nodes that no input reaches (parameters read as ``get_attr``, constants built from them) are weights every
+server holds, not part of a query's data flow: they are left out, with their edges.
+
+``profile_models`` measures the five classes of ``tasks.nona.models.PAPER_MODELS`` and ``write_profile`` stores
+them as the JSON that ``gpu.sim.nona.workloads`` reads (regenerate with ``python -m tasks.nona.profile``).
 """
 
 from __future__ import annotations
 
+import platform
+import statistics
+import time
+from typing import Any, Sequence
+
 import torch
 from torch import fx, nn
 from torch.fx.passes.shape_prop import ShapeProp
-from torch.utils.flop_counter import FlopCounterMode
 
 from gpu.schedulers.nona.dag import Dag
+from tasks.nona.models import PAPER_MODELS
 
 
-class _Block(nn.Module):
-    """torchvision's ``BasicBlock``: two 3×3 convolutions and a skip (a 1×1 downsample when shapes change)."""
-
-    def __init__(self, cin: int, cout: int, stride: int):
-        super().__init__()
-        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
-        self.bn1 = nn.BatchNorm2d(cout)
-        self.relu = nn.ReLU(inplace=True)
-        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
-        self.bn2 = nn.BatchNorm2d(cout)
-        self.downsample = (nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False), nn.BatchNorm2d(cout))
-                           if stride != 1 or cin != cout else None)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        identity = x if self.downsample is None else self.downsample(x)
-        out = self.relu(self.bn1(self.conv1(x)))
-        out = self.bn2(self.conv2(out))
-        return self.relu(out + identity)
-
-
-class ResNet18(nn.Module):
-    """torchvision's ResNet18 layout (He et al., 2016), 1000 classes."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv1 = nn.Conv2d(3, 64, 7, 2, 3, bias=False)
-        self.bn1 = nn.BatchNorm2d(64)
-        self.relu = nn.ReLU(inplace=True)
-        self.maxpool = nn.MaxPool2d(3, 2, 1)
-        widths, cin = (64, 128, 256, 512), 64
-        for i, cout in enumerate(widths, start=1):
-            stride = 1 if i == 1 else 2
-            setattr(self, f"layer{i}", nn.Sequential(_Block(cin, cout, stride), _Block(cout, cout, 1)))
-            cin = cout
-        self.avgpool = nn.AdaptiveAvgPool2d(1)
-        self.fc = nn.Linear(512, 1000)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
-        x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
-        return self.fc(torch.flatten(self.avgpool(x), 1))
-
-
-class _Profile(fx.Interpreter):
-    """Runs the traced graph once, counting each node's FLOPs (``ShapeProp`` has already stored the shapes)."""
+class _Timer(fx.Interpreter):
+    """Runs the traced graph, adding each node's thread CPU time (ns) to ``times``."""
 
     def __init__(self, module: fx.GraphModule):
         super().__init__(module)
-        self.flops: dict[str, float] = {}
+        self.times: dict[str, list[int]] = {n.name: [] for n in module.graph.nodes}
 
-    def run_node(self, n: fx.Node):
-        counter = FlopCounterMode(display=False)
-        with counter:
-            out = super().run_node(n)
-        matrix = float(counter.get_total_flops())
-        self.flops[n.name] = matrix if matrix > 0 else float(out.numel()) if isinstance(out, torch.Tensor) and \
-            n.op not in ("placeholder", "output") else 0.0
+    def run_node(self, n: fx.Node) -> Any:
+        t0 = time.thread_time_ns()
+        out = super().run_node(n)
+        self.times[n.name].append(time.thread_time_ns() - t0)
         return out
 
 
-def fx_dag(model: nn.Module, example: torch.Tensor, name: str) -> Dag:
-    """The model's operator DAG: one task per ``torch.fx`` node, ``p`` = FLOPs, ``b`` = output bytes."""
+def _nbytes(node: fx.Node) -> float:
+    meta = node.meta.get("tensor_meta")
+    if not hasattr(meta, "shape"):  # a tuple, a size, or nothing: no tensor handed over
+        return 0.0
+    return float(torch.Size(meta.shape).numel() * torch.empty((), dtype=meta.dtype).element_size())
+
+
+def fx_dag(model: nn.Module, example: torch.Tensor, name: str, repeats: int = 5, warmup: int = 1) -> Dag:
+    """The model's operator DAG: one task per ``torch.fx`` node an input reaches, ``p`` = its median thread CPU
+    seconds over ``repeats`` passes (after ``warmup``), ``b`` = the bytes of the tensor on each edge."""
     gm = fx.symbolic_trace(model.eval())
-    with torch.no_grad():
+    with torch.inference_mode():
         ShapeProp(gm).propagate(example)
-        profile = _Profile(gm)
-        profile.run(example)
-    ops = {n.name: profile.flops[n.name] for n in gm.graph.nodes}
-    edges = {}
-    for n in gm.graph.nodes:
-        meta = n.meta.get("tensor_meta")
-        size = float(torch.Size(meta.shape).numel() * torch.empty((), dtype=meta.dtype).element_size()) if meta else 0.0
-        for user in n.users:
-            edges[(n.name, user.name)] = size
+        timer = _Timer(gm)
+        for _ in range(warmup):
+            timer.run(example)
+        timer.times = {k: [] for k in timer.times}
+        for _ in range(repeats):
+            timer.run(example)
+    reached: set[str] = set()
+    for n in gm.graph.nodes:  # topological: an input, or a node fed by a reached one
+        if n.op == "placeholder" or any(a.name in reached for a in n.all_input_nodes):
+            reached.add(n.name)
+    ops = {n.name: statistics.median(timer.times[n.name]) / 1e9 for n in gm.graph.nodes if n.name in reached}
+    edges = {(n.name, user.name): _nbytes(n) for n in gm.graph.nodes if n.name in reached
+             for user in n.users if user.name in reached}
     return Dag.build(name, ops, edges)
+
+
+def profile_models(names: Sequence[str] | None = None, repeats: int = 5, seed: int = 0) -> dict[str, Dag]:
+    """The measured DAG of each of the paper's classes (``PAPER_MODELS``), on this machine's CPU, one thread."""
+    torch.manual_seed(seed)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        out = {}
+        for name in names or PAPER_MODELS:
+            make, example = PAPER_MODELS[name]
+            out[name] = fx_dag(make(), example(), name, repeats)
+        return out
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _cpu_name() -> str:
+    """The CPU's model name (Linux's ``/proc/cpuinfo``), else the platform's machine type."""
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def profile_document(dags: dict[str, Dag], repeats: int, command: str) -> dict[str, Any]:
+    """The JSON ``gpu.sim.nona.workloads.load_profile`` reads: per class, task seconds and edge bytes, and
+    where and how they were measured."""
+    return {
+        "about": {"measured": "thread CPU time per torch.fx node, median of repeats, batch 1, one intra-op thread",
+                  "units": {"tasks": "s", "edges": "bytes"}, "repeats": repeats, "command": command,
+                  "cpu": _cpu_name(), "torch": torch.__version__,
+                  "date": time.strftime("%Y-%m-%d")},
+        "classes": {name: {"tasks": {t: float(f"{p:.6g}") for t, p in zip(d.tasks, d.ops)},
+                           "edges": [[a, b, int(s)] for a, b, s in d.edges]} for name, d in dags.items()},
+    }

@@ -59,7 +59,7 @@ def summarise(sp: ServingSpec, rt, load, marks: list[EpochMark], beacons: list[d
 
 
 def handoff_figures(rt) -> dict[str, float]:
-    """Hand-offs between query stages, those that crossed nodes, and the emulated link's load and wait."""
+    """Hand-offs between query stages, those that crossed nodes, and the link's load and wait."""
     fe = rt.frontend
     out = {"handoffs": float(fe.handoffs), "cross_node_handoffs": float(fe.cross_node),
            "cross_node_share": fe.cross_node / fe.handoffs if fe.handoffs else 0.0}

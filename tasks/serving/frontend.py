@@ -18,9 +18,10 @@ Per-query routing (``query_routing``, ``gpu.schedulers.nexus.routing.QueryRoutin
 request's query (its root request's id) that may send a query's stages where it chose — Nona's sampled
 placement (``gpu.schedulers.nona.controller.NonaRouting``); the default follows the shares. Hand-offs: a request
 a query stage issues knows the node its parent ran on; one issued to another node is a cross-node hand-off
-(``handoffs`` / ``cross_node`` count them) and, with an emulated ``link`` (``tasks.serving.link``), reaches
-its worker only after crossing it: ``handoff_bytes[child session]`` bytes per request (default: the bytes of
-its input row).
+(``handoffs`` / ``cross_node`` count them) and, with a ``link``, reaches its worker only after crossing it:
+``handoff_bytes[child session]`` bytes per request (default: the bytes of its input row). On the socket link
+(``tasks.serving.transport``) the child's input rows travel inside those bytes and the worker gets the rows
+read back off the socket; the emulated one (``tasks.serving.link``) only delays them.
 
 Example: shares {1: 2/3, 2: 1/3} → DRR over 300 requests sends 200 to node 1 and 100 to node 2.
 """
@@ -38,6 +39,7 @@ from gpu.errors import ConfigError
 from gpu.schedulers.nexus.squishy import Plan
 from gpu.schedulers.nexus.routing import PlanShares, QueryRouting, Router
 from tasks.serving.link import EmulatedLink
+from tasks.serving.transport import SocketLink
 from tasks.serving.ring import as_rows
 from tasks.serving.stats import Recorder
 
@@ -57,7 +59,7 @@ class Frontend:
 
     def __init__(self, recorder: Recorder, load_balancer: str = "drr", seed: int = 0, chained_ids: int = CHAINED_IDS,
                  router: Router | None = None, apps: Mapping[str, float | None] | None = None,
-                 query_routing: QueryRouting | None = None, link: EmulatedLink | None = None,
+                 query_routing: QueryRouting | None = None, link: SocketLink | EmulatedLink | None = None,
                  handoff_bytes: Mapping[str, float] | None = None):
         self.apps = tuple(sorted(apps or {}))  # ring code k is ``apps[k - 1]``; 0 is "no application"
         self._app_code = {a: k for k, a in enumerate(self.apps, 1)}
@@ -250,7 +252,8 @@ class Frontend:
                   deadline: np.ndarray | int, rows: np.ndarray) -> None:
         """Push the requests whose inputs are all on their worker's node now; send the remote parents' outputs
         for each worker's others over the link as one transfer of their bytes (back-to-back transfers of one
-        FIFO link end when the last does), and push those requests when it has crossed."""
+        FIFO link end when the last does), with their input rows inside, and push those requests, with the rows
+        that came through, when it has crossed."""
         per_row = float(self.handoff_bytes.get(session_id, rows[0].nbytes if k else 0))
         for (w, mask), moved in zip(groups, remote):
             mask = np.ones(k, bool) if mask is None else mask
@@ -260,9 +263,12 @@ class Frontend:
                 continue
             if (mask & ~wait).any():
                 self._dispatch(session_id, [(w, mask & ~wait)], first, k, arrival, deadline, rows)
-            ids, dl, xs = np.arange(first, first + k)[wait], _part(deadline, wait), rows[wait]
-            self.link.send(arrival, per_row * float(moved[wait].sum()),
-                           lambda w=w, ids=ids, dl=dl, xs=xs: w.push(session_id, ids, arrival, dl, xs))
+            ids, dl, xs = np.arange(first, first + k)[wait], _part(deadline, wait), np.ascontiguousarray(rows[wait])
+
+            def deliver(received: bytes, w=w, ids=ids, dl=dl, dtype=xs.dtype, shape=xs.shape) -> None:
+                w.push(session_id, ids, arrival, dl, np.frombuffer(received, dtype).reshape(shape))
+
+            self.link.send(arrival, per_row * float(moved[wait].sum()), deliver, xs.tobytes())
 
     def add_chained(self, counts: Mapping[str, int]) -> None:
         """Count requests that query stages issued elsewhere (a Ray actor's frontend), per session."""

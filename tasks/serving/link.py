@@ -25,8 +25,8 @@ from gpu.errors import ConfigError
 class EmulatedLink:
     """One FIFO link of ``mu`` bytes/s shared by every cross-node hand-off (Nona §III-B's bottleneck link).
 
-    ``send(now_ns, nbytes, deliver)`` books the transfer and calls ``deliver()`` on the link's thread when
-    it has crossed. ``busy_ns`` / ``wait_ns`` / ``transfers`` / ``bytes`` are the link's counters:
+    ``send(now_ns, nbytes, deliver, data)`` books the transfer and calls ``deliver(data)`` on the link's thread
+    when it has crossed. ``busy_ns`` / ``wait_ns`` / ``transfers`` / ``bytes`` are the link's counters:
     ``utilisation(elapsed_ns)`` is its ρ over a run, ``wait_ns / transfers`` its mean queueing delay.
     """
 
@@ -52,12 +52,12 @@ class EmulatedLink:
         self._thread.start()
         return self
 
-    def send(self, now_ns: int, nbytes: float, deliver: Callable[[], None]) -> int:
+    def send(self, now_ns: int, nbytes: float, deliver: Callable[[bytes], None], data: bytes = b"") -> int:
         """Queue a transfer of ``nbytes`` entering at ``now_ns`` (``perf_counter_ns``); returns when it will
-        be delivered."""
+        be delivered (``deliver(data)``: the bytes stay where they are)."""
         service = round(nbytes / self.mu * 1e9)
         if self._closed:  # a batch drained after the link stopped: hand over at once
-            deliver()
+            deliver(data)
             return now_ns
         with self._cv:
             start = max(now_ns, self._free_ns)
@@ -67,7 +67,7 @@ class EmulatedLink:
             self.bytes += nbytes
             self.busy_ns += service
             self.wait_ns += start - now_ns
-            heapq.heappush(self._due, (done, next(self._seq), deliver))
+            heapq.heappush(self._due, (done, next(self._seq), lambda: deliver(data)))
             self._cv.notify()
         return done
 

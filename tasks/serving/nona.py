@@ -15,8 +15,9 @@ the bottleneck link (§III). Mapped onto the serving stack:
 * θ is solved before the rollout (``solve_routing``) for the query rates of the spec and the profiled ℓ(1),
   then again every epoch from what the rollout measured (:class:`MeasuredNona`): each class's arrival rate
   (its root stage's arrivals over the epoch) and each stage's service time (the mean forward time per request
-  of the batches its workers ran), both handed to ``NonaController.on_epoch``; the link is the runtime's
-  emulated one (``tasks.serving.link``) of capacity μ;
+  of the batches its workers ran), both handed to ``NonaController.on_epoch``; the link is the runtime's, real
+  bytes on a loopback socket paced at the spec's μ (``tasks.serving.transport``), and μ for the solver is what
+  it measured: probed before the rollout (``probe_mu``), then the epoch's bytes over their transfer time;
 * the §IV-A baselines that need no live state route the same way (``baseline_routing``): ``undistributed``,
   ``opportunistic``, ``random`` and ``expert`` (q·Opportunistic + (1−q)·undistributed, q the grid's best on
   the queueing model of the profiled stages, the spec's rates and its link: ``expert_q``).
@@ -28,7 +29,7 @@ sends whole queries to one node when the link is slow.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
@@ -41,6 +42,7 @@ from gpu.schedulers.nona.optimizer import (Cluster, LookupTable, NonaModel, Quer
                                            theta_vector)
 from gpu.schedulers.nona.dag import Dag
 from gpu.schedulers.nona.controller import NonaController, NonaRouting
+from tasks.serving.transport import measured_mu
 
 INPUT_BYTES = 64 * 4  # a digits request: 64 float32 features
 BASELINES = ("undistributed", "opportunistic", "random", "expert")
@@ -105,7 +107,8 @@ def baseline_routing(name: str, dags: Mapping[str, Dag], nodes: Sequence[int], s
 @dataclass(frozen=True)
 class ThetaEpoch:
     """What one epoch gave Nona: measured rates (queries/s) and stage service times (ms per request), the
-    table entry in force after it, whether θ was re-solved, and θ per ``"class:subgraph root"``."""
+    table entry in force after it, whether θ was re-solved, θ per ``"class:subgraph root"``, and the link's μ
+    (bytes/s) θ is solved with after it (the measured one once it moved beyond ±40 %)."""
 
     t_s: float
     rates: dict[str, float]
@@ -113,6 +116,7 @@ class ThetaEpoch:
     entry: int
     resolved: bool
     thetas: dict[str, list[float]]
+    link_mu: float = float("nan")
 
 
 class MeasuredNona:
@@ -120,15 +124,18 @@ class MeasuredNona:
 
     ``on_epoch`` turns the root stages' arrivals into each class's λ and the workers' batches into each stage's
     service time, calls the controller's ``on_epoch`` with both, and re-solves θ (off the serving path, in
-    the epoch's thread) when the controller asks; a rate no θ keeps stable leaves the θ in force.
+    the epoch's thread) when the controller asks; a rate no θ keeps stable leaves the θ in force. With a
+    ``link`` that measures itself (``SocketLink.take_measured``), the epoch's bytes over their transfer time is
+    the link's μ; one beyond ±40 % of the μ θ was solved with makes the table stale and θ is re-solved for it.
 
     Args:
         routing: the frontend's ``NonaRouting`` around a ``NonaController``.
-        nodes: the servers θ is solved for; ``mu``: the link's bytes/s.
+        nodes: the servers θ is solved for; ``mu``: the link's bytes/s θ was solved with.
+        link: the runtime's link, when it measures itself (set once the runtime is up).
     """
 
-    def __init__(self, routing: NonaRouting, nodes: int, mu: float, seed: int = 0):
-        self.routing, self.nodes, self.mu, self.seed = routing, nodes, float(mu), seed
+    def __init__(self, routing: NonaRouting, nodes: int, mu: float, seed: int = 0, link: Any = None):
+        self.routing, self.nodes, self.mu, self.seed, self.link = routing, nodes, float(mu), seed, link
         self.controller: NonaController = routing.controller
         self.history: list[ThetaEpoch] = []
 
@@ -142,6 +149,11 @@ class MeasuredNona:
         per_request = {sid: float(np.mean([ms / k for k, ms in runs])) for sid, runs in batches.items() if runs}
         service = {k: {t: per_request[f"{k}/{t}"] / 1e3 for t in d.tasks if f"{k}/{t}" in per_request}
                    for k, d in dags.items()}
+        if self.link is not None and hasattr(self.link, "take_measured"):
+            mu = measured_mu(*self.link.take_measured())
+            if mu is not None and abs(np.log(mu / self.mu)) > ctl.tolerance:
+                self.mu = mu
+                ctl.invalidate()
         choice = ctl.on_epoch(t_s, rates, {k: v for k, v in service.items() if v})
         resolved = False
         if choice.resolve and all(r > 0 for r in rates.values()):
@@ -151,7 +163,7 @@ class MeasuredNona:
                 resolved = True
             except ConfigError:
                 pass  # no θ keeps the link stable at these rates: the one in force stays
-        row = ThetaEpoch(t_s, rates, per_request, ctl.entry, resolved, self.thetas)
+        row = ThetaEpoch(t_s, rates, per_request, ctl.entry, resolved, self.thetas, self.mu)
         self.history.append(row)
         return row
 

@@ -38,11 +38,14 @@ from gpu.schedulers.nexus.routing import QueryRouting
 from tasks.serving.chaining import QueryChainer
 from tasks.serving.frontend import Frontend
 from tasks.serving.link import EmulatedLink
+from tasks.serving.transport import SocketLink
 from tasks.serving.stats import Recorder
 from tasks.serving.worker import ServingWorker, check_policy
 
 SHARE_STEP = 0.05
 BACKENDS = ("local", "ray")
+LINKS = ("socket", "emulated")
+"""The bottleneck link between nodes: real bytes over a loopback socket paced at μ, or a computed delay."""
 
 
 def lease_share(node: GpuNode) -> float:
@@ -94,11 +97,14 @@ class LocalServingRuntime:
             the workers hand each request's application to the policy (``Frontend``).
         query_routing: per-query routing of multi-stage queries (``Frontend``; e.g. Nona's
             ``gpu.schedulers.nona.controller.NonaRouting``); default: every request follows its session's shares.
-        link_mu: emulate a bottleneck link of this many bytes/s between nodes (``tasks.serving.link``):
-            cross-node hand-offs between query stages queue on it FIFO; None: hand-offs cost nothing.
+        link_mu: a bottleneck link of this many bytes/s between nodes: cross-node hand-offs between query
+            stages queue on it FIFO; None: hand-offs cost nothing.
+        link: ``socket`` (the hand-offs' bytes cross a loopback TCP connection paced at ``link_mu``,
+            ``tasks.serving.transport``) or ``emulated`` (a computed delay, no bytes move: ``tasks.serving.link``).
         handoff_bytes: bytes a hand-off to each child stage session carries per request (default: its input
             row's), e.g. the parent's measured activation size.
-        measure_batches: workers keep every batch's size and forward time for ``take_batches``.
+        measure_batches: workers keep every batch's size and forward time for ``take_batches``; ``"cpu"``: the
+            forward's thread CPU time rather than its wall time (``ServingWorker``).
     """
 
     def __init__(self, models: Mapping[str, nn.Module], profiles: Mapping[str, BatchProfile], ledger: LedgerClient,
@@ -110,7 +116,7 @@ class LocalServingRuntime:
                  chains: Mapping[str, tuple[str, float]] | None = None, controller: NexusController | None = None,
                  apps: Mapping[str, float | None] | None = None, query_routing: QueryRouting | None = None,
                  link_mu: float | None = None, handoff_bytes: Mapping[str, float] | None = None,
-                 measure_batches: bool = False):
+                 measure_batches: bool | str = False, link: str = "socket"):
         if backend not in BACKENDS:
             raise ConfigError("backend", backend, f"unknown serving backend; choose one of {list(BACKENDS)}")
         if controller is not None and (chains or load_balancer != "drr"):
@@ -134,8 +140,10 @@ class LocalServingRuntime:
         self.controller = controller or NexusController(chains=chains, load_balancer=load_balancer, rng=seed,
                                                         time_unit="ns")
         if (query_routing is not None or link_mu is not None) and backend != "local":
-            raise ConfigError("backend", backend, "per-query routing and the emulated link are local-backend only")
-        self.link = EmulatedLink(link_mu).start() if link_mu is not None else None
+            raise ConfigError("backend", backend, "per-query routing and the link between nodes are local-backend only")
+        kind = choose(link, "link", list(LINKS))
+        self.link = (None if link_mu is None else
+                     SocketLink(link_mu).start() if kind == "socket" else EmulatedLink(link_mu).start())
         self.frontend = Frontend(self.recorder, router=self.controller.router, apps=apps, query_routing=query_routing,
                                  link=self.link, handoff_bytes=handoff_bytes)
         self.chainer = QueryChainer(self.controller, self.frontend)

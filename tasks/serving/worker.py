@@ -57,7 +57,6 @@ from tasks.serving.stats import Recorder
 
 _IDLE_POLL_S = 0.05
 _now = time.perf_counter_ns
-_cpu = time.thread_time_ns
 
 
 def check_policy(policy: Any) -> BatchPolicy:
@@ -125,17 +124,21 @@ class ServingWorker:
         apps: the application ids by ring code (``Frontend(apps=...)`` assigns code k to ``apps[k - 1]``), so an
             object policy sees each request's application (ORLOJ's per-application histograms).
         measure_batches: keep ``(key, batch size, forward ns)`` of every batch for ``take_batches`` (what the
-            rollout's epoch feedback re-profiles ORLOJ and re-solves Nona from): the forward pass's synchronised
-            wall time on a GPU, its thread CPU time on the CPU (a simulated pool; ``tasks.runtime.slices``). The key is the batch's application
-            when its requests have one, else its session; a batch mixing applications is left out (its time says
-            nothing of whose request was the slowest).
+            rollout's epoch feedback re-profiles ORLOJ and re-solves Nona from); ``"cpu"`` times the forward in
+            thread CPU time instead of wall time (on the CPU with one intra-op thread: the work itself, which other
+            processes' preemptions do not inflate). The key is the batch's application when its requests have
+            one, else its session; a batch mixing applications is left out (its time says nothing of whose
+            request was the slowest).
     """
 
     def __init__(self, node: GpuNode, models: Mapping[str, nn.Module], profiles: Mapping[str, BatchProfile],
                  policy: BatchPolicy, recorder: Recorder, device: str = "cpu", accounting: Accounting = PAPER,
                  run_inline: bool = True, on_done: Callable[..., None] | None = None,
                  parents: frozenset[str] = frozenset(), input_width: int | None = INPUT_FEATURES,
-                 apps: tuple[str, ...] = (), measure_batches: bool = False):
+                 apps: tuple[str, ...] = (), measure_batches: bool | str = False):
+        if measure_batches not in (False, True, "wall", "cpu"):
+            raise ConfigError("measure_batches", measure_batches, "must be False, True/'wall' or 'cpu'")
+        self._cpu_clock = measure_batches == "cpu"
         self.policy = check_policy(policy)
         self._span = isinstance(policy, SpanPolicy)
         # a span policy that learns from executed batches; an object policy's controller calls its ``observe``
@@ -182,9 +185,6 @@ class ServingWorker:
         self.inline_execute_ns = 0  # ... and their share of execute_ns (the pusher's time, not the worker's)
         self.served = 0
         self._batch_log: list[tuple[str, int, int]] | None = [] if measure_batches else None
-        # on the CPU (a simulated pool) a batch's measure is its thread CPU time, as ``tasks.runtime.slices`` times
-        # work there: the wall clock would also count the time other processes held the core
-        self._cpu_measure = measure_batches and self.device.type == "cpu"
         self._taken_codes: np.ndarray | None = None  # the app codes of the rows ``_take`` took last
         self.update(node)
 
@@ -509,13 +509,12 @@ class ServingWorker:
         if self._to_device:
             x = x.to(self.device, non_blocking=True)
         one = type(ids) is int
-        cpu = self._cpu_measure and _cpu()
+        c1 = time.thread_time_ns() if self._cpu_clock else 0
         t1 = _now()
         out = slot.model(x).argmax(1)
         preds = out.tolist() if one or self._to_device else out.numpy()  # a 1-list: a third of .numpy()'s cost
         t2 = _now()
-        if cpu:
-            cpu = _cpu() - cpu
+        took = time.thread_time_ns() - c1 if self._cpu_clock else t2 - t1
         self.recorder.served(slot.placement.session_id, self.node_id, ids, arrival, deadline, t2, preds)
         if slot.on_done is not None:
             slot.on_done(slot.placement.session_id, ids, deadline, t2, rows, self.node_id)
@@ -525,8 +524,7 @@ class ServingWorker:
         if self._batch_log is not None and codes is not None:
             first = int(codes[0])
             if b == 1 or bool((codes == first).all()):
-                self._batch_log.append((self.apps[first - 1] if first else slot.placement.session_id, b,
-                                        cpu or t2 - t1))
+                self._batch_log.append((self.apps[first - 1] if first else slot.placement.session_id, b, took))
         self.served += b
         if b == 1:
             self.execute1_ns += t2 - t1

@@ -1,6 +1,6 @@
 """ESCHER's engine beyond the backend suite (``tests/test_escher_suite.py``): the composition warning, soft
-constraints, the objective function, bin packing, WFQ, node specs, HFS, and the GPU ghost on the local pool
-ledger and the simulator's ledger."""
+constraints, the objective function, bin packing, WFQ, node specs, HFS and its monitor, EscherTune's consolidation,
+and the GPU ghost on the local pool ledger and the simulator's ledger."""
 
 from __future__ import annotations
 
@@ -14,9 +14,10 @@ from gpu.errors import AllocationTimeout, ConfigError
 from gpu.ledger import PoolLedger
 from gpu.placement import ResourceRequest
 from gpu.schedulers.escher.api import Escher, NodeSpec, all_of, largest_remainder
-from gpu.schedulers.escher.hfs import HierarchicalFairShare, water_fill
+from gpu.schedulers.escher.hfs import FairShareMonitor, HierarchicalFairShare, water_fill
 from gpu.schedulers.escher.primitives import ElasticLoadBalancer, WeightedFairQueues, bin_packing, packing_preferences
 from gpu.schedulers.escher.soft import SoftConstraint, allocate_preferred, objective_preferences, setup_objective
+from gpu.schedulers.escher.tune import TrialProgress, consolidation, place_trial, spread_by_availability
 from gpu.sim.escher.ledger import SimLedger
 
 SPEC = simulated_nodes("1x16GiB", 3, cpus=4)
@@ -137,6 +138,60 @@ def test_hfs_worked_example_of_fig_4_5c():
         org1.create_user("A")
     with pytest.raises(ConfigError, match="demands"):
         root.on_round(140, {"A": -1})
+
+
+def test_the_hfs_monitor_hands_idle_nodes_on_every_period_and_keeps_a_users_busy_nodes():
+    """Teams A (a) and B (b1, b2) on 4 nodes, 2/1/1. a's work ends while b1 still has 3 jobs: the next period gives
+    a's nodes to b1. When b1 then needs fewer nodes than it holds, it keeps the ones its jobs run on."""
+    root = HierarchicalFairShare([f"n{i}" for i in range(4)])
+    root.create_team("A").create_user("a")
+    team_b = root.create_team("B")
+    team_b.create_user("b1")
+    team_b.create_user("b2")
+    monitor = FairShareMonitor(root, period_s=0.5)
+    assert contract_violations(monitor) == []
+    first = monitor.on_wake(0.0, {"a": 2, "b1": 3, "b2": 1})
+    assert {u: len(n) for u, n in first.shares.items()} == {"a": 2, "b1": 1, "b2": 1} and first.wake_at == 0.5
+    handed = monitor.on_wake(0.5, {"a": 0, "b1": 3, "b2": 1}, {"b1": first.shares["b1"], "b2": first.shares["b2"]})
+    assert handed.shares["a"] == () and set(handed.shares["b1"]) == set(first.shares["a"]) | set(first.shares["b1"])
+    assert all(c.capacity == 0 for c in handed.actions.calls if c.name == "res-a")
+    busy = handed.shares["b1"][-1]                                  # b1's jobs now run on one node only
+    shrunk = monitor.on_wake(1.0, {"a": 0, "b1": 1, "b2": 1}, {"b1": [busy], "b2": handed.shares["b2"]})
+    assert shrunk.shares["b1"] == (busy,) and shrunk.shares["b2"] == handed.shares["b2"]
+    with pytest.raises(ConfigError, match="period_s"):
+        FairShareMonitor(root, period_s=0)
+
+
+def test_eschertune_consolidates_a_spread_trial_where_all_its_workers_fit_while_the_move_pays():
+    """Short jobs hold half of each node's GPU, so a two-worker trial of half a GPU each starts spread. Once a node
+    has room for both (its own worker's half counted), a measured trial moves there, unless what it has left at its
+    measured rate is shorter than its launch took: the same trial made 10x heavier (a tenth of the rate) moves."""
+    ledger = PoolLedger(simulated_nodes("1x16GiB", 4, cpus=4), None)
+    shorts = [ledger.allocate(ResourceRequest(gpus=0.5, node=f"node{i}")) for i in range(4)]
+    counts = spread_by_availability(ledger.free_state(), 2, 0.5)
+    assert counts == (("node0", 1), ("node1", 1))
+    esl = Escher(ledger)
+    place_trial(esl, "t", counts)
+    workers = [ledger.allocate(ResourceRequest(gpus=0.5, resources={"trial-t": 1})) for _ in range(2)]
+    assert sorted(w.node for w in workers) == ["node0", "node1"]
+    placement = {"node0": 1, "node1": 1}
+    light = TrialProgress(step=450, total=500, rate=100.0, launch_s=1.0)      # 0.5 s left, a launch costs 1 s
+    heavy = TrialProgress(step=450, total=500, rate=10.0, launch_s=1.0)       # 5 s left
+    assert consolidation(ledger.free_state(), placement, 0.5, heavy) is None  # no node has room for both yet
+    ledger.release(shorts[1].lease_id)                                        # node1: its own half + a free half
+    assert consolidation(ledger.free_state(), placement, 0.5, None) is None   # not measured yet
+    assert consolidation(ledger.free_state(), placement, 0.5, light) is None
+    moved = consolidation(ledger.free_state(), placement, 0.5, heavy)
+    assert moved.nodes == {"node1": 2} and moved.remaining_s == pytest.approx(5.0)
+    ledger.release(shorts[2].lease_id)                                        # node2 is empty: node1 keeps a worker
+    assert consolidation(ledger.free_state(), placement, 0.5, heavy).nodes == {"node1": 2}
+    assert consolidation(ledger.free_state(), {"node1": 2}, 0.5, heavy) is None  # together already
+    place_trial(esl, "t", moved.counts)
+    status = ledger.cluster_status()
+    assert {n: r["trial-t"][0] for n, r in status.items() if "trial-t" in r} == {"node1": 2.0}
+    for lease in [*workers, shorts[0], shorts[3]]:
+        ledger.release(lease.lease_id)
+    ledger.close()
 
 
 def test_water_fill_and_largest_remainder():

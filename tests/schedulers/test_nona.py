@@ -11,10 +11,10 @@ from gpu.errors import ConfigError
 from gpu.schedulers.nona.optimizer import Cluster, LookupTable, NonaModel, QueryClass, solve, solve_table, theta_vector
 from gpu.schedulers.nona.baselines import (RandomPlacement, expert_thetas, opportunistic_thetas,
                                            undistributed_thetas)
-from gpu.schedulers.nona.dag import (Dag, Subgraph, bottlenecks, contract, contractible_edges, groupings,
-                                     subgraphs)
+from gpu.schedulers.nona.dag import (Dag, Subgraph, bottlenecks, branches, contract, contractible_edges,
+                                     groupings, subgraphs)
 from gpu.schedulers.nona.controller import GroupingSampler, NonaController, Query
-from gpu.sim.nona.workloads import motivating_query, paper_models, resnet18_graph
+from gpu.sim.nona.workloads import motivating_query, paper_models
 
 MOTIVATING = Cluster(servers=2, nu=1000.0, mu=10e9)  # §II: 80 Gbps, ops in ms of compute
 
@@ -54,16 +54,25 @@ def test_parallel_edges_created_by_a_merge_add_their_bytes():
 
 
 def test_resnet18_contracts_71_to_10_as_in_table_2():
-    graph = resnet18_graph()
+    graph = paper_models()["resnet18"]  # the shipped profile: torch.fx's graph, timed on this machine
     out = contract(graph)
     assert (len(graph.tasks), len(out.dag.tasks), out.rounds) == (71, 10, 2)
     assert [len(s.intermediates) for s in subgraphs(out.dag)] == [2, 2, 2]  # three downsampling diamonds
     assert sum(out.dag.ops) == pytest.approx(sum(graph.ops))
 
 
-def test_sequential_models_contract_to_one_task():
+def test_sequential_models_contract_to_one_task_and_gpt2_keeps_its_attention_branches():
     models = paper_models()
-    assert [len(contract(models[m]).dag.tasks) for m in ("vgg16", "alexnet")] == [1, 1]
+    assert [len(contract(models[m]).dag.tasks) for m in ("vgg16", "alexnet", "densenet121")] == [1, 1, 1]
+    gpt2 = contract(models["gpt2"]).dag
+    blocks = [s for s in subgraphs(gpt2) if s.intermediates]
+    assert len(blocks) == 12  # one multi-branch block per decoder layer: ln_1, then q ∥ k ∥ v, joined by attention
+    for s in blocks:
+        q, k, v = (next(t for t in s.intermediates if t.endswith(f"attn_{x}")) for x in "qkv")
+        assert set(gpt2.preds[q]) == set(gpt2.preds[k]) == set(gpt2.preds[v])
+        assert set(gpt2.succs[q]) == set(gpt2.succs[k]) == set(gpt2.succs[v])
+        parts = branches(gpt2, s)  # Opportunistic's parts: ln_1 and attention are serial, q, k, v parallel
+        assert len(parts) == 3 and (k,) in parts and (v,) in parts and q in parts[0]
 
 
 def test_bottlenecks_are_the_nodes_on_every_path():
@@ -148,8 +157,8 @@ def test_pk_wait_matches_a_lindley_recursion_link():
 
 
 def test_gradient_matches_finite_differences():
-    classes = [QueryClass(contract(d).dag, 30.0) for d in paper_models().values()]
-    model = NonaModel(classes, Cluster(16, 1e11, 1.25e9, bg_comm_rate=100, bg_comm_bytes=1e6))
+    classes = [QueryClass(contract(d).dag, 3.0) for d in paper_models().values()]
+    model = NonaModel(classes, Cluster(16, 1.0, 1.25e9, bg_comm_rate=100, bg_comm_bytes=1e6))
     theta = np.random.default_rng(0).dirichlet(np.ones(model.offsets[-1]))
     value, grad = model.objective_and_gradient(theta, model.rates(), 1e6)
     for i in (0, 7, 200, len(theta) - 1):
@@ -161,7 +170,7 @@ def test_gradient_matches_finite_differences():
 
 def test_every_solved_theta_is_on_its_simplex_with_rho_below_one():
     classes = [QueryClass(contract(d).dag, 40.0) for d in paper_models().values()]
-    model = NonaModel(classes, Cluster(80, 1e11, 1.25e9))
+    model = NonaModel(classes, Cluster(80, 1.0, 1.25e9))
     sol = solve(model, starts=2)
     for theta in sol.thetas.values():
         assert min(theta) >= 0 and sum(theta) == pytest.approx(1)

@@ -11,7 +11,9 @@ from gpu.errors import ConfigError
 from gpu.sim.escher.affinity import Affinity, affinity_placements
 from gpu.sim.escher.run import EXPERIMENTS, run
 from gpu.sim.escher.gangs import GangLoad, GangWorld
-from gpu.sim.escher.workloads import FairShare, Tune, WordCount, bandwidth, fair_share, tune, wordcount
+from gpu.sim.escher.workloads import (
+    FairShare, Tune, WordCount, bandwidth, fair_share, link_bandwidth, tune, wordcount,
+)
 from gpu.sim.escher.world import Timing
 from gpuflows.cli import main
 
@@ -42,7 +44,7 @@ def test_appspace_rolls_back_deadlocked_gangs_and_retries():
     assert world.world.ledger.leases() == [] and world.world.ledger.waiting() == 0
 
 
-def test_wordcount_locality_matches_native_and_calibrates_transfer_share():
+def test_wordcount_locality_matches_native_with_a_calibrated_or_a_measured_bandwidth():
     load = WordCount(nodes=20)
     bw = bandwidth(load, 20)
     random = wordcount(load, "random", 500, 20, bw, T, 0)
@@ -51,6 +53,11 @@ def test_wordcount_locality_matches_native_and_calibrates_transfer_share():
     assert escher["transfer_share"] == native["transfer_share"] == 0.0
     assert escher["makespan_s"] / native["makespan_s"] - 1 < 0.019
     assert 0.5 < random["transfer_share"] < 0.65 and random["makespan_s"] > 2 * native["makespan_s"]
+    measured = WordCount(nodes=20, compute_s_per_gb=20.0, bandwidth_gb_s=2.8)    # rates as measured on one machine
+    assert link_bandwidth(measured, 20) == 2.8 and link_bandwidth(load, 20) == bw
+    local = wordcount(measured, "random", 500, 20, 2.8, T, 0)["transfer_share"]
+    per_gb = 1 / 2.8                                                          # s to move a GB, beside 20 s to count it
+    assert 0 < local <= per_gb / (per_gb + 20.0) + 1e-12
 
 
 def test_hfs_shares_follow_fig_4_5c_with_the_dip_at_60():
@@ -108,12 +115,13 @@ def test_cli_simulates_escher_and_writes_flat_figures(tmp_path, capsys):
     assert summary["colocation_escher_colocated_share"] == 1.0
     assert summary["colocation_ephemeral_overhead_pct"] == pytest.approx(0.0)
     assert summary["locality_escher_vs_native_max_gap_pct"] < 1.9
-    assert "36.3 (calibrated)" in capsys.readouterr().out
+    assert "36.3 (calibrated: " in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("patch, field", [
     ({"policies": ["nope"]}, "policy"),
     ({"locality": {"nodes": 0}}, "locality.nodes"),
+    ({"locality": {"bandwidth_gb_s": 0}}, "locality.bandwidth_gb_s"),
     ({"colocation": {"pairs": 100, "nodes": 2}}, "colocation.pairs"),
     ({"tune": {"long_gpus": 8}}, "tune.long_gpus"),
     ({"gang": {"sizes": [100]}}, "gang.sizes"),

@@ -66,6 +66,20 @@ def test_spark_cannot_tell_the_two_allocations_apart():
     assert jcts <= {14.0, 22.0, 32.0} and 32.0 in jcts and all(r.servers == 2 for r in records)
 
 
+def test_sjf_cp_serves_the_job_with_least_work_first_on_live_state():
+    """The Decima-style list scheduler: on one busy server, a 1 ms job waiting beside 40 ms ones goes first,
+    where Spark's fair scheduler (every waiting job runs no task: oldest first) makes it wait its turn."""
+    from gpu.schedulers.nona.dag import Dag
+
+    short, long = Dag.build("short", {"t": 1.0}, {}), Dag.build("long", {"t": 40.0}, {})
+    one = Cluster(1, 1000.0, 10e9)
+    wl = Workload({"short": (short, 10.0), "long": (long, 20.0)}, horizon_s=60.0, warmup_s=5.0, seed=3)
+    mean = {live: {k: np.mean([r.jct for r in simulate(one, wl, None, live=live) if r.klass == k])
+                   for k in ("short", "long")} for live in ("spark", "sjf_cp")}
+    assert mean["sjf_cp"]["short"] < 0.3 * mean["spark"]["short"]
+    assert mean["sjf_cp"]["long"] > mean["spark"]["long"]
+
+
 def _scenario(tmp_path: Path, **changes) -> Path:
     data = yaml.safe_load((ROOT / "scenarios/nona/motivating.yaml").read_text())
     data.update(changes)

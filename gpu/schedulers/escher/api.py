@@ -45,13 +45,16 @@ stores finite numbers (ESCHER's Ray prototype had the same limit)."""
 
 
 class ResourceLedger(Protocol):
-    """What ESCHER needs of a scheduler: resource matching plus these three calls (``gpu.ledger.LedgerClient``)."""
+    """What ESCHER needs of a scheduler: resource matching plus these calls (``gpu.ledger.LedgerClient``); a
+    monitor reads ``leases`` to see where tasks run (HFS keeps a user's busy nodes)."""
 
     def set_resource(self, name: str, capacity: float, node: str | None = None) -> None: ...
 
     def adjust_resource(self, name: str, delta: float, node: str | None = None) -> dict[str, float]: ...
 
     def cluster_status(self) -> dict[str, dict[str, tuple[float, float]]]: ...
+
+    def leases(self) -> list: ...
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,14 @@ by the parent": ``create_team`` returns a child ESL whose domain this one sets e
 
 Choices where the paper is silent: the unit is a whole node; demand is what the world reports
 (nodes' worth of pending + running tasks); rounding is largest-remainder; a user keeps the nodes it
-had when its share allows (few moves); taking a node away removes the resource but never preempts the
-tasks on it, so a new user ramps up as they finish (the dip at t=60 in Fig. 4.5c).
+had when its share allows (few moves), the nodes its tasks run on first, so a shrinking share gives up
+its idle nodes; taking a node away removes the resource but never preempts the tasks on it, so a new
+user ramps up as they finish (the dip at t=60 in Fig. 4.5c).
+
+``FairShareMonitor`` is the ESL's loop ("an HFS ESL tracks idle resources and reallocates resources between
+teams or users", §4.6): every period of its world's clock it rebalances on the demand the world observed, so
+the simulator (``gpu.sim.escher.workloads.fair_share``) and the flow (``tasks/escher/fair_share.py``) drive
+the same object.
 
 Example (Fig. 4.5c): ``root`` with teams ``org1`` (A:B = 2:3) and ``org2`` (C), equal weights, 100
 nodes: A alone gets 100; with B, A 40 and B 60; with C too, A 20, B 30, C 50.
@@ -22,7 +28,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Collection, Mapping, Sequence
 
 from gpu.errors import ConfigError
 from gpu.schedulers.escher.api import UNBOUNDED, Actions, SetResource, largest_remainder
@@ -105,18 +111,31 @@ class HierarchicalFairShare:
             out.update(m.team.shares() if m.team else {i: list(m.nodes)})
         return out
 
-    def on_round(self, now: float, demands: Mapping[str, float]) -> Actions:
+    def on_round(self, now: float, demands: Mapping[str, float],
+                 running: Mapping[str, Collection[str]] | None = None) -> Actions:
         """Rebalance: water-fill the domain over the members, move nodes, recurse into teams.
 
-        ``demands``: user -> nodes' worth of work (pending + running). Returns the ``set_resource``
-        calls that make the users' resources match their new shares.
+        ``demands``: user -> nodes' worth of work (pending + running). ``running``: user -> the nodes its
+        tasks run on now; a user losing nodes keeps those and gives up its idle ones, so what it gives up
+        is usable at once. Returns the ``set_resource`` calls that make the users' resources match their
+        new shares.
         """
         for user, d in demands.items():
             if not isinstance(d, (int, float)) or isinstance(d, bool) or not math.isfinite(d) or d < 0:
                 raise ConfigError(f"demands[{user!r}]", d, "must be a finite number >= 0")
         before = self.shares()
+        self._busy_first(running or {})
         self._rebalance(demands)
         return Actions(tuple(_diff(before, self.shares())))
+
+    def _busy_first(self, running: Mapping[str, Collection[str]]) -> None:
+        """Order every user's nodes so the ones running its tasks come first (kept first when it shrinks)."""
+        for i, m in self._members.items():
+            if m.team is not None:
+                m.team._busy_first(running)
+            else:
+                busy = set(running.get(i, ()))
+                m.nodes.sort(key=lambda n: n not in busy)
 
     def _counts(self, nodes: int, demands: Mapping[str, float]) -> dict[str, int]:
         ids = list(self._members)
@@ -157,6 +176,39 @@ class HierarchicalFairShare:
         for i, m in self._members.items():
             while len(m.nodes) < counts[i] and free:
                 m.nodes.append(free.pop(0))
+
+
+@dataclass(frozen=True)
+class Rebalance:
+    """One period's decision: the ``set_resource`` calls, every user's nodes after them, and when to look again."""
+
+    actions: Actions
+    shares: Mapping[str, tuple[str, ...]]
+    wake_at: float
+
+
+@dataclass
+class FairShareMonitor:
+    """The HFS ESL's monitor (§4.6, Fig. 4.5c): every ``period_s`` of the world's clock it re-divides the nodes
+    over the demand the world observed, each user's tasks queued or running. A user whose work ended thus hands
+    its idle nodes on at the next period, and a user that starts submitting gets its share at the next period,
+    whichever clock drives it (the simulator's event loop, the flow's wall clock). A ``gpu.contract.Controller``."""
+
+    root: HierarchicalFairShare
+    period_s: float = 5.0
+    system: str = "escher"
+    policy: str = "hfs"
+    hooks: tuple[str, ...] = ("on_wake",)
+
+    def __post_init__(self) -> None:
+        positive(self.period_s, "period_s")
+
+    def on_wake(self, now: float, demands: Mapping[str, float],
+                running: Mapping[str, Collection[str]] | None = None) -> Rebalance:
+        """Rebalance on ``demands`` (user -> tasks queued or running) and ``running`` (user -> nodes its tasks
+        run on); wake again one period later."""
+        actions = self.root.on_round(now, demands, running)
+        return Rebalance(actions, {u: tuple(n) for u, n in self.root.shares().items()}, now + self.period_s)
 
 
 def _diff(before: Mapping[str, list[str]], after: Mapping[str, list[str]]) -> list[SetResource]:

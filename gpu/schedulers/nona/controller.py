@@ -202,6 +202,11 @@ class NonaController:
             self._dags[klass] = Dag.build(dag.name, {**ops, **times}, dag.bytes)
             self._stale = True
 
+    def invalidate(self) -> None:
+        """The world measured a cluster other than the one the table was solved for (e.g. the link's μ): the
+        table is stale, ``on_epoch`` asks for a re-solve until ``add_solution`` brings θ solved for it."""
+        self._stale = True
+
     def add_solution(self, solution: Solution) -> None:
         """Install a re-solved scenario (the world solved it after ``TableChoice.resolve``); a failed re-solve
         simply never calls this, so the table in force stays. Solved after the service times moved, it replaces

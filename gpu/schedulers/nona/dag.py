@@ -276,19 +276,33 @@ def undistributed(omega: tuple[Grouping, ...]) -> int:
 
 
 def branches(dag: Dag, sub: Subgraph) -> tuple[tuple[str, ...], ...]:
-    """The parallel branches of a subgraph: connected components of its intermediates (Opportunistic's parts)."""
+    """The parallel branches of a subgraph (Opportunistic's parts): the connected components of its intermediates
+    once the ones every root-to-sink path inside it runs through are set aside; those serial tasks (GPT2's
+    ``ln_1`` before q ∥ k ∥ v and the attention that joins them) go with the first branch. A skip edge straight
+    from root to sink does not count as a path inside (it carries the residual, not a branch).
+
+    Example: ResNet's diamond ``x → {downsample, conv1} → add`` → ``(("downsample",), ("conv1",))``; GPT2's block
+    ``x → ln_1 → {q, k, v} → attn → add`` → ``(("ln_1", "q", "attn"), ("k",), ("v",))``."""
     inside = set(sub.intermediates)
-    parent = {t: t for t in sub.intermediates}
+    ends = (sub.root, sub.sink)
+    inner = {(a, b): 1.0 for a, b, _ in dag.edges
+             if (a in inside or a == sub.root) and (b in inside or b == sub.sink) and (a, b) != ends}
+    cut = set(bottlenecks(Dag.build("inner", dict.fromkeys((sub.root, *sub.intermediates, sub.sink), 0.0), inner)))
+    serial = [t for t in sub.intermediates if t in cut]
+    parallel = [t for t in sub.intermediates if t not in cut]
+    parent = {t: t for t in parallel}
 
     def find(t: str) -> str:
         while parent[t] != t:
             t = parent[t]
         return t
 
-    for a, b, _ in dag.edges:
-        if a in inside and b in inside:
+    for a, b in inner:
+        if a in parent and b in parent:
             parent[find(b)] = find(a)
     comps: dict[str, tuple[str, ...]] = {}
-    for t in sub.intermediates:
+    for t in parallel:
         comps[find(t)] = comps.get(find(t), ()) + (t,)
-    return tuple(comps.values())
+    parts = list(comps.values()) or [()]
+    parts[0] = tuple(t for t in sub.intermediates if t in set(parts[0]) | set(serial))
+    return tuple(parts)

@@ -5,7 +5,10 @@ and a ``SchedulerPolicy(system="nona")`` takes.
 * ``nona_star`` — θ solved once at one load and link speed, reused;
 * ``nona_table`` — ``NonaController`` with a lookup table of θ, re-chosen every epoch from measured rates (§III-A);
 * ``expert``, ``opportunistic``, ``random``, ``undistributed`` — the baselines of ``baselines``;
-* ``spark`` — Spark's fair scheduler on live state (the simulator's ``gpu.sim.nona.engine``).
+* ``spark`` — Spark's fair scheduler on live state (the simulator's ``gpu.sim.nona.engine``);
+* ``sjf_cp`` — a Decima-style list scheduler on live state (shortest job first, critical path within a job), in
+  place of Decima, whose trained model is not available.
 """
 
-POLICIES = ("nona", "nona_star", "nona_table", "expert", "opportunistic", "random", "spark", "undistributed")
+POLICIES = ("nona", "nona_star", "nona_table", "expert", "opportunistic", "random", "spark", "sjf_cp",
+            "undistributed")

@@ -55,7 +55,7 @@ class SimLedger(LedgerClient):
                 continue
             f = self._free[n.name]
             res = {k: cap - self._used[n.name].get(k, 0.0) for k, cap in self._caps[n.name].items()}
-            out.append(NodeState(n.name, f.devices, f.cpus_total, f.cpus_free, res))
+            out.append(NodeState(n.name, f.devices, f.cpus_total, f.cpus_free, res, dict(self._caps[n.name])))
         return out
 
     def cluster_status(self) -> dict[str, dict[str, tuple[float, float]]]:

@@ -7,15 +7,17 @@ reported as such.
 
 from __future__ import annotations
 
+import collections
 from dataclasses import dataclass
 
 import numpy as np
 
 from gpu.devices import simulated_nodes
 from gpu.placement import FifoBestFit, ResourceRequest
-from gpu.schedulers.escher.api import Actions, Escher, SetResource
-from gpu.schedulers.escher.hfs import HierarchicalFairShare
+from gpu.schedulers.escher.api import Escher
+from gpu.schedulers.escher.hfs import FairShareMonitor, HierarchicalFairShare
 from gpu.schedulers.escher.primitives import ElasticLoadBalancer, colocate, store_data, with_task
+from gpu.schedulers.escher.tune import TrialProgress, consolidation, spread_by_availability, trial_resources
 from gpu.sim.escher.world import Timing, World
 
 TRANSFER_SHARE = 0.583   # Fig. 4.5a: no-locality transfer share of job time at 500 GB
@@ -24,14 +26,25 @@ TRANSFER_SHARE = 0.583   # Fig. 4.5a: no-locality transfer share of job time at 
 # -- WordCount (Fig. 4.5a/b) -----------------------------------------------------------------------
 @dataclass(frozen=True)
 class WordCount:
+    """Fig. 4.5a/b's WordCount: ``compute_s_per_gb`` a mapper's counting cost, ``bandwidth_gb_s`` a chunk's transfer
+    rate from another node; None calibrates it (``bandwidth``): what a simulator cannot know unless it is measured
+    (``benchmarks/escher.py`` measures both on this machine with the flow's own mapper code)."""
+
     nodes: int = 100
     input_gb: tuple[float, ...] = (50, 100, 200, 300, 400, 500)
     cluster_sizes: tuple[int, ...] = (25, 50, 100, 200)
     compute_s_per_gb: float = 2.0
+    bandwidth_gb_s: float | None = None
+
+
+def link_bandwidth(load: WordCount, nodes: int) -> float:
+    """The transfer rate of a run on ``nodes`` nodes: the measured one, else the calibrated one."""
+    return load.bandwidth_gb_s if load.bandwidth_gb_s is not None else bandwidth(load, nodes)
 
 
 def bandwidth(load: WordCount, nodes: int) -> float:
-    """GB/s that makes transfer ``TRANSFER_SHARE`` of job time without locality, at the largest input."""
+    """Calibration: the GB/s that makes transfer ``TRANSFER_SHARE`` of job time without locality, at the largest
+    input (true by construction: used only when no bandwidth was measured)."""
     chunk = max(load.input_gb) / nodes
     compute = load.compute_s_per_gb * chunk
     remote = (nodes - 1) / nodes
@@ -102,9 +115,11 @@ def fair_share(load: FairShare, timing: Timing, seed: int) -> list[dict[str, flo
     world = World(simulated_nodes("0x1GiB", load.nodes, cpus=1), FifoBestFit(backfill=True), timing, seed)
     rng = np.random.default_rng(seed + 11)
     root = HierarchicalFairShare(sorted(world.ledger.cluster_status()))
+    monitor = FairShareMonitor(root, load.period_s)
     teams: dict[str, HierarchicalFairShare] = {}
     resource: dict[str, str] = {}
     running = {u: 0 for u, *_ in load.arrivals}
+    on_node: dict[str, collections.Counter] = {u: collections.Counter() for u in running}
     queued = dict(running)
     warm: set[tuple[str, str]] = set()
     warming = [0]
@@ -119,6 +134,7 @@ def fair_share(load: FairShare, timing: Timing, seed: int) -> list[dict[str, flo
         def start(p) -> None:
             queued[user] -= 1
             running[user] += 1
+            on_node[user][p.node] += 1
             if user == "B" and (user, p.node) not in warm:
                 warm.add((user, p.node))
                 warmup[0] = load.warmup_s
@@ -129,6 +145,7 @@ def fair_share(load: FairShare, timing: Timing, seed: int) -> list[dict[str, flo
 
         def end(p) -> None:
             running[user] -= 1
+            on_node[user][p.node] -= 1
 
         world.run_task(ResourceRequest(cpus=1, resources={resource[user]: 1}), lambda p: work + warmup[0], start, end)
 
@@ -141,9 +158,10 @@ def fair_share(load: FairShare, timing: Timing, seed: int) -> list[dict[str, flo
 
     def rebalance() -> None:
         demand = {u: running[u] + queued[u] + BACKLOG for u in resource}
-        world.apply(root.on_round(world.now, demand))
-        if world.now + load.period_s < load.horizon_s:
-            world.loop.after(load.period_s, rebalance)
+        decision = monitor.on_wake(world.now, demand, {u: +on_node[u] for u in resource})
+        world.apply(decision.actions)
+        if decision.wake_at < load.horizon_s:
+            world.loop.at(decision.wake_at, rebalance)
 
     def sample() -> None:
         samples.append({"t": world.now, **{u: float(running[u]) for u in running},
@@ -245,10 +263,11 @@ class Tune:
 
 
 def tune(load: Tune, migrate: bool, timing: Timing, seed: int) -> dict[str, float]:
-    """Five load-balanced short jobs, then a ``long_gpus`` job placed where GPUs are free. With
-    ``migrate`` (EscherTune) a monitor moves the long job's ``trial-long`` resource to one node once
-    one has room for all its workers: checkpoint, stop the workers, move the resource, relaunch them
-    with unchanged requests. Throughput of the long job: 1 co-located, 1/``spread_penalty`` spread."""
+    """Five load-balanced short jobs, then a ``long_gpus`` job spread where GPUs are free
+    (``spread_by_availability``). With ``migrate`` (EscherTune) a monitor asks the flow's ``consolidation`` every
+    ``poll_s`` and moves the long job's ``trial-long`` resource onto fewer nodes once they have room for all its
+    workers: checkpoint, stop the workers, move the resource, relaunch them with unchanged requests. Throughput of
+    the long job: 1 co-located, 1/``spread_penalty`` spread."""
     world = World(simulated_nodes(f"{load.gpus_per_node}x16GiB", load.nodes, cpus=8), FifoBestFit(backfill=True),
                   timing, seed)
     lb = ElasticLoadBalancer("short")
@@ -258,6 +277,7 @@ def tune(load: Tune, migrate: bool, timing: Timing, seed: int) -> dict[str, floa
         world.esl.apply(lb.on_arrival(0.0, world.ledger.cluster_status(), 1))
     workers: dict[str, str] = {}                   # lease id -> node
     state = {"work": 0.0, "since": 0.0, "rate": 0.0, "migrated_at": -1.0, "moving": False}
+    nodes = sorted(world.ledger.cluster_status())
 
     def account() -> None:
         state["work"] += state["rate"] * (world.now - state["since"])
@@ -277,35 +297,31 @@ def tune(load: Tune, migrate: bool, timing: Timing, seed: int) -> dict[str, floa
         set_rate()
 
     def place() -> None:                            # spread by availability, one trial-long unit per free GPU
-        status = world.ledger.cluster_status()
-        left, calls = load.long_gpus, []
-        for node in sorted(status):
-            take = min(left, int(status[node]["GPU"][1]))
-            if take:
-                calls.append(SetResource("trial-long", float(take), node))
-                left -= take
-        world.apply(Actions(tuple(calls)), then=launch)
+        counts = spread_by_availability(world.ledger.free_state(), load.long_gpus, 1.0)
+        world.apply(trial_resources("long", counts or (), nodes), then=launch)
 
     def monitor() -> None:
-        status = world.ledger.cluster_status()
-        spread = len(set(workers.values())) > 1
-        target = next((n for n in sorted(status) if status[n]["GPU"][1] >= load.long_gpus), None)
-        if migrate and spread and target and not state["moving"]:
+        account()
+        placement = collections.Counter(workers.values())
+        # the job runs to the horizon: what it has left is the rest of the run; a move costs its downtime
+        rate, left_s = state["rate"], load.horizon_s - world.now
+        progress = TrialProgress(int(state["work"]), int(state["work"] + rate * left_s), rate,
+                                 load.checkpoint_s) if rate > 0 else None
+        decision = consolidation(world.ledger.free_state(), placement, 1.0, progress)
+        if migrate and decision and not state["moving"]:
             state["moving"] = True
             set_rate()
             state["migrated_at"] = world.now
-            world.loop.after(load.checkpoint_s, lambda: move(target))
+            world.loop.after(load.checkpoint_s, lambda: move(decision.counts))
         if world.now + load.poll_s < load.horizon_s:
             world.loop.after(load.poll_s, monitor)
 
-    def move(target: str) -> None:
+    def move(counts) -> None:
         for lease in list(workers):
             world.release(lease)
         workers.clear()
-        old = [SetResource("trial-long", 0.0, n) for n, res in world.ledger.cluster_status().items()
-               if "trial-long" in res and n != target]
         state["moving"] = False
-        world.apply(Actions((*old, SetResource("trial-long", float(load.long_gpus), target))), then=launch)
+        world.apply(trial_resources("long", counts, nodes), then=launch)
 
     world.loop.at(1.0, place)
     world.loop.at(1.0 + load.poll_s, monitor)

@@ -42,6 +42,8 @@ from gpu.schedulers.nona.controller import QueryPlacement, Query
 from gpu.sim.events import EventLoop
 
 BACKGROUND_COMPUTE, BACKGROUND_COMM = "background-compute", "background-comm"
+LIVE = ("spark", "sjf_cp")
+"""The schedulers that read live state: Spark's fair scheduler and the Decima-style SJF-CP list scheduler."""
 
 
 class Placer(Protocol):
@@ -97,10 +99,14 @@ class _Spec:
         self.preds = [[index[p] for p in dag.preds[t]] for t in dag.tasks]
         self.succs = [[(index[s], dag.bytes[(t, s)]) for s in dag.succs[t]] for t in dag.tasks]
         self.source, self.sink = index[dag.source], index[dag.sink]
+        self.critical = [0.0] * len(dag.tasks)  # longest compute path from a task to the sink, itself included
+        for t in reversed(dag.topological_order):
+            i = index[t]
+            self.critical[i] = self.time[i] + max((self.critical[s] for s, _ in self.succs[i]), default=0.0)
 
 
 class _Job:
-    __slots__ = ("id", "klass", "arrival", "spec", "where", "missing", "left", "queued", "running", "ready")
+    __slots__ = ("id", "klass", "arrival", "spec", "where", "missing", "left", "queued", "running", "ready", "work")
 
     def __init__(self, id: int, klass: str, arrival: float, spec: _Spec):
         self.id, self.klass, self.arrival, self.spec = id, klass, arrival, spec
@@ -109,15 +115,20 @@ class _Job:
         self.missing = [len(p) for p in spec.preds]  # inputs not yet on the task's server
         self.left = [len(p) for p in spec.preds]     # parents not yet computed (Spark's readiness)
         self.queued, self.running = 0.0, 0
-        self.ready: deque[tuple[int, float]] = deque()  # Spark: (task, since) waiting for a server
+        self.ready: deque[tuple[int, float]] = deque()  # Spark, SJF-CP: (task, since) waiting for a server
+        self.work = sum(spec.time)  # SJF-CP: compute not yet done
 
 
 class _World:
     """Servers, the link and the jobs in flight."""
 
     def __init__(self, cluster: Cluster, workload: Workload, placer: Placer | Controller | None,
-                 epoch_s: float | None = None, on_epoch: Callable[[float, dict[str, float]], object] | None = None):
+                 epoch_s: float | None = None, on_epoch: Callable[[float, dict[str, float]], object] | None = None,
+                 live: str = "spark"):
+        if live not in LIVE:
+            raise ValueError(f"live scheduler {live!r} is not one of {LIVE}")
         self.c, self.w, self.placer = cluster, workload, placer
+        self.sjf = live == "sjf_cp"
         if isinstance(placer, Controller):
             self._place = lambda query: placer.on_arrival(self.loop.now, query)
         elif placer is not None:
@@ -136,8 +147,10 @@ class _World:
         self.busy = [False] * cluster.servers
         self.link: deque = deque()
         self.link_busy = False
+        self.link_busy_s = 0.0  # the link's busy time between the warm-up and the horizon
         self.records: list[JobRecord] = []
-        self.fair: list[tuple[int, int]] = []  # Spark: (running tasks, job id) of jobs with ready tasks, lazy
+        self.fair: list[tuple[float, int]] = []  # (priority, job id) of jobs with ready tasks, lazy: Spark's
+        # priority is its running tasks, SJF-CP's its remaining work
         self.jobs: dict[int, _Job] = {}
         self._ids = 0
 
@@ -215,6 +228,9 @@ class _World:
                                           len(set(job.where))))
         if self.placer is None:
             job.running -= 1
+            job.work -= spec.time[task]
+            if self.sjf and job.ready:  # less work left: a higher priority than its queued entry's
+                heapq.heappush(self.fair, (job.work, job.id))
             for succ, _ in spec.succs[task]:
                 job.left[succ] -= 1
                 if job.left[succ] == 0:
@@ -249,6 +265,8 @@ class _World:
             return
         self.link_busy = True
         job, task, length, since = self.link.popleft()
+        now = self.loop.now
+        self.link_busy_s += max(0.0, min(now + length, self.w.horizon_s) - max(now, self.w.warmup_s))
         if job is None:  # a background transfer is a whole job
             self.loop.after(length, lambda: (self.records.append(
                 JobRecord(BACKGROUND_COMM, since, self.loop.now - since, self.loop.now - since - length, 0)),
@@ -257,31 +275,45 @@ class _World:
         job.queued += self.loop.now - since
         self.loop.after(length, lambda: (self._arrived(job, task), self._transmit()))
 
-    # -- Spark's fair scheduler (live state) ---------------------------------------------------------------------
+    # -- Spark's fair scheduler and SJF-CP (live state) ----------------------------------------------------------
+    def _priority(self, job: _Job) -> float:
+        return job.work if self.sjf else job.running
+
     def _ready(self, job: _Job, task: int) -> None:
         job.ready.append((task, self.loop.now))
         if len(job.ready) == 1:
-            heapq.heappush(self.fair, (job.running, job.id))
+            heapq.heappush(self.fair, (self._priority(job), job.id))
         self._dispatch()
+
+    def _next_ready(self, job: _Job) -> tuple[int, float]:
+        """Spark: the job's oldest ready task; SJF-CP: the one with the longest critical path."""
+        if not self.sjf:
+            return job.ready.popleft()
+        best = max(range(len(job.ready)), key=lambda i: job.spec.critical[job.ready[i][0]])
+        job.ready.rotate(-best)
+        item = job.ready.popleft()
+        job.ready.rotate(best)
+        return item
 
     def _dispatch(self) -> None:
         free = [s for s in self.servers if not self.busy[s]]
         while free and self.fair:
-            running, jid = heapq.heappop(self.fair)
+            key, jid = heapq.heappop(self.fair)
             job = self.jobs.get(jid)
             if job is None or not job.ready:
                 continue
-            if running != job.running:  # stale entry: its share changed since
-                heapq.heappush(self.fair, (job.running, jid))
+            if key != self._priority(job):  # stale entry: its share (or remaining work) changed since
+                if not self.sjf:
+                    heapq.heappush(self.fair, (job.running, jid))
                 continue
-            task, since = job.ready.popleft()
+            task, since = self._next_ready(job)
             job.queued += self.loop.now - since
             server = free.pop(int(self.rng.integers(len(free))))
             self.busy[server] = True
             job.running += 1
             job.where[task] = server
             if job.ready:
-                heapq.heappush(self.fair, (job.running, jid))
+                heapq.heappush(self.fair, (self._priority(job), jid))
             job.missing[task] = 0
             for p in job.spec.preds[task]:
                 if job.where[p] != server:
@@ -298,10 +330,17 @@ class _World:
 
 def simulate(cluster: Cluster, workload: Workload, placer: Placer | Controller | None, *,
              epoch_s: float | None = None,
-             on_epoch: Callable[[float, dict[str, float]], object] | None = None) -> list[JobRecord]:
-    """Run one scheme (``placer=None``: Spark's fair scheduler); the jobs that arrived after the warm-up.
+             on_epoch: Callable[[float, dict[str, float]], object] | None = None,
+             live: str = "spark", observed: dict[str, float] | None = None) -> list[JobRecord]:
+    """Run one scheme (``placer=None``: the live-state scheduler ``live``, Spark's fair scheduler or SJF-CP); the
+    jobs that arrived after the warm-up. ``observed`` (a dict) receives ``link_rho``: the share of the time
+    between the warm-up and the horizon the link spent transferring (the ρ the scheme really put on it).
 
     ``on_epoch(now, measured_rates)`` runs every ``epoch_s`` seconds of arrivals (e.g. to drive a controller's
     ``on_epoch`` and install re-solved θ).
     """
-    return _World(cluster, workload, placer, epoch_s, on_epoch).run()
+    world = _World(cluster, workload, placer, epoch_s, on_epoch, live)
+    records = world.run()
+    if observed is not None:
+        observed["link_rho"] = world.link_busy_s / max(1e-12, workload.horizon_s - workload.warmup_s)
+    return records

@@ -8,7 +8,9 @@ Scenario format: ``docs/nona.md``; example: ``scenarios/nona/paper_80.yaml``. Po
   ``simulation.epoch_s`` the measured rates pick the nearest entry, or trigger a re-solve (§III-A);
 * ``expert`` — q·Opportunistic + (1−q)·undistributed with q grid-searched in this simulator (best mean JCT);
 * ``opportunistic``, ``random``, ``undistributed`` — the fixed placements of ``gpu.schedulers.nona.baselines``;
-* ``spark`` — Spark's fair scheduler on live state (``gpu.sim.nona.engine``).
+* ``spark`` — Spark's fair scheduler on live state (``gpu.sim.nona.engine``);
+* ``sjf_cp`` — the Decima-style list scheduler on live state (shortest job first, critical path within a job),
+  in place of Decima, whose trained model is not available.
 """
 
 from __future__ import annotations
@@ -172,24 +174,31 @@ class Outcome:
     solution: Solution | None = None
     q: float | None = None
     table: dict[str, float] | None = None  # nona_table: entries solved, switches, re-solves
+    link_rho: float = float("nan")  # the link's measured utilisation between the warm-up and the horizon
 
 
 def run_policy(setup: Setup, policy: str) -> Outcome:
     """Simulate one policy on the setup."""
     choose(policy, "policy", list(POLICIES))
     n, seed, dags = setup.cluster.servers, setup.workload.seed, setup.dags
-    if policy == "spark":
-        return Outcome(policy, simulate(setup.cluster, setup.workload, None))
+    seen: dict[str, float] = {}
+
+    def sim(placer, **kw) -> list[JobRecord]:
+        return simulate(setup.cluster, setup.workload, placer, observed=seen, **kw)
+
+    if policy in ("spark", "sjf_cp"):
+        return Outcome(policy, sim(None, live=policy), link_rho=seen["link_rho"])
     if policy == "random":
-        return Outcome(policy, simulate(setup.cluster, setup.workload, RandomPlacement(dags, seed)))
+        return Outcome(policy, sim(RandomPlacement(dags, seed)), link_rho=seen["link_rho"])
     if policy == "nona_table":
         return _run_table(setup)
     if policy == "expert":
-        runs = [(q, simulate(setup.cluster, setup.workload, GroupingSampler("expert", dags, expert_thetas(dags, n, q),
-                                                                            n, seed)))
-                for q in setup.expert_grid]
-        q, records = min(runs, key=lambda r: np.mean([x.jct for x in r[1]]))
-        return Outcome(policy, records, q=q)
+        runs = []
+        for q in setup.expert_grid:
+            records = sim(GroupingSampler("expert", dags, expert_thetas(dags, n, q), n, seed))
+            runs.append((q, records, seen["link_rho"]))
+        q, records, rho = min(runs, key=lambda r: np.mean([x.jct for x in r[1]]))
+        return Outcome(policy, records, q=q, link_rho=rho)
     solution = None
     if policy in ("nona", "nona_star"):
         solution = solve_nona(setup) if policy == "nona" else solve_nona_star(setup)
@@ -197,7 +206,7 @@ def run_policy(setup: Setup, policy: str) -> Outcome:
     else:
         thetas = (opportunistic_thetas if policy == "opportunistic" else undistributed_thetas)(dags, n)
     placer: Placer = GroupingSampler(policy, dags, thetas, n, seed)
-    return Outcome(policy, simulate(setup.cluster, setup.workload, placer), solution)
+    return Outcome(policy, sim(placer), solution, link_rho=seen["link_rho"])
 
 
 def _run_table(setup: Setup) -> Outcome:
@@ -255,6 +264,8 @@ def report(setup: Setup, outcomes: list[Outcome]) -> SimulationReport:
     table, summary = [], {}
     for o in outcomes:
         row = {"policy": o.policy, **rows[o.policy]}
+        if np.isfinite(o.link_rho):
+            row["link_rho"] = o.link_rho
         if base:
             row["mean_vs_nona"] = row["mean_jct_ms"] / base["mean_jct_ms"]
             row["p99_vs_nona"] = row["p99_jct_ms"] / base["p99_jct_ms"]
