@@ -44,13 +44,32 @@ class DepthProfile:
     fixed_ms: np.ndarray  # F(b), per batch size
     per_depth_ms: np.ndarray  # W(b), per batch size
 
+    @classmethod
+    def fit(cls, network: str, device: str, sizes: tuple[int, ...], depths: tuple[int, ...], ms: np.ndarray,
+            where: str = "cost.profile") -> "DepthProfile":
+        """The table ``ms`` (batch sizes × depths) and its fit; a table that cannot be one is a ConfigError
+        naming ``where``."""
+        if sizes[:1] != (1,) or list(sizes) != sorted(set(sizes)) or len(depths) < 2 or ms.shape != (len(sizes),
+                                                                                                       len(depths)):
+            raise ConfigError(where, network, "need batch sizes from 1 up, two or more depths and one time per cell")
+        if not (np.all(np.isfinite(ms)) and np.all(ms > 0)):
+            raise ConfigError(where, network, "every measured time must be finite and > 0 ms")
+        fixed, per_depth = _fit(np.asarray(sizes, float), np.asarray(depths, float), ms)
+        if not (np.all(per_depth > 0) and fixed[0] > 0):
+            raise ConfigError(where, network, f"{network}'s batches must grow with their depth from a positive fixed "
+                                              f"part (fit: F(1) = {fixed[0]:.4g} ms, min W = {per_depth.min():.4g} ms)")
+        return cls(network, device, tuple(sizes), tuple(depths), ms, fixed, per_depth)
+
     def model(self, p99_alone_ms: float) -> PaddedBatchModel:
-        """The batch model of a workload whose P99 alone time runs the network's every layer."""
+        """The batch model of a workload whose P99 alone time runs the network's every layer (for every batch size
+        up to the table's largest, interpolated between measured sizes)."""
         if not (np.isfinite(p99_alone_ms) and p99_alone_ms > 0):
             raise ConfigError("p99_alone_ms", p99_alone_ms, "need a finite P99 alone time > 0 ms")
         unit = p99_alone_ms / (self.fixed_ms[0] + max(self.depths) * self.per_depth_ms[0])
-        return PaddedBatchModel(float(unit * self.fixed_ms[0]), _ratios(self.per_depth_ms),
-                                _ratios(self.fixed_ms))
+        ks = np.arange(1, max(self.batch_sizes) + 1)
+        per_depth = np.interp(ks, self.batch_sizes, self.per_depth_ms)
+        fixed = np.interp(ks, self.batch_sizes, self.fixed_ms)
+        return PaddedBatchModel(float(unit * self.fixed_ms[0]), _ratios(per_depth), _ratios(fixed))
 
     def growth(self, b: int) -> float:
         """W(b)/W(1): what b rows of one layer cost in rows of one."""
@@ -79,15 +98,10 @@ def load_profile(path: str | Path = DEFAULT_PROFILE, network: str = NETWORK) -> 
         raise ConfigError(where, str(path), f"not a batch-cost table (tasks.serving.batch_costs): {exc!r}") from None
     if ms is None:
         raise ConfigError("cost.network", network, f"not in {path}; it has {sorted(nets)}")
-    if sizes[:1] != (1,) or list(sizes) != sorted(set(sizes)) or len(depths) < 2 or ms.shape != (len(sizes), len(depths)):
-        raise ConfigError(where, str(path), "need batch sizes from 1 up, two or more depths and one time per cell")
-    if not (np.all(np.isfinite(ms)) and np.all(ms > 0)):
-        raise ConfigError(where, str(path), "every measured time must be finite and > 0 ms")
-    fixed, per_depth = _fit(np.asarray(sizes, float), np.asarray(depths, float), ms)
-    if not (np.all(per_depth > 0) and fixed[0] > 0):
-        raise ConfigError(where, str(path), f"{network}'s batches must grow with their depth from a positive fixed "
-                                            f"part (fit: F(1) = {fixed[0]:.4g} ms, min W = {per_depth.min():.4g} ms)")
-    return DepthProfile(network, str(raw.get("device", "?")), sizes, depths, ms, fixed, per_depth)
+    try:
+        return DepthProfile.fit(network, str(raw.get("device", "?")), sizes, depths, ms)
+    except ConfigError as exc:
+        raise ConfigError(where, str(path), str(exc).split(": ", 1)[-1]) from None
 
 
 def _fit(sizes: np.ndarray, depths: np.ndarray, ms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
