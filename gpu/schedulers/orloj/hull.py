@@ -142,9 +142,8 @@ class LineQueue:
 
     def top(self, x: float) -> int | None:
         """The id whose line is highest at ``x`` (None when empty)."""
-        tops = [self._block_top(level, x) for level in range(len(self._blocks))]
-        level = max(range(len(tops)), key=lambda i: tops[i][0], default=None)
-        return None if level is None or tops[level][1] < 0 else tops[level][1]
+        best = max((self._block_top(level, x) for level in range(len(self._blocks))), default=(-np.inf, -1))
+        return None if best[1] < 0 else best[1]
 
     def pop(self, x: float, k: int) -> list[int]:
         """The ``k`` highest lines at ``x`` (fewer when the queue holds fewer), removed (Alg. 4.1's PopBatch):
@@ -152,12 +151,12 @@ class LineQueue:
         tops = [self._block_top(level, x) for level in range(len(self._blocks))]
         out: list[int] = []
         while len(out) < k and tops:
-            level = max(range(len(tops)), key=lambda i: tops[i][0])
-            value, rid = tops[level]
-            if rid < 0:
+            best = max(tops)
+            if best[1] < 0:
                 break
-            out.append(rid)
-            self._kill_one(rid)
+            level = tops.index(best)
+            out.append(best[1])
+            self._kill_one(best[1])
             tops[level] = self._block_top(level, x)
         return out
 

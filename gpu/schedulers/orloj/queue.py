@@ -211,7 +211,8 @@ class OrlojQueue:
         if not len(slots):
             return []
         for hull in self._hull:
-            hull.remove_many(slots)
+            if len(hull):
+                hull.remove_many(slots)
         self._alive[slots] = False
         self._in_q[:, slots] = False
         out = []
