@@ -303,8 +303,9 @@ def serving(quick: bool) -> dict:
     print(f"\n== ORLOJ vs early drop on the serving runtime ({name}, CPU, clean+noisy digits, {rate:g} req/s, "
           f"{seconds:g} s) ==")
     print(f"alone times: clean mean {hists['clean'].mean:.3f} ms, noisy mean {hists['noisy'].mean:.3f} ms, "
-          f"P99 {max(h.quantile(0.99) for h in hists.values()):.3f} ms; ℓ(1) = {profile.latency(1):.3f} ms, "
-          f"ℓ(16) = {profile.latency(16):.3f} ms; ORLOJ's batch cost of 16 = {cost.factor(16):.2f}× the slowest")
+          f"P99 {max(h.quantile(0.99) for h in hists.values()):.3f} ms")
+    print(f"ℓ(1) = {profile.latency(1):.3f} ms, ℓ(16) = {profile.latency(16):.3f} ms; ORLOJ's batch cost of 16 = "
+          f"{cost.factor(16):.2f}× its slowest request")
     print(f"{'SLO':>6} {'policy':<11}{'attainment':>11}{'late':>7}{'dropped':>9}{'mean batch':>11}"
           f"{'ORLOJ decision (CPU µs)':>25}")
     out = {}
@@ -330,8 +331,8 @@ def serving(quick: bool) -> dict:
                 out[f"serving_orloj_{slo:g}ms_decision_us"] = round(decision_us, 1)
             print(f"{slo:>4g}ms {policy:<11}{good:>11.3f}{late:>7.3f}{dropped:>9.3f}{batch:>11.2f}"
                   + (f"{decision_us:>25.0f}" if policy == "orloj" else ""))
-    print("(before this change, one application per session, the scan and a batch cost from random-input profiles: "
-          "10 ms early drop 0.62, ORLOJ 0.34)")
+    print("(before this change: one application per session, the scan, a batch cost from random-input profiles;\n"
+          " 10 ms: early drop 0.62, ORLOJ 0.34)")
     return out
 
 
@@ -371,45 +372,45 @@ def summary(f: dict) -> dict:
     ratio = f["orloj_over_best_baseline_1_5x"]
     rows = [
         ("ORLOJ/best baseline, C.1, 1.5x P99", f"{ratio:.2f}", "1.29", ratio >= TARGET_1_5X,
-         "target >= 1.3; best baseline Clockwork-like, as theirs"),
+         "target >= 1.3; best baseline Clockwork-like"),
         ("same, Eq. 4.3 + chosen 100 ms overhead", f"{f['orloj_over_best_baseline_1_5x_eq43']:.2f}", "1.29",
-         f["orloj_over_best_baseline_1_5x_eq43"] >= TARGET_1_5X, "batch 1 as efficient as 16: little to batch"),
+         f["orloj_over_best_baseline_1_5x_eq43"] >= TARGET_1_5X, "batch 1 as efficient as 16"),
         *[(f"ORLOJ/best baseline, C.1+C.2, {m:g}x P99", f"{f[f'orloj_over_best_baseline_synthetic_{_x(m)}']:.2f}",
            f"{PAPER_RATIO[m]:.2f}", f[f"orloj_over_best_baseline_synthetic_{_x(m)}"] >= 0.9 * PAPER_RATIO[m],
-           "" if m == 1.5 else "Nexus-like keeps up on its fixed plan (below)") for m in SLOS],
+           "" if m == 1.5 else "Nexus-like keeps up on its plan (below)") for m in SLOS],
         ("ORLOJ best or tied, C.1+C.2 cells", f"{f['orloj_best_cells_synthetic']}/65", "64/65",
-         f["orloj_best_cells_synthetic"] >= 58, "Nexus-like ahead by < 0.01-0.05 at 3x-5x"),
+         f["orloj_best_cells_synthetic"] >= 58, "ties with Nexus-like at 4x-5x"),
         ("ORLOJ, C.1, 3x P99", span(cells("orloj", (3.0,), C1)), "0.90-0.98",
          min(cells("orloj", (3.0,), C1)) >= 0.85, ""),
         ("ORLOJ, C.1, 1.5x P99", span(cells("orloj", (1.5,), C1)), "0.40-0.75",
          0.30 <= min(cells("orloj", (1.5,), C1)) and max(cells("orloj", (1.5,), C1)) <= 0.85, ""),
         ("Clockwork-like, C.1+C.2, mean", f"{np.mean(cells('clockwork')):.2f}", f"{np.mean(thesis('clockwork')):.2f}",
          abs(np.mean(cells("clockwork")) - np.mean(thesis("clockwork"))) <= 0.10,
-         "fail-every-other-batch, and the queue it leaves drops"),
+         "fails every other batch; its backlog drops"),
         ("Nexus-like, 3x, C.1+C.2 (collapse cases)", span(cells("nexus", (3.0,), collapse)),
          span(thesis("nexus", (3.0,), collapse)), max(cells("nexus", (3.0,), collapse)) <= 0.24,
-         "padded batch ~1.3x its mean-based plan: still fits"),
+         "padded batch 1.3-1.5x its plan: still fits"),
         ("Clipper-like, 3x, same cases", span(cells("clipper", (3.0,), collapse)),
          span(thesis("clipper", (3.0,), collapse)), max(cells("clipper", (3.0,), collapse)) <= 0.29,
-         "AIMD below the SLO; cheap batches keep FIFO up"),
+         "cheap batches keep its FIFO up"),
         ("b sweep 1e-6..1e-1, largest spread", f"{f['b_sweep_max_spread']:.3f}", "stable",
-         f["b_sweep_max_spread"] <= 0.03, "criterion 0.03 is ours (figure only)"),
+         f["b_sweep_max_spread"] <= 0.03, "0.03 is our criterion (figure only)"),
         ("RT-6 finish, P99 34 ms minus full size", f"{f['scale_0_2_finish_rate'] - f['scale_1_finish_rate']:+.3f}",
          "~0", f["scale_0_2_finish_rate"] >= f["scale_1_finish_rate"] - 0.05, "Python decisions, charged"),
         ("ORLOJ decision, 1,000 pending (CPU ms)", f"{f['orloj_decision_ms_1000']:.3f}", "-",
-         f["orloj_decision_ms_1000"] <= TARGET_DECISION_MS, "target <= 1 ms (the thesis: C++, no figure)"),
+         f["orloj_decision_ms_1000"] <= TARGET_DECISION_MS, "target <= 1 ms (thesis: C++, no figure)"),
         ("line queue insertion, 10,000 (us)", f"{f['hull_insert_us_n10000']:.0f}", "< 500",
          f["hull_insert_us_n10000"] < 500, ""),
         ("serving, 10 ms SLO: ORLOJ / early drop", f"{f['serving_orloj_10ms_attainment']:.2f}/"
          f"{f['serving_early_drop_10ms_attainment']:.2f}", "ORLOJ ahead",
          f["serving_orloj_10ms_attainment"] > f["serving_early_drop_10ms_attainment"],
-         f"decision {f['serving_orloj_10ms_decision_us']:.0f} us CPU on the model's core"),
+         f"decision {f['serving_orloj_10ms_decision_us']:.0f} us CPU, model's core"),
     ]
     print("\n== Summary: ours beside the thesis (criteria fixed before the run) ==")
-    print(f"{'figure':<41}{'ours':>10}{'thesis':>11}  {'verdict':<11}why it differs")
+    print(f"{'figure':<41}{'ours':>10} {'thesis':>11}  {'verdict':<11}why it differs")
     out = {}
     for name, ours, theirs, ok, why in rows:
-        print(f"{name:<41}{ours:>10}{theirs:>11}  {'reproduced' if ok else 'missed':<11}{why}")
+        print(f"{name:<41}{ours:>10} {theirs:>11}  {'reproduced' if ok else 'missed':<11}{why}")
     out["reproduced"] = sum(bool(ok) for *_, ok, _ in rows)
     out["missed"] = len(rows) - out["reproduced"]
     print(f"{out['reproduced']} reproduced, {out['missed']} missed")
