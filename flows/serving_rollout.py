@@ -173,7 +173,7 @@ def _rollout(spec: dict | str | None, duration_s: float | None, batch_policy: st
     from tasks.serving.loadgen import LoadGenerator
     from tasks.serving.models import load_digits_tensors, load_or_train
     from tasks.serving.nona import MeasuredNona, replicated_plan
-    from tasks.serving.orloj import PROFILE_REQUESTS, orloj_controller, policy_factory
+    from tasks.serving.orloj import PROFILE_REQUESTS, app_inputs, orloj_controller, policy_factory
     from tasks.serving.runtime import LocalServingRuntime
     from tasks.serving.beacons import BeaconLoop
     from tasks.serving.figures import summarise
@@ -218,20 +218,18 @@ def _rollout(spec: dict | str | None, duration_s: float | None, batch_policy: st
                                                      in routing.controller.table.entries[0].thetas.items()})
     trace = sp.trace(sessions, issued=set(chains))
     data = load_digits_tensors(sp.seed)
-    local = backend == "local"  # measured feedback comes from local workers (docs/orloj.md: Ray)
-    orloj = (orloj_controller(models, profiles, sessions, data.x_test[:PROFILE_REQUESTS].numpy(),
+    orloj = (orloj_controller(models, profiles, sessions, sp.apps, data.x_test[:PROFILE_REQUESTS].numpy(),
                               sp.epoch.epoch_s, sp.seed) if sp.batch_policy == "orloj" else None)
     nona = MeasuredNona(routing, sp.nodes, solver_mu, sp.seed) if sp.placement == "nona" else None
     with interruptible() as interrupt, LocalServingRuntime(
             models, profiles, ledger, None, sp.preset, seed=sp.seed, backend=backend, controller=controller,
             policy_factory=policy_factory(sp.batch_policy, orloj), query_routing=routing, link_mu=sp.link_mu,
-            handoff_bytes=handoff_bytes(sp), measure_batches=local and (orloj is not None or nona is not None),
-            link=link) as rt:
+            handoff_bytes=handoff_bytes(sp), apps=sp.app_slos or None,
+            measure_batches=orloj is not None or nona is not None, link=link) as rt:
         rt.apply(controller.plan)
         if nona is not None:  # every epoch, the link's μ as measured on the hand-offs it carried
             nona.link = rt.link
-        feedback = EpochFeedback(sp.epoch.epoch_s, rt.take_batches, rt.update_policies, orloj if local else None,
-                                 nona)
+        feedback = EpochFeedback(sp.epoch.epoch_s, rt.take_batches, rt.update_policies, orloj, nona)
         progress = FlowProgress("serving-rollout", sp.duration_s, f"serving {sp.name}", unit="s of trace").start()
 
         def replanned(t_s: float, new) -> None:
@@ -244,8 +242,8 @@ def _rollout(spec: dict | str | None, duration_s: float | None, batch_policy: st
                                replanned)
         ray = backend == "ray"  # a turn's bursts to one actor as one Ray call, a turn per 2 ms
         load = LoadGenerator(rt.frontend.submit, trace, data.x_test, data.y_test, sp.seed, rt.frontend.submit_many,
-                             RAY_TICK_S if ray else 0.0, rt.frontend.turn if ray else None).run(
-            on_beacon, sp.epoch.beacon_s, stop=interrupt)
+                             RAY_TICK_S if ray else 0.0, rt.frontend.turn if ray else None,
+                             app_inputs(sp, data.x_test.numpy())).run(on_beacon, sp.epoch.beacon_s, stop=interrupt)
         progress.close()
         if load.interrupted:  # raised here, where closing the runtime stops the workers and releases the leases
             raise KeyboardInterrupt

@@ -94,7 +94,7 @@ class LocalServingRuntime:
             ``ns``; a flow's, whose ``on_epoch`` decides the plans ``apply`` rolls out). Default: one of this
             runtime's own from ``chains``, ``load_balancer`` and ``seed``; with a controller those two stay unset.
         apps: application id → its own SLO in ms (None: its session's), for ``frontend.submit(..., app=...)``;
-            the workers hand each request's application to the policy (``Frontend``). Local backend only.
+            the workers hand each request's application to the policy (``Frontend``).
         query_routing: per-query routing of multi-stage queries (``Frontend``; e.g. Nona's
             ``gpu.schedulers.nona.controller.NonaRouting``); default: every request follows its session's shares.
         link_mu: a bottleneck link of this many bytes/s between nodes: cross-node hand-offs between query
@@ -103,8 +103,8 @@ class LocalServingRuntime:
             ``tasks.serving.transport``) or ``emulated`` (a computed delay, no bytes move: ``tasks.serving.link``).
         handoff_bytes: bytes a hand-off to each child stage session carries per request (default: its input
             row's), e.g. the parent's measured activation size.
-        measure_batches: workers keep every batch's size and forward time for ``take_batches`` (local backend);
-            ``"cpu"``: the forward's thread CPU time rather than its wall time (``ServingWorker``).
+        measure_batches: workers keep every batch's size and forward time for ``take_batches``; ``"cpu"``: the
+            forward's thread CPU time rather than its wall time (``ServingWorker``).
     """
 
     def __init__(self, models: Mapping[str, nn.Module], profiles: Mapping[str, BatchProfile], ledger: LedgerClient,
@@ -124,10 +124,6 @@ class LocalServingRuntime:
                                                                "load_balancer unset")
         if controller is not None and controller.chains.time_unit != "ns":
             raise ConfigError("controller.time_unit", controller.chains.time_unit, "the runtime's clock is ns")
-        if apps and backend != "local":
-            raise ConfigError("apps", sorted(apps), "applications are plumbed through the local backend only")
-        if measure_batches and backend != "local":
-            raise ConfigError("measure_batches", True, "batch measurements come from local workers only")
         self.measure_batches = measure_batches
         self.backend = backend
         self.models = dict(models)
@@ -230,7 +226,8 @@ class LocalServingRuntime:
             from tasks.serving.ray_backend import RayWorkerHandle
 
             return RayWorkerHandle(node, self.models, self.profiles, self._new_policy(), lease, self.recorder,
-                                   self.accounting, device, chainer=self.chainer, seed=self.seed)
+                                   self.accounting, device, chainer=self.chainer, seed=self.seed,
+                                   apps=self.frontend.apps, measure_batches=self.measure_batches)
         return ServingWorker(node, self.models, self.profiles, self._new_policy(), self.recorder, device,
                              self.accounting, self.run_inline, self.chainer.parent_done, self.chainer.parents,
                              apps=self.frontend.apps, measure_batches=self.measure_batches).start()
@@ -249,8 +246,9 @@ class LocalServingRuntime:
         return self.frontend.take_counts()
 
     def take_batches(self) -> dict[str, list[tuple[int, float]]]:
-        """Per session, ``(batch size, forward ms)`` of every batch the workers ran since the last call (workers
-        built with ``measure_batches``; those retired since count too)."""
+        """Per application (per session for requests without one), ``(batch size, forward ms)`` of every batch
+        the workers ran since the last call (workers built with ``measure_batches``; those retired since count
+        too; a batch mixing applications is left out, ``ServingWorker``)."""
         out: dict[str, list[tuple[int, float]]] = {}
         for rows in [*self._retired_batches, *(w.take_batches() for w in self.workers.values()
                                                 if hasattr(w, "take_batches"))]:
@@ -260,10 +258,8 @@ class LocalServingRuntime:
         return out
 
     def update_policies(self, change: Callable[[BatchPolicy], None]) -> None:
-        """Apply ``change`` to every running worker's policy, each between two of its batches (local workers);
-        workers started later get theirs from the policy factory."""
-        if self.backend != "local":
-            raise ConfigError("backend", self.backend, "policies of Ray actors are not changed in place")
+        """Apply ``change`` to every running worker's policy, each between two of its batches (a Ray actor's in
+        its process); workers started later get theirs from the policy factory."""
         for w in self.workers.values():
             w.update_policy(change)
 
