@@ -18,7 +18,7 @@ export RAY_AUTH_MODE := disabled
 export RAY_USAGE_STATS_ENABLED := 0
 export MLFLOW_DISABLE_TELEMETRY := true
 
-.PHONY: demo test test-fast venv clean server mlflow-ui deploy worker
+.PHONY: demo test test-fast venv clean server mlflow-ui deploy worker gpu-check gpu-wheels
 
 venv: $(STAMP)
 
@@ -45,6 +45,15 @@ test-fast: $(STAMP)
 	mkdir -p "$(PREFECT_HOME)"
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+
+# The whole GPU path checked on this machine's CUDA devices, one PASS/FAIL/SKIP line per check (README "Running on
+# GPUs"); without a GPU every check SKIPs. GPU_CHECK_ARGS: e.g. --quick --json gpu.json --only pool.
+gpu-check: $(STAMP)
+	$(PY) -m benchmarks.gpu_check $(GPU_CHECK_ARGS)
+
+# Prefect 3.8.8 and its dependencies as Python 3.12 wheels in .whl/, for a GPU machine without network.
+gpu-wheels:
+	bash benchmarks/gpu_check_wheels.sh
 
 # The Prefect UI and API on this home's database (runs of the embedded server included): http://127.0.0.1:$(PORT)
 # The UI asks PREFECT_SERVER_API_PORT (not --port) where its API is: without it PORT=4291 serves a UI that

@@ -36,7 +36,6 @@ GPUs) because the pool grants fractions only within one device.
 
 from __future__ import annotations
 
-import math
 import re
 import sys
 from dataclasses import replace
@@ -46,7 +45,7 @@ from prefect import flow
 
 from gpu.devices import discover
 from gpu.errors import ConfigError
-from gpu.scenario import integer
+from gpu.scenario import MAX_COUNT, MAX_GPUS, MAX_SEED, integer, positive
 from gpu.schedulers.cilantro.policies import POLICIES, make_policy
 from gpu.schedulers.cilantro.fair import ResourceFair
 from gpu.schedulers.cilantro.types import JobSpec
@@ -61,6 +60,8 @@ from tasks.runtime.runners import GpuTaskRunner
 
 MODES = ("process", "thread")
 _SLO_FREE = (ResourceFair,)  # the only policy whose decision never reads a performance or an SLO
+MAX_ROUNDS = 10_000  # rounds of real work, each round_s long
+MAX_ROUND_S = 24 * 3_600.0  # a round (and a report period) of at most a day
 _RUN_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,99}$")  # Prefect artifact keys: lowercase letters, digits, '-'
 
 DEFAULT_JOBS: tuple[JobConfig, ...] = (  # sized for one CPU core per simulated GPU (see docs/cilantro.md)
@@ -70,13 +71,6 @@ DEFAULT_JOBS: tuple[JobConfig, ...] = (  # sized for one CPU core per simulated 
               hidden=2048, rows=128),
     JobConfig("trainer", "training", 120.0, "linear", scale_ms=2.2, hidden=1024, rows=256),
 )
-
-
-def _number(value: Any, field: str, *, minimum: float = 0.0, strict: bool = True) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
-            or (value <= minimum if strict else value < minimum):
-        raise ConfigError(field, value, f"must be a number {'>' if strict else '>='} {minimum:g}")
-    return float(value)
 
 
 def _jobs(jobs: list[dict] | None) -> tuple[JobConfig, ...]:
@@ -102,34 +96,38 @@ def settings_from(*, rounds: int, round_s: float, policy: str, capacity: float, 
                   run_name: str, jobs: list[dict] | None, report_s: float, max_change: float | None, trace_step: int,
                   warmup_reports: int, seed: int, pool_gpus: int) -> RoundSettings:
     """Validate the flow's parameters; every bad value raises one ConfigError naming it."""
-    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+    if isinstance(rounds, bool) or not isinstance(rounds, int):
         raise ConfigError("rounds", rounds, "must be a whole number >= 1")
+    integer(rounds, "rounds", minimum=1, maximum=MAX_ROUNDS)
     if not isinstance(run_name, str) or not _RUN_NAME.match(run_name):
         raise ConfigError("run_name", run_name, "use lowercase letters, digits and '-' (it names the state file "
                                                 "and the flow's Prefect artifact key, which allows nothing else)")
-    seed = integer(seed, "seed", minimum=0)  # numpy's seed sequences refuse negatives
+    seed = integer(seed, "seed", minimum=0, maximum=MAX_SEED)  # numpy's seed sequences refuse negatives
     chosen = make_policy(policy)  # ConfigError naming ``policy`` if unknown
     if chosen.learner == "oracle":
         raise ConfigError("policy", policy, "an oracle is given each job's true curve, which only the simulator "
                                             "knows (gpuflows simulate cilantro); the flow measures, so choose a "
                                             "learning policy such as cilantro-" + policy.split("-")[-1])
-    capacity = _number(capacity, "capacity")
+    capacity = positive(capacity, "capacity", upper=MAX_GPUS)
     if capacity > pool_gpus:
         raise ConfigError("capacity", capacity, f"the pool has only {pool_gpus} GPU(s)")
-    unit = _number(unit, "unit")
+    unit = positive(unit, "unit", upper=MAX_GPUS)
     if unit > capacity:
         raise ConfigError("unit", unit, f"must not exceed capacity={capacity:g}")
     if capacity > 1 and unit != int(unit):
         raise ConfigError("unit", unit, "a capacity above one GPU needs whole-GPU units (fractions share one device)")
-    round_s, report_s = _number(round_s, "round_s"), _number(report_s, "report_s")
+    round_s, report_s = positive(round_s, "round_s", upper=MAX_ROUND_S), positive(report_s, "report_s",
+                                                                                  upper=MAX_ROUND_S)
     if report_s > round_s:
         raise ConfigError("report_s", report_s, f"must not exceed round_s={round_s:g}")
     if max_change is not None:
-        max_change = _number(max_change, "max_change", strict=False)
-    if isinstance(trace_step, bool) or not isinstance(trace_step, int) or trace_step < 1:
+        max_change = positive(max_change, "max_change", allow_zero=True, upper=MAX_GPUS)
+    if isinstance(trace_step, bool) or not isinstance(trace_step, int):
         raise ConfigError("trace_step", trace_step, "must be a whole number >= 1")
-    if isinstance(warmup_reports, bool) or not isinstance(warmup_reports, int) or warmup_reports < 0:
+    integer(trace_step, "trace_step", minimum=1, maximum=MAX_COUNT)
+    if isinstance(warmup_reports, bool) or not isinstance(warmup_reports, int):
         raise ConfigError("warmup_reports", warmup_reports, "must be a whole number >= 0")
+    integer(warmup_reports, "warmup_reports", minimum=0, maximum=MAX_COUNT)
     job_cfgs = _jobs(jobs)
     for j in job_cfgs:
         JobSpec(j.name, j.slo, j.utility, j.weight, j.kind)  # validates slo > 0, utility shape, weight

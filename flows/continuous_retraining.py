@@ -42,7 +42,7 @@ from prefect import flow, get_run_logger
 
 from gpu.devices import discover
 from gpu.errors import ConfigError, GpuflowsError
-from gpu.scenario import fraction, integer, positive
+from gpu.scenario import MAX_GPUS, MAX_SEED, fraction, integer, positive
 from gpu.schedulers.ekya.thief import EkyaParams
 from gpu.schedulers.ekya.policies import make_policy, policy_names
 from gpuflows.args import add_runner_arguments, error, flow_arguments, flow_parser, output_file, run_checked
@@ -59,6 +59,10 @@ from tasks.report.occupancy import publish_pool_occupancy
 from tasks.report.progress import FlowProgress
 
 MODES = ("process", "thread")
+MAX_STREAMS = 1_000  # drifting streams: a retraining and an inference job each, every window
+MAX_WINDOWS = 10_000
+MAX_WINDOW_S = 24 * 3_600.0  # slice seconds of one window
+MAX_OBJECTS = 10_000  # objects per frame of a stream
 
 
 def runner_settings(parameters: dict) -> dict:
@@ -134,11 +138,13 @@ def scheduler_name(policy: str, uniform_config: str, uniform_share: float) -> st
 def _check(streams: int, windows: int, window_s: float, policy: str, mode: str, seed: int, fail_stream: str | None,
            fail_window: int, uniform_config: str, uniform_share: float, profile_gpus: float, a_min: float,
            delta: float, objects_per_frame: dict[str, int] | None, executor: str) -> None:
-    for name, value in (("streams", streams), ("windows", windows)):
+    for name, value, top in (("streams", streams, MAX_STREAMS), ("windows", windows, MAX_WINDOWS)):
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise ConfigError(name, value, "must be a whole number > 0")
+        integer(value, name, maximum=top)
     if isinstance(window_s, bool) or not isinstance(window_s, (int, float)) or not window_s > 0:
         raise ConfigError("window_s", window_s, "must be a number of slice seconds > 0")
+    positive(window_s, "window_s", upper=MAX_WINDOW_S)
     grid = config_grid()
     if uniform_config not in [c.name for c in grid]:
         raise ConfigError("uniform_config", uniform_config, f"choose one of {[c.name for c in grid]}")
@@ -150,7 +156,7 @@ def _check(streams: int, windows: int, window_s: float, policy: str, mode: str, 
         raise ConfigError("mode", mode, f"choose one of {MODES}")
     if executor not in EXECUTORS:
         raise ConfigError("executor", executor, f"choose one of {EXECUTORS}")
-    integer(seed, "seed", minimum=0)  # numpy's generators refuse negatives
+    integer(seed, "seed", minimum=0, maximum=MAX_SEED)  # numpy's generators refuse negatives
     names = [f"cam{i}" for i in range(streams)]
     if fail_stream is not None and fail_stream not in names:
         raise ConfigError("fail_stream", fail_stream, f"not one of the streams {names}")
@@ -161,8 +167,9 @@ def _check(streams: int, windows: int, window_s: float, policy: str, mode: str, 
     for stream, k in (objects_per_frame or {}).items():
         if stream not in names:
             raise ConfigError("objects_per_frame", objects_per_frame, f"{stream!r} is not one of the streams {names}")
-        integer(k, f"objects_per_frame[{stream}]", minimum=1)
-    positive(profile_gpus, "profile_gpus")
+        integer(k, f"objects_per_frame[{stream}]", minimum=1, maximum=MAX_OBJECTS)
+    positive(profile_gpus, "profile_gpus", upper=MAX_GPUS)
+    positive(delta, "delta", upper=MAX_GPUS)
     EkyaParams(delta=delta, a_min=a_min)  # checks them as the thief will read them
 
 

@@ -49,6 +49,7 @@ from gpu.schedulers.escher.policies import POLICIES
 from gpu.scenario import integer
 from gpuflows.args import error
 from resource_blocks import GpuPool, MlflowTarget, SchedulerPolicy
+from resource_blocks.gpu_pool import MAX_NODES
 from tasks.escher.demos import DEMOS, run_policy
 from tasks.escher.records import publish_policies
 from tasks.escher.settings import Settings, check_settings, choose
@@ -206,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
                   words=args.words, reducers=args.reducers, pairs=args.pairs, rounds=args.rounds, seed=args.seed,
                   mode=args.mode, tracking=False if args.no_tracking else None)
     try:  # before a Prefect server starts
-        integer(args.nodes, "nodes", minimum=2)
+        integer(args.nodes, "nodes", minimum=2, maximum=MAX_NODES)
         if args.backend == "ray" and not args.ray_address:
             raise ConfigError("ray_address", None, "--backend ray needs a cluster of 2 or more nodes (a local Ray has one)")
         pool = GpuPool(name=args.pool, device_backend="simulated", simulated="1x16GiB", nodes=args.nodes,

@@ -25,7 +25,7 @@ from prefect import flow
 
 from gpu.errors import ConfigError, GpuflowsError
 from gpu.pool import pool_path
-from gpu.scenario import choose, integer, names, positive
+from gpu.scenario import MAX_SEED, choose, integer, names
 from gpu.schedulers.salus.policies import POLICIES
 from gpuflows.args import add_runner_arguments, error, flow_parser
 from resource_blocks import GpuPool, MlflowTarget
@@ -66,12 +66,8 @@ def prepare(pool: GpuPool | str | dict | None, tracking: MlflowTarget | bool | s
         raise ConfigError("policies", policies, "name each policy once, at least one")
     for p in chosen:
         choose(p, "policies", list(POLICIES))
-    integer(seed, "seed", minimum=0)
-    if trace is not None:
-        jobs_ = explicit_trace(trace)
-    else:
-        jobs_ = sharing_trace(integer(jobs, "jobs", minimum=1), seed, positive(gap_s, "gap_s", allow_zero=True),
-                              integer(median_iterations, "median_iterations", minimum=1))
+    integer(seed, "seed", minimum=0, maximum=MAX_SEED)
+    jobs_ = explicit_trace(trace) if trace is not None else sharing_trace(jobs, seed, gap_s, median_iterations)
     return jobs_, chosen, pool_block(pool, DEFAULT_POOL), tracking_target(tracking, "gpuflows-salus")
 
 

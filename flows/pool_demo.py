@@ -15,7 +15,7 @@ from prefect import flow, task
 
 from gpu.errors import ConfigError, GpuflowsError
 from gpu.pool import pool_path
-from gpu.scenario import integer
+from gpu.scenario import MAX_COUNT, integer
 from gpuflows.args import error, flow_parser, simulated
 from resource_blocks import GpuPool, MlflowTarget
 from tasks.digits import digits_tensors, mlp
@@ -55,6 +55,7 @@ def train_steps(i: int, steps: int = 60) -> dict:
 
 DEFAULT_POOL = GpuPool(name="demo", simulated="2x16GiB")
 MODES = ("process", "thread")
+MAX_TASKS = 10_000  # training tasks of one demo run
 
 
 def runner_settings(parameters: dict) -> dict:
@@ -95,8 +96,8 @@ def pool_demo(tasks: int = 20, steps: int = 60, pool: GpuPool | str | None = Non
 
 def check(tasks: int, steps: int) -> None:
     """The flow's parameters, checked by the flow and by ``main`` before it starts a flow run."""
-    integer(tasks, "tasks", minimum=1)
-    integer(steps, "steps", minimum=1)
+    integer(tasks, "tasks", minimum=1, maximum=MAX_TASKS)
+    integer(steps, "steps", minimum=1, maximum=MAX_COUNT)
 
 
 def format_timeline(rows: list[dict], width: int = 60) -> str:

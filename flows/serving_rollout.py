@@ -28,6 +28,10 @@ re-profile ORLOJ every epoch (thesis §4.3.2; ``tasks.serving.epochs``). The fig
     python -m flows.serving_rollout --spec scenarios/serving/diamond_nona.yaml --placement nona
     python -m flows.serving_rollout --spec scenarios/serving/diamond_nona.yaml --placement expert
     python -m flows.serving_rollout --duration-s 10 --backend ray
+
+Ctrl-C (SIGINT) stops the rollout at the load generator's next turn: the workers stop (what they had queued is
+dropped), every lease goes back to the pool, the flow run ends Cancelled and the command exits 130 with one line
+(``tasks.serving.interrupt``).
 """
 
 from __future__ import annotations
@@ -40,6 +44,8 @@ from pathlib import Path
 from typing import Any
 
 from prefect import flow, get_run_logger, task
+from prefect.exceptions import CancelledRun
+from prefect.states import Cancelled
 
 from gpu.systems import BATCH_POLICIES
 from gpu.errors import ConfigError, GpuflowsError
@@ -63,16 +69,18 @@ from tasks.runtime.tracking import flow_tracker
 from tasks.serving.beacons import BeaconLoop
 from tasks.serving.epochs import EpochFeedback
 from tasks.serving.figures import summarise
+from tasks.serving.interrupt import interruptible
 from tasks.serving.loadgen import LoadGenerator
 from tasks.serving.models import load_digits_tensors, load_or_train, profile_model
 from tasks.serving.nona import MeasuredNona, replicated_plan
-from tasks.serving.orloj import PROFILE_REQUESTS, orloj_controller, policy_factory
+from tasks.serving.orloj import PROFILE_REQUESTS, app_inputs, orloj_controller, policy_factory
 from tasks.serving.placement import NEEDS_LINK, handoff_bytes, link_mu, query_routing
 from tasks.serving.records import log_rollout, plan_summary, publish_epochs
 from tasks.serving.runtime import LINKS, LocalServingRuntime
 from tasks.serving.spec import PLACEMENTS, check_slos, load_spec, parse_spec
 
 DEFAULT_SPEC = Path(__file__).resolve().parent.parent / "scenarios" / "serving" / "digits.yaml"
+INTERRUPTED = "interrupted (SIGINT/Ctrl-C): serving stopped and every lease went back to the pool"
 RAY_TICK_S = 0.002  # with Ray actors every routed burst is a remote call (~0.5 ms): hand arrivals over per 2 ms
 
 
@@ -154,7 +162,20 @@ def serving_rollout(spec: dict | str | None = None, duration_s: float | None = N
     Returns:
         The figures (``tasks.serving.figures.summarise``: per epoch and over the run, queries, dispatch
         overhead), ``mlflow_run_id`` and ``mlflow_errors`` (what could not be logged to MLflow; empty when everything was).
+        Interrupted (SIGINT, Ctrl-C): a Cancelled state saying so, once the workers stopped and their leases
+        went back.
     """
+    try:
+        return _rollout(spec, duration_s, batch_policy, backend, pool, mode, tracking, placement, link)
+    except KeyboardInterrupt:  # every lease is back by now: the runtime closed on the way out
+        get_run_logger().warning(INTERRUPTED)
+        return Cancelled(message=INTERRUPTED)
+
+
+def _rollout(spec: dict | str | None, duration_s: float | None, batch_policy: str | None, backend: str,
+             pool: GpuPool | str | None, mode: str, tracking: MlflowTarget | bool | str | None,
+             placement: str | None, link: str) -> dict[str, Any]:
+    """The body of ``serving_rollout`` (its arguments and result)."""
     sp = prepare(spec, duration_s, batch_policy, placement, backend, mode, link)
     runner = flow_runner()  # the pool and target resolved from these parameters (or the runner given)
     if backend == "ray" and not isinstance(runner, GpuRayTaskRunner):
@@ -192,19 +213,18 @@ def serving_rollout(spec: dict | str | None = None, duration_s: float | None = N
                                                      in routing.controller.table.entries[0].thetas.items()})
     trace = sp.trace(sessions, issued=set(chains))
     data = load_digits_tensors(sp.seed)
-    local = backend == "local"  # measured feedback comes from local workers (docs/orloj.md: Ray)
-    orloj = (orloj_controller(models, profiles, sessions, data.x_test[:PROFILE_REQUESTS].numpy(),
+    orloj = (orloj_controller(models, profiles, sessions, sp.apps, data.x_test[:PROFILE_REQUESTS].numpy(),
                               sp.epoch.epoch_s, sp.seed) if sp.batch_policy == "orloj" else None)
     nona = MeasuredNona(routing, sp.nodes, solver_mu, sp.seed) if sp.placement == "nona" else None
-    with LocalServingRuntime(models, profiles, ledger, None, sp.preset, seed=sp.seed, backend=backend,
-                             controller=controller, policy_factory=policy_factory(sp.batch_policy, orloj),
-                             query_routing=routing, link_mu=sp.link_mu, handoff_bytes=handoff_bytes(sp),
-                             measure_batches=local and (orloj is not None or nona is not None), link=link) as rt:
+    with interruptible() as interrupt, LocalServingRuntime(
+            models, profiles, ledger, None, sp.preset, seed=sp.seed, backend=backend, controller=controller,
+            policy_factory=policy_factory(sp.batch_policy, orloj), query_routing=routing, link_mu=sp.link_mu,
+            handoff_bytes=handoff_bytes(sp), apps=sp.app_slos or None,
+            measure_batches=orloj is not None or nona is not None, link=link) as rt:
         rt.apply(controller.plan)
         if nona is not None:  # every epoch, the link's μ as measured on the hand-offs it carried
             nona.link = rt.link
-        feedback = EpochFeedback(sp.epoch.epoch_s, rt.take_batches, rt.update_policies, orloj if local else None,
-                                 nona)
+        feedback = EpochFeedback(sp.epoch.epoch_s, rt.take_batches, rt.update_policies, orloj, nona)
         progress = FlowProgress("serving-rollout", sp.duration_s, f"serving {sp.name}", unit="s of trace").start()
 
         def replanned(t_s: float, new) -> None:
@@ -217,9 +237,11 @@ def serving_rollout(spec: dict | str | None = None, duration_s: float | None = N
                                replanned)
         ray = backend == "ray"  # a turn's bursts to one actor as one Ray call, a turn per 2 ms
         load = LoadGenerator(rt.frontend.submit, trace, data.x_test, data.y_test, sp.seed, rt.frontend.submit_many,
-                             RAY_TICK_S if ray else 0.0, rt.frontend.turn if ray else None).run(on_beacon,
-                                                                                               sp.epoch.beacon_s)
-    progress.close()
+                             RAY_TICK_S if ray else 0.0, rt.frontend.turn if ray else None,
+                             app_inputs(sp, data.x_test.numpy())).run(on_beacon, sp.epoch.beacon_s, stop=interrupt)
+        progress.close()
+        if load.interrupted:  # raised here, where closing the runtime stops the workers and releases the leases
+            raise KeyboardInterrupt
     marks, beacons = on_beacon.marks, on_beacon.beacons
     result = summarise(sp, rt, load, marks, beacons, profiles)
     result.update(orloj_epochs=feedback.orloj_epochs, nona_epochs=feedback.nona_epochs)
@@ -279,6 +301,9 @@ def main(argv: list[str] | None = None) -> int:
                          tracking=tracking, placement=args.placement, link=args.link)
     except GpuflowsError as exc:
         return error(exc)
+    except (KeyboardInterrupt, CancelledRun) as exc:  # Cancelled by the flow, or interrupted outside its body
+        print(f"serving-rollout: {exc if isinstance(exc, CancelledRun) else INTERRUPTED}", file=sys.stderr)
+        return 130
     for e in result["epochs"]:
         print(f"epoch {e['epoch']} [{e['start_s']:5.1f}-{e['end_s']:5.1f}s] gpus={e['gpus']} "
               f"offered={e['offered_rps']:7.1f}/s good={e['throughput_rps']:7.1f}/s "

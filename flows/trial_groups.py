@@ -30,7 +30,7 @@ from prefect.futures import as_completed
 
 from gpu.devices import Node, discover
 from gpu.errors import ConfigError, GpuflowsError
-from gpu.scenario import integer
+from gpu.scenario import MAX_COUNT, MAX_SEED, integer
 from gpu.schedulers.fluid.algorithms import FluidParams, packing_limit
 from gpu.schedulers.fluid.controller import Step
 from gpu.schedulers.fluid.policies import build_executor, policy_names
@@ -55,6 +55,7 @@ from tasks.report.progress import FlowProgress
 SEARCHES = ("grid", "random", "hyperband", "asha", "bohb", "pbt")
 EXECUTIONS = policy_names()  # fifo, static_fluid, fluid: every policy the simulator offers
 MODES = ("process", "thread")
+MAX_TRIALS = 10_000  # trials (and PBT generations) of one search: each is real torch work
 GRID_SPACE = {"lr": Grid((0.01, 0.1)), "hidden": Grid((16, 64)), "batch_size": Choice((64,))}
 RANDOM_SPACE = {"lr": LogUniform(0.003, 0.3), "hidden": Choice((16, 32, 64, 128)), "batch_size": Choice((32, 64, 128))}
 TRIAL_IDS = {  # how FLUID's tuning algorithms name trials (config @ rung): a --fail-trial of another form never fails
@@ -69,11 +70,12 @@ def make_algorithm(algorithm: str, trials: int, iterations: int, seed: int, spac
     bad value)."""
     if algorithm not in SEARCHES:
         raise ConfigError("algorithm", algorithm, f"choose one of {SEARCHES}")
-    integer(seed, "seed", minimum=0)  # numpy's generators refuse negatives
-    for name, value in (("trials", trials), ("iterations", iterations), ("min_iterations", min_iterations),
-                        ("generations", generations)):
+    integer(seed, "seed", minimum=0, maximum=MAX_SEED)  # numpy's generators refuse negatives
+    for name, value, top in (("trials", trials, MAX_TRIALS), ("iterations", iterations, MAX_COUNT),
+                             ("min_iterations", min_iterations, MAX_COUNT), ("generations", generations, MAX_TRIALS)):
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise ConfigError(name, value, "must be a whole number > 0")
+        integer(value, name, maximum=top)
     sp = parse_space(space) if space is not None else (GRID_SPACE if algorithm == "grid" else RANDOM_SPACE)
     missing = {"lr", "hidden", "batch_size"} - set(sp)
     if missing:
@@ -333,10 +335,10 @@ def prepare(pool: GpuPool | str | None, tracking: MlflowTarget | bool | None, *,
         raise ConfigError("execution", execution, f"choose one of {(*EXECUTIONS, SALUS_PACK)}")
     if mode not in MODES:
         raise ConfigError("mode", mode, f"choose one of {MODES}")
-    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk <= 0:
-        raise ConfigError("chunk", chunk, "must be a whole number of iterations > 0")
-    if isinstance(packing_iterations, bool) or not isinstance(packing_iterations, int) or packing_iterations <= 0:
-        raise ConfigError("packing_iterations", packing_iterations, "must be a whole number of iterations > 0")
+    for name, value in (("chunk", chunk), ("packing_iterations", packing_iterations)):
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ConfigError(name, value, "must be a whole number of iterations > 0")
+        integer(value, name, maximum=MAX_COUNT)
     FluidParams(c=2 if c is None else c, d=1 if d is None else d)
     if alpha is not None:
         packing_limit(alpha)  # ConfigError naming alpha when < 1

@@ -20,6 +20,22 @@ from gpu.errors import ConfigError, excerpt
 MAX_DEPTH = 32  # nesting levels of a scenario; real ones use < 8, and the parsers recurse per level
 MAX_VALUES = 1_000_000  # values a YAML scenario may stand for once its aliases are expanded
 
+# Upper bounds of the numbers scenario files and flow arguments give, named once so every system bounds a
+# quantity alike (each format's docs state its fields' bounds): far beyond any real setup and the papers', and
+# short of the values that make a run hang, fill memory or print nonsense (1e30 requests/s, an SLO of 1e308 ms).
+MAX_SECONDS = 30 * 24 * 3600.0  # a month: durations, horizons, arrival, iteration, run and poll times, timeouts
+MAX_MS = 3_600_000.0            # an hour in ms: latencies, SLOs, per-request and per-batch times
+MAX_RATE = 1_000_000.0          # requests, queries or arrivals per second
+MAX_MB = 1024.0 ** 2            # 1 TiB in MB: a job's, a model's or a device's memory (as gpu.devices bounds devices)
+MAX_FACTOR = 1_000_000.0        # weights, demands in units of a resource, gains, multipliers
+MAX_COUNT = 1_000_000           # counts: jobs, iterations, trials, steps, batch sizes, CPUs, words
+MAX_EVENTS = 10_000_000         # events one simulated run may generate (requests = rate x duration, polls, ...)
+MAX_GPUS = 100_000              # GPUs of a simulated cluster or pool (executors keep per-GPU state)
+MAX_BATCH = 4_096               # requests in one batch: far beyond the 64-128 the papers profile; per-batch tables
+MAX_FANOUT = 1_000.0            # requests one query stage issues to the next per request (a DAG's gamma)
+MAX_SEED = 2**32 - 1            # numpy's legacy seed range: every seed any of our generators takes
+MAX_SEEDS = 100                 # seeds one scenario averages over (each is a whole run)
+
 
 def load_scenario(path: str | Path) -> dict[str, Any]:
     """Read a JSON (``.json``) or YAML (``.yaml``/``.yml``) scenario into a dict.
@@ -138,32 +154,50 @@ def require(mapping: Mapping[str, Any], key: str, where: str = "") -> Any:
     return mapping[key]
 
 
-def number(value: Any, field: str) -> float:
-    """Check that ``value`` is a finite number (not a bool, a string or NaN/inf) and return it as float."""
+def number(value: Any, field: str, *, upper: float | None = None) -> float:
+    """Check that ``value`` is a finite number (not a bool, a string or NaN/inf), at most ``upper`` if given, and
+    return it as float."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigError(field, value, "must be a number")
-    if not math.isfinite(value):
+    try:
+        v = float(value)
+    except OverflowError:  # an int beyond any float
+        raise ConfigError(field, value, "must be a finite number") from None
+    if not math.isfinite(v):
         raise ConfigError(field, value, "must be a finite number")
-    return float(value)
-
-
-def positive(value: Any, field: str, *, allow_zero: bool = False) -> float:
-    """Check that ``value`` is a finite number > 0 (or >= 0) and return it as float."""
-    v = number(value, field)
-    if v < 0 or (v == 0 and not allow_zero):
-        raise ConfigError(field, value, "must be >= 0" if allow_zero else "must be > 0")
+    if upper is not None and v > upper:
+        raise ConfigError(field, value, f"must be <= {upper:,.12g}")
     return v
 
 
-def integer(value: Any, field: str, minimum: int | None = None) -> int:
-    """Check that ``value`` is a whole number (``3`` or ``3.0``, not ``3.5``, ``"3"`` or a bool), at least
-    ``minimum`` if given, and return it as int."""
+def positive(value: Any, field: str, *, allow_zero: bool = False, upper: float | None = None) -> float:
+    """Check that ``value`` is a finite number > 0 (or >= 0), at most ``upper`` if given, and return it as float."""
+    v = number(value, field)
+    if v < 0 or (v == 0 and not allow_zero):
+        raise ConfigError(field, value, "must be >= 0" if allow_zero else "must be > 0")
+    if upper is not None and v > upper:
+        raise ConfigError(field, value, f"must be <= {upper:,.12g}")
+    return v
+
+
+def integer(value: Any, field: str, minimum: int | None = None, maximum: int | None = None) -> int:
+    """Check that ``value`` is a whole number (``3`` or ``3.0``, not ``3.5``, ``"3"`` or a bool) from ``minimum`` to
+    ``maximum`` (each if given), and return it as int."""
     v = number(value, field)
     if not v.is_integer():
         raise ConfigError(field, value, "must be a whole number")
     if minimum is not None and v < minimum:
         raise ConfigError(field, value, f"must be >= {minimum}")
+    if maximum is not None and v > maximum:
+        raise ConfigError(field, value, f"must be <= {maximum:,}")
     return int(v)
+
+
+def within_events(count: float, field: str, value: Any, what: str) -> None:
+    """Refuse a simulated run of more than MAX_EVENTS events, ``count`` estimated from its fields (``what`` says
+    how, e.g. "requests (rate x duration)"); named after the field that makes it so."""
+    if count > MAX_EVENTS:
+        raise ConfigError(field, value, f"the run would simulate about {count:,.0f} {what}; at most {MAX_EVENTS:,}")
 
 
 def mapping(value: Any, field: str, *, optional: bool = True) -> dict[str, Any]:

@@ -24,10 +24,12 @@ def output_file(path: str) -> str:
 
 
 def simulated(spec: str) -> str:
-    """``--simulated``/``--simulate`` devices (COUNT x MEMORY within ``gpu.devices``' bounds), checked when the
-    arguments are parsed: the pool is only built once the flow runs, and on a GPU machine not at all."""
+    """``--simulated``/``--simulate`` devices (COUNT x MEMORY within ``gpu.devices``' bounds, at least one device: a
+    pool of none holds no task), checked when the arguments are parsed: the pool is only built once the flow runs,
+    and on a GPU machine not at all."""
     try:
-        parse_simulated(spec)
+        if not parse_simulated(spec).devices:
+            raise ConfigError("simulated", spec, "a pool needs at least one device")
     except ConfigError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     return spec

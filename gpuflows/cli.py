@@ -44,9 +44,14 @@ def _pool(args: argparse.Namespace) -> int:
         if not pools:
             print("no pools yet: a flow run creates its pool's ledger")
         return 0
+    from gpu.schedulers.salus import live
+
     ledger = open_pool(args.name)  # with the layout it was stored with
     for line in ledger.describe():
         print(line)
+    for status in live.executors(args.name):  # a Salus executor's device is one lease above: its lanes inside
+        for line in live.describe(status):
+            print(line)
     return 0
 
 
@@ -96,7 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="simulated devices when NVML finds none, e.g. '4x16GiB'")
     dev.set_defaults(func=_devices)
 
-    pool = sub.add_parser("pool", help="show a shared pool's devices, leases and ephemeral resources")
+    pool = sub.add_parser("pool", help="show a shared pool's devices, leases and ephemeral resources, and the lanes "
+                                       "and token holders of its running Salus executors")
     pool.add_argument("--name", default="default", help="pool name (the ledger file under the state folder)")
     pool.add_argument("--list", action="store_true", help="list the pools with their layout and lease counts")
     pool.set_defaults(func=_pool)

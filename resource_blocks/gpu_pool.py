@@ -5,11 +5,14 @@ from __future__ import annotations
 from typing import Literal
 
 from prefect.blocks.core import Block
-from pydantic import Field
+from pydantic import Field, field_validator
 
-from gpu.devices import simulated_nodes
+from gpu.devices import parse_simulated, simulated_nodes
 from gpu.pool import open_pool
+from gpu.scenario import MAX_SECONDS
 from resource_blocks._defaults import load_or_default
+
+MAX_NODES = 64  # simulated nodes of one pool
 
 
 class GpuPool(Block):
@@ -26,12 +29,20 @@ class GpuPool(Block):
     device_backend: Literal["auto", "nvml", "simulated"] = Field(
         default="auto", description="'auto' uses NVML GPUs when found, else the simulated devices.")
     simulated: str = Field(default="2x16GiB", description="Simulated devices as COUNT x MEMORY.")
-    nodes: int = Field(default=1, ge=1, le=64, description="Simulated nodes node0..node<N-1>, each with the "
+    nodes: int = Field(default=1, ge=1, le=MAX_NODES, description="Simulated nodes node0..node<N-1>, each with the "
                        "'simulated' devices (more than 1: always simulated; ESCHER's multi-node placement).")
     shared: bool = Field(default=True, description="Share the ledger across processes (else private, in memory).")
     ray_address: str | None = Field(default=None, description="Ray cluster address for the Ray backend (None: local Ray).")
-    lease_ttl_s: float = Field(default=30.0, gt=0, allow_inf_nan=False,
+    lease_ttl_s: float = Field(default=30.0, gt=0, le=MAX_SECONDS, allow_inf_nan=False,
                                description="Seconds without heartbeat before a lease is reclaimed.")
+
+    @field_validator("simulated")
+    @classmethod
+    def _devices(cls, spec: str) -> str:
+        """COUNT x MEMORY within ``gpu.devices``' bounds, and at least one device: a pool of none holds no task."""
+        if not parse_simulated(spec).devices:
+            raise ValueError(f"simulated={spec!r}: a pool needs at least one device")
+        return spec
 
     @classmethod
     def load_or_default(cls, name: str | None = None) -> "GpuPool":

@@ -72,12 +72,30 @@ BAD_ARGS = [
     ("flows.pool_demo", ["--simulated", "1x1B"], "simulated"),
     ("flows.demo", ["--seed", "-1"], "seed"),
     ("flows.demo", ["--streams", "0"], "streams"),
-    ("flows.demo", ["--simulated", "0x16GiB"], "pool"),
+    ("flows.demo", ["--simulated", "0x16GiB"], "simulated"),
     ("flows.serving_rollout", ["--duration-s", "-1"], "duration_s"),
     ("flows.serving_rollout", ["--batch-policy", "greedy"], "batch_policy"),
     ("flows.serving_rollout", ["--pool", "a b"], "pool name"),
     ("flows.serving_rollout", ["--simulated", "1x1B"], "simulated"),
     ("gpuflows.cli", ["devices", "--simulate", "99999999x1TiB"], "simulated"),
+    # numbers past their bound (gpu.scenario's MAX_*), and a pool of no device
+    ("flows.pool_demo", ["--simulated", "0x16GiB"], "simulated"),
+    ("flows.pool_demo", ["--tasks", "100000000"], "tasks"),
+    ("flows.escher_policies", ["--nodes", "100000"], "nodes"),
+    ("flows.escher_policies", ["--gang-timeout-s", "1e30"], "gang_timeout_s"),
+    ("flows.escher_policies", ["--words", "1000000000000"], "words"),
+    ("flows.gpu_sharing", ["--jobs", "100000000"], "jobs"),
+    ("flows.gpu_sharing", ["--gap-s", "1e30"], "gap_s"),
+    ("flows.gpu_sharing", ["--median-iterations", "1000000000"], "median_iterations"),
+    ("flows.serving_rollout", ["--duration-s", "1e30"], "duration_s"),
+    ("flows.serving_rollout", ["--duration-s", "2000000"], "duration_s"),  # 40,000 arrivals a second for 23 days
+    ("flows.allocation_rounds", ["--rounds", "100000000"], "rounds"),
+    ("flows.allocation_rounds", ["--round-s", "1e30"], "round_s"),
+    ("flows.continuous_retraining", ["--streams", "100000000"], "streams"),
+    ("flows.continuous_retraining", ["--window-s", "1e30"], "window_s"),
+    ("flows.trial_groups", ["--trials", "100000000"], "trials"),
+    ("flows.trial_groups", ["--placement", "escher", "--nodes", "100000"], "nodes"),
+    ("flows.trial_groups", ["--alpha", "1e30"], "alpha"),
     ("gpuflows.cli", ["demo", "--seed", "-1"], "seed"),
     ("gpuflows.cli", ["pool", "--name", "nope"], "pool"),
 ]
@@ -114,6 +132,63 @@ def test_the_real_entry_points_exit_2_with_one_line_and_talk_to_no_prefect_serve
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     last = done.stderr.strip().splitlines()[-1]
     assert "error: " in last and f"{field}=" in last, done.stderr
+
+
+# -- numbers past their bound in scenario files, and names that are no names ----------------------------------
+def _set(data: dict, path: str, value) -> None:
+    """``data`` with the value at a dotted path replaced (list indices, and mapping keys YAML read as numbers, as
+    numbers)."""
+    def key(d, k: str):
+        return int(k) if isinstance(d, list) or (k.isdigit() and int(k) in d) else k
+
+    *parents, last = path.split(".")
+    for k in parents:
+        data = data[key(data, k)]
+    data[key(data, last)] = value
+
+
+SCENARIO_HOLES = [  # (system, shipped scenario, dotted path, value, the field the one error names)
+    ("cilantro", "cilantro/fig34_static.yaml", "demands.0", 1e30, "demands[0]"),
+    ("cilantro", "cilantro/small.yaml", "jobs.0.weight", 1e30, "jobs[0].weight"),
+    ("ekya", "ekya/table_2_1.yaml", "gpus", 1e30, "gpus"),
+    ("escher", "escher/small.yaml", "tune.poll_s", 1e30, "tune.poll_s"),
+    ("escher", "escher/small.yaml", "tune.poll_s", 1e-6, "tune.poll_s"),  # 10^8 polls of a 100 s horizon
+    ("escher", "escher/small.yaml", "gang.backoff_s", 1e30, "gang.backoff_s"),
+    ("escher", "escher/small.yaml", "affinity.cpus", 1e30, "affinity.cpus"),
+    ("fluid", "fluid/toy.yaml", "name", ["toy"], "name"),
+    ("fluid", "fluid/toy.yaml", "name", "", "name"),
+    ("fluid", "fluid/toy.yaml", "workload.iter_time_s", 1e30, "workload.iter_time_s"),
+    ("nexus", "nexus/table2_toy.yaml", "sessions.0.slo_ms", 1e308, "sessions[0].slo_ms"),
+    ("nexus", "nexus/table2_toy.yaml", "sessions.0.rate", 1e30, "sessions[0].rate"),
+    ("nexus", "nexus/table2_toy.yaml", "models.0.table.4", 1e30, "models[0].table.4"),
+    ("nexus", "nexus/table2_toy.yaml", "simulation.duration_s", 1e6, "simulation.duration_s"),  # 1.28e8 requests
+    ("nona", "nona/motivating.yaml", "cluster.flops", 1e30, "cluster.flops"),
+    ("nona", "nona/motivating.yaml", "simulation.horizon_s", 2e6, "simulation.horizon_s"),  # 1.3e7 queries
+    ("orloj", "orloj/small.yaml", "batch_sizes", [1, 2, 1e30], "batch_sizes[2]"),
+    ("orloj", "orloj/small.yaml", "overhead_ms", 1e30, "overhead_ms"),
+    ("salus", "salus/fair_three_jobs.yaml", "name", ["fair"], "name"),
+    ("salus", "salus/fair_three_jobs.yaml", "name", "", "name"),
+    ("salus", "salus/fair_three_jobs.yaml", "device_mb", 1e30, "device_mb"),
+    ("salus", "salus/fair_three_jobs.yaml", "jobs.0.iterations", 1e30, "jobs[0].iterations"),
+    ("serving", "serving/digits.yaml", "sessions.0.rate", 1e30, "sessions[0].rate"),
+    ("serving", "serving/digits.yaml", "trace.duration_s", 1e30, "trace.duration_s"),
+]
+
+
+@pytest.mark.parametrize("system,scenario,path,value,field", SCENARIO_HOLES,
+                         ids=[f"{s} {p}={v!r}" for s, _, p, v, _ in SCENARIO_HOLES])
+def test_a_number_past_its_bound_or_a_name_that_is_none_is_one_error_naming_it(tmp_path, system, scenario, path,
+                                                                                value, field):
+    """The shipped scenario with one value changed: one ConfigError naming the field, before anything runs (an
+    unbounded value made the run hang, fill memory or print nonsense; a list as a name was printed as a list)."""
+    import yaml
+
+    data = yaml.safe_load((ROOT / "scenarios" / scenario).read_text())
+    _set(data, path, value)
+    changed = tmp_path / "scenario.json"
+    changed.write_text(json.dumps(data))
+    with pytest.raises(ConfigError, match=rf"^{re.escape(field)}="):
+        _load(system, changed)
 
 
 # -- error messages ---------------------------------------------------------------------------------------------
@@ -254,7 +329,7 @@ def test_simulated_devices_are_bounded(spec, why):
 
     with pytest.raises(ConfigError, match=rf"^simulated=.*: {why}"):
         parse_simulated(spec)
-    assert len(parse_simulated("1024x1MiB").devices) == 1024 and not parse_simulated("0x1TiB").devices
+    assert len(parse_simulated("1024x1MiB").devices) == 1024 and not parse_simulated("0x1TiB").devices  # CPU nodes
 
 
 @pytest.mark.parametrize("name,ok", [("cilantro", True), ("run-2", True), ("Cilantro", False), ("a.b", False),

@@ -175,21 +175,56 @@ def test_the_serving_flow_accepts_every_registered_batch_policy():
     assert err.value.field == "batch_policy"
 
 
+def test_a_session_shared_by_applications_is_parsed_and_loaded_by_their_shares():
+    """The spec's ``apps``: shares that sum to 1, noisy inputs per application; the load generator sends each
+    arrival as one of them, with that application's rows."""
+    from tasks.serving.loadgen import LoadGenerator, RateTrace
+    from tasks.serving.spec import parse_spec
+
+    raw = {"sessions": [{"id": "s", "model": "digits_dynamic", "slo_ms": 50, "rate": 10,
+                         "apps": [{"id": "clean", "share": 0.25}, {"id": "noisy", "share": 0.75, "noise": 0.3,
+                                                                     "slo_ms": 80}]}]}
+    spec = parse_spec(raw)
+    assert spec.app_slos == {"clean": None, "noisy": 80.0}
+    rows = np.random.default_rng(0).random((32, INPUT_FEATURES), dtype=np.float32)
+    noisy = spec.apps[1].inputs(rows)
+    assert spec.apps[0].inputs(rows) is rows and 0.1 < np.abs(noisy - rows).mean() < 0.3
+    sent: dict[str, list] = {}
+
+    def submit_many(sid, xs, t, app=None):
+        sent.setdefault(app, []).append(xs)
+        return range(len(xs))
+
+    load = LoadGenerator(lambda sid, x, t, app=None: submit_many(sid, x, t, app)[0], RateTrace.constant({"s": 400.0}, 2.0),
+                         torch.from_numpy(rows), submit_many=submit_many,
+                         apps={"s": [(a.app_id, a.share, a.inputs(rows)) for a in spec.apps]})
+    report = load.run()
+    n = {a: sum(len(x) for x in v) for a, v in sent.items()}
+    assert set(n) == {"clean", "noisy"} and 0.65 < n["noisy"] / report.sent < 0.85
+    assert any(np.allclose(x[0], noisy[i]) for x in sent["noisy"] for i in range(32))
+    for bad, field in (([{"id": "a", "share": 0.5}], "sessions[0].apps"), ([{"id": "s", "share": 1}], "sessions.apps")):
+        with pytest.raises(ConfigError) as err:
+            parse_spec({"sessions": [{**raw["sessions"][0], "apps": bad}]})
+        assert err.value.field == field
+
+
 @pytest.mark.usefixtures("prefect_server")
-def test_the_serving_flow_serves_a_dynamic_model_with_orloj(state_dir):
+def test_the_serving_flow_serves_two_applications_of_a_dynamic_model_with_orloj(state_dir):
+    """One ``digits_dynamic`` session that clean and noisy digits share (the thesis's workload): ORLOJ decides
+    in the workers through its controller, and the epoch at 2 s re-profiles each application from its batches."""
     from flows.serving_rollout import serving_rollout
     from resource_blocks import GpuPool
     from tasks.runtime.runners import GpuTaskRunner
 
     spec = {"name": "dynamic", "runtime": {"training_steps": 30, "profile_repeats": 3, "batch_policy": "orloj"},
-            "sessions": [{"id": "early_exit", "model": "digits_dynamic", "slo_ms": 200, "rate": 40},
-                         {"id": "mlp", "model": "digits_mlp", "slo_ms": 100, "rate": 40}],
+            "sessions": [{"id": "digits", "model": "digits_dynamic", "slo_ms": 200, "rate": 80,
+                          "apps": [{"id": "clean", "share": 0.5}, {"id": "noisy", "share": 0.5, "noise": 0.3}]}],
             "trace": {"duration_s": 4, "seed": 1, "phases": [{"at_s": 0, "scale": 1.0}]},
             "epoch": {"epoch_s": 2, "min_epoch_s": 1, "beacon_s": 1, "avg_interval_s": 1}}
     run = GpuTaskRunner(pool=GpuPool(name="orloj", device_backend="simulated"), mode="thread", tracking=False)
     result = serving_rollout.with_options(task_runner=run)(spec)
-    assert result["batch_policy"] == "orloj" and result["requests"] > 100
+    assert result["batch_policy"] == "orloj" and result["requests"] > 200
     assert result["slo_attainment"] > 0.5
-    (epoch,) = result["orloj_epochs"]  # the epoch at 2 s re-profiled both sessions from their served batches
-    assert epoch["t_s"] == 2.0 and set(epoch["apps"]) == {"early_exit", "mlp"}
+    (epoch,) = result["orloj_epochs"]  # the epoch at 2 s re-profiled both applications from their served batches
+    assert epoch["t_s"] == 2.0 and set(epoch["apps"]) == {"clean", "noisy"}
     assert all(a["reprofiled"] and a["batches"] >= 10 and a["batch_limit"] >= 1 for a in epoch["apps"].values())

@@ -175,6 +175,52 @@ def _serve_query_on_ray_actors(ledger) -> dict:
             "frontend_us": rt.overhead()["frontend_us_per_request"]}
 
 
+def _orloj_on_ray_actors(ledger) -> dict:
+    """ORLOJ on a Ray actor: clean and noisy digits share one ``digits_dynamic`` session; the actor's worker
+    decides through its controllers, its batches come back per application, and the histograms ``on_epoch``
+    re-profiles from them reach its policy in the actor's process (checked there: a wrong one raises)."""
+    from gpu.schedulers.nexus.squishy import Session, SquishyPacker
+    from gpu.schedulers.orloj.controller import OrlojController
+    from gpu.schedulers.orloj.cost_model import PaddedBatchModel
+    from gpu.schedulers.orloj.profiler import OnlineProfiler
+    from gpu.systems import make_batch_policy
+    from tasks.serving.dynamic_models import alone_times
+    from tasks.serving.epochs import EpochFeedback
+    from tasks.serving.loadgen import LoadGenerator, RateTrace
+    from tasks.serving.models import load_digits_tensors, load_or_train, profile_model
+    from tasks.serving.runtime import LocalServingRuntime
+    from tasks.serving.spec import AppSpec
+
+    data = load_digits_tensors(0)
+    model = load_or_train("digits_dynamic", 60, 0)
+    models, profiles = {"digits_dynamic": model}, {"digits_dynamic": profile_model("digits_dynamic", model, repeats=5)}
+    clean = data.x_test.numpy()
+    noisy = AppSpec("noisy", "d", 0.5, noise=0.3).inputs(clean)
+    cost = PaddedBatchModel.from_profile(profiles["digits_dynamic"].latency, 16, 0.0)
+    ctl = OrlojController(make_batch_policy("orloj", histograms=alone_times(model, {"clean": clean[:30], "noisy": noisy[:30]}),
+                                            model=cost), profiler=OnlineProfiler(window_ms=1e9, min_samples=5, bins=20),
+                          slo_ms={"clean": 500.0, "noisy": 500.0})
+    plan = SquishyPacker(profiles).plan([Session("d", "digits_dynamic", 500.0, 100.0)])
+    with LocalServingRuntime(models, profiles, ledger, backend="ray", gc_threshold=None, measure_batches=True,
+                             apps={"clean": None, "noisy": None},
+                             policy_factory=lambda: make_batch_policy("orloj", histograms=ctl.batch_policy.histograms,
+                                                                      model=cost)) as rt:
+        rt.apply(plan)
+        feedback = EpochFeedback(1.5, rt.take_batches, rt.update_policies, orloj=ctl)
+        load = LoadGenerator(rt.frontend.submit, RateTrace.constant({"d": 100.0}, 1.5), data.x_test, data.y_test, 0,
+                             rt.frontend.submit_many, 0.002, rt.frontend.turn,
+                             {"d": [("clean", 0.5, clean), ("noisy", 0.5, noisy)]}).run(lambda t: feedback.on_beacon(t, {}), 1.5)
+        means = {a: row["mean_alone_ms"] for a, row in feedback.orloj_epochs[-1]["apps"].items()}
+
+        def holds(policy, want=dict(means)):
+            got = {a: h.mean for a, h in policy.histograms.items()}
+            assert all(abs(got[a] - m) < 1e-9 for a, m in want.items()), (got, want)
+
+        rt.update_policies(holds)  # raises here when the actor's policy does not hold the re-profiled histograms
+    w = rt.recorder.window()
+    return {"sent": load.sent, "good": w.good, "epochs": feedback.orloj_epochs, "means": means}
+
+
 def _ledger_actor(pool: GpuPool):
     return ray.get_actor(f"gpuflows-ledger-{pool.name}", namespace=NAMESPACE)
 
@@ -202,8 +248,9 @@ def fake_gpu_run(prefect_server):
         failing.wait()
         ledger = _ledger_actor(pool)
         serving = _serve_on_ray_actors(FlowRunContext.get().task_runner.ledger(), ledger)
+        orloj = _orloj_on_ray_actors(FlowRunContext.get().task_runner.ledger())
         query = _serve_query_on_ray_actors(FlowRunContext.get().task_runner.ledger())
-        return {"query": query, "results": results, "failed_state": failing.state.type.value, "cpu_only": cpu.result(),
+        return {"query": query, "orloj": orloj, "results": results, "failed_state": failing.state.type.value, "cpu_only": cpu.result(),
                 "serving": serving, "leases": ray.get(ledger.leases.remote()),
                 "events": ray.get(ledger.events.remote()), "ray_gpus": ray.cluster_resources().get("GPU")}
 
@@ -278,6 +325,17 @@ def test_ray_serving_accounts_for_every_request_and_serves_them_on_time(fake_gpu
     assert sv["accuracy"] > 0.85  # a trained model answered, in the actor's process
     assert 0 < sv["p50_ms"] <= sv["p99_ms"] < 100.0  # stamps shifted between the two clocks consistently
     assert sv["refused"].startswith("inputs='1 rows of 3 values'")  # a malformed request never leaves the driver
+
+
+def test_orloj_on_ray_actors_reprofiles_each_application_from_the_actors_batches(fake_gpu_run):
+    """Two applications share a session on a Ray actor: every epoch re-profiles both from the batches the actor
+    measured, and the actor's policy holds the new histograms (``_orloj_on_ray_actors`` checks it in the actor)."""
+    o = fake_gpu_run["orloj"]
+    assert o["sent"] > 100 and o["good"] >= 0.9 * o["sent"]
+    (epoch,) = o["epochs"]
+    assert set(epoch["apps"]) == {"clean", "noisy"}
+    assert all(a["reprofiled"] and a["batches"] >= 5 for a in epoch["apps"].values())
+    assert all(m is not None and m > 0 for m in o["means"].values())
 
 
 def test_ray_actors_serve_a_query_as_a_dag_children_crossing_actors_with_their_slack(fake_gpu_run):

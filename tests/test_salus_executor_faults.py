@@ -1,22 +1,30 @@
-"""Salus under real faults: a job raising mid-iteration, a job's worker process killed with SIGKILL, and the
-executor's device lease taken away by the pool ledger. Each time the lane frees, the others go on (or end
-Crashed when the device is gone), and nothing hangs."""
+"""Salus under real faults: a job raising mid-iteration, a job's worker process killed with SIGKILL or stopped
+with SIGSTOP while it holds its lane's token, and the executor's device lease taken away by the pool ledger. Each
+time the others go on (or end Crashed when the device is gone), and nothing hangs."""
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import sqlite3
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
 from prefect import flow, task
 from prefect.states import StateType
 
-from gpu.pool import pool_path
+from gpu.liveness import process_state
+from gpu.pool import open_pool, pool_path
+from gpu.schedulers.salus import live
 from gpu.schedulers.salus.controller import SalusJob
+from gpu.schedulers.salus.overrun import TokenBound
+from gpuflows.cli import main as gpuflows
 from resource_blocks import GpuPool
 from tasks.runtime.flow import flow_runner
 from tasks.runtime.requests import current_placement
@@ -74,6 +82,78 @@ def test_a_job_raising_mid_iteration_gives_the_token_back_and_its_lane_shrinks()
     assert admitted_size == pytest.approx(3000 * 1.05)       # the lane was sized for the failing job ...
     assert len(sizes["good"]) == len(sizes["small"]) == 12   # ... the others finished every iteration ...
     assert sizes["good"] == pytest.approx([1000 * 1.05] * 12)  # ... in the lane shrunk to the largest E left
+
+
+ROOT = Path(__file__).resolve().parent.parent
+LANE_JOB = """
+import os, signal, sys
+import numpy as np
+from tasks.salus.placement import Lane
+from tasks.salus.executor import salus_iterations
+
+address, lane, job, cap, n, stop_at = sys.argv[1:]
+w, x = np.random.default_rng(0).standard_normal((2, 128, 128))
+for step in salus_iterations(int(n), Lane(int(lane), job, int(cap), address)):
+    for _ in range(20):
+        w -= 1e-3 * x.T @ (x @ w)  # a few least-squares steps: the iteration's work
+    if step == int(stop_at):
+        os.kill(os.getpid(), signal.SIGSTOP)  # stopped mid-iteration, holding the lane's token
+    print(step, flush=True)
+"""
+
+
+def _start_job(executor: SalusExecutor, lane: Lane, iterations: int, stop_at: int = -1) -> subprocess.Popen:
+    """A Salus job in a worker process of its own, on its lane's token service."""
+    return subprocess.Popen([sys.executable, "-c", LANE_JOB, executor.address, str(lane.lane_id), lane.job_id,
+                             str(lane.memory_cap), str(iterations), str(stop_at)], cwd=ROOT, text=True,
+                            env={**os.environ, "PYTHONPATH": str(ROOT)}, stdout=subprocess.PIPE)
+
+
+def test_a_job_stopped_while_holding_the_token_loses_it_and_its_lanemate_finishes(state_dir, caplog, capsys):
+    """FAIR's one lane, two jobs in worker processes. The first stops itself (SIGSTOP) in its second iteration,
+    holding the lane's token: past its bound (a 1 s floor; its first iteration took milliseconds) it loses the
+    token, its lane is fenced with its memory, and its lanemate, started only now, runs all its iterations in a
+    lane of its own. `gpuflows pool` shows the stopped holder. Resumed (SIGCONT), the job ends its iteration,
+    waits for the token again and finishes too."""
+    open_pool("stalls", simulated="1x16GiB").close()  # the pool `gpuflows pool --name stalls` describes
+    caplog.set_level(logging.WARNING, "gpuflows.salus")
+    with SalusExecutor(None, 0, capacity_mb=16_000, policy="fair", lease=False, pool="stalls",
+                       token_bound=TokenBound(floor_s=1.0, factor=10.0)) as ex:
+        lanes = {job: ex.admit(SalusJob(job, 100, 1000, on_demand=True)) for job in ("stopped", "other")}
+        assert lanes["stopped"].lane_id == lanes["other"].lane_id  # time-shared in one lane
+        procs = {"stopped": _start_job(ex, lanes["stopped"], 6, stop_at=1)}
+        try:
+            deadline = time.monotonic() + 120
+            while process_state(procs["stopped"].pid) != "T" and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert process_state(procs["stopped"].pid) == "T"
+            procs["other"] = _start_job(ex, lanes["other"], 20)
+            other_out, _ = procs["other"].communicate(timeout=120)  # before the bound: waits for ever
+            ex.leave("other")
+            assert procs["other"].returncode == 0 and other_out.split() == [str(i) for i in range(20)]
+
+            capsys.readouterr()
+            assert gpuflows(["pool", "--name", "stalls"]) == 0  # the operator's view, over the token socket
+            shown = capsys.readouterr().out
+            assert "salus gpu0" in shown and f"token: stopped for" in shown, shown
+            assert f"REVOKED past its bound, process {procs['stopped'].pid} stopped" in shown, shown
+            [status] = live.executors("stalls")
+            [fence] = [lane for lane in status["lanes"] if lane["fenced"]]
+            assert fence["jobs"] == ["stopped"] and fence["holder"]["revoked"]
+            assert fence["holder"]["process"] == "stopped" and fence["holder"]["pid"] == procs["stopped"].pid
+            assert any("stopped" in r.getMessage() and "past its bound" in r.getMessage() for r in caplog.records)
+
+            os.kill(procs["stopped"].pid, signal.SIGCONT)
+            stopped_out, _ = procs["stopped"].communicate(timeout=120)
+            assert procs["stopped"].returncode == 0 and stopped_out.split() == [str(i) for i in range(6)]
+        finally:
+            for proc in procs.values():
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGCONT)
+                    proc.kill()
+                    proc.wait()
+        ex.leave("stopped")
+    assert live.executors("stalls") == []  # closed: no longer listed
 
 
 @salus_job(persistent="200MiB", ephemeral="1GiB")

@@ -1,7 +1,14 @@
 """The serving-rollout flow end to end in a Prefect server: profile, plan, roll out, re-plan per epoch,
-per-epoch MLflow runs with a plot; bad specs fail with one error naming the value."""
+per-epoch MLflow runs with a plot; Ctrl-C stops it promptly; bad specs fail with one error naming the value."""
 
 from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -78,6 +85,59 @@ def test_a_store_that_cannot_log_is_named_in_the_result_and_the_rollout_still_se
     assert result["requests"] > 100 and result["slo_attainment"] > 0.5  # served and measured all the same
     assert result["mlflow_run_id"] is None and result["mlflow_errors"]
     assert any("not logged to MLflow" in e or "MLflow run" in e for e in result["mlflow_errors"])
+
+
+def _leases(pool: str) -> list:
+    """The pool's leases, as `gpuflows pool` reads them (an empty list while its ledger is still being created)."""
+    from gpu.errors import ConfigError
+    from gpu.pool import open_pool
+
+    try:
+        ledger = open_pool(pool)
+    except ConfigError:
+        return []
+    try:
+        return ledger.leases()
+    finally:
+        ledger.close()
+
+
+def test_ctrl_c_stops_a_rollout_releases_every_lease_and_cancels_the_flow(state_dir, tmp_path):
+    """`python -m flows.serving_rollout` (the shipped spec, a 60 s horizon) gets SIGINT once its workers serve:
+    their leases are back in the pool within seconds, not at the horizon; the flow run ends Cancelled saying why;
+    the command exits 130 with one line and no traceback."""
+    from prefect.client.orchestration import get_client
+
+    root = Path(__file__).resolve().parent.parent
+    out, err = tmp_path / "out.txt", tmp_path / "err.txt"
+    with out.open("w") as stdout, err.open("w") as stderr:
+        proc = subprocess.Popen([sys.executable, "-m", "flows.serving_rollout", "--duration-s", "60", "--pool", "ctrl-c",
+                                 "--mode", "thread", "--no-tracking"], cwd=root, stdout=stdout, stderr=stderr,
+                                env={**os.environ, "PYTHONPATH": str(root), "GPUFLOWS_STATE_DIR": str(state_dir)})
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and proc.poll() is None:
+            if any(lease.label.startswith("nexus-node") for lease in _leases("ctrl-c")):
+                break
+            time.sleep(0.2)
+        assert proc.poll() is None, err.read_text()
+        proc.send_signal(signal.SIGINT)
+        sent = time.monotonic()
+        while _leases("ctrl-c") and time.monotonic() - sent < 30:
+            time.sleep(0.1)
+        released_s = time.monotonic() - sent
+        assert proc.wait(120) == 130
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert _leases("ctrl-c") == [] and released_s < 15  # the horizon was a minute away
+    stderr = err.read_text()
+    assert "Traceback" not in stderr and "interrupted (SIGINT/Ctrl-C)" in stderr.strip().splitlines()[-1], stderr
+    with get_client(sync_client=True) as client:
+        [run] = [r for r in client.read_flow_runs() if r.flow_id == client.read_flow_by_name("serving-rollout").id
+                 and r.parameters.get("pool") and "ctrl-c" in str(r.parameters["pool"])]
+    assert run.state.is_cancelled() and "every lease went back" in run.state.message
 
 
 def test_slo_below_batch_one_latency_fails_naming_the_session(state_dir):

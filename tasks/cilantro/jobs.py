@@ -46,6 +46,7 @@ import numpy as np
 from prefect import task
 
 from gpu.errors import ConfigError
+from gpu.scenario import MAX_COUNT, MAX_FACTOR, MAX_MS, MAX_RATE, integer, positive
 from gpu.sim.cilantro.workloads import TRACE_MEDIAN, load_trace
 from tasks.digits import digits_tensors, mlp
 from tasks.runtime.requests import TaskPlacement, current_placement
@@ -92,10 +93,12 @@ class JobConfig:
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ConfigError(f"{self.name}.kind", self.kind, f"unknown; choose one of {list(KINDS)}")
-        for field in ("scale_ms", "base_load", "latency_slo_ms"):
-            value = getattr(self, field)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
-                raise ConfigError(f"{self.name}.{field}", value, "must be a finite number > 0")
+        for field, top in (("scale_ms", MAX_MS), ("base_load", MAX_RATE), ("latency_slo_ms", MAX_MS),
+                           ("weight", MAX_FACTOR)):
+            positive(getattr(self, field), f"{self.name}.{field}", upper=top)
+        if self.slo is not None:
+            positive(self.slo, f"{self.name}.slo", upper=MAX_RATE)
+        integer(self.trace_offset, f"{self.name}.trace_offset", minimum=0, maximum=MAX_COUNT)
         for field, top in (("hidden", 65536), ("rows", _REQUEST_ROWS)):
             value = getattr(self, field)
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= top:

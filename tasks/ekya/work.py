@@ -41,6 +41,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from gpu.errors import ConfigError
+from gpu.scenario import MAX_COUNT
 from gpu.schedulers.ekya.profiler import ProfileObservation
 from gpu.state import state_dir
 from tasks.runtime.requests import current_placement
@@ -94,8 +95,10 @@ class WindowSettings:
     def __post_init__(self) -> None:
         for name in ("frames", "labelled", "hidden", "profile_epochs", "batch"):
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < (10 if name in ("frames", "labelled") else 1):
-                raise ConfigError(name, v, "must be a whole number (frames/labelled >= 10, others >= 1)")
+            if isinstance(v, bool) or not isinstance(v, int) or v < (10 if name in ("frames", "labelled") else 1) \
+                    or v > MAX_COUNT:
+                raise ConfigError(name, v, f"must be a whole number (frames/labelled >= 10, others >= 1; at most "
+                                           f"{MAX_COUNT:,})")
         if not 0 < self.profile_fraction <= 1:
             raise ConfigError("profile_fraction", self.profile_fraction, "must be in (0, 1]")
 

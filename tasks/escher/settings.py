@@ -8,8 +8,15 @@ from typing import Any
 
 from gpu.errors import ConfigError
 from gpu.schedulers.escher.policies import POLICIES
-from gpu.scenario import integer, positive
+from gpu.scenario import MAX_FACTOR, MAX_SEED, integer, positive
 from resource_blocks import SchedulerPolicy
+
+
+MAX_GANG_TIMEOUT_S = 3_600.0  # AppSpace's wait for a gang's ghosts: an hour
+MAX_SIZES = {"jobs": 1_000, "steps": 1_000_000, "shards": 10_000, "words": 10_000_000, "reducers": 1_000,
+             "pairs": 1_000, "rounds": 100_000}
+"""Each count's bound: the flow runs every task for real (jobs per HFS user, SGD steps, WordCount's shards, words
+per shard and reducers, AlphaZero's pairs and rounds)."""
 
 
 @dataclass(frozen=True)
@@ -74,15 +81,15 @@ def check_settings(params: dict[str, Any], nodes: int) -> Settings:
     integer(params["gang_size"], "gang_size", minimum=1)
     if params["gang_size"] > nodes:
         raise ConfigError("gang_size", params["gang_size"], f"its ghosts are spread one per node; the pool has {nodes}")
-    positive(params["gang_timeout_s"], "gang_timeout_s")
+    positive(params["gang_timeout_s"], "gang_timeout_s", upper=MAX_GANG_TIMEOUT_S)
     weights = params["team_weights"]
     if not isinstance(weights, (list, tuple)) or len(weights) != 2:
         raise ConfigError("team_weights", weights, "give the two teams' weights, e.g. [1, 1]")
     for i, w in enumerate(weights):
-        positive(w, f"team_weights[{i}]")
-    for name in ("jobs", "steps", "shards", "words", "reducers", "pairs", "rounds"):
-        integer(params[name], name, minimum=1)
+        positive(w, f"team_weights[{i}]", upper=MAX_FACTOR)
+    for name, top in MAX_SIZES.items():
+        integer(params[name], name, minimum=1, maximum=top)
     if params["pairs"] > nodes:
         raise ConfigError("pairs", params["pairs"], f"predictors are load-balanced one per node; the pool has {nodes}")
-    integer(params["seed"], "seed", minimum=0)
+    integer(params["seed"], "seed", minimum=0, maximum=MAX_SEED)
     return Settings(**{**{f.name: params[f.name] for f in fields(Settings)}, "team_weights": tuple(weights)})

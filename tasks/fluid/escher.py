@@ -52,6 +52,7 @@ from gpu.schedulers.escher.gang import Gang
 from gpu.schedulers.escher.trials import TrialNodes, plan_trial_nodes, worker_room, worker_shape
 from gpu.scenario import integer
 from resource_blocks import GpuPool
+from resource_blocks.gpu_pool import MAX_NODES
 from tasks.fluid.packing import digits_split
 from tasks.fluid.profiling import REFERENCE_SHAPE
 from tasks.fluid.trials import model_and_optimizer, train_epochs
@@ -253,7 +254,7 @@ class EscherTrials:
 
 def nodes_pool(name: str | None, nodes: int) -> GpuPool:
     """A simulated pool of ``nodes`` nodes of two 16 GiB GPUs (``--nodes``): where ESCHER placement has room to act."""
-    integer(nodes, "nodes", minimum=1)
+    integer(nodes, "nodes", minimum=1, maximum=MAX_NODES)
     return GpuPool(name=name or f"trial-groups-{nodes}-nodes", device_backend="simulated", simulated="2x16GiB",
                    nodes=nodes)
 

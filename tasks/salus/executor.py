@@ -20,6 +20,13 @@ A job whose connection drops mid-iteration (it raised, or its process died) give
 the runner tells the executor it left (``leave``): its lane shrinks and the others go on. A job that declared
 no memory is profiled first (``admit`` of an ``Undeclared`` job, ``profiled``; ``tasks.salus.profiling``).
 If the device's lease is lost, every waiting job is woken and its next token request raises.
+
+A job that holds its lane's token past its bound (``gpu.schedulers.salus.overrun``: its process stopped, or hung
+mid-iteration) loses it: a watchdog thread calls the controller's ``on_wake`` at ``token_deadline()``, the job's
+lane is fenced with its memory, the lane's other jobs go on in a lane of their own, and the job is reported (a
+warning naming it, its process and whether the process is stopped; ``status()``). Its process id comes from the
+token connection (``SO_PEERCRED``). While the executor runs it is registered with the pool
+(``gpu.schedulers.salus.live``), so ``gpuflows pool`` shows its lanes and token holders.
 """
 
 from __future__ import annotations
@@ -28,9 +35,12 @@ import contextlib
 import contextvars
 import dataclasses
 import inspect
+import json
+import logging
 import os
 import socket
 import socketserver
+import struct
 import tempfile
 import threading
 import time
@@ -43,7 +53,10 @@ from gpu.errors import ConfigError
 from gpu.ledger import LedgerClient, Lease
 from gpu.placement import ResourceRequest
 from gpu.schedulers.salus.controller import Ask, Profiled, SalusController, SalusJob, SalusStep
+from gpu.liveness import process_state
+from gpu.schedulers.salus import live
 from gpu.schedulers.salus.lanes import Margins
+from gpu.schedulers.salus.overrun import Revoked, TokenBound
 from gpu.units import parse_memory
 from tasks.runtime.requests import current_placement
 from tasks.salus.placement import Lane, current_lane
@@ -52,16 +65,22 @@ from tasks.salus.profiling import MIB, CpuProbe, CudaProbe
 PROFILE_ITERATIONS = 2  # iterations measured when a job declares no memory (the first one builds lazy state)
 _ATTR = "__gpuflows_salus_job__"
 _OVERRIDES: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("gpuflows_salus_options", default={})
+_FIELDS = ("persistent", "ephemeral", "expected_s", "weight", "profile_iterations", "token_floor_s")
+log = logging.getLogger("gpuflows.salus")
 
 
 def salus_job(persistent: int | str | None = None, ephemeral: int | str | None = None,
-              expected_s: float | None = None, weight: float = 1.0, profile_iterations: int = PROFILE_ITERATIONS):
+              expected_s: float | None = None, weight: float = 1.0, profile_iterations: int = PROFILE_ITERATIONS,
+              token_floor_s: float | None = None):
     """Mark a task as a Salus job. Its memory (bytes or ``"512MiB"``): persistent (model, optimizer state) and
     the per-iteration ephemeral peak (Observation 2: persistent is the small one) — both declared, or neither:
     then its first ``profile_iterations`` iterations run alone on the device and measure them
     (``tasks.salus.profiling``) before it is re-admitted with the measured sizes. ``expected_s``: total GPU
-    time, for SRTF; ``weight``: weighted-FAIR share. Works above or below ``@task``."""
+    time, for SRTF; ``weight``: weighted-FAIR share; ``token_floor_s``: the least time it may hold its lane's
+    token before losing it (default: the executor's ``TokenBound.floor_s``). Works above or below ``@task``."""
     spec = _spec(persistent, ephemeral, expected_s=expected_s, weight=weight, profile_iterations=profile_iterations)
+    if token_floor_s is not None:
+        spec["token_floor_s"] = token_floor_s
     declared_job(spec, "declared")  # validate at import time
 
     def wrap(obj):
@@ -83,12 +102,11 @@ def _spec(persistent: int | str | None = None, ephemeral: int | str | None = Non
 @contextlib.contextmanager
 def salus_options(**overrides: Any) -> Iterator[None]:
     """Override ``salus_job`` fields (``persistent``, ``ephemeral``, ``expected_s``, ``weight``,
-    ``profile_iterations``) for every task
+    ``profile_iterations``, ``token_floor_s``) for every task
     submitted inside this block — e.g. each job of a trace declaring its own expected time for SRTF."""
-    unknown = set(overrides) - {"persistent", "ephemeral", "expected_s", "weight", "profile_iterations"}
+    unknown = set(overrides) - set(_FIELDS)
     if unknown:
-        raise ConfigError("salus_options", sorted(unknown),
-                          "unknown; use persistent, ephemeral, expected_s, weight, profile_iterations")
+        raise ConfigError("salus_options", sorted(unknown), f"unknown; use {', '.join(_FIELDS)}")
     token = _OVERRIDES.set({**_OVERRIDES.get(), **_spec(**overrides)})
     try:
         yield
@@ -104,9 +122,11 @@ class Undeclared:
     expected_s: float | None = None
     weight: float = 1.0
     profile_iterations: int = PROFILE_ITERATIONS
+    token_floor_s: float | None = None
 
     def __post_init__(self) -> None:
-        SalusJob(self.job_id, 1.0, 1.0, self.expected_s, self.weight)  # the same checks as a declared job
+        SalusJob(self.job_id, 1.0, 1.0, self.expected_s, self.weight,  # the same checks as a declared job
+                 token_floor_s=self.token_floor_s)
         k = self.profile_iterations
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ConfigError(f"jobs[{self.job_id}].profile_iterations", k, "must be a whole number >= 1")
@@ -158,12 +178,16 @@ class SalusExecutor:
         capacity_mb: the device's memory ``C`` (default: read from the pool's capacity).
         policy: ``fifo``/``pack``/``srtf``/``fair``/``weighted_fair``; ``admission`` and ``max_jobs`` as in
             ``SalusController`` (process mode: ``max_jobs`` = the worker processes the device has).
+        token_bound: how long a job may hold its lane's token (``gpu.schedulers.salus.overrun``).
+        pool: the pool name ``gpuflows pool --name`` shows this executor under (default: the ledger's pool file;
+            none: not shown).
     """
 
     def __init__(self, ledger: LedgerClient | None, device: int, capacity_mb: float | None = None,
                  policy: str = "pack", margins: Margins = Margins(), admission: str | None = None,
                  max_jobs: int | None = None, lease: bool = True, allocation_timeout: float | None = None,
-                 on_lost: Callable[["SalusExecutor", str], Any] | None = None):
+                 on_lost: Callable[["SalusExecutor", str], Any] | None = None,
+                 token_bound: TokenBound = TokenBound(), pool: str | None = None):
         if capacity_mb is None:
             if ledger is None:
                 raise ConfigError("capacity_mb", None, "needed when no ledger tells the device's memory")
@@ -172,7 +196,10 @@ class SalusExecutor:
                 raise ConfigError("device", device, "not a device of this pool")
             capacity_mb = found[0] / MIB
         self.device = device
-        self.controller = SalusController(capacity_mb, policy, margins, admission, max_jobs)
+        self.controller = SalusController(capacity_mb, policy, margins, admission, max_jobs, token_bound)
+        ledger_file = str(getattr(ledger, "path", ""))
+        self.pool = pool or (os.path.basename(ledger_file)[:-len(".sqlite")] if ledger_file.endswith(".sqlite")
+                             else None)
         self._lock = threading.Lock()
         self._jobs: dict[str, _Job] = {}
         self._t0 = time.monotonic()
@@ -182,6 +209,9 @@ class SalusExecutor:
         self._on_lost = on_lost
         self.switches: deque[tuple[float, int, str]] = deque(maxlen=10_000)  # (now, lane, job): latest grants
         self.profiles: dict[str, tuple[float, float]] = {}  # job -> measured (P, E) MB, of jobs profiled here
+        self.pids: dict[str, int] = {}  # job -> the process on its token connection
+        self.revoked: deque[dict[str, Any]] = deque(maxlen=100)  # latest holders that lost the token, reported
+        self._closed = threading.Event()
         if lease and ledger is not None:
             self.placement = ledger.allocate(ResourceRequest(gpus=1, devices=(device,), label=f"salus-gpu{device}"),
                                              allocation_timeout)
@@ -190,6 +220,8 @@ class SalusExecutor:
         self._server = _TokenServer(self.address, self)
         threading.Thread(target=self._server.serve_forever, args=(0.05,), name=f"salus-token-gpu{device}",
                          daemon=True).start()
+        threading.Thread(target=self._watch_tokens, name=f"salus-watch-gpu{device}", daemon=True).start()
+        self._registered = live.register(self.pool, device, self.address) if self.pool else None
 
     # --- the world's clock --------------------------------------------------------------------------------
     def now(self) -> float:
@@ -204,6 +236,60 @@ class SalusExecutor:
         for run in step.runs:
             self.switches.append((self.now(), run.lane_id, run.job_id))
             self._jobs[run.job_id].turn.set()
+
+    # --- token holders past their bound (gpu.schedulers.salus.overrun) ---------------------------------------
+    def _watch_tokens(self) -> None:
+        """Wake the controller when a token holder's bound passes (its ``token_deadline``; at least every second,
+        as new grants come), and report every holder that lost its token."""
+        while True:
+            with self._lock:
+                deadline = self.controller.token_deadline()
+            wait = 1.0 if deadline is None else min(1.0, max(0.01, deadline - self.now()))
+            if self._closed.wait(wait):
+                return
+            with self._lock:
+                if self.lost:
+                    continue
+                step = self.controller.on_wake(self.now())
+                self._apply(step)
+            for revoked in step.revoked:
+                self._report(revoked)
+
+    def _report(self, revoked: Revoked) -> None:
+        pid = self.pids.get(revoked.job_id)
+        process = live.process_word(process_state(pid)) if pid else "unknown"
+        self.revoked.append({"job": revoked.job_id, "lane": revoked.lane_id, "held_s": revoked.held_s,
+                             "bound_s": revoked.bound_s, "at_s": self.now(), "pid": pid, "process": process})
+        log.warning("Salus gpu%s: job %s held lane %s's token %.1f s, past its bound of %.1f s (process %s %s); it "
+                    "lost the token and its lane is fenced with its memory until it reaches its iteration boundary "
+                    "(then it waits for the token again) or leaves; the lane's other jobs go on beside it",
+                    self.device, revoked.job_id, revoked.lane_id, revoked.held_s, revoked.bound_s, pid or "", process)
+
+    def status(self) -> dict[str, Any]:
+        """What ``gpuflows pool`` shows (``gpu.schedulers.salus.live.describe``): lanes, their jobs, each token's
+        holder (for how long, its bound, whether it lost the token, its process and whether that is stopped),
+        the queue and the latest revoked holders."""
+        with self._lock:
+            now, ctl = self.now(), self.controller
+            holders = {h.lane_id: h for h in ctl.token_holders(now)}
+            fenced = ctl.lanes.fenced
+            lanes = []
+            for view in ctl.lane_views():
+                hold = holders.get(view.lane_id)
+                pid = self.pids.get(hold.job_id) if hold else None
+                lanes.append({"lane": view.lane_id, "size_mb": view.size_mb, "jobs": list(view.jobs),
+                              "fenced": view.lane_id in fenced, "in_place": view.settled,
+                              "holder": None if hold is None else {
+                                  "job": hold.job_id, "held_s": hold.held_s, "bound_s": hold.bound_s,
+                                  "revoked": hold.revoked, "pid": pid,
+                                  "process": live.process_word(process_state(pid)) if pid else "unknown"}})
+            return {"device": self.device, "pid": os.getpid(), "policy": ctl.policy, "lanes": lanes,
+                    "jobs": len(ctl.lanes.persistent), "queue": list(ctl.queue), "used_mb": ctl.lanes.used_mb(),
+                    "usable_mb": ctl.lanes.usable_mb, "lost": self.lost, "revoked": list(self.revoked)}
+
+    def connected(self, job_id: str, pid: int) -> None:
+        """A job's process opened its token connection."""
+        self.pids[job_id] = pid
 
     # --- admission (the runner's dispatcher threads) -------------------------------------------------------
     def admit(self, job: SalusJob | Undeclared, cancel_event: threading.Event | None = None,
@@ -236,7 +322,7 @@ class SalusExecutor:
         lanes = self.controller.lanes
         p, _ = lanes.margins.charge(1.0, 0.0)
         return SalusJob(job.job_id, 1.0, (lanes.usable_mb - p) / lanes.margins.total, job.expected_s, job.weight,
-                        on_demand=True)
+                        on_demand=True, token_floor_s=job.token_floor_s)
 
     def _wait_admitted(self, job_id: str, state: _Job, cancel_event: threading.Event | None,
                        timeout: float | None) -> None:
@@ -279,6 +365,7 @@ class SalusExecutor:
             if state is None:
                 return
             state.turn.set()  # a thread still waiting for a token stops waiting
+            self.pids.pop(job_id, None)
             self._apply(self.controller.on_job_done(self.now(), job_id, 0.0))
 
     # --- tokens (the token server's threads) ----------------------------------------------------------------
@@ -334,6 +421,9 @@ class SalusExecutor:
 
     def close(self) -> None:
         """Stop the token service and give the device's lease back."""
+        self._closed.set()
+        if self._registered is not None:
+            self._registered.unlink(missing_ok=True)
         self._server.shutdown()
         self._server.server_close()
         for path in (self.address, os.path.dirname(self.address)):
@@ -359,9 +449,15 @@ class _TokenHandler(socketserver.StreamRequestHandler):
 
     def handle(self) -> None:
         executor: SalusExecutor = self.server.executor  # type: ignore[attr-defined]
+        pid = _peer_pid(self.request)
         for raw in self.rfile:
             verb, *args = raw.decode().split()
             try:
+                if verb == "status":
+                    self.wfile.write((json.dumps(executor.status()) + "\n").encode())
+                    continue
+                if verb == "ask" and pid:
+                    executor.connected(args[0], pid)
                 if verb == "ask":
                     reply = f"go {executor.ask(args[0])}"
                 elif verb == "next":
@@ -377,6 +473,14 @@ class _TokenHandler(socketserver.StreamRequestHandler):
             except Exception as exc:  # noqa: BLE001 - the job learns why, the executor goes on
                 reply = f"err {exc}"
             self.wfile.write((reply + "\n").encode())
+
+
+def _peer_pid(sock: socket.socket) -> int:
+    """The process at the other end of a Unix socket (Linux ``SO_PEERCRED``; 0 where unavailable)."""
+    if not hasattr(socket, "SO_PEERCRED"):
+        return 0
+    pid, _, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+    return pid
 
 
 class _TokenServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):

@@ -24,7 +24,7 @@ import numpy as np
 from prefect import task
 
 from gpu.errors import ConfigError
-from gpu.scenario import choose, entries, integer, positive, require
+from gpu.scenario import MAX_SEED, choose, entries, integer, positive, require
 from gpu.sim.salus.workloads import all_workloads, inference_instances, workload
 from tasks.digits import digits_tensors, mlp
 from tasks.runtime.requests import current_placement
@@ -36,6 +36,11 @@ STEPS_PER_SOLO_S = 20      # optimizer steps (or request batches) per second of 
 STEP_S_ESTIMATE = 0.002    # declared seconds per step (an Adam step of the stand-in MLP, batch 128, one core)
 BATCH = 128                # samples per optimizer step, requests per inference batch
 JOB_KEYS = ("kind", "workload", "iterations", "arrival_s")
+# A trace is real torch work on one device, run once per policy: bounds that keep a flow run within hours.
+MAX_TRACE_JOBS = 1_000
+MAX_ITERATIONS = 100_000  # a job's iterations (and the median of a seeded trace's)
+MAX_GAP_S = 3_600.0  # mean seconds between arrivals, and the latest arrival of an explicit trace, in hours
+MAX_ARRIVAL_S = 24 * 3_600.0
 
 
 @dataclass(frozen=True)
@@ -89,8 +94,13 @@ def sharing_job(job_id: str, kind: str, name: str, iterations: int, arrival_s: f
 def sharing_trace(jobs: int, seed: int, mean_gap_s: float, median_iterations: int, sigma: float = 0.8,
                   inference_share: float = 0.25) -> list[SharingJob]:
     """``jobs`` jobs, seeded: arrivals ``mean_gap_s`` apart on average (the first at 0), iterations log-normal
-    around ``median_iterations`` (at least 2), a trainer of a uniform Table A.1 workload or, with probability
-    ``inference_share``, an inference loop of a uniform S5 model."""
+    around ``median_iterations`` (at least 2, at most MAX_ITERATIONS), a trainer of a uniform Table A.1 workload
+    or, with probability ``inference_share``, an inference loop of a uniform S5 model. Each argument is checked
+    (ConfigError naming it) within the bounds above."""
+    integer(jobs, "jobs", minimum=1, maximum=MAX_TRACE_JOBS)
+    integer(seed, "seed", minimum=0, maximum=MAX_SEED)
+    positive(mean_gap_s, "gap_s", allow_zero=True, upper=MAX_GAP_S)
+    integer(median_iterations, "median_iterations", minimum=1, maximum=MAX_ITERATIONS)
     rng = np.random.default_rng(seed)
     trainers, models = all_workloads(), sorted(_instances())
     arrivals = np.concatenate([[0.0], np.cumsum(rng.exponential(mean_gap_s, jobs - 1))])
@@ -98,7 +108,7 @@ def sharing_trace(jobs: int, seed: int, mean_gap_s: float, median_iterations: in
     for i, at in enumerate(arrivals):
         infer = rng.random() < inference_share
         name = models[rng.integers(len(models))] if infer else trainers[rng.integers(len(trainers))]
-        iterations = max(2, round(float(rng.lognormal(np.log(median_iterations), sigma))))
+        iterations = min(MAX_ITERATIONS, max(2, round(float(rng.lognormal(np.log(median_iterations), sigma)))))
         out.append(sharing_job(f"job{i}", "infer" if infer else "train", name, iterations, float(at)))
     return out
 
@@ -107,14 +117,15 @@ def explicit_trace(rows: Sequence[Mapping[str, Any]]) -> list[SharingJob]:
     """Jobs given one by one: ``[{kind: train|infer, workload, iterations, arrival_s}]`` (``kind`` defaults to
     train, ``arrival_s`` to 0), checked field by field."""
     parsed = entries(rows, "trace", JOB_KEYS)
-    if not parsed:
-        raise ConfigError("trace", rows, "must list at least one job")
+    if not parsed or len(parsed) > MAX_TRACE_JOBS:
+        raise ConfigError("trace", rows, f"must list 1 to {MAX_TRACE_JOBS:,} jobs")
     out = []
     for i, row in enumerate(parsed):
         where = f"trace[{i}]"
         kind = choose(row.get("kind", "train"), f"{where}.kind", list(KINDS))
-        iterations = integer(require(row, "iterations", f"{where}."), f"{where}.iterations", minimum=1)
-        arrival = positive(row.get("arrival_s", 0.0), f"{where}.arrival_s", allow_zero=True)
+        iterations = integer(require(row, "iterations", f"{where}."), f"{where}.iterations", minimum=1,
+                             maximum=MAX_ITERATIONS)
+        arrival = positive(row.get("arrival_s", 0.0), f"{where}.arrival_s", allow_zero=True, upper=MAX_ARRIVAL_S)
         name = require(row, "workload", f"{where}.")
         out.append(sharing_job(f"job{i}", kind, name, iterations, arrival,
                                f"{where}.workload"))

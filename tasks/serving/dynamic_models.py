@@ -81,7 +81,7 @@ def alone_times(model: nn.Module, rows_by_app: Mapping[str, np.ndarray], repeats
 
 
 class ExitByInput(nn.Module):
-    """A dynamic DNN whose inputs say how many of its 12 wide layers they take before exiting (feature 0,
+    """A dynamic DNN whose inputs say how many of its (12) wide layers they take before exiting (feature 0,
     rounded, at least 1: an exit an upstream router decided, like SkipNet's gates, §4.2.1); a batch runs until
     its deepest input exits (padding, Eq. 4.4). Inputs that ask for more layers are heavier real work with no
     configuration changed, which is how the measured-feedback tests drift a workload mid-run."""

@@ -8,7 +8,8 @@ session in one ``submit_many`` call, as a server's event loop reads every reques
 last turn — stamped with its *scheduled* arrival time: when the frontend's thread was busy (it runs
 batches for idle workers), the requests that came due meanwhile wait, and that wait is part of their
 latency (no coordinated omission). It calls ``on_beacon(t_s)`` every beacon, where a flow reads the
-frontend's per-session counts and lets the epoch planner re-plan.
+frontend's per-session counts and lets the epoch planner re-plan. A session several applications share
+(``apps``) sends each arrival as one of them, drawn by their shares, with that application's inputs.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import torch
 
 from gpu.errors import ConfigError
 from gpu.sim.nexus.engine import arrival_times
+from tasks.serving.interrupt import StopRequest
 
 
 @dataclass(frozen=True)
@@ -93,13 +95,15 @@ class LoadReport:
     """What the generator did: requests sent, the true label of each request id, and how late it ran.
 
     ``start_ms``: time 0 of the trace on ``perf_counter`` (arrival k is stamped ``start + times[k]``);
-    ``max_lag_ms``: the most an arrival waited to be handed over; ``calls``: calls to the frontend."""
+    ``max_lag_ms``: the most an arrival waited to be handed over; ``calls``: calls to the frontend;
+    ``interrupted``: the run stopped before the trace's end (``stop``)."""
 
     start_ms: float
     sent: int = 0
     labels: dict[int, int] = field(default_factory=dict)
     max_lag_ms: float = 0.0
     calls: int = 0
+    interrupted: bool = False
 
 
 class LoadGenerator:
@@ -118,14 +122,19 @@ class LoadGenerator:
             of ``rate × tick`` amortise its per-call cost (the wait for the tick is in their latency).
         turn: a context manager factory wrapped around each turn's submissions (``frontend.turn``: a
             turn's bursts to one Ray actor go as one call).
+        apps: session → its applications as ``(app id, share, inputs)``, ``inputs`` that application's rows
+            (aligned with ``inputs``: the same images, e.g. corrupted); arrivals go to them by share.
     """
 
     def __init__(self, submit: Callable[[str, np.ndarray, int], int], trace: RateTrace, inputs: torch.Tensor,
                  labels: torch.Tensor | Sequence[int] | None = None, seed: int = 0,
                  submit_many: Callable[[str, np.ndarray, np.ndarray], Sequence[int]] | None = None,
-                 tick_s: float = 0.0, turn: Callable[[], AbstractContextManager] | None = None):
+                 tick_s: float = 0.0, turn: Callable[[], AbstractContextManager] | None = None,
+                 apps: Mapping[str, Sequence[tuple[str, float, np.ndarray]]] | None = None):
         if not tick_s >= 0:
             raise ConfigError("tick_s", tick_s, "must be >= 0 seconds")
+        self.apps = {sid: [(name, share, np.ascontiguousarray(xs, np.float32)) for name, share, xs in a]
+                     for sid, a in (apps or {}).items() if a}
         self.submit = submit
         self.submit_many = submit_many
         self.trace = trace
@@ -136,12 +145,15 @@ class LoadGenerator:
         self.tick_s = float(tick_s)
         self.turn = turn or nullcontext
 
-    def run(self, on_beacon: Callable[[float], None] | None = None, beacon_s: float = 1.0) -> LoadReport:
-        """Send every arrival at its time; call ``on_beacon(t_s)`` at each beacon (blocking the generator)."""
+    def run(self, on_beacon: Callable[[float], None] | None = None, beacon_s: float = 1.0,
+            stop: StopRequest | None = None) -> LoadReport:
+        """Send every arrival at its time; call ``on_beacon(t_s)`` at each beacon (blocking the generator). Ends
+        early, at its next turn, once ``stop.requested`` (``tasks.serving.interrupt``: Ctrl-C)."""
         times, who = self.trace.arrivals(self.seed)
         sids = sorted(set(who))
         code = {sid: j for j, sid in enumerate(sids)}
         codes = np.fromiter((code[w] for w in who), np.int64, len(who))
+        pick = self._pick_apps(codes, sids)
         t0 = time.perf_counter_ns()
         stamps = t0 + np.round(times * 1e9).astype(np.int64)  # scheduled arrivals on perf_counter_ns
         report = LoadReport(start_ms=t0 / 1e6)
@@ -152,6 +164,9 @@ class LoadGenerator:
         next_turn = 0.0
         i = 0
         while True:
+            if stop is not None and stop.requested:
+                report.interrupted = True
+                break
             now = (time.perf_counter_ns() - t0) / 1e9
             while on_beacon is not None and now >= next_beacon and next_beacon <= end_s:
                 on_beacon(next_beacon)
@@ -170,20 +185,44 @@ class LoadGenerator:
                 if j - i == 1 or self.submit_many is None:
                     for m in range(i, j):
                         k = m % m_rows
-                        rid = self.submit(who[m], rows[k], int(stamps[m]))
+                        if pick[m] < 0:
+                            rid = self.submit(who[m], rows[k], int(stamps[m]))
+                        else:
+                            name, _, xs = self.apps[who[m]][pick[m]]
+                            rid = self.submit(who[m], xs[k:k + 1], int(stamps[m]), app=name)
                         report.calls += 1
                         if labels is not None:
                             report.labels[rid] = labels[k]
-                else:  # everything due goes over now, one call per session, as a server reads a burst
+                else:  # everything due goes over now, one call per session (and application), as a server reads
                     span = np.arange(i, j)
                     burst = codes[i:j]
                     for c in np.unique(burst).tolist():
                         idx = span if len(sids) == 1 else span[burst == c]
-                        ks = idx % m_rows
-                        ids = self.submit_many(sids[c], inputs[ks], stamps[idx])
-                        report.calls += 1
-                        if labels is not None:
-                            report.labels.update(zip(ids, [labels[k] for k in ks.tolist()]))
+                        for name, xs, part in self._by_app(sids[c], idx, pick, inputs):
+                            ks = part % m_rows
+                            ids = self.submit_many(sids[c], xs[ks], stamps[part], **({"app": name} if name else {}))
+                            report.calls += 1
+                            if labels is not None:
+                                report.labels.update(zip(ids, [labels[k] for k in ks.tolist()]))
             i = j
-        report.sent = n
+        report.sent = i
         return report
+
+    def _pick_apps(self, codes: np.ndarray, sids: list[str]) -> np.ndarray:
+        """Per arrival, the index of its application in its session's ``apps`` (-1: the session has none)."""
+        pick = np.full(len(codes), -1, np.int64)
+        rng = np.random.default_rng([self.seed, 1])
+        for c, sid in enumerate(sids):
+            if sid in self.apps:
+                mask = codes == c
+                shares = np.array([share for _, share, _ in self.apps[sid]])
+                pick[mask] = rng.choice(len(shares), size=int(mask.sum()), p=shares / shares.sum())
+        return pick
+
+    def _by_app(self, sid: str, idx: np.ndarray, pick: np.ndarray,
+                inputs: np.ndarray) -> list[tuple[str | None, np.ndarray, np.ndarray]]:
+        """A session's due arrivals ``idx`` as ``(application, its inputs, its arrivals)`` groups."""
+        if sid not in self.apps:
+            return [(None, inputs, idx)]
+        return [(name, xs, idx[pick[idx] == a]) for a, (name, _, xs) in enumerate(self.apps[sid])
+                if (pick[idx] == a).any()]

@@ -16,6 +16,11 @@ shifts arrival/deadline stamps into the actor's clock on the way out and finish/
 way in, so deadlines are judged on the machine that runs the batch and latencies on the frontend's clock.
 Outcomes come back as the worker recorder's raw chunks (``collect`` while serving, all of them on ``stop``).
 
+Applications and measured feedback work as locally: a routed burst carries its application's ring code (the actor's
+worker knows the names, ``apps``), the actor's worker keeps its batches' measurements (``measure_batches``) for
+``take_batches``, and ``update_policy`` changes its policy in place between two batches (ORLOJ's re-profiled
+histograms every epoch, ``tasks.serving.epochs``).
+
 Queries as DAGs (``chains``): each actor runs its own :class:`~tasks.serving.chaining.QueryChainer` as its
 worker's ``on_done`` hook, so a finished stage request issues the next stage's where it finished, as the local
 backend does: to its own worker directly, to another node's actor with one ``push.remote`` (stamps moved into
@@ -29,7 +34,7 @@ measured rates).
 from __future__ import annotations
 
 import time
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 import torch
@@ -61,8 +66,9 @@ class _Peer:
     def __init__(self, actor: Any, offset: int):
         self.actor, self.offset = actor, offset
 
-    def push(self, session_id: str, ids: np.ndarray | int, arrival_ns: Any, deadline_ns: Any, xs: np.ndarray) -> None:
-        self.actor.push.remote(session_id, ids, arrival_ns + self.offset, deadline_ns + self.offset, xs)
+    def push(self, session_id: str, ids: np.ndarray | int, arrival_ns: Any, deadline_ns: Any, xs: np.ndarray,
+             app: int = 0) -> None:
+        self.actor.push.remote(session_id, ids, arrival_ns + self.offset, deadline_ns + self.offset, xs, app)
 
 
 class _WorkerActor:
@@ -70,7 +76,8 @@ class _WorkerActor:
 
     def __init__(self, node: GpuNode, states: Mapping[str, dict], profiles: Mapping[str, BatchProfile],
                  policy: BatchPolicy, device: str, accounting: Accounting, threads: int = 1,
-                 chains: Mapping[str, tuple[str, float]] | None = None, load_balancer: str = "drr", seed: int = 0):
+                 chains: Mapping[str, tuple[str, float]] | None = None, load_balancer: str = "drr", seed: int = 0,
+                 apps: tuple[str, ...] = (), measure_batches: bool = False):
         torch.set_num_threads(threads)
         models = {}
         for name, state in states.items():
@@ -84,7 +91,8 @@ class _WorkerActor:
                                  router=self.controller.router)
         self.chainer = QueryChainer(self.controller, self.frontend)
         self.worker = ServingWorker(node, models, profiles, policy, self.recorder, device, accounting,
-                                    on_done=self.chainer.parent_done, parents=self.chainer.parents).start()
+                                    on_done=self.chainer.parent_done, parents=self.chainer.parents, apps=apps,
+                                    measure_batches=measure_batches).start()
         self.push_ns = 0
 
     def clock(self) -> int:
@@ -96,9 +104,9 @@ class _WorkerActor:
         return ray.get_runtime_context().get_node_id()
 
     def push(self, session_id: str, ids: np.ndarray | int, arrival_ns: Any, deadline_ns: Any,
-             xs: np.ndarray) -> None:
+             xs: np.ndarray, app: int = 0) -> None:
         t0 = time.perf_counter_ns()
-        self.worker.push(session_id, ids, arrival_ns, deadline_ns, xs)
+        self.worker.push(session_id, ids, arrival_ns, deadline_ns, xs, app)
         self.push_ns += time.perf_counter_ns() - t0
 
     def push_many(self, pushes: list[tuple]) -> None:
@@ -110,6 +118,12 @@ class _WorkerActor:
 
     def update(self, node: GpuNode) -> None:
         self.worker.update(node)
+
+    def take_batches(self) -> list[tuple[str, int, int]]:
+        return self.worker.take_batches()
+
+    def update_policy(self, change: Any) -> None:
+        self.worker.update_policy(change)
 
     def set_routes(self, plan: Plan, peers: Mapping[int, tuple[Any, int]], offset: int) -> None:
         """Where this node's query stages send what they issue: the plan's routing table over ``peers`` (node
@@ -127,13 +141,14 @@ class _WorkerActor:
             del links[k]
         return self.recorder.take_chunks(), taken, self.frontend.take_counts()
 
-    def stop(self, drain: bool) -> tuple[tuple[list[tuple], dict[int, int], dict[str, int]], dict[str, int]]:
+    def stop(self, drain: bool) -> tuple[tuple[list[tuple], dict[int, int], dict[str, int]], dict[str, int],
+                                         list[tuple[str, int, int]]]:
         try:
             self.worker.stop(drain=drain)
         finally:
             counters = {k: getattr(self.worker, k) for k in COUNTERS}
             counters[PUSH_NS] = self.push_ns
-        return self.collect(), counters
+        return self.collect(), counters, self.worker.take_batches()
 
 
 def _shift(chunks: list[tuple], offset: int) -> list[tuple]:
@@ -151,7 +166,7 @@ class RayWorkerHandle:
     def __init__(self, node: GpuNode, models: Mapping[str, torch.nn.Module], profiles: Mapping[str, BatchProfile],
                  policy: BatchPolicy, lease: Lease, recorder: Recorder, accounting: Accounting,
                  device: str = "cpu", ray_node_id: str | None = None, chainer: QueryChainer | None = None,
-                 seed: int = 0):
+                 seed: int = 0, apps: tuple[str, ...] = (), measure_batches: bool = False):
         import ray
 
         options: dict[str, Any] = {"num_cpus": 0, "num_gpus": 0}  # the ledger, not Ray, accounts GPU slices
@@ -171,21 +186,23 @@ class RayWorkerHandle:
             setattr(self, k, 0)
         self.actor = ray.remote(_WorkerActor).options(**options).remote(
             node, states, dict(profiles), policy, device, accounting, 1, chainer.controller.chains.chains if chainer else None,
-            chainer.controller.router.kind if chainer else "drr", seed)
+            chainer.controller.router.kind if chainer else "drr", seed, tuple(apps), measure_batches)
         # wait for the actor (a fresh process importing torch takes seconds): requests routed before it is up
         # would sit in Ray's queue past their deadlines and all be dropped
         same_machine = ray.get(self.actor.ray_node.remote()) == ray.get_runtime_context().get_node_id()
         self.offset = 0 if same_machine else self._clock_offset()  # actor clock − frontend clock
         self._peer = _Peer(self.actor, self.offset)
         self._held: list[tuple] | None = None
+        self._last_batches: list[tuple[str, int, int]] | None = None  # measured until the actor stopped
 
-    def push(self, session_id: str, ids: np.ndarray | int, arrival_ns: Any, deadline_ns: Any, xs: np.ndarray) -> None:
+    def push(self, session_id: str, ids: np.ndarray | int, arrival_ns: Any, deadline_ns: Any, xs: np.ndarray,
+             app: int = 0) -> None:
         """One Ray call per routed burst, or, inside a frontend turn (``hold``), one per turn (``flush``)."""
         check_width(xs, INPUT_FEATURES)
         if self._held is None:
-            self._peer.push(session_id, ids, arrival_ns, deadline_ns, xs)
+            self._peer.push(session_id, ids, arrival_ns, deadline_ns, xs, app)
         else:
-            self._held.append((session_id, ids, arrival_ns + self.offset, deadline_ns + self.offset, xs))
+            self._held.append((session_id, ids, arrival_ns + self.offset, deadline_ns + self.offset, xs, app))
 
     def hold(self) -> None:
         self._held = []
@@ -211,6 +228,21 @@ class RayWorkerHandle:
     def update(self, node: GpuNode) -> None:
         self.actor.update.remote(node)
 
+    def take_batches(self) -> list[tuple[str, int, int]]:
+        """``(session, batch size, forward ns)`` of the batches the actor's worker ran since the last call."""
+        import ray
+
+        if self._last_batches is not None:
+            out, self._last_batches = self._last_batches, []
+            return out
+        return ray.get(self.actor.take_batches.remote())
+
+    def update_policy(self, change: Callable[[BatchPolicy], None]) -> None:
+        """Apply ``change`` to the actor's policy between two of its batches (it travels pickled)."""
+        import ray
+
+        ray.get(self.actor.update_policy.remote(change))
+
     def set_routes(self, plan: Plan, peers: Mapping[int, "RayWorkerHandle"]) -> None:
         """Tell the actor where its query stages' requests go (the plan's nodes' actors)."""
         self.actor.set_routes.remote(plan, {nid: (h.actor, h.offset) for nid, h in peers.items()}, self.offset)
@@ -233,7 +265,7 @@ class RayWorkerHandle:
         import ray
 
         try:
-            collected, counters = ray.get(self.actor.stop.remote(drain))
+            collected, counters, self._last_batches = ray.get(self.actor.stop.remote(drain))
             self._merge(*collected)
             for k, v in counters.items():
                 setattr(self, k, v)

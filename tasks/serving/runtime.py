@@ -95,7 +95,7 @@ class LocalServingRuntime:
             ``ns``; a flow's, whose ``on_epoch`` decides the plans ``apply`` rolls out). Default: one of this
             runtime's own from ``chains``, ``load_balancer`` and ``seed``; with a controller those two stay unset.
         apps: application id → its own SLO in ms (None: its session's), for ``frontend.submit(..., app=...)``;
-            the workers hand each request's application to the policy (``Frontend``). Local backend only.
+            the workers hand each request's application to the policy (``Frontend``).
         query_routing: per-query routing of multi-stage queries (``Frontend``; e.g. Nona's
             ``gpu.schedulers.nona.controller.NonaRouting``); default: every request follows its session's shares.
         link_mu: a bottleneck link of this many bytes/s between nodes: cross-node hand-offs between query
@@ -104,8 +104,8 @@ class LocalServingRuntime:
             ``tasks.serving.transport``) or ``emulated`` (a computed delay, no bytes move: ``tasks.serving.link``).
         handoff_bytes: bytes a hand-off to each child stage session carries per request (default: its input
             row's), e.g. the parent's measured activation size.
-        measure_batches: workers keep every batch's size and forward time for ``take_batches`` (local backend);
-            ``"cpu"``: the forward's thread CPU time rather than its wall time (``ServingWorker``).
+        measure_batches: workers keep every batch's size and forward time for ``take_batches``; ``"cpu"``: the
+            forward's thread CPU time rather than its wall time (``ServingWorker``).
     """
 
     def __init__(self, models: Mapping[str, nn.Module], profiles: Mapping[str, BatchProfile], ledger: LedgerClient,
@@ -125,10 +125,6 @@ class LocalServingRuntime:
                                                                "load_balancer unset")
         if controller is not None and controller.chains.time_unit != "ns":
             raise ConfigError("controller.time_unit", controller.chains.time_unit, "the runtime's clock is ns")
-        if apps and backend != "local":
-            raise ConfigError("apps", sorted(apps), "applications are plumbed through the local backend only")
-        if measure_batches and backend != "local":
-            raise ConfigError("measure_batches", True, "batch measurements come from local workers only")
         self.measure_batches = measure_batches
         self.backend = backend
         self.models = dict(models)
@@ -229,7 +225,8 @@ class LocalServingRuntime:
     def _start_worker(self, node: GpuNode, lease: Lease, device: str) -> Any:
         if self.backend == "ray":
             return RayWorkerHandle(node, self.models, self.profiles, self._new_policy(), lease, self.recorder,
-                                   self.accounting, device, chainer=self.chainer, seed=self.seed)
+                                   self.accounting, device, chainer=self.chainer, seed=self.seed,
+                                   apps=self.frontend.apps, measure_batches=self.measure_batches)
         return ServingWorker(node, self.models, self.profiles, self._new_policy(), self.recorder, device,
                              self.accounting, self.run_inline, self.chainer.parent_done, self.chainer.parents,
                              apps=self.frontend.apps, measure_batches=self.measure_batches).start()
@@ -248,8 +245,9 @@ class LocalServingRuntime:
         return self.frontend.take_counts()
 
     def take_batches(self) -> dict[str, list[tuple[int, float]]]:
-        """Per session, ``(batch size, forward ms)`` of every batch the workers ran since the last call (workers
-        built with ``measure_batches``; those retired since count too)."""
+        """Per application (per session for requests without one), ``(batch size, forward ms)`` of every batch
+        the workers ran since the last call (workers built with ``measure_batches``; those retired since count
+        too; a batch mixing applications is left out, ``ServingWorker``)."""
         out: dict[str, list[tuple[int, float]]] = {}
         for rows in [*self._retired_batches, *(w.take_batches() for w in self.workers.values()
                                                 if hasattr(w, "take_batches"))]:
@@ -259,17 +257,15 @@ class LocalServingRuntime:
         return out
 
     def update_policies(self, change: Callable[[BatchPolicy], None]) -> None:
-        """Apply ``change`` to every running worker's policy, each between two of its batches (local workers);
-        workers started later get theirs from the policy factory."""
-        if self.backend != "local":
-            raise ConfigError("backend", self.backend, "policies of Ray actors are not changed in place")
+        """Apply ``change`` to every running worker's policy, each between two of its batches (a Ray actor's in
+        its process); workers started later get theirs from the policy factory."""
         for w in self.workers.values():
             w.update_policy(change)
 
-    def _retire(self, nid: int) -> None:
+    def _retire(self, nid: int, drain: bool = True) -> None:
         worker = self.workers.pop(nid)
         try:
-            worker.stop(drain=True)
+            worker.stop(drain=drain)
             if hasattr(worker, "take_batches"):
                 self._retired_batches.append(worker.take_batches())
             for k in self._retired:
@@ -314,8 +310,9 @@ class LocalServingRuntime:
                 "mean_batch": c["served"] / max(1, c["batches"]),
                 "inline_share": c["inline_batches"] / max(1, c["batches"])}
 
-    def close(self) -> None:
-        """Stop every worker (draining its queue) and release every lease."""
+    def close(self, drain: bool = True) -> None:
+        """Stop every worker (serving what is queued, or with ``drain=False`` dropping it) and release every
+        lease."""
         errors: list[BaseException] = []
         if self.link is not None:  # deliver the hand-offs in flight before the workers drain
             try:
@@ -324,7 +321,7 @@ class LocalServingRuntime:
                 errors.append(exc)
         for nid in list(self.workers):
             try:
-                self._retire(nid)
+                self._retire(nid, drain)
             except Exception as exc:  # keep releasing the others
                 errors.append(exc)
         if self._gc_saved is not None:
@@ -337,5 +334,13 @@ class LocalServingRuntime:
     def __enter__(self) -> "LocalServingRuntime":
         return self
 
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        """Close; leaving on an exception (an interrupt, a failure) drops what is queued instead of serving it, and
+        a failure to close is noted on that exception rather than replacing it."""
+        if exc is None:
+            self.close()
+            return
+        try:
+            self.close(drain=False)
+        except Exception as failure:
+            exc.add_note(f"closing the serving runtime also failed: {failure!r}")

@@ -5,6 +5,8 @@ Format (YAML or JSON; ``docs/serving.md``)::
     name: digits
     preset: paper                       # Nexus latency accounting
     sessions: [{id: mlp, model: digits_mlp, slo_ms: 10, rate: 300}]
+    #   a session several applications share (ORLOJ §4.3.2): apps: [{id: clean, share: 0.5},
+    #                                                              {id: noisy, share: 0.5, noise: 0.3, slo_ms: 20}]
     queries:  [{id: q, slo_ms: 30, rate: 50, stages: [{name: a, model: digits_cnn, parent: null},
                                                      {name: b, model: digits_mlp, parent: a, gamma: 2}]}]
     trace: {duration_s: 30, seed: 0, phases: [{at_s: 0, scale: 1}, {at_s: 10, scale: 3, rates: {mlp: 100}}]}
@@ -17,6 +19,10 @@ Queries are split into one session per stage (``query/stage``) by the DP of Nexu
 are profiled. A query is served as a DAG (``tasks.serving.chaining``: the trace drives its root stage,
 finished stage requests issue the next stage's — with the Ray backend, from the actor that ran them).
 A phase's ``scale`` multiplies every base rate (sessions and queries); its ``rates`` set some absolutely.
+
+Applications (``apps`` of a session): each sends ``share`` of the session's requests, its inputs corrupted with
+Gaussian noise of std ``noise`` (digits in [0, 1]; a dynamic model exits later on them), under its own ``slo_ms``
+when it has one. ORLOJ keeps one execution-time histogram per application (``tasks.serving.orloj``).
 
 A stage may list several parents (``parents: [b, c]``): a join, run once per query after all of them
 (``gpu.schedulers.nexus.chaining``). A query with a join runs each stage once per query (γ = 1) and, the §6.2
@@ -34,9 +40,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Collection, Mapping
 
+import numpy as np
+
 from gpu.systems import BATCH_POLICIES
 from gpu.errors import ConfigError
-from gpu.scenario import choose, entries, integer, label, load_scenario, mapping, number, positive, require, section
+from gpu.scenario import (MAX_COUNT, MAX_FACTOR, MAX_FANOUT, MAX_MS, MAX_RATE, MAX_SECONDS, MAX_SEED, choose, entries, integer,
+                          label, load_scenario, mapping, number, positive, require, section, within_events)
 from gpu.schedulers.nexus.squishy import Session
 from gpu.schedulers.nexus.chaining import QueryChains
 from gpu.schedulers.nexus.epoch import EpochConfig
@@ -48,18 +57,41 @@ from tasks.serving.models import check_model
 from tasks.serving.nona import BASELINES
 
 _TOP = {"name", "preset", "sessions", "queries", "trace", "epoch", "runtime", "placement", "link"}
-_SESSION = {"id", "model", "slo_ms", "rate"}
+_SESSION = {"id", "model", "slo_ms", "rate", "apps"}
+_APP = {"id", "share", "noise", "slo_ms"}
 _QUERY = {"id", "slo_ms", "rate", "stages"}
 _STAGE = {"name", "model", "parent", "parents", "gamma"}
 _PLACEMENT = {"policy", "nodes"}
 PLACEMENTS = ("nexus", "shares", "nona", *BASELINES)
 _LINK = {"mu", "bytes"}
+MAX_NODES = 1_024  # nodes of a fixed placement: a lease each
+MAX_LINK_BYTES_S = 1e13  # an emulated link of 80 Tb/s
+MAX_HANDOFF_BYTES = 2.0**40  # a hand-off of 1 TiB
+MAX_PROFILE_REPEATS = 1_000
 _TRACE = {"duration_s", "seed", "phases"}
 _PHASE = {"at_s", "scale", "rates"}
 _RUNTIME = {"batch_policy", "load_balancer", "training_steps", "profile_repeats"}
 # epoch fields and their defaults: EpochConfig's, its timers scaled down for short runs (docs/serving.md)
 _EPOCH = {f.name: f.default for f in fields(EpochConfig)} | {"epoch_s": 10.0, "min_epoch_s": 5.0, "beacon_s": 1.0,
                                                               "avg_interval_s": 2.0}
+
+
+@dataclass(frozen=True)
+class AppSpec:
+    """One application of a session: its share of the session's requests, input noise and own SLO (ms)."""
+
+    app_id: str
+    session_id: str
+    share: float
+    noise: float = 0.0
+    slo_ms: float | None = None
+
+    def inputs(self, rows: np.ndarray, seed: int = 0) -> np.ndarray:
+        """The rows this application sends: ``rows`` with its noise, clipped to the digits' [0, 1]."""
+        if not self.noise:
+            return rows
+        rng = np.random.default_rng([seed, sum(map(ord, self.app_id))])
+        return np.clip(rows + rng.normal(0.0, self.noise, rows.shape), 0.0, 1.0).astype(np.float32)
 
 
 @dataclass(frozen=True)
@@ -83,6 +115,22 @@ class ServingSpec:
     nodes: int = 2
     link_mu: float | None = None
     handoff_bytes: float | None = None
+    apps: tuple[AppSpec, ...] = ()
+
+    @property
+    def app_slos(self) -> dict[str, float | None]:
+        """Application id → its own SLO (None: its session's), the runtime's ``apps``."""
+        return {a.app_id: a.slo_ms for a in self.apps}
+
+    def __post_init__(self) -> None:
+        """The trace's length, and the arrivals it makes, are bounded however the spec was made (a parsed file, or a
+        flow's ``duration_s`` override through ``dataclasses.replace``)."""
+        positive(self.duration_s, "duration_s", upper=MAX_SECONDS)
+        base = {s.session_id: s.rate for s in self.sessions} | {q.query_id: q.rate for q in self.queries}
+        peak = max(sum(p.get("rates", {}).get(k, r * p.get("scale", 1.0)) for k, r in base.items())
+                   for p in self.phases)
+        within_events(peak * self.duration_s, "duration_s", self.duration_s,
+                      "arrivals (the peak phase's rates x duration_s)")
 
     def stage_inputs(self, query: Query) -> dict[str, tuple[str, ...]]:
         """Stage → its parent stages (a join lists all of them) for every non-root stage of ``query``."""
@@ -153,15 +201,31 @@ def _even_dag_split(query: Query, inputs: Mapping[str, tuple[str, ...]]) -> list
     return [Session(f"{query.query_id}/{st.name}", st.model, share, query.rate) for st in query.stages]
 
 
-def _sessions(raw: list[dict[str, Any]]) -> list[Session]:
-    """``sessions: [{id, model, slo_ms, rate}]``; types here, ranges in ``Session`` (named by its id)."""
-    out = []
+def _sessions(raw: list[dict[str, Any]]) -> tuple[list[Session], list[AppSpec]]:
+    """``sessions: [{id, model, slo_ms, rate, apps}]``; types here, ranges in ``Session`` (named by its id)."""
+    out, apps = [], []
     for i, s in enumerate(raw):
         where = f"sessions[{i}]."
         sid = label(require(s, "id", where), f"{where}id")
         model = check_model(label(require(s, "model", where), f"{where}model"), f"{sid}.model")
-        out.append(Session(sid, model, number(require(s, "slo_ms", where), f"{where}slo_ms"),
-                           number(require(s, "rate", where), f"{where}rate")))
+        out.append(Session(sid, model, number(require(s, "slo_ms", where), f"{where}slo_ms", upper=MAX_MS),
+                           number(require(s, "rate", where), f"{where}rate", upper=MAX_RATE)))
+        apps += _apps(s.get("apps"), sid, f"{where}apps")
+    return out, apps
+
+
+def _apps(raw: Any, sid: str, where: str) -> list[AppSpec]:
+    """A session's ``apps: [{id, share, noise, slo_ms}]``: shares > 0 that sum to 1."""
+    out = []
+    for j, a in enumerate(entries(raw, where, _APP)):
+        at = f"{where}[{j}]."
+        slo = a.get("slo_ms")
+        out.append(AppSpec(label(require(a, "id", at), f"{at}id"), sid,
+                           positive(require(a, "share", at), f"{at}share", upper=1.0),
+                           positive(a.get("noise", 0.0), f"{at}noise", allow_zero=True, upper=MAX_FACTOR),
+                           None if slo is None else positive(slo, f"{at}slo_ms", upper=MAX_MS)))
+    if out and abs(sum(a.share for a in out) - 1.0) > 1e-6:
+        raise ConfigError(where, [a.share for a in out], "the applications' shares must sum to 1")
     return out
 
 
@@ -191,9 +255,9 @@ def _queries(raw: list[dict[str, Any]]) -> tuple[list[Query], dict[str, tuple[st
             stages.append(QueryStage(name, check_model(label(require(st, "model", at), f"{at}model"),
                                                        f"{qid}.{name}.model"),
                                      None if parent is None else label(parent, f"{at}parent"),
-                                     number(st.get("gamma", 1.0), f"{at}gamma")))
-        out.append(Query(qid, tuple(stages), number(require(q, "slo_ms", where), f"{where}slo_ms"),
-                         number(require(q, "rate", where), f"{where}rate")))
+                                     number(st.get("gamma", 1.0), f"{at}gamma", upper=MAX_FANOUT)))
+        out.append(Query(qid, tuple(stages), number(require(q, "slo_ms", where), f"{where}slo_ms", upper=MAX_MS),
+                         number(require(q, "rate", where), f"{where}rate", upper=MAX_RATE)))
         names = {st.name for st in stages}
         for child, parents in joins.items():
             for p in parents:
@@ -211,13 +275,14 @@ def _phases(raw: Any, ids: set[str]) -> tuple[dict, ...]:
         for sid, r in rates.items():
             if sid not in ids:
                 raise ConfigError(f"{where}rates", sid, f"unknown session or query; choose one of {sorted(ids)}")
-            positive(r, f"{where}rates.{sid}", allow_zero=True)
-        at_s = positive(require(p, "at_s", where), f"{where}at_s", allow_zero=True)
+            positive(r, f"{where}rates.{sid}", allow_zero=True, upper=MAX_RATE)
+        at_s = positive(require(p, "at_s", where), f"{where}at_s", allow_zero=True, upper=MAX_SECONDS)
         if i == 0 and at_s != 0:
             raise ConfigError(f"{where}at_s", p["at_s"], "the first phase must start at 0")
         if i > 0 and at_s <= phases[-1]["at_s"]:
             raise ConfigError(f"{where}at_s", p["at_s"], f"must be after the previous phase's {phases[-1]['at_s']:g} s")
-        phases.append({"at_s": at_s, "scale": positive(p.get("scale", 1.0), f"{where}scale", allow_zero=True),
+        phases.append({"at_s": at_s, "scale": positive(p.get("scale", 1.0), f"{where}scale", allow_zero=True,
+                                                       upper=MAX_FANOUT),
                        "rates": rates})
     return tuple(phases)
 
@@ -225,7 +290,8 @@ def _phases(raw: Any, ids: set[str]) -> tuple[dict, ...]:
 def _epoch(raw: Any) -> EpochConfig:
     """``epoch: {epoch_s, min_epoch_s, beacon_s, avg_interval_s, low, high, shrink}`` (seconds, fractions)."""
     ep = section(raw, "epoch", _EPOCH)
-    values = {k: positive(ep.get(k, default), f"epoch.{k}") for k, default in _EPOCH.items()}
+    values = {k: positive(ep.get(k, default), f"epoch.{k}", upper=MAX_SECONDS if k.endswith("_s") else MAX_FANOUT)
+              for k, default in _EPOCH.items()}
     if values["min_epoch_s"] > values["epoch_s"]:
         raise ConfigError("epoch.min_epoch_s", ep["min_epoch_s"], f"must be <= epoch_s={values['epoch_s']:g}")
     return EpochConfig(**values)
@@ -237,31 +303,37 @@ def parse_spec(raw: Mapping[str, Any], name: str = "serving") -> ServingSpec:
         if key not in _TOP:
             raise ConfigError(key, raw[key], f"unknown spec field; expected one of {sorted(_TOP)}")
     preset = choose(raw.get("preset", "paper"), "preset", list(PRESETS))
-    sessions = _sessions(entries(raw.get("sessions"), "sessions", _SESSION))
+    sessions, apps = _sessions(entries(raw.get("sessions"), "sessions", _SESSION))
     queries, joins = _queries(entries(raw.get("queries"), "queries", _QUERY))
     if not sessions and not queries:
         raise ConfigError("sessions", [], "a serving spec needs at least one session or query")
     ids = [s.session_id for s in sessions] + [q.query_id for q in queries]
     if len(set(ids)) != len(ids):
         raise ConfigError("sessions", ids, "session and query ids must be unique")
+    app_ids = [a.app_id for a in apps]
+    if len(set(app_ids)) != len(app_ids) or set(app_ids) & set(ids):
+        raise ConfigError("sessions.apps", app_ids, "application ids must be unique and differ from session ids")
     trace = section(raw.get("trace"), "trace", _TRACE)
     phases = _phases(trace.get("phases"), set(ids))
     epoch = _epoch(raw.get("epoch"))
     rt = section(raw.get("runtime"), "runtime", _RUNTIME)
     place = section(raw.get("placement"), "placement", _PLACEMENT)
     link = section(raw.get("link"), "link", _LINK)
+    duration_s = positive(trace.get("duration_s", 30.0), "trace.duration_s", upper=MAX_SECONDS)
     spec = ServingSpec(
-        name=str(raw.get("name", name)), sessions=tuple(sessions), queries=tuple(queries), phases=phases,
-        duration_s=positive(trace.get("duration_s", 30.0), "trace.duration_s"),
-        seed=integer(trace.get("seed", 0), "trace.seed", minimum=0), preset=preset, epoch=epoch,
+        name=label(raw.get("name", name), "name"), sessions=tuple(sessions), queries=tuple(queries), phases=phases,
+        duration_s=duration_s,
+        seed=integer(trace.get("seed", 0), "trace.seed", minimum=0, maximum=MAX_SEED), preset=preset, epoch=epoch,
         batch_policy=choose(rt.get("batch_policy", "early_drop"), "runtime.batch_policy", list(BATCH_POLICIES)),
         load_balancer=choose(rt.get("load_balancer", "drr"), "runtime.load_balancer", list(LOAD_BALANCERS)),
-        training_steps=integer(rt.get("training_steps", 300), "runtime.training_steps", minimum=1),
-        profile_repeats=integer(rt.get("profile_repeats", 10), "runtime.profile_repeats", minimum=1),
+        training_steps=integer(rt.get("training_steps", 300), "runtime.training_steps", minimum=1, maximum=MAX_COUNT),
+        profile_repeats=integer(rt.get("profile_repeats", 10), "runtime.profile_repeats", minimum=1,
+                                maximum=MAX_PROFILE_REPEATS),
         joins=joins, placement=choose(place.get("policy", "nexus"), "placement.policy", list(PLACEMENTS)),
-        nodes=integer(place.get("nodes", 2), "placement.nodes", minimum=1),
-        link_mu=positive(link["mu"], "link.mu") if "mu" in link else None,
-        handoff_bytes=positive(link["bytes"], "link.bytes") if "bytes" in link else None)
+        nodes=integer(place.get("nodes", 2), "placement.nodes", minimum=1, maximum=MAX_NODES),
+        link_mu=positive(link["mu"], "link.mu", upper=MAX_LINK_BYTES_S) if "mu" in link else None,
+        handoff_bytes=positive(link["bytes"], "link.bytes", upper=MAX_HANDOFF_BYTES) if "bytes" in link else None,
+        apps=tuple(apps))
     QueryChains(spec.chains())  # joins' γ, parents of one query, no cycles: checked before anything runs
     return spec
 

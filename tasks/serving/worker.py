@@ -10,6 +10,13 @@ the policy asks it to (``wake_at_ms``). Every request ends as one :class:`~tasks
 Deadlines are ``arrival + SLO`` on ``time.perf_counter_ns``. The policy is told the planned ℓ(b) from
 the model's measured profile, the batch the plan gave the session and the profile's max batch.
 
+A policy with only the object API (ORLOJ, its Clockwork-, Nexus- and Clipper-like baselines) decides through the
+controller the simulator drives, ``gpu.schedulers.orloj.controller.OrlojController``, one per session on this
+worker: the requests that arrived since its last visit go to ``on_arrival`` (each becomes an ``InferenceRequest``
+once, when it is handed over), the batch it ran last time to ``on_job_done`` (with the times it ran: the session's
+GPU is free again only when the worker comes back to it), otherwise ``on_wake``; the worker applies the returned
+``Dispatch`` — drops and the batch, taken out of the ring by request id. One loop in both worlds.
+
 The request path is a structure of arrays (the issue's budget: dispatch overhead ≤ 5 % of the smallest
 model's batch-1 latency): the frontend's thread appends a burst to the session's
 :class:`~tasks.serving.ring.RequestRing` (array slices, no object per request); a span policy
@@ -43,6 +50,7 @@ from gpu.batching import BatchContext, BatchPolicy, InferenceRequest, SpanPolicy
 from gpu.errors import ConfigError
 from gpu.schedulers.nexus.squishy import GpuNode, SessionPlacement
 from gpu.schedulers.nexus.profiles import PAPER, Accounting, BatchProfile
+from gpu.schedulers.orloj.controller import BatchDone, Dispatch, OrlojController
 from tasks.serving.models import INPUT_FEATURES
 from tasks.serving.ring import RequestRing
 from tasks.serving.stats import Recorder
@@ -61,7 +69,8 @@ def check_policy(policy: Any) -> BatchPolicy:
 class _Slot:
     """One session on this worker: its ring of queued requests, the planned batch and ℓ(b) in ns and ms."""
 
-    __slots__ = ("placement", "model", "latency_ns", "latency_ms", "max_batch", "ring", "retiring", "on_done")
+    __slots__ = ("placement", "model", "latency_ns", "latency_ms", "max_batch", "ring", "retiring", "on_done",
+                 "controller", "handed", "done")
 
     def __init__(self, placement: SessionPlacement, model: nn.Module, profile: BatchProfile, accounting: Accounting,
                  width: int | None):
@@ -74,6 +83,12 @@ class _Slot:
         self.ring = RequestRing(width=width)
         self.retiring = False
         self.on_done: Callable[..., None] | None = None  # a query stage with children: issue them
+        self.controller: OrlojController | None = None  # an object policy's batch loop (ServingWorker docstring)
+        self.handed = 0  # queued rows (from the head) the controller already holds; the rest are new
+        self.done: BatchDone | None = None  # the batch the controller dispatched, not yet reported
+
+    def context(self, now_ms: float) -> BatchContext:
+        return BatchContext(now_ms, self.latency_ms, self.placement.batch, self.max_batch)
 
     def requests(self, apps: tuple[str, ...], start: int | None = None, end: int | None = None) -> list[InferenceRequest]:
         """Rows ``[start, end)`` (default: the queue) as ``InferenceRequest`` objects (ms), for a policy with only the
@@ -108,10 +123,12 @@ class ServingWorker:
             has). A request of another width is refused at ``push``, before it can reach the model.
         apps: the application ids by ring code (``Frontend(apps=...)`` assigns code k to ``apps[k - 1]``), so an
             object policy sees each request's application (ORLOJ's per-application histograms).
-        measure_batches: keep ``(session, batch size, forward ns)`` of every batch for ``take_batches`` (what
-            the rollout's epoch feedback re-profiles ORLOJ and re-solves Nona from); ``"cpu"`` times the forward
-            in thread CPU time instead of wall time (on the CPU with one intra-op thread: the work itself, which
-            other processes' preemptions do not inflate).
+        measure_batches: keep ``(key, batch size, forward ns)`` of every batch for ``take_batches`` (what the
+            rollout's epoch feedback re-profiles ORLOJ and re-solves Nona from); ``"cpu"`` times the forward in
+            thread CPU time instead of wall time (on the CPU with one intra-op thread: the work itself, which other
+            processes' preemptions do not inflate). The key is the batch's application when its requests have
+            one, else its session; a batch mixing applications is left out (its time says nothing of whose
+            request was the slowest).
     """
 
     def __init__(self, node: GpuNode, models: Mapping[str, nn.Module], profiles: Mapping[str, BatchProfile],
@@ -124,7 +141,8 @@ class ServingWorker:
         self._cpu_clock = measure_batches == "cpu"
         self.policy = check_policy(policy)
         self._span = isinstance(policy, SpanPolicy)
-        self._observe = getattr(policy, "observe", None)  # a policy that learns from executed batches
+        # a span policy that learns from executed batches; an object policy's controller calls its ``observe``
+        self._observe = getattr(policy, "observe", None) if self._span else None
         self.apps = tuple(apps)
         self.device = torch.device(device)
         self.recorder = recorder
@@ -167,6 +185,7 @@ class ServingWorker:
         self.inline_execute_ns = 0  # ... and their share of execute_ns (the pusher's time, not the worker's)
         self.served = 0
         self._batch_log: list[tuple[str, int, int]] | None = [] if measure_batches else None
+        self._taken_codes: np.ndarray | None = None  # the app codes of the rows ``_take`` took last
         self.update(node)
 
     # -- configuration ----------------------------------------------------------------------
@@ -196,6 +215,8 @@ class ServingWorker:
             slot = self._by_session.get(p.session_id)
             if slot is None or slot.placement.model != p.model:
                 slot = _Slot(p, self._model(p.model), self._profiles[p.model], self.accounting, self.input_width)
+                if not self._span:
+                    slot.controller = OrlojController(self.policy, slot.context)
             slot.placement, slot.retiring = p, False
             slot.on_done = self._on_done if p.session_id in self._parents else None
             slots.append(slot)
@@ -215,7 +236,8 @@ class ServingWorker:
             change(self.policy)
 
     def take_batches(self) -> list[tuple[str, int, int]]:
-        """``(session, batch size, forward ns)`` of the batches run since the last call (``measure_batches``).
+        """``(application or session, batch size, forward ns)`` of the batches run since the last call
+        (``measure_batches``).
         Lossless while the worker keeps running: only the rows read are cut off."""
         log = self._batch_log
         if log is None:
@@ -279,7 +301,7 @@ class ServingWorker:
                 while self.run_once()[0]:
                     pass
                 left = any(s.ring.tail != s.ring.head for s in self._slots)
-        except BaseException as exc:
+        except Exception as exc:  # a KeyboardInterrupt is the user's, not the model's: it passes (a clean unwind)
             self.error, self._drain, self._stop = exc, False, True
             ran = False
         finally:
@@ -391,6 +413,8 @@ class ServingWorker:
             ring = slot.ring
             t, h = ring.tail, ring.head  # tail first: rows below it are written
             if h == t:
+                if slot.done is not None:  # its last batch, reported now that nothing waits behind it
+                    self._control(slot, _now())
                 if h:  # empty: start again at row 0, so a lightly loaded ring keeps reusing a few hot rows
                     ring.compact()
                 continue
@@ -407,17 +431,20 @@ class ServingWorker:
                     raise RuntimeError(f"batch policy returned a span outside the queue of {t - h}: "
                                        f"drop {n_drop}, run {n_run}")
             else:
-                n_drop, n_run, wake = self._decide_objects(slot, now)
-                if n_run < 0:  # an out-of-order pick, already run
+                ran, wake = self._control(slot, now)
+                if ran:
                     self._rr = (i + 1) % n
                     return True, wake_at
+                if wake is not None:
+                    wake_at = min(wake_at, wake)
+                continue
             if n_drop:
                 self.recorder.dropped(slot.placement.session_id, self.node_id, *ring.rows(h, h + n_drop))
             s = h + n_drop
             ring.head = e = s + n_run
             if n_run:
                 try:
-                    t1, t2 = self._execute(slot, ring.inputs(s, e), *ring.rows(s, e))
+                    t1, t2 = self._execute(slot, ring.inputs(s, e), *ring.rows(s, e), codes=ring.app[s:e])
                 except BaseException:  # the model failed: its batch is dropped, not lost
                     self.recorder.dropped(slot.placement.session_id, self.node_id, *ring.rows(s, e))
                     raise
@@ -429,30 +456,43 @@ class ServingWorker:
                 wake_at = min(wake_at, wake)
         return False, wake_at
 
-    def _decide_objects(self, slot: _Slot, now_ns: int) -> tuple[int, int, float | None]:
-        """Ask an object-API policy; a head span is returned as one, anything else is taken and run here."""
-        reqs = slot.requests(self.apps)
-        dec = self.policy.decide(reqs, BatchContext(now_ns / 1e6, slot.latency_ms, slot.placement.batch,
-                                                    slot.max_batch))
-        run, drop, nd, nr = dec.run, dec.drop, len(dec.drop), len(dec.run)
-        wake = None if dec.wake_at_ms is None else dec.wake_at_ms * 1e6
-        if drop == tuple(range(nd)) and run == tuple(range(nd, nd + nr)):
-            return nd, nr, wake
-        both = set(run) | set(drop)
-        if len(both) != nr + nd or not all(0 <= p < len(reqs) for p in both):
-            raise RuntimeError(f"batch policy returned positions outside the queue or twice: {dec}")
+    def _control(self, slot: _Slot, now_ns: int) -> tuple[bool, float | None]:
+        """One visit of a session whose policy decides through its ``OrlojController``: hand over the new rows,
+        report the last batch (or wake it), apply the ``Dispatch``. Returns (whether a batch ran, wake-up ns)."""
+        ctrl, ring, now = slot.controller, slot.ring, now_ns / 1e6
+        fresh = ring.tail - ring.head - slot.handed
+        decision: Dispatch | None = None
+        if fresh:
+            arrived = slot.requests(self.apps, ring.head + slot.handed, ring.tail)
+            slot.handed += fresh
+            decision = ctrl.on_arrival(now, arrived)  # type: ignore[union-attr]
+        if slot.done is not None:
+            done, slot.done = slot.done, None
+            decision = ctrl.on_job_done(now, done)  # type: ignore[union-attr]
+        elif decision is None:
+            decision = ctrl.on_wake(now)  # type: ignore[union-attr]
         sid = slot.placement.session_id
-        if drop:
-            _, ids, arr, dl = slot.ring.take(np.array(drop, np.int64))
+        if decision.drop:
+            _, ids, arr, dl = self._take(slot, decision.drop)
             self.recorder.dropped(sid, self.node_id, ids, arr, dl)
-            run = tuple(p - sum(d < p for d in drop) for p in run)  # positions after the drops left
-        if not run:
-            return 0, 0, wake
-        batch = [reqs[p] for p in dec.run]
-        t1, t2 = self._execute(slot, *slot.ring.take(np.array(run, np.int64)))
-        if self._observe is not None:
-            self._observe(batch, t1 / 1e6, t2 / 1e6)
-        return 0, -1, None
+        if not decision.run:
+            return False, None if decision.wake_at_ms is None else decision.wake_at_ms * 1e6
+        t1, t2 = self._execute(slot, *self._take(slot, decision.run), codes=self._taken_codes)
+        slot.done = BatchDone(t1 / 1e6, t2 / 1e6)
+        return True, None
+
+    def _take(self, slot: _Slot, requests: tuple[InferenceRequest, ...]) -> tuple[torch.Tensor, np.ndarray, np.ndarray,
+                                                                          np.ndarray]:
+        """Take ``requests`` (held by the controller) out of the session's ring by id: inputs and columns."""
+        ring = slot.ring
+        ids = np.fromiter((r.request_id for r in requests), np.int64, len(requests))
+        held = ring.request_id[ring.head:ring.head + slot.handed]
+        positions = np.flatnonzero(np.isin(held, ids))
+        if len(positions) != len(ids):
+            raise RuntimeError(f"the controller dispatched {len(ids)} requests, {len(positions)} of them queued")
+        slot.handed -= len(ids)
+        self._taken_codes = ring.app[ring.head + positions]
+        return ring.take(positions)
 
     def _retire_empty(self) -> None:
         with self._cfg:
@@ -461,7 +501,7 @@ class ServingWorker:
             self._slots = keep
 
     def _execute(self, slot: _Slot, x: torch.Tensor, ids: np.ndarray | int, arrival: np.ndarray | int,
-                 deadline: np.ndarray | int) -> tuple[int, int]:
+                 deadline: np.ndarray | int, codes: np.ndarray | None = None) -> tuple[int, int]:
         """Run one batch (``x``: its input rows) and hand its ids, timestamps and predictions back as arrays
         (a batch of one's as ints: ``type(ids) is int`` tells it apart without ``len`` of a tensor, ~0.5 µs);
         returns when the forward pass started and ended (ns), for a policy's ``observe``."""
@@ -481,8 +521,10 @@ class ServingWorker:
         self.execute_ns += t2 - t1
         self.batches += 1
         b = 1 if one else len(preds)
-        if self._batch_log is not None:
-            self._batch_log.append((slot.placement.session_id, b, took))
+        if self._batch_log is not None and codes is not None:
+            first = int(codes[0])
+            if b == 1 or bool((codes == first).all()):
+                self._batch_log.append((self.apps[first - 1] if first else slot.placement.session_id, b, took))
         self.served += b
         if b == 1:
             self.execute1_ns += t2 - t1

@@ -40,14 +40,14 @@ def test_bad_profiler_settings_name_the_field(kwargs, field):
 def test_orloj_learning_online_from_a_cold_profile_nearly_matches_a_warm_one():
     raw = {"cases": [{"name": "std-1", "apps": [{"id": "short", "normal": {"mean_ms": 50, "std_ms": 10}},
                                                 {"id": "long", "normal": {"mean_ms": 100, "std_ms": 10}}]}],
-           "requests": 800, "overhead_ms": 100, "orloj": {"profiler": "online", "epoch_s": 5}}
+           "requests": 800, "cost": {"model": "eq43", "overhead_ms": 100}, "orloj": {"profiler": "online", "epoch_s": 5}}
     sc = parse(raw)
     setup = Setup.build(sc.cases[0], sc)
     slo = 3 * setup.p99_ms
-    policy = build_policy("orloj", setup, sc)
+    policy = build_policy("orloj", setup, sc, slo)
     cold = policy.table.means[None, 16]
     online = serve(setup, policy, slo, 0, setup.duration_s(sc), profiler=OnlineProfiler(seed=0), epoch_s=5)
-    warm = serve(setup, build_policy("orloj", setup, parse({**raw, "orloj": {}})), slo, 0, setup.duration_s(sc))
+    warm = serve(setup, build_policy("orloj", setup, parse({**raw, "orloj": {}}), slo), slo, 0, setup.duration_s(sc))
     assert policy.table.means[None, 16] != cold  # it adopted published histograms
     assert len(online.epochs) == int(setup.duration_s(sc) / 5) and online.epochs[-1].decision.histograms
     assert online.finish_rate == pytest.approx(warm.finish_rate, abs=0.05)

@@ -9,6 +9,7 @@ from gpu.contract import contract_violations, is_frozen_decision
 from gpu.errors import ConfigError, NeverFitsError
 from gpu.schedulers.salus.controller import Ask, Run, SalusController, SalusJob
 from gpu.schedulers.salus.lanes import NO_MARGINS, LaneManager, Margins
+from gpu.schedulers.salus.overrun import TokenBound
 
 C = 16_000.0  # a P100's 16 GB, in MB
 
@@ -127,6 +128,30 @@ def test_departed_lane_is_reclaimed_by_the_lane_below_at_its_iteration_boundary(
     assert {r.job_id for r in step.runs} == {"B", "D"}
 
 
+def test_lanes_in_place_keep_running_while_another_lane_waits_to_slide():
+    """Lanes e, a, b, c stacked from the top; a's job leaves while b is mid-iteration, so b cannot slide up yet
+    and c (whose new span is still b's) waits below it, at an offset a large job's persistent memory then
+    passes. Only b and c wait for b's boundary: e, at its place and clear of the persistent region, runs on,
+    and the newcomer's lane opens once c has moved."""
+    lanes = LaneManager(10_000, NO_MARGINS)
+    placed = {}
+    for job, e in (("e", 1000), ("a", 500), ("b", 1000), ("c", 1000)):
+        placed[job] = lanes.admit(job, 100, e).lane_id
+    lanes.settle(set(placed.values()))
+    assert all(lanes.ready(lid) for lid in placed.values())
+    lanes.release("a")  # between two of b's iterations: b's lane is busy
+    lanes.settle({placed["e"], placed["c"]})
+    view = {v.jobs[0]: v for v in lanes.lanes()}
+    assert view["c"].placed_offset_mb == 6500 and view["c"].offset_mb == 7000  # its new span overlaps b's
+    d = lanes.admit("d", 6300, 300)  # Alg. 2.1: 300 + 6300 + 3000 + 300 <= 10000 -> a new lane at the bottom
+    lanes.settle({placed["e"], placed["c"], d.lane_id})
+    assert sum(lanes.persistent.values()) > view["c"].placed_offset_mb  # c's old span reaches into P's region
+    assert lanes.ready(placed["e"])  # in place: runs on while b finishes its iteration
+    assert not lanes.ready(placed["c"]) and not lanes.ready(d.lane_id)
+    lanes.settle(set(lanes.lane_of.values()))  # b's boundary: b slides up, then c, then d's lane opens
+    assert all(lanes.ready(lid) for lid in lanes.lane_of.values())
+
+
 def test_a_grown_lane_waits_for_its_iteration_boundary():
     ctl = SalusController(C, "pack", margins=NO_MARGINS)
     for name, p, e in (("a", 500, 2000), ("b", 500, 3000), ("c", 500, 4000)):
@@ -140,6 +165,46 @@ def test_a_grown_lane_waits_for_its_iteration_boundary():
     lanes = ctl.lane_views()
     assert all(v.settled for v in lanes) and lanes[0].size_mb == 5000
     assert set(ctl.running.values()) >= {"b", "c"} and ctl.running[0] in {"a", "d"}
+
+
+# --- a token holder past its bound (gpu.schedulers.salus.overrun) ----------------------------------------------
+def _one_lane(capacity_mb: float) -> SalusController:
+    """FAIR's one lane holding a and b (P 100, E 1000 MB); a runs an iteration of 1 s, then its second one."""
+    ctl = SalusController(capacity_mb, "fair", margins=NO_MARGINS, token_bound=TokenBound(floor_s=5.0, factor=10.0))
+    for job in ("a", "b"):
+        ctl.on_arrival(0.0, SalusJob(job, 100, 1000, on_demand=True))
+    assert ctl.on_arrival(0.0, Ask("a")).runs == (Run(0, "a"),)
+    ctl.on_iteration(1.0, "a", 1.0, more=True)  # b has not asked yet: a goes on
+    ctl.on_arrival(1.0, Ask("b"))  # b waits for a's boundary
+    assert ctl.running == {0: "a"}
+    return ctl
+
+
+def test_a_token_holder_past_its_bound_loses_the_token_and_its_lanemate_goes_on_beside_its_fence():
+    ctl = _one_lane(10_000)
+    assert ctl.token_deadline() == 11.0  # bound = max(5 s floor, 10 x its 1 s iteration)
+    assert ctl.on_wake(10.5) == ctl.on_wake(10.5).__class__()  # within its bound: nothing happens
+    step = ctl.on_wake(11.5)
+    assert [(r.job_id, r.lane_id, r.held_s, r.bound_s) for r in step.revoked] == [("a", 0, 10.5, 10.0)]
+    assert step.runs == (Run(1, "b"),)  # b goes on in a lane of its own ...
+    assert ctl.lanes.fenced == {0: "a"} and ctl.lanes.used_mb() == 200 + 1000 + 1000  # ... a's memory kept
+    assert ctl.on_wake(13.0).revoked == ()  # reported once (and b, granted at 11.5, is within its bound)
+    ctl.on_arrival(13.0, SalusJob("c", 100, 500, on_demand=True))
+    assert ctl.lanes.lane_of["c"] == 1  # a newcomer never joins the fence
+    step = ctl.on_iteration(100.0, "a", 99.0, more=True)  # a resumed: its iteration ends, its memory is back
+    assert not ctl.lanes.fenced and ctl.lanes.lane_of["a"] == 1 and len(ctl.lane_views()) == 1
+    assert ctl.running == {1: "b"} and ctl.consumed_s("a") == 1.0 + 10.5  # charged until it lost the token
+    assert ctl.on_iteration(101.0, "b", 1.0).runs == (Run(1, "a"),)  # it waited for the token again
+    assert ctl.token_holders(101.0)[0].bound_s == 10.0  # the stop is no measured iteration
+
+
+def test_a_lanemate_waits_for_room_beside_the_fence_and_goes_on_when_the_stopped_job_leaves():
+    ctl = _one_lane(2_000)  # 200 + 1000 used: no room for a second lane of 1000 MB
+    step = ctl.on_wake(12.0)
+    assert [r.job_id for r in step.revoked] == ["a"] and step.runs == ()
+    assert ctl.lanes.fenced == {0: "a"} and ctl.lanes.lane_of["b"] == 0
+    step = ctl.on_job_done(30.0, "a")  # its worker was killed: the lane is b's
+    assert step.runs == (Run(0, "b"),) and not ctl.lanes.fenced
 
 
 # --- policies ------------------------------------------------------------------------------------------------
@@ -259,6 +324,11 @@ def test_bad_input_fails_before_any_work():
         Margins(total=0.5)
     with pytest.raises(ConfigError, match=r"jobs\[w\]\.weight"):
         SalusJob("w", 1, 1, weight=0)
+    with pytest.raises(ConfigError, match=r"^jobs\[t\]\.token_floor_s=1e\+30"):
+        SalusJob("t", 1, 1, token_floor_s=1e30)
+    for bad in (dict(floor_s=0), dict(floor_s=float("nan")), dict(factor=0.5), dict(factor=1e30)):
+        with pytest.raises(ConfigError, match=r"^token_bound\."):
+            TokenBound(**bad)
 
 
 def test_a_profiled_job_is_readmitted_with_its_measured_sizes_before_a_shorter_queued_job():

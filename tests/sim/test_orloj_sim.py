@@ -5,10 +5,10 @@ from dataclasses import replace
 
 import pytest
 
-from gpu.batching import BatchContext, InferenceRequest
+from gpu.batching import BatchContext, BatchDecision, InferenceRequest
 from gpu.errors import ConfigError
-from gpu.schedulers.orloj.baselines import ClipperLike, ClockworkLike, nexus_plan_batch
-from gpu.sim.orloj.run import Setup, build_policy, serve, sweep
+from gpu.schedulers.orloj.baselines import ClipperLike, ClockworkLike, NexusPlanned
+from gpu.sim.orloj.run import Setup, build_policy, nexus_plan, serve, sweep
 from gpu.sim.orloj.workload import AppDistribution, Case, lognormal_sigma, parse
 from gpuflows.cli import main
 
@@ -26,7 +26,7 @@ def test_every_offered_request_is_finished_late_or_dropped():
     sc = scenario()
     setup = Setup.build(sc.cases[0], sc)
     for name in sc.policies:
-        out = serve(setup, build_policy(name, setup, sc), 3 * setup.p99_ms, 0, setup.duration_s(sc))
+        out = serve(setup, build_policy(name, setup, sc, 3 * setup.p99_ms), 3 * setup.p99_ms, 0, setup.duration_s(sc))
         assert out.offered > 200 and out.good + out.late + out.dropped == out.offered
 
 
@@ -36,13 +36,13 @@ def test_orloj_finishes_more_requests_than_every_baseline_on_a_bimodal_mix():
     rate = {r["policy"]: r["finish_rate"] for r in rows}
     assert rate["orloj"] >= 0.85
     assert all(rate["orloj"] > rate[p] for p in ("clockwork", "nexus", "clipper"))
-    assert 0.38 <= rate["clockwork"] <= 0.7  # fails about every other batch (§4.5.3)
+    assert 0.2 <= rate["clockwork"] <= 0.6  # fails about every other batch (§4.5.3): half its throughput lost
 
 
 def test_the_point_estimate_ignores_the_straggler_and_orloj_does_not():
     sc = scenario()
     setup = Setup.build(sc.cases[0], sc)
-    orloj = build_policy("orloj", setup, sc)
+    orloj = build_policy("orloj", setup, sc, 3 * setup.p99_ms)
     assert orloj.table.means[None, 4] > setup.point_latency(4) * 1.2  # E[max] of a bimodal batch vs the mean
 
 
@@ -73,9 +73,30 @@ def test_clipper_like_adds_one_while_within_the_slo_and_backs_off_ten_percent():
     assert policy.decide([InferenceRequest(i, "a", 0, 1) for i in range(30)], ctx(0.0)).run == tuple(range(10))
 
 
-def test_nexus_plans_the_largest_batch_that_fits_twice_in_the_slo():
-    assert nexus_plan_batch(lambda b: 10.0 * b, 85.0, (1, 2, 4, 8)) == 4
-    assert nexus_plan_batch(lambda b: 10.0 * b, 5.0, (1, 2, 4, 8)) == 1
+def test_nexus_runs_one_batch_of_its_plan_per_duty_cycle():
+    policy = NexusPlanned(duty_ms=100.0)
+    queue = [InferenceRequest(i, "a", 0.0, 500.0 + i) for i in range(6)]
+    plan = BatchContext(0.0, lambda b: 10.0 * b, 4, 16)
+    assert policy.decide(queue, plan).run == (0, 1, 2, 3)  # the plan's batch, by Nexus's early drop
+    assert policy.decide(queue[4:], replace(plan, now_ms=40.0)) == BatchDecision(wake_at_ms=100.0)
+    assert policy.decide(queue[4:], replace(plan, now_ms=100.0)).run == (0, 1)
+    with pytest.raises(ConfigError) as err:
+        NexusPlanned(duty_ms=0.0)
+    assert err.value.field == "duty_ms"
+
+
+def test_nexus_plans_from_the_mean_latency_and_the_offered_rate():
+    """Squishy bin packing on the point estimate (§6.1): the GPU is not saturated on paper (the mean request
+    underestimates a padded batch), so the session is a residual one: the largest batch whose gathering and
+    run fit the SLO (b/r + ℓ(b) ≤ SLO), once per b/r. A relaxed SLO gets the largest batch; a tight one a small
+    batch whose promised worst case, a duty cycle and a run, fits it."""
+    sc = scenario()
+    setup = Setup.build(sc.cases[0], sc)
+    assert setup.rate_per_s < 1000.0 * 16 / setup.point_latency(16)
+    batch, duty = nexus_plan(setup, 5 * setup.p99_ms)
+    assert batch == 16 and duty == pytest.approx(1000.0 * 16 / setup.rate_per_s)
+    batch, duty = nexus_plan(setup, 1.5 * setup.p99_ms)
+    assert batch < 16 and duty + setup.point_latency(batch) <= 1.5 * setup.p99_ms
 
 
 def test_lognormal_proxy_has_the_tables_mean_and_p99():
@@ -94,7 +115,12 @@ def test_lognormal_proxy_has_the_tables_mean_and_p99():
      "lognormal.p99_ms"),
     ({"cases": [{"name": "x", "apps": [{"id": "a"}]}]}, "cases[0].apps[0]"),
     ({"load": -1}, "load"),
-    ({"c0_fraction": 2}, "c0_fraction"),
+    ({"cost": {"model": "eq43", "c0_fraction": 2}}, "cost.c0_fraction"),
+    ({"cost": {"overhead_ms": 100}}, "cost.overhead_ms"),
+    ({"cost": {"model": "eq43", "profile": "cpu.json"}}, "cost.profile"),
+    ({"cost": {"profile": "no-such-table.json"}}, "cost.profile"),
+    ({"cost": {"network": "resnet"}}, "cost.network"),
+    ({"cost": {"model": "guess"}}, "cost.model"),
     ({"orloj": {"b": 0}}, "orloj.b"),
     ({"slo": 3}, "scenario.slo"),
 ])
@@ -120,7 +146,7 @@ def test_a_static_model_needs_no_distribution_awareness():
     """Table C.3: with constant times ORLOJ's estimate is the point estimate."""
     sc = replace(scenario(), cases=(Case("resnet", (AppDistribution("img", "constant", 20.0),)),))
     setup = Setup.build(sc.cases[0], sc)
-    orloj = build_policy("orloj", setup, sc)
+    orloj = build_policy("orloj", setup, sc, 3 * setup.p99_ms)
     for bs in (1, 4, 16):
         assert orloj.table.means[None, bs] == pytest.approx(setup.point_latency(bs), rel=0.01)
 
@@ -161,7 +187,7 @@ def test_orloj_runs_per_gpu_on_a_multi_gpu_nexus_plan_with_a_dynamic_model():
 
 
 def test_an_slo_below_every_alone_time_is_refused_before_simulating():
-    sc = scenario(slo_multipliers=[0.1], overhead_ms=100)
+    sc = scenario(slo_multipliers=[0.05])
     with pytest.raises(ConfigError) as err:
         sweep(sc, ["orloj"])
     assert err.value.field == "slo_multipliers"
@@ -178,19 +204,19 @@ def test_the_rollouts_epoch_feedback_replaying_the_simulators_measurements_repro
     from gpu.schedulers.orloj.profiler import OnlineProfiler
     from tasks.serving.epochs import EpochFeedback
 
-    sc = scenario(requests=600, overhead_ms=100, orloj={"profiler": "online", "epoch_s": 2})
+    sc = scenario(requests=600, cost={"model": "eq43", "overhead_ms": 100}, orloj={"profiler": "online", "epoch_s": 2})
     setup = Setup.build(sc.cases[0], sc)
     slo = 3 * setup.p99_ms
-    simulated = build_policy("orloj", setup, sc)
+    simulated = build_policy("orloj", setup, sc, slo)
     cold = dict(simulated.histograms)
     out = serve(setup, simulated, slo, 0, setup.duration_s(sc), profiler=OnlineProfiler(seed=0), epoch_s=2)
     assert len(out.epochs) >= 3 and all(e.t_ms == 2000.0 * (i + 1) for i, e in enumerate(out.epochs))
     assert sum(bool(e.decision.histograms) for e in out.epochs) >= 2
     assert simulated.histograms["long"].mean != cold["long"].mean  # it learned from what it timed
 
-    replay = OrlojController(build_policy("orloj", setup, sc), profiler=OnlineProfiler(seed=0),
+    replay = OrlojController(build_policy("orloj", setup, sc, slo), profiler=OnlineProfiler(seed=0),
                              slo_ms={a.app_id: slo for a in setup.case.apps})
-    worker = build_policy("orloj", setup, sc)
+    worker = build_policy("orloj", setup, sc, slo)
     measured = iter(out.epochs)
     feedback = EpochFeedback(2.0, lambda: next(measured).batches, lambda adopt: adopt(worker), orloj=replay)
     for e in out.epochs:

@@ -33,9 +33,12 @@ import numpy as np
 from scipy.optimize import curve_fit
 
 from gpu.errors import ConfigError
+from gpu.scenario import MAX_FACTOR, MAX_GPUS, MAX_SECONDS
 from gpu.state import state_dir
 
 _TOL = 1e-9
+
+MAX_PACKED = 1_024  # trials packed on one GPU (c): one process each
 
 
 @dataclass(frozen=True)
@@ -108,12 +111,12 @@ class FluidParams:
     epsilon: float = 0.0
 
     def __post_init__(self) -> None:
-        if isinstance(self.c, bool) or not isinstance(self.c, (int, np.integer)) or self.c < 1:
-            raise ConfigError("c", self.c, "packing limit must be an integer >= 1 trials per GPU")
-        if isinstance(self.d, bool) or not isinstance(self.d, (int, np.integer)) or self.d < 1:
-            raise ConfigError("d", self.d, "parallelism limit must be an integer >= 1 GPUs")
-        if not self.epsilon >= 0:
-            raise ConfigError("epsilon", self.epsilon, "resize overhead must be >= 0 seconds")
+        if isinstance(self.c, bool) or not isinstance(self.c, (int, np.integer)) or not 1 <= self.c <= MAX_PACKED:
+            raise ConfigError("c", self.c, f"packing limit must be an integer from 1 to {MAX_PACKED} trials per GPU")
+        if isinstance(self.d, bool) or not isinstance(self.d, (int, np.integer)) or not 1 <= self.d <= MAX_GPUS:
+            raise ConfigError("d", self.d, f"parallelism limit must be an integer from 1 to {MAX_GPUS:,} GPUs")
+        if not 0 <= self.epsilon <= MAX_SECONDS:
+            raise ConfigError("epsilon", self.epsilon, f"resize overhead must be 0 to {MAX_SECONDS:,.0f} seconds")
 
 
 def runtime(h1: float, width: float, alpha: float = 1.0, beta: float = 1.0) -> float:
@@ -213,8 +216,8 @@ def packing_limit(alpha: float, o_th: float = 0.05, p_max: int = 64) -> int:
 
     Eq. 3.1 with the packing model of Eq. 3.2, ``T^p = t1 alpha^(p-1)``.
     """
-    if not alpha >= 1:
-        raise ConfigError("alpha", alpha, "packing overhead must be >= 1")
+    if not 1 <= alpha <= MAX_FACTOR:
+        raise ConfigError("alpha", alpha, f"packing overhead must be from 1 to {MAX_FACTOR:,.0f}")
     if not 0 <= o_th < 1:
         raise ConfigError("o_th", o_th, "threshold must be in [0, 1)")
     c = 1

@@ -24,8 +24,9 @@ from typing import Callable, Mapping, Sequence
 
 from gpu.batching import BatchContext, BatchPolicy, InferenceRequest, observe_batch
 from gpu.errors import ConfigError
-from gpu.schedulers.orloj.policy import Histogram
+from gpu.schedulers.orloj.policy import Histogram, OrlojPolicy
 from gpu.schedulers.orloj.profiler import OnlineProfiler, longest_alone_ms
+from gpu.schedulers.orloj.queue import OrlojQueue
 
 
 @dataclass(frozen=True)
@@ -42,9 +43,12 @@ class Dispatch:
 
 @dataclass(frozen=True)
 class BatchDone:
-    """The dispatched batch finished; it had started at ``started_ms`` (the policy's ``observe`` needs both)."""
+    """The dispatched batch ran from ``started_ms`` to ``finished_ms`` (the policy's ``observe`` needs both; None:
+    it finished at the hook's ``now``). A serving worker hosting several sessions reports a session's batch when
+    it comes back to that session, so the next decision sees the arrivals of the meantime."""
 
     started_ms: float
+    finished_ms: float | None = None
 
 
 @dataclass(frozen=True)
@@ -85,11 +89,23 @@ class OrlojController:
         self.batch_policy, self.context, self.profiler = batch_policy, context, profiler
         self.slo_ms = dict(slo_ms or {})
         self.policy = batch_policy.name
-        self.queue: list[InferenceRequest] = []
+        # ORLOJ keeps its queue as Algorithm 4.1 does (lines and milestones, §4.4.4); any other policy scans a list
+        self._orloj = OrlojQueue(batch_policy) if isinstance(batch_policy, OrlojPolicy) else None
+        self._queue: list[InferenceRequest] = []
         self.running: tuple[InferenceRequest, ...] = ()
 
-    def on_arrival(self, now: float, request: InferenceRequest) -> Dispatch:
-        self.queue.append(request)
+    @property
+    def queue(self) -> list[InferenceRequest]:
+        """The pending requests (neither running nor dropped)."""
+        return self._orloj.requests if self._orloj is not None else list(self._queue)
+
+    def on_arrival(self, now: float, request: InferenceRequest | Sequence[InferenceRequest]) -> Dispatch:
+        """A request, or a burst of them, arrived; dispatch at once when no batch is running."""
+        burst = [request] if isinstance(request, InferenceRequest) else list(request)
+        if self._orloj is not None:
+            self._orloj.add(burst)
+        else:
+            self._queue.extend(burst)
         return Dispatch() if self.running else self._next(now)
 
     def on_wake(self, now: float) -> Dispatch:
@@ -98,7 +114,7 @@ class OrlojController:
     def on_job_done(self, now: float, done: BatchDone) -> Dispatch:
         """Feed the policy (``observe``), pick the finished requests to time alone, dispatch the next batch."""
         batch, self.running = self.running, ()
-        observe_batch(self.batch_policy, batch, done.started_ms, now)
+        observe_batch(self.batch_policy, batch, done.started_ms, now if done.finished_ms is None else done.finished_ms)
         profile: tuple[int, ...] = ()
         if self.profiler is not None:
             profile = tuple(self.profiler.choose([r.request_id for r in batch]))
@@ -135,12 +151,21 @@ class OrlojController:
                      for app, slo in sorted(self.slo_ms.items()))
 
     def _next(self, now: float) -> Dispatch:
-        if not self.queue:
+        if self._orloj is not None:
+            if not len(self._orloj):
+                return Dispatch()
+            ctx = self.context(now)
+            run, drop = self._orloj.decide(ctx.now_ms, ctx.max_batch, ctx.post_ms)
+            self.running = tuple(run)
+            return Dispatch(self.running, tuple(drop))
+        queue = self._queue
+        if not queue:
             return Dispatch()
-        dec = self.batch_policy.decide(self.queue, self.context(now))
+        dec = self.batch_policy.decide(queue, self.context(now))
         gone = set(dec.run) | set(dec.drop)
-        run = tuple(self.queue[i] for i in dec.run)
-        drop = tuple(self.queue[i] for i in dec.drop)
-        self.queue = [r for i, r in enumerate(self.queue) if i not in gone]
+        run = tuple(queue[i] for i in dec.run)
+        drop = tuple(queue[i] for i in dec.drop)
+        if gone:
+            self._queue = [r for i, r in enumerate(queue) if i not in gone]
         self.running = run
         return Dispatch(run, drop, (), None if run else dec.wake_at_ms)

@@ -26,18 +26,22 @@ class PaddedBatchModel:
 
     ``growth`` replaces the factor ``k`` by a measured one, ``g(k)`` for k = 1, 2, … (``g(1) = 1``), for hardware
     on which a batch's cost grows sublinearly in its size (a GPU, or a tiny model on a CPU): see
-    :meth:`from_profile`. Times in ms.
+    :meth:`from_profile`. ``fixed_growth`` does the same for the batch-independent part, ``c0·h(k)`` with
+    ``h(1) = 1`` (a measured profile's fixed part also grows a little with the batch: its embedding and
+    head run on every row; ``gpu.sim.orloj.batch_cost``). Times in ms.
     """
 
     c0: float = 0.0
     growth: tuple[float, ...] = ()
+    fixed_growth: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if not (np.isfinite(self.c0) and self.c0 >= 0):
             raise ConfigError("c0", self.c0, "need a finite batch overhead >= 0 ms")
-        g = np.asarray(self.growth, float)
-        if g.size and not (np.all(np.isfinite(g)) and g[0] == 1.0 and np.all(np.diff(g) >= 0)):
-            raise ConfigError("growth", self.growth, "need g(1) = 1 and a finite, nondecreasing g(k)")
+        for name in ("growth", "fixed_growth"):
+            g = np.asarray(getattr(self, name), float)
+            if g.size and not (np.all(np.isfinite(g)) and g[0] == 1.0 and np.all(np.diff(g) >= 0)):
+                raise ConfigError(name, getattr(self, name), "need g(1) = 1 and a finite, nondecreasing g(k)")
 
     @classmethod
     def from_profile(cls, latency_ms: Callable[[int], float], max_batch: int, c0: float) -> "PaddedBatchModel":
@@ -51,11 +55,20 @@ class PaddedBatchModel:
 
     def factor(self, k: int) -> float:
         """How many alone-time works a batch of ``k`` costs: ``k`` (Eq. 4.3) or the measured ``g(k)``."""
-        if not self.growth:
-            return float(k)
-        return self.growth[k - 1] if k <= len(self.growth) else self.growth[-1] * k / len(self.growth)
+        return _grown(self.growth, k, float(k))
+
+    def fixed(self, k: int) -> float:
+        """The batch-independent part of a batch of ``k``: ``c0`` (Eq. 4.3) or ``c0·h(k)``, measured."""
+        return self.c0 * _grown(self.fixed_growth, k, 1.0)
 
     def batch_ms(self, alone_ms: Sequence[float] | np.ndarray) -> float:
         """Execution time of one batch whose requests alone take ``alone_ms`` (Eq. 4.3 with Eq. 4.4)."""
         alone = np.asarray(alone_ms, float)
-        return self.c0 + self.factor(len(alone)) * max(0.0, float(alone.max()) - self.c0)
+        return self.fixed(len(alone)) + self.factor(len(alone)) * max(0.0, float(alone.max()) - self.c0)
+
+
+def _grown(table: tuple[float, ...], k: int, default: float) -> float:
+    """A measured growth at ``k``, linear beyond the table (``default`` without one)."""
+    if not table:
+        return default
+    return table[k - 1] if k <= len(table) else table[-1] * k / len(table)

@@ -128,8 +128,8 @@ def batch_latency(assignments: Sequence[Sequence[Histogram]], model: PaddedBatch
     cdf = np.mean([max_cdf(slots, grid) for slots in assignments], axis=0)
     masses = np.diff(cdf)
     masses[0] += cdf[0]
-    k = model.factor(len(assignments[0]))
-    return Histogram(model.c0 + k * (grid - model.c0), np.clip(masses, 0.0, None))
+    k = len(assignments[0])
+    return Histogram(model.fixed(k) + model.factor(k) * (grid - model.c0), np.clip(masses, 0.0, None))
 
 
 @dataclass(frozen=True, eq=False)

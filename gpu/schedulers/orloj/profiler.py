@@ -32,11 +32,11 @@ from gpu.schedulers.orloj.policy import Histogram
 
 
 def longest_alone_ms(batch_ms: float, k: int, model: PaddedBatchModel) -> float:
-    """Eq. 4.3 solved for the batch's longest alone time: ``c0 + (l_B − c0) / g(k)`` (at least 0 ms).
+    """Eq. 4.3 solved for the batch's longest alone time: ``c0 + (l_B − c0·h(k)) / g(k)`` (at least 0 ms).
 
     Example: ``c0 = 1`` ms, ``g(4) = 4``, a batch of 4 that ran 9 ms → its slowest request takes 3 ms alone.
     """
-    return max(0.0, model.c0 + (batch_ms - model.c0) / model.factor(k))
+    return max(0.0, model.c0 + (batch_ms - model.fixed(k)) / model.factor(k))
 
 
 def histogram_from_maxima(maxima: Mapping[int, Sequence[float]], bins: int = 200) -> Histogram:

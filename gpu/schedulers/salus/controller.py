@@ -11,6 +11,8 @@ scheduled lane by lane by the iteration scheduler (FIFO, PACK, SRTF, FAIR; §2.4
 * ``on_arrival(now, job)`` — a job asks for a lane;
 * ``on_iteration(now, job_id, gpu_s)`` — the job's iteration ended after ``gpu_s`` seconds of GPU time;
 * ``on_job_done(now, job_id, gpu_s)`` — the job left (finished, failed or killed, mid-iteration or not),
+* ``on_wake(now)`` — time passed (at ``token_deadline()``): a job that has held its lane's token past its bound
+  loses it (``gpu.schedulers.salus.overrun``: its lane is fenced, the lane's other jobs go on beside it),
 
 and applies the returned ``SalusStep``: who was admitted where, who waits, which lanes were laid out anew
 (auto-defragmentation) and which job runs the next iteration of each free lane. Salus "is event-driven,
@@ -19,11 +21,13 @@ and reacts when there are jobs arriving or finishing, or at iteration boundaries
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
 from gpu.errors import ConfigError
 from gpu.schedulers.salus.lanes import LaneChoice, LaneManager, LaneMove, LaneView, Margins
+from gpu.schedulers.salus.overrun import Holding, Revoked, TokenBound, check_floor
 from gpu.schedulers.salus.policies import Candidate, LanePolicy, LaneSnapshot, make_policy
 
 _LANE_CAPS = {"exclusive": (1, 1), "one_lane": (1, None), "lanes": (None, None)}  # (max_lanes, max_jobs)
@@ -36,7 +40,9 @@ class SalusJob:
     ``expected_s``: declared total GPU time (SRTF needs it, §2.4.2); ``weight``: weighted-FAIR share;
     ``on_demand``: the job has an iteration to run only while an ``Ask`` for it waits — an inference job
     between queries (§2.5.3), or a real job that has not yet reached its next iteration boundary; otherwise
-    (simulated training) its next iteration is always ready.
+    (simulated training) its next iteration is always ready. ``token_floor_s``: the least time it may hold its
+    lane's token before losing it (default: the controller's ``TokenBound.floor_s``), e.g. for a first iteration
+    that compiles for minutes.
     Example: ``SalusJob("resnet50_50", persistent_mb=340, ephemeral_mb=5200, expected_s=900)``.
     """
 
@@ -46,6 +52,7 @@ class SalusJob:
     expected_s: float | None = None
     weight: float = 1.0
     on_demand: bool = False
+    token_floor_s: float | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.job_id, str) or not self.job_id:
@@ -56,6 +63,8 @@ class SalusJob:
                 continue
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
                 raise ConfigError(f"jobs[{self.job_id}].{name}", v, "must be a finite number > 0")
+        if self.token_floor_s is not None:
+            check_floor(self.token_floor_s, f"jobs[{self.job_id}].token_floor_s")
 
 
 @dataclass(frozen=True)
@@ -96,12 +105,14 @@ class Run:
 
 @dataclass(frozen=True)
 class SalusStep:
-    """One decision: admissions, jobs newly queued (Alg. 2.1 "not found"), lane layout changes, runs."""
+    """One decision: admissions, jobs newly queued (Alg. 2.1 "not found"), lane layout changes, runs, and token
+    holders that lost the token past their bound (``on_wake``)."""
 
     admitted: tuple[Admission, ...] = ()
     queued: tuple[str, ...] = ()
     moves: tuple[LaneMove, ...] = ()
     runs: tuple[Run, ...] = ()
+    revoked: tuple[Revoked, ...] = ()
 
 
 @dataclass
@@ -115,6 +126,10 @@ class _JobState:
     last_run: int = -1
     pending: int = 0  # Asks waiting (on-demand jobs only)
     resident: bool = False  # its persistent memory is on the device already (re-admitted after profiling)
+    longest_s: float = 0.0  # its longest measured iteration (the token bound follows it)
+    granted_at: float = 0.0  # when it was last given its lane's token
+    revoked_at: float | None = None  # when it lost the token mid-iteration (None: it did not)
+    split: bool = False  # its lanemates went on in a lane of their own meanwhile
 
     @property
     def has_work(self) -> bool:
@@ -141,13 +156,14 @@ class SalusController:
         margins: safety margins (default ``P`` x 1.1, ``P+E`` x 1.05, 300 MB reserve).
         admission: override the policy's admission (``exclusive``/``one_lane``/``lanes``).
         max_jobs: admit at most this many jobs at once (a process-mode executor has that many workers).
+        token_bound: how long a job may hold its lane's token (``gpu.schedulers.salus.overrun``).
     """
 
     system = "salus"
-    hooks = ("on_arrival", "on_iteration", "on_job_done")
+    hooks = ("on_arrival", "on_iteration", "on_job_done", "on_wake")
 
     def __init__(self, capacity_mb: float, policy: str | LanePolicy = "pack", margins: Margins = Margins(),
-                 admission: str | None = None, max_jobs: int | None = None):
+                 admission: str | None = None, max_jobs: int | None = None, token_bound: TokenBound = TokenBound()):
         self.rule: LanePolicy = make_policy(policy, admission) if isinstance(policy, str) else policy
         self.policy = self.rule.name
         max_lanes, cap = _LANE_CAPS[self.rule.admission]
@@ -156,6 +172,9 @@ class SalusController:
         caps = [c for c in (cap, max_jobs) if c is not None]
         max_jobs = min(caps) if caps else None
         self.lanes = LaneManager(capacity_mb, margins, max_lanes=max_lanes, max_jobs=max_jobs)
+        if not isinstance(token_bound, TokenBound):
+            raise ConfigError("token_bound", token_bound, "must be a gpu.schedulers.salus.overrun.TokenBound")
+        self.token_bound = token_bound
         self._book = _Book()
         self._seq = 0
         self._iterations = 0
@@ -172,9 +191,9 @@ class SalusController:
                 # restart as on admission (a job admitted long before its first iteration gets no catch-up)
                 self._restart_service(self.lanes.lane_of[job.job_id])
             state.pending += 1
-            return self._advance((), ())
+            return self._advance(now, (), ())
         if isinstance(job, Profiled):
-            return self._readmit(job)
+            return self._readmit(now, job)
         if job.job_id in self._book.jobs:
             raise ConfigError("job_id", job.job_id, "already submitted to this device")
         if self.rule.needs_expected_time and job.expected_s is None:
@@ -185,18 +204,34 @@ class SalusController:
         self._book.queue.append(job.job_id)
         admitted = self._admit_queued()
         queued = () if any(a.job_id == job.job_id for a in admitted) else (job.job_id,)
-        return self._advance(admitted, queued)
+        return self._advance(now, admitted, queued)
 
     def on_iteration(self, now: float, job_id: str, gpu_s: float, more: bool = False) -> SalusStep:
         """The job's iteration ended: charge its service, free its lane, re-lay lanes, pick next iterations.
 
         ``more``: an on-demand job asks for its next iteration in the same breath, so the policy sees it
         waiting (a real job would otherwise lose the token to whoever asked while it crossed the boundary).
+        A job that lost the token during this iteration (``on_wake``) has now given its ephemeral memory back:
+        its fence goes, and if its lanemates went on in a lane of their own it is re-admitted (Algorithm 2.1,
+        before any queued job, as after profiling) to wait for the token again.
         """
+        state = self._known(job_id)
+        revoked = state.revoked_at is not None
         self._finish_iteration(job_id, gpu_s, must_run=True)
         if more:
-            self._book.jobs[job_id].pending += 1
-        return self._advance((), ())
+            state.pending += 1
+        if not revoked:
+            return self._advance(now, (), ())
+        state.revoked_at, split, state.split = None, state.split, False
+        self.lanes.unfence(job_id)
+        if not split:
+            return self._advance(now, (), ())
+        self.lanes.release(job_id)
+        state.resident = True
+        self._book.queue.append(job_id)
+        admitted = self._admit_queued()
+        queued = () if any(a.job_id == job_id for a in admitted) else (job_id,)
+        return self._advance(now, admitted, queued)
 
     def on_job_done(self, now: float, job_id: str, gpu_s: float = 0.0) -> SalusStep:
         """The job left (done, failed, killed; mid-iteration or queued): free its memory and lane, shrink the
@@ -208,7 +243,20 @@ class SalusController:
             self._finish_iteration(job_id, gpu_s, must_run=False)
             self.lanes.release(job_id)
         del self._book.jobs[job_id]
-        return self._advance(self._admit_queued(), ())
+        return self._advance(now, self._admit_queued(), ())
+
+    def on_wake(self, now: float) -> SalusStep:
+        """Every job that has held its lane's token longer than its bound loses it: its lane is fenced (kept for
+        the iteration it may still be running) and the lane's other jobs go on in a lane of their own as soon as
+        Eq. 2.1 has room (``gpu.schedulers.salus.overrun``); the other lanes never waited. Call it at
+        ``token_deadline()``."""
+        revoked = []
+        for hold in self.token_holders(now):
+            if not hold.revoked and hold.held_s > hold.bound_s:
+                self._book.jobs[hold.job_id].revoked_at = now
+                self.lanes.fence(hold.job_id)
+                revoked.append(Revoked(hold.job_id, hold.lane_id, hold.held_s, hold.bound_s))
+        return dataclasses.replace(self._advance(now, (), ()), revoked=tuple(revoked))
 
     # --- what a world asks --------------------------------------------------------------------------------
     @property
@@ -224,6 +272,20 @@ class SalusController:
 
     def consumed_s(self, job_id: str) -> float:
         return self._known(job_id).consumed_s
+
+    def token_holders(self, now: float) -> tuple[Holding, ...]:
+        """Each busy lane's token holder: held since when, its bound, whether it has lost the token."""
+        return tuple(Holding(lane_id, job_id, now - self._book.jobs[job_id].granted_at,
+                             self._bound(self._book.jobs[job_id]), self._book.jobs[job_id].revoked_at is not None)
+                     for lane_id, job_id in self._book.busy.items())
+
+    def token_deadline(self) -> float | None:
+        """When the next holder that has not lost its token passes its bound (None: no such holder)."""
+        holders = [self._book.jobs[job_id] for job_id in self._book.busy.values()]
+        return min((s.granted_at + self._bound(s) for s in holders if s.revoked_at is None), default=None)
+
+    def _bound(self, state: _JobState) -> float:
+        return self.token_bound.limit_s(state.longest_s, state.job.token_floor_s)
 
     # --- helpers --------------------------------------------------------------------------------------------
     def _known(self, job_id: str) -> _JobState:
@@ -241,10 +303,14 @@ class SalusController:
                 raise ConfigError("job_id", job_id, "ended an iteration it was never told to run")
             return
         del self._book.busy[lane]
+        if state.revoked_at is not None:  # it is charged the time it held the lane alone, not its stop
+            gpu_s = min(gpu_s, state.revoked_at - state.granted_at)
+        else:
+            state.longest_s = max(state.longest_s, gpu_s)
         state.served_s += gpu_s
         state.consumed_s += gpu_s
 
-    def _readmit(self, profiled: Profiled) -> SalusStep:
+    def _readmit(self, now: float, profiled: Profiled) -> SalusStep:
         state = self._known(profiled.job_id)
         lane = self.lanes.lane_of.get(profiled.job_id)
         if profiled.job_id in self._book.queue or self._book.busy.get(lane) == profiled.job_id:
@@ -255,7 +321,7 @@ class SalusController:
         self._book.queue.append(profiled.job_id)
         admitted = self._admit_queued()
         queued = () if any(a.job_id == profiled.job_id for a in admitted) else (profiled.job_id,)
-        return self._advance(admitted, queued)
+        return self._advance(now, admitted, queued)
 
     def _admit_queued(self) -> tuple[Admission, ...]:
         """Try queued jobs in the policy's queue order (jobs whose memory is already resident first); a job
@@ -277,8 +343,12 @@ class SalusController:
         for j in self.lanes.jobs_in(lane_id):
             self._book.jobs[j].served_s = 0.0
 
-    def _advance(self, admitted: tuple[Admission, ...], queued: tuple[str, ...]) -> SalusStep:
-        """Re-lay idle lanes (auto-defragmentation), then give each free, ready lane its next iteration."""
+    def _advance(self, now: float, admitted: tuple[Admission, ...], queued: tuple[str, ...]) -> SalusStep:
+        """Move the lanemates of fenced holders to lanes of their own where Eq. 2.1 now has room, re-lay idle lanes
+        (auto-defragmentation), then give each free, ready lane its next iteration."""
+        for lane_id, job_id in self.lanes.fenced.items():
+            if self.lanes.split_off(job_id) is not None:
+                self._book.jobs[job_id].split = True
         views = self.lanes.lanes()
         moves = self.lanes.settle({v.lane_id for v in views if v.lane_id not in self._book.busy})
         runs = []
@@ -292,6 +362,7 @@ class SalusController:
             self._book.busy[view.lane_id] = job_id
             state = self._book.jobs[job_id]
             state.last_run, state.pending = self._iterations, max(0, state.pending - 1)
+            state.granted_at = now
             self._iterations += 1
             runs.append(Run(view.lane_id, job_id))
         return SalusStep(admitted, queued, moves, tuple(runs))

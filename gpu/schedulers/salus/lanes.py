@@ -20,7 +20,10 @@ Choices where the thesis is silent (our reading, see ``docs/salus.md``):
 * a grow (line 9) only ever grows a lane and is *applied* when the lane reaches an iteration boundary:
   until then the lane cannot start an iteration (``ready``) — the memory below it is still in use;
 * on departure the lane shrinks to ``max E`` of its remaining jobs, an empty lane is dropped;
-* margins from the authors' code: ``P`` x 1.1, ``P + E`` x 1.05, 300 MB of the device held in reserve.
+* margins from the authors' code: ``P`` x 1.1, ``P + E`` x 1.05, 300 MB of the device held in reserve;
+* a lane whose token holder overran its bound is *fenced* (``fence``, ``split_off``, ``unfence``): kept at its size
+  for that job's iteration in flight, closed to new jobs, its other jobs moved to a lane of their own
+  (``gpu.schedulers.salus.overrun``).
 
 Units: MB throughout. Lane ids are small integers, never reused.
 """
@@ -31,6 +34,7 @@ import math
 from dataclasses import dataclass, field
 
 from gpu.errors import ConfigError, GpuflowsError, NeverFitsError
+from gpu.scenario import MAX_MB
 
 _TOL = 1e-6
 OUTCOMES = ("new", "join", "grow", "not_found")
@@ -55,10 +59,11 @@ class Margins:
     def __post_init__(self) -> None:
         for name in ("persistent", "total"):
             v = getattr(self, name)
-            if not isinstance(v, (int, float)) or not math.isfinite(v) or v < 1:
-                raise ConfigError(f"margins.{name}", v, "must be a finite factor >= 1")
-        if not isinstance(self.reserve_mb, (int, float)) or not math.isfinite(self.reserve_mb) or self.reserve_mb < 0:
-            raise ConfigError("margins.reserve_mb", self.reserve_mb, "must be a finite number of MB >= 0")
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not 1 <= v <= 100:
+                raise ConfigError(f"margins.{name}", v, "must be a finite factor from 1 to 100")
+        r = self.reserve_mb
+        if isinstance(r, bool) or not isinstance(r, (int, float)) or not math.isfinite(r) or not 0 <= r <= MAX_MB:
+            raise ConfigError("margins.reserve_mb", r, f"must be a finite number of MB from 0 to {MAX_MB:,.0f} (1 TiB)")
 
     def charge(self, persistent_mb: float, ephemeral_mb: float) -> tuple[float, float]:
         return persistent_mb * self.persistent * self.total, ephemeral_mb * self.total
@@ -139,11 +144,15 @@ class LaneManager:
         self.ephemeral: dict[str, float] = {}
         self.lane_of: dict[str, int] = {}
         self._lanes: dict[int, _Lane] = {}  # insertion order = layout order, top of memory first
+        self._fences: dict[int, tuple[str, float]] = {}  # lane -> (job past its token bound, lane size kept)
         self._next_id = 0
 
     # --- Eq. 2.1 ------------------------------------------------------------------------------------------
     def lane_size(self, lane_id: int) -> float:
-        """``L_l = max_{j in l} E_j`` (a grow adds the job whose ``E`` sets the new size, Alg. 2.1 line 9)."""
+        """``L_l = max_{j in l} E_j`` (a grow adds the job whose ``E`` sets the new size, Alg. 2.1 line 9); a fenced
+        lane keeps the size it had when fenced (its holder's iteration may still use any of it)."""
+        if lane_id in self._fences:
+            return self._fences[lane_id][1]
         return max((self.ephemeral[j] for j in self._lanes[lane_id].jobs), default=0.0)
 
     def used_mb(self) -> float:
@@ -178,8 +187,8 @@ class LaneManager:
         if self.max_jobs is not None and len(self.persistent) >= self.max_jobs:
             return LaneChoice("not_found")
         sum_p = sum(self.persistent.values()) + p
-        sizes = {lid: self.lane_size(lid) for lid in self._lanes}
-        sum_l = sum(sizes.values())
+        sum_l = sum(self.lane_size(lid) for lid in self._lanes)
+        sizes = {lid: self.lane_size(lid) for lid in self._lanes if lid not in self._fences}  # a fence takes no job
         if (self.max_lanes is None or len(sizes) < self.max_lanes) and sum_p + sum_l + e <= self.usable_mb + _TOL:
             return LaneChoice("new", None, e)                                          # lines 1-3
         fits = [lid for lid, size in sizes.items() if size >= e - _TOL]
@@ -217,10 +226,47 @@ class LaneManager:
         del self.persistent[job_id], self.ephemeral[job_id]
         lane = self._lanes[lane_id]
         lane.jobs.remove(job_id)
+        if self._fences.get(lane_id, ("",))[0] == job_id:
+            del self._fences[lane_id]
         if not lane.jobs:
             del self._lanes[lane_id]
         self.check()
         return lane_id
+
+    # --- a token holder past its bound (gpu.schedulers.salus.overrun) ------------------------------------------
+    def fence(self, job_id: str) -> None:
+        """The job holding its lane's token lost it mid-iteration: its lane keeps its size and takes no new job
+        until the job reaches its boundary (``unfence``) or leaves (``release``)."""
+        lane_id = self.lane_of[job_id]
+        self._fences[lane_id] = (job_id, self.lane_size(lane_id))
+
+    def split_off(self, job_id: str) -> int | None:
+        """Move the other jobs of ``job_id``'s fenced lane to a new lane sized to their ``max E`` (laid out at the
+        next ``settle``), so they go on while the fence keeps the job's memory. Returns the new lane, or None when
+        the job is alone or Eq. 2.1 has no room for the new lane yet (they wait; call again later)."""
+        lane_id = self.lane_of[job_id]
+        rest = [j for j in self._lanes[lane_id].jobs if j != job_id]
+        if not rest or lane_id not in self._fences:
+            return None
+        size = max(self.ephemeral[j] for j in rest)
+        if self.used_mb() + size > self.usable_mb + _TOL:
+            return None
+        new_id, self._next_id = self._next_id, self._next_id + 1
+        self._lanes[new_id] = _Lane(rest)
+        self._lanes[lane_id].jobs = [job_id]
+        for j in rest:
+            self.lane_of[j] = new_id
+        self.check()
+        return new_id
+
+    def unfence(self, job_id: str) -> None:
+        """The fenced lane's job reached its boundary: the lane is an ordinary lane again."""
+        self._fences.pop(self.lane_of[job_id], None)
+
+    @property
+    def fenced(self) -> dict[int, str]:
+        """Fenced lanes and the job each is kept for."""
+        return {lid: job for lid, (job, _) in self._fences.items()}
 
     # --- layout and auto-defragmentation --------------------------------------------------------------------
     def targets(self) -> dict[int, tuple[float, float]]:
@@ -253,13 +299,16 @@ class LaneManager:
         return tuple(moves)
 
     def ready(self, lane_id: int) -> bool:
-        """A lane may start an iteration: laid out at its target, and clear of the persistent region."""
+        """A lane may start an iteration: laid out at its target, and clear of the persistent region.
+
+        Judged for this lane alone: another lane still waiting to slide (its iteration in flight) holds only its
+        own span, so lanes already in place go on running meanwhile — lanes run in parallel and
+        defragmentation costs them nothing (§2.3.3, §2.3.3.1)."""
         off, size = self.targets()[lane_id]
         placed = self._lanes[lane_id].placed
         floor = sum(self.persistent.values())
-        lowest = min((l.placed[0] for l in self._lanes.values() if l.placed is not None), default=self.usable_mb)
         return placed is not None and abs(placed[0] - off) < _TOL and abs(placed[1] - size) < _TOL \
-            and lowest >= floor - _TOL
+            and placed[0] >= floor - _TOL
 
     def jobs_in(self, lane_id: int) -> tuple[str, ...]:
         """The lane's jobs in joining order."""

@@ -15,7 +15,7 @@ import numpy as np
 
 from gpu.errors import ConfigError
 from gpu.report import SimulationReport
-from gpu.scenario import integer, known_fields, policy_names, positive
+from gpu.scenario import MAX_RATE, integer, known_fields, policy_names, positive
 from gpu.schedulers.cilantro.microservices import (HOTEL_SERVICES, MaternGP, MicroservicePolicy, MicroserviceSnapshot,
                                                    hotel_reservation)
 from gpu.sim.cilantro.scenario import MAX_UNITS, seed_list
@@ -63,7 +63,7 @@ def run_microservices(raw: Mapping[str, Any], policies: list[str] | None) -> Sim
     rounds = integer(raw.get("rounds", 180), "rounds", minimum=1)
     if rounds > MAX_ROUNDS:
         raise ConfigError("rounds", rounds, f"at most {MAX_ROUNDS:,} (ms-cilantro's GP keeps every round)")
-    mean_load = positive(raw.get("mean_load", 1800.0), "mean_load")
+    mean_load = positive(raw.get("mean_load", 1800.0), "mean_load", upper=MAX_RATE)
     seeds = seed_list(raw.get("seeds", [0]))
     names = policy_names(raw, policies, MicroservicePolicy.KINDS)
     made = [MicroservicePolicy(nm) for nm in names]

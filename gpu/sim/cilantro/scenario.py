@@ -13,7 +13,8 @@ import numpy as np
 
 from gpu.errors import ConfigError
 from gpu.report import SimulationReport
-from gpu.scenario import choose, integer, known_fields, mapping, policy_names, positive, require
+from gpu.scenario import (MAX_FACTOR, MAX_RATE, MAX_SECONDS, MAX_SEED, MAX_SEEDS, choose, integer, known_fields,
+                          mapping, policy_names, positive, require)
 from gpu.schedulers.cilantro.policies import make_policy
 from gpu.schedulers.cilantro.metrics import (UTILITY_EXPONENTS, egalitarian_welfare, njc_fairness,
                                              njc_fairness_resource, social_welfare, useful_usage)
@@ -75,10 +76,11 @@ WORKLOADS = [*PROFILES, *SYNTHETIC]
 
 
 def seed_list(value: Any, field: str = "seeds") -> tuple[int, ...]:
-    """A non-empty list of whole numbers >= 0 (numpy's seed sequences refuse negatives)."""
-    if not isinstance(value, list) or not value:
-        raise ConfigError(field, value, "must be a non-empty list of integers")
-    return tuple(integer(s, f"{field}[{i}]", minimum=0) for i, s in enumerate(value))
+    """A non-empty list of at most MAX_SEEDS whole numbers from 0 to MAX_SEED (numpy's seed sequences refuse
+    negatives; each seed is a whole run)."""
+    if not isinstance(value, list) or not value or len(value) > MAX_SEEDS:
+        raise ConfigError(field, value, f"must be a non-empty list of at most {MAX_SEEDS} integers")
+    return tuple(integer(s, f"{field}[{i}]", minimum=0, maximum=MAX_SEED) for i, s in enumerate(value))
 
 
 
@@ -91,9 +93,9 @@ def _job(raw: Any, i: int) -> SimJob:
     if not isinstance(name, str) or not name:
         raise ConfigError(f"{where}.name", name, "must be a non-empty string")
     workload = choose(require(raw, "workload", f"{where}."), f"{where}.workload", WORKLOADS)
-    spec = JobSpec(name, positive(require(raw, "slo", f"{where}."), f"{where}.slo"),
+    spec = JobSpec(name, positive(require(raw, "slo", f"{where}."), f"{where}.slo", upper=MAX_RATE),
                    choose(raw.get("utility", "linear"), f"{where}.utility", sorted(UTILITY_EXPONENTS)),
-                   positive(raw.get("weight", 1.0), f"{where}.weight"), workload)
+                   positive(raw.get("weight", 1.0), f"{where}.weight", upper=MAX_FACTOR), workload)
     return SimJob(spec, profile(workload))
 
 
@@ -119,7 +121,7 @@ def _jobs(raw: Mapping[str, Any]) -> tuple[SimJob, ...]:
 
 def _grid(raw: Mapping[str, Any]) -> tuple[float, float]:
     """``capacity`` and ``unit``: at least one and at most MAX_UNITS allocation units."""
-    capacity = positive(raw.get("capacity", 1000.0), "capacity")
+    capacity = positive(raw.get("capacity", 1000.0), "capacity", upper=MAX_UNITS)
     unit = positive(raw.get("unit", 1.0), "unit")
     if unit > capacity:
         raise ConfigError("unit", unit, f"must not exceed capacity={capacity:g} (every allocation would be 0)")
@@ -131,9 +133,9 @@ def _grid(raw: Mapping[str, Any]) -> tuple[float, float]:
 
 def _timing(raw: Mapping[str, Any]) -> tuple[float, float, float]:
     """``round_s``, ``report_s``, ``horizon_s``: at least one round, at most MAX_REPORTS reports per job."""
-    round_s = positive(raw.get("round_s", 120.0), "round_s")
-    report_s = positive(raw.get("report_s", 10.0), "report_s")
-    horizon_s = positive(raw.get("horizon_s", 6 * 3600.0), "horizon_s")
+    round_s = positive(raw.get("round_s", 120.0), "round_s", upper=MAX_SECONDS)
+    report_s = positive(raw.get("report_s", 10.0), "report_s", upper=MAX_SECONDS)
+    horizon_s = positive(raw.get("horizon_s", 6 * 3600.0), "horizon_s", upper=MAX_SECONDS)
     if report_s > round_s:
         raise ConfigError("report_s", report_s, "must not exceed round_s")
     if horizon_s < round_s:
@@ -159,22 +161,25 @@ def parse_multitenant(raw: Mapping[str, Any]) -> MultiTenantConfig:
     if confidence >= 1:
         raise ConfigError("forecaster.confidence", confidence, "must be in (0, 1)")
     mc = raw.get("max_change", 10.0)
-    seeds = seed_list(raw["seeds"]) if "seeds" in raw else (integer(raw.get("seed", 0), "seed", minimum=0),)
+    seeds = seed_list(raw["seeds"]) if "seeds" in raw else (integer(raw.get("seed", 0), "seed", minimum=0,
+                                                                     maximum=MAX_SEED),)
     capacity, unit = _grid(raw)
     round_s, report_s, horizon_s = _timing(raw)
     return MultiTenantConfig(
         jobs=jobs, capacity=capacity, unit=unit, round_s=round_s, report_s=report_s, horizon_s=horizon_s,
-        max_change=None if mc is None else positive(mc, "max_change", allow_zero=True),
+        max_change=None if mc is None else positive(mc, "max_change", allow_zero=True, upper=MAX_UNITS),
         seeds=seeds,
         learner=choose(learner.get("kind", "ibtree"), "learner.kind", ["ibtree", "saturating"]),
-        learner_beta=None if learner.get("beta") is None else positive(learner["beta"], "learner.beta"),
-        lipschitz=None if learner.get("lipschitz") is None else positive(learner["lipschitz"], "learner.lipschitz"),
+        learner_beta=None if learner.get("beta") is None else positive(learner["beta"], "learner.beta",
+                                                                        upper=MAX_FACTOR),
+        lipschitz=None if learner.get("lipschitz") is None else positive(learner["lipschitz"], "learner.lipschitz",
+                                                                         upper=MAX_FACTOR),
         forecaster=choose(fc.get("kind", "arima"), "forecaster.kind", ["arima", "ewma"]),
         arima_d=choose(integer(fc.get("d", 1), "forecaster.d"), "forecaster.d", [0, 1]),
-        forecast_window=integer(fc.get("window", 4000), "forecaster.window", minimum=8),
+        forecast_window=integer(fc.get("window", 4000), "forecaster.window", minimum=8, maximum=MAX_REPORTS),
         forecast_confidence=confidence,
-        warmup_reports=integer(raw.get("warmup_reports", 5), "warmup_reports", minimum=0),
-        ml_noise=positive(raw.get("ml_noise", 0.05), "ml_noise", allow_zero=True),
+        warmup_reports=integer(raw.get("warmup_reports", 5), "warmup_reports", minimum=0, maximum=MAX_REPORTS),
+        ml_noise=positive(raw.get("ml_noise", 0.05), "ml_noise", allow_zero=True, upper=1.0),
     )
 
 
@@ -210,7 +215,7 @@ def run_static(raw: Mapping[str, Any], policies: list[str] | None) -> Simulation
     demands = require(raw, "demands")
     if not isinstance(demands, list) or not demands:
         raise ConfigError("demands", demands, "must be a non-empty list")
-    rows = static_example(capacity, [positive(v, f"demands[{i}]") for i, v in enumerate(demands)],
+    rows = static_example(capacity, [positive(v, f"demands[{i}]", upper=MAX_UNITS) for i, v in enumerate(demands)],
                           policy_names(raw, policies, DEFAULT_STATIC_POLICIES))
     summary = {f"{r['policy'].replace('-', '_')}_{m}": r[m] for r in rows
                for m in ("social_welfare", "egalitarian_welfare", "njc_fairness", "useful_usage")}

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from gpu.errors import ConfigError
-from gpu.scenario import (flag, fraction, integer, known_fields, load_scenario, mapping, number,
-                          policy_names, positive, require)
+from gpu.scenario import (MAX_FACTOR, MAX_GPUS, MAX_SECONDS, flag, fraction, integer, known_fields, load_scenario, mapping,
+                          number, policy_names, positive, require)
 from gpu.schedulers.ekya.thief import EkyaParams, InferenceProfile, RetrainConfig
 
 DEFAULT_POLICIES = ("thief", "uniform_cfg1_50")
@@ -68,6 +68,8 @@ class EkyaScenario:
         }
 
 
+MAX_QUANTA = 100_000  # gpus / delta: the thief's steal quanta
+MAX_PASSES = 1_000  # thief passes
 SCENARIO_KEYS = ("gpus", "window_s", "a_min", "delta", "penalty", "max_job_gpus", "retrain_scaling", "start_splits",
                  "max_passes", "policies", "inference", "streams")
 
@@ -91,7 +93,7 @@ def _inference(raw: Any, where: str, default: InferenceProfile) -> InferenceProf
         return default
     raw = mapping(raw, where, optional=False)
     known_fields(raw, ("full_rate_gpus", "points"), f"{where}.")
-    full = positive(raw.get("full_rate_gpus", default.full_rate_gpus), f"{where}.full_rate_gpus")
+    full = positive(raw.get("full_rate_gpus", default.full_rate_gpus), f"{where}.full_rate_gpus", upper=MAX_GPUS)
     points = _points(raw["points"], f"{where}.points") if "points" in raw else default.points
     try:
         return InferenceProfile(full, points)
@@ -116,7 +118,8 @@ def _window(raw: Any, where: str) -> WindowSpec:
         if not isinstance(name, str) or not name:
             raise ConfigError(f"{cw}.name", name, "must be a non-empty string")
         configs.append(RetrainConfig(name, fraction(require(c, "accuracy", f"{cw}."), f"{cw}.accuracy"),
-                                     positive(require(c, "gpu_seconds", f"{cw}."), f"{cw}.gpu_seconds")))
+                                     positive(require(c, "gpu_seconds", f"{cw}."), f"{cw}.gpu_seconds",
+                                              upper=MAX_SECONDS)))
     config_names = [c.name for c in configs]
     if len(set(config_names)) != len(config_names):
         raise ConfigError(f"{where}.configs", config_names, "config names must be unique")
@@ -140,15 +143,18 @@ def _stream(raw: Any, i: int, default_inf: InferenceProfile) -> ScenarioStream:
 def parse_scenario(raw: Mapping[str, Any]) -> EkyaScenario:
     """Validate a scenario mapping; every error names the offending field."""
     known_fields(raw, SCENARIO_KEYS, "")
-    gpus = positive(require(raw, "gpus"), "gpus")
-    window_s = positive(require(raw, "window_s"), "window_s")
+    gpus = positive(require(raw, "gpus"), "gpus", upper=MAX_GPUS)
+    window_s = positive(require(raw, "window_s"), "window_s", upper=MAX_SECONDS)
     cap = raw.get("max_job_gpus", 1.0)
+    delta = positive(raw.get("delta", 0.1), "delta", upper=MAX_GPUS)
+    if gpus / delta > MAX_QUANTA:  # the thief moves delta at a time: its work grows with gpus / delta
+        raise ConfigError("delta", delta, f"gpus / delta = {gpus / delta:,.0f} steal quanta; at most {MAX_QUANTA:,}")
     params = EkyaParams(
-        delta=positive(raw.get("delta", 0.1), "delta"), a_min=fraction(raw.get("a_min", 0.0), "a_min"),
-        penalty=positive(raw.get("penalty", 10.0), "penalty", allow_zero=True),
-        max_job_gpus=None if cap is None else positive(cap, "max_job_gpus"),
-        max_passes=integer(raw.get("max_passes", 3), "max_passes", minimum=1),
-        retrain_scaling=positive(raw.get("retrain_scaling", 1.0), "retrain_scaling"),
+        delta=delta, a_min=fraction(raw.get("a_min", 0.0), "a_min"),
+        penalty=positive(raw.get("penalty", 10.0), "penalty", allow_zero=True, upper=MAX_FACTOR),
+        max_job_gpus=None if cap is None else positive(cap, "max_job_gpus", upper=MAX_GPUS),
+        max_passes=integer(raw.get("max_passes", 3), "max_passes", minimum=1, maximum=MAX_PASSES),
+        retrain_scaling=positive(raw.get("retrain_scaling", 1.0), "retrain_scaling", upper=1.0),
         start_splits=flag(raw.get("start_splits", False), "start_splits"))
     default_inf = _inference(raw.get("inference"), "inference", InferenceProfile())
     streams_raw = require(raw, "streams")

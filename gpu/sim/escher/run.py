@@ -24,8 +24,10 @@ import numpy as np
 
 from gpu.errors import ConfigError
 from gpu.report import SimulationReport
+from gpu.devices import MAX_SIMULATED
 from gpu.scenario import (
-    entries, integer, known_fields, label, load_scenario, policy_names, positive, section,
+    MAX_FACTOR, MAX_MS, MAX_RATE, MAX_SECONDS, MAX_SEED, entries, integer, known_fields, label, load_scenario,
+    policy_names, positive, section, within_events,
 )
 from gpu.schedulers.escher.policies import POLICIES
 from gpu.sim.escher.affinity import PLACEMENTS, Affinity, affinity_placements
@@ -38,12 +40,16 @@ from gpu.sim.escher.world import Timing
 
 SCENARIO_KEYS = {"name", "seed", "timing", "policies", *POLICIES}
 MAX_NODES = 1000
+MAX_CPUS = 10_000  # CPUs of one simulated node
+MAX_TASKS = 100_000  # gangs, pairs, explorations of one experiment
+MAX_GB = 1_000_000.0  # a petabyte of WordCount input
+MAX_GB_S = 100_000.0  # a node's bandwidth: 100 TB/s
 
 
-def _numbers(value: Any, field: str, minimum: float = 0.0) -> tuple[float, ...]:
+def _numbers(value: Any, field: str, minimum: float = 0.0, upper: float = MAX_SECONDS) -> tuple[float, ...]:
     if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)) or not value:
         raise ConfigError(field, value, "must be a non-empty list of numbers")
-    out = tuple(positive(v, f"{field}[{i}]") for i, v in enumerate(value))
+    out = tuple(positive(v, f"{field}[{i}]", upper=upper) for i, v in enumerate(value))
     if min(out) < minimum:
         raise ConfigError(field, value, f"every entry must be >= {minimum}")
     return out
@@ -59,19 +65,21 @@ def _nodes(value: Any, field: str) -> int:
 def _timing(raw: Any) -> Timing:
     t = section(raw, "timing", {"schedule_s", "schedule_sigma", "set_resource_s"})
     d = Timing()
-    return Timing(positive(t.get("schedule_s", d.schedule), "timing.schedule_s"),
-                  positive(t.get("schedule_sigma", d.schedule_sigma), "timing.schedule_sigma", allow_zero=True),
-                  positive(t.get("set_resource_s", d.set_resource), "timing.set_resource_s", allow_zero=True))
+    return Timing(positive(t.get("schedule_s", d.schedule), "timing.schedule_s", upper=MAX_SECONDS),
+                  positive(t.get("schedule_sigma", d.schedule_sigma), "timing.schedule_sigma", allow_zero=True,
+                           upper=10.0),
+                  positive(t.get("set_resource_s", d.set_resource), "timing.set_resource_s", allow_zero=True,
+                           upper=MAX_SECONDS))
 
 
 def _affinity(raw: Any) -> Affinity:
     a = section(raw, "affinity", {"nodes", "cpus", "replicas", "pairs", "task_s"})
     d = Affinity()
     out = Affinity(_nodes(a.get("nodes", d.nodes), "affinity.nodes"),
-                   integer(a.get("cpus", d.cpus), "affinity.cpus", minimum=2),
+                   integer(a.get("cpus", d.cpus), "affinity.cpus", minimum=2, maximum=MAX_CPUS),
                    integer(a.get("replicas", d.replicas), "affinity.replicas", minimum=1),
-                   integer(a.get("pairs", d.pairs), "affinity.pairs", minimum=1),
-                   positive(a.get("task_s", d.task_s), "affinity.task_s"))
+                   integer(a.get("pairs", d.pairs), "affinity.pairs", minimum=1, maximum=MAX_TASKS),
+                   positive(a.get("task_s", d.task_s), "affinity.task_s", upper=MAX_SECONDS))
     if out.replicas > out.nodes:
         raise ConfigError("affinity.replicas", out.replicas, f"anti-affine replicas need a node each; there are {out.nodes}")
     return out
@@ -80,15 +88,17 @@ def _affinity(raw: Any) -> Affinity:
 def _gang(raw: Any) -> GangLoad:
     g = section(raw, "gang", {"nodes", "cpus", "gangs", "sizes", "arrival_rate", "run_s", "timeout_s", "backoff_s"})
     d = GangLoad()
-    nodes, cpus = _nodes(g.get("nodes", d.nodes), "gang.nodes"), integer(g.get("cpus", d.cpus), "gang.cpus", minimum=1)
-    sizes = tuple(int(integer(s, "gang.sizes", minimum=1)) for s in _numbers(g.get("sizes", d.sizes), "gang.sizes", 1))
+    nodes = _nodes(g.get("nodes", d.nodes), "gang.nodes")
+    cpus = integer(g.get("cpus", d.cpus), "gang.cpus", minimum=1, maximum=MAX_CPUS)
+    sizes = tuple(int(integer(s, "gang.sizes", minimum=1)) for s in _numbers(g.get("sizes", d.sizes), "gang.sizes", 1,
+                                                                                upper=MAX_NODES * MAX_CPUS))
     if max(sizes) > nodes * cpus:
         raise ConfigError("gang.sizes", list(sizes), f"a gang larger than the cluster's {nodes * cpus} CPUs never runs")
-    return GangLoad(nodes, cpus, integer(g.get("gangs", d.gangs), "gang.gangs", minimum=1), sizes,
-                    positive(g.get("arrival_rate", d.arrival_rate), "gang.arrival_rate"),
-                    positive(g.get("run_s", d.run_s), "gang.run_s"),
-                    positive(g.get("timeout_s", d.timeout), "gang.timeout_s"),
-                    positive(g.get("backoff_s", d.backoff), "gang.backoff_s"))
+    return GangLoad(nodes, cpus, integer(g.get("gangs", d.gangs), "gang.gangs", minimum=1, maximum=MAX_TASKS), sizes,
+                    positive(g.get("arrival_rate", d.arrival_rate), "gang.arrival_rate", upper=MAX_RATE),
+                    positive(g.get("run_s", d.run_s), "gang.run_s", upper=MAX_SECONDS),
+                    positive(g.get("timeout_s", d.timeout), "gang.timeout_s", upper=MAX_SECONDS),
+                    positive(g.get("backoff_s", d.backoff), "gang.backoff_s", upper=MAX_SECONDS))
 
 
 def _locality(raw: Any) -> WordCount:
@@ -99,26 +109,32 @@ def _locality(raw: Any) -> WordCount:
         raise ConfigError("locality.cluster_sizes", list(sizes), "needs cluster sizes of at least 2 nodes")
     bw = w.get("bandwidth_gb_s")
     return WordCount(_nodes(w.get("nodes", d.nodes), "locality.nodes"), _numbers(w.get("input_gb", d.input_gb),
-                     "locality.input_gb"), sizes, positive(w.get("compute_s_per_gb", d.compute_s_per_gb),
-                                                           "locality.compute_s_per_gb"),
-                     None if bw is None else positive(bw, "locality.bandwidth_gb_s"))
+                     "locality.input_gb", upper=MAX_GB), sizes,
+                     positive(w.get("compute_s_per_gb", d.compute_s_per_gb), "locality.compute_s_per_gb",
+                              upper=MAX_SECONDS),
+                     None if bw is None else positive(bw, "locality.bandwidth_gb_s", upper=MAX_GB_S))
 
 
 def _hfs(raw: Any) -> FairShare:
     h = section(raw, "hfs", {"nodes", "task_s", "warmup_s", "period_s", "horizon_s", "users"})
     d = FairShare()
     users = tuple((label(u["id"], f"hfs.users[{i}].id"), label(u.get("team", "root-team"), f"hfs.users[{i}].team"),
-                   positive(u.get("weight", 1.0), f"hfs.users[{i}].weight"),
-                   positive(u.get("arrives_s", 0.0), f"hfs.users[{i}].arrives_s", allow_zero=True))
+                   positive(u.get("weight", 1.0), f"hfs.users[{i}].weight", upper=MAX_FACTOR),
+                   positive(u.get("arrives_s", 0.0), f"hfs.users[{i}].arrives_s", allow_zero=True, upper=MAX_SECONDS))
                   for i, u in enumerate(entries(h.get("users"), "hfs.users", {"id", "team", "weight", "arrives_s"})))
     if h.get("users") is not None and not users:
         raise ConfigError("hfs.users", h.get("users"), "name at least one user")
     if len({u[0] for u in users}) != len(users):
         raise ConfigError("hfs.users", [u[0] for u in users], "user ids must be unique")
-    return FairShare(_nodes(h.get("nodes", d.nodes), "hfs.nodes"), positive(h.get("task_s", d.task_s), "hfs.task_s"),
-                     positive(h.get("warmup_s", d.warmup_s), "hfs.warmup_s", allow_zero=True),
-                     positive(h.get("period_s", d.period_s), "hfs.period_s"),
-                     positive(h.get("horizon_s", d.horizon_s), "hfs.horizon_s"), users or d.arrivals)
+    out = FairShare(_nodes(h.get("nodes", d.nodes), "hfs.nodes"),
+                    positive(h.get("task_s", d.task_s), "hfs.task_s", upper=MAX_SECONDS),
+                    positive(h.get("warmup_s", d.warmup_s), "hfs.warmup_s", allow_zero=True, upper=MAX_SECONDS),
+                    positive(h.get("period_s", d.period_s), "hfs.period_s", upper=MAX_SECONDS),
+                    positive(h.get("horizon_s", d.horizon_s), "hfs.horizon_s", upper=MAX_SECONDS), users or d.arrivals)
+    within_events(out.horizon_s / out.task_s * out.nodes, "hfs.horizon_s", out.horizon_s,
+                  "tasks (horizon_s / task_s x nodes)")
+    within_events(out.horizon_s / out.period_s, "hfs.period_s", out.period_s, "samples (horizon_s / period_s)")
+    return out
 
 
 def _colocation(raw: Any) -> AlphaZero:
@@ -126,9 +142,13 @@ def _colocation(raw: Any) -> AlphaZero:
     d = AlphaZero()
     out = AlphaZero(_nodes(a.get("nodes", d.nodes), "colocation.nodes"),
                     integer(a.get("pairs", d.pairs), "colocation.pairs", minimum=1),
-                    integer(a.get("explorations", d.explorations), "colocation.explorations", minimum=1),
-                    positive(a.get("compute_ms", d.compute_ms), "colocation.compute_ms"),
-                    d.compute_sigma, positive(a.get("median_gain", d.median_gain), "colocation.median_gain"))
+                    integer(a.get("explorations", d.explorations), "colocation.explorations", minimum=1,
+                            maximum=MAX_TASKS),
+                    positive(a.get("compute_ms", d.compute_ms), "colocation.compute_ms", upper=MAX_MS),
+                    d.compute_sigma, positive(a.get("median_gain", d.median_gain), "colocation.median_gain",
+                                              upper=MAX_FACTOR))
+    within_events(out.pairs * out.explorations, "colocation.explorations", out.explorations,
+                  "explorations (pairs x explorations)")
     if out.pairs > 4 * out.nodes:
         raise ConfigError("colocation.pairs", out.pairs, f"at most 4 per node ({4 * out.nodes}): a predictor takes a GPU")
     return out
@@ -138,12 +158,15 @@ def _tune(raw: Any) -> Tune:
     t = section(raw, "tune", {"nodes", "gpus_per_node", "short_s", "long_gpus", "horizon_s", "poll_s", "checkpoint_s"})
     d = Tune()
     out = Tune(_nodes(t.get("nodes", d.nodes), "tune.nodes"),
-               integer(t.get("gpus_per_node", d.gpus_per_node), "tune.gpus_per_node", minimum=1),
+               integer(t.get("gpus_per_node", d.gpus_per_node), "tune.gpus_per_node", minimum=1,
+                       maximum=MAX_SIMULATED),
                _numbers(t.get("short_s", d.short_s), "tune.short_s"),
                integer(t.get("long_gpus", d.long_gpus), "tune.long_gpus", minimum=1),
-               positive(t.get("horizon_s", d.horizon_s), "tune.horizon_s"),
-               positive(t.get("poll_s", d.poll_s), "tune.poll_s"),
-               positive(t.get("checkpoint_s", d.checkpoint_s), "tune.checkpoint_s", allow_zero=True))
+               positive(t.get("horizon_s", d.horizon_s), "tune.horizon_s", upper=MAX_SECONDS),
+               positive(t.get("poll_s", d.poll_s), "tune.poll_s", upper=MAX_SECONDS),
+               positive(t.get("checkpoint_s", d.checkpoint_s), "tune.checkpoint_s", allow_zero=True,
+                        upper=MAX_SECONDS))
+    within_events(out.horizon_s / out.poll_s, "tune.poll_s", out.poll_s, "polls (horizon_s / poll_s)")
     if out.long_gpus > out.gpus_per_node:
         raise ConfigError("tune.long_gpus", out.long_gpus, "a job wider than a node can never be co-located")
     return out
@@ -238,7 +261,7 @@ def run(scenario_path: str, policies: list[str] | None = None) -> SimulationRepo
     for p in chosen:
         if p not in EXPERIMENTS:
             raise ConfigError("policy", p, f"unknown; choose from {list(POLICIES)}")
-    seed = integer(data.get("seed", 0), "seed", minimum=0)
+    seed = integer(data.get("seed", 0), "seed", minimum=0, maximum=MAX_SEED)
     timing = _timing(data.get("timing"))
     parsed = {p: EXPERIMENTS[p][0](data.get(p)) for p in chosen}           # every check before any work
     summary: dict[str, float] = {}

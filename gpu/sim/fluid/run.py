@@ -18,16 +18,15 @@ from typing import Any, Callable, Mapping
 
 from gpu.errors import ConfigError
 from gpu.report import SimulationReport
-from gpu.scenario import (choose, integer, known_fields, load_scenario, mapping, policy_names, positive,
-                          require)
-from gpu.schedulers.fluid.algorithms import (FluidParams, PackingCurve, Trial, fit_packing_curve, lower_bound, max_parallelism,
-                                  packing_limit)
+from gpu.scenario import (MAX_COUNT, MAX_GPUS, MAX_RATE, MAX_SECONDS, MAX_SEED, choose, integer, known_fields, label,
+                          load_scenario, mapping, policy_names, positive, require)
+from gpu.schedulers.fluid.algorithms import (MAX_PACKED, FluidParams, PackingCurve, Trial, fit_packing_curve,
+                                             lower_bound, max_parallelism, packing_limit)
 from gpu.schedulers.fluid.policies import POLICIES, build_executor
 from gpu.sim.fluid.engine import RunResult, simulate
 from gpu.sim.fluid.workload import Workload
 from gpu.schedulers.fluid.tuning import ALGORITHMS, FixedTrials, TuningAlgorithm, parse_space
 
-MAX_GPUS = 100_000  # the executors keep per-GPU state: a typo like 1e9 would exhaust memory, not simulate
 SCENARIO_KEYS = ("name", "gpus", "seed", "policies", "fluid", "workload", "trials", "algorithm")
 FLUID_KEYS = ("c", "d", "epsilon", "o_th", "concurrency")
 WORKLOAD_KEYS = ("iter_time_s", "runtime_cv", "alpha", "beta", "tau", "packing_curve")
@@ -48,7 +47,7 @@ def _trials(rows: Any) -> list[tuple[str, float, dict[str, Any]]]:
         if isinstance(tid, bool) or not isinstance(tid, (str, int)) or str(tid) in seen or not str(tid):
             raise ConfigError(f"{where}.id", tid, "must be a unique, non-empty name")
         seen.add(str(tid))
-        trials.append((str(tid), positive(require(row, "budget", f"{where}."), f"{where}.budget"),
+        trials.append((str(tid), positive(require(row, "budget", f"{where}."), f"{where}.budget", upper=MAX_COUNT),
                        mapping(row.get("config"), f"{where}.config")))
     return trials
 
@@ -80,10 +79,10 @@ def _packing_curve(raw: Any, o_th: float) -> PackingCurve:
     for name, values in (("ps", ps), ("throughputs", xs)):
         if not isinstance(values, list) or len(values) < 2:
             raise ConfigError(f"{where}.{name}", values, "must be a list of at least 2 numbers")
-    levels = [integer(p, f"{where}.ps[{i}]", minimum=1) for i, p in enumerate(ps)]
+    levels = [integer(p, f"{where}.ps[{i}]", minimum=1, maximum=MAX_PACKED) for i, p in enumerate(ps)]
     if len(set(levels)) != len(levels) or 1 not in levels:
         raise ConfigError(f"{where}.ps", ps, "packing levels must be distinct and include 1")
-    rates = [positive(x, f"{where}.throughputs[{i}]") for i, x in enumerate(xs)]
+    rates = [positive(x, f"{where}.throughputs[{i}]", upper=MAX_RATE) for i, x in enumerate(xs)]
     if len(rates) != len(levels):
         raise ConfigError(f"{where}.throughputs", xs, f"need one throughput per packing level ({len(levels)})")
     return fit_packing_curve(levels, rates, o_th)
@@ -108,14 +107,14 @@ def _params(data: Mapping[str, Any], gpus: int, seed: int) -> tuple[FluidParams,
         info.update(fitted_alpha=fit.alpha, fitted_c=fit.c)
     workload = Workload(seed=seed, **wl)
     if "c" in fl:
-        c = integer(fl["c"], "fluid.c", minimum=1)
+        c = integer(fl["c"], "fluid.c", minimum=1, maximum=MAX_PACKED)
     else:
         c = fit.c if fit else packing_limit(workload.alpha, o_th)
-    d = integer(fl["d"], "fluid.d", minimum=1) if "d" in fl else max_parallelism(workload.beta, gpus)
-    epsilon = positive(fl.get("epsilon", 0.0), "fluid.epsilon", allow_zero=True)
+    d = integer(fl["d"], "fluid.d", minimum=1, maximum=MAX_GPUS) if "d" in fl else max_parallelism(workload.beta, gpus)
+    epsilon = positive(fl.get("epsilon", 0.0), "fluid.epsilon", allow_zero=True, upper=MAX_SECONDS)
     concurrency = fl.get("concurrency")
     if concurrency is not None:
-        concurrency = integer(concurrency, "fluid.concurrency", minimum=1)
+        concurrency = integer(concurrency, "fluid.concurrency", minimum=1, maximum=MAX_COUNT)
     params = FluidParams(c=c, d=d, epsilon=epsilon)
     info.update(c=params.c, d=params.d, epsilon=params.epsilon)
     return params, workload, info, concurrency
@@ -136,14 +135,15 @@ def run(scenario_path: str, policies: list[str] | None = None) -> SimulationRepo
     gpus = integer(require(data, "gpus"), "gpus", minimum=1)
     if gpus > MAX_GPUS:
         raise ConfigError("gpus", gpus, f"at most {MAX_GPUS:,} GPUs")
-    seed = integer(data.get("seed", 0), "seed", minimum=0)
+    seed = integer(data.get("seed", 0), "seed", minimum=0, maximum=MAX_SEED)
+    name = label(data.get("name", scenario_path), "name")
     chosen = _policies(data, policies)
     params, workload, info, concurrency = _params(data, gpus, seed)
     make_algorithm, space = _algorithm_factory(data, seed)
     workload = dataclasses.replace(workload, space=space)
     results = {p: simulate(p, make_algorithm(), build_executor(p, gpus, params, concurrency), workload, gpus,
                            params.epsilon) for p in chosen}
-    return report(str(data.get("name", scenario_path)), results, info, gpus, make_algorithm, workload)
+    return report(name, results, info, gpus, make_algorithm, workload)
 
 
 def report(name: str, results: dict[str, RunResult], info: dict[str, Any], gpus: int,

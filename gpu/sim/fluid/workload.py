@@ -20,7 +20,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from gpu.errors import ConfigError
-from gpu.scenario import number, positive
+from gpu.scenario import MAX_FACTOR, MAX_SECONDS, number, positive
 from gpu.schedulers.fluid.algorithms import Trial
 from gpu.schedulers.fluid.tuning.space import dimensions, encode
 
@@ -40,11 +40,11 @@ class Workload:
     def __post_init__(self) -> None:
         """Refuse non-numbers, NaN and inf here: the runtime model divides and exponentiates these values."""
         for name in ("iter_time_s", "tau"):
-            positive(getattr(self, name), f"workload.{name}")
-        positive(self.runtime_cv, "workload.runtime_cv", allow_zero=True)
-        if not number(self.alpha, "workload.alpha") >= 1:
+            positive(getattr(self, name), f"workload.{name}", upper=MAX_SECONDS)
+        positive(self.runtime_cv, "workload.runtime_cv", allow_zero=True, upper=10.0)
+        if not number(self.alpha, "workload.alpha", upper=MAX_FACTOR) >= 1:
             raise ConfigError("workload.alpha", self.alpha, "packing overhead must be >= 1")
-        if not number(self.beta, "workload.beta") >= 1:
+        if not number(self.beta, "workload.beta", upper=MAX_FACTOR) >= 1:
             raise ConfigError("workload.beta", self.beta, "scaling overhead must be >= 1")
 
     def _rng(self, config: Mapping[str, Any], salt: int) -> np.random.Generator:

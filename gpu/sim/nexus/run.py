@@ -23,8 +23,9 @@ from typing import Any
 from gpu.systems import make_batch_policy
 from gpu.errors import ConfigError
 from gpu.report import SimulationReport
-from gpu.scenario import (choose, entries, flag, integer, label, load_scenario, mapping,
-                          names, number, positive, require, section)
+from gpu.scenario import (MAX_BATCH, MAX_COUNT, MAX_FANOUT, MAX_GPUS, MAX_MB, MAX_MS, MAX_RATE, MAX_SECONDS,
+                          MAX_SEED, choose, entries, flag, integer, label, load_scenario, mapping, names, number,
+                          positive, require, section, within_events)
 from gpu.schedulers.nexus.squishy import Plan, Session, SquishyPacker, batch_oblivious_plan, gpu_lower_bound
 from gpu.schedulers.nexus.overflow import route_unassigned
 from gpu.schedulers.nexus.prefix import PrefixGroup, merge_sessions, variant_profiles
@@ -94,8 +95,8 @@ def _batch_size(key: Any, field: str) -> int:
     """A ``table`` key: a batch size >= 1 (a YAML number, or its digits as JSON object keys are text)."""
     if isinstance(key, str) and key.isascii() and key.isdigit():
         key = int(key)
-    if isinstance(key, bool) or not isinstance(key, int) or key < 1:
-        raise ConfigError(field, key, "batch sizes (the table's keys) must be whole numbers >= 1")
+    if isinstance(key, bool) or not isinstance(key, int) or not 1 <= key <= MAX_BATCH:
+        raise ConfigError(field, key, f"batch sizes (the table's keys) must be whole numbers from 1 to {MAX_BATCH:,}")
     return key
 
 
@@ -108,19 +109,21 @@ def _models(raw: list[dict[str, Any]], builtin: dict[str, BatchProfile]
         where = f"models[{i}]."
         name = label(require(m, "name", where), f"{where}name")
         if "preprocess_ms" in m:
-            pre[name] = positive(m["preprocess_ms"], f"{where}preprocess_ms", allow_zero=True)
+            pre[name] = positive(m["preprocess_ms"], f"{where}preprocess_ms", allow_zero=True, upper=MAX_MS)
         if "table" in m:
             table = mapping(m["table"], f"{where}table", optional=False)
-            prof = table_profile(name, {_batch_size(b, f"{where}table"): positive(v, f"{where}table.{b}")
+            prof = table_profile(name, {_batch_size(b, f"{where}table"): positive(v, f"{where}table.{b}", upper=MAX_MS)
                                         for b, v in table.items()})
         elif "alpha_ms" in m or name not in builtin:
-            prof = linear_profile(name, positive(require(m, "alpha_ms", where), f"{where}alpha_ms", allow_zero=True),
-                                  positive(require(m, "beta_ms", where), f"{where}beta_ms", allow_zero=True),
-                                  integer(m.get("max_batch", 64), f"{where}max_batch", minimum=1))
+            prof = linear_profile(name, positive(require(m, "alpha_ms", where), f"{where}alpha_ms", allow_zero=True,
+                                                 upper=MAX_MS),
+                                  positive(require(m, "beta_ms", where), f"{where}beta_ms", allow_zero=True,
+                                           upper=MAX_MS),
+                                  integer(m.get("max_batch", 64), f"{where}max_batch", minimum=1, maximum=MAX_BATCH))
         else:
             prof = None  # a built-in model keeps its profile
         if "memory_mb" in m:
-            mem = int(positive(m["memory_mb"], f"{where}memory_mb", allow_zero=True) * MIB)
+            mem = int(positive(m["memory_mb"], f"{where}memory_mb", allow_zero=True, upper=MAX_MB) * MIB)
             base = prof or builtin[name]
             prof = replace(base, memory_bytes=tuple(mem for _ in base.batches))
         if prof is not None:
@@ -132,8 +135,8 @@ def _sessions(raw: list[dict[str, Any]]) -> tuple[Session, ...]:
     """``sessions: [{id, model, slo_ms, rate}]``; types here, ranges in ``Session`` (named by its id)."""
     return tuple(Session(label(require(s, "id", f"sessions[{i}]."), f"sessions[{i}].id"),
                          label(require(s, "model", f"sessions[{i}]."), f"sessions[{i}].model"),
-                         number(require(s, "slo_ms", f"sessions[{i}]."), f"sessions[{i}].slo_ms"),
-                         number(require(s, "rate", f"sessions[{i}]."), f"sessions[{i}].rate"))
+                         number(require(s, "slo_ms", f"sessions[{i}]."), f"sessions[{i}].slo_ms", upper=MAX_MS),
+                         number(require(s, "rate", f"sessions[{i}]."), f"sessions[{i}].rate", upper=MAX_RATE))
                  for i, s in enumerate(raw))
 
 
@@ -150,10 +153,10 @@ def _queries(raw: list[dict[str, Any]]) -> tuple[Query, ...]:
             stages.append(QueryStage(label(require(st, "name", at), f"{at}name"),
                                      label(require(st, "model", at), f"{at}model"),
                                      None if parent is None else label(parent, f"{at}parent"),
-                                     number(st.get("gamma", 1.0), f"{at}gamma")))
+                                     number(st.get("gamma", 1.0), f"{at}gamma", upper=MAX_FANOUT)))
         out.append(Query(label(require(q, "id", where), f"{where}id"), tuple(stages),
-                         number(require(q, "slo_ms", where), f"{where}slo_ms"),
-                         number(require(q, "rate", where), f"{where}rate")))
+                         number(require(q, "slo_ms", where), f"{where}slo_ms", upper=MAX_MS),
+                         number(require(q, "rate", where), f"{where}rate", upper=MAX_RATE)))
     return tuple(out)
 
 
@@ -173,7 +176,7 @@ def load(path: str) -> NexusScenario:
     groups = _prefix_groups(raw_groups, profiles)
     for i, g in enumerate(raw_groups):
         if "preprocess_ms" in g:
-            p = positive(g["preprocess_ms"], f"prefix_groups[{i}].preprocess_ms", allow_zero=True)
+            p = positive(g["preprocess_ms"], f"prefix_groups[{i}].preprocess_ms", allow_zero=True, upper=MAX_MS)
             pre.update({m: p for m in groups[i].models})
     profiles.update(variant_profiles(groups, profiles))
     sessions = _sessions(entries(raw.get("sessions"), "sessions", _SESSION_FIELDS))
@@ -192,7 +195,8 @@ def load(path: str) -> NexusScenario:
             if st.model not in profiles:
                 raise ConfigError(f"{q.query_id}.{st.name}.model", st.model,
                                   f"unknown model; choose one of {sorted(profiles)}")
-    streams = {q.query_id: integer(raw_queries[i].get("streams", 1), f"queries[{i}].streams", minimum=1)
+    streams = {q.query_id: integer(raw_queries[i].get("streams", 1), f"queries[{i}].streams", minimum=1,
+                                   maximum=MAX_COUNT)
                for i, q in enumerate(queries)}  # independent uniform sources, e.g. cameras
     grouped = {m for g in groups for m in g.models}
     for q in queries:
@@ -201,16 +205,20 @@ def load(path: str) -> NexusScenario:
                 raise ConfigError(f"{q.query_id}.{st.name}.model", st.model, "query stages are chained request by "
                                   "request and cannot be prefix-batched; use it in a standalone session")
     sim = section(raw.get("simulation"), "simulation", _SIMULATION_FIELDS)
-    gpus = None if raw.get("gpus") is None else integer(raw["gpus"], "gpus", minimum=1)
+    gpus = None if raw.get("gpus") is None else integer(raw["gpus"], "gpus", minimum=1, maximum=MAX_GPUS)
+    duration_s = positive(sim.get("duration_s", 20.0), "simulation.duration_s", upper=MAX_SECONDS)
+    within_events(duration_s * (sum(s.rate for s in sessions) + sum(q.rate for q in queries)), "simulation.duration_s",
+                  duration_s, "requests (the sessions' and queries' rates x duration_s)")
     return NexusScenario(
-        name=str(raw.get("name", path)), preset=preset, profiles=profiles, sessions=sessions, queries=queries,
-        gpus=gpus, duration_s=positive(sim.get("duration_s", 20.0), "simulation.duration_s"),
+        name=label(raw.get("name", path), "name"), preset=preset, profiles=profiles, sessions=sessions,
+        queries=queries, gpus=gpus, duration_s=duration_s,
         arrivals=choose(sim.get("arrivals", "poisson"), "simulation.arrivals", ["poisson", "uniform"]),
-        seed=integer(sim.get("seed", 0), "simulation.seed", minimum=0),
+        seed=integer(sim.get("seed", 0), "simulation.seed", minimum=0, maximum=MAX_SEED),
         noise=flag(sim.get("noise", False), "simulation.noise"),
-        epsilon_ms=positive(sim.get("epsilon_ms", 1.0), "simulation.epsilon_ms"), prefix_groups=groups,
+        epsilon_ms=positive(sim.get("epsilon_ms", 1.0), "simulation.epsilon_ms", upper=MAX_MS), prefix_groups=groups,
         streams={k: v for k, v in streams.items() if v > 1}, preprocess_ms={m: p for m, p in pre.items() if p > 0},
-        preprocess_threads=integer(raw.get("preprocess_threads", 1), "preprocess_threads", minimum=1))
+        preprocess_threads=integer(raw.get("preprocess_threads", 1), "preprocess_threads", minimum=1,
+                                   maximum=MAX_BATCH))
 
 
 
@@ -228,11 +236,12 @@ def _prefix_groups(raw: list[dict[str, Any]], profiles: dict[str, BatchProfile])
         suf = section(require(g, "suffix", where), f"{where}suffix", _SUFFIX_FIELDS)
         base = profiles[prefix]
         suffix = linear_profile(f"{name}.suffix", positive(suf.get("alpha_ms", 0.0), f"{where}suffix.alpha_ms",
-                                                           allow_zero=True),
-                                positive(require(suf, "beta_ms", f"{where}suffix."), f"{where}suffix.beta_ms"),
+                                                           allow_zero=True, upper=MAX_MS),
+                                positive(require(suf, "beta_ms", f"{where}suffix."), f"{where}suffix.beta_ms",
+                                         upper=MAX_MS),
                                 base.max_batch,
                                 int(positive(suf.get("memory_mb", 0.0), f"{where}suffix.memory_mb",
-                                             allow_zero=True) * MIB))
+                                             allow_zero=True, upper=MAX_MB) * MIB))
         out.append(PrefixGroup(name, base, suffix, tuple(names(require(g, "models", where), f"{where}models"))))
     return tuple(out)
 

@@ -22,8 +22,9 @@ import numpy as np
 
 from gpu.errors import ConfigError
 from gpu.report import SimulationReport
-from gpu.scenario import (choose, entries, flag, fraction, integer, known_fields, label, load_scenario, mapping,
-                          policy_names, positive, require, section)
+from gpu.scenario import (MAX_FANOUT, MAX_MB, MAX_RATE, MAX_SECONDS, MAX_SEED, choose, entries, flag, fraction,
+                          integer, known_fields, label, load_scenario, mapping, policy_names, positive, require,
+                          section, within_events)
 from gpu.schedulers.nona.optimizer import Cluster, NonaModel, QueryClass, Solution, solve, solve_table
 from gpu.schedulers.nona.baselines import (RandomPlacement, expert_thetas, opportunistic_thetas,
                                            undistributed_thetas)
@@ -36,6 +37,9 @@ from gpu.sim.nona.workloads import motivating_query, paper_models
 MODELS = {**{name: (lambda name=name: paper_models()[name]) for name in paper_models()}, "motivating": motivating_query}
 GBPS = 1e9 / 8  # bytes per second in one Gbit/s
 MAX_SERVERS = 100_000
+MAX_FLOPS = 1e18  # operations per task and per second of a server: an exaFLOP
+MAX_GBPS = 100_000.0  # a link of 100 Tb/s
+MAX_STARTS = 1_000  # restarts of Nona's solver
 SCENARIO_KEYS = ("name", "seed", "policies", "cluster", "background", "load", "classes", "simulation", "nona")
 
 
@@ -66,12 +70,13 @@ def _dag(row: Mapping[str, Any], where: str) -> Dag:
         dag = choose(row["model"], f"{where}.model", MODELS)()
         return Dag(name, dag.tasks, dag.ops, dag.edges)
     tasks = mapping(require(row, "tasks", f"{where}."), f"{where}.tasks", optional=False)
-    ops = {str(t): positive(v, f"{where}.tasks.{t}", allow_zero=True) for t, v in tasks.items()}
+    ops = {str(t): positive(v, f"{where}.tasks.{t}", allow_zero=True, upper=MAX_FLOPS) for t, v in tasks.items()}
     edges = {}
     for i, e in enumerate(entries(row.get("edges"), f"{where}.edges", ("from", "to", "mb"))):
         key = (label(require(e, "from", f"{where}.edges[{i}]."), f"{where}.edges[{i}].from"),
                label(require(e, "to", f"{where}.edges[{i}]."), f"{where}.edges[{i}].to"))
-        edges[key] = positive(require(e, "mb", f"{where}.edges[{i}]."), f"{where}.edges[{i}].mb", allow_zero=True) * 1e6
+        edges[key] = positive(require(e, "mb", f"{where}.edges[{i}]."), f"{where}.edges[{i}].mb", allow_zero=True,
+                              upper=MAX_MB) * 1e6
     return Dag.build(name, ops, edges)
 
 
@@ -84,14 +89,14 @@ def rates_for_load(dags: Mapping[str, Dag], load: float, servers: int, nu: float
 def parse(data: Mapping[str, Any]) -> Setup:
     """Check every field of a scenario (``docs/nona.md``) and build the setup; errors name the field."""
     known_fields(data, SCENARIO_KEYS, "")
-    seed = integer(data.get("seed", 0), "seed", minimum=0)
+    seed = integer(data.get("seed", 0), "seed", minimum=0, maximum=MAX_SEED)
     cl = section(require(data, "cluster"), "cluster", ("servers", "flops", "link_gbps", "compute_queueing"),
                  optional=False)
     servers = integer(require(cl, "servers", "cluster."), "cluster.servers", minimum=1)
     if servers > MAX_SERVERS:
         raise ConfigError("cluster.servers", servers, f"at most {MAX_SERVERS:,} servers")
-    nu = positive(require(cl, "flops", "cluster."), "cluster.flops")
-    mu = positive(require(cl, "link_gbps", "cluster."), "cluster.link_gbps") * GBPS
+    nu = positive(require(cl, "flops", "cluster."), "cluster.flops", upper=MAX_FLOPS)
+    mu = positive(require(cl, "link_gbps", "cluster."), "cluster.link_gbps", upper=MAX_GBPS) * GBPS
     queueing = flag(cl.get("compute_queueing", True), "cluster.compute_queueing")
     rows = entries(require(data, "classes"), "classes", ("name", "model", "tasks", "edges", "rate"))
     if not rows:
@@ -110,38 +115,43 @@ def parse(data: Mapping[str, Any]) -> Setup:
     else:
         if len(given) != len(rows):
             raise ConfigError("classes", [r["name"] for r in rows if "rate" not in r], "need a rate, or give load")
-        rates = {str(k): positive(v, f"classes.{k}.rate", allow_zero=True) for k, v in given.items()}
+        rates = {str(k): positive(v, f"classes.{k}.rate", allow_zero=True, upper=MAX_RATE) for k, v in given.items()}
     bg = section(data.get("background"), "background", ("ratio", "compute_s", "comm_mb"))
-    ratio = positive(bg.get("ratio", 0.01), "background.ratio", allow_zero=True)
+    ratio = positive(bg.get("ratio", 0.01), "background.ratio", allow_zero=True, upper=MAX_FANOUT)
     bg_rate = ratio * sum(rates.values())
     cluster = Cluster(servers, nu, mu, bg_compute_rate=bg_rate,
-                      bg_compute_ops=positive(bg.get("compute_s", 0.01), "background.compute_s", allow_zero=True) * nu,
+                      bg_compute_ops=positive(bg.get("compute_s", 0.01), "background.compute_s", allow_zero=True,
+                                              upper=MAX_SECONDS) * nu,
                       bg_comm_rate=bg_rate,
-                      bg_comm_bytes=positive(bg.get("comm_mb", 10.0), "background.comm_mb", allow_zero=True) * 1e6,
+                      bg_comm_bytes=positive(bg.get("comm_mb", 10.0), "background.comm_mb", allow_zero=True,
+                                             upper=MAX_MB) * 1e6,
                       compute_queueing=queueing)
     sim = section(data.get("simulation"), "simulation", ("horizon_s", "warmup_s", "epoch_s", "phases"))
-    horizon = positive(sim.get("horizon_s", 60.0), "simulation.horizon_s")
+    horizon = positive(sim.get("horizon_s", 60.0), "simulation.horizon_s", upper=MAX_SECONDS)
     warmup = positive(sim.get("warmup_s", horizon / 6), "simulation.warmup_s", allow_zero=True)
     if warmup >= horizon:
         raise ConfigError("simulation.warmup_s", warmup, f"must be below horizon_s={horizon:g}")
     phases = tuple((positive(require(ph, "start_s", f"simulation.phases[{i}]."), f"simulation.phases[{i}].start_s",
-                             allow_zero=True),
+                             allow_zero=True, upper=MAX_SECONDS),
                     positive(require(ph, "scale", f"simulation.phases[{i}]."), f"simulation.phases[{i}].scale",
-                             allow_zero=True))
+                             allow_zero=True, upper=MAX_FANOUT))
                    for i, ph in enumerate(entries(sim.get("phases"), "simulation.phases", ("start_s", "scale"))))
+    peak = max([1.0, *(scale for _, scale in phases)])
+    within_events(sum(rates.values()) * (1 + ratio) * peak * horizon, "simulation.horizon_s", horizon,
+                  "queries (the rates, background and peak phase scale x horizon_s)")
     nona = section(data.get("nona"), "nona", ("starts", "star_load", "star_link_gbps", "expert_grid", "table_scales"))
     grid, scales = nona.get("expert_grid", [0.0, 0.25, 0.5, 0.75, 1.0]), nona.get("table_scales", [0.5, 1.0, 2.0])
     for field, values in (("nona.expert_grid", grid), ("nona.table_scales", scales)):
         if not isinstance(values, list) or not values:
             raise ConfigError(field, values, "must be a non-empty list of numbers")
-    return Setup(str(data.get("name", "nona")), dags, rates, cluster,
+    return Setup(label(data.get("name", "nona"), "name"), dags, rates, cluster,
                  Workload({k: (d, rates[k]) for k, d in dags.items()}, horizon, warmup, seed, phases), ratio,
-                 integer(nona.get("starts", 4), "nona.starts", minimum=1),
+                 integer(nona.get("starts", 4), "nona.starts", minimum=1, maximum=MAX_STARTS),
                  fraction(nona.get("star_load", 0.5), "nona.star_load"),
-                 positive(nona.get("star_link_gbps", 10.0), "nona.star_link_gbps"),
+                 positive(nona.get("star_link_gbps", 10.0), "nona.star_link_gbps", upper=MAX_GBPS),
                  tuple(fraction(q, f"nona.expert_grid[{i}]") for i, q in enumerate(grid)),
-                 tuple(positive(x, f"nona.table_scales[{i}]") for i, x in enumerate(scales)),
-                 positive(sim.get("epoch_s", 5.0), "simulation.epoch_s"))
+                 tuple(positive(x, f"nona.table_scales[{i}]", upper=MAX_FANOUT) for i, x in enumerate(scales)),
+                 positive(sim.get("epoch_s", 5.0), "simulation.epoch_s", upper=MAX_SECONDS))
 
 
 def model_for(setup: Setup, rates: Mapping[str, float] | None = None, cluster: Cluster | None = None) -> NonaModel:

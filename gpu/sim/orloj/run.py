@@ -1,11 +1,12 @@
 """``gpuflows simulate orloj``: one GPU worker serving a dynamic DNN, ORLOJ against its baselines (thesis §4.5).
 
 The world owns the clock (``gpu.sim.events.EventLoop``) and the truth: each request's alone time is sampled
-from its application's distribution, and a batch runs for Eq. 4.3/4.4 on those true times
-(``gpu.schedulers.orloj.cost_model.PaddedBatchModel``). It drives one
+from its application's distribution, and a batch runs as long as the scenario's cost model says for those true
+times (``CostSpec``: by default a measured dynamic DNN's batch costs, ``gpu.sim.orloj.batch_cost``; or Eq. 4.3
+with a chosen overhead), both a ``gpu.schedulers.orloj.cost_model.PaddedBatchModel``. It drives one
 ``gpu.schedulers.orloj.controller.OrlojController`` per run, which owns the queue and the policy. The policies
-are the runtime's batch policies, built by name through the registry (``gpu.systems.make_batch_policy``: ORLOJ's
-own and Nexus's ``early_drop``); they see only requests, deadlines and what their profiler measured:
+are the runtime's batch policies, built by name through the registry (``gpu.systems.make_batch_policy``); they
+see only requests, deadlines and what their profiler measured:
 
 * ORLOJ: per-application histograms of alone times, from a warm profiler (``PROFILE_SAMPLES`` requests per
   application timed alone) or, with ``orloj.profiler: online``, from ``COLD_SAMPLES`` per application and then
@@ -13,13 +14,16 @@ own and Nexus's ``early_drop``); they see only requests, deadlines and what thei
   controller samples alone and, every ``orloj.epoch_s`` of its clock, hands them to the controller's
   ``on_epoch`` — the hook, and the boundaries, the serving rollout drives on the wall clock with the batches its
   workers measured (``tasks.serving.epochs``);
-* the Clockwork-, Nexus- and Clipper-like baselines: a point estimate per batch size, the mean latency of a
-  random batch (what a profiler that assumes data-independence measures), and, for Clockwork and Clipper,
-  the executed batches through ``observe``.
+* the Clockwork-, Nexus- and Clipper-like baselines (``gpu.schedulers.orloj.baselines``): a point estimate per
+  batch size, the batch cost of requests that all take the mean alone time (what a profiler that assumes
+  data-independence measures). Nexus plans its batch and duty cycle once from that profile and the offered rate
+  with its own squishy bin packing (``gpu.schedulers.nexus.squishy``, §6.1) and keeps them; Clockwork and
+  Clipper also see the executed batches through ``observe``.
 
-Choices the thesis leaves open (``docs/orloj.md``): Poisson arrivals at ``load`` × ORLOJ's max-batch
-throughput ``bs_max / E[L_B(bs_max)]``; SLO = m × P99 of the alone times; ``c0 = c0_fraction`` × P1 of the alone
-times; a request is on time when its batch ends by its deadline, and dropped or late otherwise.
+Choices the thesis leaves open (``docs/orloj.md``): Poisson arrivals at ``load`` × the system's capacity, the
+best batch throughput ``max_bs bs / E[batch time of bs random requests]`` of the true costs (whatever policy
+runs); SLO = m × P99 of the alone times; a request is on time when its batch ends by its deadline, and dropped or
+late otherwise.
 """
 
 from __future__ import annotations
@@ -35,18 +39,20 @@ from gpu.schedulers.orloj.cost_model import PaddedBatchModel
 from gpu.systems import make_batch_policy
 from gpu.errors import ConfigError
 from gpu.report import SimulationReport
-from gpu.schedulers.orloj.policy import Histogram, LatencyTable
-from gpu.schedulers.orloj.baselines import nexus_plan_batch
+from gpu.schedulers.nexus.profiles import table_profile
+from gpu.schedulers.nexus.squishy import Session, SquishyPacker
+from gpu.schedulers.orloj.policy import Histogram
 from gpu.schedulers.orloj.controller import BatchDone, Dispatch, OrlojController, Reprofiled
 from gpu.schedulers.orloj.policies import POLICIES
 from gpu.schedulers.orloj.profiler import OnlineProfiler
-from gpu.scenario import choose
+from gpu.scenario import choose, within_events
 from gpu.sim.events import EventLoop
 from gpu.sim.nexus.engine import SessionStats, arrival_times
 from gpu.sim.orloj.workload import Case, OrlojScenario, load
 
 PROFILE_SAMPLES = 20_000
 COLD_SAMPLES = 30  # an online-profiled ORLOJ starts from this many alone times per application
+CAPACITY_BATCHES = 2000  # random batches per size that price the system's capacity
 BASELINES = ("clockwork", "nexus", "clipper")
 
 
@@ -84,7 +90,7 @@ class Setup:
     model: PaddedBatchModel
     p99_ms: float
     rate_per_s: float
-    point_ms: dict[int, float]  # mean batch latency per size: the baselines' point estimate
+    point_ms: dict[int, float]  # b = 1..max batch: the batch of b mean requests, the baselines' point estimate
     batch_sizes: tuple[int, ...]
 
     @classmethod
@@ -94,24 +100,48 @@ class Setup:
                    for a in case.apps}
         every = np.concatenate(list(samples.values()))
         hists = {a: Histogram.from_samples(x, sc.bins) for a, x in samples.items()}
-        model = PaddedBatchModel(sc.c0_fraction * float(np.percentile(every, 1)))
-        orloj = LatencyTable(hists, sc.batch_sizes, model, sc.mix)
-        rate = sc.load * max(bs / orloj.means[None, bs] for bs in sc.batch_sizes) * 1000.0
+        model = sc.cost.batch_model(every)
+        rate = sc.load * capacity_per_s(case, model, sc.batch_sizes, rng)
         mean = float(every.mean())  # data-independence: every request costs the average one
         cold = {a: Histogram.from_samples(x[:COLD_SAMPLES], sc.bins) for a, x in samples.items()}
         return cls(case, hists, cold, model, float(np.percentile(every, 99)), rate,
-                   {bs: model.batch_ms(np.full(bs, mean)) for bs in sc.batch_sizes}, sc.batch_sizes)
+                   {b: model.batch_ms(np.full(b, mean)) for b in range(1, max(sc.batch_sizes) + 1)}, sc.batch_sizes)
 
     def duration_s(self, sc: OrlojScenario) -> float:
         """How long to offer traffic: ``requests`` expected arrivals when the scenario sets it, else ``duration_s``."""
         return sc.requests / self.rate_per_s if sc.requests else sc.duration_s
 
     def point_latency(self, b: int) -> float:
-        """The point estimate for any b: the profiled size at or above it."""
-        return self.point_ms[min((s for s in self.batch_sizes if s >= b), default=max(self.batch_sizes))]
+        """The point estimate ℓ(b): a batch of ``b`` requests that each take the mean alone time."""
+        return self.point_ms[min(b, len(self.point_ms))]
 
 
-def build_policy(name: str, setup: Setup, sc: OrlojScenario) -> BatchPolicy:
+def capacity_per_s(case: Case, model: PaddedBatchModel, sizes: tuple[int, ...], rng: np.random.Generator) -> float:
+    """The system's capacity, requests/s: the best ``bs / E[batch time]`` over the batch sizes, each batch of ``bs``
+    requests drawn as the workload draws them and priced by the true cost model (no policy involved)."""
+    best = 0.0
+    for bs in sizes:
+        alone = case.sample(rng, CAPACITY_BATCHES * bs)[1].reshape(CAPACITY_BATCHES, bs).max(1)
+        ms = model.fixed(bs) + model.factor(bs) * np.maximum(alone - model.c0, 0.0)
+        best = max(best, 1000.0 * bs / float(ms.mean()))
+    return best
+
+
+def nexus_plan(setup: Setup, slo_ms: float) -> tuple[int, float]:
+    """Nexus's plan of this one-GPU session, ``(batch, duty cycle ms)``: squishy bin packing (§6.1) on the
+    mean-latency profile and the offered rate. A session whose SLO even ``2·ℓ(1)`` exceeds is one Nexus refuses
+    to plan; it then runs batches of one back to back."""
+    profile = table_profile("dynamic", setup.point_ms)
+    try:
+        plan = SquishyPacker({"dynamic": profile}).plan([Session("s", "dynamic", slo_ms, setup.rate_per_s)],
+                                                        max_gpus=1)
+    except ConfigError:
+        return 1, profile.latency(1)
+    node = plan.nodes[0]
+    return node.placements[0].batch, node.duty_cycle_ms
+
+
+def build_policy(name: str, setup: Setup, sc: OrlojScenario, slo_ms: float) -> BatchPolicy:
     """A fresh policy for one worker (baselines keep state, so never shared between runs)."""
     if name == "orloj":
         hists = setup.cold_histograms if sc.profiler == "online" else setup.histograms
@@ -120,7 +150,7 @@ def build_policy(name: str, setup: Setup, sc: OrlojScenario) -> BatchPolicy:
     if name == "clockwork":
         return make_batch_policy("clockwork", batch_sizes=setup.batch_sizes)
     if name == "nexus":
-        return make_batch_policy("early_drop")
+        return make_batch_policy("nexus_planned", duty_ms=nexus_plan(setup, slo_ms)[1])
     return make_batch_policy("clipper")
 
 
@@ -128,9 +158,10 @@ class _World:
     """The simulated side of one GPU worker: arrivals, batch execution on true alone times, outcome counts.
 
     It drives an ``OrlojController`` (which owns the queue and the policy) with the event loop's clock, and
-    charges the hooks' measured wall time to simulated time when asked (RT-6, Fig. 4.14). The requests the
-    controller asks to be timed alone are timed off the worker (their true alone times) and reported at the
-    next epoch boundary.
+    charges the hooks' measured thread CPU time to simulated time when asked (RT-6, Fig. 4.14: the thesis pinned
+    its scheduler's threads to cores; a wall clock on a shared machine would also charge other processes' time).
+    The requests the controller asks to be timed alone are timed off the worker (their true alone times) and
+    reported at the next epoch boundary.
     """
 
     def __init__(self, loop: EventLoop, ctrl: OrlojController, model: PaddedBatchModel, alone: np.ndarray,
@@ -155,9 +186,9 @@ class _World:
         self._apply(*self._call(self.ctrl.on_job_done, BatchDone(start)))
 
     def _call(self, hook: Callable, *args) -> tuple[Dispatch, float]:
-        t0 = time.perf_counter()
+        t0 = time.thread_time()
         dispatch = hook(self.loop.now, *args)
-        spent = time.perf_counter() - t0
+        spent = time.thread_time() - t0
         if dispatch.run or dispatch.drop:
             self.out.decide_s += spent
         return dispatch, spent
@@ -192,7 +223,7 @@ def serve(setup: Setup, policy: BatchPolicy, slo_ms: float, seed: int, duration_
     times = arrival_times(setup.rate_per_s, duration_s, "poisson", rng)
     which, alone = setup.case.sample(rng, len(times))
     apps = [a.app_id for a in setup.case.apps]
-    target = nexus_plan_batch(setup.point_latency, slo_ms, setup.batch_sizes)
+    target = nexus_plan(setup, slo_ms)[0]  # the plan's batch, as a serving worker is told its placement's
     top = max(setup.batch_sizes)
     out = Outcome(offered=len(times))
     loop = EventLoop()
@@ -215,6 +246,8 @@ def sweep(sc: OrlojScenario, policies: list[str], seeds: int | None = None,
     """Finish rate (mean ± std over seeds) of every case × SLO multiplier × policy."""
     setups = [Setup.build(case, sc) for case in sc.cases]
     for setup in setups:  # before any run: an SLO no request can meet is a mistake in the scenario
+        within_events(setup.rate_per_s * setup.duration_s(sc), "duration_s", sc.duration_s,
+                      f"requests of case {setup.case.name!r} (its rate at load {sc.load:g} x duration_s)")
         shortest = min(h.edges[0] for h in setup.histograms.values())
         for m in sc.slo_multipliers:
             if m * setup.p99_ms < shortest:
@@ -226,7 +259,8 @@ def sweep(sc: OrlojScenario, policies: list[str], seeds: int | None = None,
         for m in sc.slo_multipliers:
             slo = m * setup.p99_ms
             for name in policies:
-                runs = [serve(setup, build_policy(name, setup, sc), slo, seed, setup.duration_s(sc), charge_decisions,
+                runs = [serve(setup, build_policy(name, setup, sc, slo), slo, seed, setup.duration_s(sc),
+                              charge_decisions,
                               OnlineProfiler(seed=seed) if name == "orloj" and sc.profiler == "online" else None,
                               sc.epoch_s)
                         for seed in range(seeds or sc.seeds)]

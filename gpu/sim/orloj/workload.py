@@ -4,22 +4,32 @@ The thesis's synthetic workloads (§4.5.1, Tables C.1–C.3) are mixtures of nor
 mode locations it does not give; we use a 10 ms unit with the short mode at 50 ms and mode ``j`` at
 ``50·j`` ms, each mode one application (the thesis groups "short-running and relatively long-running requests"
 of a dataset, one application per group), truncated at 1 ms. Its real tasks (Table 4.1) enter as log-normal
-proxies with the table's mean and P99. Scenario format: ``docs/orloj.md``.
+proxies with the table's mean and P99. A batch's time comes from a measured dynamic DNN by default
+(``cost: {model: measured}``, ``gpu.sim.orloj.batch_cost``) or from Eq. 4.3 with a chosen overhead
+(``cost: {model: eq43}``). Scenario format: ``docs/orloj.md``.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from gpu.errors import ConfigError
-from gpu.scenario import entries, fraction, integer, label, load_scenario, names, positive, require, section
+from gpu.scenario import (MAX_BATCH, MAX_EVENTS, MAX_FACTOR, MAX_MS, MAX_SECONDS, MAX_SEEDS, entries, fraction,
+                          integer, label, load_scenario, names, positive, require, section)
+from gpu.schedulers.orloj.cost_model import PaddedBatchModel
 from gpu.schedulers.orloj.policies import POLICIES
+from gpu.sim.orloj.batch_cost import DEFAULT_PROFILE, NETWORK, DepthProfile, load_profile
 
 Z99 = 2.3263478740408408  # the standard normal's 99th percentile
+MAX_SLO_MULTIPLIER = 1_000.0  # an SLO of 1,000 x the p99 alone time: no batch policy decides anything any more
+MAX_LOAD = 100.0  # offered load in units of the largest batch's throughput
+MAX_BINS = 100_000  # histogram bins per application
 MIN_MS = 1.0  # the synthetic distributions are truncated here
 
 
@@ -70,6 +80,36 @@ class Case:
         return which, alone + self.scale * self.overhead_ms
 
 
+COST_MODELS = ("measured", "eq43")
+
+
+@dataclass(frozen=True)
+class CostSpec:
+    """How a batch's time follows from its requests' alone times (``docs/orloj.md``, "Execution model").
+
+    ``measured`` (default): the timed ``network`` of the ``profile`` table, its depth range spread over the
+    case's alone times (``gpu.sim.orloj.batch_cost``). ``eq43``: Eq. 4.3 as printed, ``c0 = c0_fraction`` × P1 of
+    the alone times, with ``overhead_ms`` of chosen batch-independent work added to every alone time.
+    """
+
+    model: str = "measured"
+    profile: str = str(DEFAULT_PROFILE)
+    network: str = NETWORK
+    c0_fraction: float = 0.9
+    overhead_ms: float = 0.0
+
+    def batch_model(self, alone_ms: np.ndarray) -> PaddedBatchModel:
+        """The batch model of a case whose alone times are ``alone_ms`` (a large sample of them)."""
+        if self.model == "eq43":
+            return PaddedBatchModel(self.c0_fraction * float(np.percentile(alone_ms, 1)))
+        return _profile(self.profile, self.network).model(float(np.percentile(alone_ms, 99)))
+
+
+@lru_cache(maxsize=8)
+def _profile(path: str, network: str) -> DepthProfile:
+    return load_profile(path, network)
+
+
 @dataclass(frozen=True)
 class OrlojScenario:
     """A parsed scenario: cases × SLO multipliers × policies × seeds on one worker (``docs/orloj.md``)."""
@@ -81,8 +121,8 @@ class OrlojScenario:
     seeds: int = 5
     duration_s: float = 60.0
     requests: int | None = None  # when set, each case runs for this many expected arrivals instead
-    load: float = 0.8
-    c0_fraction: float = 0.9
+    load: float = 0.8  # × the system's capacity: the best batch throughput of the true batch costs
+    cost: CostSpec = CostSpec()
     batch_sizes: tuple[int, ...] = (1, 2, 4, 8, 16)
     b: float = 1e-4
     mix: str = "round_robin"
@@ -91,9 +131,32 @@ class OrlojScenario:
     epoch_s: float = 10.0  # online: how often the controller's on_epoch picks the profiler's histograms up
 
 
-_TOP = {"name", "cases", "slo_multipliers", "policies", "seeds", "duration_s", "requests", "load", "c0_fraction",
-        "overhead_ms",
+_TOP = {"name", "cases", "slo_multipliers", "policies", "seeds", "duration_s", "requests", "load", "cost",
         "batch_sizes", "orloj"}
+
+
+def _cost(raw: Any, base: Path | None) -> CostSpec:
+    """The ``cost`` section; a relative profile path is read next to the scenario file."""
+    c = section(raw, "cost", {"model", "profile", "network", "c0_fraction", "overhead_ms"})
+    model = c.get("model", "measured")
+    if model not in COST_MODELS:
+        raise ConfigError("cost.model", model, f"choose one of {list(COST_MODELS)}")
+    if model == "eq43":
+        extra = sorted(set(c) & {"profile", "network"})
+        if extra:
+            raise ConfigError(f"cost.{extra[0]}", c[extra[0]], "only a measured cost reads a profile")
+        return CostSpec("eq43", c0_fraction=fraction(c.get("c0_fraction", 0.9), "cost.c0_fraction"),
+                        overhead_ms=positive(c.get("overhead_ms", 0.0), "cost.overhead_ms", allow_zero=True))
+    extra = sorted(set(c) & {"c0_fraction", "overhead_ms"})
+    if extra:
+        raise ConfigError(f"cost.{extra[0]}", c[extra[0]], "a measured cost takes c0 from its profile: "
+                                                           "use model: eq43 to choose it")
+    path = Path(label(c.get("profile", str(DEFAULT_PROFILE)), "cost.profile"))
+    if not path.is_absolute() and base is not None and (base / path).exists():
+        path = base / path
+    spec = CostSpec("measured", str(path), label(c.get("network", NETWORK), "cost.network"))
+    _profile(spec.profile, spec.network)  # a missing or malformed table fails here, before any run
+    return spec
 
 
 def _app(raw: dict[str, Any], where: str) -> AppDistribution:
@@ -102,21 +165,22 @@ def _app(raw: dict[str, Any], where: str) -> AppDistribution:
     if len(kinds) != 1:
         raise ConfigError(where, raw, "give exactly one of normal, lognormal, constant_ms")
     if kinds[0] == "constant_ms":
-        return AppDistribution(app_id, "constant", positive(raw["constant_ms"], f"{where}.constant_ms"))
+        return AppDistribution(app_id, "constant", positive(raw["constant_ms"], f"{where}.constant_ms", upper=MAX_MS))
     if kinds[0] == "normal":
         n = section(raw["normal"], f"{where}.normal", {"mean_ms", "std_ms"}, optional=False)
         return AppDistribution(app_id, "normal", positive(require(n, "mean_ms", f"{where}.normal."),
-                                                          f"{where}.normal.mean_ms"),
-                               positive(require(n, "std_ms", f"{where}.normal."), f"{where}.normal.std_ms"))
+                                                          f"{where}.normal.mean_ms", upper=MAX_MS),
+                               positive(require(n, "std_ms", f"{where}.normal."), f"{where}.normal.std_ms", upper=MAX_MS))
     ln = section(raw["lognormal"], f"{where}.lognormal", {"mean_ms", "p99_ms"}, optional=False)
-    mean = positive(require(ln, "mean_ms", f"{where}.lognormal."), f"{where}.lognormal.mean_ms")
-    p99 = positive(require(ln, "p99_ms", f"{where}.lognormal."), f"{where}.lognormal.p99_ms")
+    mean = positive(require(ln, "mean_ms", f"{where}.lognormal."), f"{where}.lognormal.mean_ms", upper=MAX_MS)
+    p99 = positive(require(ln, "p99_ms", f"{where}.lognormal."), f"{where}.lognormal.p99_ms", upper=MAX_MS)
     lognormal_sigma(mean, p99)
     return AppDistribution(app_id, "lognormal", mean, p99)
 
 
-def parse(raw: dict[str, Any], source: str = "scenario") -> OrlojScenario:
-    """Validate a scenario mapping; every bad value is a ConfigError naming its field."""
+def parse(raw: dict[str, Any], source: str = "scenario", base: Path | None = None) -> OrlojScenario:
+    """Validate a scenario mapping (``base``: the folder relative paths are read from); every bad value is a
+    ConfigError naming its field."""
     section(raw, source, _TOP, optional=False)
     cases = []
     for i, c in enumerate(entries(require(raw, "cases"), "cases", {"name", "apps", "scale"})):
@@ -129,36 +193,38 @@ def parse(raw: dict[str, Any], source: str = "scenario") -> OrlojScenario:
         if len({a.app_id for a in apps}) != len(apps):
             raise ConfigError(f"{where}.apps", [a.app_id for a in apps], "application ids must be unique")
         cases.append(Case(label(require(c, "name", f"{where}."), f"{where}.name"), apps,
-                          positive(c.get("scale", 1.0), f"{where}.scale")))
+                          positive(c.get("scale", 1.0), f"{where}.scale", upper=MAX_FACTOR)))
     if not cases:
         raise ConfigError("cases", [], "a scenario needs at least one case")
-    overhead = positive(raw.get("overhead_ms", 0.0), "overhead_ms", allow_zero=True)
-    cases = [Case(c.name, c.apps, c.scale, overhead) for c in cases]
+    cost = _cost(raw.get("cost"), base)
+    cases = [Case(c.name, c.apps, c.scale, cost.overhead_ms) for c in cases]
     orloj = section(raw.get("orloj"), "orloj", {"b", "mix", "bins", "profiler", "epoch_s"})
     if orloj.get("profiler", "warm") not in ("warm", "online"):
         raise ConfigError("orloj.profiler", orloj["profiler"], "choose 'warm' or 'online'")
-    multipliers = tuple(positive(m, f"slo_multipliers[{i}]") for i, m in enumerate(raw.get("slo_multipliers",
+    multipliers = tuple(positive(m, f"slo_multipliers[{i}]", upper=MAX_SLO_MULTIPLIER)
+                        for i, m in enumerate(raw.get("slo_multipliers",
                                                                                              [1.5, 2, 3, 4, 5])))
     policies = tuple(names(raw.get("policies", list(POLICIES)), "policies"))
     for p in policies:
         if p not in POLICIES:
             raise ConfigError("policies", p, f"unknown; choose from {list(POLICIES)}")
-    sizes = tuple(integer(b, f"batch_sizes[{i}]", 1) for i, b in enumerate(raw.get("batch_sizes", [1, 2, 4, 8, 16])))
+    sizes = tuple(integer(b, f"batch_sizes[{i}]", 1, MAX_BATCH)
+                  for i, b in enumerate(raw.get("batch_sizes", [1, 2, 4, 8, 16])))
     if not multipliers or not sizes or not policies:
         raise ConfigError("slo_multipliers", multipliers, "need SLO multipliers, batch sizes and policies")
     return OrlojScenario(
         name=label(raw.get("name", source), "name"), cases=tuple(cases), slo_multipliers=multipliers,
-        policies=policies, seeds=integer(raw.get("seeds", 5), "seeds", 1),
-        duration_s=positive(raw.get("duration_s", 60.0), "duration_s"),
-        requests=None if raw.get("requests") is None else integer(raw["requests"], "requests", 1), load=positive(raw.get("load", 0.8), "load"),
-        c0_fraction=fraction(raw.get("c0_fraction", 0.9), "c0_fraction"), batch_sizes=tuple(sorted(set(sizes))),
-        b=positive(orloj.get("b", 1e-4), "orloj.b"), mix=str(orloj.get("mix", "round_robin")),
-        bins=integer(orloj.get("bins", 200), "orloj.bins", 2), profiler=orloj.get("profiler", "warm"),
-        epoch_s=positive(orloj.get("epoch_s", 10.0), "orloj.epoch_s"))
+        policies=policies, seeds=integer(raw.get("seeds", 5), "seeds", 1, MAX_SEEDS),
+        duration_s=positive(raw.get("duration_s", 60.0), "duration_s", upper=MAX_SECONDS),
+        requests=None if raw.get("requests") is None else integer(raw["requests"], "requests", 1, MAX_EVENTS),
+        load=positive(raw.get("load", 0.8), "load", upper=MAX_LOAD), cost=cost, batch_sizes=tuple(sorted(set(sizes))),
+        b=positive(orloj.get("b", 1e-4), "orloj.b", upper=1.0), mix=label(orloj.get("mix", "round_robin"), "orloj.mix"),
+        bins=integer(orloj.get("bins", 200), "orloj.bins", 2, MAX_BINS), profiler=orloj.get("profiler", "warm"),
+        epoch_s=positive(orloj.get("epoch_s", 10.0), "orloj.epoch_s", upper=MAX_SECONDS))
 
 
 def load(path: str) -> OrlojScenario:
-    return parse(load_scenario(path), str(path))
+    return parse(load_scenario(path), str(path), Path(path).resolve().parent)
 
 
-__all__ = ["AppDistribution", "Case", "OrlojScenario", "load", "lognormal_sigma", "parse"]
+__all__ = ["AppDistribution", "Case", "CostSpec", "OrlojScenario", "load", "lognormal_sigma", "parse"]
