@@ -146,7 +146,8 @@ def _cost(raw: Any, base: Path | None) -> CostSpec:
         if extra:
             raise ConfigError(f"cost.{extra[0]}", c[extra[0]], "only a measured cost reads a profile")
         return CostSpec("eq43", c0_fraction=fraction(c.get("c0_fraction", 0.9), "cost.c0_fraction"),
-                        overhead_ms=positive(c.get("overhead_ms", 0.0), "cost.overhead_ms", allow_zero=True))
+                        overhead_ms=positive(c.get("overhead_ms", 0.0), "cost.overhead_ms", allow_zero=True,
+                                             upper=MAX_MS))
     extra = sorted(set(c) & {"c0_fraction", "overhead_ms"})
     if extra:
         raise ConfigError(f"cost.{extra[0]}", c[extra[0]], "a measured cost takes c0 from its profile: "
