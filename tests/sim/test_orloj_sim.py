@@ -7,7 +7,8 @@ import pytest
 
 from gpu.batching import BatchContext, BatchDecision, InferenceRequest
 from gpu.errors import ConfigError
-from gpu.schedulers.orloj.baselines import ClipperLike, ClockworkLike, NexusPlanned
+from gpu.schedulers.nexus.planned import NexusPlanned
+from gpu.schedulers.orloj.baselines import ClipperLike, ClockworkLike
 from gpu.sim.orloj.run import Setup, build_policy, nexus_plan, serve, sweep
 from gpu.sim.orloj.workload import AppDistribution, Case, lognormal_sigma, parse
 from gpuflows.cli import main

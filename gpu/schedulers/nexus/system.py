@@ -16,5 +16,6 @@ SYSTEM = System(
         "early_drop": "gpu.schedulers.nexus.batching:EarlyDropPolicy",
         "lazy_drop": "gpu.schedulers.nexus.batching:LazyDropPolicy",
         "fixed_batch": "gpu.schedulers.nexus.batching:FixedBatchPolicy",
+        "nexus_planned": "gpu.schedulers.nexus.planned:NexusPlanned",
     },
 )

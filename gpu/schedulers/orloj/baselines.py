@@ -8,11 +8,8 @@ latency per size, what a data-independent profiler measures):
   is *predicted* to end: earliest deadline first, the largest batch whose predicted finish meets the earliest
   deadline. When a batch overruns its prediction, the already-planned next batch misses its start window and
   fails ("frequent time-out error in its scheduler, causing the subsequent batch to fail", §4.5.3).
-* :class:`NexusPlanned` — Nexus (Shen et al., SOSP'19) as the thesis describes running it: "pre-computes an
-  execution plan ahead of time using the average execution time" (§4.2.3). The plan (batch ``b`` and duty cycle
-  ``d``, squishy bin packing §6.1 on the mean-latency profile and the offered rate; the simulator plans it with
-  Nexus's own ``SquishyPacker``) is fixed; the node runs one batch of the plan's size per duty cycle, dispatched
-  with Nexus's early drop (§6.3, the batch registry's ``early_drop``) against the planned ℓ(b).
+* Nexus as the thesis ran it, a fixed plan at a fixed duty cycle, is Nexus's own node runtime:
+  ``gpu.schedulers.nexus.planned.NexusPlanned`` (registry name ``nexus_planned``).
 * :class:`ClipperLike` — Clipper (Crankshaw et al., NSDI'17, §4.3.1) AIMD: grow the batch by one while the
   observed batch latency stays within the SLO, back off by 10 % when it does not; first come first served,
   no deadline drops.
@@ -26,9 +23,8 @@ from typing import Sequence
 
 import numpy as np
 
-from gpu.batching import BatchContext, BatchDecision, BatchPolicy, InferenceRequest
+from gpu.batching import BatchContext, BatchDecision, InferenceRequest
 from gpu.errors import ConfigError
-from gpu.systems import make_batch_policy
 
 
 def _edf(queue: Sequence[InferenceRequest]) -> np.ndarray:
@@ -107,37 +103,3 @@ class ClipperLike:
             self.size = max(1, math.floor(self.size * self.backoff))
 
 
-@dataclass
-class NexusPlanned:
-    """Nexus's node runtime on a fixed plan: at most one batch per duty cycle (§6.1, Fig. 8), each chosen by
-    Nexus's dispatch rule with the plan's batch size (``ctx.target_batch``) and the planned ℓ(b).
-
-    Args:
-        duty_ms: the plan's duty cycle: a batch starts no sooner than this after the previous one started (a
-            batch that overruns it delays the next; the plan does not adapt, §4.2.3 "cannot reach a stable
-            state"). None: the planned ℓ(b) of the plan's batch, a saturated node's cycle (what a serving worker,
-            told only its placement's batch, can know).
-        dispatch: the registry's name of Nexus's dispatch rule (§6.3 early drop by default).
-
-    Example: duty 100 ms; a batch at t = 0 → at t = 40 ``decide`` asks to be woken at 100, and runs then.
-    """
-
-    duty_ms: float | None = None
-    dispatch: str = "early_drop"
-    name: str = "nexus"
-    _rule: BatchPolicy = field(init=False, repr=False)
-    _next_ms: float = field(default=-math.inf, init=False, repr=False)
-
-    def __post_init__(self) -> None:
-        if self.duty_ms is not None and not (np.isfinite(self.duty_ms) and self.duty_ms > 0):
-            raise ConfigError("duty_ms", self.duty_ms, "need a finite duty cycle > 0 ms (or none: the plan's ℓ(b))")
-        self._rule = make_batch_policy(self.dispatch)
-
-    def decide(self, queue: Sequence[InferenceRequest], ctx: BatchContext) -> BatchDecision:
-        if ctx.now_ms < self._next_ms:
-            return BatchDecision(wake_at_ms=self._next_ms)
-        decision = self._rule.decide(queue, ctx)
-        if decision.run:
-            duty = ctx.latency_ms(ctx.target_batch) if self.duty_ms is None else self.duty_ms
-            self._next_ms = ctx.now_ms + duty
-        return decision

@@ -1,8 +1,8 @@
 """ORLOJ's entry in the system registry (``gpu.systems`` finds it by scanning ``gpu.schedulers``).
 
 ORLOJ serves through the serving rollout with ``batch_policy: orloj`` (its workers re-profile every epoch,
-``tasks/serving/epochs.py``). It declares its batch policy and its Clockwork-, Nexus- and Clipper-like baselines
-(§4.5); the Nexus-like one runs Nexus's own ``early_drop`` once per planned duty cycle.
+``tasks/serving/epochs.py``). It declares its batch policy and its Clockwork- and Clipper-like baselines (§4.5);
+the Nexus baseline is Nexus's own planned runtime, ``nexus_planned``, declared by Nexus.
 """
 
 from gpu.plugin import System
@@ -16,7 +16,6 @@ SYSTEM = System(
     batch_policies={
         "orloj": "gpu.schedulers.orloj.policy:OrlojPolicy",
         "clockwork": "gpu.schedulers.orloj.baselines:ClockworkLike",
-        "nexus_planned": "gpu.schedulers.orloj.baselines:NexusPlanned",
         "clipper": "gpu.schedulers.orloj.baselines:ClipperLike",
     },
 )
