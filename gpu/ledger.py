@@ -49,7 +49,9 @@ from gpu.errors import (
     AllocationTimeout, ConfigError, LeaseLost, LedgerBusy, LedgerBusyTimeout, LedgerError, LedgerReplaced,
 )
 from gpu.ledger_file import LOCK_TIMEOUT_S, LedgerFile, describe_error
-from gpu.liveness import HOST, PID_SPACE, Owner, pids_visible, process_alive, process_start, process_state
+from gpu.liveness import (
+    HOST, PID_SPACE, Owner, live_groups, pids_visible, process_alive, process_start, process_state,
+)
 from gpu.wakeup import SAFETY_POLL_S, Doorbells, drain
 from gpu.placement import (
     DeviceChoice, DeviceState, FifoBestFit, NodeState, PlacementPolicy, ResourceRequest, Waiting, apply_choice,
@@ -741,20 +743,13 @@ class PoolLedger(LedgerClient):
         if not force and not self._due(db, now):
             return 0
         db.execute("INSERT OR REPLACE INTO meta VALUES ('last_reclaim', ?)", (repr(now),))
-        workers: dict[str, list[tuple[int, int]]] = {}
-        for owner, host, pid, pstart, space in db.execute(f"SELECT {_HOLDER_COLS} FROM workers").fetchall():
-            if not pids_visible(host, space):
-                continue
-            if process_alive(pid, pstart):
-                workers.setdefault(owner, []).append((pid, pstart))
-            else:
-                db.execute("DELETE FROM workers WHERE owner=? AND host=? AND pid=?", (owner, host, pid))
+        workers = self._live_workers(db)
         dead: dict[str, str] = {}
         for owner, host, pid, pstart, space, expires in db.execute(
                 f"SELECT {_HOLDER_COLS}, MIN(expires_at) FROM (SELECT {_HOLDER_COLS}, expires_at FROM leases "
                 f"UNION ALL SELECT {_HOLDER_COLS}, expires_at FROM tickets) GROUP BY owner").fetchall():
             if pids_visible(host, space):
-                if not process_alive(pid, pstart) and not workers.get(owner):
+                if not process_alive(pid, pstart) and owner not in workers:
                     dead[owner] = f"its holder (pid {pid}) died"
             elif expires < now:
                 dead[owner] = (f"its holder ({_where(host, space, pid)}) sent no heartbeat "
@@ -771,6 +766,28 @@ class PoolLedger(LedgerClient):
         if dead:
             self._plan(db)
         return freed
+
+    @staticmethod
+    def _live_workers(db: sqlite3.Connection) -> set[str]:
+        """Owners with a registered worker group still alive here (``gpu.liveness.group_members``: the worker
+        or anything it started); rows of dead groups are deleted. A live worker costs one ``/proc`` read; only
+        dead ones are looked for among all processes, in one pass."""
+        alive: set[str] = set()
+        gone: list[tuple[str, str, int, int]] = []
+        for owner, host, pid, pstart, space in db.execute(f"SELECT {_HOLDER_COLS} FROM workers").fetchall():
+            if not pids_visible(host, space):
+                continue
+            if process_alive(pid, pstart):
+                alive.add(owner)
+            else:
+                gone.append((owner, host, pid, pstart))
+        groups = live_groups((pid, pstart) for _, _, pid, pstart in gone) if gone else set()
+        for owner, host, pid, pstart in gone:
+            if (pid, pstart) in groups:
+                alive.add(owner)
+            else:
+                db.execute("DELETE FROM workers WHERE owner=? AND host=? AND pid=?", (owner, host, pid))
+        return alive
 
     # -- requests ---------------------------------------------------------------------------
     def _check(self, request: ResourceRequest) -> None:
@@ -906,13 +923,28 @@ class PoolLedger(LedgerClient):
                 self._event(db, "release", row, "request withdrawn")
             self._plan(db)
 
-    def release(self, lease_id: str) -> bool:
-        """Return a lease's slice to the pool; False if it was no longer held (reclaimed or released)."""
+    def release(self, lease_id: str, linger: Sequence[tuple[int, int]] = ()) -> bool:
+        """Return a lease's slice to the pool; False if it was no longer held (reclaimed or released).
+
+        ``linger``: processes of this pid space (pid, start time) that may still run on the slice after its
+        task ended (what a task left running, its dead worker's survivors). While one of them, or anything
+        in a session it leads, lives the lease stays, held by them as a worker group is
+        (``register_worker``), and the reclaim frees it once they are all dead: this process's heartbeat
+        no longer matters to it.
+        """
         held = self._held.pop(lease_id, None)
         try:
             def work(db: sqlite3.Connection) -> _Finish:
                 row = db.execute(f"SELECT {_EVENT_LEASE} FROM leases WHERE id=?", (lease_id,)).fetchone()
-                if row is not None:
+                survivors = [p for p in linger if process_alive(*p)] if row is not None else []
+                if survivors:
+                    pid, pstart = survivors[0]
+                    key = f"{HOST}:{pid}:linger-{lease_id[:8]}"
+                    db.execute("UPDATE leases SET owner=?, host=?, pid=?, pstart=?, space=? WHERE id=?",
+                               (key, HOST, pid, pstart, PID_SPACE, lease_id))
+                    db.executemany(f"INSERT OR REPLACE INTO workers ({_HOLDER_COLS}) VALUES (?,?,?,?,?)",
+                                   [(key, HOST, p, start, PID_SPACE) for p, start in survivors])
+                elif row is not None:
                     self._delete_lease(db, lease_id)
                     self._event(db, "release", row)
                 return lambda db: row is not None

@@ -5,6 +5,9 @@ that is decided from ``/proc`` (pid plus the kernel's start time, so a reused pi
 the holder); a heartbeat expiry is only trusted for holders whose pids this process cannot read:
 on other hosts, or on this host in another pid namespace (a container with host networking has our
 hostname, but its pid 1 is not ours), or from before a reboot.
+
+A task runner's worker process is judged with everything it started (``live_groups``): a task's own
+subprocess, even a double-forked daemon, may run on the worker's slice after the worker is gone.
 """
 
 from __future__ import annotations
@@ -76,6 +79,79 @@ def process_alive(pid: int, pstart: int) -> bool:
     if fields[0] in ("Z", "X"):  # killed but not yet reaped
         return False
     return not pstart or int(fields[19]) == pstart
+
+
+WORKER_MARK_ENV = "GPUFLOWS_WORKER"
+"""A worker process's mark in its environment (``worker_mark``), inherited by every program it starts."""
+
+
+def worker_mark(pid: int, pstart: int) -> str:
+    """The value of ``WORKER_MARK_ENV`` in worker ``pid`` (started at ``pstart``) and what it starts."""
+    return f"{pid}:{pstart}"
+
+
+def _stat_fields(entry: Path) -> list[str] | None:
+    try:
+        return (entry / "stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None  # it exited meanwhile
+
+
+def group_members(groups: Iterable[tuple[int, int]]) -> dict[tuple[int, int], list[int]]:
+    """The live processes of each worker group ``(pid, pstart)``, in one pass over ``/proc``.
+
+    A worker leads a session of its own (``os.setsid`` at start) and carries ``WORKER_MARK_ENV`` in its
+    environment. Its group is the worker itself, every process of its session (all it starts, forked or
+    executed, unless a process leaves the session) and every process whose environment carries its mark
+    (a program executed after leaving the session: a double-forked daemon, ``start_new_session=True``).
+    Only a program that both leaves the session and starts from a cleared environment escapes it.
+    Linux keeps a session's id allocated while any member lives, so a live process with the worker's pid
+    but another start time means the session is gone and its number reused: no member then comes from
+    the session. Zombies are dead. Processes this user may not inspect are not seen.
+    """
+    wanted = {tuple(g): [] for g in groups}
+    if not wanted:
+        return {}
+    marks = {f"{WORKER_MARK_ENV}={worker_mark(*g)}".encode(): g for g in wanted}
+    oldest = min(start for _, start in wanted)
+    by_session: dict[int, list[tuple[int, int]]] = {}
+    for pid, start in wanted:
+        by_session.setdefault(pid, []).append((pid, start))
+    reused: set[tuple[int, int]] = set()
+    in_session: dict[tuple[int, int], list[int]] = {g: [] for g in wanted}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        fields = _stat_fields(entry)
+        if fields is None or fields[0] in ("Z", "X"):
+            continue
+        pid, session, start = int(entry.name), int(fields[3]), int(fields[19])
+        for g in by_session.get(pid, ()):
+            if start == g[1]:
+                wanted[g].append(pid)
+            else:
+                reused.add(g)
+        for g in by_session.get(session, ()):
+            if pid != g[0] and start >= g[1]:
+                in_session[g].append(pid)
+        if start < oldest or session in by_session:
+            continue
+        try:
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        for mark, g in marks.items():
+            if mark in environ and start >= g[1] and pid != g[0]:
+                wanted[g].append(pid)
+    for g, pids in in_session.items():
+        if g not in reused:
+            wanted[g] += pids
+    return {g: sorted(set(pids)) for g, pids in wanted.items()}
+
+
+def live_groups(groups: Iterable[tuple[int, int]]) -> set[tuple[int, int]]:
+    """Which worker groups ``(pid, pstart)`` still have a live process (``group_members``)."""
+    return {g for g, pids in group_members(groups).items() if pids}
 
 
 def process_state(pid: int) -> str:

@@ -21,7 +21,7 @@ from gpu.ledger import LedgerClient, Lease, PoolLedger, raise_if_wait_over
 from gpu.liveness import Owner
 from gpu.placement import NodeState, ResourceRequest
 from tasks.runtime.requests import PLACEMENT_ENV, TaskPlacement
-from tasks.runtime.runners import PlacingTaskRunner, api_url_env
+from tasks.runtime.runners import EngineRaised, PlacingTaskRunner, api_url_env, wait_for_states
 
 NAMESPACE = "gpuflows"
 RAY_POOL = "ray:"  # a pool_id of the form ray:<ledger actor name>
@@ -315,16 +315,19 @@ class GpuRayTaskRunner(PlacingTaskRunner):
         # (1 CPU, as with prefect_ray); placed GPU tasks keep the ledger as the only authority.
         cpus = placement.cpus if placement.cpus or placement.devices else 1
         options: dict[str, Any] = {"num_cpus": cpus, "num_gpus": 0, "name": task.name}
-        if placement.node:
+        if placement.node and (placement.devices or placement.cpus or placement.resources):
+            # only what the ledger holds on a node binds the task there; a CPU-only task that holds nothing
+            # goes where Ray finds a free CPU, which spreads such tasks over the nodes as prefect-ray does
             options["scheduling_strategy"] = NodeAffinitySchedulingStrategy(placement.node, soft=False)
         if placement.devices:
             options["runtime_env"] = {"env_vars": {"CUDA_VISIBLE_DEVICES": placement.cuda_visible_devices,
                                                    "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}}
-        context, settings_env = self._worker_context()
+        context, settings_env = self._worker_context(task, task_run_id, parameters)
         env = settings_env | api_url_env() | {PLACEMENT_ENV: tp.to_env()}
         ref = self._remote.options(**options).remote(
             task, task_run_id, resolve_inputs_sync(parameters, return_data=True, max_depth=-1),
-            [f.state for f in wait_for or []], dependencies, context, env, placement.node)
+            wait_for_states(wait_for), dependencies, context, env, placement.node if "scheduling_strategy" in options
+            else "")
         try:
             while True:
                 ready, _ = ray.wait([ref], timeout=0.5)
@@ -332,6 +335,8 @@ class GpuRayTaskRunner(PlacingTaskRunner):
                     return ray.get(ref)
                 if cancel_event.is_set():
                     ray.cancel(ref, force=True)
+        except ray.exceptions.RayTaskError as exc:  # Prefect's engine raised on the worker (its own error)
+            raise EngineRaised(exc.as_instanceof_cause()) from exc
         except (ray.exceptions.RayError, ray.exceptions.TaskCancelledError) as exc:
             return Crashed(message=f"task {task.name!r} failed on Ray: {exc!r}")
 

@@ -15,31 +15,30 @@ import asyncio
 import contextvars
 import functools
 import os
-import signal
 import threading
 import time
 import uuid
 from concurrent.futures import BrokenExecutor, CancelledError, Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
-from pathlib import Path
 from types import EllipsisType
 from typing import Any, Callable, Iterable
 
 from prefect.futures import PrefectConcurrentFuture, PrefectFuture, wait
 from prefect.task_runners import TaskRunner
-from prefect.utilities.collections import visit_collection
+from prefect.utilities.annotations import allow_failure, quote
+from prefect.utilities.collections import StopVisiting, visit_collection
 
 from gpu.devices import nvml_readings
 from gpu.errors import AllocationTimeout, ConfigError, NeverFitsError
-from gpu.ledger import LedgerClient, Lease, register_worker
+from gpu.ledger import LedgerClient, Lease
 from gpu.placement import ResourceRequest, check_ever_fits
 from resource_blocks import GpuPool, MlflowTarget, SchedulerPolicy
 from tasks.runtime.admission import Admission, AdmissionHost, Admitter
 from tasks.runtime.requests import PLACEMENT_ENV, TaskPlacement, placed, resolve_requests
 from tasks.runtime.tracking import RunTracker, TaskRecord, flow_tracker, task_fields
+from tasks.runtime.workers import WorkerKey, WorkerPool, task_environment
 
 _CANCEL_GRACE = 2.0       # seconds __exit__ gives cancelled tasks to stop and release their leases
-_WATCHDOG_INTERVAL = 0.1  # seconds between a process worker's checks that its flow process lives
 MODES = ("process", "thread")  # GpuTaskRunner's ways to run a placed task
 PREFERENCE_TIMEOUT_S = 5.0  # a preference's wait when the runner has no allocation timeout (Fig. 4.4a's timeout)
 
@@ -83,16 +82,63 @@ def _ever_fits(request: ResourceRequest, capacity) -> bool:
         return False
 
 
-def _upstream_futures(parameters: dict[str, Any], wait_for: Iterable[PrefectFuture] | None) -> list[PrefectFuture]:
-    found: list[PrefectFuture] = list(wait_for or [])
+def _upstream_futures(parameters: dict[str, Any],
+                      wait_for: Iterable[Any] | None) -> list[tuple[PrefectFuture, bool]]:
+    """Every future the task waits for, in its parameters and ``wait_for``, each with whether it may fail
+    (``allow_failure``); futures inside ``quote`` are data, not upstreams (Prefect's engine resolves likewise)."""
+    found: list[tuple[PrefectFuture, bool]] = []
 
-    def visit(expr: Any) -> Any:
+    def visit(expr: Any, context: dict[str, Any]) -> Any:
+        annotation = context.get("annotation")
+        if isinstance(annotation, quote):
+            raise StopVisiting()
         if isinstance(expr, PrefectFuture):
-            found.append(expr)
+            found.append((expr, isinstance(annotation, allow_failure)))
         return expr
 
-    visit_collection(parameters, visit_fn=visit, return_data=False)
+    visit_collection([parameters, list(wait_for or [])], visit_fn=visit, return_data=False, context={})
     return found
+
+
+def _usable(state, may_fail: bool) -> bool:
+    """Whether Prefect's engine would run a task with this upstream state (``resolve_to_final_result``)."""
+    return state.is_completed() or may_fail and (state.is_failed() or state.is_pending() and state.name == "NotReady")
+
+
+def wait_for_states(wait_for: Iterable[Any] | None) -> list[Any] | None:
+    """``wait_for`` with each future replaced by its final state (``allow_failure`` kept around it), for an engine
+    in another process: states pickle, futures do not."""
+    if not wait_for:
+        return None
+    return visit_collection(list(wait_for), visit_fn=lambda e: e.state if isinstance(e, PrefectFuture) else e,
+                            return_data=True)
+
+
+class EngineRaised(Exception):
+    """Prefect's task engine raised instead of returning a final state (one of its own checks failed: a task
+    depending on itself, an input it cannot resolve). The task's future raises ``error``, as under Prefect's own
+    runners, once the task's lease is settled: not a crash of the runner."""
+
+    def __init__(self, error: BaseException):
+        super().__init__(repr(error))
+        self.error = error
+
+
+def run_engine_here(task, task_run_id: uuid.UUID, parameters: dict[str, Any], wait_for: Iterable[Any] | None,
+                    dependencies: dict[str, set] | None, tp: TaskPlacement | None, cancel_event: threading.Event):
+    """Run the task through Prefect's engine in this thread (thread mode, and tasks that will not run); its final
+    State. What the engine raises is Prefect's own error (``EngineRaised``)."""
+    from prefect.task_engine import run_task_async, run_task_sync
+
+    kwargs = dict(task=task, task_run_id=task_run_id, parameters=parameters, wait_for=wait_for,
+                  return_type="state", dependencies=dependencies, context=dict(cancel_event=cancel_event))
+    with placed(tp):
+        try:
+            if task.isasync:
+                return asyncio.run(run_task_async(**kwargs))
+            return run_task_sync(**kwargs)
+        except Exception as exc:  # noqa: BLE001 - not the task's failure (the engine records that): its own
+            raise EngineRaised(exc) from exc
 
 
 class PlacingTaskRunner(TaskRunner[PrefectConcurrentFuture]):
@@ -129,6 +175,7 @@ class PlacingTaskRunner(TaskRunner[PrefectConcurrentFuture]):
         self._dispatched: dict[uuid.UUID, Future] = {}
         self._held: dict[str, uuid.UUID] = {}        # lease id -> task run holding it
         self._lost: dict[str, str] = {}              # lease id -> why the ledger took it away
+        self._lingering: dict[uuid.UUID, list[tuple[int, int]]] = {}  # task run -> its processes outliving it
         self._leases_lock = threading.Lock()
         self._context_cache: tuple[tuple, dict[str, Any], dict[str, str]] | None = None
 
@@ -321,26 +368,36 @@ class PlacingTaskRunner(TaskRunner[PrefectConcurrentFuture]):
     def _dispatch(self, task, task_run_id: uuid.UUID, parameters: dict[str, Any],
                   wait_for: Iterable[PrefectFuture] | None, dependencies: dict[str, set] | None,
                   requests: tuple[ResourceRequest, ...], cancel_event: threading.Event, record: TaskRecord):
-        """Runs in a dispatcher thread: upstream -> lease -> execute -> release -> settle the final state."""
+        """Runs in a dispatcher thread: upstream -> lease -> execute -> release -> settle the final state.
+
+        A task that will not run (an upstream it may not do without did not complete, or it waits for itself)
+        takes no slice: Prefect's engine decides its state here, in the flow process (``NotReady``, or its own
+        error), exactly as under Prefect's runners. An error Prefect's engine raised reaches the task's future
+        (``EngineRaised``); only the backend breaking is a crash."""
         from prefect.states import Cancelled, Crashed, Failed
 
         upstream = _upstream_futures(parameters, wait_for)
-        if upstream:
-            wait(upstream)
-        # A task whose upstream failed will not run: don't hold a slice for it.
-        upstream_ok = all(f.state.is_completed() for f in upstream)
+        others = [f for f, _ in upstream if f.task_run_id != task_run_id]  # waiting for itself would never end
+        if others:
+            wait(others)
+        ready = len(others) == len(upstream) and all(_usable(f.state, may_fail) for f, may_fail in upstream)
         placement: Lease | None = None
         lost: str | None = None
+        raised: BaseException | None = None
         try:
             if cancel_event.is_set():
                 raise InterruptedError(f"task {task.name!r} was cancelled before it started")
-            if upstream_ok:
+            if not ready:
+                state = run_engine_here(task, task_run_id, parameters, wait_for, dependencies, None, cancel_event)
+            else:
                 placement = self._acquire_preferred(task, task_run_id, requests, cancel_event)
                 record.placement = placement.to_dict()
                 record.placed_at = time.time()
                 if cancel_event.is_set():
                     raise InterruptedError(f"task {task.name!r} was cancelled before it started")
-            state = self._execute(task, task_run_id, parameters, wait_for, dependencies, placement, cancel_event)
+                state = self._execute(task, task_run_id, parameters, wait_for, dependencies, placement, cancel_event)
+        except EngineRaised as exc:
+            raised, state = exc.error, Failed(message=f"Prefect's task engine raised {exc.error!r}")
         except (InterruptedError, asyncio.CancelledError, CancelledError) as exc:
             state = Cancelled(message=str(exc) or f"task {task.name!r} was cancelled")
         except AllocationTimeout as exc:
@@ -354,10 +411,13 @@ class PlacingTaskRunner(TaskRunner[PrefectConcurrentFuture]):
                 self._measure_gpu(placement, record)
                 lost = self._release(placement, task.name)
             self._cancel_events.pop(task_run_id, None)
-        state = self._settle(task, task_run_id, state, cancel_event, lost)
+        if raised is None:
+            state = self._settle(task, task_run_id, state, cancel_event, lost)
         record.state = state.type.value
         if self._tracker is not None:
             self._tracker.task_finished(record)
+        if raised is not None:
+            raise raised
         return state
 
     def _acquire_preferred(self, task, task_run_id: uuid.UUID, requests: tuple[ResourceRequest, ...],
@@ -406,6 +466,9 @@ class PlacingTaskRunner(TaskRunner[PrefectConcurrentFuture]):
     def _release(self, placement: Lease, task_name: str) -> str | None:
         """Give the task's slice back; return why the task must fail if its lease was taken away while it ran.
 
+        Processes the task left that may still run on the slice (``_lingering``, process mode) keep it: the
+        ledger frees it once they are dead (``PoolLedger.release(linger=...)``).
+
         A lease that is gone (``release()`` is False) or that the ledger reported lost was reclaimed:
         the slice may have been granted to another task meanwhile. A release that raises (SQLite
         locked or disk full, the Ray ledger actor unreachable) is retried with back-off for up to the
@@ -417,9 +480,11 @@ class PlacingTaskRunner(TaskRunner[PrefectConcurrentFuture]):
         deadline = time.monotonic() + self.pool.lease_ttl_s
         delay = 0.05
         released: bool | None = None  # None: the ledger could not be told
+        with self._leases_lock:
+            linger = self._lingering.pop(self._held.get(lease_id), ())
         while released is None:
             try:
-                released = self._ledger.release(lease_id)
+                released = self._ledger.release(lease_id, linger=linger) if linger else self._ledger.release(lease_id)
             except Exception as exc:  # noqa: BLE001 - whatever the ledger raises, the task's state stands
                 if time.monotonic() + delay > deadline:
                     self.logger.error("could not release lease %s of task %r for %gs, giving up: %r; the pool "
@@ -490,15 +555,22 @@ class PlacingTaskRunner(TaskRunner[PrefectConcurrentFuture]):
         except Exception as exc:  # noqa: BLE001 - the runner's own bookkeeping must not fail the flow
             self.logger.warning("could not record state %s of task run %s: %r", state.type.value, task_run_id, exc)
 
-    def _worker_context(self) -> tuple[dict[str, Any], dict[str, str]]:
+    def _worker_context(self, task, task_run_id: uuid.UUID,
+                        parameters: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
         """Prefect's serialized context and settings env for running a task in another process.
 
         Each costs ~20 ms of CPU per call (Prefect's process runner computes them once per runner).
         They are cached while the submitting contexts are the same objects and the tags are equal,
         so a submission under other tags or settings, or from inside a task, still gets its own.
+        The task's asset context is built here, in the flow process, as prefect-ray's runner does: it reads
+        the assets upstream tasks recorded in the flow run's context (``prefect.asset.referenced`` events
+        downstream), and records this task's own for the tasks after it.
         """
-        from prefect.context import EngineContext, SettingsContext, TagsContext, TaskRunContext, serialize_context
+        from prefect.context import (
+            AssetContext, EngineContext, SettingsContext, TagsContext, TaskRunContext, serialize_context,
+        )
         from prefect.settings import get_current_settings
+        from prefect.utilities.engine import collect_task_run_inputs_sync
 
         objects = (EngineContext.get(), TaskRunContext.get(), SettingsContext.get())
         tags = frozenset(TagsContext.get().current_tags)
@@ -507,7 +579,9 @@ class PlacingTaskRunner(TaskRunner[PrefectConcurrentFuture]):
             cached = ((objects, tags), serialize_context(),
                       get_current_settings().to_environment_variables(exclude_unset=True))
             self._context_cache = cached
-        return cached[1], cached[2]
+        inputs = {k: collect_task_run_inputs_sync(v) for k, v in parameters.items()}
+        assets = AssetContext.from_task_and_inputs(task, task_run_id, inputs, copy_to_child_ctx=True)
+        return {**cached[1], "asset_context": assets.serialize()}, cached[2]
 
     def _measure_gpu(self, placement: Lease, record: TaskRecord) -> None:
         """At the end of the task: the share it held (``gpu_share``) and, on real GPUs only, NVML's
@@ -529,76 +603,15 @@ class PlacingTaskRunner(TaskRunner[PrefectConcurrentFuture]):
         """Run the task through Prefect's engine with ``placement`` and return its final State."""
 
 
-def _init_worker(visible: str, parent_pid: int, ledger_path: str, owner_key: str) -> None:
-    """Process-pool initializer: pin the visible GPUs before anything can start CUDA, and make this
-    worker die with the flow process ``parent_pid`` that holds the leases of the tasks it runs.
-
-    A watchdog thread polls ``os.getppid()``: when the flow process dies, however (``kill -9``
-    included), the worker is re-parented, and it kills its own descendants and itself. We do not use
-    ``prctl(PR_SET_PDEATHSIG)``: Linux sends that signal when the *thread* that spawned the child
-    exits, not the process, and ProcessPoolExecutor spawns workers from whichever thread submits (our
-    dispatcher threads) or from its manager thread, so it would kill healthy workers whenever such a
-    thread ended. The watchdog's limit is a task holding the GIL in C code, which delays it; that is
-    why the ledger must also know the worker (below) before it re-grants a dead flow's slices.
-
-    SIGTERM and SIGINT are swallowed (by a handler, not SIG_IGN, so that programs a task starts do
-    not inherit it): they come to the whole process group when ``serve()``, a Prefect worker or Ctrl-C
-    stops the flow run, and the flow process must handle them first, so that it cancels these tasks
-    (and kills this worker) and records them Cancelled, not each worker dying on its own as a crash.
-
-    The worker registers with the pool ledger (``ledger_path``, a shared pool's file) under the flow
-    process's ``owner_key``: the ledger then keeps the flow's slices until this worker has died too,
-    so even a worker the watchdog is slow to stop never shares a GPU with the slices' next holder.
-    """
-    os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-    os.environ["CUDA_VISIBLE_DEVICES"] = visible
-    if ledger_path != ":memory:":
-        register_worker(ledger_path, owner_key)
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: None)
-    threading.Thread(target=_watch_parent, args=(parent_pid,), name="gpuflows-parent-watchdog", daemon=True).start()
-
-
-def _watch_parent(parent_pid: int) -> None:
-    """Kill this process and its descendants once ``parent_pid`` is no longer its parent (also at once,
-    if the flow process died while this worker was starting)."""
-    while os.getppid() == parent_pid:
-        time.sleep(_WATCHDOG_INTERVAL)
-    for pid in _descendants(os.getpid()):
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    os.kill(os.getpid(), signal.SIGKILL)
-
-
-def _descendants(pid: int) -> list[int]:
-    """Pids of every process below ``pid`` (children first), read from /proc."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue  # it exited meanwhile
-        children.setdefault(ppid, []).append(int(entry.name))
-    found, todo = [], [pid]
-    while todo:
-        for child in children.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
 class GpuTaskRunner(PlacingTaskRunner):
     """Places each task on a slice of a GPU pool and runs it locally.
 
     Args:
         pool: the GpuPool block (default: NVML GPUs, else a simulated 2 x 16 GiB pool).
-        mode: ``"process"`` (default; CUDA_VISIBLE_DEVICES per task) or ``"thread"`` (CPU-only work, lowest
+        mode: ``"process"`` (default; CUDA_VISIBLE_DEVICES and the MPS share per task, each task in a worker
+            process of its own while it runs: ``tasks.runtime.workers``) or ``"thread"`` (CPU-only work, lowest
             overhead; the placement's device string carries the GPU index instead).
-        workers_per_device_set: processes kept per set of visible devices (process mode).
+        workers_per_device_set: processes kept per set of visible devices and MPS share (process mode).
         admission: how a system admits tasks into what it holds for longer than a task, instead of each task
             leasing its own slice (``tasks.runtime.admission``; e.g. ``tasks.salus.admission.SalusColocation``:
             tasks admitted into memory lanes of a device one executor leases whole). None: every task takes its
@@ -624,9 +637,8 @@ class GpuTaskRunner(PlacingTaskRunner):
         self._admitter: Admitter | None = None
         self._admitter_lock = threading.Lock()
         self._holder_gone: set[uuid.UUID] = set()  # task runs whose admission lost what held their placement
-        self._pools: dict[str, Any] = {}
-        self._broken_pools: list[Any] = []
-        self._pools_lock = threading.Lock()
+        self._workers: WorkerPool | None = None
+        self._workers_lock = threading.Lock()
 
     def _config(self) -> dict[str, Any]:
         return {**super()._config(), "mode": self.mode, "workers_per_device_set": self.workers_per_device_set,
@@ -715,76 +727,81 @@ class GpuTaskRunner(PlacingTaskRunner):
     def _execute(self, task, task_run_id, parameters, wait_for, dependencies, placement, cancel_event):
         tp = self._task_placement(placement)
         if self._in_threads:
-            return self._execute_in_thread(task, task_run_id, parameters, wait_for, dependencies, tp, cancel_event)
-        return self._execute_in_process(task, task_run_id, parameters, wait_for, dependencies, tp)
+            return run_engine_here(task, task_run_id, parameters, wait_for, dependencies, tp, cancel_event)
+        return self._execute_in_process(task, task_run_id, parameters, wait_for, dependencies, tp, cancel_event)
 
-    @staticmethod
-    def _execute_in_thread(task, task_run_id, parameters, wait_for, dependencies, tp, cancel_event):
-        from prefect.task_engine import run_task_async, run_task_sync
-
-        kwargs = dict(task=task, task_run_id=task_run_id, parameters=parameters, wait_for=wait_for,
-                      return_type="state", dependencies=dependencies, context=dict(cancel_event=cancel_event))
-        with placed(tp):
-            if task.isasync:
-                return asyncio.run(run_task_async(**kwargs))
-            return run_task_sync(**kwargs)
-
-    def _process_pool(self, visible: str):
-        """The process pool for one set of visible devices, created on first use."""
-        from prefect.task_runners import ProcessPoolTaskRunner
-
-        with self._pools_lock:
-            pool = self._pools.get(visible)
-            if pool is None:
+    def _worker_pool(self) -> WorkerPool:
+        """The process workers, created on first use."""
+        with self._workers_lock:
+            if self._workers is None:
                 ledger = self._ensure_ledger()
-                workers = self.workers_per_device_set if self.admission is None else \
+                per_key = self.workers_per_device_set if self.admission is None else \
                     self.admission.worker_processes(self.workers_per_device_set)
-                pool = ProcessPoolTaskRunner(workers, initializer=_init_worker,
-                                             initargs=(visible, os.getpid(), ledger.path, ledger.owner.key))
-                pool.__enter__()
-                self._pools[visible] = pool
-            return pool
+                self._workers = WorkerPool(per_key, lambda: (os.getpid(), ledger.path, ledger.owner.key))
+            return self._workers
 
-    def _execute_in_process(self, task, task_run_id, parameters, wait_for, dependencies, tp):
+    def _execute_in_process(self, task, task_run_id, parameters, wait_for, dependencies, tp, cancel_event):
+        """Run the task in a worker process of its placement's ``WorkerKey``, alone there while it runs.
+
+        Whatever the task left running in the worker's group is killed when it ends; what outlives the kill keeps
+        the task's slice (``_lingering``). A worker that died crashes only its own task."""
         import cloudpickle
         from prefect.states import Crashed
+        from prefect.task_runners import _run_task_in_subprocess
+        from prefect.utilities.callables import cloudpickle_wrapped_call
+        from prefect.utilities.engine import resolve_inputs_sync
 
-        pool = self._process_pool(tp.visible_devices)
-        context, settings_env = self._worker_context()
-        env = settings_env | dict(os.environ) | api_url_env() | {PLACEMENT_ENV: tp.to_env()}
-        # Prefect's process runner does the pickling, parameter resolution and log forwarding;
-        # we call its per-task step directly so the placement travels in this task's env.
+        key = WorkerKey.of(tp)
+        workers = self._worker_pool()
+        context, settings_env = self._worker_context(task, task_run_id, parameters)
+        env = task_environment(settings_env | dict(os.environ) | api_url_env() | {PLACEMENT_ENV: tp.to_env()}, key)
+        # Prefect's process runner pickles the call and forwards logs and events; the placement travels in env
+        call = cloudpickle_wrapped_call(
+            _run_task_in_subprocess, env=env, task=task, task_run_id=task_run_id,
+            parameters=resolve_inputs_sync(parameters, return_data=True, max_depth=-1),
+            wait_for=wait_for_states(wait_for), return_type="state", dependencies=dependencies, context=context)
+        worker = workers.take(key, cancel_event)
+        died = False
         try:
-            future = pool._resolve_futures_and_submit(task=task, task_run_id=task_run_id, parameters=parameters,
-                                                      wait_for=wait_for, dependencies=dependencies,
-                                                      context=context, env=env)
-            return cloudpickle.loads(future.result())
-        except BrokenExecutor as exc:
-            # The pool's workers are all dead now. It is shut down with the others, later: this task's
-            # lease is released first.
-            with self._pools_lock:
-                if self._pools.get(tp.visible_devices) is pool:
-                    self._broken_pools.append(self._pools.pop(tp.visible_devices))
-            return Crashed(message=f"task {task.name!r} worker process died: {exc!r}")
+            try:
+                return cloudpickle.loads(worker.submit(call).result())
+            except BrokenExecutor as exc:
+                died = True
+                return Crashed(message=f"task {task.name!r} worker process died: its process (pid {worker.pid}) "
+                                       f"{worker.death()} ({exc!r})")
+            except Exception as exc:  # noqa: BLE001 - raised by Prefect's engine in the worker
+                raise EngineRaised(exc) from exc
+        finally:
+            killed, survivors = worker.stop_leftovers()
+            if killed:
+                self.logger.warning("task %r left %d process(es) running when it ended (pids %s): killed%s",
+                                    task.name, len(killed), killed,
+                                    f"; {len(survivors)} still alive keep its slice until they die" if survivors
+                                    else "")
+            if survivors:
+                with self._leases_lock:
+                    self._lingering[task_run_id] = survivors
+            if died:
+                workers.retire(worker)
+            else:
+                workers.give_back(worker)
 
     def cancel_all(self) -> None:
-        """Also kill every process worker: all their tasks are cancelled, and a process is the only
-        thing that stops a task for sure. Their futures fail with BrokenProcessPool, which ``_settle``
-        turns into Cancelled. (Prefect's own ``cancel_all`` would wait for running tasks to finish, and
-        neither it nor ProcessPoolExecutor before Python 3.14 offers a kill: hence their private fields.)"""
+        """Also kill every process worker and what its task started: all their tasks are cancelled, and killing
+        a process is the only thing that stops a task for sure. Their futures fail with BrokenProcessPool, which
+        ``_settle`` turns into Cancelled. (Prefect's own ``cancel_all`` would wait for running tasks to finish,
+        and ProcessPoolExecutor before Python 3.14 offers no kill.)"""
         super().cancel_all()
-        with self._pools_lock:
-            pools = list(self._pools.values())
-        for pool in pools:
-            executor = pool._executor
-            for process in list((executor._processes or {}).values()) if executor is not None else []:
-                process.kill()
+        with self._workers_lock:
+            workers = self._workers
+        if workers is not None:
+            workers.kill_all()
 
     def _shutdown_backend(self) -> None:
-        with self._pools_lock:
-            pools, self._pools, self._broken_pools = [*self._pools.values(), *self._broken_pools], {}, []
-        for pool in pools:
-            pool.__exit__(None, None, None)
+        with self._workers_lock:
+            workers, self._workers = self._workers, None
+        if workers is not None:
+            workers.close()
         with self._admitter_lock:
             admitter, self._admitter = self._admitter, None
         if admitter is not None:

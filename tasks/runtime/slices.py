@@ -8,7 +8,8 @@ latencies, FLUID's iteration times). A task measures its work with ``on_slice`` 
 - **Real GPU** (``cuda:N``): the share is enforced — the memory cap through torch's per-process memory
   fraction, the compute share through CUDA MPS's active-thread percentage when an MPS control daemon
   serves the worker (``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE``, read when CUDA starts, so the process
-  runner sets it before CUDA initialises; see ``mps_environment``). The timing is the wall clock after a
+  runner starts each worker process with it and keeps workers of different shares apart; see
+  ``mps_environment`` and ``tasks.runtime.workers``). The timing is the wall clock after a
   device synchronise: what the slice really delivered, contention included.
 - **Simulated pool** (``cpu``): there is no device to share. The work runs on the CPU at full speed
   and we measure its CPU time on the calling thread (``time.thread_time``: immune to other tasks
@@ -105,17 +106,26 @@ def mps_environment(fraction: float) -> dict[str, str]:
     return {MPS_THREADS_ENV: str(max(1, round(100 * fraction)))}
 
 
-def enforce(placement: TaskPlacement | None = None) -> None:
-    """Apply the slice inside a running task: cap torch's CUDA allocator at the placement's memory.
+def memory_fraction(placement: TaskPlacement | None, device_memory: int) -> float:
+    """The share of a device's ``device_memory`` a task's process may allocate: its memory cap's share, else all
+    of it (1.0). A worker process serves task after task, and a cap set for one would otherwise stay on it."""
+    cap = placement.memory_cap if placement is not None else 0
+    return min(1.0, cap / device_memory) if cap and device_memory > 0 else 1.0
 
-    A no-op on a simulated pool or without a memory cap. Compute shares are applied before CUDA starts
-    (``mps_environment``), not here.
+
+def enforce(placement: TaskPlacement | None = None) -> None:
+    """Apply the slice inside a running task: cap torch's CUDA allocator at the placement's memory, or lift the
+    cap an earlier task of the same worker process left (``memory_fraction``: torch's fraction lasts as long as
+    the process).
+
+    A no-op on a simulated pool. Compute shares are applied before CUDA starts (``mps_environment``, through
+    the runner's worker processes), not here.
     """
     p = placement or current_placement()
-    if not _on_gpu(p) or not p.memory_cap:
+    if not _on_gpu(p):
         return
     import torch
 
     dev = torch.device(p.device)
     total = torch.cuda.get_device_properties(dev).total_memory
-    torch.cuda.set_per_process_memory_fraction(min(1.0, p.memory_cap / total), dev)
+    torch.cuda.set_per_process_memory_fraction(memory_fraction(p, total), dev)
