@@ -217,6 +217,71 @@ def new_pid_namespace() -> tuple[str, ...] | None:
     return None
 
 
+_WORKER_WITH_DAEMON = """
+import os, subprocess, sys
+from gpu.ledger import register_worker
+from gpu.liveness import WORKER_MARK_ENV, process_start, worker_mark
+os.setsid()                                   # what a task runner's worker does at start (tasks.runtime.workers)
+os.environ[WORKER_MARK_ENV] = worker_mark(os.getpid(), process_start(os.getpid()))
+register_worker(sys.argv[1], sys.argv[2])
+# a task's daemon: a session of its own, out of the worker's tree once the worker dies
+daemon = subprocess.Popen([sys.executable, "-c", "import signal; signal.pause()"], start_new_session=True)
+print(daemon.pid, flush=True)
+sys.stdin.read()
+"""
+
+
+def test_what_a_dead_flows_worker_started_keeps_the_flows_slices(path):
+    """The flow process and its registered worker both die, but a daemon a task started in the worker (a session
+    of its own: only the worker's mark in its environment ties it to the worker) may still run on the flow's
+    GPU: the slices stay held until it is gone too."""
+    holder = Holder(path)
+    worker = subprocess.Popen([sys.executable, "-c", _WORKER_WITH_DAEMON, str(path), holder.owner_key],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    daemon = int(worker.stdout.readline())
+    try:
+        ledger = waiter(path)
+        holder.kill()
+        worker.kill()
+        worker.wait()
+        with pytest.raises(AllocationTimeout):
+            take_holders_gpu(ledger, timeout=1.0)
+        os.kill(daemon, signal.SIGKILL)
+        assert take_holders_gpu(ledger, timeout=5) < 1.0
+    finally:
+        for pid in (daemon, worker.pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def test_a_released_slice_stays_held_while_what_its_task_left_lives(path):
+    """A task ended but a process it started may still run on its GPU: ``release(linger=...)`` keeps the slice,
+    held by that process, until it dies; then the slice is granted at once."""
+    from gpu.liveness import process_start
+
+    ledger = pool(path)
+    left = ledger.allocate(ResourceRequest(gpus=1, label="left"), timeout=1)
+    ledger.allocate(ResourceRequest(gpus=1), timeout=1)
+    child = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    started = process_start(child.pid)
+    try:
+        assert ledger.release(left.lease_id, linger=[(child.pid, started)]) is True
+        other = pool(path)
+        with pytest.raises(AllocationTimeout):
+            other.allocate(ResourceRequest(gpus=1), timeout=1.0)
+        assert any(f"held by pid {child.pid}" in line for line in other.describe())
+    finally:
+        child.kill()
+        child.wait()
+    start = time.monotonic()
+    again = other.allocate(ResourceRequest(gpus=1), timeout=5)
+    assert again.devices == left.devices and time.monotonic() - start < 1.0
+    assert other.release(again.lease_id, linger=[(child.pid, started)]) is True  # nothing left alive: freed now
+    assert again.lease_id not in {p.lease_id for p in other.leases()}
+
+
 def test_a_holder_in_another_pid_namespace_is_judged_by_heartbeat(path):
     """A container with host networking: our hostname, its own pids (the holder is pid 1 there, which is init
     here). Its pid cannot tell us whether it lives, so it is judged by heartbeat like another host's holder:
