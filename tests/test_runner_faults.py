@@ -83,7 +83,7 @@ def final_task_run_state(task_run_id):
 # Flows run in their own process by the tests below (``python faultflows.py OUT waiting|-``).
 # Their GPU tasks record the pid of the process running them, then work until they are killed.
 _FAULT_FLOWS = """
-import json, os, sys, time
+import json, os, subprocess, sys, time
 from pathlib import Path
 
 from prefect import flow, task
@@ -93,9 +93,15 @@ from tasks.runtime.requests import gpu_request
 from tasks.runtime.runners import GpuTaskRunner
 
 
+DAEMONIZE = ("import subprocess, sys; p = subprocess.Popen([sys.executable, '-c', 'import signal; signal.pause()'], "
+             "start_new_session=True); open(sys.argv[1], 'w').write(str(p.pid))")
+
+
 @gpu_request(gpus=1)
 @task
 def spin(out: str, i: int) -> None:
+    # a double-forked daemon: an intermediate process starts it in a session of its own and exits
+    subprocess.run([sys.executable, "-c", DAEMONIZE, str(Path(out) / f"daemon-{i}")], check=True)
     tmp = Path(out) / f".worker-{i}"
     tmp.write_text(str(os.getpid()))
     tmp.rename(Path(out) / f"worker-{i}")  # whole, or not there
@@ -175,7 +181,7 @@ def stop_fault_flow(proc: subprocess.Popen, tmp_path: Path) -> None:
     """Leave no flow process and no spinning worker behind, whatever the test found."""
     proc.kill()
     proc.wait(30)
-    for pid in pid_files(tmp_path, "worker-").values():
+    for pid in [*pid_files(tmp_path, "worker-").values(), *pid_files(tmp_path, "daemon-").values()]:
         if alive(pid):
             os.kill(pid, signal.SIGKILL)
 
@@ -184,10 +190,15 @@ def test_process_workers_die_with_their_flow_process_after_kill_9(state_dir, tmp
     proc, workers = start_fault_flow(tmp_path, state_dir, waiting=False)
     try:
         assert len(sim_pool("faults").open_ledger().leases()) == 2
+        daemons = pid_files(tmp_path, "daemon-")
+        assert len(daemons) == 2 and all(alive(pid) and parent_of(pid) not in workers.values()
+                                         for pid in daemons.values())  # out of the workers' tree already
         proc.kill()  # SIGKILL: the flow process gets no chance to clean up
         proc.wait(30)
         poll(lambda: not any(alive(pid) for pid in workers.values()), 2.0,
              f"worker processes {sorted(workers.values())} gone after their flow process was killed")
+        poll(lambda: not any(alive(pid) for pid in daemons.values()), 2.0,
+             f"the daemons {sorted(daemons.values())} their tasks started gone with them")
     finally:
         stop_fault_flow(proc, tmp_path)
 
@@ -329,6 +340,107 @@ def test_lease_lost_reported_from_another_thread_fails_the_task_with_the_reason(
     assert f"lease {running['lease_id']} of task 'holds_the_gpu'" in state.message
     assert "heartbeat found the lease expired" in state.message
     assert sim_pool("lost", "1x16GiB").open_ledger().leases() == []
+
+
+@gpu_request(gpus=0.5)
+@task
+def killed_from_outside(out: str) -> None:
+    (Path(out) / "victim").write_text(str(os.getpid()))
+    signal.pause()  # until the test kills its process
+
+
+@gpu_request(gpus=0.5)
+@task
+def outlives_its_neighbour(out: str) -> int:
+    """Runs on its half of the GPU until its neighbour's crash is settled, then finishes."""
+    (Path(out) / "sibling").write_text(str(os.getpid()))
+    settled, polls = Path(out) / "victim-settled", 0
+    while not settled.exists() and polls < 3000:
+        polls += 1
+        time.sleep(0.02)
+    (Path(out) / "sibling-done").touch()
+    return os.getpid()
+
+
+@gpu_request(gpus=1)
+@task
+def after_the_sibling(out: str) -> bool:
+    return (Path(out) / "sibling-done").exists()
+
+
+def test_a_killed_worker_crashes_only_its_own_task_and_its_sibling_keeps_its_slice(state_dir, tmp_path):
+    """Two half-GPU tasks in two worker processes; kill -9 one. Only its task ends Crashed: the sibling computes
+    on and ends Completed (in Prefect too), and the whole GPU goes to the next task only once the sibling is done.
+    (In one shared process pool, Python failed both futures at the kill and the runner freed both slices.)"""
+    out = str(tmp_path)
+
+    @flow(task_runner=GpuTaskRunner(pool=sim_pool("sibling", "1x16GiB"), tracking=False))
+    def sibling_flow():
+        sibling = outlives_its_neighbour.submit(out)
+        victim = killed_from_outside.submit(out)
+        poll(lambda: (tmp_path / "victim").exists() and (tmp_path / "sibling").exists(), 120, "both tasks running")
+        whole = after_the_sibling.submit(out)  # waits in the ledger: the two halves hold the GPU
+        os.kill(int((tmp_path / "victim").read_text()), signal.SIGKILL)
+        victim.wait()
+        (tmp_path / "victim-settled").touch()
+        sibling_pid, whole_after_sibling = sibling.result(), whole.result()
+        return victim.state, sibling.state, sibling.task_run_id, sibling_pid, whole_after_sibling
+
+    victim, sibling, sibling_run, sibling_pid, whole_after_sibling = sibling_flow()
+    assert victim.type == StateType.CRASHED and "SIGKILL" in victim.message
+    assert sibling.type == StateType.COMPLETED and sibling_pid == int((tmp_path / "sibling").read_text())
+    assert final_task_run_state(sibling_run).type == StateType.COMPLETED
+    assert whole_after_sibling
+    assert sim_pool("sibling", "1x16GiB").open_ledger().leases() == []
+
+
+DAEMONIZE = ("import subprocess, sys; p = subprocess.Popen([sys.executable, '-c', 'import signal; signal.pause()'], "
+             "start_new_session=True); open(sys.argv[1], 'w').write(str(p.pid))")
+
+
+@gpu_request(gpus=1)
+@task
+def leaves_processes(out: str, tag: str, die: bool) -> None:
+    """Starts a child and a double-forked daemon (in a session of its own), then returns or is killed."""
+    child = subprocess.Popen([sys.executable, "-c", "import signal; signal.pause()"])
+    subprocess.run([sys.executable, "-c", DAEMONIZE, str(Path(out) / f"{tag}-daemon")], check=True)
+    (Path(out) / f"{tag}-child").write_text(str(child.pid))
+    if die:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+@gpu_request(gpus=1)
+@task
+def next_on_the_gpu(out: str, tag: str) -> list[bool]:
+    """Whether the previous holder's child and daemon are alive now that this task holds the GPU."""
+    return [alive(int((Path(out) / f"{tag}-{what}").read_text())) for what in ("child", "daemon")]
+
+
+def test_a_tasks_processes_end_with_it_before_its_gpu_is_granted_again(state_dir, tmp_path):
+    """A task starts a child and a double-forked daemon on its GPU, then returns, or its worker is killed with
+    SIGKILL. Either way what it started is killed when it ends, and the GPU's next holder starts only once they
+    are dead. (They used to run on, and the GPU was granted again 0.3 s after the worker died.)"""
+    out = str(tmp_path)
+
+    @flow(task_runner=GpuTaskRunner(pool=sim_pool("leftovers", "1x16GiB"), tracking=False))
+    def leftovers_flow():
+        seen = {}
+        for tag, die in (("returned", False), ("killed", True)):
+            first = leaves_processes.submit(out, tag, die)
+            poll(lambda: (tmp_path / f"{tag}-child").exists(), 120, f"{tag}: the first task's processes started")
+            seen[tag] = (next_on_the_gpu.submit(out, tag).result(), first.state)  # queued behind the first
+        return seen
+
+    try:
+        seen = leftovers_flow()
+        assert seen["returned"][0] == [False, False] and seen["killed"][0] == [False, False]
+        assert seen["returned"][1].type == StateType.COMPLETED
+        assert seen["killed"][1].type == StateType.CRASHED and "SIGKILL" in seen["killed"][1].message
+        assert sim_pool("leftovers", "1x16GiB").open_ledger().leases() == []
+    finally:
+        for pid in [*pid_files(tmp_path, "returned-").values(), *pid_files(tmp_path, "killed-").values()]:
+            if alive(pid):
+                os.kill(pid, signal.SIGKILL)
 
 
 def test_cancelling_a_served_flow_run_cancels_its_tasks_at_once_and_releases_leases(state_dir, tmp_path):
