@@ -193,6 +193,46 @@ def test_a_job_whose_worker_is_killed_frees_its_lane_and_the_queued_job_is_admit
     assert _pool("salus-kill").open_ledger().leases() == []
 
 
+@task
+def iterates_until_its_neighbour_died(out: str, killed: bool) -> int:
+    """Job A starts iterating once job B's process runs, and dies by SIGKILL in its second iteration; job B
+    iterates until A has died, then twice more: its iterations after A's death are what it returns."""
+    if not killed:
+        Path(out, "b-started").touch()
+    while not Path(out, "b-started").exists():
+        time.sleep(0.02)
+    after = 0
+    for step in salus_iterations(100_000):
+        if killed and step == 1:
+            Path(out, "a-died").touch()
+            os.kill(os.getpid(), signal.SIGKILL)
+        torch.randn(64, 64).sum()
+        if Path(out, "a-died").exists():
+            after += 1
+            if after == 3:
+                break
+    return after
+
+
+@pytest.mark.usefixtures("prefect_server")
+def test_a_job_whose_worker_is_killed_takes_no_other_job_with_it(state_dir, tmp_path):
+    """Two jobs admitted side by side under FAIR, each in its worker process; A's is killed mid-iteration. Only
+    A ends Crashed: B goes on iterating and completes (a shared process pool used to fail B with A)."""
+    job = salus_job(persistent="200MiB", ephemeral="1GiB")(iterates_until_its_neighbour_died)
+
+    @flow(task_runner=GpuTaskRunner(pool=_pool("salus-neighbour"), admission=SalusColocation(
+        policy="fair", max_jobs_per_device=2), tracking=False))
+    def neighbour_killed():
+        a, b = job.submit(str(tmp_path), True), job.submit(str(tmp_path), False)
+        a.wait(120), b.wait(120)
+        return a.state, b.state
+
+    a, b = neighbour_killed()
+    assert a.type == StateType.CRASHED and "SIGKILL" in a.message
+    assert b.type == StateType.COMPLETED and b.result() == 3
+    assert _pool("salus-neighbour").open_ledger().leases() == []
+
+
 @salus_job(persistent="200MiB", ephemeral="1GiB")
 @task
 def runs_until_stopped(reclaim: bool) -> int:

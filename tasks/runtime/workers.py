@@ -84,7 +84,11 @@ class Worker:
 
     def death(self) -> str:
         """How the process ended, for a task's message ("killed by SIGKILL", "exited with code 1")."""
-        code = None if self.process is None else self.process.exitcode
+        if self.process is None:
+            return "died"
+        deadline = time.monotonic() + 2.0  # reaped by the pool's manager thread or here, its code is known then
+        while (code := self.process.exitcode) is None and time.monotonic() < deadline:
+            time.sleep(0.01)
         if code is None:
             return "died"
         if code < 0:
