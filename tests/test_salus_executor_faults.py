@@ -228,8 +228,8 @@ def test_a_job_whose_worker_is_killed_takes_no_other_job_with_it(state_dir, tmp_
         return a.state, b.state
 
     a, b = neighbour_killed()
-    assert a.type == StateType.CRASHED and "SIGKILL" in a.message
     assert b.type == StateType.COMPLETED and b.result() == 3
+    assert a.type == StateType.CRASHED and "SIGKILL" in a.message
     assert _pool("salus-neighbour").open_ledger().leases() == []
 
 
