@@ -219,7 +219,7 @@ def _orloj_on_ray_actors(ledger) -> dict:
 
         rt.update_policies(holds)  # raises here when the actor's policy does not hold the re-profiled histograms
     w = rt.recorder.window()
-    return {"sent": load.sent, "good": w.good, "epochs": feedback.orloj_epochs, "means": means}
+    return {"sent": load.sent, "good": w.good, "epochs": feedback.orloj_epochs, "means": means, "nodes": len(plan.nodes)}
 
 
 def _ledger_actor(pool: GpuPool):
@@ -288,9 +288,10 @@ def test_every_lease_is_released_after_the_flow(fake_gpu_run):
     events = fake_gpu_run["events"]
     allocated = {e["lease_id"] for e in events if e["kind"] == "allocate"}
     released = {e["lease_id"] for e in events if e["kind"] == "release"}
-    # five tasks, a lease per serving node (the plan packs by the profile measured on this machine: one node, or
-    # two when the machine is loaded) and the query's two nodes
-    assert len(allocated) == 5 + fake_gpu_run["serving"]["nodes"] + 2 and released == allocated
+    # five tasks, then a lease per node of each serving plan: the plain and ORLOJ plans pack by the profile measured
+    # on this machine (one node, or two when the machine is loaded); the query's plan has two nodes
+    nodes = fake_gpu_run["serving"]["nodes"] + fake_gpu_run["orloj"]["nodes"] + 2
+    assert len(allocated) == 5 + nodes and released == allocated
 
 
 def test_cpu_only_task_takes_one_ray_cpu(fake_gpu_run):
