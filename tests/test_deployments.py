@@ -46,7 +46,7 @@ SMALL = {
                                            "serving-rollout-epochs"),
     "fluid-trial-groups": ({"algorithm": "random", "trials": 2, "iterations": 1, "chunk": 1, "c": 2, "alpha": 1.5,
                             "mode": "thread", "progress": False}, "fluid-trials-random"),
-    "cilantro-allocation-rounds": ({"rounds": 1, "round_s": 10.0, "report_s": 5.0, "mode": "thread",
+    "cilantro-allocation-rounds": ({"rounds": 1, "round_s": 2.0, "report_s": 1.0, "mode": "thread",
                                     "run_name": "deploy-test", "resume": False}, "cilantro-rounds-deploy-test"),
     "salus-gpu-sharing": ({"jobs": 2, "median_iterations": 3, "gap_s": 0.0, "policies": ["srtf"], "mode": "thread"},
                           "salus-jobs-srtf"),
@@ -203,7 +203,10 @@ def test_blocks_register_with_the_prefect_cli(real_server):
 @pytest.mark.slow
 def test_an_interval_schedule_fires_and_a_worker_completes_the_scheduled_run(real_server, started, worker):
     """The scheduler service (SQLAlchemy 2.1 broke it: "Can't evaluate bulk DML statement") creates the runs of a
-    15 s interval schedule by itself; the process worker runs one to Completed."""
+    15 s interval schedule by itself; the process worker runs one to Completed.
+
+    The schedule is paused as soon as the worker has taken one of its runs: left on, it fires every 15 s and the
+    worker starts a flow process (Prefect and torch imported again) for each, beside the deployments' runs."""
     from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName
 
     only = DeploymentFilter(name=DeploymentFilterName(any_=[SCHEDULED]))
@@ -211,12 +214,15 @@ def test_an_interval_schedule_fires_and_a_worker_completes_the_scheduled_run(rea
     with _client(real_server) as client:
         while time.time() < deadline:
             runs = client.read_flow_runs(deployment_filter=only)
-            if len(runs) >= 2 and any(r.state and r.state.is_completed() for r in runs):
+            if len(runs) >= 2 and any(r.state and not r.state.is_scheduled() for r in runs):
                 break
             time.sleep(2)
         _pause_schedules(client, client.read_deployment_by_name(f"pool-demo/{SCHEDULED}"))
     assert len(runs) >= 2 and all(r.auto_scheduled for r in runs), [(r.name, r.state_name) for r in runs]
-    done = [r for r in runs if r.state and r.state.is_completed()]
+    taken = [r.id for r in runs if r.state and not r.state.is_scheduled()]
+    assert taken, [(r.name, r.state_name) for r in runs] + [worker.read_text()[-4000:]]
+    done = [r for r in _wait_final(real_server, taken, max(1.0, deadline - time.time()), worker).values()
+            if r.state.is_completed()]
     assert done, [(r.name, r.state_name) for r in runs] + [worker.read_text()[-4000:]]
 
 
