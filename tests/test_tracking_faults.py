@@ -23,7 +23,7 @@ from resource_blocks import GpuPool, MlflowTarget
 pytestmark = pytest.mark.usefixtures("prefect_server")
 
 ROOT = Path(__file__).resolve().parents[1]
-SMALL = dict(round_s=2.0, report_s=0.5, trace_step=10, mode="thread")
+SMALL = dict(round_s=1.0, report_s=0.5, trace_step=10, mode="thread")  # a round costs up to round_s of CPU
 
 # A small tracked flow in a process of its own. It waits for the file `go` (so that several start at once),
 # runs `n` tasks and prints its MLflow run id and its tracker's errors; with `hang` it writes the run id to
@@ -225,7 +225,7 @@ else:
     MlflowClient.log_batch = log_batch
 ar.allocation_rounds(rounds=3, pool=GpuPool(name="cil-kill", device_backend="simulated", simulated="1x16GiB"),
                      run_name="killed", tracking=MlflowTarget(tracking_uri=uri, experiment="cilantro-kill"),
-                     round_s=2.0, report_s=0.5, trace_step=10, mode="thread")
+                     round_s=1.0, report_s=0.5, trace_step=10, mode="thread")
 """
 
 
