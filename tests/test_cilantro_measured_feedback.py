@@ -8,19 +8,19 @@ import json
 
 import numpy as np
 import pytest
-import torch
 
 import flows.allocation_rounds as ar
 from tasks.cilantro.allocator import state_path
 import tasks.cilantro.jobs as cilantro_jobs
 from gpu.schedulers.cilantro.learners import learner_from_state
 from resource_blocks import GpuPool
+from tests.heavier_work import Ensemble
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
 
 # In the heavy run svc-b answers every request with an ensemble of HEAVIER copies of its trained model: exactly
 # HEAVIER x the torch work per request (0.5 -> 5 ms of CPU here), with the same answers. At 60 req/s the plain
-# svc-b keeps its slice under 5% busy at 0.6 of the GPU and meets its SLO from about 0.05 of it; the heavy one
+# svc-b keeps its slice about 5% busy at 0.6 of the GPU and meets its SLO from about 0.1 of it; the heavy one
 # is about 50% busy at 0.6 and misses its SLO below about 0.4. A gap of 10x, not 2-3x: a fast or slow moment of
 # a shared machine (2x either way) moves where each curve rises, never which one rises first.
 HEAVIER = 10
@@ -37,17 +37,6 @@ JOBS = [
 ]
 KW = dict(rounds=ROUNDS, policy="cilantro-ew", jobs=JOBS, mode="thread", tracking=False, round_s=2.0, report_s=0.25,
           trace_step=1)
-
-
-class Ensemble(torch.nn.Module):
-    """``copies`` passes of one trained model, logits averaged: ``copies`` x the work, the model's answers."""
-
-    def __init__(self, model: torch.nn.Module, copies: int):
-        super().__init__()
-        self.model, self.copies = model, copies
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.stack([self.model(x) for _ in range(self.copies)]).mean(dim=0)
 
 
 def heavier_svc_b(monkeypatch) -> None:
