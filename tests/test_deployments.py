@@ -69,7 +69,13 @@ def real_server(tmp_path_factory):
            "PREFECT_API_URL": f"http://127.0.0.1:{port}/api", "GPUFLOWS_HOME": str(ROOT),
            "GPUFLOWS_STATE_DIR": str(tmp_path_factory.mktemp("deploy-state")),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-           "PREFECT_WORKER_QUERY_SECONDS": "2", "PREFECT_LOGGING_LEVEL": "INFO"}
+           "PREFECT_WORKER_QUERY_SECONDS": "2", "PREFECT_LOGGING_LEVEL": "INFO",
+           # Three runs ahead per schedule, not 100: the tests pause every schedule, which deletes the runs it
+           # scheduled, while the deployments' runs start. Statements and connections wait for SQLite's lock as
+           # long as a loaded 2-core machine needs: with the defaults (10 s, 5 s) the server once answered a worker
+           # submitting a run with 503 (its reply to a retryable database error) at a load of 40.
+           "PREFECT_SERVER_SERVICES_SCHEDULER_MAX_RUNS": "3", "PREFECT_SERVER_DATABASE_TIMEOUT": "60",
+           "PREFECT_SERVER_DATABASE_CONNECTION_TIMEOUT": "60"}
     log = open(tmp_path_factory.mktemp("server-log") / "server.log", "w")
     server = subprocess.Popen([PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)], env=env,
                               stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
