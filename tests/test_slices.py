@@ -7,7 +7,7 @@ import torch
 from gpu.contract import contract_violations, is_frozen_decision
 from gpu.ledger import Lease
 from tasks.runtime.requests import TaskPlacement, placed
-from tasks.runtime.slices import MPS_PIPE_ENV, mps_environment, on_slice
+from tasks.runtime.slices import MPS_PIPE_ENV, enforce, mps_environment, on_slice
 
 
 def _placement(fraction: float) -> TaskPlacement:
@@ -36,6 +36,18 @@ def test_outside_a_runner_the_work_holds_a_whole_device():
     with on_slice() as clock:
         _work(64)
     assert clock.timing.share == 1.0 and clock.timing.slice_s == clock.timing.work_s
+
+
+def test_a_reused_worker_lifts_the_memory_cap_an_earlier_task_set(monkeypatch):
+    """torch's per-process memory fraction outlives the task that set it: an uncapped task after a 2 GiB one on
+    the same worker process must get the whole device back, not hit OOM at 2 GiB. (No GPU here: we read the
+    fraction torch is told, on a 16 GiB device.)"""
+    told: list[float] = []
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda dev: type("P", (), {"total_memory": 16 << 30}))
+    monkeypatch.setattr(torch.cuda, "set_per_process_memory_fraction", lambda fraction, dev: told.append(fraction))
+    enforce(TaskPlacement(Lease("capped", "n0", (0,), 0.5, 2 << 30), "cuda:0", "0"))
+    enforce(TaskPlacement(Lease("uncapped", "n0", (0,), 0.5, 0), "cuda:0", "0"))
+    assert told == [0.125, 1.0]
 
 
 def test_mps_share_only_where_a_daemon_listens(tmp_path, monkeypatch):

@@ -129,10 +129,16 @@ def test_a_kill_9_flow_run_is_marked_killed_by_the_next_tracker(state_dir):
     proc.kill()
     proc.wait(60)
     assert client.get_run(parent).info.status == "RUNNING"  # nobody ended it: it died
+    # the same dead pid on this host, held in another pid namespace (a container with host networking): its
+    # pid means nothing here, so its run is not judged by it
+    tags = client.get_run(parent).data.tags
+    foreign = client.create_run(client.get_run(parent).info.experiment_id, tags={
+        **tags, "gpuflows.pid_space": "another-boot/another-namespace"}).info.run_id
     later = RunTracker(uri, "faults", "later")
     later.close()
     assert later.healthy
     assert client.get_run(parent).info.status == "KILLED"
+    assert client.get_run(foreign).info.status == "RUNNING"
     assert [c.info.status for c in _children(client, parent)] == ["FINISHED"] * 3
     assert client.get_run(alive.parent_run_id).info.status == "RUNNING"
     alive.close()

@@ -4,9 +4,10 @@ Everything is logged from one background thread through ``MlflowClient`` so trac
 blocks task execution; ``close()`` drains the queue so nothing logged is lost. The allocation
 timeline (which task held which slice when) is logged as a table and a Gantt-chart PNG.
 
-Every run we create carries its holder's host, pid and process start time, so a later tracker
-marks the runs of processes that died (``kill -9``, OOM) KILLED instead of leaving them RUNNING,
-the way the pool ledger reclaims the leases of dead holders. A tracker that cannot log records
+Every run we create carries its holder's host, pid space, pid and process start time, so a later
+tracker marks the runs of processes that died (``kill -9``, OOM) KILLED instead of leaving them
+RUNNING, the way the pool ledger reclaims the leases of dead holders (and, like it, judges by pid only
+the holders whose pids it can see: ``gpu.liveness.pids_visible``). A tracker that cannot log records
 the error in ``errors`` and logs it at ERROR on the flow run's Prefect logger.
 """
 
@@ -26,7 +27,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterator
 
-from gpu.liveness import HOST, process_alive, process_start
+from gpu.liveness import HOST, PID_SPACE, pids_visible, process_alive, process_start
 from gpu.state import state_dir
 from resource_blocks.mlflow_target import default_tracking_uri
 from tasks.runtime.png import pyplot, save_png
@@ -34,6 +35,7 @@ from tasks.runtime.png import pyplot, save_png
 log = logging.getLogger("gpuflows.tracking")
 
 HOST_TAG, PID_TAG, PSTART_TAG = "gpuflows.host", "gpuflows.pid", "gpuflows.pstart"
+SPACE_TAG = "gpuflows.pid_space"  # gpu.liveness.PID_SPACE of the holder: its pid means nothing elsewhere
 _OPENED: set[str] = set()  # tracking URIs whose store this process has opened
 _OPEN_LOCK = threading.Lock()
 _LINGER_S = 0.2    # how long the writer gathers finished tasks into one batch
@@ -48,7 +50,7 @@ def holder_tags() -> dict[str, str]:
 
 @lru_cache
 def _holder_tags(pid: int) -> tuple[tuple[str, str], ...]:
-    return (HOST_TAG, HOST), (PID_TAG, str(pid)), (PSTART_TAG, str(process_start(pid)))
+    return (HOST_TAG, HOST), (SPACE_TAG, PID_SPACE), (PID_TAG, str(pid)), (PSTART_TAG, str(process_start(pid)))
 
 
 def _sqlite_file(tracking_uri: str) -> Path | None:
@@ -158,16 +160,18 @@ def register_model_version(client: Any, name: str, model: Any, run_id: str) -> s
 def mark_dead_runs_killed(client: Any) -> list[str]:
     """Mark KILLED the RUNNING runs whose holder, a process on this host, has died; returns their ids.
 
-    Only this host's runs: another host's processes cannot be checked from here. The start time guards
-    against a reused pid.
+    Only runs whose holder's pids this process can see (``gpu.liveness.pids_visible``): another host's, or
+    another pid namespace's on this host (a container with host networking shares our hostname), or a run
+    from before a reboot, names a pid that means nothing here. The start time guards against a reused pid.
     """
     experiments = [e.experiment_id for e in client.search_experiments()]
     query = f"attributes.status = 'RUNNING' and tags.`{HOST_TAG}` = '{HOST}'"
     dead, token = [], None
     while experiments:  # collect first: terminating while paging would shift the pages
         page = client.search_runs(experiments, query, max_results=1000, page_token=token)
-        dead += [r.info.run_id for r in page if PID_TAG in r.data.tags and not process_alive(
-            int(r.data.tags[PID_TAG]), int(r.data.tags.get(PSTART_TAG) or 0))]
+        dead += [r.info.run_id for r in page if PID_TAG in r.data.tags
+                 and pids_visible(r.data.tags[HOST_TAG], r.data.tags.get(SPACE_TAG))
+                 and not process_alive(int(r.data.tags[PID_TAG]), int(r.data.tags.get(PSTART_TAG) or 0))]
         token = page.token
         if not token:
             break
