@@ -26,7 +26,8 @@ import numpy as np
 import pytest
 import ray
 from prefect import flow, task
-from prefect.context import FlowRunContext
+from prefect.assets import materialize
+from prefect.context import AssetContext, FlowRunContext
 
 from gpu.errors import ConfigError
 from gpu.placement import ResourceRequest
@@ -75,6 +76,17 @@ def cpu_only() -> dict:
     return ray.get_runtime_context().get_assigned_resources()
 
 
+@materialize("file:///gpuflows-test/upstream")
+def upstream_asset() -> int:
+    return 1
+
+
+@materialize("file:///gpuflows-test/downstream")
+def downstream_asset(x: int) -> list[str]:
+    """The assets its upstream tasks recorded, as its ``prefect.asset.referenced`` events will name them."""
+    return sorted(a.key for a in AssetContext.get().upstream_assets)
+
+
 @ray.remote(num_cpus=0)
 class Barrier:
     """Releases its callers only once ``parties`` of them are waiting at the same time."""
@@ -104,6 +116,14 @@ def rendezvous(barrier_name: str) -> dict:
     seen["met"] = ray.get(barrier.wait.remote(seen["lease_id"], BARRIER_TIMEOUT_S))
     seen["released"] = time.time()
     return seen
+
+
+@task
+def cpu_rendezvous(barrier_name: str, timeout: float) -> dict:
+    """A CPU-only task that meets another one: on one CPU per node, only if they run on different nodes."""
+    barrier = ray.get_actor(barrier_name, namespace=NAMESPACE)
+    met = ray.get(barrier.wait.remote(uuid.uuid4().hex, timeout))
+    return {"met": met, "ray_node": ray.get_runtime_context().get_node_id()}
 
 
 def _serve_on_ray_actors(ledger, ledger_actor) -> dict:
@@ -244,14 +264,18 @@ def fake_gpu_run(prefect_server):
     def fake_gpus() -> dict:
         running = [half_gpu.submit(), half_gpu.submit(), whole_gpu.submit()]
         failing = failing_half_gpu.submit()
+        not_ready = half_gpu.submit(wait_for=[failing])
         cpu = cpu_only.submit()
+        lineage = downstream_asset.submit(upstream_asset.submit())
         results = [f.result() for f in running]
         failing.wait()
+        not_ready.wait()
         ledger = _ledger_actor(pool)
         serving = _serve_on_ray_actors(FlowRunContext.get().task_runner.ledger(), ledger)
         orloj = _orloj_on_ray_actors(FlowRunContext.get().task_runner.ledger())
         query = _serve_query_on_ray_actors(FlowRunContext.get().task_runner.ledger())
         return {"query": query, "orloj": orloj, "results": results, "failed_state": failing.state.type.value, "cpu_only": cpu.result(),
+                "not_ready": not_ready.state, "lineage": lineage.result(),
                 "serving": serving, "leases": ray.get(ledger.leases.remote()),
                 "events": ray.get(ledger.events.remote()), "ray_gpus": ray.cluster_resources().get("GPU")}
 
@@ -288,15 +312,28 @@ def test_every_lease_is_released_after_the_flow(fake_gpu_run):
     events = fake_gpu_run["events"]
     allocated = {e["lease_id"] for e in events if e["kind"] == "allocate"}
     released = {e["lease_id"] for e in events if e["kind"] == "release"}
-    # five tasks, then a lease per node of each serving plan: the plain and ORLOJ plans pack by the profile measured
-    # on this machine (one node, or two when the machine is loaded); the query's plan has two nodes
+    # seven tasks that ran (the one not ready takes none), then a lease per node of each serving plan: the plain
+    # and ORLOJ plans pack by the profile measured on this machine (one node, or two when the machine is loaded);
+    # the query's plan has two nodes
     nodes = fake_gpu_run["serving"]["nodes"] + fake_gpu_run["orloj"]["nodes"] + 2
-    assert len(allocated) == 5 + nodes and released == allocated
+    assert len(allocated) == 7 + nodes and released == allocated
 
 
 def test_cpu_only_task_takes_one_ray_cpu(fake_gpu_run):
     """Nothing in the ledger bounds CPU-only tasks; with 0 CPUs Ray would start a worker per task."""
     assert fake_gpu_run["cpu_only"] == {"CPU": 1.0}
+
+
+def test_a_task_whose_upstream_failed_is_not_ready_and_takes_no_slice_on_ray(fake_gpu_run):
+    """Prefect's engine decides it in the flow process, as under prefect-ray: Pending "NotReady", not Crashed
+    (and ``test_every_lease_is_released_after_the_flow`` counts no lease for it)."""
+    state = fake_gpu_run["not_ready"]
+    assert state.type.value == "PENDING" and state.name == "NotReady"
+
+
+def test_a_task_on_ray_knows_the_assets_its_upstream_materialized(fake_gpu_run):
+    """The asset context travels with the task, as prefect-ray sends it: its upstream's asset is referenced."""
+    assert fake_gpu_run["lineage"] == ["file:///gpuflows-test/upstream"]
 
 
 def test_entering_a_runner_copy_opens_no_ledger(monkeypatch):
@@ -462,7 +499,10 @@ def two_node_run(prefect_server, fake_gpu_run):
             ray.get(barrier.__ray_ready__.remote())
             futures = [rendezvous.submit(barrier_name) for _ in range(4)]
             results = [f.result() for f in futures]
-            return {"results": results, "nodes": [n["NodeID"] for n in ray.nodes() if n["Alive"]],
+            pair = Barrier.options(name=f"{barrier_name}-cpu", namespace=NAMESPACE).remote(2)
+            ray.get(pair.__ray_ready__.remote())
+            cpu = [cpu_rendezvous.submit(f"{barrier_name}-cpu", 20.0) for _ in range(2)]
+            return {"results": results, "cpu": [f.result() for f in cpu], "nodes": [n["NodeID"] for n in ray.nodes() if n["Alive"]],
                     "leases": ray.get(_ledger_actor(pool).leases.remote())}
 
         yield {**four_at_once(), "address": cluster.address}
@@ -483,6 +523,13 @@ def test_placements_land_on_both_nodes(two_node_run):
     assert all(r["node"] == r["ray_node"] for r in results), "task did not run on its placement's node"
     slots = [(r["node"], r["devices"]) for r in results]
     assert len(set(slots)) == 4 and all(r["fraction"] == 1.0 for r in results)
+
+
+def test_cpu_only_tasks_spread_over_the_nodes(two_node_run):
+    """Two CPU-only tasks on two nodes of one CPU each run at once, one per node (as prefect-ray spreads them),
+    not one after the other on the node best fit always picks."""
+    cpu = two_node_run["cpu"]
+    assert [c["met"] for c in cpu] == [True, True] and len({c["ray_node"] for c in cpu}) == 2
 
 
 def test_two_node_leases_are_released(two_node_run):
