@@ -119,11 +119,21 @@ def rendezvous(barrier_name: str) -> dict:
 
 
 @task
-def cpu_rendezvous(barrier_name: str, timeout: float) -> dict:
-    """A CPU-only task that meets another one: on one CPU per node, only if they run on different nodes."""
-    barrier = ray.get_actor(barrier_name, namespace=NAMESPACE)
-    met = ray.get(barrier.wait.remote(uuid.uuid4().hex, timeout))
-    return {"met": met, "ray_node": ray.get_runtime_context().get_node_id()}
+def cpu_rendezvous(folder: str, parties: int, timeout: float) -> dict:
+    """A CPU-only task that holds its Ray CPU until ``parties`` such tasks run at once (each leaves a file in
+    ``folder``; a task blocked in ``ray.get`` would lend its CPU out, so it polls the files): on one CPU per node,
+    two meet only if they run on different nodes."""
+    Path(folder, uuid.uuid4().hex).touch()
+    deadline = time.monotonic() + timeout
+    while len(os.listdir(folder)) < parties and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return {"met": len(os.listdir(folder)) >= parties, "ray_node": ray.get_runtime_context().get_node_id()}
+
+
+@gpu_request(gpus=0.5)
+@task
+def half_gpu_after(x: object) -> dict:
+    return _probe()
 
 
 def _serve_on_ray_actors(ledger, ledger_actor) -> dict:
@@ -264,7 +274,7 @@ def fake_gpu_run(prefect_server):
     def fake_gpus() -> dict:
         running = [half_gpu.submit(), half_gpu.submit(), whole_gpu.submit()]
         failing = failing_half_gpu.submit()
-        not_ready = half_gpu.submit(wait_for=[failing])
+        not_ready = half_gpu_after.submit(failing)  # resolved in the flow process, where the upstream failed
         cpu = cpu_only.submit()
         lineage = downstream_asset.submit(upstream_asset.submit())
         results = [f.result() for f in running]
@@ -492,6 +502,7 @@ def two_node_run(prefect_server, fake_gpu_run):
     try:
         pool = _pool()
         barrier_name = f"barrier-{uuid.uuid4().hex[:8]}"
+        rendezvous_dir = tempfile.mkdtemp(prefix="gfcpu-", dir="/tmp")
 
         @flow(task_runner=GpuRayTaskRunner(pool=pool, address=cluster.address, tracking=False))
         def four_at_once() -> dict:
@@ -499,13 +510,12 @@ def two_node_run(prefect_server, fake_gpu_run):
             ray.get(barrier.__ray_ready__.remote())
             futures = [rendezvous.submit(barrier_name) for _ in range(4)]
             results = [f.result() for f in futures]
-            pair = Barrier.options(name=f"{barrier_name}-cpu", namespace=NAMESPACE).remote(2)
-            ray.get(pair.__ray_ready__.remote())
-            cpu = [cpu_rendezvous.submit(f"{barrier_name}-cpu", 20.0) for _ in range(2)]
+            cpu = [cpu_rendezvous.submit(rendezvous_dir, 2, 20.0) for _ in range(2)]
             return {"results": results, "cpu": [f.result() for f in cpu], "nodes": [n["NodeID"] for n in ray.nodes() if n["Alive"]],
                     "leases": ray.get(_ledger_actor(pool).leases.remote())}
 
         yield {**four_at_once(), "address": cluster.address}
+        shutil.rmtree(rendezvous_dir, ignore_errors=True)
     finally:
         if ray.is_initialized():
             ray.shutdown()
