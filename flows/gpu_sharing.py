@@ -30,8 +30,8 @@ from gpu.schedulers.salus.policies import POLICIES
 from gpuflows.args import add_runner_arguments, error, flow_parser
 from resource_blocks import GpuPool, MlflowTarget
 from tasks.report.records import Records
-from tasks.runtime.flow import (log_flow_inputs, log_flow_outcome, pool_block, publish_mlflow_link, settings,
-                                tracking_target)
+from tasks.runtime.flow import (RunIdentity, log_flow_inputs, log_flow_outcome, pool_block, publish_mlflow_link,
+                                run_namer, settings, tracking_target)
 from tasks.runtime.runners import GpuTaskRunner
 from tasks.salus.admission import SalusColocation, salus_executor
 from tasks.salus.executor import MIB, salus_options
@@ -47,10 +47,18 @@ DEVICE = 0
 MAX_JOBS = 8  # jobs admitted at once on the device (in process mode: its worker processes)
 
 
+def identity(parameters: dict) -> RunIdentity:
+    """Experiment ``gpuflows-salus``; runs named by the policies compared and how memory was known:
+    ``salus-fifo+pack+srtf+fair-declared-<time>``."""
+    policies = parameters.get("policies")
+    chosen = "+".join(map(str, policies)) if isinstance(policies, (list, tuple)) else "+".join(DEFAULT_POLICIES)
+    return RunIdentity("salus", (chosen, str(parameters.get("memory", "declared"))))
+
+
 def runner_settings(parameters: dict) -> dict:
     """The flow's runner from its own parameters (``pool``, ``tracking``): it opens the flow's MLflow run; each
     policy's jobs run on a runner with a Salus admission of their own on the same pool (``run_policy``)."""
-    return settings(parameters, DEFAULT_POOL, "gpuflows-salus")
+    return settings(parameters, DEFAULT_POOL, identity(parameters).experiment)
 
 
 def prepare(pool: GpuPool | str | dict | None, tracking: MlflowTarget | bool | str | None, *, jobs: int, seed: int,
@@ -68,7 +76,7 @@ def prepare(pool: GpuPool | str | dict | None, tracking: MlflowTarget | bool | s
         choose(p, "policies", list(POLICIES))
     integer(seed, "seed", minimum=0, maximum=MAX_SEED)
     jobs_ = explicit_trace(trace) if trace is not None else sharing_trace(jobs, seed, gap_s, median_iterations)
-    return jobs_, chosen, pool_block(pool, DEFAULT_POOL), tracking_target(tracking, "gpuflows-salus")
+    return jobs_, chosen, pool_block(pool, DEFAULT_POOL), tracking_target(tracking, identity({}).experiment)
 
 
 def run_policy(trace: Sequence[SharingJob], policy: str, pool: GpuPool, mode: str, memory: str) -> PolicyOutcome:
@@ -100,7 +108,8 @@ def run_policy(trace: Sequence[SharingJob], policy: str, pool: GpuPool, mode: st
                          sizes=sizes)
 
 
-@flow(name="salus-gpu-sharing", log_prints=True, task_runner=GpuTaskRunner(configure=runner_settings))
+@flow(name="salus-gpu-sharing", log_prints=True, flow_run_name=run_namer(identity),
+      task_runner=GpuTaskRunner(configure=runner_settings))
 def gpu_sharing(jobs: int = 8, seed: int = 0, gap_s: float = 0.1, median_iterations: int = 20,
                 trace: list[dict] | None = None, policies: list[str] | None = None,
                 memory: str = "declared", pool: GpuPool | str | None = None, mode: str = "process",
@@ -115,7 +124,8 @@ def gpu_sharing(jobs: int = 8, seed: int = 0, gap_s: float = 0.1, median_iterati
         policies: Salus policies to run the trace under (default fifo, pack, srtf, fair).
         memory: "declared" (each job declares its workload's Table A.1 memory) or "profiled" (jobs declare none:
             the runner measures what their torch work allocates over their first iterations).
-        pool: GpuPool block, saved block name, or None (pool "salus": NVML GPUs, else a simulated 16 GiB device).
+        pool: GpuPool block, saved block name, or None (pool "salus" on a simulated 16 GiB device; on NVML GPUs the
+            machine's one pool, "default").
         mode: "process" (each job its own worker process, its memory capped at its lane) or "thread".
         tracking: MlflowTarget block, saved block name, False, or None for the default target.
     """
@@ -123,7 +133,7 @@ def gpu_sharing(jobs: int = 8, seed: int = 0, gap_s: float = 0.1, median_iterati
                                        median_iterations=median_iterations, trace=trace, policies=policies, mode=mode,
                                        memory=memory)
     publish_mlflow_link()
-    log_flow_inputs("salus", "sharing", {"jobs": len(trace_), "seed": seed, "gap_s": gap_s,
+    log_flow_inputs(identity({"policies": chosen, "memory": memory}), {"jobs": len(trace_), "seed": seed, "gap_s": gap_s,
                                          "median_iterations": median_iterations, "explicit_trace": trace is not None,
                                          "policies": ",".join(chosen), "mode": mode, "memory": memory})
     if mode == "thread":
@@ -168,14 +178,16 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"policies, of {sorted(POLICIES)} (default {' '.join(DEFAULT_POLICIES)})")
     parser.add_argument("--memory", default="declared",
                         help=f"jobs' memory, one of {MEMORY}: their workloads' or profiled by the runner (default declared)")
-    add_runner_arguments(parser, MODES, pool="salus", simulated_devices="1x16GiB")
+    add_runner_arguments(parser, MODES, pool=None, simulated_devices="1x16GiB")
     args = parser.parse_args(argv)
     kwargs = dict(jobs=args.jobs, seed=args.seed, gap_s=args.gap_s, median_iterations=args.median_iterations,
                   trace=None, policies=args.policies, mode=args.mode, memory=args.memory,
                   tracking=False if args.no_tracking else None)
     try:  # before a Prefect server starts
-        pool_path(args.pool)
-        _, _, kwargs["pool"], kwargs["tracking"] = prepare(GpuPool(name=args.pool, simulated=args.simulated), **kwargs)
+        pool = GpuPool(name=args.pool or DEFAULT_POOL.name, simulated=args.simulated)
+        if args.pool:
+            pool_path(args.pool)
+        _, _, kwargs["pool"], kwargs["tracking"] = prepare(pool if args.pool else pool.on_this_machine(), **kwargs)
     except GpuflowsError as exc:
         return error(exc)
     print_comparison(gpu_sharing(**kwargs))

@@ -55,7 +55,8 @@ def add_runner_arguments(parser: argparse.ArgumentParser, modes: tuple[str, ...]
     ``pool``; None: a saved GpuPool block, else the flow's own simulated pool), ``--simulated`` devices (used when no
     GPU is found), the task runner's ``--mode`` (one of ``modes``) and ``--no-tracking``."""
     parser.add_argument("--pool", default=pool, help="pool name (flows naming the same pool share it)" if pool else
-                        "saved GpuPool block name (default: the flow's own pool, simulated when no GPU is found)")
+                        "saved GpuPool block name (default: the flow's own pool, simulated when no GPU is found; "
+                        "on real GPUs the machine's one pool, 'default')")
     parser.add_argument("--simulated", type=simulated, default=simulated_devices,
                         help=f"simulated devices when no GPU is found (default {simulated_devices})")
     parser.add_argument("--mode", default=mode, help=f"runner mode, one of {modes} (default {mode})")

@@ -224,10 +224,16 @@ GPU_UTIL_METRIC = "system/gpu_0_utilization_percentage"
 GPU_MEMORY_METRIC = "system/gpu_0_memory_usage_megabytes"
 
 
-def flow_run_name(system: str, label: str | None = None, when: float | None = None) -> str:
-    """A run name a reviewer can read in MLflow's run list: ``ekya-thief-2026-11-24T16:40``."""
-    stamp = time.strftime("%Y-%m-%dT%H:%M", time.localtime(when or time.time()))
-    return "-".join(str(p) for p in (system, label, stamp) if p)
+def flow_run_name(system: str, *parts: str | None, when: float | None = None) -> str:
+    """A run name a reviewer can read in MLflow's run list and Prefect's: system, then what the run chose (policy,
+    placement, ...), then when it started, to the second: ``ekya-thief-2026-11-24T16:40:07``.
+
+    Parts that only repeat the system are left out (``nona`` placed by ``nona``: ``nona-early_drop-...``), and a
+    first part that already starts with the system's name stands for both (``cilantro-njc-...``)."""
+    kept = [str(p) for p in parts if p not in (None, "") and str(p) != system]
+    head = [] if kept and kept[0].startswith(f"{system}-") else [system]
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() if when is None else when))
+    return "-".join([*head, *kept, stamp])
 
 
 def task_run_name(task: str, fields: dict[str, str]) -> str:
