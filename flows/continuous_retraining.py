@@ -257,8 +257,8 @@ def continuous_retraining(streams: int = 4, windows: int = 3, window_s: float = 
         fail_stream=fail_stream, fail_window=fail_window, registry_prefix=registry_prefix)
     parent = publish_mlflow_link(flow_runner())
     log_flow_inputs(identity({"policy": policy, "executor": executor}), {
-        "policy": policy, "streams": streams, "windows": windows, "window_s": window_s, "seed": seed, "pool": block.name,
-        "pool_gpus": run.pool_gpus, "mode": mode or "", "frames": frames, "labelled": labelled,
+        "policy": policy, "streams": streams, "windows": windows, "window_s": window_s, "seed": seed,
+        "pool": block.name, "pool_gpus": run.pool_gpus, "mode": mode or "", "frames": frames, "labelled": labelled,
         "scheduler": run.scheduler, "executor": executor})
     summary = _windows(run, parent)
     log_flow_outcome({"mean_accuracy": summary["mean_accuracy"],

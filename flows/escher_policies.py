@@ -80,7 +80,7 @@ def runner_settings(parameters: dict) -> dict:
     try:
         _, params = choose(parameters.get("policies"), parameters.get("policy"), parameters)
         together = max(2, int(params["gang_size"]), int(params["pairs"]))
-    except (GpuflowsError, ValueError, TypeError, KeyError):  # bad input: prepare() reports it before any task is placed
+    except (GpuflowsError, ValueError, TypeError, KeyError):  # bad input: prepare() reports it before any task runs
         together = 2
     return settings(parameters, DEFAULT_POOL, identity(parameters).experiment, workers_per_device_set=together)
 

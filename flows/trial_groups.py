@@ -260,7 +260,8 @@ def runner_settings(parameters: dict) -> dict:
     return out
 
 
-@flow(name="fluid-trial-groups", flow_run_name=run_namer(identity), task_runner=GpuTaskRunner(configure=runner_settings))
+@flow(name="fluid-trial-groups", flow_run_name=run_namer(identity),
+      task_runner=GpuTaskRunner(configure=runner_settings))
 def trial_groups(algorithm: str = "grid", trials: int = 4, iterations: int = 4, pool: GpuPool | str | None = None,
                  execution: str = "fluid", seed: int = 0, space: dict | None = None, min_iterations: int = 1,
                  generations: int = 2, c: int | None = None, d: int | None = None, alpha: float | None = None,

@@ -76,7 +76,8 @@ def test_every_flow_names_its_prefect_runs_like_its_mlflow_runs():
     from flows.trial_groups import identity as fluid
 
     assert ekya({"policy": "uniform", "executor": "salus"}).run_name(WHEN).startswith("ekya-uniform-salus-2027-")
-    assert cilantro({"policy": "cilantro-njc", "run_name": "cilantro-prod"}).run_name(WHEN).startswith("cilantro-njc-prod-")
+    assert cilantro({"policy": "cilantro-njc", "run_name": "cilantro-prod"}).run_name(WHEN).startswith(
+        "cilantro-njc-prod-")
     assert fluid({"execution": "fifo", "algorithm": "grid", "placement": "escher"}).run_name(WHEN).startswith(
         "fluid-fifo-grid-escher-")
 

@@ -178,7 +178,8 @@ class LocalServingRuntime:
             total = sum(lease_share(n) for n in plan.nodes)
             raise AllocationTimeout(
                 f"plan needs {plan.num_gpus} GPU node(s) (lease shares sum to {total:.2f}); node {node.node_id} "
-                f"(gpus={share:g}) got no slice of the pool within {self.allocation_timeout}s{self._holders()}") from exc
+                f"(gpus={share:g}) got no slice of the pool within {self.allocation_timeout}s"
+                f"{self._holders()}") from exc
 
     def _holders(self) -> str:
         """Who holds the pool now, by lease label (a rollout's leases carry its run's name), for the timeout's
