@@ -57,6 +57,7 @@ from tasks.runtime.flow import (RunIdentity, flow_runner, log_flow_inputs, log_f
                                 publish_mlflow_link, run_namer, settings, tracking_target)
 from tasks.cilantro.rounds import run_rounds
 from tasks.runtime.runners import GpuTaskRunner
+from tasks.runtime.tracking import ExperimentView
 
 MODES = ("process", "thread")
 _SLO_FREE = (ResourceFair,)  # the only policy whose decision never reads a performance or an SLO
@@ -140,6 +141,15 @@ def settings_from(*, rounds: int, round_s: float, policy: str, capacity: float, 
 DEFAULT_POOL = GpuPool(name="cilantro", simulated="1x16GiB")
 
 
+VIEW = ExperimentView(
+    "Cilantro: compare policies on the same jobs (`cilantro-njc` against `cilantro-ew`, `cilantro-sw` and the "
+    "baselines), over the same `rounds`. Higher `mean_njc_fairness` (F_NJC, eq. 3.3) is fairer, higher "
+    "`mean_social_welfare` (W_S, eq. 3.1) and `mean_egalitarian_welfare` (W_E, eq. 3.2) serve more; each round is a "
+    "nested run with its allocation.",
+    metrics=("mean_njc_fairness", "mean_social_welfare", "mean_egalitarian_welfare", "rounds_failed"),
+    params=("policy", "run_name", "rounds", "round_s"))
+
+
 def identity(parameters: dict) -> RunIdentity:
     """Experiment ``gpuflows-cilantro``; runs named by policy and the run whose state they resume:
     ``cilantro-njc-prod-<time>`` for policy cilantro-njc, run_name cilantro-prod."""
@@ -197,7 +207,7 @@ def allocation_rounds(rounds: int = 3, round_s: float = 10.0, policy: str = "cil
         log_flow_inputs(identity({"policy": policy, "run_name": run_name}), {
             "policy": policy, "rounds": rounds, "round_s": round_s, "pool": block.name, "capacity": capacity,
             "unit": unit, "max_change": max_change, "jobs": len(jobs) if jobs is not None else "default", "seed": seed,
-            "run_name": run_name, "resume": resume, "mode": mode})
+            "run_name": run_name, "resume": resume, "mode": mode}, VIEW)
         summary = run_rounds(s, parent)
         log_flow_outcome(_outcome(summary["rounds"]))
         return summary

@@ -54,7 +54,7 @@ from tasks.ekya.window import RunSettings, WindowResult, make_controller, run_wi
 from tasks.runtime.flow import (RunIdentity, flow_runner, log_flow_inputs, log_flow_outcome, pool_block,
                                 publish_mlflow_link, run_namer, settings, tracking_target)
 from tasks.runtime.runners import GpuTaskRunner
-from tasks.runtime.tracking import flow_tracker
+from tasks.runtime.tracking import ExperimentView, flow_tracker
 from tasks.report.occupancy import publish_pool_occupancy
 from tasks.report.progress import FlowProgress
 
@@ -63,6 +63,13 @@ MAX_STREAMS = 1_000  # drifting streams: a retraining and an inference job each,
 MAX_WINDOWS = 10_000
 MAX_WINDOW_S = 24 * 3_600.0  # slice seconds of one window
 MAX_OBJECTS = 10_000  # objects per frame of a stream
+
+
+VIEW = ExperimentView(
+    "Ekya: compare policies on the same streams (same `streams`, `windows`, `seed`), e.g. `thief` against `uniform`"
+    " (`make demo` runs that pair). Higher `mean_accuracy` wins: inference accuracy measured against the true labels,"
+    " the mean over windows and streams; `windows_failed` counts windows with a failed retraining.",
+    metrics=("mean_accuracy", "windows_failed"), params=("policy", "executor", "streams", "windows", "seed"))
 
 
 def identity(parameters: dict) -> RunIdentity:
@@ -259,7 +266,7 @@ def continuous_retraining(streams: int = 4, windows: int = 3, window_s: float = 
     log_flow_inputs(identity({"policy": policy, "executor": executor}), {
         "policy": policy, "streams": streams, "windows": windows, "window_s": window_s, "seed": seed,
         "pool": block.name, "pool_gpus": run.pool_gpus, "mode": mode or "", "frames": frames, "labelled": labelled,
-        "scheduler": run.scheduler, "executor": executor})
+        "scheduler": run.scheduler, "executor": executor}, VIEW)
     summary = _windows(run, parent)
     log_flow_outcome({"mean_accuracy": summary["mean_accuracy"],
                       "windows_failed": sum(bool(w["failures"]) for w in summary["windows"])})

@@ -57,10 +57,18 @@ from tasks.runtime.flow import (RunIdentity, flow_runner, log_flow_inputs, log_f
                                 publish_mlflow_link, run_namer, settings, tracking_target)
 from tasks.runtime.ray_runner import GpuRayTaskRunner
 from tasks.runtime.runners import GpuTaskRunner
+from tasks.runtime.tracking import ExperimentView
 
 MODES = ("thread", "process")
 BACKENDS = ("local", "ray")
 DEFAULT_POOL = GpuPool(name="escher", device_backend="simulated", simulated="1x16GiB", nodes=4)
+
+
+VIEW = ExperimentView(
+    "ESCHER: each run is a set of demos, one nested run per policy (where each task ran, the ESL calls). The "
+    "headline: a gang's start latency, and WordCount's bytes moved with locality against without.",
+    metrics=("gang_gang_latency_s", "locality_locality_transfer_bytes", "locality_no_locality_transfer_bytes"),
+    params=("policies", "mode", "seed"))
 
 
 def identity(parameters: dict) -> RunIdentity:
@@ -132,7 +140,8 @@ def escher_policies(policies: list[str] | None = None, policy: SchedulerPolicy |
                               gang_timeout_s=gang_timeout_s, team_weights=team_weights, jobs=jobs, steps=steps,
                               seed=seed, shards=shards, words=words, reducers=reducers, pairs=pairs, rounds=rounds)
     publish_mlflow_link()
-    log_flow_inputs(identity({"policies": list(chosen)}), {"policies": ",".join(chosen), "mode": mode, **asdict(s)})
+    log_flow_inputs(identity({"policies": list(chosen)}), {"policies": ",".join(chosen), "mode": mode, **asdict(s)},
+                    VIEW)
     ledger = flow_runner().ledger()
     nodes = sorted(ledger.cluster_status())
     if len(nodes) < 2:  # a Ray cluster's nodes are known only now

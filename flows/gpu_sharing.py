@@ -33,6 +33,7 @@ from tasks.report.records import Records
 from tasks.runtime.flow import (RunIdentity, log_flow_inputs, log_flow_outcome, pool_block, publish_mlflow_link,
                                 run_namer, settings, tracking_target)
 from tasks.runtime.runners import GpuTaskRunner
+from tasks.runtime.tracking import ExperimentView
 from tasks.salus.admission import SalusColocation, salus_executor
 from tasks.salus.executor import MIB, salus_options
 from tasks.salus.outcomes import METRICS, PolicyOutcome, executor_record, job_rows, predicted, solo_iteration_s
@@ -45,6 +46,15 @@ DEFAULT_POLICIES = ("fifo", "pack", "srtf", "fair")
 DEFAULT_POOL = GpuPool(name="salus", simulated="1x16GiB")
 DEVICE = 0
 MAX_JOBS = 8  # jobs admitted at once on the device (in process mode: its worker processes)
+
+
+VIEW = ExperimentView(
+    "Salus: each run compares the policies on one trace within itself (table `salus-policies`; a nested run per "
+    "policy). Across runs, compare `memory` = `declared` against `profiled` on the same `seed`. Lower average JCT "
+    "wins (thesis Table 2.1: SRTF 3.19x better than FIFO); `sim_*` metrics are the simulator's prediction for the "
+    "same jobs, from iteration times measured alone.",
+    metrics=("fifo_avg_jct_s", "srtf_avg_jct_s", "pack_makespan_s", "fair_avg_jct_s"),
+    params=("policies", "memory", "jobs", "seed"))
 
 
 def identity(parameters: dict) -> RunIdentity:
@@ -133,9 +143,9 @@ def gpu_sharing(jobs: int = 8, seed: int = 0, gap_s: float = 0.1, median_iterati
                                        median_iterations=median_iterations, trace=trace, policies=policies, mode=mode,
                                        memory=memory)
     publish_mlflow_link()
-    log_flow_inputs(identity({"policies": chosen, "memory": memory}), {"jobs": len(trace_), "seed": seed, "gap_s": gap_s,
-                                         "median_iterations": median_iterations, "explicit_trace": trace is not None,
-                                         "policies": ",".join(chosen), "mode": mode, "memory": memory})
+    log_flow_inputs(identity({"policies": chosen, "memory": memory}), {
+        "jobs": len(trace_), "seed": seed, "gap_s": gap_s, "median_iterations": median_iterations,
+        "explicit_trace": trace is not None, "policies": ",".join(chosen), "mode": mode, "memory": memory}, VIEW)
     if mode == "thread":
         warm_up()
     outcomes = [run_policy(trace_, policy, block, mode, memory) for policy in chosen]

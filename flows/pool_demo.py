@@ -24,6 +24,7 @@ from tasks.runtime.requests import current_placement, gpu_options
 from tasks.report.occupancy import publish_pool_occupancy
 from tasks.runtime.runners import GpuTaskRunner
 from tasks.runtime.slices import enforce
+from tasks.runtime.tracking import ExperimentView
 from tasks.report.progress import FlowProgress
 
 # (gpus, memory) cycled over the submitted tasks: fractions, whole GPUs and memory caps.
@@ -58,6 +59,12 @@ MODES = ("process", "thread")
 MAX_TASKS = 10_000  # training tasks of one demo run
 
 
+VIEW = ExperimentView(
+    "The pool demo: the GPU task runner placing plain torch tasks on slices of the pool (no scheduling system). "
+    "Each task is a nested run with its slice; `tasks_wall_clock_s` is how long this machine took for all of them.",
+    metrics=("tasks", "tasks_wall_clock_s"), params=("tasks", "steps", "mode", "pool"))
+
+
 def identity(parameters: dict) -> RunIdentity:
     """Experiment ``gpuflows-pool`` (no system: the runner placing plain torch tasks); runs named by their task
     count, ``pool-20tasks-<time>``."""
@@ -87,7 +94,8 @@ def pool_demo(tasks: int = 20, steps: int = 60, pool: GpuPool | str | None = Non
         raise ConfigError("mode", mode, f"choose one of {MODES}")
     publish_mlflow_link()
     log_flow_inputs(identity({"tasks": tasks}), {"tasks": tasks, "steps": steps, "mode": mode,
-                                   "pool": pool if isinstance(pool, str) else getattr(pool, "name", "default")})
+                                                 "pool": pool if isinstance(pool, str) else getattr(pool, "name",
+                                                                                                     "default")}, VIEW)
     futures = []
     for i in range(tasks):
         gpus, memory = MIX[i % len(MIX)]

@@ -66,7 +66,7 @@ from tasks.runtime.flow import (RunIdentity, current_run_name, flow_runner, log_
 from tasks.runtime.ray_runner import GpuRayTaskRunner
 from tasks.runtime.requests import current_placement, gpu_request
 from tasks.runtime.runners import GpuTaskRunner
-from tasks.runtime.tracking import flow_tracker
+from tasks.runtime.tracking import ExperimentView, flow_tracker
 from tasks.serving.beacons import BeaconLoop
 from tasks.serving.epochs import EpochFeedback
 from tasks.serving.figures import summarise
@@ -127,6 +127,26 @@ def prepare(spec: dict | str | None, duration_s: float | None = None, batch_poli
 DEFAULT_POOL = GpuPool(name="serving")
 MODES = ("process", "thread")
 BACKENDS = ("local", "ray")
+
+
+VIEWS = {  # how each serving system's experiment opens in MLflow: what to compare, the headline first
+    "nexus": ExperimentView(
+        "Nexus: compare batch policies (`early_drop`, `lazy_drop`, `fixed_batch`) on the same `spec`. Higher "
+        "`goodput_rps` (requests answered within their SLO per second) and `slo_attainment` win, on no more "
+        "`max_gpus`; every epoch is a nested run with its plan.",
+        metrics=("goodput_rps", "slo_attainment", "bad_rate", "max_gpus"),
+        params=("batch_policy", "placement", "spec")),
+    "nona": ExperimentView(
+        "Nona: compare `placement` = `nona` against its baselines (`opportunistic`, `undistributed`, `random`, "
+        "`expert`) on the same `spec`, trace and link (deployments serving-rollout-nona and "
+        "serving-rollout-nona-opportunistic). Lower `bad_rate` (queries late or dropped) and `p99_latency_ms` win.",
+        metrics=("bad_rate", "p99_latency_ms", "goodput_rps", "slo_attainment"), params=("placement", "spec",
+                                                                                        "batch_policy")),
+    "orloj": ExperimentView(
+        "ORLOJ: compare `batch_policy` = `orloj` against the Clockwork- and Clipper-like `clockwork` and `clipper` "
+        "on the same `spec`. Higher `slo_attainment` (requests within their SLO) and `goodput_rps` win.",
+        metrics=("slo_attainment", "goodput_rps", "bad_rate"), params=("batch_policy", "spec", "placement")),
+}
 
 
 def rollout_identity(placement: str, batch_policy: str) -> RunIdentity:
@@ -210,7 +230,7 @@ def _rollout(spec: dict | str | None, duration_s: float | None, batch_policy: st
     parent = publish_mlflow_link(runner) if tracking.enabled else None
     log_flow_inputs(who, {"spec": sp.name, "batch_policy": sp.batch_policy, "duration_s": sp.duration_s,
                           "models": ",".join(sp.models), "backend": backend, "pool": pool.name, "seed": sp.seed,
-                          "mode": mode, "placement": sp.placement})
+                          "mode": mode, "placement": sp.placement}, VIEWS[who.system])
     futures, prev = {}, None
     for m in sp.models:  # one at a time: concurrent profiling on shared devices would skew the timings
         prev = futures[m] = profile_serving_model.submit(m, sp.training_steps, sp.seed, sp.profile_repeats,

@@ -48,7 +48,7 @@ from tasks.runtime.requests import gpu_options
 from tasks.runtime.flow import (RunIdentity, flow_runner, log_flow_inputs, log_flow_outcome, pool_block,
                                 publish_mlflow_link, run_namer, settings, tracking_target)
 from tasks.runtime.runners import GpuTaskRunner
-from tasks.runtime.tracking import flow_tracker
+from tasks.runtime.tracking import ExperimentView, flow_tracker
 from tasks.report.occupancy import publish_pool_occupancy
 from tasks.report.progress import FlowProgress
 
@@ -237,6 +237,15 @@ def device_model(block: GpuPool) -> str:
     return "cpu" if not node.devices or node.devices[0].simulated else node.devices[0].name
 
 
+VIEW = ExperimentView(
+    "FLUID: compare executions on the same search (same `algorithm`, `trials`, `seed`): `fluid` against "
+    "`static_fluid` and `fifo` (one whole GPU per trial). Lower `makespan_s` (wall seconds from the first trial's "
+    "start to the last one's end, the paper's makespan) at the same `best_val_accuracy` wins; each trial is a nested "
+    "run.",
+    metrics=("makespan_s", "best_val_accuracy", "trials_failed"), params=("execution", "algorithm", "trials",
+                                                                            "placement"))
+
+
 def identity(parameters: dict) -> RunIdentity:
     """Experiment ``gpuflows-fluid``; runs named by execution, algorithm and, when not the pool's, the placement:
     ``fluid-asha-<time>``, ``fluid-fifo-grid-<time>``, ``fluid-asha-escher-<time>``."""
@@ -313,7 +322,7 @@ def trial_groups(algorithm: str = "grid", trials: int = 4, iterations: int = 4, 
         "algorithm": algorithm, "execution": execution, "trials": trials, "iterations": iterations, "seed": seed,
         "pool": block.name, "pool_gpus": len(node.devices), "c": "derived" if c is None else c,
         "d": "derived" if d is None else d,
-        "alpha": "derived" if alpha is None else alpha, "chunk": chunk, "mode": mode, "placement": placement})
+        "alpha": "derived" if alpha is None else alpha, "chunk": chunk, "mode": mode, "placement": placement}, VIEW)
     if execution == SALUS_PACK:
         summary = pack_search(make_algorithm(algorithm, trials, iterations, seed, space, min_iterations, generations),
                               algorithm, node.devices[0], seed, fail_trial, target.resolved_uri(),

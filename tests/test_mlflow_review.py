@@ -42,7 +42,7 @@ def test_thief_and_uniform_compare_side_by_side_in_the_ekya_experiment(ekya_pair
         assert run.info.run_id == summaries[policy]["mlflow_run_id"]
         assert run.data.metrics["mean_accuracy"] == pytest.approx(summaries[policy]["mean_accuracy"])
         assert run.info.run_name.startswith(f"ekya-{policy}-20")  # ekya-thief-2026-11-24T16:40
-        assert "makespan_s" in run.data.metrics
+        assert "tasks_wall_clock_s" in run.data.metrics and "makespan_s" not in run.data.metrics
 
 
 def test_nested_runs_carry_window_and_stream(ekya_pair):

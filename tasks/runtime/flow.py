@@ -16,7 +16,7 @@ from typing import Any, Callable
 from resource_blocks import GpuPool, MlflowTarget
 from resource_blocks.mlflow_target import default_tracking_uri
 from tasks.runtime.runners import MODES, PlacingTaskRunner, flow_mlflow_run_id
-from tasks.runtime.tracking import flow_run_name, flow_tracker
+from tasks.runtime.tracking import VIEW_ID, ExperimentView, flow_run_name, flow_tracker
 
 
 @dataclass(frozen=True)
@@ -96,18 +96,32 @@ def mlflow_run_url(tracking_uri: str, experiment_id: str, run_id: str, tab: str 
     """Where the MLflow UI shows the run (``tab``: e.g. "artifacts"): the tracking server itself, or ``mlflow ui``
     on its default port. MLflow 3's UI starts in its GenAI view (traces, no run table) unless the URL asks for
     ``workflowType=machine_learning``, the view with runs, params, metrics and Compare."""
-    base = tracking_uri.rstrip("/") if tracking_uri.startswith(("http://", "https://")) else "http://127.0.0.1:5000"
     page = f"/{tab}" if tab else ""
-    return f"{base}/#/experiments/{experiment_id}/runs/{run_id}{page}?workflowType=machine_learning"
+    return f"{_mlflow_ui(tracking_uri)}/#/experiments/{experiment_id}/runs/{run_id}{page}?workflowType=machine_learning"
+
+
+def mlflow_view_url(tracking_uri: str, experiment_id: str) -> str:
+    """Where the MLflow UI lists the experiment's flow runs with their headline metrics (its saved view ``VIEW_ID``,
+    ``tasks.runtime.tracking.ExperimentView``)."""
+    return (f"{_mlflow_ui(tracking_uri)}/#/experiments/{experiment_id}/runs?viewStateShareKey={VIEW_ID}"
+            "&workflowType=machine_learning")
+
+
+def _mlflow_ui(tracking_uri: str) -> str:
+    """The MLflow UI of a store: the tracking server itself, or ``mlflow ui`` on its default port."""
+    return tracking_uri.rstrip("/") if tracking_uri.startswith(("http://", "https://")) else "http://127.0.0.1:5000"
 
 
 def _link_markdown(uri: str, experiment: str, experiment_id: str, run_id: str, run_name: str) -> str:
-    """The ``mlflow-run`` artifact's text: the MLflow run by name, linked, and how to serve a local store."""
+    """The ``mlflow-run`` artifact's text: the MLflow run by name, linked, the experiment's flow runs side by side
+    (``tasks.runtime.tracking.ExperimentView``), and how to serve a local store."""
     url = mlflow_run_url(uri, experiment_id, run_id)
+    runs = mlflow_view_url(uri, experiment_id)
     served = "" if uri.startswith(("http://", "https://")) else (
         f"\n\nThe store is `{uri}`: serve it with `mlflow ui --backend-store-uri {uri}`, then open the link.")
     return (f"**MLflow run** [{run_name}]({url}) — run `{run_id}` in experiment `{experiment}` (id {experiment_id}); "
-            f"its tags `prefect.flow_run_id` and `prefect.flow_run_url` point back to this flow run.{served}")
+            f"its tags `prefect.flow_run_id` and `prefect.flow_run_url` point back to this flow run. "
+            f"[All flow runs of `{experiment}`, headline metrics first]({runs}).{served}")
 
 
 # MLflow run id -> (the ``mlflow-run`` artifact's id, the link's other fields), so the link can follow the run's
@@ -181,15 +195,16 @@ def current_run_name(identity: RunIdentity) -> str:
     return ctx.flow_run.name if named else identity.run_name()
 
 
-def log_flow_inputs(identity: RunIdentity, params: dict[str, Any]) -> None:
+def log_flow_inputs(identity: RunIdentity, params: dict[str, Any], view: ExperimentView | None = None) -> None:
     """The flow's decision inputs as params of its MLflow run, so runs of one system's experiment compare side by
-    side; the run is named like the flow run (``run_namer``), or by ``identity`` for a flow without a namer
-    (no-op when tracking is off)."""
+    side; the run is named like the flow run (``run_namer``), or by ``identity`` for a flow without a namer;
+    ``view``: how the system's experiment opens in the MLflow UI (``tasks.runtime.tracking.ExperimentView``).
+    No-op when tracking is off."""
     tracker = flow_tracker()
     if tracker is None:
         return
     run_name = current_run_name(identity)
-    tracker.log_flow_inputs({"system": identity.system, **params}, run_name=run_name)
+    tracker.log_flow_inputs({"system": identity.system, **params}, run_name=run_name, view=view)
     if tracker.parent_run_id is not None and run_name != tracker.run_name:
         _rename_link(tracker.parent_run_id, run_name)
 
