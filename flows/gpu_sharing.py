@@ -18,6 +18,7 @@ jobs run on the CPU; tokens and policies are real).
 from __future__ import annotations
 
 import sys
+import textwrap
 import time
 from typing import Any, Sequence
 
@@ -37,7 +38,7 @@ from tasks.runtime.tracking import ExperimentView
 from tasks.salus.admission import SalusColocation, salus_executor
 from tasks.salus.executor import MIB, salus_options
 from tasks.salus.outcomes import METRICS, PolicyOutcome, executor_record, job_rows, predicted, solo_iteration_s
-from tasks.salus.records import ACCOUNTING_ONLY, publish_comparison, publish_policy
+from tasks.salus.records import ACCOUNTING_ONLY, SIM_NOTE, publish_comparison, publish_policy
 from tasks.salus.trace import JOB_TASKS, SharingJob, explicit_trace, sharing_trace, warm_up
 
 MODES = ("process", "thread")
@@ -174,6 +175,7 @@ def print_comparison(out: dict) -> None:
         print(f"{row['policy']:<14}{row['makespan_s']:>11.2f}{row['sim_makespan_s']:>7.2f}{row['avg_jct_s']:>11.2f}"
               f"{row['sim_avg_jct_s']:>7.2f}{row['p95_jct_s']:>11.2f}{row['sim_p95_jct_s']:>7.2f}"
               f"{int(row['peak_lanes']):>7}{'-' if switch is None else f'{switch:.2f}':>11}")
+    print(textwrap.fill(SIM_NOTE, 118))
     if out["note"]:
         print(out["note"])
 
