@@ -36,7 +36,6 @@ table artifact ``escher-actions``: every ``set_resource`` the ESLs and tasks mad
 
 from __future__ import annotations
 
-import argparse
 import sys
 import tempfile
 from dataclasses import asdict
@@ -47,7 +46,7 @@ from prefect import flow
 from gpu.errors import ConfigError, GpuflowsError
 from gpu.schedulers.escher.policies import POLICIES
 from gpu.scenario import integer
-from gpuflows.args import error
+from gpuflows.args import error, flow_parser
 from resource_blocks import GpuPool, MlflowTarget, SchedulerPolicy
 from resource_blocks.gpu_pool import MAX_NODES
 from tasks.escher.demos import DEMOS, run_policy
@@ -196,8 +195,7 @@ def report(out: dict) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m flows.escher_policies", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = flow_parser("flows.escher_policies", __doc__)
     d = Settings()
     parser.add_argument("--policy", action="append", dest="policies", metavar="NAME",
                         help=f"run this policy (repeatable; default all): {', '.join(POLICIES)}")
