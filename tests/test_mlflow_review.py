@@ -246,4 +246,4 @@ def test_pool_demo_command_logs_to_the_pool_experiment(state_dir):
     exp = client.get_experiment_by_name("gpuflows-pool")
     assert exp is not None and client.get_experiment_by_name("gpuflows") is None
     (run,) = client.search_runs([exp.experiment_id], "tags.`prefect.flow_name` = 'pool-demo'")
-    assert run.info.run_name.startswith("pool-20") and run.data.params["tasks"] == "2"
+    assert run.info.run_name.startswith("pool-2tasks-20") and run.data.params["tasks"] == "2"
