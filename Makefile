@@ -27,6 +27,7 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test]'
+	mkdir -p "$(PREFECT_HOME)"
 	touch $(STAMP)
 
 # Prefect creates PREFECT_HOME but not its parents: a fresh clone has no .state yet.
@@ -66,10 +67,12 @@ server: $(STAMP)
 mlflow-ui: $(STAMP)
 	$(VENV)/bin/mlflow ui --backend-store-uri "sqlite:///$(GPUFLOWS_STATE_DIR)/mlflow.db" --port $(MLFLOW_PORT)
 
-# With `make server` running: the work pool and every deployment of prefect.yaml, then a process worker.
+# With `make server` running: the work pool and every deployment of prefect.yaml, then a process worker. The
+# serving rollouts' work queue runs one at a time (prefect.yaml): each leases whole nodes for its whole trace.
 deploy: $(STAMP)
 	PREFECT_API_URL=http://127.0.0.1:$(PORT)/api $(VENV)/bin/prefect work-pool create gpuflows --type process --overwrite
 	PREFECT_API_URL=http://127.0.0.1:$(PORT)/api $(VENV)/bin/prefect --no-prompt deploy --all
+	PREFECT_API_URL=http://127.0.0.1:$(PORT)/api $(VENV)/bin/prefect work-queue set-concurrency-limit serving 1 --pool gpuflows
 
 worker: $(STAMP)
 	PREFECT_API_URL=http://127.0.0.1:$(PORT)/api $(VENV)/bin/prefect worker start --pool gpuflows --type process

@@ -39,7 +39,7 @@ from gpu.schedulers.cilantro.types import Feedback, JobView, AllocationPolicy, S
 from gpu.sim.cilantro.run import PolicyRun, load_ucbs, simulate_policy  # noqa: E402
 from gpu.sim.cilantro.scenario import MultiTenantConfig, parse_multitenant  # noqa: E402
 from benchmarks.cli import benchmark_parser, finish  # noqa: E402
-from benchmarks.paper_table import print_beside_paper  # noqa: E402
+from benchmarks.paper_table import Row, print_beside_paper  # noqa: E402
 
 Transform = Callable[[Snapshot, JobView], JobView]
 LEARNING = ("cilantro-sw", "cilantro-ew", "cilantro-njc")
@@ -206,39 +206,59 @@ def evaluate(quick: bool, seed: int = 0) -> dict[str, float]:
             **noise_sensitivity(synthetic, seed)}
 
 
-def rows(out: dict[str, float]) -> list[tuple[str, str, str]]:
-    """(figure, ours, paper) lines for the printed comparison."""
-    r = [("3.9 utility CI width: first learning round -> last",
-          f"{out['learn_ci_width_first_round']:.3f} -> {out['learn_ci_width_last_round']:.3f}", "CIs shrink as data arrives"),
-         ("3.9 NJC social welfare: first -> last quarter",
-          f"{out['learn_social_welfare_first_quarter']:.3f} -> {out['learn_social_welfare_last_quarter']:.3f}", "rises"),
-         ("3.3 NJC W_S/W_E/F_NJC with CIs vs point estimates",
-          " / ".join(f"{out[f'learn_with_ci_{m}']:.3f}" for m in ("social_welfare", "egalitarian_welfare", "njc_fairness"))
-          + " vs " + " / ".join(f"{out[f'learn_point_estimate_{m}']:.3f}"
-                                for m in ("social_welfare", "egalitarian_welfare", "njc_fairness")), "-")]
+MODEL = "our 5-job environment and simulator, not the paper's cluster"
+METRICS = ("social_welfare", "egalitarian_welfare", "njc_fairness")
+
+
+def _triple(out: dict[str, float], prefix: str) -> str:
+    return " / ".join(f"{out[f'{prefix}_{m}']:.3f}" for m in METRICS)
+
+
+def rows(out: dict[str, float]) -> list[Row]:
+    """The printed comparison, each row judged against the paper's claim it quotes (a direction or an ordering:
+    the figures are curves, not numbers)."""
+    def judged(target: str, ours: str, paper: str, ok: bool) -> Row:
+        return Row(target, ours, paper, ok, "" if ok else MODEL)
+
+    first, last = out["learn_ci_width_first_round"], out["learn_ci_width_last_round"]
+    early, late = out["learn_social_welfare_first_quarter"], out["learn_social_welfare_last_quarter"]
+    r = [judged("3.9 utility CI width: first learning round -> last", f"{first:.3f} -> {last:.3f}",
+                "CIs shrink as data arrives", last < first),
+         judged("3.9 NJC social welfare: first -> last quarter", f"{early:.3f} -> {late:.3f}", "rises", late > early),
+         Row("3.3 NJC W_S/W_E/F_NJC with CIs vs point estimates",
+             f"{_triple(out, 'learn_with_ci')} vs {_triple(out, 'learn_point_estimate')}")]
     for name in LEARNING:
         key = name.replace("-", "_")
-        r.append((f"3.10 {name}: jobs below / above Resource-Fair (worst)",
-                  f"{out[f'fig3_10_{key}_jobs_below_fair']:.0f} / {out[f'fig3_10_{key}_jobs_above_fair']:.0f} "
-                  f"({out[f'fig3_10_{key}_worst_shortfall']:.3f})",
-                  "NJC: none much below, ~1/3 above" if name == "cilantro-njc" else "some below"))
-    paper = {"cilantro-njc": "under < 1, over ~1", "cilantro-ew": "under > 1", "cilantro-sw": "over > 1"}
+        below, above = out[f"fig3_10_{key}_jobs_below_fair"], out[f"fig3_10_{key}_jobs_above_fair"]
+        worst = out[f"fig3_10_{key}_worst_shortfall"]
+        if name == "cilantro-njc":
+            paper, ok = "NJC: none much below (ours: worst <= 0.05), some above", worst <= 0.05 and above >= 1
+        else:
+            paper, ok = "some below", below >= 1
+        r.append(judged(f"3.10 {name}: jobs below / above Resource-Fair (worst)",
+                        f"{below:.0f} / {above:.0f} ({worst:.3f})", paper, ok))
     for name in LEARNING:
         key = name.replace("-", "_")
-        r.append((f"3.11 {name}: {MISREPORTER} utility under / over vs truthful",
-                  f"{out[f'fig3_11_{key}_under_report_ratio']:.2f} / {out[f'fig3_11_{key}_over_report_ratio']:.2f}",
-                  paper[name]))
-    for label in ("feedback", "half_demand", "twice_demand"):
-        r.append((f"3.13c fallback ({label.replace('_', ' ')}): W_S / W_E / F_NJC",
-                  " / ".join(f"{out[f'fallback_{label}_{m}']:.3f}" for m in ("social_welfare", "egalitarian_welfare", "njc_fairness")),
-                  "small welfare drops; F_NJC low when half" if label != "feedback" else "-"))
+        under, over = out[f"fig3_11_{key}_under_report_ratio"], out[f"fig3_11_{key}_over_report_ratio"]
+        paper, ok = {"cilantro-njc": ("under < 1, over ~1 (ours: 0.9-1.1)", under < 1 and 0.9 <= over <= 1.1),
+                     "cilantro-ew": ("under > 1", under > 1), "cilantro-sw": ("over > 1", over > 1)}[name]
+        r.append(judged(f"3.11 {name}: {MISREPORTER} utility under / over vs truthful", f"{under:.2f} / {over:.2f}",
+                        paper, ok))
+    honest = out["fallback_feedback_social_welfare"], out["fallback_feedback_njc_fairness"]
+    r.append(Row("3.13c fallback (feedback): W_S / W_E / F_NJC", _triple(out, "fallback_feedback")))
+    for label in ("half_demand", "twice_demand"):
+        drop = honest[0] - out[f"fallback_{label}_social_welfare"]
+        ok = drop <= 0.1 and (label != "half_demand" or out[f"fallback_{label}_njc_fairness"] < honest[1])
+        r.append(judged(f"3.13c fallback ({label.replace('_', ' ')}): W_S / W_E / F_NJC",
+                        _triple(out, f"fallback_{label}"),
+                        "small welfare drop (ours: <= 0.1)" + ("; F_NJC lower" if label == "half_demand" else ""), ok))
+    clean = out["ci_noise_0pct_social_welfare"]
     for eta in NOISE:
         p = round(eta * 100)
-        r.append((f"3.13r CI noise {p}%: W_S / W_E / F_NJC",
-                  " / ".join(f"{out[f'ci_noise_{p}pct_{m}']:.3f}" for m in ("social_welfare", "egalitarian_welfare", "njc_fairness")),
-                  "graceful decline; F_NJC stays high"))
+        ok = out[f"ci_noise_{p}pct_njc_fairness"] >= 0.8 and out[f"ci_noise_{p}pct_social_welfare"] >= clean - 0.1
+        r.append(judged(f"3.13r CI noise {p}%: W_S / W_E / F_NJC", _triple(out, f"ci_noise_{p}pct"),
+                        "graceful decline (ours: W_S within 0.1), F_NJC stays high (>= 0.8)", ok))
     return r
-
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,7 +8,8 @@ true.
 
 One Prefect home for every entry point: importing this package (``python -m flows.<name>``, ``gpuflows demo``,
 a script importing a flow) before Prefect sets ``PREFECT_HOME`` to ``<state folder>/prefect`` — ``./.state/prefect``,
-or ``$GPUFLOWS_STATE_DIR/prefect`` — when it is unset: the folder the Makefile exports for ``make demo``,
+or ``$GPUFLOWS_STATE_DIR/prefect`` — when it is unset (``gpu.state.default_prefect_home``; ``tasks``,
+``resource_blocks`` and ``gpuflows`` do the same): the folder the Makefile exports for ``make demo``,
 ``make server`` (the UI) and ``make worker``. Runs on the embedded (temporary) server land in that home's database,
 so the UI that ``make server`` starts shows them. An explicit ``PREFECT_HOME`` (or ``PREFECT_API_URL``) wins.
 Usage telemetry of the embedded server and MLflow is off unless the user set ``PREFECT_SERVER_ANALYTICS_ENABLED``
@@ -18,19 +19,8 @@ or ``MLFLOW_DISABLE_TELEMETRY``.
 from __future__ import annotations
 
 import os
-import sys
 
-from gpu.state import state_dir
-
-
-def _default_prefect_home() -> None:
-    # Prefect fixes its home when it is first imported; later, changing the variable would split this
-    # process from its task worker processes.
-    if os.environ.get("PREFECT_HOME") or "prefect" in sys.modules:
-        return
-    home = state_dir() / "prefect"
-    home.mkdir(parents=True, exist_ok=True)  # Prefect creates its home but not the parents
-    os.environ["PREFECT_HOME"] = str(home)
+from gpu.state import default_prefect_home
 
 
 def _quiet_telemetry() -> None:
@@ -40,5 +30,5 @@ def _quiet_telemetry() -> None:
     os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 
 
-_default_prefect_home()
+default_prefect_home()
 _quiet_telemetry()

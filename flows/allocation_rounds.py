@@ -53,10 +53,11 @@ from gpuflows.args import add_runner_arguments, flow_arguments, flow_parser, out
 from resource_blocks import GpuPool, MlflowTarget
 from tasks.cilantro.allocator import RoundSettings, run_lock
 from tasks.cilantro.jobs import JobConfig
-from tasks.runtime.flow import (flow_runner, log_flow_inputs, log_flow_outcome, pool_block, publish_mlflow_link, settings,
-                                tracking_target)
+from tasks.runtime.flow import (RunIdentity, flow_runner, log_flow_inputs, log_flow_outcome, pool_block,
+                                publish_mlflow_link, run_namer, settings, tracking_target)
 from tasks.cilantro.rounds import run_rounds
 from tasks.runtime.runners import GpuTaskRunner
+from tasks.runtime.tracking import ExperimentView
 
 MODES = ("process", "thread")
 _SLO_FREE = (ResourceFair,)  # the only policy whose decision never reads a performance or an SLO
@@ -140,15 +141,33 @@ def settings_from(*, rounds: int, round_s: float, policy: str, capacity: float, 
 DEFAULT_POOL = GpuPool(name="cilantro", simulated="1x16GiB")
 
 
+VIEW = ExperimentView(
+    "Cilantro: compare policies on the same jobs (`cilantro-njc` against `cilantro-ew`, `cilantro-sw` and the "
+    "baselines), over the same `rounds`. Higher `mean_njc_fairness` (F_NJC, eq. 3.3) is fairer, higher "
+    "`mean_social_welfare` (W_S, eq. 3.1) and `mean_egalitarian_welfare` (W_E, eq. 3.2) serve more; each round is a "
+    "nested run with its allocation.",
+    metrics=("mean_njc_fairness", "mean_social_welfare", "mean_egalitarian_welfare", "rounds_failed"),
+    params=("policy", "run_name", "rounds", "round_s"))
+
+
+def identity(parameters: dict) -> RunIdentity:
+    """Experiment ``gpuflows-cilantro``; runs named by policy and the run whose state they resume:
+    ``cilantro-njc-prod-<time>`` for policy cilantro-njc, run_name cilantro-prod."""
+    run_name = str(parameters.get("run_name", "cilantro"))
+    return RunIdentity("cilantro", (str(parameters.get("policy", "cilantro-njc")),
+                                    run_name.removeprefix("cilantro-") if run_name != "cilantro" else None))
+
+
 def runner_settings(parameters: dict) -> dict:
     """The flow's GPU task runner from its own parameters: ``pool``, ``mode``, ``tracking``, and a worker
     process per job (every job runs each round at once)."""
     jobs = parameters.get("jobs")
-    return settings(parameters, DEFAULT_POOL, "gpuflows-cilantro",
+    return settings(parameters, DEFAULT_POOL, identity(parameters).experiment,
                     workers_per_device_set=max(1, len(jobs) if isinstance(jobs, (list, tuple)) else len(DEFAULT_JOBS)))
 
 
-@flow(name="cilantro-allocation-rounds", task_runner=GpuTaskRunner(configure=runner_settings))
+@flow(name="cilantro-allocation-rounds", flow_run_name=run_namer(identity),
+      task_runner=GpuTaskRunner(configure=runner_settings))
 def allocation_rounds(rounds: int = 3, round_s: float = 10.0, policy: str = "cilantro-njc",
                       pool: GpuPool | str | None = None, capacity: float = 1.0, unit: float = 0.05,
                       resume: bool = True, run_name: str = "cilantro", jobs: list[dict] | None = None,
@@ -162,7 +181,8 @@ def allocation_rounds(rounds: int = 3, round_s: float = 10.0, policy: str = "cil
         round_s, report_s: seconds of each slice's own clock per round and per job report (the paper: 120 s and
             10 s; a round costs up to ``round_s`` of real compute, so the default rounds are shorter).
         policy: a Cilantro policy name (``gpu.schedulers.cilantro.policies.POLICIES``), e.g. cilantro-njc, cilantro-ew.
-        pool: GpuPool block, the name of a saved one, or None (a simulated 1 x 16 GiB pool "cilantro").
+        pool: GpuPool block, the name of a saved one, or None (a simulated 1 x 16 GiB pool "cilantro"; on NVML GPUs
+            the machine's one pool, "default").
         capacity: GPU units shared by the jobs (<= the pool's GPUs); unit: allocation granularity.
         resume: continue the saved state of ``run_name`` (``state_dir()/cilantro/<run_name>.json``).
         jobs: job mappings (``tasks.cilantro.jobs.JobConfig`` fields); None = 2 services + 1 trainer.
@@ -184,10 +204,10 @@ def allocation_rounds(rounds: int = 3, round_s: float = 10.0, policy: str = "cil
                           warmup_reports=warmup_reports, seed=seed)
     with run_lock(s.run_name):
         parent = publish_mlflow_link(flow_runner()) if s.tracking_uri else None
-        log_flow_inputs("cilantro", policy, {"policy": policy, "rounds": rounds, "round_s": round_s, "pool": block.name,
-                                             "capacity": capacity, "unit": unit, "max_change": max_change,
-                                             "jobs": len(jobs) if jobs is not None else "default", "seed": seed,
-                                             "run_name": run_name, "resume": resume, "mode": mode})
+        log_flow_inputs(identity({"policy": policy, "run_name": run_name}), {
+            "policy": policy, "rounds": rounds, "round_s": round_s, "pool": block.name, "capacity": capacity,
+            "unit": unit, "max_change": max_change, "jobs": len(jobs) if jobs is not None else "default", "seed": seed,
+            "run_name": run_name, "resume": resume, "mode": mode}, VIEW)
         summary = run_rounds(s, parent)
         log_flow_outcome(_outcome(summary["rounds"]))
         return summary
@@ -201,9 +221,10 @@ def prepare(pool: GpuPool | str | None, mode: str, tracking: MlflowTarget | bool
         raise ConfigError("mode", mode, f"choose one of {MODES}")
     runner = flow_runner()  # in the flow run: the pool and target its runner resolved from these parameters
     block = runner.pool if runner else pool_block(pool, DEFAULT_POOL)
-    target = runner.tracking if runner else tracking_target(tracking)
+    target = runner.tracking if runner else tracking_target(tracking, identity(params).experiment)
     s = settings_from(**params, pool_gpus=discover(block.simulated, block.device_backend).gpu_count)
-    s = replace(s, tracking_uri=target.resolved_uri() if target.enabled else None, experiment=target.experiment)
+    s = replace(s, tracking_uri=target.resolved_uri() if target.enabled else None,
+                experiment=target.resolved_experiment())
     return block, target, s
 
 
@@ -253,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     kwargs = flow_arguments(
         allocation_rounds, rounds=args.rounds, round_s=args.round_s, report_s=args.report_s, policy=args.policy,
-        pool=args.pool or GpuPool(name="cilantro", device_backend="auto", simulated=args.simulated),
+        pool=args.pool or GpuPool(name="cilantro", simulated=args.simulated).on_this_machine(),
         capacity=args.capacity, unit=args.unit, max_change=args.max_change, resume=not args.no_resume,
         run_name=args.run_name, seed=args.seed, mode=args.mode, tracking=False if args.no_tracking else None)
     return run_checked(allocation_rounds, prepare, kwargs, format_summary, args.json)

@@ -51,10 +51,10 @@ from tasks.ekya.records import WindowLogger
 from tasks.ekya.salus import EXECUTORS, JOBS_PER_DEVICE
 from tasks.ekya.work import WindowSettings, config_grid
 from tasks.ekya.window import RunSettings, WindowResult, make_controller, run_window, start_streams
-from tasks.runtime.flow import (flow_runner, log_flow_inputs, log_flow_outcome, pool_block, publish_mlflow_link, settings,
-                                tracking_target)
+from tasks.runtime.flow import (RunIdentity, flow_runner, log_flow_inputs, log_flow_outcome, pool_block,
+                                publish_mlflow_link, run_namer, settings, tracking_target)
 from tasks.runtime.runners import GpuTaskRunner
-from tasks.runtime.tracking import flow_tracker
+from tasks.runtime.tracking import ExperimentView, flow_tracker
 from tasks.report.occupancy import publish_pool_occupancy
 from tasks.report.progress import FlowProgress
 
@@ -65,13 +65,29 @@ MAX_WINDOW_S = 24 * 3_600.0  # slice seconds of one window
 MAX_OBJECTS = 10_000  # objects per frame of a stream
 
 
+VIEW = ExperimentView(
+    "Ekya: compare policies on the same streams (same `streams`, `windows`, `seed`), e.g. `thief` against `uniform`"
+    " (`make demo` runs that pair). Higher `mean_accuracy` wins: inference accuracy measured against the true labels,"
+    " the mean over windows and streams; `windows_failed` counts windows with a failed retraining.",
+    metrics=("mean_accuracy", "windows_failed"), params=("policy", "executor", "streams", "windows", "seed"))
+
+
+def identity(parameters: dict) -> RunIdentity:
+    """Experiment ``gpuflows-ekya``; runs named by policy and, when not the default slices, the executor:
+    ``ekya-thief-<time>``, ``ekya-uniform-salus-<time>``."""
+    executor = parameters.get("executor")
+    return RunIdentity("ekya", (str(parameters.get("policy", "thief")), None if executor in (None, "slices") else
+                                str(executor)))
+
+
 def runner_settings(parameters: dict) -> dict:
     """The flow's GPU task runner from its own parameters (``pool``, ``mode``, ``tracking``); any entry point.
     With ``executor="salus"`` process mode keeps a worker per co-located job a device may hold, so no admitted
     job waits for a process."""
+    experiment = identity(parameters).experiment
     if parameters.get("executor") == "salus":
-        return settings(parameters, experiment="gpuflows-ekya", workers_per_device_set=JOBS_PER_DEVICE)
-    return settings(parameters, experiment="gpuflows-ekya")
+        return settings(parameters, experiment=experiment, workers_per_device_set=JOBS_PER_DEVICE)
+    return settings(parameters, experiment=experiment)
 
 
 def policy_slug(policy: str) -> str:
@@ -98,7 +114,9 @@ def _windows(run: RunSettings, parent: str | None) -> dict:
                 errors.append(f"window {w} not logged to MLflow: {exc!r}")
                 get_run_logger().error(errors[-1])
             results.append(result)
-            progress.advance(note=f"mean accuracy {result.mean_measured:.3f}")
+            # the run's mean so far, as MLflow's mean_accuracy reads at the end (not the last window's alone)
+            mean = sum(r.mean_measured for r in results) / len(results)
+            progress.advance(note=f"mean accuracy {mean:.3f} (window {w}: {result.mean_measured:.3f})")
     plot = logger.log_plot(results)
     logger.publish_windows(slug, results)
     publish_pool_occupancy()
@@ -185,7 +203,8 @@ def prepare(pool: GpuPool | str | None, tracking: MlflowTarget | bool | None, *,
            profile_gpus, a_min, delta, objects_per_frame, executor)
     runner = flow_runner()  # in the flow run: the pool and target its runner resolved from these parameters
     block = runner.pool if runner else pool_block(pool)
-    target = runner.tracking if runner else tracking_target(tracking)
+    target = runner.tracking if runner else tracking_target(tracking, identity({"policy": policy,
+                                                                                "executor": executor}).experiment)
     pool_spec = discover(block.simulated, block.device_backend)
     gpus = pool_spec.gpu_count
     if gpus == 0:
@@ -196,13 +215,14 @@ def prepare(pool: GpuPool | str | None, tracking: MlflowTarget | bool | None, *,
                       windows=windows, window_s=float(window_s), seed=seed, pool_gpus=gpus, a_min=a_min, delta=delta,
                       profile_gpus=profile_gpus, objects_per_frame=dict(objects_per_frame or {}),
                       fail_stream=fail_stream, fail_window=fail_window, registry_prefix=registry_prefix,
-                      settings=settings, experiment=target.experiment, tracking_uri=target.resolved_uri(),
+                      settings=settings, experiment=target.resolved_experiment(), tracking_uri=target.resolved_uri(),
                       executor=executor,
                       device_mb=tuple(d.memory_total / 2 ** 20 for n in pool_spec.nodes for d in n.devices))
     return block, target, run
 
 
-@flow(name="ekya-continuous-retraining", task_runner=GpuTaskRunner(configure=runner_settings))
+@flow(name="ekya-continuous-retraining", flow_run_name=run_namer(identity),
+      task_runner=GpuTaskRunner(configure=runner_settings))
 def continuous_retraining(streams: int = 4, windows: int = 3, window_s: float = 1.0, policy: str = "thief",
                           pool: GpuPool | str | None = None, seed: int = 0, mode: str = "process",
                           tracking: MlflowTarget | bool | str | None = None, a_min: float = 0.3, delta: float = 0.1,
@@ -245,10 +265,10 @@ def continuous_retraining(streams: int = 4, windows: int = 3, window_s: float = 
         objects_per_frame=objects_per_frame, executor=executor,
         fail_stream=fail_stream, fail_window=fail_window, registry_prefix=registry_prefix)
     parent = publish_mlflow_link(flow_runner())
-    log_flow_inputs("ekya", policy, {"policy": policy, "streams": streams, "windows": windows, "window_s": window_s,
-                                     "seed": seed, "pool": block.name, "pool_gpus": run.pool_gpus, "mode": mode or "",
-                                     "frames": frames, "labelled": labelled, "scheduler": run.scheduler,
-                                     "executor": executor})
+    log_flow_inputs(identity({"policy": policy, "executor": executor}), {
+        "policy": policy, "streams": streams, "windows": windows, "window_s": window_s, "seed": seed,
+        "pool": block.name, "pool_gpus": run.pool_gpus, "mode": mode or "", "frames": frames, "labelled": labelled,
+        "scheduler": run.scheduler, "executor": executor}, VIEW)
     summary = _windows(run, parent)
     log_flow_outcome({"mean_accuracy": summary["mean_accuracy"],
                       "windows_failed": sum(bool(w["failures"]) for w in summary["windows"])})
@@ -308,7 +328,7 @@ def main(argv: list[str] | None = None) -> int:
         return error(exc)
     kwargs = flow_arguments(
         continuous_retraining, streams=args.streams, windows=args.windows, window_s=args.window_s,
-        policy=args.policy, pool=args.pool or GpuPool(name="ekya", device_backend="auto", simulated=args.simulated),
+        policy=args.policy, pool=args.pool or GpuPool(name="ekya", simulated=args.simulated).on_this_machine(),
         seed=args.seed, mode=args.mode, executor=args.executor, tracking=False if args.no_tracking else None,
         fail_stream=args.fail_stream, fail_window=args.fail_window, objects_per_frame=objects_per_frame)
     return run_checked(continuous_retraining, prepare, kwargs, format_summary, args.json)

@@ -36,7 +36,6 @@ table artifact ``escher-actions``: every ``set_resource`` the ESLs and tasks mad
 
 from __future__ import annotations
 
-import argparse
 import sys
 import tempfile
 from dataclasses import asdict
@@ -47,20 +46,38 @@ from prefect import flow
 from gpu.errors import ConfigError, GpuflowsError
 from gpu.schedulers.escher.policies import POLICIES
 from gpu.scenario import integer
-from gpuflows.args import error
+from gpuflows.args import error, flow_parser
 from resource_blocks import GpuPool, MlflowTarget, SchedulerPolicy
 from resource_blocks.gpu_pool import MAX_NODES
 from tasks.escher.demos import DEMOS, run_policy
 from tasks.escher.records import publish_policies
 from tasks.escher.settings import Settings, check_settings, choose
-from tasks.runtime.flow import (flow_runner, log_flow_inputs, log_flow_outcome, pool_block, publish_mlflow_link,
-                                settings, tracking_target)
+from tasks.runtime.flow import (RunIdentity, flow_runner, log_flow_inputs, log_flow_outcome, pool_block,
+                                publish_mlflow_link, run_namer, settings, tracking_target)
 from tasks.runtime.ray_runner import GpuRayTaskRunner
 from tasks.runtime.runners import GpuTaskRunner
+from tasks.runtime.tracking import ExperimentView
 
 MODES = ("thread", "process")
 BACKENDS = ("local", "ray")
 DEFAULT_POOL = GpuPool(name="escher", device_backend="simulated", simulated="1x16GiB", nodes=4)
+
+
+VIEW = ExperimentView(
+    "ESCHER: each run is a set of demos, one nested run per policy (where each task ran, the ESL calls). The "
+    "headline: a gang's start latency, and WordCount's bytes moved with locality against without.",
+    metrics=("gang_gang_latency_s", "locality_locality_transfer_bytes", "locality_no_locality_transfer_bytes"),
+    params=("policies", "mode", "seed"))
+
+
+def identity(parameters: dict) -> RunIdentity:
+    """Experiment ``gpuflows-escher``; runs named by the policies they ran: ``escher-all-<time>``,
+    ``escher-gang+hfs-<time>``."""
+    try:
+        chosen, _ = choose(parameters.get("policies"), parameters.get("policy"), parameters)
+    except (GpuflowsError, ValueError, TypeError, KeyError):  # bad input: prepare() reports it
+        chosen = tuple(POLICIES)
+    return RunIdentity("escher", ("all" if set(chosen) == set(POLICIES) else "+".join(chosen),))
 
 
 def runner_settings(parameters: dict) -> dict:
@@ -70,9 +87,9 @@ def runner_settings(parameters: dict) -> dict:
     try:
         _, params = choose(parameters.get("policies"), parameters.get("policy"), parameters)
         together = max(2, int(params["gang_size"]), int(params["pairs"]))
-    except (GpuflowsError, ValueError, TypeError):  # bad input: prepare() reports it before any task is placed
+    except (GpuflowsError, ValueError, TypeError, KeyError):  # bad input: prepare() reports it before any task runs
         together = 2
-    return settings(parameters, DEFAULT_POOL, "gpuflows-escher", workers_per_device_set=together)
+    return settings(parameters, DEFAULT_POOL, identity(parameters).experiment, workers_per_device_set=together)
 
 
 def prepare(pool: GpuPool | str | dict | None, tracking: MlflowTarget | bool | str | None, *, mode: str,
@@ -86,10 +103,11 @@ def prepare(pool: GpuPool | str | dict | None, tracking: MlflowTarget | bool | s
     if block.nodes < 2:
         raise ConfigError("pool.nodes", block.nodes, "anti-affinity, gangs and migration need at least 2 nodes")
     chosen, params = choose(policies, policy, {**asdict(Settings()), **params})
-    return block, tracking_target(tracking, "gpuflows-escher"), chosen, check_settings(params, block.nodes)
+    return block, tracking_target(tracking, identity({}).experiment), chosen, check_settings(params, block.nodes)
 
 
-@flow(name="escher-policies", log_prints=True, task_runner=GpuTaskRunner(configure=runner_settings))
+@flow(name="escher-policies", log_prints=True, flow_run_name=run_namer(identity),
+      task_runner=GpuTaskRunner(configure=runner_settings))
 def escher_policies(policies: list[str] | None = None, policy: SchedulerPolicy | str | None = None,
                     gang_size: int = Settings.gang_size, gang_timeout_s: float = Settings.gang_timeout_s,
                     team_weights: list[float] | None = None, jobs: int = Settings.jobs, steps: int = Settings.steps,
@@ -121,7 +139,8 @@ def escher_policies(policies: list[str] | None = None, policy: SchedulerPolicy |
                               gang_timeout_s=gang_timeout_s, team_weights=team_weights, jobs=jobs, steps=steps,
                               seed=seed, shards=shards, words=words, reducers=reducers, pairs=pairs, rounds=rounds)
     publish_mlflow_link()
-    log_flow_inputs("escher", "+".join(chosen), {"policies": ",".join(chosen), "mode": mode, **asdict(s)})
+    log_flow_inputs(identity({"policies": list(chosen)}), {"policies": ",".join(chosen), "mode": mode, **asdict(s)},
+                    VIEW)
     ledger = flow_runner().ledger()
     nodes = sorted(ledger.cluster_status())
     if len(nodes) < 2:  # a Ray cluster's nodes are known only now
@@ -176,8 +195,7 @@ def report(out: dict) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m flows.escher_policies", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = flow_parser("flows.escher_policies", __doc__)
     d = Settings()
     parser.add_argument("--policy", action="append", dest="policies", metavar="NAME",
                         help=f"run this policy (repeatable; default all): {', '.join(POLICIES)}")

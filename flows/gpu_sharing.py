@@ -18,6 +18,7 @@ jobs run on the CPU; tokens and policies are real).
 from __future__ import annotations
 
 import sys
+import textwrap
 import time
 from typing import Any, Sequence
 
@@ -30,13 +31,14 @@ from gpu.schedulers.salus.policies import POLICIES
 from gpuflows.args import add_runner_arguments, error, flow_parser
 from resource_blocks import GpuPool, MlflowTarget
 from tasks.report.records import Records
-from tasks.runtime.flow import (log_flow_inputs, log_flow_outcome, pool_block, publish_mlflow_link, settings,
-                                tracking_target)
+from tasks.runtime.flow import (RunIdentity, log_flow_inputs, log_flow_outcome, pool_block, publish_mlflow_link,
+                                run_namer, settings, tracking_target)
 from tasks.runtime.runners import GpuTaskRunner
+from tasks.runtime.tracking import ExperimentView
 from tasks.salus.admission import SalusColocation, salus_executor
 from tasks.salus.executor import MIB, salus_options
 from tasks.salus.outcomes import METRICS, PolicyOutcome, executor_record, job_rows, predicted, solo_iteration_s
-from tasks.salus.records import ACCOUNTING_ONLY, publish_comparison, publish_policy
+from tasks.salus.records import ACCOUNTING_ONLY, SIM_NOTE, publish_comparison, publish_policy
 from tasks.salus.trace import JOB_TASKS, SharingJob, explicit_trace, sharing_trace, warm_up
 
 MODES = ("process", "thread")
@@ -47,10 +49,27 @@ DEVICE = 0
 MAX_JOBS = 8  # jobs admitted at once on the device (in process mode: its worker processes)
 
 
+VIEW = ExperimentView(
+    "Salus: each run compares the policies on one trace within itself (table `salus-policies`; a nested run per "
+    "policy). Across runs, compare `memory` = `declared` against `profiled` on the same `seed`. Lower average JCT "
+    "wins (thesis Table 2.1: SRTF 3.19x better than FIFO); `sim_*` metrics are the simulator's prediction for the "
+    "same jobs, from iteration times measured alone.",
+    metrics=("fifo_avg_jct_s", "srtf_avg_jct_s", "pack_makespan_s", "fair_avg_jct_s"),
+    params=("policies", "memory", "jobs", "seed"))
+
+
+def identity(parameters: dict) -> RunIdentity:
+    """Experiment ``gpuflows-salus``; runs named by the policies compared and how memory was known:
+    ``salus-fifo+pack+srtf+fair-declared-<time>``."""
+    policies = parameters.get("policies")
+    chosen = "+".join(map(str, policies)) if isinstance(policies, (list, tuple)) else "+".join(DEFAULT_POLICIES)
+    return RunIdentity("salus", (chosen, str(parameters.get("memory", "declared"))))
+
+
 def runner_settings(parameters: dict) -> dict:
     """The flow's runner from its own parameters (``pool``, ``tracking``): it opens the flow's MLflow run; each
     policy's jobs run on a runner with a Salus admission of their own on the same pool (``run_policy``)."""
-    return settings(parameters, DEFAULT_POOL, "gpuflows-salus")
+    return settings(parameters, DEFAULT_POOL, identity(parameters).experiment)
 
 
 def prepare(pool: GpuPool | str | dict | None, tracking: MlflowTarget | bool | str | None, *, jobs: int, seed: int,
@@ -68,7 +87,7 @@ def prepare(pool: GpuPool | str | dict | None, tracking: MlflowTarget | bool | s
         choose(p, "policies", list(POLICIES))
     integer(seed, "seed", minimum=0, maximum=MAX_SEED)
     jobs_ = explicit_trace(trace) if trace is not None else sharing_trace(jobs, seed, gap_s, median_iterations)
-    return jobs_, chosen, pool_block(pool, DEFAULT_POOL), tracking_target(tracking, "gpuflows-salus")
+    return jobs_, chosen, pool_block(pool, DEFAULT_POOL), tracking_target(tracking, identity({}).experiment)
 
 
 def run_policy(trace: Sequence[SharingJob], policy: str, pool: GpuPool, mode: str, memory: str) -> PolicyOutcome:
@@ -100,7 +119,8 @@ def run_policy(trace: Sequence[SharingJob], policy: str, pool: GpuPool, mode: st
                          sizes=sizes)
 
 
-@flow(name="salus-gpu-sharing", log_prints=True, task_runner=GpuTaskRunner(configure=runner_settings))
+@flow(name="salus-gpu-sharing", log_prints=True, flow_run_name=run_namer(identity),
+      task_runner=GpuTaskRunner(configure=runner_settings))
 def gpu_sharing(jobs: int = 8, seed: int = 0, gap_s: float = 0.1, median_iterations: int = 20,
                 trace: list[dict] | None = None, policies: list[str] | None = None,
                 memory: str = "declared", pool: GpuPool | str | None = None, mode: str = "process",
@@ -115,7 +135,8 @@ def gpu_sharing(jobs: int = 8, seed: int = 0, gap_s: float = 0.1, median_iterati
         policies: Salus policies to run the trace under (default fifo, pack, srtf, fair).
         memory: "declared" (each job declares its workload's Table A.1 memory) or "profiled" (jobs declare none:
             the runner measures what their torch work allocates over their first iterations).
-        pool: GpuPool block, saved block name, or None (pool "salus": NVML GPUs, else a simulated 16 GiB device).
+        pool: GpuPool block, saved block name, or None (pool "salus" on a simulated 16 GiB device; on NVML GPUs the
+            machine's one pool, "default").
         mode: "process" (each job its own worker process, its memory capped at its lane) or "thread".
         tracking: MlflowTarget block, saved block name, False, or None for the default target.
     """
@@ -123,9 +144,9 @@ def gpu_sharing(jobs: int = 8, seed: int = 0, gap_s: float = 0.1, median_iterati
                                        median_iterations=median_iterations, trace=trace, policies=policies, mode=mode,
                                        memory=memory)
     publish_mlflow_link()
-    log_flow_inputs("salus", "sharing", {"jobs": len(trace_), "seed": seed, "gap_s": gap_s,
-                                         "median_iterations": median_iterations, "explicit_trace": trace is not None,
-                                         "policies": ",".join(chosen), "mode": mode, "memory": memory})
+    log_flow_inputs(identity({"policies": chosen, "memory": memory}), {
+        "jobs": len(trace_), "seed": seed, "gap_s": gap_s, "median_iterations": median_iterations,
+        "explicit_trace": trace is not None, "policies": ",".join(chosen), "mode": mode, "memory": memory}, VIEW)
     if mode == "thread":
         warm_up()
     outcomes = [run_policy(trace_, policy, block, mode, memory) for policy in chosen]
@@ -154,6 +175,7 @@ def print_comparison(out: dict) -> None:
         print(f"{row['policy']:<14}{row['makespan_s']:>11.2f}{row['sim_makespan_s']:>7.2f}{row['avg_jct_s']:>11.2f}"
               f"{row['sim_avg_jct_s']:>7.2f}{row['p95_jct_s']:>11.2f}{row['sim_p95_jct_s']:>7.2f}"
               f"{int(row['peak_lanes']):>7}{'-' if switch is None else f'{switch:.2f}':>11}")
+    print(textwrap.fill(SIM_NOTE, 118))
     if out["note"]:
         print(out["note"])
 
@@ -168,14 +190,16 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"policies, of {sorted(POLICIES)} (default {' '.join(DEFAULT_POLICIES)})")
     parser.add_argument("--memory", default="declared",
                         help=f"jobs' memory, one of {MEMORY}: their workloads' or profiled by the runner (default declared)")
-    add_runner_arguments(parser, MODES, pool="salus", simulated_devices="1x16GiB")
+    add_runner_arguments(parser, MODES, pool=None, simulated_devices="1x16GiB")
     args = parser.parse_args(argv)
     kwargs = dict(jobs=args.jobs, seed=args.seed, gap_s=args.gap_s, median_iterations=args.median_iterations,
                   trace=None, policies=args.policies, mode=args.mode, memory=args.memory,
                   tracking=False if args.no_tracking else None)
     try:  # before a Prefect server starts
-        pool_path(args.pool)
-        _, _, kwargs["pool"], kwargs["tracking"] = prepare(GpuPool(name=args.pool, simulated=args.simulated), **kwargs)
+        pool = GpuPool(name=args.pool or DEFAULT_POOL.name, simulated=args.simulated)
+        if args.pool:
+            pool_path(args.pool)
+        _, _, kwargs["pool"], kwargs["tracking"] = prepare(pool if args.pool else pool.on_this_machine(), **kwargs)
     except GpuflowsError as exc:
         return error(exc)
     print_comparison(gpu_sharing(**kwargs))

@@ -12,6 +12,7 @@ import sys
 import time
 
 from prefect import flow, task
+from prefect.futures import as_completed
 
 from gpu.errors import ConfigError, GpuflowsError
 from gpu.pool import pool_path
@@ -19,11 +20,12 @@ from gpu.scenario import MAX_COUNT, integer
 from gpuflows.args import error, flow_parser, simulated
 from resource_blocks import GpuPool, MlflowTarget
 from tasks.digits import digits_tensors, mlp
-from tasks.runtime.flow import log_flow_inputs, publish_mlflow_link, settings
+from tasks.runtime.flow import RunIdentity, log_flow_inputs, publish_mlflow_link, run_namer, settings
 from tasks.runtime.requests import current_placement, gpu_options
 from tasks.report.occupancy import publish_pool_occupancy
 from tasks.runtime.runners import GpuTaskRunner
 from tasks.runtime.slices import enforce
+from tasks.runtime.tracking import ExperimentView
 from tasks.report.progress import FlowProgress
 
 # (gpus, memory) cycled over the submitted tasks: fractions, whole GPUs and memory caps.
@@ -58,19 +60,33 @@ MODES = ("process", "thread")
 MAX_TASKS = 10_000  # training tasks of one demo run
 
 
+VIEW = ExperimentView(
+    "The pool demo: the GPU task runner placing plain torch tasks on slices of the pool (no scheduling system). "
+    "Each task is a nested run with its slice; `tasks_wall_clock_s` is how long this machine took for all of them.",
+    metrics=("tasks", "tasks_wall_clock_s"), params=("tasks", "steps", "mode", "pool"))
+
+
+def identity(parameters: dict) -> RunIdentity:
+    """Experiment ``gpuflows-pool`` (no system: the runner placing plain torch tasks); runs named by their task
+    count, ``pool-20tasks-<time>``."""
+    return RunIdentity("pool", (f"{parameters.get('tasks', 20)}tasks",))
+
+
 def runner_settings(parameters: dict) -> dict:
     """The flow's GPU task runner from its own parameters (``pool``, ``mode``, ``tracking``); any entry point."""
-    return settings(parameters, DEFAULT_POOL, "gpuflows-pool")
+    return settings(parameters, DEFAULT_POOL, identity(parameters).experiment)
 
 
-@flow(name="pool-demo", log_prints=True, task_runner=GpuTaskRunner(configure=runner_settings))
+@flow(name="pool-demo", log_prints=True, flow_run_name=run_namer(identity),
+      task_runner=GpuTaskRunner(configure=runner_settings))
 def pool_demo(tasks: int = 20, steps: int = 60, pool: GpuPool | str | None = None, mode: str = "process",
               tracking: MlflowTarget | bool | str | None = None) -> list[dict]:
     """Submit ``tasks`` training tasks with the request mix and return their placements.
 
     Args:
         tasks, steps: how many training tasks, and training steps per task.
-        pool: GpuPool block, the name of a saved one, or None (pool "demo": NVML GPUs, else simulated 2 x 16 GiB).
+        pool: GpuPool block, the name of a saved one, or None (pool "demo" on a simulated 2 x 16 GiB; on NVML GPUs
+            the machine's one pool, "default").
         mode: GpuTaskRunner mode, "process" (CUDA_VISIBLE_DEVICES per task) or "thread".
         tracking: MlflowTarget block, the name of a saved one, False to switch MLflow off, None for the default target.
     """
@@ -78,8 +94,9 @@ def pool_demo(tasks: int = 20, steps: int = 60, pool: GpuPool | str | None = Non
     if mode not in MODES:
         raise ConfigError("mode", mode, f"choose one of {MODES}")
     publish_mlflow_link()
-    log_flow_inputs("pool", None, {"tasks": tasks, "steps": steps, "mode": mode,
-                                   "pool": pool if isinstance(pool, str) else getattr(pool, "name", "default")})
+    log_flow_inputs(identity({"tasks": tasks}), {"tasks": tasks, "steps": steps, "mode": mode,
+                                                 "pool": pool if isinstance(pool, str) else getattr(pool, "name",
+                                                                                                     "default")}, VIEW)
     futures = []
     for i in range(tasks):
         gpus, memory = MIX[i % len(MIX)]
@@ -87,11 +104,11 @@ def pool_demo(tasks: int = 20, steps: int = 60, pool: GpuPool | str | None = Non
             futures.append(train_steps.with_options(name=f"train-{gpus:g}gpu").submit(i, steps))
     rows = []
     with FlowProgress("pool-demo", tasks, "pool demo", unit="tasks") as progress:
-        for f in futures:
+        for f in as_completed(futures):  # counted as they finish, not in submission order (1/20 after 8 done)
             rows.append(f.result())
             progress.advance()
     publish_pool_occupancy()
-    return rows
+    return sorted(rows, key=lambda r: r["task"])
 
 
 def check(tasks: int, steps: int) -> None:
@@ -131,17 +148,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tasks", type=int, default=20, help="number of tasks (default 20)")
     parser.add_argument("--steps", type=int, default=60, help="training steps per task (default 60)")
     parser.add_argument("--mode", choices=MODES, default="process", help="runner mode")
-    parser.add_argument("--pool", default="demo", help="pool name (flows naming the same pool share it)")
+    parser.add_argument("--pool", default=None, help="pool name (flows naming the same pool share it; default: "
+                        "\"demo\" on simulated devices, the machine's one pool on real GPUs)")
     parser.add_argument("--simulated", type=simulated, default="2x16GiB", help="simulated devices when no GPU is found")
     parser.add_argument("--no-tracking", action="store_true", help="switch MLflow tracking off")
     args = parser.parse_args(argv)
     try:  # before a Prefect server starts
         check(args.tasks, args.steps)
-        pool_path(args.pool)
+        if args.pool:
+            pool_path(args.pool)
     except GpuflowsError as exc:
         return error(exc)
     # None: the flow's default target, whose experiment is gpuflows-pool (a bare MlflowTarget() names "gpuflows")
-    rows = pool_demo(args.tasks, args.steps, pool=GpuPool(name=args.pool, simulated=args.simulated), mode=args.mode,
+    pool = GpuPool(name=args.pool or DEFAULT_POOL.name, simulated=args.simulated)
+    rows = pool_demo(args.tasks, args.steps, pool=pool if args.pool else pool.on_this_machine(), mode=args.mode,
                      tracking=False if args.no_tracking else None)
     print(format_timeline(rows))
     return 0

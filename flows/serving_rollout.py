@@ -8,7 +8,8 @@ leases and not tasks); (4) drive the spec's rate trace with Poisson arrivals thr
 beacon the measured rates go to the Nexus controller's ``on_epoch`` (``gpu.schedulers.nexus.controller``, the
 one the simulator drives; it also routes and chains the query stages), whose new plans are rolled out
 incrementally; (5) log each epoch (plan, GPUs, throughput, SLO attainment, bad rate) as a nested MLflow run under the
-runner's flow run (experiment ``gpuflows-nexus``), with a time-series plot; what could not be logged is
+runner's flow run (experiment ``gpuflows-nexus``; Nona's placements log to ``gpuflows-nona``, ORLOJ's batch
+policies to ``gpuflows-orloj``), with a time-series plot; what could not be logged is
 named in the result's ``mlflow_errors``. ``backend="ray"`` (under ``GpuRayTaskRunner``) runs the
 profiling tasks on Ray and each GPU node's worker as a Ray actor leasing from the runner's ledger.
 
@@ -60,12 +61,12 @@ from resource_blocks import GpuPool, MlflowTarget
 from tasks.report.occupancy import publish_pool_occupancy
 from tasks.report.progress import FlowProgress
 from tasks.report.records import Records
-from tasks.runtime.flow import (flow_runner, log_flow_inputs, log_flow_outcome, pool_block, publish_mlflow_link,
-                                settings, tracking_target)
+from tasks.runtime.flow import (RunIdentity, current_run_name, flow_runner, log_flow_inputs, log_flow_outcome,
+                                pool_block, publish_mlflow_link, run_namer, settings, tracking_target)
 from tasks.runtime.ray_runner import GpuRayTaskRunner
 from tasks.runtime.requests import current_placement, gpu_request
 from tasks.runtime.runners import GpuTaskRunner
-from tasks.runtime.tracking import flow_tracker
+from tasks.runtime.tracking import ExperimentView, flow_tracker
 from tasks.serving.beacons import BeaconLoop
 from tasks.serving.epochs import EpochFeedback
 from tasks.serving.figures import summarise
@@ -77,7 +78,7 @@ from tasks.serving.orloj import PROFILE_REQUESTS, app_inputs, orloj_controller, 
 from tasks.serving.placement import NEEDS_LINK, handoff_bytes, link_mu, query_routing
 from tasks.serving.records import log_rollout, plan_summary, publish_epochs
 from tasks.serving.runtime import LINKS, LocalServingRuntime
-from tasks.serving.spec import PLACEMENTS, check_slos, load_spec, parse_spec
+from tasks.serving.spec import PLACEMENTS, check_slos, load_spec, parse_spec, serving_system
 
 DEFAULT_SPEC = Path(__file__).resolve().parent.parent / "scenarios" / "serving" / "digits.yaml"
 INTERRUPTED = "interrupted (SIGINT/Ctrl-C): serving stopped and every lease went back to the pool"
@@ -124,18 +125,56 @@ def prepare(spec: dict | str | None, duration_s: float | None = None, batch_poli
 
 
 DEFAULT_POOL = GpuPool(name="serving")
-EXPERIMENT = "gpuflows-nexus"
 MODES = ("process", "thread")
 BACKENDS = ("local", "ray")
+
+
+VIEWS = {  # how each serving system's experiment opens in MLflow: what to compare, the headline first
+    "nexus": ExperimentView(
+        "Nexus: compare batch policies (`early_drop`, `lazy_drop`, `fixed_batch`) on the same `spec`. Higher "
+        "`goodput_rps` (requests answered within their SLO per second) and `slo_attainment` win, on no more "
+        "`max_gpus`; every epoch is a nested run with its plan.",
+        metrics=("goodput_rps", "slo_attainment", "bad_rate", "max_gpus"),
+        params=("batch_policy", "placement", "spec")),
+    "nona": ExperimentView(
+        "Nona: compare `placement` = `nona` against its baselines (`opportunistic`, `undistributed`, `random`, "
+        "`expert`) on the same `spec`, trace and link (deployments serving-rollout-nona and "
+        "serving-rollout-nona-opportunistic). Lower `bad_rate` (queries late or dropped) and `p99_latency_ms` win.",
+        metrics=("bad_rate", "p99_latency_ms", "goodput_rps", "slo_attainment"), params=("placement", "spec",
+                                                                                        "batch_policy")),
+    "orloj": ExperimentView(
+        "ORLOJ: compare `batch_policy` = `orloj` against the Clockwork- and Clipper-like `clockwork` and `clipper` "
+        "on the same `spec`. Higher `slo_attainment` (requests within their SLO) and `goodput_rps` win.",
+        metrics=("slo_attainment", "goodput_rps", "bad_rate"), params=("batch_policy", "spec", "placement")),
+}
+
+
+def rollout_identity(placement: str, batch_policy: str) -> RunIdentity:
+    """The system the rollout runs (``tasks.serving.spec.serving_system``: Nona for Nona's placement and its
+    baselines, ORLOJ for its batch policies, else Nexus) names the experiment; the run name says the placement
+    (unless Nexus's packed plan) and the batch policy: ``nexus-early_drop-<time>``, ``nona-early_drop-<time>``,
+    ``nona-opportunistic-early_drop-<time>``, ``orloj-<time>``, ``orloj-clockwork-<time>``."""
+    return RunIdentity(serving_system(placement, batch_policy), (None if placement == "nexus" else placement,
+                                                                 batch_policy))
+
+
+def identity(parameters: dict) -> RunIdentity:
+    """``rollout_identity`` of the spec the parameters name, with their overrides (bad input: Nexus's, the flow's
+    own checks report it)."""
+    try:
+        sp = prepare(parameters.get("spec"), None, parameters.get("batch_policy"), parameters.get("placement"))
+    except (GpuflowsError, OSError, ValueError, TypeError):
+        return rollout_identity("nexus", str(parameters.get("batch_policy") or "early_drop"))
+    return rollout_identity(sp.placement, sp.batch_policy)
 
 
 def runner_settings(parameters: dict) -> dict:
     """The flow's task runner from its own parameters (``pool``, ``mode``, ``tracking``): every entry point alike
     (on ``GpuRayTaskRunner`` too, which has no ``mode``)."""
-    return settings(parameters, DEFAULT_POOL, EXPERIMENT)
+    return settings(parameters, DEFAULT_POOL, identity(parameters).experiment)
 
 
-@flow(name="serving-rollout", task_runner=GpuTaskRunner(configure=runner_settings))
+@flow(name="serving-rollout", flow_run_name=run_namer(identity), task_runner=GpuTaskRunner(configure=runner_settings))
 def serving_rollout(spec: dict | str | None = None, duration_s: float | None = None,
                     batch_policy: str | None = None, backend: str = "local", pool: GpuPool | str | None = None,
                     mode: str = "process", tracking: MlflowTarget | bool | str | None = None,
@@ -150,10 +189,12 @@ def serving_rollout(spec: dict | str | None = None, duration_s: float | None = N
             ``clockwork``/``clipper``); each worker gets its own instance.
         backend: ``local`` (worker threads in this process) or ``ray`` (a Ray actor per GPU node; run the
             flow under ``GpuRayTaskRunner``, whose ledger the actors' leases then share with Ray tasks).
-        pool: GpuPool block whose ledger the workers lease from, a saved block's name, or None (pool "serving").
+        pool: GpuPool block whose ledger the workers lease from, a saved block's name, or None (pool "serving" on
+            simulated devices; on NVML GPUs the machine's one pool, "default").
         mode: GpuTaskRunner mode of the profiling tasks ("process" or "thread").
-        tracking: MlflowTarget block, the name of a saved one, False to switch MLflow off, None for experiment
-            "gpuflows-nexus" (every Nexus run's experiment).
+        tracking: MlflowTarget block, the name of a saved one, False to switch MLflow off, None for the system's
+            experiment: ``gpuflows-nexus``, ``gpuflows-nona`` (Nona's placement or a baseline) or ``gpuflows-orloj``
+            (ORLOJ's batch policies).
         placement: override the spec's placement (``nexus``, ``shares``, ``nona`` or a Nona baseline:
             ``undistributed``, ``opportunistic``, ``random``, ``expert``; module docstring).
         link: the bottleneck link between nodes, ``socket`` (real bytes over loopback, paced at ``link.mu``) or
@@ -183,13 +224,13 @@ def _rollout(spec: dict | str | None, duration_s: float | None, batch_policy: st
                                               "--backend ray`, or deploy serving_rollout.with_options(task_runner="
                                               "GpuRayTaskRunner(configure=runner_settings)))")
     pool = runner.pool if runner else pool_block(pool, DEFAULT_POOL)
-    tracking = runner.tracking if runner else tracking_target(tracking, EXPERIMENT)
+    who = rollout_identity(sp.placement, sp.batch_policy)
+    tracking = runner.tracking if runner else tracking_target(tracking, who.experiment)
     ledger = runner.ledger() if runner else pool.open_ledger()
     parent = publish_mlflow_link(runner) if tracking.enabled else None
-    log_flow_inputs("nexus", sp.batch_policy, {"spec": sp.name, "batch_policy": sp.batch_policy,
-                                               "duration_s": sp.duration_s, "models": ",".join(sp.models),
-                                               "backend": backend, "pool": pool.name, "seed": sp.seed, "mode": mode,
-                                               "placement": sp.placement})
+    log_flow_inputs(who, {"spec": sp.name, "batch_policy": sp.batch_policy, "duration_s": sp.duration_s,
+                          "models": ",".join(sp.models), "backend": backend, "pool": pool.name, "seed": sp.seed,
+                          "mode": mode, "placement": sp.placement}, VIEWS[who.system])
     futures, prev = {}, None
     for m in sp.models:  # one at a time: concurrent profiling on shared devices would skew the timings
         prev = futures[m] = profile_serving_model.submit(m, sp.training_steps, sp.seed, sp.profile_repeats,
@@ -220,7 +261,7 @@ def _rollout(spec: dict | str | None, duration_s: float | None, batch_policy: st
             models, profiles, ledger, None, sp.preset, seed=sp.seed, backend=backend, controller=controller,
             policy_factory=policy_factory(sp.batch_policy, orloj), query_routing=routing, link_mu=sp.link_mu,
             handoff_bytes=handoff_bytes(sp), apps=sp.app_slos or None,
-            measure_batches=orloj is not None or nona is not None, link=link) as rt:
+            measure_batches=orloj is not None or nona is not None, link=link, label=current_run_name(who)) as rt:
         rt.apply(controller.plan)
         if nona is not None:  # every epoch, the link's μ as measured on the hand-offs it carried
             nona.link = rt.link
@@ -255,7 +296,7 @@ def _rollout(spec: dict | str | None, duration_s: float | None, batch_policy: st
     if tracking.enabled:  # the figures are the result; a store that fails is named in it, not fatal
         with records.kept("the rollout's epochs and figures were not logged to MLflow"):
             if not records.enabled:  # no GPU task runner opened the flow's run: a run of their own
-                records = Records.own_run(tracking.resolved_uri(), tracking.experiment, f"serving-rollout-{sp.name}")
+                records = Records.own_run(tracking.resolved_uri(), tracking.resolved_experiment(), who.run_name())
             result["mlflow_run_id"] = log_rollout(records, sp, result, marks, beacons, profiles)
     log_flow_outcome({"goodput_rps": result["throughput_rps"] * (1.0 - result["bad_rate"]),
                       **{k: result[k] for k in ("throughput_rps", "offered_rps", "bad_rate", "slo_attainment",
@@ -270,11 +311,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--spec", default=str(DEFAULT_SPEC), help="serving spec (YAML/JSON); default: %(default)s")
     ap.add_argument("--duration-s", type=float, default=None, help="override the trace length (default: the spec's)")
     ap.add_argument("--batch-policy", default=None, help="early_drop (Nexus), lazy_drop, fixed_batch, orloj, clockwork or clipper")
-    ap.add_argument("--pool", default="serving", help="GpuPool name whose ledger the workers lease from")
+    ap.add_argument("--pool", default=None, help="GpuPool name whose ledger the workers lease from (default: "
+                    "\"serving\" on simulated devices, the machine's one pool on real GPUs)")
     ap.add_argument("--simulated", type=simulated, default="2x16GiB",
                     help="simulated devices when the machine has no GPU")
     ap.add_argument("--mode", choices=("process", "thread"), default="process", help="profiling task mode")
-    ap.add_argument("--experiment", default=EXPERIMENT, help="MLflow experiment (default: %(default)s)")
+    ap.add_argument("--experiment", default=None, help="MLflow experiment (default: gpuflows-nexus; Nona's "
+                    "placements gpuflows-nona, ORLOJ's batch policies gpuflows-orloj)")
     ap.add_argument("--no-tracking", action="store_true", help="do not log to MLflow")
     ap.add_argument("--json", type=output_file, default=None, help="write the result (figures per epoch) to this file")
     ap.add_argument("--backend", choices=("local", "ray"), default="local",
@@ -288,10 +331,12 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:  # a bad spec, duration, policy or pool name fails here, before a Prefect server starts
         prepare(args.spec, args.duration_s, args.batch_policy, args.placement, args.backend, args.mode, args.link)
-        pool_path(args.pool)
+        if args.pool:
+            pool_path(args.pool)
     except GpuflowsError as exc:
         return error(exc)
-    pool = GpuPool(name=args.pool, simulated=args.simulated)
+    pool = GpuPool(name=args.pool or DEFAULT_POOL.name, simulated=args.simulated)
+    pool = pool if args.pool else pool.on_this_machine()
     tracking = MlflowTarget(experiment=args.experiment, enabled=not args.no_tracking)
     rollout = serving_rollout
     if args.backend == "ray":  # the same flow and parameters, its tasks on Ray

@@ -45,10 +45,10 @@ from tasks.fluid.salus import EXECUTION as SALUS_PACK, pack_search, salus_pack_r
 from tasks.fluid.records import TrialLog, best_result
 from tasks.fluid.trials import load_model, train_chunk
 from tasks.runtime.requests import gpu_options
-from tasks.runtime.flow import (flow_runner, log_flow_inputs, log_flow_outcome, pool_block, publish_mlflow_link,
-                                settings, tracking_target)
+from tasks.runtime.flow import (RunIdentity, flow_runner, log_flow_inputs, log_flow_outcome, pool_block,
+                                publish_mlflow_link, run_namer, settings, tracking_target)
 from tasks.runtime.runners import GpuTaskRunner
-from tasks.runtime.tracking import flow_tracker
+from tasks.runtime.tracking import ExperimentView, flow_tracker
 from tasks.report.occupancy import publish_pool_occupancy
 from tasks.report.progress import FlowProgress
 
@@ -237,6 +237,23 @@ def device_model(block: GpuPool) -> str:
     return "cpu" if not node.devices or node.devices[0].simulated else node.devices[0].name
 
 
+VIEW = ExperimentView(
+    "FLUID: compare executions on the same search (same `algorithm`, `trials`, `seed`): `fluid` against "
+    "`static_fluid` and `fifo` (one whole GPU per trial). Lower `makespan_s` (wall seconds from the first trial's "
+    "start to the last one's end, the paper's makespan) at the same `best_val_accuracy` wins; each trial is a nested "
+    "run.",
+    metrics=("makespan_s", "best_val_accuracy", "trials_failed"), params=("execution", "algorithm", "trials",
+                                                                            "placement"))
+
+
+def identity(parameters: dict) -> RunIdentity:
+    """Experiment ``gpuflows-fluid``; runs named by execution, algorithm and, when not the pool's, the placement:
+    ``fluid-asha-<time>``, ``fluid-fifo-grid-<time>``, ``fluid-asha-escher-<time>``."""
+    placement = parameters.get("placement")
+    return RunIdentity("fluid", (str(parameters.get("execution", "fluid")), str(parameters.get("algorithm", "grid")),
+                                 None if placement in (None, "pool") else str(placement)))
+
+
 def runner_settings(parameters: dict) -> dict:
     """The flow's GPU task runner from its own parameters (``pool``, ``mode``, ``tracking``); any entry point.
 
@@ -244,7 +261,7 @@ def runner_settings(parameters: dict) -> dict:
     (``trials_per_device``): with ``c = 3`` three trials sharing a device run at once, none waits for a worker.
     ESCHER placement runs that many on device i of every node, and nodes share device numbers: one set per node.
     """
-    out = settings(parameters, experiment="gpuflows-fluid")
+    out = settings(parameters, experiment=identity(parameters).experiment)
     if parameters.get("execution") == SALUS_PACK:  # the trials' tasks are admitted into Salus lanes
         return {**out, **salus_pack_runner(out["pool"], parameters.get("mode"))}
     out["workers_per_device_set"] = trials_per_device(parameters.get("c"), device_model(out["pool"])) * (
@@ -252,7 +269,8 @@ def runner_settings(parameters: dict) -> dict:
     return out
 
 
-@flow(name="fluid-trial-groups", task_runner=GpuTaskRunner(configure=runner_settings))
+@flow(name="fluid-trial-groups", flow_run_name=run_namer(identity),
+      task_runner=GpuTaskRunner(configure=runner_settings))
 def trial_groups(algorithm: str = "grid", trials: int = 4, iterations: int = 4, pool: GpuPool | str | None = None,
                  execution: str = "fluid", seed: int = 0, space: dict | None = None, min_iterations: int = 1,
                  generations: int = 2, c: int | None = None, d: int | None = None, alpha: float | None = None,
@@ -296,15 +314,15 @@ def trial_groups(algorithm: str = "grid", trials: int = 4, iterations: int = 4, 
             chunk=chunk, mode=mode, packing_iterations=packing_iterations, fail_trial=fail_trial, placement=placement)
     runner = flow_runner()  # the pool and target resolved from these parameters (or the runner given)
     block = runner.pool if runner else pool_block(pool)
-    target = runner.tracking if runner else tracking_target(tracking)
+    target = runner.tracking if runner else tracking_target(tracking, identity({}).experiment)
     node = discover(block.simulated, block.device_backend).nodes[0]
     device = device_model(block)
     parent = publish_mlflow_link(runner) if target.enabled else None
-    log_flow_inputs("fluid", f"{execution}-{algorithm}", {
+    log_flow_inputs(identity({"execution": execution, "algorithm": algorithm, "placement": placement}), {
         "algorithm": algorithm, "execution": execution, "trials": trials, "iterations": iterations, "seed": seed,
         "pool": block.name, "pool_gpus": len(node.devices), "c": "derived" if c is None else c,
         "d": "derived" if d is None else d,
-        "alpha": "derived" if alpha is None else alpha, "chunk": chunk, "mode": mode, "placement": placement})
+        "alpha": "derived" if alpha is None else alpha, "chunk": chunk, "mode": mode, "placement": placement}, VIEW)
     if execution == SALUS_PACK:
         summary = pack_search(make_algorithm(algorithm, trials, iterations, seed, space, min_iterations, generations),
                               algorithm, node.devices[0], seed, fail_trial, target.resolved_uri(),
@@ -347,7 +365,8 @@ def prepare(pool: GpuPool | str | None, tracking: MlflowTarget | bool | None, *,
         raise ConfigError("fail_trial", fail_trial, f"not a trial id of a {algorithm} search, e.g. {example}")
     if placement not in PLACEMENTS:
         raise ConfigError("placement", placement, f"choose one of {PLACEMENTS}")
-    block, target = pool_block(pool), tracking_target(tracking)
+    block = pool_block(pool)
+    target = tracking_target(tracking, identity({}).experiment)
     node = discover(block.simulated, block.device_backend).nodes[0]
     if not node.devices:
         raise ConfigError("pool", block.name, "has no GPUs (simulated or NVML) to run trials on")

@@ -55,7 +55,8 @@ def add_runner_arguments(parser: argparse.ArgumentParser, modes: tuple[str, ...]
     ``pool``; None: a saved GpuPool block, else the flow's own simulated pool), ``--simulated`` devices (used when no
     GPU is found), the task runner's ``--mode`` (one of ``modes``) and ``--no-tracking``."""
     parser.add_argument("--pool", default=pool, help="pool name (flows naming the same pool share it)" if pool else
-                        "saved GpuPool block name (default: the flow's own pool, simulated when no GPU is found)")
+                        "saved GpuPool block name (default: the flow's own pool, simulated when no GPU is found; "
+                        "on real GPUs the machine's one pool, 'default')")
     parser.add_argument("--simulated", type=simulated, default=simulated_devices,
                         help=f"simulated devices when no GPU is found (default {simulated_devices})")
     parser.add_argument("--mode", default=mode, help=f"runner mode, one of {modes} (default {mode})")
@@ -63,9 +64,15 @@ def add_runner_arguments(parser: argparse.ArgumentParser, modes: tuple[str, ...]
 
 
 def flow_parser(module: str, doc: str | None) -> argparse.ArgumentParser:
-    """The parser of ``python -m <module>``: the flow module's docstring, line breaks kept, is its ``--help``."""
-    return argparse.ArgumentParser(prog=f"python -m {module}", description=doc,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+    """The parser of ``python -m <module>``: its ``--help`` is the module docstring's first paragraph, the options,
+    then the docstring's example commands; the rest of the docstring (the 30-50 lines that explain the flow) is
+    the module's own documentation, pointed to, not printed before the options."""
+    paragraphs = [p.strip() for p in (doc or "").split("\n\n") if p.strip()]
+    examples = [line.strip() for line in (doc or "").splitlines() if line.strip().startswith("python -m ")]
+    epilog = "\n".join(["examples:", *(f"  {e}" for e in examples), ""] if examples else [])
+    epilog += f"the flow in full: python -c 'import {module}; help({module})'"
+    return argparse.ArgumentParser(prog=f"python -m {module}", description=paragraphs[0] if paragraphs else None,
+                                   epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
 
 
 def report(text: str, summary: dict[str, Any], json_path: str | None) -> int:

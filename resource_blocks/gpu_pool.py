@@ -7,12 +7,14 @@ from typing import Literal
 from prefect.blocks.core import Block
 from pydantic import Field, field_validator
 
-from gpu.devices import parse_simulated, simulated_nodes
+from gpu.devices import discover, parse_simulated, simulated_nodes
 from gpu.pool import open_pool
 from gpu.scenario import MAX_SECONDS
 from resource_blocks._defaults import load_or_default
 
 MAX_NODES = 64  # simulated nodes of one pool
+MACHINE_POOL = "default"
+"""The one pool of a machine's real GPUs: every flow's default pool on NVML devices, and ``GpuPool()``'s name."""
 
 
 class GpuPool(Block):
@@ -47,6 +49,17 @@ class GpuPool(Block):
     @classmethod
     def load_or_default(cls, name: str | None = None) -> "GpuPool":
         return load_or_default(cls, name)
+
+    def on_this_machine(self) -> "GpuPool":
+        """A flow's own default pool as this machine runs it: on simulated devices its own name (each simulated
+        pool is a world of its own), on real GPUs (NVML, backend ``auto`` or ``nvml``) the machine-wide pool
+        ``MACHINE_POOL``. A GPU has one ledger on a machine (``gpu.claims`` refuses a second), so flows started
+        side by side share that ledger and queue on it instead of the second failing on its claim."""
+        if self.name == MACHINE_POOL or self.nodes > 1 or self.device_backend == "simulated":
+            return self
+        spec = discover(self.simulated, self.device_backend)
+        real = any(not d.simulated for node in spec.nodes for d in node.devices)
+        return self.model_copy(update={"name": MACHINE_POOL}) if real else self
 
     def open_ledger(self, policy=None):
         """The pool's ledger on this machine (see ``gpu.pool.open_pool``)."""

@@ -9,6 +9,11 @@ from gpu.state import state_dir
 from resource_blocks._defaults import load_or_default
 
 
+DEFAULT_EXPERIMENT = "gpuflows"
+"""The experiment of a run no system claims (a user's own flow on ``GpuTaskRunner``); every gpuflows flow logs to
+its system's ``gpuflows-<system>`` (``tasks.runtime.flow.RunIdentity``)."""
+
+
 def default_tracking_uri() -> str:
     """Where runs go when no tracking server is named: SQLite in the project's state folder (``gpu.state``)."""
     return f"sqlite:///{state_dir() / 'mlflow.db'}"
@@ -22,7 +27,8 @@ class MlflowTarget(Block):
     _description = "MLflow tracking URI and experiment for gpuflows runs."
 
     tracking_uri: str | None = Field(default=None, description="None: sqlite:///<state>/mlflow.db")
-    experiment: str = Field(default="gpuflows", description="Experiment that flow runs log to.")
+    experiment: str | None = Field(default=None, description="Experiment that flow runs log to; None: the flow's "
+                                   "system's own (gpuflows-ekya, gpuflows-nona, ...), whatever the entry point.")
     enabled: bool = Field(default=True, description="Switch tracking off entirely.")
 
     @classmethod
@@ -31,3 +37,7 @@ class MlflowTarget(Block):
 
     def resolved_uri(self) -> str:
         return self.tracking_uri or default_tracking_uri()
+
+    def resolved_experiment(self) -> str:
+        """The experiment runs go to: the one named, else ``gpuflows`` (a flow fills in its system's first)."""
+        return self.experiment or DEFAULT_EXPERIMENT

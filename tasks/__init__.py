@@ -13,3 +13,7 @@
 The import rules are written in ``docs/architecture.md`` ("Layers and import rules") and checked by
 ``lint-imports`` in ``make test``.
 """
+
+from gpu.state import default_prefect_home
+
+default_prefect_home()  # a script importing tasks/gpuflows before Prefect: its runs land where `make server` looks

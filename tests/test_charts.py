@@ -65,7 +65,8 @@ def test_occupancy_chart_has_a_lane_per_device_a_legend_entry_per_holder_and_lea
         assert fig.legends[0].get_title().get_text() == "holder (flow run)"
         texts = {t.get_text() for t in ax.texts}
         assert {"retrain cam0", "infer cam0", "trial c0001@0", "svc-a", "cut (reclaimed)"} <= texts
-        assert "Pool ekya" in ax.get_title() and ax.get_xlabel().startswith("seconds since")
+        assert "Pool ekya" in ax.get_title() and ax.get_xlabel().startswith("wall-clock seconds since")
+        assert "wall-clock" in ax.get_title()  # not the slice time of a flow's own charts
         assert "device" in ax.get_ylabel()
         assert fig.get_size_inches()[0] * fig.dpi == 1100  # the artifact pane of the Prefect UI at 1600 px
     finally:
@@ -116,16 +117,23 @@ def test_fluid_table_has_no_16_digit_floats():
 
 
 def test_ekya_table_is_one_row_per_window_and_stream_at_most_8_columns():
+    """The retraining columns are the window's job, also one the thief started mid-window (cam1 in window 1: no
+    GPUs at the window's start, 0.6 from 0.42 s), as the window's MLflow run records it."""
+    def job(stream: str, gpus: float, start: float, outcome: str) -> SimpleNamespace:
+        return SimpleNamespace(stream=stream, config=SimpleNamespace(name="e5-all-d50"), gpus=gpus, start=start,
+                               outcome=outcome)
+
     results = [SimpleNamespace(window=w, measured={f"cam{i}": 0.81234567 for i in range(4)},
                                predicted={f"cam{i}": 0.8 for i in range(4)},
-                               configs={f"cam{i}": "e5-all-d50" if i % 2 else None for i in range(4)},
                                start_alloc={"cam0/infer": 0.25, "cam0/train": 0.5, "cam1/infer": 0.25},
-                               failures=["cam1"] if w else []) for w in range(2)]
+                               jobs=[job("cam0", 0.5, 0.0, "COMPLETED")] + ([job("cam1", 0.6, 0.42, "FAILED")] if w
+                                                                           else [])) for w in range(2)]
     rows = ekya_window_rows(results)
     assert len(rows) == 8 and all(len(r) <= 8 for r in rows)
     assert list(rows[0])[:3] == ["window", "stream", "retrain_config"]  # the decision first
-    assert rows[5] == {"window": 1, "stream": "cam1", "retrain_config": "e5-all-d50", "retrain_gpus": 0.0,
-                       "infer_gpus": 0.25, "predicted": 0.8, "measured": 0.8123, "failed": True}
+    assert rows[5] == {"window": 1, "stream": "cam1", "retrain_config": "e5-all-d50", "retrain_gpus": 0.6,
+                       "retraining": "failed from 0.42 s", "infer_gpus": 0.25, "predicted": 0.8, "measured": 0.8123}
+    assert rows[1]["retraining"] == "none" and rows[1]["retrain_gpus"] == 0.0
 
 
 def test_progress_outside_a_flow_and_without_a_terminal_is_harmless():

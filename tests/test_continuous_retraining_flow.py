@@ -108,15 +108,28 @@ def test_accuracy_plot_is_an_artifact_of_the_flow_run(thief_run):
 
 
 def test_the_prefect_ui_shows_each_window_with_its_decision_and_accuracy(thief_run, table_artifacts):
-    """One row per window and stream, the decision first, 8 columns (``tasks.ekya.records.window_rows``)."""
-    summary, _, _ = thief_run
+    """One row per window and stream, the decision first, 8 columns (``tasks.ekya.records.window_rows``), and the
+    same retraining as the window's MLflow run: a job the thief started mid-window once read "none / 0 GPUs" in
+    Prefect (the window-start split) and "0.60 GPUs, COMPLETED" in MLflow."""
+    from mlflow import MlflowClient
+
+    summary, uri, _ = thief_run
     shown = [(w["window"], s, pytest.approx(w["accuracy"][s], rel=1e-3))
              for w in summary["windows"] for s in summary["streams"]]
     table = next(t for t in table_artifacts("ekya-windows-thief")
                  if [(r["window"], r["stream"], r["measured"]) for r in t] == shown)
+    client = MlflowClient(uri)
+    exp = client.get_experiment_by_name("ekya-flow-test")
+    runs = {r.data.tags["window"]: r.data.params for r in client.search_runs(
+        [exp.experiment_id], f"tags.mlflow.parentRunId = '{summary['mlflow_run_id']}' and tags.policy = 'thief'")}
     for row in table:
-        assert list(row) == ["window", "stream", "retrain_config", "retrain_gpus", "infer_gpus", "predicted",
-                             "measured", "failed"]
+        assert list(row) == ["window", "stream", "retrain_config", "retrain_gpus", "retraining", "infer_gpus",
+                             "predicted", "measured"]
+        params, s = runs[str(row["window"])], row["stream"]
+        assert row["retrain_config"] == params[f"{s}.retrain_config"]
+        assert row["retrain_gpus"] == pytest.approx(float(params[f"{s}.retrain_gpus"]), abs=0.006)
+        assert row["infer_gpus"] == pytest.approx(float(params[f"{s}.infer_gpus"]), abs=0.006)
+        assert row["retraining"].split(" ")[0] == params[f"{s}.retrain_state"].lower()
 
 
 def test_failed_retraining_keeps_the_old_model_records_the_failure_and_the_flow_goes_on(module_state, sim_pool,

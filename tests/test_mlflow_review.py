@@ -42,7 +42,7 @@ def test_thief_and_uniform_compare_side_by_side_in_the_ekya_experiment(ekya_pair
         assert run.info.run_id == summaries[policy]["mlflow_run_id"]
         assert run.data.metrics["mean_accuracy"] == pytest.approx(summaries[policy]["mean_accuracy"])
         assert run.info.run_name.startswith(f"ekya-{policy}-20")  # ekya-thief-2026-11-24T16:40
-        assert "makespan_s" in run.data.metrics
+        assert "tasks_wall_clock_s" in run.data.metrics and "makespan_s" not in run.data.metrics
 
 
 def test_nested_runs_carry_window_and_stream(ekya_pair):
@@ -246,4 +246,4 @@ def test_pool_demo_command_logs_to_the_pool_experiment(state_dir):
     exp = client.get_experiment_by_name("gpuflows-pool")
     assert exp is not None and client.get_experiment_by_name("gpuflows") is None
     (run,) = client.search_runs([exp.experiment_id], "tags.`prefect.flow_name` = 'pool-demo'")
-    assert run.info.run_name.startswith("pool-20") and run.data.params["tasks"] == "2"
+    assert run.info.run_name.startswith("pool-2tasks-20") and run.data.params["tasks"] == "2"

@@ -3,8 +3,10 @@ Model Registry, an accuracy-over-time plot, and the Prefect table and chart of t
 ``tasks.report.records``.
 
 Window run (child of the flow's run from ``flow_mlflow_run_id()``): params ``<stream>.config``,
-``<stream>.infer_gpus``, ``<stream>.retrain_gpus``, ``<stream>.retrain_state`` (COMPLETED, FAILED,
-CANCELLED, CRASHED, DISCARDED or NONE), ``<stream>.deployed_version``; metrics
+``<stream>.infer_gpus`` (at the window's start), ``<stream>.retrain_config``, ``<stream>.retrain_gpus``,
+``<stream>.retrain_start_s`` and ``<stream>.retrain_state`` (COMPLETED, FAILED, CANCELLED, CRASHED, DISCARDED or NONE:
+the window's retraining job, which may start after the window's start, when the thief re-splits the GPUs a finished
+job gave back), ``<stream>.deployed_version``; the Prefect table shows the same values (``stream_decisions``); metrics
 ``<stream>.predicted_accuracy`` (the scheduler's window average), ``<stream>.measured_accuracy``
 (true labels), ``<stream>.profiled_accuracy`` / ``<stream>.retrained_val_accuracy`` (predicted vs
 reached by the retrained model, golden labels), ``<stream>.predicted_retrain_s`` / ``<stream>.measured_retrain_s``
@@ -56,17 +58,18 @@ class WindowLogger:
         rid = self.records.nested(f"{policy}-window-{w}", {"policy": policy, "window": w,
                                                             "failed_retrains": ",".join(result.failures) or "none"})
         jobs = {j.stream: j for j in result.jobs}
+        decided = stream_decisions(result)
         params: dict[str, Any] = {"pool_gpus": self.run.pool_gpus, "window_s": self.run.window_s}
         metrics: dict[str, float] = {"mean_measured_accuracy": result.mean_measured,
                                      "mean_predicted_accuracy": sum(result.predicted.values()) / len(result.predicted)}
         for s in streams:
             n = s.spec.name
             job = jobs.get(n)
-            params |= {f"{n}.config": result.configs.get(n),
-                       f"{n}.infer_gpus": f"{result.start_alloc.get(f'{n}/infer', 0.0):.2f}",
-                       f"{n}.retrain_gpus": f"{job.gpus:.2f}" if job else "0",
-                       f"{n}.retrain_state": job.outcome if job else "NONE",
-                       f"{n}.deployed_version": s.version}
+            d = decided[n]
+            params |= {f"{n}.config": result.configs.get(n), f"{n}.infer_gpus": f"{d['infer_gpus']:.2f}",
+                       f"{n}.retrain_config": d["retrain_config"], f"{n}.retrain_gpus": f"{d['retrain_gpus']:.2f}",
+                       f"{n}.retrain_start_s": "-" if d["retrain_start_s"] is None else f"{d['retrain_start_s']:.2f}",
+                       f"{n}.retrain_state": d["retrain_state"], f"{n}.deployed_version": s.version}
             metrics |= {f"{n}.predicted_accuracy": result.predicted[n], f"{n}.measured_accuracy": result.measured[n],
                         f"{n}.golden_label_accuracy": result.profiles[n].golden_accuracy,
                         f"{n}.start_model_accuracy": result.profiles[n].current_accuracy}
@@ -138,8 +141,10 @@ class WindowLogger:
         beside accuracy per window, also ``charts/`` of the flow's MLflow run)."""
         policy = self.run.policy
         self.records.table(f"ekya-windows-{slug}", window_rows(results),
-                           f"Ekya {slug}: per window and stream, the retraining configuration chosen and the GPUs "
-                           "allotted at the window's start, then the accuracy predicted and measured")
+                           f"Ekya {slug}: per window and stream, the window's retraining job (configuration, GPUs, "
+                           "how it ended and when it started, in slice seconds: the thief may start one mid-window "
+                           "with GPUs a finished job gave back), the inference GPUs at the window's start, then the "
+                           "accuracy predicted and measured")
         windows = [{"window": r.window, "split": dict(r.start_alloc), "accuracy": dict(r.measured),
                     "predicted": dict(r.predicted)} for r in results]
         try:
@@ -152,20 +157,41 @@ class WindowLogger:
                            "(hatched); right: accuracy measured (solid) and predicted (dashed).")
 
 
+def stream_decisions(result: WindowResult) -> dict[str, dict[str, Any]]:
+    """Per stream, what the window decided, as both the Prefect table and the window's MLflow run show it:
+    inference GPUs at the window's start, and the window's retraining job (config, GPUs, when it started in slice
+    seconds, how it ended), which may start after the window's start, when the thief re-splits GPUs a finished
+    job gave back (Ekya §2.4.2). Read from the start-of-window split alone, such a stream showed "none / 0 GPUs"
+    in Prefect while MLflow said it retrained on 0.60 GPUs."""
+    jobs = {j.stream: j for j in result.jobs}
+    out = {}
+    for stream in result.measured:
+        job = jobs.get(stream)
+        out[stream] = {"infer_gpus": float(result.start_alloc.get(f"{stream}/infer", 0.0)),
+                       "retrain_config": job.config.name if job else "none",
+                       "retrain_gpus": float(job.gpus) if job else 0.0,
+                       "retrain_start_s": float(job.start) if job else None,
+                       "retrain_state": job.outcome if job else "NONE"}
+    return out
+
+
 def window_rows(results: Iterable[WindowResult]) -> list[dict[str, Any]]:
     """Ekya's table: one row per window and stream, the decision first, 8 columns.
 
     Laid out per window, every stream added 5 columns (measured, predicted, config, inference and
     retraining GPUs): 23 with 4 streams, the decisions off-screen at 1600 px. Per window and stream the
     table stays 8 columns wide whatever the number of streams; a window's streams are adjacent rows, so
-    the split between them reads down the GPU columns. ``results``: ``tasks.ekya.window.WindowResult``.
+    the split between them reads down the GPU columns. The retraining columns are the window's job
+    (``stream_decisions``, as its MLflow run has them); ``retraining`` says how it ended and when it started.
+    ``results``: ``tasks.ekya.window.WindowResult``.
     """
     rows = []
     for r in results:
-        for stream in r.measured:
-            rows.append({"window": r.window, "stream": stream, "retrain_config": r.configs.get(stream) or "none",
-                         "retrain_gpus": cell(float(r.start_alloc.get(f"{stream}/train", 0.0))),
-                         "infer_gpus": cell(float(r.start_alloc.get(f"{stream}/infer", 0.0))),
-                         "predicted": cell(r.predicted.get(stream)), "measured": cell(r.measured[stream]),
-                         "failed": stream in r.failures})
+        for stream, d in stream_decisions(r).items():
+            start = d["retrain_start_s"]
+            rows.append({"window": r.window, "stream": stream, "retrain_config": d["retrain_config"],
+                         "retrain_gpus": cell(d["retrain_gpus"]),
+                         "retraining": "none" if start is None else f"{d['retrain_state'].lower()} from {start:.2f} s",
+                         "infer_gpus": cell(d["infer_gpus"]), "predicted": cell(r.predicted.get(stream)),
+                         "measured": cell(r.measured[stream])})
     return rows

@@ -155,12 +155,13 @@ def occupancy_figure(events: Iterable[Mapping[str, Any]], spec: Any = None, *, n
     ax.grid(axis="x", color="0.85", lw=0.6)
     ax.set_axisbelow(True)
     start_clock = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(t0))
-    ax.set_xlabel(f"seconds since {start_clock}", fontsize=11)
+    ax.set_xlabel(f"wall-clock seconds since {start_clock} (this machine's time, not a flow's slice time)",
+                  fontsize=11)
     ax.set_ylabel("device\n(bar height = share held)", fontsize=11)
     busy = sum((x["end"] - x["start"]) * min(1.0, x["fraction"] or 1.0) * len(x["devices"]) for x in leases)
     util = busy / (span * max(1, len(lanes)))
-    ax.set_title(f"Pool {pool or '?'}: GPU slices held by every flow\n{len(leases)} leases by {len(holders)} "
-                 f"holder(s), mean occupancy {util:.0%}", fontsize=13)
+    ax.set_title(f"Pool {pool or '?'}: GPU slices held by every flow, in wall-clock time\n{len(leases)} leases by "
+                 f"{len(holders)} holder(s); slices held {util:.0%} of the pool's device-seconds", fontsize=13)
     handles = [Patch(facecolor=colour[h], edgecolor="black", label=holder_name(h)) for h in holders]
     if any(x["open"] for x in leases):
         handles.append(Patch(facecolor="white", edgecolor="black", hatch="//", label="still held at the chart's end"))
@@ -219,7 +220,9 @@ def publish_pool_occupancy(runner: Any = None, since_t: float | None = None) -> 
             run_id = flow_mlflow_run_id()
         publish_chart(path, OCCUPANCY, f"Pool {pool}: occupancy during this flow run",
                       "One lane per device; each bar a lease (label: task or stream), its height the share of the "
-                      "device, its colour the flow run that held it — other flows' leases on this pool included.",
+                      "device, its colour the flow run that held it — other flows' leases on this pool included. "
+                      "In wall-clock time: the share of device-seconds held counts start-up and waits too, so it "
+                      "reads lower than a flow's own charts in slice time (e.g. Ekya's GPU split per window).",
                       run_id, runner.tracking.resolved_uri() if run_id else None)
         return path
     except Exception as exc:  # noqa: BLE001

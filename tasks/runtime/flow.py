@@ -10,36 +10,77 @@ back (tags ``prefect.flow_run_id``, ``prefect.flow_run_url``).
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Callable
 
 from resource_blocks import GpuPool, MlflowTarget
 from resource_blocks.mlflow_target import default_tracking_uri
 from tasks.runtime.runners import MODES, PlacingTaskRunner, flow_mlflow_run_id
-from tasks.runtime.tracking import flow_run_name, flow_tracker
+from tasks.runtime.tracking import VIEW_ID, ExperimentView, flow_run_name, flow_tracker
+
+
+@dataclass(frozen=True)
+class RunIdentity:
+    """What a flow run is, from its parameters alone: the system it runs and what it chose (policy, placement,
+    executor...). It names the MLflow experiment (``gpuflows-<system>``) and the run, in Prefect and MLflow alike
+    (``<system>-<policy>-<placement>-<time>``), whichever entry point started the run: the command line, a
+    deployment, a script. Each flow's ``identity(parameters)`` builds it and must accept any parameters (bad ones
+    are the flow's own checks to report)."""
+
+    system: str
+    parts: tuple[str | None, ...] = ()
+
+    @property
+    def experiment(self) -> str:
+        return f"gpuflows-{self.system}"
+
+    def run_name(self, when: float | None = None) -> str:
+        return flow_run_name(self.system, *self.parts, when=when)
+
+
+def run_namer(identity: Callable[[dict[str, Any]], RunIdentity]) -> Callable[[], str]:
+    """A flow's ``flow_run_name``: Prefect calls it as the run starts, so the run the Prefect UI lists is named
+    like its MLflow run (``ekya-thief-2026-11-24T16:40:07``) instead of a random pair of words."""
+
+    def name() -> str:
+        from prefect.context import FlowRunContext
+
+        ctx = FlowRunContext.get()
+        run = ctx.flow_run if ctx else None
+        when = run.expected_start_time.timestamp() if run is not None and run.expected_start_time else None
+        return identity(dict(ctx.parameters or {}) if ctx else {}).run_name(when)
+
+    return name
 
 
 def pool_block(pool: GpuPool | str | dict | None, default: GpuPool | None = None) -> GpuPool:
     """A GpuPool parameter as a block: the block itself, a saved block's name, or ``default`` (else the saved
-    default block or a simulated 2 x 16 GiB pool) when None."""
+    default block or a simulated 2 x 16 GiB pool) when None. A flow's ``default`` is its own simulated pool, and
+    on real GPUs the machine's one pool (``GpuPool.on_this_machine``)."""
     if isinstance(pool, GpuPool):
         return pool
     if isinstance(pool, dict):  # a block passed through the API as its fields
         return GpuPool(**pool)
     if not pool and default is not None:
-        return default
+        return default.on_this_machine()
     return GpuPool.load_or_default(pool)
 
 
 def tracking_target(tracking: MlflowTarget | bool | str | dict | None, experiment: str | None = None) -> MlflowTarget:
-    """A tracking parameter as an MlflowTarget: the block, a saved block's name, False (off) or None (default)."""
+    """A tracking parameter as an MlflowTarget: the block, a saved block's name, False (off) or None (default).
+
+    A target that names no experiment gets ``experiment``, the flow's system's (``RunIdentity.experiment``): the
+    command line checks its arguments outside the flow and hands the flow the target it built, so the experiment is
+    filled in here, where both pass, and a run lands in its system's experiment whatever started it."""
     if isinstance(tracking, MlflowTarget):
-        return tracking
-    if isinstance(tracking, dict):
-        return MlflowTarget(**tracking)
-    if isinstance(tracking, str):
-        return MlflowTarget.load_or_default(tracking)
-    target = MlflowTarget(enabled=tracking is not False)
-    return target.model_copy(update={"experiment": experiment}) if experiment else target
+        target = tracking
+    elif isinstance(tracking, dict):
+        target = MlflowTarget(**tracking)
+    elif isinstance(tracking, str):
+        target = MlflowTarget.load_or_default(tracking)
+    else:
+        target = MlflowTarget(enabled=tracking is not False)
+    return target.model_copy(update={"experiment": experiment}) if experiment and not target.experiment else target
 
 
 def flow_runner() -> PlacingTaskRunner | None:
@@ -55,18 +96,32 @@ def mlflow_run_url(tracking_uri: str, experiment_id: str, run_id: str, tab: str 
     """Where the MLflow UI shows the run (``tab``: e.g. "artifacts"): the tracking server itself, or ``mlflow ui``
     on its default port. MLflow 3's UI starts in its GenAI view (traces, no run table) unless the URL asks for
     ``workflowType=machine_learning``, the view with runs, params, metrics and Compare."""
-    base = tracking_uri.rstrip("/") if tracking_uri.startswith(("http://", "https://")) else "http://127.0.0.1:5000"
     page = f"/{tab}" if tab else ""
-    return f"{base}/#/experiments/{experiment_id}/runs/{run_id}{page}?workflowType=machine_learning"
+    return f"{_mlflow_ui(tracking_uri)}/#/experiments/{experiment_id}/runs/{run_id}{page}?workflowType=machine_learning"
+
+
+def mlflow_view_url(tracking_uri: str, experiment_id: str) -> str:
+    """Where the MLflow UI lists the experiment's flow runs with their headline metrics (its saved view ``VIEW_ID``,
+    ``tasks.runtime.tracking.ExperimentView``)."""
+    return (f"{_mlflow_ui(tracking_uri)}/#/experiments/{experiment_id}/runs?viewStateShareKey={VIEW_ID}"
+            "&workflowType=machine_learning")
+
+
+def _mlflow_ui(tracking_uri: str) -> str:
+    """The MLflow UI of a store: the tracking server itself, or ``mlflow ui`` on its default port."""
+    return tracking_uri.rstrip("/") if tracking_uri.startswith(("http://", "https://")) else "http://127.0.0.1:5000"
 
 
 def _link_markdown(uri: str, experiment: str, experiment_id: str, run_id: str, run_name: str) -> str:
-    """The ``mlflow-run`` artifact's text: the MLflow run by name, linked, and how to serve a local store."""
+    """The ``mlflow-run`` artifact's text: the MLflow run by name, linked, the experiment's flow runs side by side
+    (``tasks.runtime.tracking.ExperimentView``), and how to serve a local store."""
     url = mlflow_run_url(uri, experiment_id, run_id)
+    runs = mlflow_view_url(uri, experiment_id)
     served = "" if uri.startswith(("http://", "https://")) else (
         f"\n\nThe store is `{uri}`: serve it with `mlflow ui --backend-store-uri {uri}`, then open the link.")
     return (f"**MLflow run** [{run_name}]({url}) — run `{run_id}` in experiment `{experiment}` (id {experiment_id}); "
-            f"its tags `prefect.flow_run_id` and `prefect.flow_run_url` point back to this flow run.{served}")
+            f"its tags `prefect.flow_run_id` and `prefect.flow_run_url` point back to this flow run. "
+            f"[All flow runs of `{experiment}`, headline metrics first]({runs}).{served}")
 
 
 # MLflow run id -> (the ``mlflow-run`` artifact's id, the link's other fields), so the link can follow the run's
@@ -88,7 +143,7 @@ def publish_mlflow_link(runner: PlacingTaskRunner | None = None) -> str | None:
 
     uri = runner.tracking.resolved_uri()
     run = MlflowClient(uri).get_run(run_id)
-    fields = (uri, runner.tracking.experiment, run.info.experiment_id)
+    fields = (uri, runner.tracking.resolved_experiment(), run.info.experiment_id)
     artifact_id = create_markdown_artifact(
         _link_markdown(*fields, run_id, run.info.run_name), key="mlflow-run",
         description="The MLflow run of this flow run (per-task placements, metrics, models)")
@@ -131,15 +186,27 @@ def where_runs_went() -> str:
     return f"{prefect}; MLflow runs: {default_tracking_uri()} (`make mlflow-ui`, then http://127.0.0.1:5000)"
 
 
-def log_flow_inputs(system: str, label: str | None, params: dict[str, Any]) -> None:
-    """The flow's decision inputs as params of its MLflow run, named ``<system>-<label>-<time>``, so runs of
-    one system's experiment compare side by side (no-op when tracking is off)."""
+def current_run_name(identity: RunIdentity) -> str:
+    """The name of the flow run in progress when its flow names it (``run_namer``), else ``identity``'s now."""
+    from prefect.context import FlowRunContext
+
+    ctx = FlowRunContext.get()
+    named = ctx is not None and ctx.flow_run is not None and ctx.flow.flow_run_name is not None
+    return ctx.flow_run.name if named else identity.run_name()
+
+
+def log_flow_inputs(identity: RunIdentity, params: dict[str, Any], view: ExperimentView | None = None) -> None:
+    """The flow's decision inputs as params of its MLflow run, so runs of one system's experiment compare side by
+    side; the run is named like the flow run (``run_namer``), or by ``identity`` for a flow without a namer;
+    ``view``: how the system's experiment opens in the MLflow UI (``tasks.runtime.tracking.ExperimentView``).
+    No-op when tracking is off."""
     tracker = flow_tracker()
-    if tracker is not None:
-        run_name = flow_run_name(system, label)
-        tracker.log_flow_inputs({"system": system, **params}, run_name=run_name)
-        if tracker.parent_run_id is not None:
-            _rename_link(tracker.parent_run_id, run_name)
+    if tracker is None:
+        return
+    run_name = current_run_name(identity)
+    tracker.log_flow_inputs({"system": identity.system, **params}, run_name=run_name, view=view)
+    if tracker.parent_run_id is not None and run_name != tracker.run_name:
+        _rename_link(tracker.parent_run_id, run_name)
 
 
 def log_flow_outcome(metrics: dict[str, Any]) -> None:

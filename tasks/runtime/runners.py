@@ -273,7 +273,7 @@ class PlacingTaskRunner(TaskRunner[PrefectConcurrentFuture]):
             tags["prefect.flow_run_url"] = f"{ui.rstrip('/')}/runs/flow-run/{run.id}"
         if ctx and ctx.flow:
             tags["prefect.flow_name"] = ctx.flow.name
-        self._tracker = RunTracker(self.tracking.resolved_uri(), self.tracking.experiment,
+        self._tracker = RunTracker(self.tracking.resolved_uri(), self.tracking.resolved_experiment(),
                                    run.name if run else f"gpuflows-{uuid.uuid4().hex[:6]}", tags)
 
     def __exit__(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:

@@ -228,10 +228,69 @@ GPU_UTIL_METRIC = "system/gpu_0_utilization_percentage"
 GPU_MEMORY_METRIC = "system/gpu_0_memory_usage_megabytes"
 
 
-def flow_run_name(system: str, label: str | None = None, when: float | None = None) -> str:
-    """A run name a reviewer can read in MLflow's run list: ``ekya-thief-2026-11-24T16:40``."""
-    stamp = time.strftime("%Y-%m-%dT%H:%M", time.localtime(when or time.time()))
-    return "-".join(str(p) for p in (system, label, stamp) if p)
+def flow_run_name(system: str, *parts: str | None, when: float | None = None) -> str:
+    """A run name a reviewer can read in MLflow's run list and Prefect's: system, then what the run chose (policy,
+    placement, ...), then when it started, to the second: ``ekya-thief-2026-11-24T16:40:07``.
+
+    Parts that only repeat the system are left out (``nona`` placed by ``nona``: ``nona-early_drop-...``), and a
+    first part that already starts with the system's name stands for both (``cilantro-njc-...``)."""
+    kept = [str(p) for p in parts if p not in (None, "") and str(p) != system]
+    head = [] if kept and kept[0].startswith(f"{system}-") else [system]
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(time.time() if when is None else when))
+    return "-".join([*head, *kept, stamp])
+
+
+VIEW_ID = "flow-runs"
+"""The saved view every system's experiment gets (``ExperimentView``): MLflow's experiment tag
+``mlflow.sharedViewState.<id>``, listed under the runs page's **Views** and opened by ``?viewStateShareKey=<id>``."""
+_NOTE, _OUR_NOTE = "mlflow.note.content", "gpuflows.note"  # the experiment's description, and the last one we wrote
+
+
+@dataclass(frozen=True)
+class ExperimentView:
+    """How a system's experiment reads in the MLflow UI, which by default lists every run (a flow run's ~50 nested
+    task runs push the flow runs themselves behind "Load more") with no metric column and names cut at 190 px.
+
+    Written as experiment tags, MLflow's own supported ways (no UI patch, no browser storage): the description
+    (``mlflow.note.content``, shown above the runs) says what to compare and links the saved view ``VIEW_ID``
+    (MLflow's saved-view envelope under ``mlflow.sharedViewState.<id>``, also under **Views**): flow runs only
+    (``tags.mlflow.parentRunId IS NULL``), newest first, ``metrics`` then ``params`` as columns, run names in full.
+    """
+
+    compare: str  # which runs to put side by side and what decides between them (markdown)
+    metrics: tuple[str, ...]  # the headline metrics, the first columns
+    params: tuple[str, ...] = ("policy",)
+
+    def state(self) -> dict[str, Any]:
+        """The runs page's state (MLflow's search facets and UI state keys)."""
+        columns = [f"metrics.`{m}`" for m in self.metrics] + [f"params.`{p}`" for p in self.params]
+        return {"searchFilter": "tags.`mlflow.parentRunId` IS NULL", "orderByKey": "attributes.start_time",
+                "orderByAsc": False, "selectedColumns": [*columns, "attributes.`Duration`"],
+                "columnOrder": ["attributes.`Run Name`"], "columnWidths": {"attributes.`Run Name`": 340}}
+
+    def description(self, experiment_id: str) -> str:
+        link = f"#/experiments/{experiment_id}/runs?viewStateShareKey={VIEW_ID}"
+        return (f"{self.compare}\n\nOpen **[flow runs, headline first]({link})** (also under **Views**): one row per "
+                f"flow run, its nested task runs filtered out, {', '.join(f'`{m}`' for m in self.metrics)} as the "
+                "first columns; select two runs and **Compare**.")
+
+def publish_view(client: Any, experiment_id: str, view: ExperimentView) -> None:
+    """Write ``view`` on the experiment (once per change); a description the user wrote (not the last one we wrote)
+    stays."""
+    tags = client.get_experiment(experiment_id).tags
+    key, state = f"mlflow.sharedViewState.{VIEW_ID}", json.dumps(view.state())
+    try:
+        saved = json.loads(tags[key])["state"]
+    except (KeyError, ValueError, TypeError):
+        saved = None
+    if saved != state:
+        now = int(time.time() * 1000)
+        client.set_experiment_tag(experiment_id, key, json.dumps(
+            {"name": "flow runs, headline first", "createdAt": now, "updatedAt": now, "state": state}))
+    note = view.description(experiment_id)
+    if tags.get(_NOTE) in (None, "", tags.get(_OUR_NOTE)) and tags.get(_NOTE) != note:
+        client.set_experiment_tag(experiment_id, _NOTE, note)
+        client.set_experiment_tag(experiment_id, _OUR_NOTE, note)
 
 
 def task_run_name(task: str, fields: dict[str, str]) -> str:
@@ -286,6 +345,7 @@ class RunTracker:
         self.run_name = run_name
         self.tags = {**(tags or {}), **holder_tags()}
         self.parent_run_id: str | None = None
+        self.experiment_id: str | None = None
         self.errors: list[str] = []
         self._flow_run = ctx.flow_run if ctx else None
         self._ready = threading.Event()
@@ -330,7 +390,7 @@ class RunTracker:
         exp_id = None
         try:
             client = open_client(self.tracking_uri)
-            exp_id = ensure_experiment(client, self.experiment)
+            exp_id = self.experiment_id = ensure_experiment(client, self.experiment)
             self.parent_run_id = client.create_run(exp_id, run_name=self.run_name, tags=self.tags).info.run_id
         except Exception as exc:
             self._error("could not create the flow's MLflow run: nothing of this flow run is logged", exc)
@@ -376,10 +436,12 @@ class RunTracker:
                 self._error("could not finish the flow's MLflow run", exc)
 
     # -- the flow's own run: decision inputs and headline outcome ---------------------------------
-    def log_flow_inputs(self, params: dict[str, Any], run_name: str | None = None) -> None:
+    def log_flow_inputs(self, params: dict[str, Any], run_name: str | None = None,
+                        view: ExperimentView | None = None) -> None:
         """The flow's decision inputs (policy, scenario, pool, window, seed...) as params of its MLflow run,
-        and a readable run name; written by the tracker's thread, in order with the task runs."""
-        self._queue.put(("inputs", {"params": dict(params), "run_name": run_name}))
+        a readable run name and how its experiment reads (``view``); written by the tracker's thread, in order
+        with the task runs."""
+        self._queue.put(("inputs", {"params": dict(params), "run_name": run_name, "view": view}))
 
     def log_flow_outcome(self, metrics: dict[str, float], tags: dict[str, str] | None = None) -> None:
         """The flow's headline outcome (mean accuracy, makespan, goodput...) as metrics of its MLflow run."""
@@ -399,6 +461,8 @@ class RunTracker:
             if data.get("run_name"):
                 tags.append(RunTag("mlflow.runName", data["run_name"]))
             client.log_batch(self.parent_run_id, metrics=metrics, params=params, tags=tags)
+            if data.get("view") is not None and self.experiment_id is not None:
+                publish_view(client, self.experiment_id, data["view"])
         except Exception as exc:
             self._error(f"could not log the flow's {kind}", exc)
 
@@ -439,8 +503,11 @@ class RunTracker:
 
         t0 = min(r["submitted_at"] for r in rows)
         busy = [r for r in rows if r["placed_at"] and r["finished_at"]]
-        metrics = [Metric("tasks", len(rows), int(time.time() * 1000), 0),
-                   Metric("makespan_s", max((r["finished_at"] for r in busy), default=t0) - t0, int(time.time() * 1000), 0)]
+        # wall-clock seconds from the first task's submission to the last one's end: how long this machine took,
+        # not a system's makespan (Ekya's windows are slice time; FLUID logs its own makespan_s)
+        now = int(time.time() * 1000)
+        metrics = [Metric("tasks", len(rows), now, 0),
+                   Metric("tasks_wall_clock_s", max((r["finished_at"] for r in busy), default=t0) - t0, now, 0)]
         client.log_batch(self.parent_run_id, metrics=metrics)
 
     def close(self, timeout: float = 120.0) -> None:

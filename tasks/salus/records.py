@@ -19,6 +19,10 @@ log = logging.getLogger(__name__)
 
 ACCOUNTING_ONLY = ("lanes are accounting only: a simulated device, the jobs run on the CPU (tokens and policies are "
                    "real)")
+SIM_NOTE = ("sim_* / sim: gpu.sim.salus's prediction for the same jobs from each one's iteration time measured at its "
+            "least contended; it leaves out all a job does outside its iterations (worker start, torch import, model "
+            "and data set-up) and, on a simulated device, that the jobs share this machine's few CPU cores, so the "
+            "measured times can be tens of times larger: compare policies with each other, each column with itself")
 
 
 def _slug(policy: str) -> str:
@@ -66,4 +70,4 @@ def publish_policy(records: Records, outcome: PolicyOutcome, sim: dict[str, floa
 def publish_comparison(records: Records, comparison: Sequence[dict[str, Any]], note: str) -> None:
     """The table ``salus-policies``: each policy measured beside the simulator's prediction for the same jobs."""
     records.table("salus-policies", comparison, "Salus: each policy on the same trace, measured beside the "
-                  "simulator's prediction (sim_) for the same jobs" + (f"; {note}" if note else ""))
+                  f"simulator's prediction for the same jobs. {SIM_NOTE}" + (f"; {note}" if note else ""))

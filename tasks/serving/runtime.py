@@ -26,7 +26,7 @@ from torch import nn
 
 from gpu.batching import BatchPolicy, SpanPolicy
 from gpu.schedulers.nexus.batching import EarlyDropPolicy
-from gpu.errors import AllocationTimeout, ConfigError
+from gpu.errors import AllocationTimeout, ConfigError, GpuflowsError
 from gpu.ledger import LedgerClient, Lease
 from gpu.placement import ResourceRequest
 from gpu.scenario import choose
@@ -178,7 +178,19 @@ class LocalServingRuntime:
             total = sum(lease_share(n) for n in plan.nodes)
             raise AllocationTimeout(
                 f"plan needs {plan.num_gpus} GPU node(s) (lease shares sum to {total:.2f}); node {node.node_id} "
-                f"(gpus={share:g}) got no slice of the pool within {self.allocation_timeout}s") from exc
+                f"(gpus={share:g}) got no slice of the pool within {self.allocation_timeout}s"
+                f"{self._holders()}") from exc
+
+    def _holders(self) -> str:
+        """Who holds the pool now, by lease label (a rollout's leases carry its run's name), for the timeout's
+        message: two rollouts started side by side on one pool wait for each other's whole trace."""
+        try:
+            held = [lease.describe() for lease in self.ledger.leases() if lease.lease_id not in
+                    {mine.lease_id for mine in self.leases.values()}]
+        except (AttributeError, GpuflowsError):  # a ledger that cannot list its leases (Ray's client)
+            return ""
+        return ("; the pool is held by " + ", ".join(held) + " (deployments: the work queue `serving` runs "
+                "rollouts one at a time)") if held else ""
 
     def apply(self, plan: Plan) -> None:
         """Roll ``plan`` out: lease and start new nodes, update kept ones, drain and release removed ones.

@@ -42,7 +42,7 @@ from typing import Any, Collection, Mapping
 
 import numpy as np
 
-from gpu.systems import BATCH_POLICIES
+from gpu.systems import BATCH_POLICIES, SYSTEMS
 from gpu.errors import ConfigError
 from gpu.scenario import (MAX_COUNT, MAX_FACTOR, MAX_FANOUT, MAX_MS, MAX_RATE, MAX_SECONDS, MAX_SEED, choose, entries, integer,
                           label, load_scenario, mapping, number, positive, require, section, within_events)
@@ -63,6 +63,17 @@ _QUERY = {"id", "slo_ms", "rate", "stages"}
 _STAGE = {"name", "model", "parent", "parents", "gamma"}
 _PLACEMENT = {"policy", "nodes"}
 PLACEMENTS = ("nexus", "shares", "nona", *BASELINES)
+NONA_PLACEMENTS = ("nona", *BASELINES)  # Nona's placement and the baselines its paper compares it with
+
+
+def serving_system(placement: str, batch_policy: str) -> str:
+    """Which system a rollout runs, for its MLflow experiment and run name: Nona when Nona or one of its baselines
+    places the queries, else the system that declares the workers' batch policy (ORLOJ's ``orloj``,
+    ``clockwork``, ``clipper``; Nexus's ``early_drop``...), else Nexus."""
+    if placement in NONA_PLACEMENTS:
+        return "nona"
+    owners = [name for name, entry in SYSTEMS.items() if batch_policy in entry.batch_policies]
+    return owners[0] if owners else "nexus"
 _LINK = {"mu", "bytes"}
 MAX_NODES = 1_024  # nodes of a fixed placement: a lease each
 MAX_LINK_BYTES_S = 1e13  # an emulated link of 80 Tb/s
