@@ -214,6 +214,7 @@ class SalusExecutor:
         self.profiles: dict[str, tuple[float, float]] = {}  # job -> measured (P, E) MB, of jobs profiled here
         self.pids: dict[str, int] = {}  # job -> the process on its token connection
         self.revoked: deque[dict[str, Any]] = deque(maxlen=100)  # latest holders that lost the token, reported
+        self.queued: set[str] = set()  # jobs Algorithm 2.1 found no lane for when they came (they waited for memory)
         self._closed = threading.Event()
         if lease and ledger is not None:
             self.placement = ledger.allocate(ResourceRequest(gpus=1, devices=(device,), label=f"salus-gpu{device}"),
@@ -232,6 +233,7 @@ class SalusExecutor:
 
     def _apply(self, step: SalusStep) -> None:
         """Apply a controller decision (under the lock): wake admitted jobs and the jobs whose turn it is."""
+        self.queued.update(step.queued)
         for a in step.admitted:
             job = self._jobs[a.job_id]
             job.lane = a.lane_id

@@ -209,7 +209,7 @@ class SalusController:
         if isinstance(job, Ask):
             state = self._known(job.job_id)
             if job.iterations is not None:
-                state.clock.left = job.iterations
+                state.clock.start(job.iterations, state.job.expected_s)
             if state.last_run == -1 and state.pending == 0 and job.job_id in self.lanes.lane_of:
                 # its first iteration: the job joins the lane's competition only now, so FAIR's counters
                 # restart as on admission (a job admitted long before its first iteration gets no catch-up)
@@ -223,7 +223,9 @@ class SalusController:
         if self.rule.needs_expected_time and job.expected_s is None:
             raise ConfigError(f"jobs[{job.job_id}].expected_s", None, f"{self.policy} needs each job's expected time")
         p, e = self.lanes.charge(job.job_id, job.persistent_mb, job.ephemeral_mb)
-        self._book.jobs[job.job_id] = _JobState(job, self._seq, p, e, clock=IterationClock(left=job.iterations))
+        self._book.jobs[job.job_id] = state = _JobState(job, self._seq, p, e)
+        if job.iterations is not None:
+            state.clock.start(job.iterations, job.expected_s)
         self._seq += 1
         self._book.queue.append(job.job_id)
         admitted = self._admit_queued()
@@ -305,7 +307,8 @@ class SalusController:
         return self._known(job_id).remaining_s
 
     def iteration_s(self, job_id: str) -> float | None:
-        """The job's measured seconds per iteration (moving average; None before its first measured iteration)."""
+        """The job's seconds per iteration as SRTF estimates them: its prior (declared total / iterations), moved
+        towards each steady iteration measured (None: no prior, nothing measured yet)."""
         return self._known(job_id).clock.per_iteration_s
 
     def token_holders(self, now: float) -> tuple[Holding, ...]:
