@@ -9,6 +9,7 @@ import pytest
 import tasks.cilantro.jobs as cj
 from gpu.ledger import Lease
 from tasks.runtime.requests import TaskPlacement, placed
+from tests.heavier_work import Ensemble
 
 WINDOW = cj.RoundWindow(0, 1.0, 0.25, 1 / 3, trace_step=1, seed=0)
 SERVICE = cj.JobConfig("svc", "service", 0.9, base_load=200.0, hidden=1024, rows=256)
@@ -45,10 +46,14 @@ def test_a_trainer_on_twice_the_share_takes_about_twice_the_measured_steps(tmp_p
 
 
 @pytest.mark.slow
-def test_a_wider_model_on_the_same_share_answers_fewer_requests_within_the_slo(monkeypatch):
+def test_a_heavier_model_on_the_same_share_answers_fewer_requests_within_the_slo(monkeypatch):
+    """10x the work per request (an ensemble of 10 copies of the service's model): at 0.35 of the GPU the light
+    model keeps the slice about 30% busy, the heavy one 300%, so no fast or slow moment of the machine (2x either
+    way) lets the heavy one keep up. (A model 4x wider was 1-3x busy: on a fast moment it answered nearly all.)"""
     with placed(on_share(0.35)):
         light = cj.run_service.fn(SERVICE, WINDOW)
-        monkeypatch.setattr(cj, "service_model", lambda job, device: cj._classifier(job.hidden * 4, device))
+        real = cj.service_model
+        monkeypatch.setattr(cj, "service_model", lambda job, device: Ensemble(real(job, device), 10))
         heavy = cj.run_service.fn(SERVICE, WINDOW)
     assert light["requests"] == heavy["requests"]  # the same arrivals
     assert heavy["work_ms"] > 2.5 * light["work_ms"]

@@ -45,7 +45,13 @@ def real_server(tmp_path_factory):
            "PREFECT_API_URL": f"http://127.0.0.1:{port}/api", "GPUFLOWS_HOME": str(ROOT),
            "GPUFLOWS_STATE_DIR": str(tmp_path_factory.mktemp("deploy-state")),
            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-           "PREFECT_WORKER_QUERY_SECONDS": "2", "PREFECT_LOGGING_LEVEL": "INFO"}
+           "PREFECT_WORKER_QUERY_SECONDS": "2", "PREFECT_LOGGING_LEVEL": "INFO",
+           # Three runs ahead per schedule, not 100: the tests pause every schedule, which deletes the runs it
+           # scheduled, while the deployments' runs start. Statements and connections wait for SQLite's lock as
+           # long as a loaded 2-core machine needs: with the defaults (10 s, 5 s) the server once answered a worker
+           # submitting a run with 503 (its reply to a retryable database error) at a load of 40.
+           "PREFECT_SERVER_SERVICES_SCHEDULER_MAX_RUNS": "3", "PREFECT_SERVER_DATABASE_TIMEOUT": "60",
+           "PREFECT_SERVER_DATABASE_CONNECTION_TIMEOUT": "60"}
     log = open(tmp_path_factory.mktemp("server-log") / "server.log", "w")
     server = subprocess.Popen([PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)], env=env,
                               stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -179,7 +185,10 @@ def test_blocks_register_with_the_prefect_cli(real_server):
 @pytest.mark.slow
 def test_an_interval_schedule_fires_and_a_worker_completes_the_scheduled_run(real_server, started, worker):
     """The scheduler service (SQLAlchemy 2.1 broke it: "Can't evaluate bulk DML statement") creates the runs of a
-    15 s interval schedule by itself; the process worker runs one to Completed."""
+    15 s interval schedule by itself; the process worker runs one to Completed.
+
+    The schedule is paused as soon as the worker has taken one of its runs: left on, it fires every 15 s and the
+    worker starts a flow process (Prefect and torch imported again) for each, beside the deployments' runs."""
     from prefect.client.schemas.filters import DeploymentFilter, DeploymentFilterName
 
     only = DeploymentFilter(name=DeploymentFilterName(any_=[SCHEDULED]))
@@ -187,12 +196,16 @@ def test_an_interval_schedule_fires_and_a_worker_completes_the_scheduled_run(rea
     with _client(real_server) as client:
         while time.time() < deadline:
             runs = client.read_flow_runs(deployment_filter=only)
-            if len(runs) >= 2 and any(r.state and r.state.is_completed() for r in runs):
+            if len(runs) >= 2 and any(r.state and not r.state.is_scheduled() for r in runs):
                 break
             time.sleep(2)
         _pause_schedules(client, client.read_deployment_by_name(f"pool-demo/{SCHEDULED}"))
+        left = client.read_flow_runs(deployment_filter=only)  # what the worker took before the pause, too
     assert len(runs) >= 2 and all(r.auto_scheduled for r in runs), [(r.name, r.state_name) for r in runs]
-    done = [r for r in runs if r.state and r.state.is_completed()]
+    taken = [r.id for r in left if r.state and not r.state.is_scheduled()]
+    assert taken, [(r.name, r.state_name) for r in left] + [worker.read_text()[-4000:]]
+    done = [r for r in _wait_final(real_server, taken, max(1.0, deadline - time.time()), worker).values()
+            if r.state.is_completed()]
     assert done, [(r.name, r.state_name) for r in runs] + [worker.read_text()[-4000:]]
 
 

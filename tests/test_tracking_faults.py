@@ -11,6 +11,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,7 @@ from resource_blocks import GpuPool, MlflowTarget
 pytestmark = pytest.mark.usefixtures("prefect_server")
 
 ROOT = Path(__file__).resolve().parents[1]
-SMALL = dict(round_s=2.0, report_s=0.5, trace_step=10, mode="thread")
+SMALL = dict(round_s=1.0, report_s=0.5, trace_step=10, mode="thread")  # a round costs up to round_s of CPU
 
 # A small tracked flow in a process of its own. It waits for the file `go` (so that several start at once),
 # runs `n` tasks and prints its MLflow run id and its tracker's errors; with `hang` it writes the run id to
@@ -84,10 +85,15 @@ def _children(client, parent: str) -> list:
     return client.search_runs([exp], f"tags.mlflow.parentRunId = '{parent}'", max_results=1000)
 
 
+# Tasks per flow when four flows log to one fresh store at once: each flow's tracker writes several batches of
+# finished tasks (it gathers them for 0.2 s) while the others write theirs.
+TASKS_AT_ONCE = 16
+
+
 def test_flows_started_together_on_a_fresh_store_log_every_run_and_task(state_dir):
     uri, go = f"sqlite:///{state_dir}/mlflow.db", state_dir / "go"
     state_dir.mkdir(parents=True)
-    procs = [_python(FLOW, uri, "50", str(go), "run") for _ in range(4)]
+    procs = [_python(FLOW, uri, str(TASKS_AT_ONCE), str(go), "run") for _ in range(4)]
     go.touch()  # the processes import Prefect and MLflow meanwhile, then all open the store at once
     results = []
     for proc in procs:
@@ -100,7 +106,7 @@ def test_flows_started_together_on_a_fresh_store_log_every_run_and_task(state_di
         assert r["errors"] == []
         assert client.get_run(r["parent"]).info.status == "FINISHED"
         children = _children(client, r["parent"])
-        assert len(children) == 50 and {c.info.status for c in children} == {"FINISHED"}
+        assert len(children) == TASKS_AT_ONCE and {c.info.status for c in children} == {"FINISHED"}
 
 
 def _hanging_flow(state_dir: Path, tasks: int):
@@ -219,7 +225,7 @@ else:
     MlflowClient.log_batch = log_batch
 ar.allocation_rounds(rounds=3, pool=GpuPool(name="cil-kill", device_backend="simulated", simulated="1x16GiB"),
                      run_name="killed", tracking=MlflowTarget(tracking_uri=uri, experiment="cilantro-kill"),
-                     round_s=2.0, report_s=0.5, trace_step=10, mode="thread")
+                     round_s=1.0, report_s=0.5, trace_step=10, mode="thread")
 """
 
 
@@ -254,22 +260,25 @@ def test_a_cilantro_flow_killed_between_saving_and_logging_a_round_logs_it_once_
     assert first["rounds"][0]["mlflow_run_id"] == by_round[2].info.run_id
 
 
-SEED_STORES = """
-import sys
-from tasks.runtime.tracking import open_client
-for uri, runs in (sys.argv[1], 0), (sys.argv[2], 1):
-    client = open_client(uri)
-    for _ in range(runs):
-        client.set_terminated(client.create_run("0").info.run_id)
-"""
+def _copy_store(src: Path, dst: Path) -> None:
+    """A consistent copy of a SQLite store (the backup API), at a path this process has never opened."""
+    dst.parent.mkdir(parents=True)
+    with closing(sqlite3.connect(src)) as a, closing(sqlite3.connect(dst)) as b:
+        a.backup(b)
 
 
 def test_a_store_left_half_migrated_is_set_aside_only_when_it_holds_no_run(tmp_path):
     from tasks.runtime.tracking import open_client
 
+    # One store really migrated, copied before and after it got a run; MLflow caches a store per URI and
+    # open_client per process, so the two copies are opened below as fresh by this process.
+    seed = tmp_path / "seed" / "mlflow.db"
+    seed.parent.mkdir()
+    client = open_client(f"sqlite:///{seed}")
     empty, used = tmp_path / "empty" / "mlflow.db", tmp_path / "used" / "mlflow.db"
-    proc = _python(SEED_STORES, f"sqlite:///{empty}", f"sqlite:///{used}")
-    assert proc.wait(240) == 0, proc.communicate()[0][-3000:]
+    _copy_store(seed, empty)
+    client.set_terminated(client.create_run("0").info.run_id)
+    _copy_store(seed, used)
     for db in (empty, used):  # as a migration killed while it rebuilt the experiments table leaves it
         with sqlite3.connect(db) as con:
             con.execute("UPDATE alembic_version SET version_num = 'c8d9e0f1a2b3'")
