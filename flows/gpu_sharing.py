@@ -8,12 +8,12 @@ by default). Before the first job each stand-in runs alone and is measured (``ta
 executor admits each job into a memory lane (Algorithm 2.1) by its persistent and ephemeral memory, declared as
 measured or profiled over its own first iterations, and its policy picks, at every iteration boundary, which job
 of a lane runs next (§2.4): SRTF by each job's measured iteration time x its iterations left, the measured
-stand-in's time only a prior (``gpu.schedulers.salus.estimates``). Per policy: an MLflow run nested under the flow's (makespan, queuing, average and
-p95 JCT, switch latency, peak lanes, the simulator's prediction as ``sim_<metric>``, the lane Gantt chart,
-every job's iteration spans), a Prefect table ``salus-jobs-<policy>`` (one row per job) and the chart
-``salus-lanes-<policy>``; at the end the table ``salus-policies`` compares the policies, measured beside
-what ``gpu.sim.salus`` predicts for the same jobs. On a simulated pool lanes are memory accounting only (the
-jobs run on the CPU; tokens and policies are real).
+stand-in's time only a prior (``gpu.schedulers.salus.estimates``). Per policy: an MLflow run nested under the
+flow's (makespan, queuing, average and p95 JCT, switch latency, peak lanes, the simulator's prediction as
+``sim_<metric>``, the lane Gantt chart, every job's iteration spans), a Prefect table ``salus-jobs-<policy>``
+(one row per job) and the chart ``salus-lanes-<policy>``; at the end the table ``salus-policies`` compares the
+policies, measured beside what ``gpu.sim.salus`` predicts for the same jobs. On a simulated pool lanes are memory
+accounting only (the jobs run on the CPU; tokens and policies are real).
 
     python -m flows.gpu_sharing --jobs 8 --policies fifo srtf
 """
