@@ -2,15 +2,18 @@
 policy (thesis Ch. 2, the Table 2.1 experiment scaled down to seconds).
 
 The trace (``tasks.salus.trace``: seeded, a Table A.1-like mix of trainers and S5-like inference loops, or jobs
-given one by one) is submitted at its arrival times to a Salus executor on one pool device, once per policy
-(FIFO, PACK, SRTF, FAIR by default). The executor admits each job into a memory lane by its persistent and
-ephemeral memory, declared (its workload's) or profiled over its first iterations (Algorithm 2.1) and its policy picks, at every iteration boundary, which job
-of a lane runs next (§2.4). Per policy: an MLflow run nested under the flow's (makespan, queuing, average and
-p95 JCT, switch latency, peak lanes, the simulator's prediction as ``sim_<metric>``, the lane Gantt chart,
-every job's iteration spans), a Prefect table ``salus-jobs-<policy>`` (one row per job) and the chart
-``salus-lanes-<policy>``; at the end the table ``salus-policies`` compares the policies, measured beside
-what ``gpu.sim.salus`` predicts for the same jobs. On a simulated pool lanes are memory accounting only (the
-jobs run on the CPU; tokens and policies are real).
+given one by one; each job a torch stand-in whose memory is its workload's at ``tasks.salus.standin.MEMORY_SCALE``)
+is submitted at its arrival times to a Salus executor on one pool device, once per policy (FIFO, PACK, SRTF, FAIR
+by default). Before the first job each stand-in runs alone and is measured (``tasks.salus.standin.measure``). The
+executor admits each job into a memory lane (Algorithm 2.1) by its persistent and ephemeral memory, declared as
+measured or profiled over its own first iterations, and its policy picks, at every iteration boundary, which job
+of a lane runs next (§2.4): SRTF by each job's measured iteration time x its iterations left, the measured
+stand-in's time only a prior (``gpu.schedulers.salus.estimates``). Per policy: an MLflow run nested under the
+flow's (makespan, queuing, average and p95 JCT, switch latency, peak lanes, the simulator's prediction as
+``sim_<metric>``, the lane Gantt chart, every job's iteration spans), a Prefect table ``salus-jobs-<policy>``
+(one row per job) and the chart ``salus-lanes-<policy>``; at the end the table ``salus-policies`` compares the
+policies, measured beside what ``gpu.sim.salus`` predicts for the same jobs. On a simulated pool lanes are memory
+accounting only (the jobs run on the CPU; tokens and policies are real).
 
     python -m flows.gpu_sharing --jobs 8 --policies fifo srtf
 """
@@ -27,6 +30,7 @@ from prefect import flow
 from gpu.errors import ConfigError, GpuflowsError
 from gpu.pool import pool_path
 from gpu.scenario import MAX_SEED, choose, integer, names
+from gpu.schedulers.salus.lanes import Margins
 from gpu.schedulers.salus.policies import POLICIES
 from gpuflows.args import add_runner_arguments, error, flow_parser
 from resource_blocks import GpuPool, MlflowTarget
@@ -39,12 +43,16 @@ from tasks.salus.admission import SalusColocation, salus_executor
 from tasks.salus.executor import MIB, salus_options
 from tasks.salus.outcomes import METRICS, PolicyOutcome, executor_record, job_rows, predicted, solo_iteration_s
 from tasks.salus.records import ACCOUNTING_ONLY, SIM_NOTE, publish_comparison, publish_policy
+from tasks.salus.standin import MEMORY_SCALE, measure
 from tasks.salus.trace import JOB_TASKS, SharingJob, explicit_trace, sharing_trace, warm_up
 
 MODES = ("process", "thread")
 MEMORY = ("declared", "profiled")
 DEFAULT_POLICIES = ("fifo", "pack", "srtf", "fair")
-DEFAULT_POOL = GpuPool(name="salus", simulated="1x16GiB")
+DEFAULT_POOL = GpuPool(name="salus", simulated="1x16MiB")
+"""The thesis's 16 GB P100 at the stand-ins' ``MEMORY_SCALE``: the trace's lanes bind here as Table A.1's did there."""
+MARGINS = Margins(reserve_mb=Margins().reserve_mb * MEMORY_SCALE)
+"""The authors' margins, their 300 MB reserve (of a 16 GB device) scaled like the stand-ins' memory."""
 DEVICE = 0
 MAX_JOBS = 8  # jobs admitted at once on the device (in process mode: its worker processes)
 
@@ -92,31 +100,39 @@ def prepare(pool: GpuPool | str | dict | None, tracking: MlflowTarget | bool | s
 
 def run_policy(trace: Sequence[SharingJob], policy: str, pool: GpuPool, mode: str, memory: str) -> PolicyOutcome:
     """Submit the trace at its arrival times to a runner with a Salus admission under ``policy`` on device 0 of ``pool``
-    (its jobs in worker processes or threads, ``mode``; their memory declared or profiled, ``memory``); the
-    jobs' measured rows once all are done. The runner leases the device for the policy's run and gives it back
+    (its jobs in worker processes or threads, ``mode``; their memory declared as their stand-ins measured it or
+    profiled by the executor, ``memory``); the jobs' measured rows once all are done. Each job declares, as SRTF's
+    prior, its iterations x its stand-in's measured iteration time; from its first measured iteration on, SRTF
+    goes by what the job itself measures. The runner leases the device for the policy's run and gives it back
     when it exits, however the run ended. A runner of its own per policy, not the flow's: an executor's policy
     is fixed for its life. Its MLflow tracking is off (the flow's runner holds the flow run's one MLflow run);
     each job's record goes into the policy's nested run instead (``jobs.json``)."""
     runner = GpuTaskRunner(pool=pool, mode=mode, tracking=False, admission=SalusColocation(
-        policy=policy, devices=(DEVICE,), max_jobs_per_device=min(len(trace), MAX_JOBS)))
+        policy=policy, devices=(DEVICE,), max_jobs_per_device=min(len(trace), MAX_JOBS), margins=MARGINS))
     with runner:
         executor = salus_executor(runner, DEVICE)
         device_mb = executor.controller.lanes.capacity_mb
+        lease = executor.placement
+        device = "cpu" if lease is None or lease.simulated else f"cuda:{DEVICE}"
+        measured = {job.job_id: measure(job.shape, device) for job in trace}  # once per stand-in and process
         submitted = []
         t0 = time.time()
         for i, job in enumerate(trace):
             time.sleep(max(0.0, t0 + job.arrival_s - time.time()))  # the trace's arrival process
-            declared = {"persistent": int(job.persistent_mb * MIB), "ephemeral": int(job.ephemeral_mb * MIB)}
-            with salus_options(expected_s=job.expected_s, **(declared if memory == "declared" else {})):
+            m = measured[job.job_id]
+            declared = {"persistent": int(m.persistent_mb * MIB), "ephemeral": int(m.ephemeral_mb * MIB)}
+            with salus_options(expected_s=job.iterations * m.iteration_s,
+                               **(declared if memory == "declared" else {})):
                 task = JOB_TASKS[job.kind].with_options(name=f"{policy}-{job.job_id}-{job.workload}")
-                future = runner.submit(task, {"job_id": job.job_id, "hidden": job.hidden, "steps": job.steps,
+                future = runner.submit(task, {"job_id": job.job_id, "hidden": job.hidden, "batch": job.batch,
                                               "iterations": job.iterations, "seed": i})
             submitted.append((time.time(), future))
         results = [future.result() for _, future in submitted]
-        sizes, grants = executor_record(executor, trace, f"{policy}-")
-    rows = job_rows(trace, results, [at for at, _ in submitted], t0, sizes, grants)
+        sizes, grants, queued = executor_record(
+            executor, {j: (m.persistent_mb, m.ephemeral_mb) for j, m in measured.items()}, f"{policy}-")
+    rows = job_rows(trace, results, [at for at, _ in submitted], t0, sizes, grants, queued)
     return PolicyOutcome(policy, rows, device_mb, simulated_device=any(r["device"] == "cpu" for r in results),
-                         sizes=sizes)
+                         sizes=sizes, margins=MARGINS)
 
 
 @flow(name="salus-gpu-sharing", log_prints=True, flow_run_name=run_namer(identity),
@@ -133,10 +149,10 @@ def gpu_sharing(jobs: int = 8, seed: int = 0, gap_s: float = 0.1, median_iterati
             average, iterations log-normal around ``median_iterations``).
         trace: jobs given one by one instead, ``[{kind: train|infer, workload, iterations, arrival_s}]``.
         policies: Salus policies to run the trace under (default fifo, pack, srtf, fair).
-        memory: "declared" (each job declares its workload's Table A.1 memory) or "profiled" (jobs declare none:
-            the runner measures what their torch work allocates over their first iterations).
-        pool: GpuPool block, saved block name, or None (pool "salus" on a simulated 16 GiB device; on NVML GPUs the
-            machine's one pool, "default").
+        memory: "declared" (each job declares the memory its stand-in measured alone before the run) or
+            "profiled" (jobs declare none: the runner measures what each one allocates over its first iterations).
+        pool: GpuPool block, saved block name, or None (pool "salus" on a simulated 16 MiB device, the P100's
+            16 GB at the stand-ins' memory scale; on NVML GPUs the machine's one pool, "default").
         mode: "process" (each job its own worker process, its memory capped at its lane) or "thread".
         tracking: MlflowTarget block, saved block name, False, or None for the default target.
     """
@@ -156,7 +172,8 @@ def gpu_sharing(jobs: int = 8, seed: int = 0, gap_s: float = 0.1, median_iterati
     for outcome in outcomes:
         sim = predicted(trace_, outcome, iter_s)
         publish_policy(records, outcome, sim)
-        comparison.append({"policy": outcome.policy, **{k: outcome.summary[k] for k in (*METRICS, "peak_lanes")},
+        comparison.append({"policy": outcome.policy,
+                           **{k: outcome.summary[k] for k in (*METRICS, "peak_lanes", "queued_on_arrival")},
                            **{f"sim_{k}": v for k, v in sim.items()}})
     note = ACCOUNTING_ONLY if any(o.simulated_device for o in outcomes) else ""
     publish_comparison(records, comparison, note)
@@ -167,14 +184,16 @@ def gpu_sharing(jobs: int = 8, seed: int = 0, gap_s: float = 0.1, median_iterati
 
 
 def print_comparison(out: dict) -> None:
-    """Policy by policy: makespan, average and p95 JCT measured, and the simulator's beside them."""
+    """Policy by policy: makespan, average and p95 JCT, jobs queued for memory, measured, and the simulator's beside
+    them."""
     print(f"{'policy':<14}{'makespan s':>11}{'sim':>7}{'avg JCT s':>11}{'sim':>7}{'p95 JCT s':>11}{'sim':>7}"
-          f"{'lanes':>7}{'switch ms':>11}")
+          f"{'lanes':>7}{'queued':>8}{'sim':>5}{'switch ms':>11}")
     for row in out["comparison"]:
         switch = out["policies"][row["policy"]]["summary"].get("switch_ms_median")
         print(f"{row['policy']:<14}{row['makespan_s']:>11.2f}{row['sim_makespan_s']:>7.2f}{row['avg_jct_s']:>11.2f}"
               f"{row['sim_avg_jct_s']:>7.2f}{row['p95_jct_s']:>11.2f}{row['sim_p95_jct_s']:>7.2f}"
-              f"{int(row['peak_lanes']):>7}{'-' if switch is None else f'{switch:.2f}':>11}")
+              f"{int(row['peak_lanes']):>7}{int(row['queued_on_arrival']):>8}{int(row['sim_queued_on_arrival']):>5}"
+              f"{'-' if switch is None else f'{switch:.2f}':>11}")
     print(textwrap.fill(SIM_NOTE, 118))
     if out["note"]:
         print(out["note"])
@@ -189,8 +208,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--policies", nargs="+", default=list(DEFAULT_POLICIES),
                         help=f"policies, of {sorted(POLICIES)} (default {' '.join(DEFAULT_POLICIES)})")
     parser.add_argument("--memory", default="declared",
-                        help=f"jobs' memory, one of {MEMORY}: their workloads' or profiled by the runner (default declared)")
-    add_runner_arguments(parser, MODES, pool=None, simulated_devices="1x16GiB")
+                        help=f"jobs' memory, one of {MEMORY}: as their stand-ins measured it before the run, or "
+                             "profiled by the runner on admission (default declared)")
+    add_runner_arguments(parser, MODES, pool=None, simulated_devices="1x16MiB")
     args = parser.parse_args(argv)
     kwargs = dict(jobs=args.jobs, seed=args.seed, gap_s=args.gap_s, median_iterations=args.median_iterations,
                   trace=None, policies=args.policies, mode=args.mode, memory=args.memory,

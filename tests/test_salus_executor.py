@@ -3,6 +3,7 @@ a failing job frees its lane, the device lease is held for the executor's life."
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -193,3 +194,33 @@ def test_the_handoff_benchmark_measures_gaps_between_different_jobs_only():
     assert handoff_gaps(spans) == pytest.approx([0.25, 0.5])
     result = measure(20, 0, processes=False)  # two real jobs taking turns in FAIR's lane
     assert result["handoffs"] >= 1 and 0 <= result["median_ms"] <= result["p95_ms"]
+
+
+def test_the_memory_cap_binds_a_job_in_a_process_of_its_own_never_the_executors_shared_process(caplog):
+    """``set_per_process_memory_fraction`` caps a process. A job in a worker process of its own is capped at its lane
+    budget; a job running as a thread of the executor's process (thread mode) shares that process's allocator
+    with the other jobs, so capping it would cap them all at one job's budget: it is left uncapped, said once.
+    This machine has no GPU: ``torch.cuda``'s two calls are recorded instead of made."""
+    from tasks.salus.executor import _cap_memory
+
+    class Cuda:
+        def __init__(self):
+            self.fractions = []
+
+        def get_device_properties(self, dev):
+            return type("Props", (), {"total_memory": 8 * 2 ** 30})
+
+        def set_per_process_memory_fraction(self, fraction, dev):
+            self.fractions.append((fraction, dev))
+
+    cuda = Cuda()
+    own = Lane(0, "worker-job", 2 ** 30, "/tmp/s.sock", host_pid=os.getpid() + 1)  # the executor is elsewhere
+    shared = Lane(1, "thread-job", 2 ** 30, "/tmp/s.sock", host_pid=os.getpid())
+    _cap_memory((cuda, "cuda:7"), own, own.memory_cap)
+    assert cuda.fractions == [(0.125, "cuda:7")]
+    with caplog.at_level("WARNING", logger="gpuflows.salus"):
+        _cap_memory((cuda, "cuda:7"), shared, shared.memory_cap)
+        _cap_memory((cuda, "cuda:7"), shared, shared.memory_cap)
+    assert cuda.fractions == [(0.125, "cuda:7")]
+    assert [r.message.count("no job is capped") for r in caplog.records] == [1]
+    assert placement_lane(TaskPlacement(Lease("l", "n", (0,), 1.0, 0), "cuda:7", "0", shared.payload())) == shared

@@ -53,6 +53,7 @@ from gpu.errors import ConfigError, NeverFitsError
 from gpu.ledger import LedgerClient, Lease
 from gpu.placement import ResourceRequest, check_ever_fits
 from gpu.schedulers.salus.controller import SalusJob
+from gpu.schedulers.salus.lanes import Margins
 from gpu.schedulers.salus.policies import ADMISSIONS, POLICIES
 from tasks.runtime.admission import AdmissionHost
 from tasks.runtime.runners import MODES, GpuTaskRunner
@@ -77,13 +78,15 @@ class SalusColocation:
     ``policy``: the devices' iteration scheduler (``fifo``/``pack``/``srtf``/``fair``/``weighted_fair``);
     ``devices``: pool device indices with an executor; ``admission_rule``: override the policy's admission
     (``exclusive``/``one_lane``/``lanes``); ``max_jobs_per_device``: jobs admitted at once per device (in
-    process mode: the worker processes per device).
+    process mode: the worker processes per device); ``margins``: the executors' safety margins (default the
+    authors': ``P`` x 1.1, ``P + E`` x 1.05, 300 MB kept in reserve).
     """
 
     policy: str = "pack"
     devices: tuple[int, ...] = (0,)
     admission_rule: str | None = None
     max_jobs_per_device: int = 8
+    margins: Margins = Margins()
     name: ClassVar[str] = "salus"
 
     def __post_init__(self) -> None:
@@ -100,6 +103,8 @@ class SalusColocation:
         n = self.max_jobs_per_device
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ConfigError("max_jobs_per_device", n, "must be a whole number >= 1")
+        if not isinstance(self.margins, Margins):
+            raise ConfigError("margins", self.margins, "must be a gpu.schedulers.salus.lanes.Margins")
 
     def open(self, host: AdmissionHost) -> "SalusAdmission":
         return SalusAdmission(self, host.ledger, host.allocation_timeout, host.on_lost)
@@ -162,7 +167,8 @@ class SalusAdmission:
         with self._lock:
             if device not in self._executors:
                 self._executors[device] = SalusExecutor(
-                    self._ledger(), device, policy=self.settings.policy, admission=self.settings.admission_rule,
+                    self._ledger(), device, policy=self.settings.policy, margins=self.settings.margins,
+                    admission=self.settings.admission_rule,
                     max_jobs=self.settings.max_jobs_per_device, allocation_timeout=self._timeout,
                     on_lost=self._executor_lost)
             return self._executors[device]

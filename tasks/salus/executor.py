@@ -11,11 +11,14 @@ the lane's token (the controller's ``Run``), runs, and returns the token with th
 time, so switches happen only at iteration boundaries and a lane runs one iteration at a time.
 
 Jobs are separate worker processes (``GpuTaskRunner(admission=SalusColocation(...))``'s default) or threads
-(the runner's ``mode="thread"``). The token service is a Unix socket per executor with a line protocol (``ask`` →
+(the runner's ``mode="thread"``). The token service is a Unix socket per executor with a line protocol (``ask N`` →
 ``go``, ``next SECONDS`` → ``go``, ``profiled SECONDS P E`` → ``go``, ``end SECONDS`` → ``ok``), which both
-reach the same way. We run jobs as processes because ``torch.cuda.set_per_process_memory_fraction`` can then
+reach the same way: every boundary reports the iteration's measured seconds, and the first ``ask`` the number of
+iterations the job's loop runs, so SRTF ranks jobs by what they measured (``gpu.schedulers.salus.estimates``).
+We run jobs as processes because ``torch.cuda.set_per_process_memory_fraction`` can then
 cap each job at its lane budget ``P + L_lane`` and a crashed job cannot take the executor with it. Threads
-(one process, per-lane CUDA streams) would switch faster but cannot cap memory per job.
+(one process, per-lane CUDA streams) would switch faster but cannot cap memory per job: one process, one cap, so
+a job running in the executor's own process is not capped (``salus_iterations`` says so once).
 A job whose connection drops mid-iteration (it raised, or its process died) gives the token back when
 the runner tells the executor it left (``leave``): its lane shrinks and the others go on. A job that declared
 no memory is profiled first (``admit`` of an ``Undeclared`` job, ``profiled``; ``tasks.salus.profiling``).
@@ -211,6 +214,7 @@ class SalusExecutor:
         self.profiles: dict[str, tuple[float, float]] = {}  # job -> measured (P, E) MB, of jobs profiled here
         self.pids: dict[str, int] = {}  # job -> the process on its token connection
         self.revoked: deque[dict[str, Any]] = deque(maxlen=100)  # latest holders that lost the token, reported
+        self.queued: set[str] = set()  # jobs Algorithm 2.1 found no lane for when they came (they waited for memory)
         self._closed = threading.Event()
         if lease and ledger is not None:
             self.placement = ledger.allocate(ResourceRequest(gpus=1, devices=(device,), label=f"salus-gpu{device}"),
@@ -229,6 +233,7 @@ class SalusExecutor:
 
     def _apply(self, step: SalusStep) -> None:
         """Apply a controller decision (under the lock): wake admitted jobs and the jobs whose turn it is."""
+        self.queued.update(step.queued)
         for a in step.admitted:
             job = self._jobs[a.job_id]
             job.lane = a.lane_id
@@ -341,7 +346,7 @@ class SalusExecutor:
         """The job's lane with its budget ``P + L_lane`` (under the lock)."""
         lanes = self.controller.lanes
         cap = int((lanes.persistent[job_id] + lanes.lane_size(state.lane)) * MIB)
-        return Lane(state.lane, job_id, cap, self.address)
+        return Lane(state.lane, job_id, cap, self.address, host_pid=os.getpid())
 
     def profiled(self, job_id: str, gpu_s: float, persistent_mb: float, ephemeral_mb: float) -> Lane:
         """The job's last profiling iteration ended after ``gpu_s`` with these measured sizes: it gives the token
@@ -369,12 +374,13 @@ class SalusExecutor:
             self._apply(self.controller.on_job_done(self.now(), job_id, 0.0))
 
     # --- tokens (the token server's threads) ----------------------------------------------------------------
-    def ask(self, job_id: str) -> int:
-        """Block until the job's lane runs its next iteration; return the lane."""
+    def ask(self, job_id: str, iterations: int | None = None) -> int:
+        """Block until the job's lane runs its next iteration; return the lane. ``iterations``: the job's loop
+        starts and runs that many (SRTF's iterations left)."""
         with self._lock:
             state = self._admitted(job_id)
             state.turn.clear()
-            self._apply(self.controller.on_arrival(self.now(), Ask(job_id)))
+            self._apply(self.controller.on_arrival(self.now(), Ask(job_id, iterations)))
         return self._wait_turn(job_id, state)
 
     def _admitted(self, job_id: str) -> _Job:
@@ -443,7 +449,7 @@ class SalusExecutor:
 
 
 class _TokenHandler(socketserver.StreamRequestHandler):
-    """One job's connection: ``ask JOB`` → ``go LANE``; ``next JOB SECONDS`` (end this iteration, run the
+    """One job's connection: ``ask JOB [ITERATIONS]`` → ``go LANE``; ``next JOB SECONDS`` (end this iteration, run the
     next) → ``go LANE``; ``profiled JOB SECONDS P_MB E_MB`` (end the last profiling iteration, be re-admitted,
     run the next) → ``go LANE CAP_BYTES``; ``end JOB SECONDS`` → ``ok``; errors → ``err WHY``."""
 
@@ -459,7 +465,7 @@ class _TokenHandler(socketserver.StreamRequestHandler):
                 if verb == "ask" and pid:
                     executor.connected(args[0], pid)
                 if verb == "ask":
-                    reply = f"go {executor.ask(args[0])}"
+                    reply = f"go {executor.ask(args[0], int(args[1]) if len(args) > 1 else None)}"
                 elif verb == "next":
                     reply = f"go {executor.end(args[0], float(args[1]), more=True)}"
                 elif verb == "profiled":
@@ -514,8 +520,10 @@ def _call(reader: Any, writer: Any, line: str) -> str:
 def salus_iterations(n: int, lane: Lane | None = None, release_cache: bool = True) -> Iterator[int]:
     """``for step in salus_iterations(n):`` — each pass is one iteration run while holding the lane's token.
 
-    Outside Salus (no lane in the task's placement) it is ``range(n)``. On CUDA the job's memory is capped
-    at its lane budget ``P + L_lane`` first, each iteration is timed after a synchronise, and with
+    Outside Salus (no lane in the task's placement) it is ``range(n)``. The first token request says ``n`` and
+    every boundary the iteration's measured seconds (SRTF ranks by them). On CUDA a job in a worker process of its
+    own is capped at its lane budget ``P + L_lane`` first (a job in the executor's process is not: one process,
+    one cap), each iteration is timed after a synchronise, and with
     ``release_cache`` the allocator's cached blocks (this iteration's ephemeral memory) go back to the
     device before the token does, so the lane's next job finds its ephemeral space free. A job admitted to be
     profiled (``lane.profile_iterations``) has its first iterations measured (``tasks.salus.profiling``: on
@@ -527,14 +535,14 @@ def salus_iterations(n: int, lane: Lane | None = None, release_cache: bool = Tru
         yield from range(n)
         return
     device = _cuda_device()
-    _cap_memory(device, lane.memory_cap)
+    _cap_memory(device, lane, lane.memory_cap)
     if n <= 0:
         return
     frame = inspect.currentframe().f_back  # the job's own frame: what it holds between iterations
     probe = _probe(device) if lane.profile_iterations else None
     stops_profiling = contextlib.nullcontext() if probe is None else contextlib.closing(probe)
     with _token_channel(lane.token) as (reader, writer), stops_profiling:
-        _call(reader, writer, f"ask {lane.job_id}")
+        _call(reader, writer, f"ask {lane.job_id} {n}")
         for step in range(n):
             profiling = probe is not None and step < lane.profile_iterations
             if profiling:
@@ -552,7 +560,7 @@ def salus_iterations(n: int, lane: Lane | None = None, release_cache: bool = Tru
                 p_mb, e_mb = probe.profile.sizes_mb()
                 cap = int(_call(reader, writer, f"profiled {lane.job_id} {seconds:.6f} {p_mb:.6f} {e_mb:.6f}"
                                 ).split()[2])
-                _cap_memory(device, cap)
+                _cap_memory(device, lane, cap)
                 continue
             verb = "next" if step < n - 1 else "end"
             _call(reader, writer, f"{verb} {lane.job_id} {seconds:.6f}")
@@ -568,11 +576,24 @@ def _cuda_device() -> tuple[Any, Any] | None:
     return torch.cuda, torch.device(placement.device)
 
 
-def _cap_memory(device: tuple[Any, Any] | None, cap: int) -> None:
-    """Cap this process's allocations on its CUDA device at ``cap`` bytes (its lane budget)."""
+_UNCAPPED: set[Any] = set()  # devices whose jobs in the executor's process were already reported uncapped
+
+
+def _cap_memory(device: tuple[Any, Any] | None, lane: Lane, cap: int) -> None:
+    """Cap the job's allocations on its CUDA device at ``cap`` bytes (its lane budget), where the job is its
+    process's only one: a worker process of its own (the runner's process mode). The cap is per process
+    (``set_per_process_memory_fraction``), so in the executor's own process (thread mode) it would bind every job
+    there at once, each to one job's budget: it is left off, and a warning says so once per device."""
     if device is None:
         return
     cuda, dev = device
+    if lane.host_pid == os.getpid():
+        if dev not in _UNCAPPED:
+            _UNCAPPED.add(dev)
+            log.warning("Salus on %s: jobs run as threads of the executor's process, which has one CUDA allocator "
+                        "and one memory cap; no job is capped at its lane budget (run them in worker processes, "
+                        "the runner's mode='process', to cap each)", dev)
+        return
     cuda.set_per_process_memory_fraction(min(1.0, cap / cuda.get_device_properties(dev).total_memory), dev)
 
 

@@ -8,8 +8,8 @@ i.e. the token hand-off at an iteration boundary, where no state moves (§2.3.2)
 one-iteration-at-a-time rule of a lane (``lane_overlaps`` must stay empty).
 
 ``predicted`` runs ``gpu.sim.salus`` on the same jobs (the memory they were admitted with, declared or
-profiled, and the same arrivals, iterations and SRTF expected times) with each job's iteration time as measured, so the measured and simulated numbers differ
-only by what the simulator's contention model leaves out.
+profiled, and the same arrivals and iterations) with each job's iteration time as measured, so the measured and
+simulated numbers differ only by what the simulator's contention model leaves out.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from gpu.schedulers.salus.controller import SalusController, SalusJob
+from gpu.schedulers.salus.lanes import Margins
 from gpu.sim.salus.engine import simulate
 from gpu.sim.salus.workloads import TraceJob
 from tasks.salus.trace import SharingJob
@@ -36,6 +37,7 @@ class PolicyOutcome:
     device_mb: float
     simulated_device: bool
     sizes: dict[str, tuple[float, float]]  # job -> (P, E) MB Algorithm 2.1 admitted it with, declared or profiled
+    margins: Margins = Margins()  # the executor's safety margins
     summary: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -44,10 +46,12 @@ class PolicyOutcome:
 
 
 def job_rows(trace: Sequence[SharingJob], results: Sequence[dict[str, Any]], arrivals: Sequence[float],
-             t0: float, sizes: dict[str, tuple[float, float]], grants: dict[str, list[int]]) -> list[dict[str, Any]]:
+             t0: float, sizes: dict[str, tuple[float, float]], grants: dict[str, list[int]],
+             queued: set[str] = frozenset()) -> list[dict[str, Any]]:
     """One row per job from its task's result, the wall time it was submitted at (its arrival), the memory it
-    was admitted with and the lanes the executor's token log granted it, one per iteration (a profiled job
-    moves from its profiling lane to the lane it is re-admitted into; ``span_lanes`` follows it)."""
+    was admitted with, whether it was queued for memory (``queued``: trace ids) and the lanes the executor's token
+    log granted it, one per iteration (a profiled job moves from its profiling lane to the lane it is re-admitted
+    into; ``span_lanes`` follows it)."""
     rows = []
     for job, result, arrived in zip(trace, results, arrivals):
         spans = [(s - t0, e - t0) for s, e in result["spans"]]
@@ -60,26 +64,28 @@ def job_rows(trace: Sequence[SharingJob], results: Sequence[dict[str, Any]], arr
                      "setup_s": start - (result["admitted"] - t0),
                      "iterations": len(spans), "mean_iteration_ms": 1e3 * float(np.mean([e - s for s, e in spans])),
                      "persistent_mb": sizes[job.job_id][0], "ephemeral_mb": sizes[job.job_id][1],
-                     "token_grants": len(grants.get(job.job_id, ())), "spans": spans, "span_lanes": span_lanes,
+                     "token_grants": len(grants.get(job.job_id, ())), "queued": job.job_id in queued,
+                     "spans": spans, "span_lanes": span_lanes,
                      **{k: result[k] for k in ("accuracy", "served") if k in result}})
     return rows
 
 
-def executor_record(executor: Any, trace: Sequence[SharingJob], task_prefix: str
-                    ) -> tuple[dict[str, tuple[float, float]], dict[str, list[int]]]:
-    """What a policy's executor recorded, by trace job id: the memory each job was admitted with (declared, or
-    as profiled) and the lanes its token log granted it, one per iteration. An executor's job id is its task's
-    name, ``<task_prefix><job id>-<workload>``, and a suffix."""
+def executor_record(executor: Any, declared: dict[str, tuple[float, float]], task_prefix: str
+                    ) -> tuple[dict[str, tuple[float, float]], dict[str, list[int]], set[str]]:
+    """What a policy's executor recorded, by trace job id: the memory each job was admitted with (``declared``
+    (P, E) MB, or as the executor profiled it), the lanes its token log granted it, one per iteration, and the jobs
+    it queued for memory. An executor's job id is its task's name, ``<task_prefix><job id>-<workload>``, and a
+    suffix."""
     def trace_id(executor_id: str) -> str:
         return executor_id.removeprefix(task_prefix).split("-")[0]
 
-    sizes = {job.job_id: (job.persistent_mb, job.ephemeral_mb) for job in trace}
+    sizes = dict(declared)
     for executor_id, measured in executor.profiles.items():
         sizes[trace_id(executor_id)] = measured
     grants: dict[str, list[int]] = {}
     for _, lane, executor_id in executor.switches:
         grants.setdefault(trace_id(executor_id), []).append(lane)
-    return sizes, grants
+    return sizes, grants, {trace_id(j) for j in executor.queued}
 
 
 def _by_lane(rows: Sequence[dict[str, Any]]) -> dict[int, list[tuple[float, float, str]]]:
@@ -109,15 +115,17 @@ def peak_lanes(rows: Sequence[dict[str, Any]]) -> int:
 
 
 def summarise(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
-    """Table 2.1's metrics plus the peak number of lanes, the switch latency (median and p95, ms) and the jobs'
-    average setup (admission to first iteration: building the model and its data, in process mode also the
-    worker process's start; queuing includes it, as a job's session setup counts in Salus's JCT)."""
+    """Table 2.1's metrics plus the peak number of lanes, the jobs queued for memory (``queued_on_arrival``, as the
+    simulator counts them), the switch latency (median and p95, ms) and the jobs' average setup (admission to first
+    iteration: building the model and its data, in process mode also the worker process's start; queuing includes
+    it, as a job's session setup counts in Salus's JCT)."""
     jct = np.array([r["jct_s"] for r in rows])
     out = {"makespan_s": max(r["end_s"] for r in rows) - min(r["arrival_s"] for r in rows),
            "avg_queuing_s": float(np.mean([r["queuing_s"] for r in rows])),
            "avg_jct_s": float(jct.mean()), "p95_jct_s": float(np.percentile(jct, 95)),
            "avg_setup_s": float(np.mean([r["setup_s"] for r in rows])),
-           "peak_lanes": float(peak_lanes(rows))}
+           "peak_lanes": float(peak_lanes(rows)),
+           "queued_on_arrival": float(sum(bool(r.get("queued")) for r in rows))}
     gaps = switch_gaps(rows)
     out["switches"] = float(len(gaps))
     if gaps:
@@ -135,10 +143,11 @@ def solo_iteration_s(outcomes: Sequence[PolicyOutcome]) -> dict[str, float]:
 
 
 def predicted(trace: Sequence[SharingJob], outcome: PolicyOutcome, iter_s: dict[str, float]) -> dict[str, float]:
-    """The simulator's Table 2.1 metrics for the same jobs under the outcome's policy, with the memory they were
-    admitted with (its contention model: lanes progress at ``min(1, 1/sum u)`` of solo speed, with ``u`` from
-    the jobs' workloads)."""
-    jobs = [TraceJob(SalusJob(j.job_id, *outcome.sizes[j.job_id], expected_s=j.expected_s), j.arrival_s,
-                     iter_s[j.job_id], j.iterations, j.u) for j in trace]
-    summary = simulate(jobs, SalusController(outcome.device_mb, outcome.policy)).summary()
-    return {k: summary[k] for k in (*METRICS, "peak_lanes")}
+    """The simulator's Table 2.1 metrics for the same jobs under the outcome's policy and margins, with the memory
+    they were admitted with and their measured iteration times (its contention model: lanes progress at
+    ``min(1, 1/sum u)`` of solo speed, with ``u`` from the jobs' workloads)."""
+    jobs = [TraceJob(SalusJob(j.job_id, *outcome.sizes[j.job_id], expected_s=j.iterations * iter_s[j.job_id],
+                              iterations=j.iterations), j.arrival_s, iter_s[j.job_id], j.iterations, j.u)
+            for j in trace]
+    summary = simulate(jobs, SalusController(outcome.device_mb, outcome.policy, outcome.margins)).summary()
+    return {k: summary[k] for k in (*METRICS, "peak_lanes", "queued_on_arrival")}

@@ -20,7 +20,11 @@ class Lane:
     ``memory_cap``: bytes the job may use, its persistent memory plus the lane's size (``P + L_lane``);
     ``token``: address of the device executor's iteration-token service (a Unix socket path);
     ``profile_iterations``: iterations to measure before the job is re-admitted with its measured memory
-    (0: it declared its memory; otherwise it was admitted alone on the device to be profiled).
+    (0: it declared its memory; otherwise it was admitted alone on the device to be profiled);
+    ``host_pid``: the executor's process. A job running there (the runner's thread mode) shares one CUDA allocator
+    with every other job of the process, and ``torch.cuda.set_per_process_memory_fraction`` caps the process, not
+    the job: such a job is not capped (``tasks.salus.executor.salus_iterations``); only a job in a worker process
+    of its own is.
     """
 
     lane_id: int
@@ -28,6 +32,7 @@ class Lane:
     memory_cap: int
     token: str
     profile_iterations: int = 0
+    host_pid: int = 0
 
     def payload(self) -> dict[str, Any]:
         """The lane as a placement's ``admission`` payload (JSON)."""

@@ -3,15 +3,16 @@
 The thesis replays a production-like trace of Table A.1 training jobs (§2.5.1, Table 2.1) and serves
 inference instances beside them (§2.5.3). ``sharing_trace`` draws the same mix, scaled down from minutes to
 seconds: Poisson arrivals, log-normal (heavy-tailed) iteration counts, every trainer a Table A.1 workload
-(``gpu.sim.salus.workloads``) and every inference loop one of S5's instances. A job *declares* its workload's
-persistent and ephemeral memory (so Algorithm 2.1 admits it as it would the real model), or leaves both out to
-have the runner profile what its torch work really allocates (``tasks.salus.profiling``), and runs a stand-in
-torch model sized after it: an MLP on scikit-learn's digits whose hidden width grows with the persistent
-memory, and whose iteration does work in proportion to the workload's solo iteration time (optimizer steps
-for a trainer, batches of requests for an inference loop).
+(``gpu.sim.salus.workloads``) and every inference loop one of S5's instances. Each job runs a stand-in torch model
+whose memory is its workload's at ``tasks.salus.standin.MEMORY_SCALE`` (an MLP on scikit-learn's digits: the
+persistent memory sets its width, the ephemeral memory its batch; one Salus iteration is one Adam step, or one
+batch of requests). What Salus is told comes from running it: the flow measures each stand-in alone
+(``tasks.salus.standin.measure``) and its jobs declare the measured memory and, as SRTF's prior, iterations x the
+measured iteration time; or they declare no memory and the runner profiles each one on admission
+(``tasks.salus.profiling``).
 
     trace = sharing_trace(jobs=8, seed=0, mean_gap_s=0.1, median_iterations=20)
-    trace[0]  # SharingJob(job_id='job0', kind='train', workload='resnet50_50', iterations=18, steps=6, ...)
+    trace[0]  # SharingJob(job_id='job0', kind='train', workload='resnet50_50', iterations=18, hidden=281, ...)
 """
 
 from __future__ import annotations
@@ -30,11 +31,9 @@ from tasks.digits import digits_tensors, mlp
 from tasks.runtime.requests import current_placement
 from tasks.salus.executor import salus_iterations, salus_job
 from tasks.salus.placement import placement_lane
+from tasks.salus.standin import StandIn, answer, stand_in, train_step
 
 KINDS = ("train", "infer")
-STEPS_PER_SOLO_S = 20      # optimizer steps (or request batches) per second of the workload's solo iteration
-STEP_S_ESTIMATE = 0.002    # declared seconds per step (an Adam step of the stand-in MLP, batch 128, one core)
-BATCH = 128                # samples per optimizer step, requests per inference batch
 JOB_KEYS = ("kind", "workload", "iterations", "arrival_s")
 # A trace is real torch work on one device, run once per policy: bounds that keep a flow run within hours.
 MAX_TRACE_JOBS = 1_000
@@ -45,11 +44,12 @@ MAX_ARRIVAL_S = 24 * 3_600.0
 
 @dataclass(frozen=True)
 class SharingJob:
-    """One job of the trace: what it declares to Salus and the torch work it does.
+    """One job of the trace: the workload it stands in for and the torch work it does.
 
     ``workload``: a Table A.1 ``<model>_<batch>`` for a trainer, an S5 model name for an inference loop;
-    ``steps``: optimizer steps (or request batches) per Salus iteration; ``hidden``: the stand-in MLP's width;
-    ``iter_s``: the workload's solo iteration seconds and ``u`` its compute intensity (the simulator's inputs).
+    ``hidden``, ``batch``: the stand-in MLP's width and the samples (requests) of one Salus iteration
+    (``tasks.salus.standin``); ``u``: the workload's compute intensity in our Table A.1 (the simulator's
+    contention input when the flow predicts the run).
     """
 
     job_id: str
@@ -57,17 +57,13 @@ class SharingJob:
     workload: str
     arrival_s: float
     iterations: int
-    steps: int
     hidden: int
-    persistent_mb: float
-    ephemeral_mb: float
-    iter_s: float
+    batch: int
     u: float
 
     @property
-    def expected_s(self) -> float:
-        """Declared total run time, what SRTF orders by (it assumes known durations, §2.4.2)."""
-        return self.iterations * self.steps * STEP_S_ESTIMATE
+    def shape(self) -> StandIn:
+        return StandIn(self.kind, self.hidden, self.batch)
 
     def row(self) -> dict[str, Any]:
         return asdict(self)
@@ -83,12 +79,12 @@ def sharing_job(job_id: str, kind: str, name: str, iterations: int, arrival_s: f
     ``field`` if unknown)."""
     if kind == "train":
         w = workload(choose(name, field, all_workloads()))
-        p, e, solo, u = w.persistent_mb, w.ephemeral_mb, w.iter_s, w.u
+        p, e, u = w.persistent_mb, w.ephemeral_mb, w.u
     else:
         instance = _instances()[choose(name, field, sorted(_instances()))]
-        p, e, solo, u = instance.persistent_mb, instance.ephemeral_mb, instance.service_s, instance.u
-    return SharingJob(job_id, kind, name, arrival_s, iterations, max(1, round(solo * STEPS_PER_SOLO_S)),
-                      32 + round(p / 8), p, e, solo, u)
+        p, e, u = instance.persistent_mb, instance.ephemeral_mb, instance.u
+    shape = stand_in(kind, p, e)
+    return SharingJob(job_id, kind, name, arrival_s, iterations, shape.hidden, shape.batch, u)
 
 
 def sharing_trace(jobs: int, seed: int, mean_gap_s: float, median_iterations: int, sigma: float = 0.8,
@@ -141,17 +137,7 @@ def warm_up() -> None:
 
     xs, ys = digits_tensors("cpu")
     model = mlp(8, 0, "cpu")
-    _step(model, torch.optim.Adam(model.parameters()), xs, ys, torch.Generator().manual_seed(0))
-
-
-def _step(model: Any, opt: Any, xs: Any, ys: Any, gen: Any) -> None:
-    import torch
-
-    idx = torch.randint(0, len(xs), (BATCH,), generator=gen).to(xs.device)
-    loss = torch.nn.functional.cross_entropy(model(xs[idx]), ys[idx])
-    opt.zero_grad()
-    loss.backward()
-    opt.step()
+    train_step(model, torch.optim.Adam(model.parameters()), xs, ys, 8, torch.Generator().manual_seed(0))
 
 
 def _outcome(job_id: str, spans: list[tuple[float, float]], admitted: float, **extra: Any) -> dict[str, Any]:
@@ -161,10 +147,10 @@ def _outcome(job_id: str, spans: list[tuple[float, float]], admitted: float, **e
             "admitted": admitted, "spans": spans, **extra}
 
 
-@salus_job()  # each trace job declares its workload's memory with salus_options, or is profiled
+@salus_job()  # each trace job declares its stand-in's measured memory with salus_options, or is profiled
 @task
-def train_job(job_id: str, hidden: int, steps: int, iterations: int, seed: int) -> dict[str, Any]:
-    """A trainer: each Salus iteration is ``steps`` Adam steps of the MLP on digits; returns its iteration
+def train_job(job_id: str, hidden: int, batch: int, iterations: int, seed: int) -> dict[str, Any]:
+    """A trainer: each Salus iteration is one Adam step of the MLP on ``batch`` digits; returns its iteration
     spans (wall clock), its lane and the accuracy it reached."""
     import torch
 
@@ -178,18 +164,17 @@ def train_job(job_id: str, hidden: int, steps: int, iterations: int, seed: int) 
     spans = []
     for _ in salus_iterations(iterations):
         start = time.time()
-        for _ in range(steps):
-            _step(model, opt, xs, ys, gen)
+        train_step(model, opt, xs, ys, batch, gen)
         spans.append((start, time.time()))
     with torch.no_grad():
         accuracy = float((model(xs).argmax(1) == ys).float().mean())
     return _outcome(job_id, spans, admitted, accuracy=accuracy)
 
 
-@salus_job()  # each trace job declares its workload's memory with salus_options, or is profiled
+@salus_job()  # each trace job declares its stand-in's measured memory with salus_options, or is profiled
 @task
-def infer_job(job_id: str, hidden: int, steps: int, iterations: int, seed: int) -> dict[str, Any]:
-    """An inference loop: each Salus iteration answers ``steps`` batches of requests (digits to classify, forward
+def infer_job(job_id: str, hidden: int, batch: int, iterations: int, seed: int) -> dict[str, Any]:
+    """An inference loop: each Salus iteration answers a batch of ``batch`` requests (digits to classify, forward
     only); returns its iteration spans, its lane and how many requests it served."""
     import torch
 
@@ -202,9 +187,7 @@ def infer_job(job_id: str, hidden: int, steps: int, iterations: int, seed: int) 
     spans, served = [], 0
     for _ in salus_iterations(iterations):
         start = time.time()
-        with torch.no_grad():
-            for _ in range(steps):
-                served += len(model(xs[torch.randint(0, len(xs), (BATCH,), generator=gen).to(device)]).argmax(1))
+        served += answer(model, xs, batch, gen)
         spans.append((start, time.time()))
     return _outcome(job_id, spans, admitted, served=served)
 

@@ -254,6 +254,68 @@ def test_srtf_runs_the_shorter_of_two_waiting_jobs_first():
     assert order[:4] == ["j0", "j3", "j3", "j2"]
 
 
+def _srtf_order(ctl, jobs, seconds):
+    """Run ``(job, iterations)`` (all arrived at 0) in SRTF's one lane, each iteration taking ``seconds[job]``;
+    the order of iterations run."""
+    left = {job.job_id: n for job, n in jobs}
+    runs = [r.job_id for job, _ in jobs for r in ctl.on_arrival(0.0, job).runs]
+    order, t = [], 0.0
+    while runs:
+        job_id = runs[0]
+        t += seconds[job_id]
+        order.append(job_id)
+        left[job_id] -= 1
+        step = ctl.on_iteration(t, job_id, seconds[job_id]) if left[job_id] else ctl.on_job_done(t, job_id)
+        runs = [r.job_id for r in step.runs]
+    return order
+
+
+def test_srtf_ranks_by_measured_iteration_time_and_the_declaration_is_only_a_prior():
+    """Two jobs declare the same 10 s over 10 iterations; "heavy" arrives first and measures 10 s per iteration.
+    Ranked by declared − used (the authors' code) it reaches 0 s left after its first iteration and runs to the
+    end while "light" waits; ranked by what it measured once past its warm-up iteration (the prior 1 s moved 30 %
+    towards 10 s: 3.7 s x 8 left = 29.6 s) it yields to "light" (1 s x 9 left)."""
+    ctl = SalusController(C, "srtf", margins=NO_MARGINS)
+    jobs = [(SalusJob("heavy", 500, 2000, expected_s=10, iterations=10), 10),
+            (SalusJob("light", 500, 2000, expected_s=10, iterations=10), 10)]
+    order = _srtf_order(ctl, jobs, {"heavy": 10.0, "light": 1.0})
+    assert order == ["heavy"] * 2 + ["light"] * 10 + ["heavy"] * 8
+
+
+def test_srtf_follows_a_job_whose_iterations_slow_down_as_it_runs():
+    """The estimate is re-measured at every boundary (a moving average), not fixed after the first iterations; the
+    first, warm-up iteration (lazy state) is not averaged."""
+    ctl = SalusController(C, "srtf", margins=NO_MARGINS)
+    ctl.on_arrival(0.0, SalusJob("a", 500, 2000, expected_s=40, iterations=40))
+    ctl.on_iteration(1.0, "a", 6.0)  # building its state: the prior still ranks it (1 s x 39 left)
+    assert ctl.iteration_s("a") == 1.0 and ctl.remaining_s("a") == pytest.approx(39.0)
+    for t in range(2, 6):
+        ctl.on_iteration(float(t), "a", 1.0)
+    assert ctl.iteration_s("a") == pytest.approx(1.0) and ctl.remaining_s("a") == pytest.approx(35.0)
+    for t in range(6, 16):
+        ctl.on_iteration(float(t), "a", 4.0)  # its iterations became 4x heavier
+    assert 3.8 < ctl.iteration_s("a") < 4.0 and ctl.remaining_s("a") == pytest.approx(25 * ctl.iteration_s("a"))
+
+
+def test_a_real_job_says_how_many_iterations_it_runs_when_it_first_asks():
+    """The executor's jobs are on-demand: ``Ask(iterations=n)`` from ``salus_iterations(n)`` gives SRTF the
+    iterations left and the prior per iteration (declared / n); several iterations reported at once (a simulator's
+    step) count as that many."""
+    ctl = SalusController(C, "srtf", margins=NO_MARGINS)
+    ctl.on_arrival(0.0, SalusJob("a", 500, 2000, expected_s=100, on_demand=True))
+    assert ctl.remaining_s("a") == 100 and ctl.iteration_s("a") is None  # iterations unknown: declared - used
+    ctl.on_arrival(0.0, Ask("a", iterations=20))
+    assert ctl.iteration_s("a") == 5.0
+    ctl.on_iteration(0.5, "a", 0.2, more=True)  # warm-up
+    ctl.on_iteration(0.5, "a", 1.5, more=True, iterations=3)  # 0.5 s each
+    assert ctl.iteration_s("a") == pytest.approx(0.3 * 0.5 + 0.7 * 5.0)
+    assert ctl.remaining_s("a") == pytest.approx(16 * ctl.iteration_s("a"))
+    with pytest.raises(ConfigError, match=r"jobs\[a\]\.iterations"):
+        Ask("a", iterations=0)
+    with pytest.raises(ConfigError, match=r"jobs\[b\]\.iterations"):
+        SalusJob("b", 500, 2000, iterations=2.5)
+
+
 def test_fair_alternates_iterations_and_halves_shares():
     ctl = SalusController(C, "fair", margins=NO_MARGINS)
     log = _drive(ctl, [(0.0, SalusJob("a", 500, 2000), 10), (4.0, SalusJob("b", 500, 2000), 4)])

@@ -9,7 +9,8 @@ scheduled lane by lane by the iteration scheduler (FIFO, PACK, SRTF, FAIR; §2.4
 ``tasks.salus.executor``) calls
 
 * ``on_arrival(now, job)`` — a job asks for a lane;
-* ``on_iteration(now, job_id, gpu_s)`` — the job's iteration ended after ``gpu_s`` seconds of GPU time;
+* ``on_iteration(now, job_id, gpu_s)`` — the job's iteration ended after ``gpu_s`` seconds of GPU time (measured:
+  SRTF ranks by it, ``gpu.schedulers.salus.estimates``; FAIR charges it);
 * ``on_job_done(now, job_id, gpu_s)`` — the job left (finished, failed or killed, mid-iteration or not),
 * ``on_wake(now)`` — time passed (at ``token_deadline()``): a job that has held its lane's token past its bound
   loses it (``gpu.schedulers.salus.overrun``: its lane is fenced, the lane's other jobs go on beside it),
@@ -26,6 +27,7 @@ import math
 from dataclasses import dataclass, field
 
 from gpu.errors import ConfigError
+from gpu.schedulers.salus.estimates import IterationClock
 from gpu.schedulers.salus.lanes import LaneChoice, LaneManager, LaneMove, LaneView, Margins
 from gpu.schedulers.salus.overrun import Holding, Revoked, TokenBound, check_floor
 from gpu.schedulers.salus.policies import Candidate, LanePolicy, LaneSnapshot, make_policy
@@ -37,7 +39,9 @@ _LANE_CAPS = {"exclusive": (1, 1), "one_lane": (1, None), "lanes": (None, None)}
 class SalusJob:
     """A training or inference job as Salus admits it: declared persistent and ephemeral memory (MB).
 
-    ``expected_s``: declared total GPU time (SRTF needs it, §2.4.2); ``weight``: weighted-FAIR share;
+    ``expected_s``: declared total GPU time, SRTF's prior until the job's iterations are measured (§2.4.2,
+    ``gpu.schedulers.salus.estimates``); ``iterations``: how many iterations it runs, where known on arrival (a
+    simulated job; a torch job says so with its first ``Ask``); ``weight``: weighted-FAIR share;
     ``on_demand``: the job has an iteration to run only while an ``Ask`` for it waits — an inference job
     between queries (§2.5.3), or a real job that has not yet reached its next iteration boundary; otherwise
     (simulated training) its next iteration is always ready. ``token_floor_s``: the least time it may hold its
@@ -53,10 +57,12 @@ class SalusJob:
     weight: float = 1.0
     on_demand: bool = False
     token_floor_s: float | None = None
+    iterations: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.job_id, str) or not self.job_id:
             raise ConfigError("job_id", self.job_id, "must be a non-empty name")
+        _check_iterations(self.iterations, f"jobs[{self.job_id}].iterations")
         for name in ("persistent_mb", "ephemeral_mb", "expected_s", "weight"):
             v = getattr(self, name)
             if v is None and name == "expected_s":
@@ -67,11 +73,23 @@ class SalusJob:
             check_floor(self.token_floor_s, f"jobs[{self.job_id}].token_floor_s")
 
 
+def _check_iterations(value: int | None, field: str) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ConfigError(field, value, "must be a whole number of iterations >= 1")
+
+
 @dataclass(frozen=True)
 class Ask:
-    """An ``on_demand`` job asks for one more iteration (a query arrived, or the job reached a boundary)."""
+    """An ``on_demand`` job asks for one more iteration (a query arrived, or the job reached a boundary).
+
+    ``iterations``: the job's loop is starting and will run this many iterations (``salus_iterations(n)`` sends
+    ``n`` with its first ask), so SRTF can multiply its measured iteration time by the iterations left."""
 
     job_id: str
+    iterations: int | None = None
+
+    def __post_init__(self) -> None:
+        _check_iterations(self.iterations, f"jobs[{self.job_id}].iterations")
 
 
 @dataclass(frozen=True)
@@ -130,14 +148,18 @@ class _JobState:
     granted_at: float = 0.0  # when it was last given its lane's token
     revoked_at: float | None = None  # when it lost the token mid-iteration (None: it did not)
     split: bool = False  # its lanemates went on in a lane of their own meanwhile
+    clock: IterationClock = field(default_factory=IterationClock)  # measured iteration time, iterations left
 
     @property
     def has_work(self) -> bool:
         return not self.job.on_demand or self.pending > 0
 
     def candidate(self) -> Candidate:
-        return Candidate(self.job.job_id, self.seq, self.served_s, self.consumed_s, self.job.expected_s,
-                         self.job.weight, self.last_run)
+        return Candidate(self.job.job_id, self.seq, self.served_s, self.remaining_s, self.job.weight, self.last_run)
+
+    @property
+    def remaining_s(self) -> float:
+        return self.clock.remaining_s(self.job.expected_s, self.consumed_s)
 
 
 @dataclass
@@ -186,6 +208,8 @@ class SalusController:
         one more iteration to run. ``Profiled``: the job comes back with its measured sizes (first in line)."""
         if isinstance(job, Ask):
             state = self._known(job.job_id)
+            if job.iterations is not None:
+                state.clock.start(job.iterations, state.job.expected_s)
             if state.last_run == -1 and state.pending == 0 and job.job_id in self.lanes.lane_of:
                 # its first iteration: the job joins the lane's competition only now, so FAIR's counters
                 # restart as on admission (a job admitted long before its first iteration gets no catch-up)
@@ -199,16 +223,21 @@ class SalusController:
         if self.rule.needs_expected_time and job.expected_s is None:
             raise ConfigError(f"jobs[{job.job_id}].expected_s", None, f"{self.policy} needs each job's expected time")
         p, e = self.lanes.charge(job.job_id, job.persistent_mb, job.ephemeral_mb)
-        self._book.jobs[job.job_id] = _JobState(job, self._seq, p, e)
+        self._book.jobs[job.job_id] = state = _JobState(job, self._seq, p, e)
+        if job.iterations is not None:
+            state.clock.start(job.iterations, job.expected_s)
         self._seq += 1
         self._book.queue.append(job.job_id)
         admitted = self._admit_queued()
         queued = () if any(a.job_id == job.job_id for a in admitted) else (job.job_id,)
         return self._advance(now, admitted, queued)
 
-    def on_iteration(self, now: float, job_id: str, gpu_s: float, more: bool = False) -> SalusStep:
-        """The job's iteration ended: charge its service, free its lane, re-lay lanes, pick next iterations.
+    def on_iteration(self, now: float, job_id: str, gpu_s: float, more: bool = False, iterations: int = 1
+                     ) -> SalusStep:
+        """The job's iteration ended after ``gpu_s`` measured seconds: charge its service, update its measured
+        iteration time and iterations left (SRTF's estimate), free its lane, re-lay lanes, pick next iterations.
 
+        ``iterations``: how many iterations ``gpu_s`` covered (a simulator that steps several at once).
         ``more``: an on-demand job asks for its next iteration in the same breath, so the policy sees it
         waiting (a real job would otherwise lose the token to whoever asked while it crossed the boundary).
         A job that lost the token during this iteration (``on_wake``) has now given its ephemeral memory back:
@@ -217,7 +246,7 @@ class SalusController:
         """
         state = self._known(job_id)
         revoked = state.revoked_at is not None
-        self._finish_iteration(job_id, gpu_s, must_run=True)
+        self._finish_iteration(job_id, gpu_s, must_run=True, iterations=iterations)
         if more:
             state.pending += 1
         if not revoked:
@@ -273,6 +302,15 @@ class SalusController:
     def consumed_s(self, job_id: str) -> float:
         return self._known(job_id).consumed_s
 
+    def remaining_s(self, job_id: str) -> float:
+        """The GPU time the job still needs as SRTF ranks it (``gpu.schedulers.salus.estimates``)."""
+        return self._known(job_id).remaining_s
+
+    def iteration_s(self, job_id: str) -> float | None:
+        """The job's seconds per iteration as SRTF estimates them: its prior (declared total / iterations), moved
+        towards each steady iteration measured (None: no prior, nothing measured yet)."""
+        return self._known(job_id).clock.per_iteration_s
+
     def token_holders(self, now: float) -> tuple[Holding, ...]:
         """Each busy lane's token holder: held since when, its bound, whether it has lost the token."""
         return tuple(Holding(lane_id, job_id, now - self._book.jobs[job_id].granted_at,
@@ -293,20 +331,23 @@ class SalusController:
             raise ConfigError("job_id", job_id, "unknown to this device's Salus controller")
         return self._book.jobs[job_id]
 
-    def _finish_iteration(self, job_id: str, gpu_s: float, must_run: bool) -> None:
+    def _finish_iteration(self, job_id: str, gpu_s: float, must_run: bool, iterations: int = 1) -> None:
         state = self._known(job_id)
         if isinstance(gpu_s, bool) or not isinstance(gpu_s, (int, float)) or not math.isfinite(gpu_s) or gpu_s < 0:
             raise ConfigError("gpu_s", gpu_s, "must be a finite number of seconds >= 0")
+        _check_iterations(iterations, "iterations")
         lane = self.lanes.lane_of.get(job_id)
         if self._book.busy.get(lane) != job_id:
             if must_run:
                 raise ConfigError("job_id", job_id, "ended an iteration it was never told to run")
             return
         del self._book.busy[lane]
-        if state.revoked_at is not None:  # it is charged the time it held the lane alone, not its stop
+        revoked = state.revoked_at is not None
+        if revoked:  # it is charged the time it held the lane alone, not its stop
             gpu_s = min(gpu_s, state.revoked_at - state.granted_at)
         else:
             state.longest_s = max(state.longest_s, gpu_s)
+        state.clock.observe(gpu_s, iterations, measured=not revoked)
         state.served_s += gpu_s
         state.consumed_s += gpu_s
 

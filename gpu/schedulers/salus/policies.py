@@ -9,8 +9,9 @@ says how jobs are *admitted*, matching how the thesis evaluated it:
 * ``PACK`` — "pack as many jobs as possible" into lanes with Algorithm 2.1 (§2.4.1); inside a lane,
   round-robin by iteration (our choice; the thesis orders nothing).
 * ``SRTF`` — preemptive shortest-remaining-time-first (§2.4.2) in one shared lane: a job is admitted when
-  ``sum P + P + max(E, L) <= C`` (Alg. 2.1 with one lane); remaining = declared total − GPU time consumed.
-  Queued jobs retry shortest first.
+  ``sum P + P + max(E, L) <= C`` (Alg. 2.1 with one lane); remaining = measured seconds per iteration x
+  iterations left, the declared total only a prior (``gpu.schedulers.salus.estimates``). Queued jobs retry
+  shortest first.
 * ``FAIR`` — "equalize total service over time for jobs in each lane" (§2.4.3) in one shared lane (the
   fast-switching experiments "consider a single GPU lane", §2.5.1.2); service = GPU time since the lane's
   membership last grew (the authors' code resets counters when a job joins) or an on-demand job asked for its
@@ -37,22 +38,18 @@ ADMISSIONS = ("exclusive", "one_lane", "lanes")
 class Candidate:
     """One admitted job of a free lane, as a policy sees it.
 
-    ``seq``: arrival order; ``served_s``: GPU time since the lane's membership last grew (FAIR);
-    ``consumed_s``: GPU time since admission; ``expected_s``: declared total (SRTF); ``last_run``: the
-    controller's iteration counter when it last ran (-1 = never).
+    ``seq``: arrival order; ``served_s``: measured GPU time since the lane's membership last grew (FAIR);
+    ``remaining_s``: the controller's estimate of the GPU time it still needs (SRTF,
+    ``gpu.schedulers.salus.estimates``); ``last_run``: the controller's iteration counter when it last ran
+    (-1 = never).
     """
 
     job_id: str
     seq: int
     served_s: float = 0.0
-    consumed_s: float = 0.0
-    expected_s: float | None = None
+    remaining_s: float = 0.0
     weight: float = 1.0
     last_run: int = -1
-
-    @property
-    def remaining_s(self) -> float:
-        return max(0.0, (self.expected_s or 0.0) - self.consumed_s)
 
 
 @dataclass(frozen=True)
@@ -97,7 +94,8 @@ class Pack(Fifo):
 
 
 class Srtf(Fifo):
-    """Shortest remaining (declared − consumed) GPU time first; pre-empts only at iteration boundaries."""
+    """Shortest remaining GPU time first (measured per iteration x iterations left; before a job's first measured
+    iteration its declared total − used); pre-empts only at iteration boundaries."""
 
     name, admission, needs_expected_time = "srtf", "one_lane", True
 

@@ -149,13 +149,14 @@ class _World:
         f = self.flights.pop(lane)
         job = self.jobs[f.job_id]
         self.segments.append(Segment(lane, f.job_id, f.started, self.loop.now, f.work))
-        self.left[f.job_id] -= 1 if job.salus.on_demand else round(f.work / job.iter_s)
-        took = self.loop.now - f.started
+        iterations = 1 if job.salus.on_demand else round(f.work / job.iter_s)
+        self.left[f.job_id] -= iterations
+        took = self.loop.now - f.started  # the step's GPU time as this world measures it (contention included)
         if self.left[f.job_id] <= 0:
             self.finish[f.job_id] = self.loop.now
             step = self.ctl.on_job_done(self.loop.now, f.job_id, took)
         else:
-            step = self.ctl.on_iteration(self.loop.now, f.job_id, took)
+            step = self.ctl.on_iteration(self.loop.now, f.job_id, took, iterations=iterations)
         self.apply(step)
         self.reschedule()
 

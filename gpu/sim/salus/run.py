@@ -54,7 +54,8 @@ def _job(row: dict[str, Any], where: str) -> TraceJob:
     expected = (positive(row["expected_s"], f"{where}.expected_s", upper=MAX_SECONDS) if "expected_s" in row
                 else iterations * iter_s)
     weight = positive(row.get("weight", 1.0), f"{where}.weight", upper=MAX_FACTOR)
-    return TraceJob(SalusJob(job_id, p, e, expected_s=expected, weight=weight), arrival, iter_s, iterations, u)
+    return TraceJob(SalusJob(job_id, p, e, expected_s=expected, weight=weight, iterations=iterations), arrival, iter_s,
+                    iterations, u)
 
 
 def parse_jobs(data: Mapping[str, Any], seed: int) -> list[TraceJob]:

@@ -96,7 +96,8 @@ class TraceJob:
 
 def trace_job(job_id: str, arrival_s: float, name: str, iterations: int, on_demand: bool = False) -> TraceJob:
     w = workload(name)
-    job = SalusJob(job_id, w.persistent_mb, w.ephemeral_mb, expected_s=iterations * w.iter_s, on_demand=on_demand)
+    job = SalusJob(job_id, w.persistent_mb, w.ephemeral_mb, expected_s=iterations * w.iter_s, on_demand=on_demand,
+                   iterations=None if on_demand else iterations)
     return TraceJob(job, arrival_s, w.iter_s, iterations, w.u)
 
 
