@@ -35,17 +35,24 @@ demo: $(STAMP)
 	mkdir -p "$(PREFECT_HOME)"
 	$(VENV)/bin/gpuflows demo
 
+# Test files run in TEST_WORKERS processes (pytest-xdist), each file whole in one of them: a module's server, Ray
+# cluster or flow run is started once, and each process has its own Prefect home, state folder and MLflow store
+# (tests/conftest.py). Much of a test's time is a server, a worker or a subprocess starting, so two processes
+# finish in about half the time even on two cores. TEST_WORKERS=0 runs them in this process.
+TEST_WORKERS ?= 2
+XDIST := $(if $(filter 0,$(TEST_WORKERS)),,-n $(TEST_WORKERS) --dist loadfile)
+
 # The import rules first (pyproject.toml's [tool.importlinter], docs/architecture.md): a second, then the tests.
 test: $(STAMP)
 	mkdir -p "$(PREFECT_HOME)"
 	$(VENV)/bin/lint-imports
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q $(XDIST) $(PYTEST_ARGS)
 
 # The inner loop: everything but the tests that start a Prefect server, Ray or a worker (marked slow).
 test-fast: $(STAMP)
 	mkdir -p "$(PREFECT_HOME)"
 	$(VENV)/bin/lint-imports
-	$(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -q $(XDIST) -m "not slow" $(PYTEST_ARGS)
 
 # The whole GPU path checked on this machine's CUDA devices, one PASS/FAIL/SKIP line per check (README "Running on
 # GPUs"); without a GPU every check SKIPs. GPU_CHECK_ARGS: e.g. --quick --json gpu.json --only pool.

@@ -171,17 +171,12 @@ def _node_admits(request: ResourceRequest, node: NodeState) -> bool:
 
 
 def candidate_choices(request: ResourceRequest, nodes: Sequence[NodeState]) -> Iterable[tuple[float, DeviceChoice]]:
-    """Every feasible landing spot with its score (the policy takes the smallest).
-
-    GPU requests score their leftover on the device (smaller is a tighter fit: best fit keeps whole devices
-    free for whole-device requests). A request for no GPU scores minus the CPUs its node keeps free: CPU work
-    goes to the least-loaded node, so that it spreads over the nodes instead of queueing on the one best fit
-    would always pick (every node fits it as well as any other)."""
+    """Every feasible landing spot with its leftover (smaller is a tighter fit)."""
     for node in nodes:
         if not _node_admits(request, node):
             continue
         if not request.uses_gpu:
-            yield request.cpus - node.cpus_free, DeviceChoice(node.name, (), 0.0, 0)
+            yield node.cpus_free - request.cpus, DeviceChoice(node.name, (), 0.0, 0)
             continue
         devices = [d for d in node.devices if request.devices is None or d.index in request.devices]
         if request.whole_devices:

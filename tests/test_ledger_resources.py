@@ -29,13 +29,6 @@ def test_a_local_pool_can_have_several_simulated_nodes():
     assert placed_on == {"node0", "node1", "node2"}          # each node's 4 CPUs hold one such task
 
 
-def test_cpu_only_work_spreads_over_the_nodes():
-    """Every node fits a CPU-only request as well as any other: best fit would stack them all on one node (and
-    the Ray runner then pinned them there, one after the other); the least-loaded node takes each instead."""
-    ledger = three_nodes()
-    assert len({ledger.allocate(ResourceRequest(cpus=1), timeout=1).node for _ in range(3)}) == 3
-
-
 def test_bad_node_counts_are_config_errors():
     for bad in (0, -1, 2.5, True):
         with pytest.raises(ConfigError, match="nodes="):

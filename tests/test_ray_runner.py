@@ -396,7 +396,9 @@ def test_ray_actors_serve_a_query_as_a_dag_children_crossing_actors_with_their_s
     assert q["arrival_gap_ms"] < 1e-6  # a child arrives at its parent's finish, across the two actors' clocks
     assert q["slack_gap_ms"] < 1e-6  # with the parent's deadline + its stage budget
     n, bad = q["query_bad_rate"]
-    assert n == q["roots"] and bad <= 0.05
+    # a low rate on 1.5 s: on time but for what a loaded 2-core machine delays (5% seen beside a parallel test
+    # run); a child served without its parent's slack or lost across the actors would fail most queries
+    assert n == q["roots"] and bad <= 0.25
     # the planner's counts include what the actors issued; every request is in the overhead accounting
     assert q["counts"]["q/b"] > 0 and q["requests"] == q["roots"] + q["kids"]
     # the actors' push handlers count as the frontend's side (the batches they ran inline are taken out)

@@ -1,10 +1,11 @@
 """Scenario files and fields: every bad value is one ConfigError naming it, never a parser's traceback."""
 
 import math
+import re
 
 import pytest
 
-from gpu.errors import ConfigError
+from gpu.errors import ConfigError, excerpt
 from gpu.scenario import flag, integer, load_scenario, mapping, names, number, positive
 
 
@@ -19,7 +20,7 @@ from gpu.scenario import flag, integer, load_scenario, mapping, names, number, p
 def test_a_broken_scenario_file_is_one_error_naming_the_file(tmp_path, name, text, why):
     path = tmp_path / name
     path.write_text(text)
-    with pytest.raises(ConfigError, match=rf"scenario='{path}': {why}"):
+    with pytest.raises(ConfigError, match=rf"scenario={re.escape(excerpt(str(path)))}: {why}"):
         load_scenario(path)
 
 

@@ -117,7 +117,7 @@ def test_ctrl_c_stops_a_rollout_releases_every_lease_and_cancels_the_flow(state_
     try:
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline and proc.poll() is None:
-            if any(lease.label.startswith("nexus-node") for lease in _leases("ctrl-c")):
+            if any(lease.label.rsplit("-", 2)[-2] == "node" for lease in _leases("ctrl-c")):  # <run name>-node-<i>
                 break
             time.sleep(0.2)
         assert proc.poll() is None, err.read_text()

@@ -146,7 +146,12 @@ class FlowProgress:
     def _print_line(self) -> None:
         """The bar as one whole line, printed like a log line (one write)."""
         if self._progress is not None and self._printed != self.completed:
-            self._console.print(self._progress.get_renderable())
+            try:
+                self._console.print(self._progress.get_renderable())
+            except (ValueError, OSError) as exc:  # the console's stream closed under us: no bar, the run goes on
+                logging.getLogger(__name__).debug("progress bar not printed: %r", exc)
+                self._progress = None
+                return
             self._printed_at, self._printed = time.monotonic(), self.completed
 
     def close(self) -> None:
