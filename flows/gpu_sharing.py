@@ -106,12 +106,13 @@ def run_policy(trace: Sequence[SharingJob], policy: str, pool: GpuPool, mode: st
         t0 = time.time()
         for i, job in enumerate(trace):
             time.sleep(max(0.0, t0 + job.arrival_s - time.time()))  # the trace's arrival process
+            arrived = time.time()  # before submit: the first submit starts the executor, and the job may run meanwhile
             declared = {"persistent": int(job.persistent_mb * MIB), "ephemeral": int(job.ephemeral_mb * MIB)}
             with salus_options(expected_s=job.expected_s, **(declared if memory == "declared" else {})):
                 task = JOB_TASKS[job.kind].with_options(name=f"{policy}-{job.job_id}-{job.workload}")
                 future = runner.submit(task, {"job_id": job.job_id, "hidden": job.hidden, "steps": job.steps,
                                               "iterations": job.iterations, "seed": i})
-            submitted.append((time.time(), future))
+            submitted.append((arrived, future))
         results = [future.result() for _, future in submitted]
         sizes, grants = executor_record(executor, trace, f"{policy}-")
     rows = job_rows(trace, results, [at for at, _ in submitted], t0, sizes, grants)
