@@ -188,9 +188,11 @@ def test_ekya_task_runs_name_their_stream_and_window(ekya_pair):
         assert r.info.run_name.endswith(f" {r.data.tags['stream']} w{r.data.tags['window']}"), r.info.run_name
 
 
-def test_links_open_mlflow_on_its_model_training_view():
+def test_links_open_mlflow_on_its_model_training_view(monkeypatch):
     """MLflow 3's UI opens in its GenAI view (no run table) unless the link asks for the model-training one."""
-    from tasks.runtime.flow import mlflow_run_url
+    from tasks.runtime.flow import MLFLOW_UI_ENV, mlflow_run_url
+
+    monkeypatch.delenv(MLFLOW_UI_ENV, raising=False)  # `make test MLFLOW_PORT=...` sets it
 
     assert mlflow_run_url("sqlite:///x.db", "2", "abc") == (
         "http://127.0.0.1:5000/#/experiments/2/runs/abc?workflowType=machine_learning")
