@@ -215,6 +215,21 @@ def test_the_mlflow_run_link_shows_the_runs_readable_name(ekya_pair):
     assert f"[{run.info.run_name}](" in link.data and run.info.run_name.startswith("ekya-thief-20")
 
 
+def test_the_mlflow_run_page_says_where_the_evidence_is(ekya_pair):
+    """MLflow shows a run's Description above its metrics, empty unless written: the flow's run says there which
+    Prefect flow run it is (linked, by name), which artifact folders hold its evidence and where to compare."""
+    from mlflow import MlflowClient
+
+    from tasks.runtime.tracking import VIEW_ID
+
+    summaries, uri = ekya_pair
+    run = MlflowClient(uri).get_run(summaries["uniform"]["mlflow_run_id"])
+    note = run.data.tags["mlflow.note.content"]
+    assert f"[{run.info.run_name}]({run.data.tags['prefect.flow_run_url']})" in note
+    assert "`charts/`" in note and "`tables/`" in note and "`allocations/`" in note
+    assert f"viewStateShareKey={VIEW_ID}" in note and "`mean_accuracy`" in note
+
+
 def test_task_run_name_says_what_the_task_did():
     from tasks.runtime.tracking import task_fields, task_run_name
 
