@@ -433,9 +433,7 @@ class RunTracker:
         if client is not None:
             try:
                 self._log_timeline(client)
-                if _NOTE not in client.get_run(self.parent_run_id).data.tags:  # a description someone wrote stays
-                    folders = {a.path for a in client.list_artifacts(self.parent_run_id) if a.is_dir}
-                    client.set_tag(self.parent_run_id, _NOTE, self.run_description(folders))
+                self._describe(client)
                 client.set_terminated(self.parent_run_id, status)
             except Exception as exc:
                 self._error("could not finish the flow's MLflow run", exc)
@@ -474,6 +472,16 @@ class RunTracker:
                 publish_view(client, self.experiment_id, data["view"])
         except Exception as exc:
             self._error(f"could not log the flow's {kind}", exc)
+
+    def _describe(self, client: Any) -> None:
+        """Write ``run_description`` on the flow's run, unless someone wrote one; a failure costs the description
+        only (logged), not the run's end."""
+        try:
+            if _NOTE not in client.get_run(self.parent_run_id).data.tags:
+                folders = {a.path for a in client.list_artifacts(self.parent_run_id) if a.is_dir}
+                client.set_tag(self.parent_run_id, _NOTE, self.run_description(folders))
+        except Exception as exc:
+            self._error("could not write the flow's run description", exc)
 
     def run_description(self, folders: set[str]) -> str:
         """The run page's **Description** (``mlflow.note.content``), which MLflow leaves empty: where the evidence
