@@ -12,6 +12,8 @@ export PREFECT_HOME ?= $(GPUFLOWS_STATE_DIR)/prefect
 export GPUFLOWS_HOME ?= $(CURDIR)
 PORT ?= 4200
 MLFLOW_PORT ?= 5000
+# Where the links a run publishes (the flow run's `mlflow-run` artifact, under each chart) open the MLflow UI.
+export GPUFLOWS_MLFLOW_UI_URL ?= http://127.0.0.1:$(MLFLOW_PORT)
 export PREFECT_SERVER_ANALYTICS_ENABLED := false
 export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 60
 export RAY_AUTH_MODE := disabled
@@ -70,7 +72,7 @@ server: $(STAMP)
 	mkdir -p "$(PREFECT_HOME)"
 	PREFECT_SERVER_API_PORT=$(PORT) $(VENV)/bin/prefect server start --port $(PORT)
 
-# The MLflow UI on the flows' store: http://127.0.0.1:$(MLFLOW_PORT) (the flows' `mlflow-run` links assume 5000).
+# The MLflow UI on the flows' store: http://127.0.0.1:$(MLFLOW_PORT) (runs started with the same MLFLOW_PORT link it).
 mlflow-ui: $(STAMP)
 	$(VENV)/bin/mlflow ui --backend-store-uri "sqlite:///$(GPUFLOWS_STATE_DIR)/mlflow.db" --port $(MLFLOW_PORT)
 

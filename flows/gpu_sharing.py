@@ -119,6 +119,7 @@ def run_policy(trace: Sequence[SharingJob], policy: str, pool: GpuPool, mode: st
         t0 = time.time()
         for i, job in enumerate(trace):
             time.sleep(max(0.0, t0 + job.arrival_s - time.time()))  # the trace's arrival process
+            arrived = time.time()  # before submit: the first submit starts the executor, and the job may run meanwhile
             m = measured[job.job_id]
             declared = {"persistent": int(m.persistent_mb * MIB), "ephemeral": int(m.ephemeral_mb * MIB)}
             with salus_options(expected_s=job.iterations * m.iteration_s,
@@ -126,7 +127,7 @@ def run_policy(trace: Sequence[SharingJob], policy: str, pool: GpuPool, mode: st
                 task = JOB_TASKS[job.kind].with_options(name=f"{policy}-{job.job_id}-{job.workload}")
                 future = runner.submit(task, {"job_id": job.job_id, "hidden": job.hidden, "batch": job.batch,
                                               "iterations": job.iterations, "seed": i})
-            submitted.append((time.time(), future))
+            submitted.append((arrived, future))
         results = [future.result() for _, future in submitted]
         sizes, grants, queued = executor_record(
             executor, {j: (m.persistent_mb, m.ephemeral_mb) for j, m in measured.items()}, f"{policy}-")

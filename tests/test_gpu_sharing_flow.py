@@ -115,6 +115,9 @@ def test_srtf_beats_fifo_on_a_long_job_first_and_every_policy_is_an_mlflow_run(s
         assert lane_overlaps(policy["jobs"]) == []  # one iteration at a time per lane, read from the spans
         assert all(r["token_grants"] == r["iterations"] for r in policy["jobs"])  # the executor's token log agrees
         assert [r["iterations"] for r in policy["jobs"]] == [120] + [3] * 7
+        # a job arrives before it is admitted: the table shows no negative queuing or JCT (the arrival was stamped
+        # after the submit returned, while the first job already ran)
+        assert all(r["arrival_s"] <= r["admitted_s"] and r["queuing_s"] >= 0 for r in policy["jobs"]), policy["jobs"]
     assert srtf["summary"]["peak_lanes"] == 1 and srtf["summary"]["switches"] >= 2
     assert pack["summary"]["peak_lanes"] >= 2  # PACK opens a lane per job that fits beside the others
     assert pack["summary"]["queued_on_arrival"] >= 1  # ... and the measured memory of the rest does not fit

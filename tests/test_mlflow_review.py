@@ -188,9 +188,11 @@ def test_ekya_task_runs_name_their_stream_and_window(ekya_pair):
         assert r.info.run_name.endswith(f" {r.data.tags['stream']} w{r.data.tags['window']}"), r.info.run_name
 
 
-def test_links_open_mlflow_on_its_model_training_view():
+def test_links_open_mlflow_on_its_model_training_view(monkeypatch):
     """MLflow 3's UI opens in its GenAI view (no run table) unless the link asks for the model-training one."""
-    from tasks.runtime.flow import mlflow_run_url
+    from tasks.runtime.flow import MLFLOW_UI_ENV, mlflow_run_url
+
+    monkeypatch.delenv(MLFLOW_UI_ENV, raising=False)  # `make test MLFLOW_PORT=...` sets it
 
     assert mlflow_run_url("sqlite:///x.db", "2", "abc") == (
         "http://127.0.0.1:5000/#/experiments/2/runs/abc?workflowType=machine_learning")
@@ -211,6 +213,21 @@ def test_the_mlflow_run_link_shows_the_runs_readable_name(ekya_pair):
             key=ArtifactFilterKey(any_=["mlflow-run"]),
             flow_run_id=ArtifactFilterFlowRunId(any_=[run.data.tags["prefect.flow_run_id"]])))
     assert f"[{run.info.run_name}](" in link.data and run.info.run_name.startswith("ekya-thief-20")
+
+
+def test_the_mlflow_run_page_says_where_the_evidence_is(ekya_pair):
+    """MLflow shows a run's Description above its metrics, empty unless written: the flow's run says there which
+    Prefect flow run it is (linked, by name), which artifact folders hold its evidence and where to compare."""
+    from mlflow import MlflowClient
+
+    from tasks.runtime.tracking import VIEW_ID
+
+    summaries, uri = ekya_pair
+    run = MlflowClient(uri).get_run(summaries["uniform"]["mlflow_run_id"])
+    note = run.data.tags["mlflow.note.content"]
+    assert f"[{run.info.run_name}]({run.data.tags['prefect.flow_run_url']})" in note
+    assert "`charts/`" in note and "`tables/`" in note and "`allocations/`" in note
+    assert f"viewStateShareKey={VIEW_ID}" in note and "`mean_accuracy`" in note
 
 
 def test_task_run_name_says_what_the_task_did():

@@ -34,3 +34,50 @@ def test_demo_comparison_table_columns_line_up():
     table = comparison_table({p: {"windows": [window, window], "mean_accuracy": 0.5} for p in ("thief", "uniform")})
     rows = table.splitlines()[:4]  # header, two windows, all windows
     assert len({len(r) for r in rows}) == 1, rows
+
+
+def test_a_flow_run_logs_its_outcome_with_the_headline_first_where_the_prefect_ui_opens_it(monkeypatch):
+    """The Prefect UI opens a flow run on its Logs tab: the outcome is a line there (tracking off too), the
+    system's headline metrics (its MLflow view's first columns) before the rest."""
+    import logging
+    import uuid
+
+    from prefect import flow
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+    from prefect.logging.handlers import APILogHandler
+
+    from flows.continuous_retraining import VIEW
+    from tasks.runtime.flow import RunIdentity, log_flow_inputs, log_flow_outcome
+
+    monkeypatch.setattr(logging.getLogger("prefect.flow_runs"), "level", logging.INFO)  # tests log at WARNING
+
+    @flow(name=f"outcome-{uuid.uuid4().hex[:6]}")
+    def tiny() -> str:
+        from prefect.runtime import flow_run
+
+        log_flow_inputs(RunIdentity("ekya", ("thief",)), {"policy": "thief"}, view=VIEW)
+        log_flow_outcome({"tasks": 19, "windows_failed": 0, "mean_accuracy": 0.88125})
+        return flow_run.id
+
+    run_id = tiny()
+    APILogHandler().flush()  # logs go to the API in the background: wait until they are sent
+    with get_client(sync_client=True) as client:
+        logs = client.read_logs(LogFilter(flow_run_id=LogFilterFlowRunId(any_=[uuid.UUID(run_id)])))
+    assert [m.message for m in logs if m.message.startswith("outcome:")] == [
+        "outcome: mean_accuracy=0.8812, windows_failed=0; tasks=19"]
+
+
+def test_mlflow_links_open_the_ui_on_the_port_it_is_served_on(monkeypatch):
+    """`make mlflow-ui MLFLOW_PORT=5391` serves the UI on 5391: the flow run's `mlflow-run` artifact links there
+    (the Makefile passes the port as GPUFLOWS_MLFLOW_UI_URL) and says how to serve it; a tracking server is its
+    own UI."""
+    from tasks.runtime.flow import MLFLOW_UI_ENV, _link_markdown, mlflow_run_url
+
+    monkeypatch.setenv(MLFLOW_UI_ENV, "http://127.0.0.1:5391/")
+    assert mlflow_run_url("sqlite:///x.db", "2", "abc").startswith("http://127.0.0.1:5391/#/experiments/2/runs/abc?")
+    assert mlflow_run_url("http://mlflow:5000", "2", "abc").startswith("http://mlflow:5000/#/")
+    text = _link_markdown("sqlite:///x.db", "gpuflows-ekya", "2", "abc", "ekya-thief-2026-11-28T08:13:48")
+    assert "--port 5391`" in text and "[ekya-thief-2026-11-28T08:13:48](http://127.0.0.1:5391/#/" in text
+    link_texts = [part.split("](")[0] for part in text.split("[")[1:]]
+    assert link_texts and not any("`" in t for t in link_texts)  # markdown shows backticks in a link's text as is

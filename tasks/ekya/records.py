@@ -109,7 +109,8 @@ class WindowLogger:
                 self.records.client.set_registered_model_alias(name, CHAMPION, version)
 
     def log_plot(self, results: list[WindowResult]) -> str:
-        """Accuracy over (slice) time per stream as a PNG in the state folder, logged to the flow's run."""
+        """Accuracy over (slice) time per stream as a PNG in the state folder, logged to the flow's run as
+        ``charts/accuracy.png``, beside the run's other charts."""
         fig, ax = pyplot().subplots(figsize=(9, 4))
         names = sorted({n for r in results for n, *_ in r.segments})
         for k, name in enumerate(names):
@@ -133,7 +134,7 @@ class WindowLogger:
         out = state_dir() / "ekya" / "plots" / f"{self.run.policy}-{self.parent_run_id or 'untracked'}" / "accuracy.png"
         fig.tight_layout()
         save_png(fig, out, dpi=110)
-        self.records.file(None, out)
+        self.records.file(None, out, "charts")
         return str(out)
 
     def publish_windows(self, slug: str, results: list[WindowResult]) -> None:

@@ -10,8 +10,11 @@ back (tags ``prefect.flow_run_id``, ``prefect.flow_run_url``).
 
 from __future__ import annotations
 
+import logging
+import os
 from dataclasses import dataclass
 from typing import Any, Callable
+from urllib.parse import urlsplit
 
 from resource_blocks import GpuPool, MlflowTarget
 from resource_blocks.mlflow_target import default_tracking_uri
@@ -97,19 +100,27 @@ def mlflow_run_url(tracking_uri: str, experiment_id: str, run_id: str, tab: str 
     on its default port. MLflow 3's UI starts in its GenAI view (traces, no run table) unless the URL asks for
     ``workflowType=machine_learning``, the view with runs, params, metrics and Compare."""
     page = f"/{tab}" if tab else ""
-    return f"{_mlflow_ui(tracking_uri)}/#/experiments/{experiment_id}/runs/{run_id}{page}?workflowType=machine_learning"
+    return f"{mlflow_ui_address(tracking_uri)}/#/experiments/{experiment_id}/runs/{run_id}{page}?workflowType=machine_learning"
 
 
 def mlflow_view_url(tracking_uri: str, experiment_id: str) -> str:
     """Where the MLflow UI lists the experiment's flow runs with their headline metrics (its saved view ``VIEW_ID``,
     ``tasks.runtime.tracking.ExperimentView``)."""
-    return (f"{_mlflow_ui(tracking_uri)}/#/experiments/{experiment_id}/runs?viewStateShareKey={VIEW_ID}"
+    return (f"{mlflow_ui_address(tracking_uri)}/#/experiments/{experiment_id}/runs?viewStateShareKey={VIEW_ID}"
             "&workflowType=machine_learning")
 
 
-def _mlflow_ui(tracking_uri: str) -> str:
-    """The MLflow UI of a store: the tracking server itself, or ``mlflow ui`` on its default port."""
-    return tracking_uri.rstrip("/") if tracking_uri.startswith(("http://", "https://")) else "http://127.0.0.1:5000"
+MLFLOW_UI_ENV = "GPUFLOWS_MLFLOW_UI_URL"
+"""Where ``mlflow ui`` serves a local store (default ``http://127.0.0.1:5000``, its default port): the Makefile sets
+it from ``MLFLOW_PORT``, so the links a run publishes open the UI ``make mlflow-ui MLFLOW_PORT=...`` serves."""
+
+
+def mlflow_ui_address(tracking_uri: str) -> str:
+    """The MLflow UI of a store: the tracking server itself, or ``mlflow ui`` where ``GPUFLOWS_MLFLOW_UI_URL`` says
+    (default its default port). A link written at run time must name the port the user will serve the UI on."""
+    if tracking_uri.startswith(("http://", "https://")):
+        return tracking_uri.rstrip("/")
+    return (os.environ.get(MLFLOW_UI_ENV) or "http://127.0.0.1:5000").rstrip("/")
 
 
 def _link_markdown(uri: str, experiment: str, experiment_id: str, run_id: str, run_name: str) -> str:
@@ -117,11 +128,13 @@ def _link_markdown(uri: str, experiment: str, experiment_id: str, run_id: str, r
     (``tasks.runtime.tracking.ExperimentView``), and how to serve a local store."""
     url = mlflow_run_url(uri, experiment_id, run_id)
     runs = mlflow_view_url(uri, experiment_id)
+    port = urlsplit(mlflow_ui_address(uri)).port
     served = "" if uri.startswith(("http://", "https://")) else (
-        f"\n\nThe store is `{uri}`: serve it with `mlflow ui --backend-store-uri {uri}`, then open the link.")
+        f"\n\nThe store is `{uri}`: serve it with `mlflow ui --backend-store-uri {uri}"
+        f"{f' --port {port}' if port and port != 5000 else ''}`, then open the link.")
     return (f"**MLflow run** [{run_name}]({url}) — run `{run_id}` in experiment `{experiment}` (id {experiment_id}); "
             f"its tags `prefect.flow_run_id` and `prefect.flow_run_url` point back to this flow run. "
-            f"[All flow runs of `{experiment}`, headline metrics first]({runs}).{served}")
+            f"[All flow runs of {experiment}, headline metrics first]({runs}).{served}")
 
 
 # MLflow run id -> (the ``mlflow-run`` artifact's id, the link's other fields), so the link can follow the run's
@@ -183,7 +196,8 @@ def where_runs_went() -> str:
     prefect = (f"Prefect runs: the server at {api}" if api else
                f"Prefect runs: PREFECT_HOME={get_current_settings().home} (see them with `make server`, "
                "then http://127.0.0.1:4200)")
-    return f"{prefect}; MLflow runs: {default_tracking_uri()} (`make mlflow-ui`, then http://127.0.0.1:5000)"
+    uri = default_tracking_uri()
+    return f"{prefect}; MLflow runs: {uri} (`make mlflow-ui`, then {mlflow_ui_address(uri)})"
 
 
 def current_run_name(identity: RunIdentity) -> str:
@@ -195,11 +209,27 @@ def current_run_name(identity: RunIdentity) -> str:
     return ctx.flow_run.name if named else identity.run_name()
 
 
+# Flow run id -> the headline metrics of its system's view (``log_flow_inputs``), which ``log_flow_outcome``'s log
+# line names first.
+_HEADLINES: dict[str, tuple[str, ...]] = {}
+
+
+def _flow_run_id() -> str | None:
+    from prefect.context import FlowRunContext
+
+    ctx = FlowRunContext.get()
+    return str(ctx.flow_run.id) if ctx is not None and ctx.flow_run is not None else None
+
+
 def log_flow_inputs(identity: RunIdentity, params: dict[str, Any], view: ExperimentView | None = None) -> None:
     """The flow's decision inputs as params of its MLflow run, so runs of one system's experiment compare side by
     side; the run is named like the flow run (``run_namer``), or by ``identity`` for a flow without a namer;
-    ``view``: how the system's experiment opens in the MLflow UI (``tasks.runtime.tracking.ExperimentView``).
-    No-op when tracking is off."""
+    ``view``: how the system's experiment opens in the MLflow UI (``tasks.runtime.tracking.ExperimentView``), whose
+    headline metrics also lead the outcome's log line (``log_flow_outcome``). MLflow's part is a no-op when tracking
+    is off."""
+    run = _flow_run_id()
+    if view is not None and run is not None:
+        _HEADLINES[run] = view.metrics
     tracker = flow_tracker()
     if tracker is None:
         return
@@ -209,8 +239,30 @@ def log_flow_inputs(identity: RunIdentity, params: dict[str, Any], view: Experim
         _rename_link(tracker.parent_run_id, run_name)
 
 
+def outcome_line(metrics: dict[str, Any], headline: tuple[str, ...] = ()) -> str:
+    """The outcome as one log line, the system's headline metrics first (its view's columns), every other metric
+    after them: ``outcome: mean_accuracy=0.881, windows_failed=0; tasks=19``."""
+    def shown(keys: list[str]) -> str:
+        return ", ".join(f"{k}={metrics[k]:.4g}" if isinstance(metrics[k], float) else f"{k}={metrics[k]}"
+                         for k in keys)
+
+    first = [k for k in headline if k in metrics]
+    rest = [k for k in metrics if k not in first]
+    return "outcome: " + "; ".join(part for part in (shown(first), shown(rest)) if part)
+
+
 def log_flow_outcome(metrics: dict[str, Any]) -> None:
-    """The flow's headline outcome as metrics of its MLflow run (no-op when tracking is off)."""
+    """The flow's headline outcome as metrics of its MLflow run (tracking on) and as one line of the flow run's
+    logs: the Logs tab is where the Prefect UI opens a flow run, so the answer shows there, tracking on or off."""
+    run = _flow_run_id()
+    line = outcome_line(metrics, _HEADLINES.pop(run, ()) if run is not None else ())
+    from prefect import get_run_logger
+    from prefect.exceptions import MissingContextError
+
+    try:
+        get_run_logger().info(line)
+    except MissingContextError:  # outside a run (a script's own call): the module's logger
+        logging.getLogger(__name__).info(line)
     tracker = flow_tracker()
     if tracker is not None:
         tracker.log_flow_outcome(metrics)

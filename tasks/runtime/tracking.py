@@ -347,6 +347,8 @@ class RunTracker:
         self.parent_run_id: str | None = None
         self.experiment_id: str | None = None
         self.errors: list[str] = []
+        self._view: ExperimentView | None = None  # the experiment's, once the flow logs its inputs
+        self._renamed: str | None = None  # the run's name from the flow's inputs (``run_namer``'s), if it gave one
         self._flow_run = ctx.flow_run if ctx else None
         self._ready = threading.Event()
         self._queue: queue.Queue = queue.Queue()
@@ -431,6 +433,7 @@ class RunTracker:
         if client is not None:
             try:
                 self._log_timeline(client)
+                self._describe(client)
                 client.set_terminated(self.parent_run_id, status)
             except Exception as exc:
                 self._error("could not finish the flow's MLflow run", exc)
@@ -460,11 +463,44 @@ class RunTracker:
             tags = [RunTag(k, str(v)) for k, v in (data.get("tags") or {}).items()]
             if data.get("run_name"):
                 tags.append(RunTag("mlflow.runName", data["run_name"]))
+            if data.get("run_name"):
+                self._renamed = data["run_name"]
+            if data.get("view") is not None:
+                self._view = data["view"]
             client.log_batch(self.parent_run_id, metrics=metrics, params=params, tags=tags)
             if data.get("view") is not None and self.experiment_id is not None:
                 publish_view(client, self.experiment_id, data["view"])
         except Exception as exc:
             self._error(f"could not log the flow's {kind}", exc)
+
+    def _describe(self, client: Any) -> None:
+        """Write ``run_description`` on the flow's run, unless someone wrote one; a failure costs the description
+        only (logged), not the run's end."""
+        try:
+            if _NOTE not in client.get_run(self.parent_run_id).data.tags:
+                folders = {a.path for a in client.list_artifacts(self.parent_run_id) if a.is_dir}
+                client.set_tag(self.parent_run_id, _NOTE, self.run_description(folders))
+        except Exception as exc:
+            self._error("could not write the flow's run description", exc)
+
+    def run_description(self, folders: set[str]) -> str:
+        """The run page's **Description** (``mlflow.note.content``), which MLflow leaves empty: where the evidence
+        of this run is (its Prefect flow run, the artifact ``folders`` it has) and the runs to compare it with."""
+        flow_url, name = self.tags.get("prefect.flow_run_url"), self._renamed or self.run_name
+        lines = [f"Flow run **[{name}]({flow_url})** in Prefect: its tasks, its logs (the outcome's line) "
+                 "and its artifacts." if flow_url else f"Flow run **{name}**."]
+        known = {"charts": "`charts/` (the charts)", "tables": "`tables/` (the Prefect tables as JSON)",
+                 "allocations": "`allocations/` (each task's slice over time)"}
+        shown = [text for folder, text in known.items() if folder in folders]
+        if shown:
+            lines.append(f"Evidence under **Artifacts**: {', '.join(shown)}; each nested run is one task, window, "
+                         "round or policy.")
+        view = self._view
+        if view is not None:
+            lines.append(f"Compare: [flow runs, headline first](#/experiments/{self.experiment_id}/runs?"
+                         f"viewStateShareKey={VIEW_ID}&workflowType=machine_learning) "
+                         f"({', '.join(f'`{m}`' for m in view.metrics)} first).")
+        return "\n\n".join(lines)
 
     # -- nested task runs, batched -----------------------------------------------------------------
     def _write_tasks(self, client: Any, exp_id: str | None, records: list[TaskRecord]) -> None:
