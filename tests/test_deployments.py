@@ -10,19 +10,18 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 import uuid
 from pathlib import Path
 
-import httpx
 import pytest
 import yaml
 
+from tests.real_prefect_server import PREFECT, free_port, real_prefect_server
+
 ROOT = Path(__file__).resolve().parents[1]
-PREFECT = str(Path(sys.executable).with_name("prefect"))
 DEPLOYMENTS = yaml.safe_load((ROOT / "prefect.yaml").read_text())["deployments"]
 
 # Small runs of every deployment in prefect.yaml, merged over its parameters, each with the table artifact its flow
@@ -32,15 +31,9 @@ SMALL = {name: (run["parameters"], run["table"])
 SCHEDULED = "every-15s"  # a test-only deployment of pool-demo with an interval schedule
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def real_server(tmp_path_factory):
-    port = _free_port()
+    port = free_port()
     env = {**os.environ, "PREFECT_HOME": str(tmp_path_factory.mktemp("prefect-home")),
            "PREFECT_API_URL": f"http://127.0.0.1:{port}/api", "GPUFLOWS_HOME": str(ROOT),
            "GPUFLOWS_STATE_DIR": str(tmp_path_factory.mktemp("deploy-state")),
@@ -52,28 +45,10 @@ def real_server(tmp_path_factory):
            # submitting a run with 503 (its reply to a retryable database error) at a load of 40.
            "PREFECT_SERVER_SERVICES_SCHEDULER_MAX_RUNS": "3", "PREFECT_SERVER_DATABASE_TIMEOUT": "60",
            "PREFECT_SERVER_DATABASE_CONNECTION_TIMEOUT": "60"}
-    log = open(tmp_path_factory.mktemp("server-log") / "server.log", "w")
-    server = subprocess.Popen([PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)], env=env,
-                              stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    try:
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/api/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert server.poll() is None, "prefect server exited"
-            time.sleep(0.5)
-        else:
-            pytest.fail("prefect server did not become healthy in 120 s")
+    log = tmp_path_factory.mktemp("server-log") / "server.log"
+    with real_prefect_server(port, env, ROOT, log):
         yield env
-    finally:
-        server.terminate()
-        server.wait(30)
-        log.close()
-        text = Path(log.name).read_text()
-        assert "InvalidRequestError" not in text, "the server's scheduler failed:\n" + text[-3000:]
+    assert "InvalidRequestError" not in log.read_text(), "the server's scheduler failed:\n" + log.read_text()[-3000:]
 
 
 def run(args: list[str], env: dict) -> str:

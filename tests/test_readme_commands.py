@@ -10,13 +10,13 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+
+from tests.real_prefect_server import free_port, real_prefect_server
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent  # what `source .venv/bin/activate` puts on PATH
@@ -32,12 +32,6 @@ def readme_commands() -> list[str]:
                       for block in re.findall(r"```bash\n(.*?)```", section, re.S)[:2]]
     setup = [c for c in by_hand if not c.startswith(("prefect server start", "prefect worker start"))]
     return setup + [c for c in quick if c.startswith(("export ", "prefect "))]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -62,34 +56,10 @@ def checkout(tmp_path_factory):
 def server(checkout):
     """``make server``: ``prefect server start`` on the checkout's home (the port free, not 4200)."""
     root, _, env = checkout
-    port = _free_port()
-    log = open(root / "server.log", "w")
-    proc = subprocess.Popen([str(BIN / "prefect"), "server", "start", "--port", str(port)], cwd=root,
-                            env={**env, "PREFECT_HOME": str(root / ".state" / "prefect"),
-                                 "PREFECT_SERVER_API_PORT": str(port)},
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}/api"
-    try:
-        deadline = time.time() + 180
-        while time.time() < deadline:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=1):
-                    break
-            except OSError:
-                assert proc.poll() is None, (root / "server.log").read_text()[-3000:]
-                time.sleep(1)
-        import httpx
-
-        while time.time() < deadline and httpx.get(f"{url}/health", timeout=5).status_code != 200:
-            time.sleep(1)
+    port = free_port()
+    with real_prefect_server(port, {**env, "PREFECT_HOME": str(root / ".state" / "prefect"),
+                                    "PREFECT_SERVER_API_PORT": str(port)}, root, root / "server.log") as url:
         yield port, url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-        log.close()
 
 
 @pytest.fixture(scope="module")
