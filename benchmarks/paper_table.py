@@ -42,6 +42,11 @@ class Row:
         return REPRODUCED if self.reproduced else MISSED
 
 
+def judged(target: str, ours: str, paper: str, reproduced: bool, why: str = "") -> Row:
+    """A row judged against the paper whose ``why`` (why ours differs) is shown only when it missed."""
+    return Row(target, ours, paper, reproduced, "" if reproduced else why)
+
+
 def as_row(row: Row | tuple[str, str, str]) -> Row:
     return row if isinstance(row, Row) else Row(*row)
 
