@@ -28,6 +28,7 @@ Throughput is the largest total req/s (k equal-rate sessions) with ≤ 1 % bad, 
 from __future__ import annotations
 
 import math
+import textwrap
 from dataclasses import replace
 from typing import Mapping
 
@@ -38,6 +39,7 @@ from gpu.schedulers.nexus.profiles import BatchProfile
 from gpu.schedulers.nexus.synthetic import synthetic_profile
 from gpu.schedulers.nexus.policies import POLICIES
 from gpu.sim.nexus.run import NexusScenario, max_load
+from gpu.report import WIDTH
 
 MODEL = "inception"
 BASE_RATE = 100.0  # req/s per copy at load 1; the search scales it
@@ -112,10 +114,10 @@ def ratios(row: Mapping[str, float]) -> dict[str, float]:
 
 
 def print_multiplexing(rows: Mapping[str, Mapping[str, float]]) -> None:
-    print(f"\n== GPU multiplexing (Fig. 14): Inception copies on 1 GPU, max req/s at <= 1% bad; parallel issue = "
+    print("\n" + textwrap.fill(f"== GPU multiplexing (Fig. 14): Inception copies on 1 GPU, max req/s at <= 1% bad; parallel issue = "
           f"k executors each slowed x(k + {INTERFERENCE:g}(k-1)); {PREPROCESS_MS:g} ms pre-processing/request "
           f"(p{SENSITIVITY_PREPROCESS_MS:g}_*: {SENSITIVITY_PREPROCESS_MS:g} ms), overlapped by Nexus, on {THREADS} "
-          f"cores per batch by TF/Clipper-like ==")
+          f"cores per batch by TF/Clipper-like ==", WIDTH))
     print(f"{'case':8s}" + "".join(f"{r:>17s}" for r in SYSTEMS) + f"{'vs TF':>8s}{'vs Clipper':>12s}"
           f"{'vs parallel':>13s}")
     for case, row in rows.items():
@@ -138,7 +140,7 @@ def multiplexing_rows(rows: Mapping[str, Mapping[str, float]]) -> list[Row]:
                           f"{min(finite):.2f}-{max(finite):.2f}x" if finite else "serves nothing", PAPER[name], ok,
                           INFERRED))
     order = all(r["nexus"] >= r["nexus_parallel"] >= r["tf_serving_like"] >= r["clipper_like"] for r in k.values())
-    out.append(judged("Fig. 14a order at every k", "holds" if order else "broken", "N > N-parallel > TF > Clipper", order, INFERRED))
+    out.append(judged("Fig. 14a order at every k", "holds" if order else "broken", "N > N-par. > TF > Clipper", order, INFERRED))
     slo = [v for _, v in sorted((float(c[3:]), r["nexus_parallel"]) for c, r in rows.items() if c.startswith("slo"))]
     helps = slo[-1] > slo[0]
     out.append(judged("Fig. 14b nexus-parallel, SLO 50->200 ms", f"{slo[0]:.0f} -> {slo[-1]:.0f} req/s",

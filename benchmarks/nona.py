@@ -371,7 +371,7 @@ def target(rows: list[Row], out: dict, setup: Setup, load: float, horizons: tupl
     for p, goal in TARGET.items():
         got = out[f"nona_{p}_over_nona"]
         rows.append(judged(f"target {p}/Nona at {load:.0%} load", f"{got:.2f}× (link ρ = {rho[p]:.2f})",
-                           f"target ≥ {goal:g}× (no paper figure)", got >= goal, TARGET_WHY[p]))
+                           f"target ≥ {goal:g}×", got >= goal, TARGET_WHY[p]))
     longest = 1e3 * max(d.total_ops for d in s.dags.values())
     print(textwrap.fill(
         f"why: (1) Nona is undistributed here: a part sent to another server waits W = {1e3 * wait:.1f} ms for the "
