@@ -54,10 +54,9 @@ def as_row(row: Row | tuple[str, str, str]) -> Row:
 def tally(rows: Sequence[Row | tuple[str, str, str]]) -> str:
     """``12 reproduced, 3 missed, 5 with no paper figure``: the line under the table."""
     verdicts = [as_row(r).verdict for r in rows]
-    counts = [(verdicts.count(v), v) for v in (REPRODUCED, MISSED, NOT_JUDGED)]
-    text = ", ".join(f"{n} {v}" for n, v in counts if n)
+    counts = [f"{n} {v}" for n, v in ((verdicts.count(v), v) for v in (REPRODUCED, MISSED, NOT_JUDGED)) if n]
     none = verdicts.count(NO_FIGURE)
-    return text + (f", {none} with no paper figure" if none else "")
+    return ", ".join(counts + ([f"{none} with no paper figure"] if none else []))
 
 
 def paper_table(rows: Sequence[Row | tuple[str, str, str]], width: int = WIDTH) -> str:

@@ -85,3 +85,9 @@ def test_ledger_stress_leaves_a_check_whose_checker_saw_nothing_unjudged():
     assert any("woke an idle thread up to 310 ms late" in line for line in lines)
     assert verdict["grants/s 192 / 16 clients"].rstrip().endswith("reproduced")
     assert "3 reproduced, 1 missed, 1 not judged" in lines  # the tally: grants, invariants, reclaim
+
+
+def test_a_table_of_rows_without_a_paper_figure_tallies_only_those():
+    from benchmarks.paper_table import tally
+
+    assert tally([Row("iteration alone (ms)", "4.93"), Row("slowdown", "1.78x")]) == "2 with no paper figure"
