@@ -17,6 +17,7 @@ from typing import Callable
 import numpy as np
 
 from benchmarks.cli import benchmark_parser, write_json
+from benchmarks.paper_table import Row, print_beside_paper
 from gpu.schedulers.fluid.algorithms import (FluidParams, Trial, lower_bound, max_parallelism, packing_limit, theorem1_bound,
                                   theorem2_bound)
 from gpu.schedulers.fluid.controller import FluidExecutor
@@ -27,6 +28,14 @@ from gpu.schedulers.fluid.tuning import (ASHA, BOHB, PBT, Choice, FixedTrials, G
                                          SuccessiveHalving, SyncBOHB, TuningAlgorithm, Uniform)
 from tasks.runtime.png import pyplot, save_png
 
+PAPER_T32 = {2: (81.2, 2356), 4: (63.0, 1432), 8: (45.8, 1073), 16: (47.0, 475), 32: (25.2, 432)}
+"""Table 3.2: successive halving without FLUID, workers -> (average utilisation %, runtime)."""
+PAPER_F5 = {"grid": ("+10-70%", 1.1, 1.7), "hyperband": ("+30-100% (sync)", 1.3, 2.0),
+            "syncbohb": ("+100% (2x; ours: +-25%)", 1.5, 2.5), "asha": ("+10-30% (async)", 1.1, 1.3),
+            "bohb": ("+10-30% (async)", 1.1, 1.3), "pbt": ("limited (ours: < +30%)", 0.0, 1.3)}
+"""§3.6 / Figs. 3.7-3.8, FLUID's speed-up per algorithm class: (as stated, lowest, highest speed-up that matches)."""
+SIMULATED = "simulated trials all pack c per GPU, async ones too (the paper's bars: figure only)"
+TOY = "the toy is fully specified: a bug"
 SPACE = {"lr": LogUniform(1e-4, 1e-1), "momentum": Uniform(0.5, 0.99), "layers": Choice((2, 3, 4))}
 
 
@@ -157,6 +166,76 @@ def plots(directory: Path, ratios: list[float], f4: list[dict], f5: dict[str, di
     return [save_png(fig, directory / "fluid_headlines.png")]
 
 
+def rows(figures: dict[str, float], f4: list[dict[str, float]], mic: dict[str, list[dict[str, float]]]) -> list[Row]:
+    """Every figure beside the thesis's (F1-F10, §3.4, §3.6), judged by the thesis's own claim: the toy's exact
+    makespans, the theorems' bounds, Table 3.2's trend, each algorithm class's range, the microbenchmarks' shapes."""
+    fifo, static, fluid, lb = (figures[f"toy_{k}"] for k in ("fifo_makespan_s", "static_fluid_makespan_s",
+                                                                "fluid_makespan_s", "lower_bound_s"))
+    out = [Row("F1 toy FIFO makespan (s)", f"{fifo:.4g}", "30", abs(fifo - 30) < 0.5, "" if abs(fifo - 30) < 0.5 else TOY),
+           Row("F1 toy StaticFluid makespan (s)", f"{static:.4g}", "12", abs(static - 12) < 0.5,
+               "" if abs(static - 12) < 0.5 else TOY),
+           Row("F1 toy Static+DynamicFluid makespan (s)", f"{fluid:.4g}", "near optimal (ours: <= 1.1 LB)",
+               fluid <= 1.1 * lb, "" if fluid <= 1.1 * lb else TOY),
+           Row("F1 toy lower bound sum(h)/n (s)", f"{lb:.4g}", why="inferred: the thesis gives no number"),
+           Row("F2 Thm 1 (2 LB + max h1) violations", f"{figures['theorem1_violations']:.0f}", "0",
+               figures["theorem1_violations"] == 0, "" if figures["theorem1_violations"] == 0 else "a bug"),
+           Row("F2 share with StaticFluid < 2 LB", f"{figures['theorem1_pure_2x_holds']:.4g}", "1 (2-approx.)",
+               figures["theorem1_pure_2x_holds"] == 1, "" if figures["theorem1_pure_2x_holds"] == 1 else "a bug"),
+           Row("F2 worst StaticFluid / LB", f"{figures['theorem1_max_ratio_to_lb']:.3g}", "< 2",
+               figures["theorem1_max_ratio_to_lb"] < 2, "" if figures["theorem1_max_ratio_to_lb"] < 2 else "a bug"),
+           Row("F3 Eq. 3.3 violations", f"{figures['theorem2_violations']:.0f}", "0",
+               figures["theorem2_violations"] == 0, "" if figures["theorem2_violations"] == 0 else "a bug")]
+    first, last = f4[0], f4[-1]
+    falls = last["utilisation"] < first["utilisation"]
+    speedup = first["runtime_s"] / last["runtime_s"]
+    workers = last["workers"] / first["workers"]
+    p_first, p_last = PAPER_T32[first["workers"]], PAPER_T32[last["workers"]]
+    out += [Row(f"F4 SH utilisation, {first['workers']:.0f} -> {last['workers']:.0f} workers",
+                f"{first['utilisation']:.0%} -> {last['utilisation']:.0%}",
+                f"{p_first[0]:.0f}% -> {p_last[0]:.0f}% (falls)", falls, "" if falls else SIMULATED),
+            Row(f"F4 SH runtime speed-up, {workers:.0f}x the workers", f"{speedup:.2f}x",
+                f"{p_first[1] / p_last[1]:.2f}x (not in proportion)", speedup < workers,
+                "" if speedup < workers else SIMULATED)]
+    for a, (stated, lo, hi) in PAPER_F5.items():
+        f = figures[f"speedup_vs_fifo_{a}"]
+        out.append(Row(f"F5 {a}: speed-up vs FIFO", f"{f:.2f}x (static "
+                       f"{figures[f'static_speedup_vs_fifo_{a}']:.2f}x)", stated, lo <= f <= hi,
+                       "" if lo <= f <= hi else SIMULATED))
+    f6 = {(r["alpha"], r["trials"]): r["speedup"] for r in mic["F6"]}
+    alphas, trials = sorted({a for a, _ in f6}), sorted({k for _, k in f6})
+    small = [f6[alphas[0], k] for k in trials]
+    ok6 = small == sorted(small) and f6[alphas[0], trials[-1]] > f6[alphas[-1], trials[-1]]
+    out.append(Row(f"F6 {'/'.join(map(str, trials))} trials, alpha {alphas[0]:g} ({alphas[-1]:g})",
+                   " / ".join(f"{f6[alphas[0], k]:.2f}x ({f6[alphas[-1], k]:.2f}x)" for k in trials),
+                   "grows with #trials, small models", ok6, "" if ok6 else SIMULATED))
+    f7 = {(r["beta"], r["trials"]): r["speedup"] for r in mic["F7"]}
+    betas, trials = sorted({b for b, _ in f7}), sorted({k for _, k in f7})
+    ok7 = all([f7[b, k] for k in trials] == sorted((f7[b, k] for k in trials), reverse=True) for b in betas)
+    out.append(Row(f"F7 {'/'.join(map(str, trials))} trials, 8 GPUs, beta {'; '.join(f'{b:g}' for b in betas)}",
+                   "; ".join(" / ".join(f"{f7[b, k]:.2f}x" for k in trials) for b in betas),
+                   "grows with workers - trials gap", ok7,
+                   "" if ok7 else "one trial gains less from 8 GPUs than two from 4 each: beta compounds with width"))
+    f8 = [r["fluid_speedup"] for r in mic["F8"]]
+    ok8 = f8 == sorted(f8)
+    out.append(Row("F8 runtime CV " + "/".join(f"{r['runtime_cv']:g}" for r in mic["F8"]) + ": Static+Dynamic",
+                   " / ".join(f"{v:.2f}x" for v in f8), "rises with variance (Dynamic)", ok8, "" if ok8 else SIMULATED))
+    f9 = mic["F9"][-1]
+    ok9 = abs(f9["speedup"] - 1) < 0.01
+    out.append(Row(f"F9 pair slowdown {f9['pair_slowdown']:g}x: speed-up (c = {f9['c']})", f"{f9['speedup']:.2f}x",
+                   "1.0 (packing off)", ok9, "" if ok9 else "Eq. 3.1 should give c = 1 here: a bug"))
+    f10 = {(r["beta"], r["gpus"]): r for r in mic["F10"]}
+    betas = sorted({b for b, _ in f10})
+    helps = all(f10[b, 8]["speedup"] > f10[b, 4]["speedup"] for b in betas)
+    idle = all(r["max_gpus_busy"] < r["gpus"] for r in mic["F10"] if 3 * r["d"] < r["gpus"])
+    out.append(Row("F10 3 trials, 4 -> 8 GPUs, beta " + "; ".join(f"{b:g}" for b in betas),
+                   "; ".join(f"{f10[b, 4]['speedup']:.2f} -> {f10[b, 8]['speedup']:.2f}x" for b in betas),
+                   "4 -> 8 helps", helps, "" if helps else SIMULATED))
+    out.append(Row("F10 ... GPUs busy of 16, d = " + " / ".join(f"{f10[b, 16]['d']}" for b in betas),
+                   " / ".join(f"{f10[b, 16]['max_gpus_busy']}" for b in betas), "beyond d GPUs idle", idle,
+                   "" if idle else "a trial spread wider than d: a bug"))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     args = benchmark_parser(__doc__, "fewer random instances and samples", plots="fluid").parse_args(argv)
     t0 = time.time()
@@ -168,28 +247,12 @@ def main(argv: list[str] | None = None) -> int:
     f5 = per_algorithm(args.seed, args.quick)
     mic = micro(args.seed)
 
-    print("FLUID (thesis Ch. 3) — simulated; paper numbers beside ours\n")
-    print(f"{'target':<44}{'ours':>14}   paper")
-    rows = [
-        ("F1 toy FIFO makespan (s)", figures["toy_fifo_makespan_s"], "30"),
-        ("F1 toy StaticFluid makespan (s)", figures["toy_static_fluid_makespan_s"], "12"),
-        ("F1 toy Static+DynamicFluid makespan (s)", figures["toy_fluid_makespan_s"], "close to optimal"),
-        ("F1 toy lower bound sum(h)/n (s)", figures["toy_lower_bound_s"], ">= 10 (inferred)"),
-        ("F2 Thm 1 (2 LB + max h1) violations", figures["theorem1_violations"], "0"),
-        ("F2 share with StaticFluid < 2 LB", figures["theorem1_pure_2x_holds"], "1 (2-approx.)"),
-        ("F2 worst StaticFluid / LB", figures["theorem1_max_ratio_to_lb"], "< 2"),
-        ("F3 Eq. 3.3 violations", figures["theorem2_violations"], "0"),
-    ]
-    for name, ours, paper in rows:
-        print(f"{name:<44}{ours:>14.4g}   {paper}")
-    paper_t32 = {2: (81.2, 2356), 4: (63.0, 1432), 8: (45.8, 1073), 16: (47.0, 475), 32: (25.2, 432)}
+    print("FLUID (thesis Ch. 3) — simulated; paper numbers beside ours")
     print("\nF4 successive halving, no FLUID (Table 3.2: utilisation %, runtime)")
     for r in f4:
-        u, rt = paper_t32[r["workers"]]
+        u, rt = PAPER_T32[r["workers"]]
         print(f"  {r['workers']:>2} workers: util {r['utilisation'] * 100:5.1f}%  runtime {r['runtime_s']:7.0f} s"
               f"   paper {u:.1f}%  {rt}")
-    paper_f5 = {"grid": "10-70%", "hyperband": "30-100%", "syncbohb": "~100% (2x)", "asha": "10-30%",
-                "bohb": "10-30%", "pbt": "limited"}
     print("\nF5 per algorithm, 8 GPUs: speed-up vs FIFO / launch-on-idle (static, static+dynamic), utilisation")
     for a, res in f5.items():
         fifo = res["fifo"]
@@ -199,17 +262,16 @@ def main(argv: list[str] | None = None) -> int:
         figures[f"utilisation_fifo_{a}"] = fifo.utilisation
         figures[f"utilisation_fluid_{a}"] = res["fluid"].utilisation
         print(f"  {a:<10} {s:5.2f}x {f:5.2f}x   util {fifo.utilisation:4.0%} -> {res['fluid'].utilisation:4.0%}"
-              f"   best loss {fifo.best_loss:.3f} / {res['fluid'].best_loss:.3f}   paper {paper_f5[a]}")
+              f"   best loss {fifo.best_loss:.3f} / {res['fluid'].best_loss:.3f}")
     figures["speedup_vs_fifo"] = float(np.exp(np.mean([np.log(figures[f"speedup_vs_fifo_{a}"]) for a in f5])))
-    paper_micro = {"F6": "grows with #trials, small models", "F7": "grows with workers - trials gap",
-                   "F8": "rises with variance (Dynamic)", "F9": "10x -> 1.0 (packing off; runtime CV 0 here)",
-                   "F10": "4->8 helps; beyond d idle"}
     for key, rows_ in mic.items():
-        print(f"\n{key} (paper: {paper_micro[key]})")
+        print(f"\n{key}")
         for r in rows_:
             print("  " + "  ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}" for k, v in r.items()))
     figures["f9_speedup_10x_overhead"] = mic["F9"][-1]["speedup"]
     figures["f8_fluid_speedup_high_variance"] = mic["F8"][-1]["fluid_speedup"]
+    print()
+    print_beside_paper(rows(figures, f4, mic))
     for p in plots(args.plots, ratios, f4, f5):
         print(f"\nwrote {p}")
     figures["runtime_s"] = time.time() - t0

@@ -10,12 +10,15 @@ its ablations overlap it with the GPU (OL), the §7.2 TF-like and Clipper-like b
 
 from __future__ import annotations
 
+import textwrap
 from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Iterable, Mapping
 
 import numpy as np
 
+from benchmarks.paper_table import Row, judged
+from gpu.report import WIDTH
 from gpu.schedulers.nexus.policies import POLICIES
 from gpu.schedulers.nexus.routing import DeficitRoundRobin
 from gpu.sim.nexus.run import NexusScenario, build_plan, evaluate, load, max_load, paper_bad_rate, scaled_sessions
@@ -36,6 +39,8 @@ NO_OL = ("batch_oblivious_lazy_drop", "batch_oblivious_fixed_batch")
 CASE_HEADERS = {"nonrush": "non-rush", "rush": "rush", "all_models": "all models", "resnet_only": "ResNet only",
                 "game": "game"}
 SCENARIO_DIR = Path(__file__).resolve().parents[1] / "scenarios" / "nexus"
+SERIAL = "our no-OL baselines pre-process a batch serially on one thread (sensitivity: on 4)"
+DRR = "b-o's plan puts a sliver of SSD's share on a GPU; DRR's bursts to it collapse b-o and all-but-OL-off"
 
 
 def case_scenarios(files: Mapping[str, str], duration_s: float, seed: int) -> dict[str, NexusScenario]:
@@ -123,35 +128,17 @@ def print_cases(rows: Mapping[str, Mapping[str, float]], labels: Mapping[str, st
                                                           for row in rows.values()))
 
 
-def print_ratios(ratios: Mapping[str, Mapping[str, float]], paper: Mapping[str, str], suffix: str = "x",
-                 title: str = "nexus / ...") -> None:
-    """One line per ratio: its value per case and the paper's number beside it."""
-    w = max(42, *(len(k) + 2 for k in paper))
-    print(f"{title:{w}s}" + "".join(f"{CASE_HEADERS[c]:>13s}" for c in ratios) + "   paper")
-    for k, ref in paper.items():
-        print(f"{k:{w}s}" + "".join(f"{r[k]:12.2f}{suffix}" for r in ratios.values()) + f"   {ref}")
-
-
 def print_traffic(tr: dict[str, dict[str, float]]) -> None:
     print("\n== Traffic case study (Fig. 11/12): 16 GPUs, 20 cameras, SSD -> {GoogleNet-car, VGG-Face}, "
           "SLO 400 ms ==")
     print("max frames/s at <= 1% bad (uniform arrivals); gamma car/face: non-rush 1/0.5, rush 7/3.5 (inferred)")
     print_cases(tr, TRAFFIC)
-    ratios = {case: traffic_ratios(row) for case, row in tr.items()}
-    print_ratios({c: {k: v for k, v in r.items() if not k.endswith("drop")} for c, r in ratios.items()},
-                 {"speedup_vs_batch_oblivious": "-", "speedup_vs_tf": "534/227 = 2.4x, 264/146 = 1.8x (non-rush, rush)",
-                  "speedup_vs_clipper": "figure only (1.8-4.4x over both, §1)",
-                  f"speedup_vs_tf_{THREADS}_threads": "2.4x, 1.8x", f"speedup_vs_clipper_{THREADS}_threads": "-",
-                  "qa_gain": "534/433 = 1.23x (-19%), smaller at rush", "ed_gain": "small"})
-    print_ratios({c: {k: 100 * v for k, v in r.items() if "drop" in k} for c, r in ratios.items()},
-                 {"all_but_ol_drop": "39% (534 -> 326, non-rush)", "ol_drop": "a further 34% (326 -> 216, non-rush)",
-                  f"ol_drop_{THREADS}_threads": "34%"}, suffix="%", title="throughput fall (Fig. 11 ablation)")
-    print(f"no-OL rows pre-process a batch on 1 thread (b*p); *_{THREADS}_threads: on {THREADS} (ceil(b/{THREADS})*p, "
+    print(textwrap.fill(f"no-OL rows pre-process a batch on 1 thread (b*p); *_{THREADS}_threads: on {THREADS} (ceil(b/{THREADS})*p, "
           f"sensitivity); max frames/s of those: " + ", ".join(
               f"{CASE_HEADERS[c]} Clipper-like {row['batch_oblivious_lazy_drop_' + str(THREADS) + '_threads']:.1f} "
-              f"TF-like {row['batch_oblivious_fixed_batch_' + str(THREADS) + '_threads']:.1f}" for c, row in tr.items()))
+              f"TF-like {row['batch_oblivious_fixed_batch_' + str(THREADS) + '_threads']:.1f}" for c, row in tr.items()), WIDTH))
     print(f"SSD stage SLO: DP {tr['nonrush']['ssd_budget_ms']:.0f} ms (non-rush), {tr['rush']['ssd_budget_ms']:.0f} ms"
-          f" (rush) of 400 ms; even split {tr['nonrush']['even_ssd_budget_ms']:.0f} ms; paper: QA gives SSD 345 ms")
+          f" (rush) of 400 ms; even split {tr['nonrush']['even_ssd_budget_ms']:.0f} ms")
 
 
 def game_ratios(row: Mapping[str, float]) -> dict[str, float]:
@@ -188,33 +175,87 @@ def cpu_cores(gm: Mapping[str, Mapping[str, float]], gpus: int = 16, per_frame_m
 
 
 def print_game(gm: dict[str, dict[str, float]]) -> None:
-    print("\n== Game case study (Fig. 10): 16 GPUs, 20 games (Zipf-0.9 frame rates), per frame 1 ResNet-50 icon "
-          "variant + 6 LeNet digits, SLO 50 ms ==")
-    print("max frames/s at <= 1% bad requests (7 per frame with all models; uniform arrivals); "
-          "pre-processing 10 ms/request, overlapped (OL) except in TF-/Clipper-like")
+    print("\n" + textwrap.fill("== Game case study (Fig. 10): 16 GPUs, 20 games (Zipf-0.9 frame rates), per frame 1 ResNet-50 icon "
+          "variant + 6 LeNet digits, SLO 50 ms ==", WIDTH))
+    print(textwrap.fill("max frames/s at <= 1% bad requests (7 per frame with all models; uniform arrivals); "
+          "pre-processing 10 ms/request, overlapped (OL) except in TF-/Clipper-like", WIDTH))
     print_cases(gm, GAME)
-    r = game_ratios(game_row(gm))
-    print_ratios({"game": {k: v for k, v in r.items() if "speedup" in k}},
-                 {"speedup_vs_batch_oblivious": "-",
-                  "speedup_vs_tf": "12.7x (baselines on ResNet only)",
-                  "speedup_vs_clipper": "9.4x (baselines on ResNet only)",
-                  "speedup_vs_tf_all_models": "- (paper: baselines' LeNet throughput 'extremely poor')",
-                  "speedup_vs_clipper_all_models": "-", "resnet_only_speedup_vs_tf": "-",
-                  "resnet_only_speedup_vs_clipper": "-", f"speedup_vs_tf_{THREADS}_threads": "12.7x",
-                  f"speedup_vs_clipper_{THREADS}_threads": "9.4x"})
-    print_ratios({"game": {k: 100 * v for k, v in r.items() if "drop" in k}},
-                 {"pb_drop": "figure only", "ss_drop": "figure only", "ed_drop": "3% (8.5% with Poisson arrivals)",
-                  "pb_ss_ed_drop": "48% (4120 -> 2143 req/s)", "ol_drop": "86% (a further 7.4x)",
-                  f"ol_drop_{THREADS}_threads": "86%"}, suffix="%", title="throughput fall (ablation)")
-    print_ratios({"game": {k: v for k, v in r.items() if k.startswith("ol_factor")}},
-                 {"ol_factor": "7.4x", f"ol_factor_{THREADS}_threads": "7.4x"}, title="(-PB-SS-ED) / (-PB-SS-ED-OL)")
     row, t = game_row(gm), f"_{THREADS}_threads"
-    print(f"no-OL rows pre-process a batch on 1 thread (b*p); *_{THREADS}_threads: on {THREADS} (ceil(b/{THREADS})*p, "
+    print(textwrap.fill(f"no-OL rows pre-process a batch on 1 thread (b*p); *_{THREADS}_threads: on {THREADS} (ceil(b/{THREADS})*p, "
           f"sensitivity): -PB-SS-ED-OL {row['batch_oblivious_lazy_drop' + t]:.1f}, ResNet only: Clipper-like "
           f"{row['resnet_only_batch_oblivious_lazy_drop' + t]:.1f}, TF-like {row['resnet_only_batch_oblivious_fixed_batch' + t]:.1f} "
-          f"frames/s")
-    print("CPU cores per GPU the OL rows imply (frames/s x pre-processing per frame / GPUs; the paper provisions 4-5, "
-          f"OL assumes the pool keeps up): nexus {cpu_cores(gm):.1f}")
+          f"frames/s", WIDTH))
+    print(textwrap.fill("CPU cores per GPU the OL rows imply (frames/s x pre-processing per frame / GPUs; the paper provisions 4-5, "
+          f"OL assumes the pool keeps up): nexus {cpu_cores(gm):.1f}", WIDTH))
+
+
+def within(ours: float, paper: float, rel: float = 0.25) -> bool:
+    """Ours within ``rel`` (relative) of the paper's number: the case studies' one tolerance."""
+    return abs(ours - paper) <= rel * paper
+
+
+def _pair(values: Iterable[float], fmt: str = "{:.2f}x") -> str:
+    return " / ".join(fmt.format(v) for v in values)
+
+
+def traffic_rows(tr: Mapping[str, Mapping[str, float]]) -> list[Row]:
+    """Figs. 11/12 beside the paper (§7.3.2): Nexus over TF Serving and Clipper (non-rush / rush), the QA and ED
+    gains, Fig. 11's cumulative falls and the SSD stage's share of the SLO."""
+    r = {case: traffic_ratios(row) for case, row in tr.items()}
+    non, rush = r["nonrush"], r["rush"]
+    t = f"_{THREADS}_threads"
+    tf = [v["speedup_vs_tf"] for v in r.values()]
+    tf4 = [v["speedup_vs_tf" + t] for v in r.values()]
+    clipper = [v["speedup_vs_clipper"] for v in r.values()]
+    return [
+        Row("traffic nexus / b-o, non-rush / rush", _pair(v["speedup_vs_batch_oblivious"] for v in r.values()),
+            why=DRR),
+        judged("traffic nexus / TF-like, non-rush / rush", _pair(tf), "2.4x / 1.8x (ours: +-25%)",
+               all(map(within, tf, (2.4, 1.8))), SERIAL),
+        judged(f"... {THREADS} no-OL pre-processing threads", _pair(tf4), "2.4x / 1.8x (ours: +-25%)",
+               all(map(within, tf4, (2.4, 1.8))), SERIAL),
+        judged("traffic nexus / Clipper-like", _pair(clipper), "1.8-4.4x (figure; §1)",
+               all(1.8 <= v <= 4.4 for v in clipper), SERIAL),
+        Row(f"... {THREADS} no-OL pre-processing threads", _pair(v["speedup_vs_clipper" + t] for v in r.values())),
+        judged("traffic -QA: nexus / even split", _pair((non["qa_gain"], rush["qa_gain"])),
+               "1.23x (+-25%), less at rush", within(non["qa_gain"], 1.23) and rush["qa_gain"] < non["qa_gain"],
+               "inferred fan-outs and synthetic SSD profile"),
+        judged("traffic -ED: nexus / lazy drop", _pair((non["ed_gain"], rush["ed_gain"])), "small (ours: < 1.1x)",
+               max(non["ed_gain"], rush["ed_gain"]) < 1.1, "inferred fan-outs and synthetic SSD profile"),
+        judged("traffic fall, all but OL off (non-rush)", f"{non['all_but_ol_drop']:.0%}", "39% (534 -> 326; +-25%)",
+               within(non["all_but_ol_drop"], 0.39), DRR),
+        judged("traffic fall, then OL off (non-rush)", f"{non['ol_drop']:.0%}", "34% (326 -> 216; +-25%)",
+               within(non["ol_drop"], 0.34), DRR),
+        judged(f"... {THREADS} no-OL pre-processing threads", f"{non['ol_drop' + t]:.0%}", "34% (+-25%)",
+               within(non["ol_drop" + t], 0.34), DRR),
+        judged("traffic SSD stage SLO, DP (non-rush, ms)", f"{tr['nonrush']['ssd_budget_ms']:.0f} of 400",
+               "345 of 400 (ours: +-10%)", within(tr["nonrush"]["ssd_budget_ms"], 345, 0.1),
+               "inferred fan-outs and synthetic SSD profile"),
+    ]
+
+
+def game_rows(gm: Mapping[str, Mapping[str, float]]) -> list[Row]:
+    """Fig. 10 beside the paper (§7.3.1): Nexus over TF Serving and Clipper (the baselines on ResNet alone, as the
+    paper ran them) and the cumulative ablation's falls."""
+    r, t = game_ratios(game_row(gm)), f"_{THREADS}_threads"
+    out = [Row("game nexus / b-o", f"{r['speedup_vs_batch_oblivious']:.2f}x")]
+    for sfx, label in (("", "game nexus / {} (ResNet only)"), (t, f"... {THREADS} no-OL threads")):
+        for name, short, paper in (("tf", "TF-like", 12.7), ("clipper", "Clipper-like", 9.4)):
+            v = r[f"speedup_vs_{name}{sfx}"]
+            out.append(judged(label.format(short) if not sfx else f"{label}: {short}", f"{v:.2f}x",
+                              f"{paper:g}x (ours: +-25%)", within(v, paper), SERIAL))
+    out += [Row("game nexus / TF, Clipper, all models",
+                _pair((r["speedup_vs_tf_all_models"], r["speedup_vs_clipper_all_models"])),
+                why="paper: the baselines' LeNet throughput 'extremely poor'"),
+            Row("game fall -PB / -SS", f"{r['pb_drop']:.0%} / {r['ss_drop']:.0%}", why="figure only"),
+            judged("game fall -ED", f"{r['ed_drop']:.0%}", "3-8.5% (ours: <= 8.5%)",
+                   r["ed_drop"] <= 0.085, "synthetic profiles"),
+            judged("game fall -PB-SS-ED from nexus", f"{r['pb_ss_ed_drop']:.0%}", "48% (4120 -> 2143; +-25%)",
+                   within(r["pb_ss_ed_drop"], 0.48), "synthetic profiles")]
+    for sfx, label in (("", "game OL off: further fall (factor)"), (t, f"... on {THREADS} threads")):
+        out.append(judged(label, f"{r['ol_drop' + sfx]:.0%} ({r['ol_factor' + sfx]:.1f}x)", "86% (7.4x; +-25%)",
+                          within(r["ol_factor" + sfx], 7.4), SERIAL))
+    return out
 
 
 def game_summary(gm: dict[str, dict[str, float]]) -> dict[str, float]:
@@ -262,8 +303,8 @@ def drr_bursts(duration_s: float, seed: int, load: float = 0.5) -> dict[str, flo
 
 
 def print_drr_bursts(b: Mapping[str, float]) -> None:
-    print(f"batch-oblivious + DRR (non-rush, 0.5x base frames/s): SSD on {b['detect_gpus']:.0f} GPUs, shares "
+    print(textwrap.fill(f"batch-oblivious + DRR (non-rush, 0.5x base frames/s): SSD on {b['detect_gpus']:.0f} GPUs, shares "
           f"{100 * b['detect_max_share']:.2f}% .. {100 * b['detect_min_share']:.2f}% -> DRR runs of up to "
           f"{b['drr_longest_run']:.0f} frames to one GPU; query bad rate DRR {100 * b['drr_query_bad_rate']:.1f}% vs "
           f"weighted random {100 * b['weighted_random_query_bad_rate']:.1f}% (same plan): the b-o rows' collapse is "
-          f"DRR's bursts on the b-o plan's sliver share, not the scheduler")
+          f"DRR's bursts on the b-o plan's sliver share, not the scheduler", WIDTH))

@@ -20,7 +20,7 @@ from __future__ import annotations
 import sys
 import textwrap
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +30,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from benchmarks.cli import benchmark_parser, write_json  # noqa: E402
+from benchmarks.paper_table import Row, judged, print_beside_paper  # noqa: E402
 from gpu.scenario import load_scenario  # noqa: E402
 from gpu.schedulers.nona.optimizer import Cluster, NonaModel, QueryClass, solve  # noqa: E402
 from gpu.schedulers.nona.dag import branches, contract, groupings, subgraphs  # noqa: E402
@@ -49,30 +50,11 @@ R1_WHY = {"densenet121": "PipeDream's DenseNet graph keeps 4 tasks; torch.fx's i
 SCHEMES = ("spark", "sjf_cp", "opportunistic", "random", "undistributed", "expert", "nona_star")
 PAPER_NAME = {"sjf_cp": "Decima"}  # SJF-CP is compared with the paper's Decima figures
 TARGET = {"random": 10.0, "spark": 3.0}  # mean JCT ratio to Nona on the paper-shaped setup
+TARGET_WHY = {"random": "Random saturates the link: its ratio is set by the horizon (H, why (2) above)",
+              "spark": "Spark spreads less than Random: its link queue stays bounded (why (3) above)"}
 
 
-@dataclass
-class Verdict:
-    figure: str
-    ours: str
-    paper: str
-    reproduced: bool
-    why: str = ""
-
-
-VERDICTS: list[Verdict] = []
-
-
-def verdict(figure: str, ours: str, paper: str, reproduced: bool, why: str = "") -> None:
-    """Record and print one figure beside the paper's, marked; ``why``: one line on the difference."""
-    VERDICTS.append(Verdict(figure, ours, paper, reproduced, why))
-    print(textwrap.fill(f"→ {figure}: ours {ours} | paper {paper} | {'reproduced' if reproduced else 'missed'}",
-                        118, initial_indent="  ", subsequent_indent="      "))
-    if why and not reproduced:
-        print(textwrap.fill(why, 118, initial_indent="      ", subsequent_indent="      "))
-
-
-def r1_contraction(out: dict, mu: float) -> None:
+def r1_contraction(rows: list[Row], out: dict, mu: float) -> None:
     print("R1 contraction (Table II), torch.fx graphs timed here; where branches are, their compute vs a transfer")
     print(f"  {'class':12s} {'before':>6s} {'after':>5s} {'rounds':>6s} {'paper':>10s} {'compute ms':>10s} "
           f"{'branchy subgraphs':>17s} {'saving/transfer ms':>19s}")
@@ -86,8 +68,8 @@ def r1_contraction(out: dict, mu: float) -> None:
               + (f"{1e3 * saving:9.2f} / {1e3 * transfer:5.2f}" if subs else f"{'—':>19s}"))
         out[f"r1_{name}_tasks_before"], out[f"r1_{name}_tasks_after"] = len(dag.tasks), len(c.dag.tasks)
         out[f"r1_{name}_compute_ms"] = 1e3 * dag.total_ops
-        verdict(f"R1 {name} after contraction", str(len(c.dag.tasks)), str(paper[1]), len(c.dag.tasks) == paper[1],
-                R1_WHY.get(name, ""))
+        rows.append(judged(f"R1 {name} after contraction", str(len(c.dag.tasks)), str(paper[1]), len(c.dag.tasks) == paper[1],
+                R1_WHY.get(name, "")))
     print("  (saving: the compute that running a subgraph's branches side by side saves, largest; transfer: one "
           "hand-off at μ)")
     about = load_profile()["about"]
@@ -107,16 +89,16 @@ def _branch_gain(dag, subs, mu: float) -> tuple[float, float]:
     return best, transfer
 
 
-def r2_search_space(out: dict, servers: int) -> None:
+def r2_search_space(rows: list[Row], out: dict, servers: int) -> None:
     dags = [contract(d).dag for d in paper_models().values()]
     sizes = [len(groupings(s, servers)) for d in dags for s in subgraphs(d) if s.intermediates]
     out["r2_search_space"], out["r2_distributions"] = sum(sizes), len(sizes)
     print(f"\nR2 search space: Σ|Ω| = {sum(sizes)} over {len(sizes)} distributions; independent of the servers")
-    verdict("R2 search space", f"{sum(sizes)} over {len(sizes)}", "46 over 9", False,
-            "our GPT2 graph keeps 12 blocks of 5 intermediates (ln_1, q, k, v, attention): 471 groupings each")
+    rows.append(judged("R2 search space", f"{sum(sizes)} over {len(sizes)}", "46 over 9", (sum(sizes), len(sizes)) == (46, 9),
+            "our GPT2 graph keeps 12 blocks of 5 intermediates (ln_1, q, k, v, attention): 471 groupings each"))
 
 
-def r3_pk(out: dict, quick: bool) -> None:
+def r3_pk(rows: list[Row], out: dict, quick: bool) -> None:
     """Background transfers see the link's mean wait; compare with φ at four loads."""
     print("\nR3 PK formula vs the simulated FIFO link (mean wait of Poisson transfers, ms)")
     dag = contract(motivating_query()).dag
@@ -133,11 +115,11 @@ def r3_pk(out: dict, quick: bool) -> None:
         worst = max(worst, abs(sim / pred.phi - 1))
         print(f"  ρ = {pred.rho:.1f}: simulated {sim * 1e3:.3f}  PK φ {pred.phi * 1e3:.3f}  ratio {sim / pred.phi:.3f}"
               f"  (horizon {horizon:g} s)")
-    verdict("R3 simulated wait / PK φ", f"within {worst:.0%}", "analytic (M/G/1)", worst < 0.1,
-            "query transfers are not Poisson: a query's second transfer follows its first")
+    rows.append(judged("R3 simulated wait / PK φ", f"within {worst:.0%}", "analytic (M/G/1)", worst < 0.1,
+            "query transfers are not Poisson: a query's second transfer follows its first"))
 
 
-def r4_motivating(out: dict, quick: bool) -> None:
+def r4_motivating(rows: list[Row], out: dict, quick: bool) -> None:
     print("\nR4 §II example: 2 servers, 80 Gbps; JCT with no queueing (paper: 32 vs 14 ms, 22 undistributed)")
     dag = contract(motivating_query()).dag
     model = NonaModel([QueryClass(dag, 0.0)], Cluster(2, 1000.0, 10e9))
@@ -146,8 +128,8 @@ def r4_motivating(out: dict, quick: bool) -> None:
     out["r4_allocation1_ms"], out["r4_allocation2_ms"], out["r4_undistributed_ms"] = jct[3], jct[0], jct[4]
     print(f"  allocation 1 (det remote) {jct[3]:.0f} ms, allocation 2 (sparse det remote) {jct[0]:.0f} ms, "
           f"undistributed {jct[4]:.0f} ms")
-    verdict("R4 §II JCTs (ms)", f"{jct[3]:.0f} / {jct[0]:.0f} / {jct[4]:.0f}", "32 / 14 / 22",
-            [round(jct[i]) for i in (3, 0, 4)] == [32, 14, 22])
+    rows.append(judged("R4 §II JCTs (ms)", f"{jct[3]:.0f} / {jct[0]:.0f} / {jct[4]:.0f}", "32 / 14 / 22",
+            [round(jct[i]) for i in (3, 0, 4)] == [32, 14, 22]))
     print("  Table I: Nona's probability of distributing as background transfers load the link; simulated JCT (ms)")
     p = []
     for busy in (0.0, 0.3, 0.6, 0.8):
@@ -162,11 +144,11 @@ def r4_motivating(out: dict, quick: bool) -> None:
         p.append(1 - theta[4])
         print(f"  link busy {busy:.0%}: P(distribute) = {1 - theta[4]:.2f}; " +
               ", ".join(f"{k} {v:.1f}" for k, v in sims.items()))
-    verdict("R4 P(distribute) 0→80 % busy", " ".join(f"{x:.2f}" for x in p), "falls with load (Table I)",
-            all(a >= b for a, b in zip(p, p[1:])) and p[0] > p[-1])
+    rows.append(judged("R4 P(distribute) 0→80 % busy", " ".join(f"{x:.2f}" for x in p), "falls with load (Table I)",
+            all(a >= b for a, b in zip(p, p[1:])) and p[0] > p[-1]))
 
 
-def r5_solve_time(out: dict, setup: Setup) -> None:
+def r5_solve_time(rows: list[Row], out: dict, setup: Setup) -> None:
     print("\nR5 solve time vs cluster size (Table III: 13 s at every size on one EPYC core)")
     times = []
     for n in (16, 32, 64, 128):
@@ -177,8 +159,8 @@ def r5_solve_time(out: dict, setup: Setup) -> None:
         times.append(time.perf_counter() - t0)
         out[f"r5_solve_s_n{n}"] = times[-1]
         print(f"  N = {n:3d}: {times[-1]:.2f} s")
-    verdict("R5 solve time N = 16…128", f"{min(times):.1f}–{max(times):.1f} s", "13 s, flat", max(times) < 13,
-            "seconds on a shared 2-core machine; larger clusters carry more traffic, so more iterations")
+    rows.append(judged("R5 solve time N = 16…128", f"{min(times):.1f}–{max(times):.1f} s", "13 s, flat", max(times) < 13,
+            "seconds on a shared 2-core machine; larger clusters carry more traffic, so more iterations"))
 
 
 def run_all(setup: Setup, quick: bool) -> dict[str, Outcome]:
@@ -240,7 +222,7 @@ def horizon_study(out: dict, setup: Setup, load: float, horizons: tuple[float, .
                         118, initial_indent="  ", subsequent_indent="  "))
 
 
-def r6_load_sweep(out: dict, setup: Setup, loads: tuple[float, ...], quick: bool) -> dict:
+def r6_load_sweep(rows: list[Row], out: dict, setup: Setup, loads: tuple[float, ...], quick: bool) -> dict:
     print(f"\nR6/R7 mean JCT ratio to Nona vs compute load (Fig. 3; 80 servers, 10 Gbps), all jobs (inference only)")
     print(f"  {'load':>4s} " + " ".join(f"{p:>13s}" for p in SCHEMES) + f" {'nona ms':>7s}")
     sweep = {}
@@ -263,13 +245,13 @@ def r6_load_sweep(out: dict, setup: Setup, loads: tuple[float, ...], quick: bool
             vals = [out[f"{prefix}_load{int(x * 100)}_{p}_vs_nona"] for x in loads]
             rho = [sweep[x][p].link_rho for x in loads]
             name = f"{fig} {PAPER_NAME.get(p, p)}/Nona" + (" (SJF-CP)" if p in PAPER_NAME else "")
-            verdict(name, f"{min(vals):.2f}–{max(vals):.2f}×", f"{lo}–{hi}×", min(vals) >= lo,
-                    _gap_reason(p, vals, rho, loads, out))
+            rows.append(judged(name, f"{min(vals):.2f}–{max(vals):.2f}×", f"{lo}–{hi}×", min(vals) >= lo,
+                    _gap_reason(p, vals, rho, loads, out)))
     gap = max(abs(out[f"r6_load{int(x * 100)}_expert_vs_nona"] - 1) for x in loads)
     star = max(abs(out[f"r6_load{int(x * 100)}_nona_star_vs_nona"] - 1) for x in loads)
     out["r6_nona_vs_expert_max_gap"], out["r9_nona_star_max_gap"] = gap, star
-    verdict("R6 Nona vs Expert", f"within {gap:.1%}", "within 10 %", gap <= 0.10)
-    verdict("R9 Nona* vs Nona", f"within {star:.1%}", "within 15 %", star <= 0.15)
+    rows.append(judged("R6 Nona vs Expert", f"within {gap:.1%}", "within 10 %", gap <= 0.10))
+    rows.append(judged("R9 Nona* vs Nona", f"within {star:.1%}", "within 15 %", star <= 0.15))
     return sweep
 
 
@@ -295,7 +277,7 @@ def _gap_reason(p: str, vals: list[float], rho: list[float], loads: tuple[float,
     return line
 
 
-def r8_bandwidth(out: dict, setup: Setup, links: tuple[float, ...], quick: bool) -> None:
+def r8_bandwidth(rows: list[Row], out: dict, setup: Setup, links: tuple[float, ...], quick: bool) -> None:
     print("\nR8 link capacity sweep at 30 % compute load (Fig. 4)")
     best = {p: 0.0 for p in FIG_4}
     for gbps in links:
@@ -308,12 +290,12 @@ def r8_bandwidth(out: dict, setup: Setup, links: tuple[float, ...], quick: bool)
         print(f"  {gbps:6g} Gbps: " + ", ".join(f"{p} {r[p]:.2f}×" for p in FIG_4)
               + f", expert {r['expert']:.2f}× (q = {runs['expert'].q})")
     for p, paper in FIG_4.items():
-        verdict(f"R8 max {PAPER_NAME.get(p, p)}/Nona over links", f"{best[p]:.2f}×", f"{paper}×", best[p] >= paper,
+        rows.append(judged(f"R8 max {PAPER_NAME.get(p, p)}/Nona over links", f"{best[p]:.2f}×", f"{paper}×", best[p] >= paper,
                 f"{p} at the slowest link, ρ = {out[f'r8_link{links[0]:g}_{p}_link_rho']:.2f}: saturated, its "
-                "ratio grows with the horizon; on fast links the spread adds compute hops, not congestion")
+                "ratio grows with the horizon; on fast links the spread adds compute hops, not congestion"))
 
 
-def r9_rate_error(out: dict, setup: Setup) -> None:
+def r9_rate_error(rows: list[Row], out: dict, setup: Setup) -> None:
     print("\nR9 θ solved for rates off by ±40 %, run at the true rates (paper: robust up to ±40 %)")
     s = _at(setup, 0.3)
     true = stats(run_policy(s, "nona").records)["mean_jct_ms"]
@@ -325,23 +307,23 @@ def r9_rate_error(out: dict, setup: Setup) -> None:
         out[f"r9_rates_x{err:g}_vs_nona"] = got / true
         worst = max(worst, abs(got / true - 1))
         print(f"  solved at {err:.1f}× the rates: mean JCT {got / true:.3f}× Nona's")
-    verdict("R9 θ from rates off by ±40 %", f"within {worst:.1%}", "within 15 %", worst <= 0.15)
+    rows.append(judged("R9 θ from rates off by ±40 %", f"within {worst:.1%}", "within 15 %", worst <= 0.15))
 
 
-def r10_tails(out: dict, runs: dict[str, Outcome]) -> None:
+def r10_tails(rows: list[Row], out: dict, runs: dict[str, Outcome]) -> None:
     print("\nR10 tails at 70 % load (Fig. 5): inference p99 ratio to Nona; background jobs served unqueued")
     p99 = _ratios(runs, "inference_p99_ms")
     for p, paper in FIG_5.items():
         out[f"r10_{p}_inference_p99_vs_nona"] = p99[p]
-        verdict(f"R10 {PAPER_NAME.get(p, p)} p99/Nona", f"{p99[p]:.2f}×", f"{paper}×", p99[p] >= paper,
-                "Nona's own p99 is a VGG16 waiting behind others (one 0.4 s task): tails are compute, not the link")
+        rows.append(judged(f"R10 {PAPER_NAME.get(p, p)} p99/Nona", f"{p99[p]:.2f}×", f"{paper}×", p99[p] >= paper,
+                "Nona's own p99 is a VGG16 waiting behind others (one 0.4 s task): tails are compute, not the link"))
     share = {}
     for p in ("nona", "spark"):
         bg = [r for r in runs[p].records if r.klass in (BACKGROUND_COMPUTE, BACKGROUND_COMM)]
         share[p] = float(np.mean([r.queued <= 1e-12 for r in bg]))
         out[f"r10_{p}_background_unqueued"] = share[p]
-    verdict("R10 background unqueued Nona vs Spark", f"{share['nona']:.0%} vs {share['spark']:.0%}", "≈40 % vs 1 %",
-            share["nona"] > share["spark"])
+    rows.append(judged("R10 background unqueued Nona vs Spark", f"{share['nona']:.0%} vs {share['spark']:.0%}", "≈40 % vs 1 %",
+            share["nona"] > share["spark"]))
 
 
 def paper_equations(out: dict, setup: Setup) -> None:
@@ -357,7 +339,7 @@ def paper_equations(out: dict, setup: Setup) -> None:
           f"with compute queueing: {res[True]['mean_jct_ms']:.0f} ms, {res[True]['distributed']:.0%} distributed")
 
 
-def lookup_table(out: dict, quick: bool) -> None:
+def lookup_table(rows: list[Row], out: dict, quick: bool) -> None:
     print("\n§III-A lookup table: §II's query, 16 servers, 80 Gbps, rate 40 → 500 queries/s at 30 s")
     setup = parse(load_scenario(ROOT / "scenarios" / "nona" / "rate_shift.yaml"))
     if quick:
@@ -368,12 +350,12 @@ def lookup_table(out: dict, quick: bool) -> None:
         out[f"table_{p}_inference_mean_ms"] = st["inference_mean_ms"]
         extra = f"  ({o.table['resolves']:.0f} re-solve(s), {o.table['switches']:.0f} switch(es))" if o.table else ""
         print(f"  {p:14s} inference mean {st['inference_mean_ms']:8.1f} ms, p99 {st['inference_p99_ms']:8.1f} ms{extra}")
-    verdict("§III-A table after a 12.5× rate jump", f"{out['table_nona_table_inference_mean_ms']:.0f} vs "
+    rows.append(judged("§III-A table after a 12.5× rate jump", f"{out['table_nona_table_inference_mean_ms']:.0f} vs "
             f"{out['table_nona_inference_mean_ms']:.0f} ms (θ for the old rate)", "swapped without downtime",
-            out["table_nona_table_inference_mean_ms"] < out["table_nona_inference_mean_ms"])
+            out["table_nona_table_inference_mean_ms"] < out["table_nona_inference_mean_ms"]))
 
 
-def target(out: dict, setup: Setup, load: float, horizons: tuple[float, ...]) -> None:
+def target(rows: list[Row], out: dict, setup: Setup, load: float, horizons: tuple[float, ...]) -> None:
     """The headline ratios on the paper-shaped setup, against the target, with the measured reason they fall
     short where they do."""
     print(f"\nTarget on the paper-shaped setup ({load:.0%} load, horizon {setup.workload.horizon_s:g} s): "
@@ -388,8 +370,8 @@ def target(out: dict, setup: Setup, load: float, horizons: tuple[float, ...]) ->
     out["target_hop_wait_ms"], out["target_best_branch_saving_ms"] = 1e3 * wait, 1e3 * saving
     for p, goal in TARGET.items():
         got = out[f"nona_{p}_over_nona"]
-        print(f"  {p}/Nona {got:.2f}× (target ≥ {goal:g}×): {'met' if got >= goal else 'missed'}; "
-              f"the link at ρ = {rho[p]:.2f} under {p}" + (" (saturated)" if rho[p] >= 0.97 else ""))
+        rows.append(judged(f"target {p}/Nona at {load:.0%} load", f"{got:.2f}× (link ρ = {rho[p]:.2f})",
+                           f"target ≥ {goal:g}×", got >= goal, TARGET_WHY[p]))
     longest = 1e3 * max(d.total_ops for d in s.dags.values())
     print(textwrap.fill(
         f"why: (1) Nona is undistributed here: a part sent to another server waits W = {1e3 * wait:.1f} ms for the "
@@ -403,14 +385,6 @@ def target(out: dict, setup: Setup, load: float, horizons: tuple[float, ...]) ->
         + ", ".join(f"{out[f'h{h:g}_spark_over_nona']:.2f}×" for h in horizons)
         + "); our CPU-long queries (30–420 ms) dwarf a 0.3–0.6 ms hand-off.",
         118, initial_indent="  ", subsequent_indent="      "))
-
-
-def summary() -> None:
-    print(f"\nSummary: {sum(v.reproduced for v in VERDICTS)} of {len(VERDICTS)} figures reproduced")
-    print(f"  {'figure':44s} {'ours':>22s} {'paper':>26s}  mark")
-    for v in VERDICTS:
-        print(f"  {v.figure[:44]:44s} {v.ours[:22]:>22s} {v.paper[:26]:>26s}  "
-              f"{'reproduced' if v.reproduced else 'missed'}")
 
 
 def _plots(sweep: dict, folder: Path) -> None:
@@ -441,28 +415,31 @@ def main(argv: list[str] | None = None) -> int:
           "as the horizon\n  doubles), and every ratio is reported at it: a scheme that saturates the link has "
           "a ratio that grows with it")
     out: dict[str, float] = {"horizon_s": horizon, "paper_load": load}
-    r1_contraction(out, setup.cluster.mu)
-    r2_search_space(out, setup.cluster.servers)
-    r3_pk(out, args.quick)
-    r4_motivating(out, args.quick)
-    r5_solve_time(out, setup)
+    rows: list[Row] = []
+    r1_contraction(rows, out, setup.cluster.mu)
+    r2_search_space(rows, out, setup.cluster.servers)
+    r3_pk(rows, out, args.quick)
+    r4_motivating(rows, out, args.quick)
+    r5_solve_time(rows, out, setup)
     horizons = (4.0, 8.0, 16.0) if args.quick else (8.0, 15.0, 30.0, 60.0)
     horizon_study(out, setup, load, horizons)
     loads = (0.1, 0.5, 0.7) if args.quick else (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7)
-    sweep = r6_load_sweep(out, setup, loads, args.quick)
+    sweep = r6_load_sweep(rows, out, setup, loads, args.quick)
     key = int(load * 100)
     out["nona_random_over_nona"] = out[f"r6_load{key}_random_vs_nona"]
     out["nona_spark_over_nona"] = out[f"r6_load{key}_spark_vs_nona"]
     out["nona_sjf_cp_over_nona"] = out[f"r6_load{key}_sjf_cp_vs_nona"]
-    r8_bandwidth(out, setup, (1.0, 100.0) if args.quick else (1.0, 2.5, 10.0, 40.0, 100.0), args.quick)
-    r9_rate_error(out, setup)
-    r10_tails(out, sweep[0.7])
+    r8_bandwidth(rows, out, setup, (1.0, 100.0) if args.quick else (1.0, 2.5, 10.0, 40.0, 100.0), args.quick)
+    r9_rate_error(rows, out, setup)
+    r10_tails(rows, out, sweep[0.7])
     paper_equations(out, setup)
-    lookup_table(out, args.quick)
-    target(out, setup, load, horizons)
-    summary()
+    lookup_table(rows, out, args.quick)
+    figures = list(rows)  # the paper's figures; the targets below are ours
+    target(rows, out, setup, load, horizons)
+    print("\nSummary: ours beside the paper")
+    print_beside_paper(rows)
     _plots(sweep, args.plots)
-    out["reproduced"], out["figures"] = sum(v.reproduced for v in VERDICTS), len(VERDICTS)
+    out["reproduced"], out["figures"] = sum(r.reproduced is True for r in figures), len(figures)
     out["total_s"] = time.time() - t0
     print(f"\nplots in {args.plots}; total {out['total_s']:.0f} s")
     write_json(args.json, out)

@@ -22,7 +22,7 @@ from typing import Sequence
 from gpu.report import WIDTH, format_table
 
 REPRODUCED, MISSED, NO_FIGURE, NOT_JUDGED = "reproduced", "missed", "no paper figure", "not judged"
-CAPS = {"target": 40, "ours": 28, "paper": 30}  # the result column takes the rest of the 120
+CAPS = {"target": 40, "ours": 26, "paper": 28}  # the result column takes the rest: "no paper figure [10]"
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,11 @@ class Row:
         return REPRODUCED if self.reproduced else MISSED
 
 
+def judged(target: str, ours: str, paper: str, reproduced: bool, why: str = "") -> Row:
+    """A row judged against the paper whose ``why`` (why ours differs) is shown only when it missed."""
+    return Row(target, ours, paper, reproduced, "" if reproduced else why)
+
+
 def as_row(row: Row | tuple[str, str, str]) -> Row:
     return row if isinstance(row, Row) else Row(*row)
 
@@ -49,10 +54,9 @@ def as_row(row: Row | tuple[str, str, str]) -> Row:
 def tally(rows: Sequence[Row | tuple[str, str, str]]) -> str:
     """``12 reproduced, 3 missed, 5 with no paper figure``: the line under the table."""
     verdicts = [as_row(r).verdict for r in rows]
-    counts = [(verdicts.count(v), v) for v in (REPRODUCED, MISSED, NOT_JUDGED)]
-    text = ", ".join(f"{n} {v}" for n, v in counts if n)
+    counts = [f"{n} {v}" for n, v in ((verdicts.count(v), v) for v in (REPRODUCED, MISSED, NOT_JUDGED)) if n]
     none = verdicts.count(NO_FIGURE)
-    return text + (f", {none} with no paper figure" if none else "")
+    return ", ".join(counts + ([f"{none} with no paper figure"] if none else []))
 
 
 def paper_table(rows: Sequence[Row | tuple[str, str, str]], width: int = WIDTH) -> str:

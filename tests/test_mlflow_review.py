@@ -155,8 +155,10 @@ def test_benchmark_prints_the_thread_mlflow_ratio():
         r[f"{key}_vs_thread_ratio"] = r["thread_tasks_per_s"] / r[f"{key}_tasks_per_s"]
         r[f"{key}_vs_thread_task_phase_ratio"] = (r["thread_task_phase_tasks_per_s"]
                                                    / r[f"{key}_task_phase_tasks_per_s"])
-    table = format_table(r)
-    assert "thread + MLflow vs ThreadPoolTaskRunner: 1.43x per task (task phase 1.43x), target <= 1.5" in table
+    headline = next(line for line in format_table(r).splitlines()
+                    if line.startswith("thread + MLflow vs ThreadPoolTaskRunner"))
+    assert "1.43x (task phase 1.43x)" in headline and "target <= 1.5" in headline
+    assert headline.rstrip().endswith("reproduced")  # 1.43 is within the target
 
 
 def test_task_fields_name_what_a_task_worked_on():
