@@ -18,7 +18,6 @@ from __future__ import annotations
 import shutil
 import sys
 import tempfile
-import textwrap
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,6 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.cli import benchmark_parser, finish
+from benchmarks.paper_table import Row, judged, print_beside_paper
 from gpu.devices import simulated_nodes
 from gpu.ledger import PoolLedger
 from gpu.placement import ResourceRequest
@@ -161,17 +161,23 @@ def simulated(quick: bool, seed: int, compute_s_per_gb: float, bandwidth_gb_s: f
 
 
 @dataclass(frozen=True)
-class Row:
-    """One printed figure: ours, the paper's, and whether ours reproduces it (or why not, or that it is calibrated)."""
+class Verdict:
+    """Whether ours reproduces the paper's figure, and why not."""
 
-    key: str
-    ours: float
-    paper: str = "-"
-    verdict: str = ""
+    ok: bool
+    why: str
 
 
-def _judged(ok: bool, why: str) -> str:
-    return "reproduced" if ok else f"missed: {why}"
+def _judged(ok: bool, why: str) -> Verdict:
+    return Verdict(bool(ok), why)
+
+
+def figure(key: str, ours: float, paper: str = "-", verdict: Verdict | str = "") -> Row:
+    """One printed figure (4 significant digits) beside the paper's; a text instead of a verdict is a note (measured
+    here, calibrated, counted differently): the row is shown, not judged."""
+    if isinstance(verdict, Verdict):
+        return judged(key, f"{ours:.4g}", paper, verdict.ok, verdict.why)
+    return Row(key, f"{ours:.4g}", paper, None, verdict)
 
 
 HFS_SHARES = {60: {"A": 1.0}, 120: {"A": 0.4, "B": 0.6}, 180: {"A": 0.2, "B": 0.3, "C": 0.5}}
@@ -182,86 +188,73 @@ def rows(f: dict[str, float], hfs_nodes: int) -> list[Row]:
     """Every figure beside the paper's number, judged (§4.6, Figs. 4.5–4.8)."""
     lat = {d: (f[f"gang_{d}_min_ms"], f[f"gang_{d}_max_ms"]) for d in ("appspace", "libspace", "framespace")}
     table = [
-        Row("create_ms_per_resource_k1", f["create_ms_per_resource_k1"], "1",
+        figure("create_ms_per_resource_k1", f["create_ms_per_resource_k1"], "1",
             _judged(f["create_ms_per_resource_k1"] <= 3, "above a few ms")),
-        *(Row(f"create_ms_per_resource_k{k}", f[f"create_ms_per_resource_k{k}"]) for k in (10, 100)),
-        Row("create_ms_per_resource_k1000", f["create_ms_per_resource_k1000"], "0.72 (amortized)",
+        *(figure(f"create_ms_per_resource_k{k}", f[f"create_ms_per_resource_k{k}"]) for k in (10, 100)),
+        figure("create_ms_per_resource_k1000", f["create_ms_per_resource_k1000"], "0.72 (amortized)",
             _judged(f["create_ms_per_resource_k1000"] < f["create_ms_per_resource_k1"] <= 3, "not amortized")),
-        *(Row(k, v, "-", "pool file (shared by processes)") for k, v in f.items()
+        *(figure(k, v, "-", "pool file (shared by processes)") for k, v in f.items()
           if k.startswith("create_ms_per_resource_file")),
-        *(Row(k, v) for k, v in f.items() if k.startswith("makespan_s_")),
-        Row("makespan_spread_pct", f["makespan_spread_pct"], "flat", _judged(f["makespan_spread_pct"] <= 5, "> 5 %")),
-        Row("sched_ms_1_requested", f["sched_ms_1_requested"], "1.1",
+        *(figure(k, v) for k, v in f.items() if k.startswith("makespan_s_")),
+        figure("makespan_spread_pct", f["makespan_spread_pct"], "flat", _judged(f["makespan_spread_pct"] <= 5, "> 5 %")),
+        figure("sched_ms_1_requested", f["sched_ms_1_requested"], "1.1",
             _judged(f["sched_ms_1_requested"] <= 3.3, "not the same order")),
-        Row("sched_ms_10_requested", f["sched_ms_10_requested"]),
-        Row("sched_ms_100_requested", f["sched_ms_100_requested"], "1.2",
+        figure("sched_ms_10_requested", f["sched_ms_10_requested"]),
+        figure("sched_ms_100_requested", f["sched_ms_100_requested"], "1.2",
             _judged(f["sched_ms_100_requested"] <= 3.6, "not the same order")),
-        Row("sched_growth_pct", f["sched_growth_pct"], "+9 (target <= 20)",
+        figure("sched_growth_pct", f["sched_growth_pct"], "+9 (target <= 20)",
             _judged(f["sched_growth_pct"] <= 20, "per-resource cost x a lower base, next rows")),
-        Row("sched_us_per_requested_resource", f["sched_us_per_requested_resource"], "~1 (0.1 ms / 99)",
+        figure("sched_us_per_requested_resource", f["sched_us_per_requested_resource"], "~1 (0.1 ms / 99)",
             _judged(f["sched_us_per_requested_resource"] <= 2, "Python dict work per resource vs Ray's C++")),
-        Row("sched_base_over_paper", f["sched_ms_1_requested"] / 1.1, "1",
+        figure("sched_base_over_paper", f["sched_ms_1_requested"] / 1.1, "1",
             "our base: one in-memory SQLite transaction"),
-        Row("gang_framespace_speedup", f["gang_framespace_speedup"], "~2x",
+        figure("gang_framespace_speedup", f["gang_framespace_speedup"], "~2x",
             _judged(1.5 <= f["gang_framespace_speedup"] <= 3, "not ~2x")),
-        *(Row(f"gang_{d}_{m}_ms", f[f"gang_{d}_{m}_ms"]) for d in lat for m in ("min", "mean", "p99", "max")),
-        Row("gang_appspace_widest_tail", float(lat["appspace"][1] >= max(v[1] for v in lat.values())), "1",
+        *(figure(f"gang_{d}_{m}_ms", f[f"gang_{d}_{m}_ms"]) for d in lat for m in ("min", "mean", "p99", "max")),
+        figure("gang_appspace_widest_tail", float(lat["appspace"][1] >= max(v[1] for v in lat.values())), "1",
             _judged(lat["appspace"][1] >= max(v[1] for v in lat.values()), "another design's tail is wider")),
-        Row("gang_libspace_highest_min", float(lat["libspace"][0] > lat["appspace"][0]), "1 (of the ghost designs)",
+        figure("gang_libspace_highest_min", float(lat["libspace"][0] > lat["appspace"][0]), "1 (of the ghost designs)",
             _judged(lat["libspace"][0] > lat["appspace"][0], "AppSpace's minimum is higher")),
-        Row("gang_all_under_1s", float(max(v[1] for v in lat.values()) < 1000), "1",
+        figure("gang_all_under_1s", float(max(v[1] for v in lat.values()) < 1000), "1",
             _judged(max(v[1] for v in lat.values()) < 1000, "a gang took >= 1 s")),
-        Row("locality_compute_s_per_gb", f["locality_compute_s_per_gb"], "-", "measured here: the flow's mapper code"),
-        Row("locality_bandwidth_gb_s", f["locality_bandwidth_gb_s"], "-", "measured here: a shard copied across nodes"),
-        Row("locality_transfer_share_pct", f["locality_transfer_share_pct"], "58.3",
+        figure("locality_compute_s_per_gb", f["locality_compute_s_per_gb"], "-", "measured here: the flow's mapper code"),
+        figure("locality_bandwidth_gb_s", f["locality_bandwidth_gb_s"], "-", "measured here: a shard copied across nodes"),
+        figure("locality_transfer_share_pct", f["locality_transfer_share_pct"], "58.3",
             _judged(abs(f["locality_transfer_share_pct"] - 58.3) <= 10, "our nodes share a disk, not a network")),
-        Row("locality_random_slowdown", f["locality_random_slowdown"]),
-        Row("locality_escher_vs_native_max_gap_pct", f["locality_escher_vs_native_max_gap_pct"], "<= 1.9",
+        figure("locality_random_slowdown", f["locality_random_slowdown"]),
+        figure("locality_escher_vs_native_max_gap_pct", f["locality_escher_vs_native_max_gap_pct"], "<= 1.9",
             _judged(f["locality_escher_vs_native_max_gap_pct"] <= 1.9, "above 1.9 %")),
     ]
     for end, shares in HFS_SHARES.items():
         for user, share in shares.items():
             ours = f[f"hfs_{user}_nodes_before_{end}s"]
-            table.append(Row(f"hfs_{user}_nodes_before_{end}s", ours, f"{share:.0%} of {hfs_nodes}",
+            table.append(figure(f"hfs_{user}_nodes_before_{end}s", ours, f"{share:.0%} of {hfs_nodes}",
                              _judged(ours == round(share * hfs_nodes), "another share")))
     dip, after = f["hfs_net_throughput_min_after_60s"], f["hfs_net_throughput_min_after_120s"]
     table += [
-        Row("hfs_net_throughput_min_after_60s", dip, "dip (B warms up)",
-            _judged(dip < 0.95, "no dip") + "; warm-up 8 s assumed"),
-        Row("hfs_net_throughput_min_after_120s", after, "-", "B keeps its warm nodes"),
-        Row("colocation_median_gain_pct", f["colocation_median_gain_pct"], "15.4",
+        Row("hfs_net_throughput_min_after_60s", f"{dip:.4g}", "dip (B warms up)", dip < 0.95,
+            ("" if dip < 0.95 else "no dip; ") + "warm-up 8 s assumed"),
+        figure("hfs_net_throughput_min_after_120s", after, "-", "B keeps its warm nodes"),
+        figure("colocation_median_gain_pct", f["colocation_median_gain_pct"], "15.4",
             "calibrated: no network between our nodes"),
-        Row("colocation_penalty_ms", f["colocation_penalty_ms"], "-", "calibrated: fitted to the 15.4 %"),
-        Row("colocation_p95_gain_pct", f["colocation_p95_gain_pct"], "20",
-            ("reproduced" if abs(f["colocation_p95_gain_pct"] - 20) <= 5 else "missed") + " on the calibrated penalty"),
-        Row("colocation_ephemeral_overhead_pct", f["colocation_ephemeral_overhead_pct"], "< 1",
+        figure("colocation_penalty_ms", f["colocation_penalty_ms"], "-", "calibrated: fitted to the 15.4 %"),
+        Row("colocation_p95_gain_pct", f"{f['colocation_p95_gain_pct']:.4g}", "20 (+-5)",
+            abs(f["colocation_p95_gain_pct"] - 20) <= 5, "judged on the calibrated penalty"),
+        figure("colocation_ephemeral_overhead_pct", f["colocation_ephemeral_overhead_pct"], "< 1",
             _judged(f["colocation_ephemeral_overhead_pct"] < 1, ">= 1 %")),
-        Row("colocation_escher_colocated_share", f["colocation_escher_colocated_share"], "1",
+        figure("colocation_escher_colocated_share", f["colocation_escher_colocated_share"], "1",
             _judged(f["colocation_escher_colocated_share"] == 1, "a pair split")),
-        Row("tune_throughput_gain_pct", f["tune_throughput_gain_pct"], "36.3",
+        figure("tune_throughput_gain_pct", f["tune_throughput_gain_pct"], "36.3",
             "calibrated: spread slowdown 1.363, no network here"),
-        Row("tune_work_gain_pct", f["tune_work_gain_pct"], "-", "on the calibrated slowdown"),
-        Row("tune_migrated_at_s", f["tune_migrated_at_s"], "after 1st short job (120)",
+        figure("tune_work_gain_pct", f["tune_work_gain_pct"], "-", "on the calibrated slowdown"),
+        figure("tune_migrated_at_s", f["tune_migrated_at_s"], "after 1st short job (120)",
             _judged(120 <= f["tune_migrated_at_s"] <= 135, "not right after the first short job")),
-        Row("tune_long_job_nodes_after", f["tune_long_job_nodes_after"], "1",
+        figure("tune_long_job_nodes_after", f["tune_long_job_nodes_after"], "1",
             _judged(f["tune_long_job_nodes_after"] == 1, "still spread")),
     ]
-    table += [Row(k, f[k], paper, "different code counted (docs)") for k, paper in (
+    table += [figure(k, f[k], paper, "different code counted (docs)") for k, paper in (
         ("loc_locality", "2"), ("loc_appspace", "78"), ("loc_libspace", "261"), ("loc_framespace", "1624 (Ray)"))]
     return table
-
-
-def printed(table: list[Row], width: int = 120) -> list[str]:
-    """The table as lines of at most ``width`` characters, a long verdict wrapped under its column."""
-    key = max(len(r.key) for r in table)
-    paper = max(len(r.paper) for r in table)
-    indent = key + 2 + 10 + 2 + paper + 2
-    lines = [f"{'figure':<{key}}  {'ours':>10}  {'paper':<{paper}}  verdict"]
-    for r in table:
-        verdict = textwrap.wrap(r.verdict, width - indent) or [""]
-        lines.append(f"{r.key:<{key}}  {r.ours:>10.4g}  {r.paper:<{paper}}  {verdict[0]}".rstrip())
-        lines += [" " * indent + more for more in verdict[1:]]
-    return lines
 
 
 def plots(folder: Path, ledger_figs: dict, tables: dict) -> None:
@@ -308,7 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     sim_figures, tables = simulated(args.quick, args.seed, compute_s_per_gb, bandwidth_gb_s)
     figures.update(sim_figures)
     figures.update(lines_of_code())
-    print("\n".join(printed(rows(figures, 40 if args.quick else 100))))
+    print_beside_paper(rows(figures, 40 if args.quick else 100))
     plots(args.plots, {"create": create, "present": present, "requested": requested}, tables)
     return finish(args, figures, started)
 
