@@ -115,7 +115,11 @@ def test_c_packed_trials_really_run_at_once_in_process_mode(prefect_server, tmp_
                      pool=GpuPool(name="fluid-c3", device_backend="simulated", simulated="1x16GiB"),
                      tracking=False, progress=False)
     chunks = [c for t in s["placements"].values() for c in t]
-    assert len(chunks) == 12 and all(c["width"] == pytest.approx(1 / 3) and c["devices"] == [0] for c in chunks)
+    assert len(chunks) == 12 and all(c["devices"] == [0] for c in chunks)
+    # all three start packed at 1/3 of the device; a trial left alone once the others finish may be given more
+    # (whether one is depends on how far the machine's load let each trial get)
+    assert all(t[0]["width"] == pytest.approx(1 / 3) for t in s["placements"].values())
+    assert all(c["width"] >= 1 / 3 - 1e-9 for c in chunks)
     spans = [(c["started_at"], c["finished_at"]) for c in chunks]
     assert most_at_once(spans) == 3, sorted(spans)
 
