@@ -44,7 +44,9 @@ def real_server(tmp_path_factory):
            # long as a loaded 2-core machine needs: with the defaults (10 s, 5 s) the server once answered a worker
            # submitting a run with 503 (its reply to a retryable database error) at a load of 40.
            "PREFECT_SERVER_SERVICES_SCHEDULER_MAX_RUNS": "3", "PREFECT_SERVER_DATABASE_TIMEOUT": "60",
-           "PREFECT_SERVER_DATABASE_CONNECTION_TIMEOUT": "60"}
+           "PREFECT_SERVER_DATABASE_CONNECTION_TIMEOUT": "60",
+           # and the CLI and worker retry what the server still answers 503 for 2 min, not 1 (a load of 10+ seen)
+           "PREFECT_CLIENT_MAX_RETRIES": "6"}
     log = tmp_path_factory.mktemp("server-log") / "server.log"
     with real_prefect_server(port, env, ROOT, log):
         yield env

@@ -40,7 +40,7 @@ from tasks.runtime.slices import enforce, on_slice
 PROFILE_ITERATIONS = 3  # separately timed iterations per trial profile (median), after one untimed warm-up
 SCALING_ROUNDS = 7  # samples per width of the scaling measurement (the fastest counts), 3 iterations each
 SCALING_SAMPLE = 3
-SCALING_MIN_GAIN = 0.10  # a wider trial must be > 10 % faster: the same work's timings here differ by up to ~7 %
+SCALING_MIN_GAIN = 0.20  # a wider trial must be > 20 % faster: the same work timed on a loaded 2-core machine differed by 11 %
 REFERENCE_SHAPE = {"hidden": 64, "batch_size": 64, "lr": 0.05}  # the packing curve's model (tasks.fluid.packing)
 PACKING_MAX_P = 4  # levels of the start-up packing measurement (c is capped at the largest level measured)
 SCALING_MAX_WIDTH = 4  # widest data-parallel run of the start-up scaling measurement
