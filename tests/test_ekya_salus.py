@@ -161,8 +161,8 @@ def test_bad_executor_fails_with_one_error_before_any_run(state_dir, capsys):
 def test_flow_with_salus_executor_produces_accuracy_as_with_slices_and_logs_lanes(state_dir):
     """The same tiny run with slices and with Salus: the same windows, streams and decision shape, accuracies of
     the same size; every Salus window's MLflow run has its lanes, admission waits and realised vs decided
-    shares, and the shares a lane realised are within 0.1 of Ekya's split wherever its jobs competed for 30
-    iterations or more (FAIR evens shares out to within one iteration)."""
+    shares, and the shares a lane realised are within 0.1 of Ekya's split, plus the one iteration FAIR may lag by,
+    wherever its jobs competed for 30 iterations or more."""
     from mlflow import MlflowClient
 
     from flows.continuous_retraining import continuous_retraining, format_summary
@@ -181,7 +181,8 @@ def test_flow_with_salus_executor_produces_accuracy_as_with_slices_and_logs_lane
         assert all(wait < 1.0 for wait in b["salus"]["admission_wait_s"].values())
         for span in b["salus"]["shares"]:
             for job, decided in span["decided"].items():
-                assert span["iterations"] < 30 or span["realised"][job] == pytest.approx(decided, abs=0.1), span
+                assert span["iterations"] < 30 or span["realised"][job] == pytest.approx(
+                    decided, abs=0.1 + span["lag_bound"]), span  # one stretched iteration moves a 0.1 s span
     assert salus["mean_accuracy"] == pytest.approx(slices["mean_accuracy"], abs=0.15)
     printed = format_summary(salus)  # what the CLI prints: the accuracy table, then each lane's shares
     assert printed.count("decided->realised") == sum(len(w["salus"]["shares"]) for w in salus["windows"])

@@ -27,6 +27,7 @@ from gpu.pool import pool_path
 from resource_blocks import GpuPool
 from tasks.runtime.requests import current_placement, gpu_request
 from tasks.runtime.runners import GpuTaskRunner
+from tests.polling import final_task_run_state, poll
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
 
@@ -35,18 +36,6 @@ REPO = Path(__file__).resolve().parents[1]
 
 def sim_pool(name: str, spec: str = "2x16GiB") -> GpuPool:
     return GpuPool(name=name, device_backend="simulated", simulated=spec)
-
-
-def poll(condition, timeout: float, what: str):
-    """Return ``condition()`` once truthy; fail naming ``what`` after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what}: not within {timeout}s")
-        time.sleep(0.02)
 
 
 def alive(pid: int) -> bool:
@@ -63,22 +52,6 @@ def parent_of(pid: int) -> int:
 
 def pid_files(folder: Path, prefix: str) -> dict[str, int]:
     return {p.name: int(p.read_text()) for p in folder.glob(f"{prefix}*")}
-
-
-def final_task_run_state(task_run_id):
-    """The task run's final state in the Prefect API (Prefect records task runs from their engines'
-    events, so a state can reach the API a little after the flow saw it)."""
-
-    def read():
-        with get_client(sync_client=True) as client:
-            try:
-                state = client.read_task_run(task_run_id).state
-            except ObjectNotFound:
-                return None
-        return state if state and state.is_final() else None
-
-    # the server records task runs from events in the background: at a load of 15 that took over 30 s
-    return poll(read, 120, f"task run {task_run_id} in a final state in the Prefect API")
 
 
 # Flows run in their own process by the tests below (``python faultflows.py OUT waiting|-``).

@@ -18,6 +18,7 @@ from prefect.utilities.annotations import allow_failure
 from tasks.runtime.requests import current_placement, gpu_options, gpu_request
 from tasks.runtime.runners import GpuTaskRunner
 from tasks.runtime.slices import MPS_PIPE_ENV, MPS_THREADS_ENV
+from tests.polling import final_task_run_state
 
 pytestmark = pytest.mark.usefixtures("prefect_server")
 
@@ -156,4 +157,4 @@ def test_tasks_the_flow_never_waits_for_run_to_completion(sim_pool, state_dir, t
 
     unwaited_flow()
     assert (tmp_path / "second").read_text() == "ran"
-    assert [api_state(i).type for i in ids] == [StateType.COMPLETED] * 2
+    assert [final_task_run_state(i).type for i in ids] == [StateType.COMPLETED] * 2

@@ -101,7 +101,7 @@ class LaneReport:
         """What the flow returns per window."""
         return {"lanes": self.lanes, "admission_wait_s": self.admission_wait_s, "iterations": self.iterations,
                 "shares": [{"device": s.device, "gpu_s": s.gpu_s, "iterations": s.iterations, "decided": s.decided,
-                            "realised": s.realised}
+                            "realised": s.realised, "lag_bound": s.lag_bound}
                            for s in self.spans]}
 
 
