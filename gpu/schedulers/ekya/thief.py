@@ -385,8 +385,9 @@ def thief_schedule(streams: Sequence[StreamState], gpus: float, window_s: float,
         for i, s in enumerate(streams):
             key = (i, steps[i], steps[train_slot[i]] if i in train_slot else None)
             if key not in cache:
-                retrain = 0.0 if key[2] is None else base[train_slot[i]] + key[2] * d
-                cache[key] = _choose(s, base[i] + key[1] * d, retrain, window_s, params)
+                # a job stolen down to nothing is 0, not the -1e-17 that base + k * Delta can round to
+                retrain = 0.0 if key[2] is None else max(0.0, base[train_slot[i]] + key[2] * d)
+                cache[key] = _choose(s, max(0.0, base[i] + key[1] * d), retrain, window_s, params)
             out.append(cache[key])
         return out
 
