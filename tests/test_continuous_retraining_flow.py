@@ -280,10 +280,12 @@ def test_profiled_costs_follow_the_real_torch_work(heavy_pair):
     """Same config, same scenario numbers: only the measured work changed, and the scheduler's cost estimate
     (the micro-profiler's measured epoch time) follows it for cam1 alone. cam0 is the control: its profile is a
     few milliseconds of unchanged work, which one stall of a busy machine can make 4x longer (seen in CI), so it is
-    held to a quarter of cam1's change rather than to a fixed band."""
+    held to a quarter of cam1's change rather than to a fixed band. cam1's cost grows less than its samples: each
+    optimiser step's fixed cost does not scale with the batch (HEAVY = 24x the samples measured 7.8x the epoch time
+    on an idle 2-core machine), so it is held to HEAVY / 6, half that."""
     base, heavy = heavy_pair
     cost = {s: heavy["profiled_gpu_s"][s][CONFIG] / base["profiled_gpu_s"][s][CONFIG] for s in ("cam0", "cam1")}
-    assert HEAVY / 3 <= cost["cam1"] <= HEAVY * 4 and 1 / 3 <= cost["cam0"] <= cost["cam1"] / 4, cost
+    assert HEAVY / 6 <= cost["cam1"] <= HEAVY * 4 and 1 / 3 <= cost["cam0"] <= cost["cam1"] / 4, cost
 
 
 def test_a_stream_whose_work_is_heavier_gets_more_gpus_or_stops_retraining(heavy_pair):

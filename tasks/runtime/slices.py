@@ -27,7 +27,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from tasks.runtime.requests import TaskPlacement, current_placement
 
@@ -65,28 +65,31 @@ def _on_gpu(placement: TaskPlacement | None) -> bool:
     return placement is not None and placement.device.startswith("cuda")
 
 
+def work_clock(on_gpu: bool) -> Callable[[], float]:
+    """The clock a piece of torch work is measured on: the wall clock on a GPU (read after a synchronise), the
+    calling thread's CPU time on the CPU (see module docstring: what other processes on the machine take from the
+    thread is not the work's cost)."""
+    return time.perf_counter if on_gpu else time.thread_time
+
+
 @contextmanager
 def on_slice(placement: TaskPlacement | None = None) -> Iterator[SliceClock]:
     """Measure the work inside the block as time on the task's slice (see module docstring)."""
     p = placement or current_placement()
     clock = SliceClock()
     gpu = _on_gpu(p)
+    now = work_clock(gpu)
     if gpu:
         import torch
 
         torch.cuda.synchronize()
-        start = time.perf_counter()
-    else:
-        start = time.thread_time()
+    start = now()
     yield clock
     if gpu:
         torch.cuda.synchronize()
-        work = time.perf_counter() - start
-        clock.timing = SliceTiming(work, work, _share(p), False)
-    else:
-        work = time.thread_time() - start
-        share = _share(p)
-        clock.timing = SliceTiming(work, work / share, share, True)
+    work = now() - start
+    share = _share(p)
+    clock.timing = SliceTiming(work, work, share, False) if gpu else SliceTiming(work, work / share, share, True)
 
 
 def mps_available() -> bool:

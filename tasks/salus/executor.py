@@ -62,6 +62,7 @@ from gpu.schedulers.salus.lanes import Margins
 from gpu.schedulers.salus.overrun import Revoked, TokenBound
 from gpu.units import parse_memory
 from tasks.runtime.requests import current_placement
+from tasks.runtime.slices import work_clock
 from tasks.salus.placement import Lane, current_lane
 from tasks.salus.profiling import MIB, CpuProbe, CudaProbe
 
@@ -538,6 +539,7 @@ def salus_iterations(n: int, lane: Lane | None = None, release_cache: bool = Tru
     _cap_memory(device, lane, lane.memory_cap)
     if n <= 0:
         return
+    clock = work_clock(device is not None)  # on the CPU the job's thread time: other load is not the job's cost
     frame = inspect.currentframe().f_back  # the job's own frame: what it holds between iterations
     probe = _probe(device) if lane.profile_iterations else None
     stops_profiling = contextlib.nullcontext() if probe is None else contextlib.closing(probe)
@@ -547,11 +549,11 @@ def salus_iterations(n: int, lane: Lane | None = None, release_cache: bool = Tru
             profiling = probe is not None and step < lane.profile_iterations
             if profiling:
                 probe.start(frame)
-            start = time.perf_counter()
+            start = clock()
             yield step
             if device is not None:
                 device[0].synchronize(device[1])
-            seconds = time.perf_counter() - start
+            seconds = clock() - start
             if profiling:
                 probe.stop(frame)
             if device is not None and release_cache:
