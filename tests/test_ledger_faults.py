@@ -478,7 +478,8 @@ def test_threads_waiting_behind_a_held_lock_time_out_and_leave_nothing_behind(pa
     start = time.monotonic()
     [t.start() for t in threads]
     [t.join() for t in threads]
-    assert time.monotonic() - start < 1.0 and all(o.startswith("timeout") for o in outcomes) and len(outcomes) == 8
+    assert time.monotonic() - start < 3.0  # each its own timeout, not SQLite's 30 s busy wait
+    assert all(o.startswith("timeout") for o in outcomes) and len(outcomes) == 8
     blocker.execute("ROLLBACK")
     assert ledger.leases() == [] and ledger.waiting() == 0
     granted = [ledger.allocate(ResourceRequest(gpus=0.25), timeout=5.0) for _ in range(8)]

@@ -107,6 +107,31 @@ def test_srtf_gives_the_token_to_the_shorter_job_at_the_next_boundary():
     assert order[first_short:first_short + 3] == ["short"] * 3 and order.count("long") == 8
 
 
+def test_srtf_counts_a_jobs_own_work_not_time_the_machine_gave_others():
+    """On a simulated pool an iteration is measured on the job thread's CPU time: while the job is kept off the
+    CPU (here it waits for another thread's matmuls, as a loaded CI machine's other processes take its core),
+    nothing is counted, so load elsewhere cannot make a light job look long to SRTF."""
+    walls = []
+
+    def others_work(done: threading.Event) -> None:
+        a = torch.randn(300, 300, generator=torch.Generator().manual_seed(0))
+        for _ in range(3):
+            a = torch.tanh(a @ a)
+        done.set()
+
+    with SalusExecutor(None, 0, capacity_mb=16_000, policy="srtf", lease=False) as ex:
+        lane = ex.admit(_job("kept-off", expected_s=0.003))
+        for _ in salus_iterations(4, lane):
+            start, done = time.perf_counter(), threading.Event()
+            threading.Thread(target=others_work, args=(done,)).start()
+            done.wait(60)
+            torch.randn(16, 16).sum()
+            walls.append(time.perf_counter() - start)
+            measured = ex.controller.iteration_s("kept-off")
+        ex.leave("kept-off")
+    assert measured < min(walls) / 4, (measured, walls)
+
+
 def test_queued_job_is_admitted_when_the_lane_frees():
     with SalusExecutor(None, 0, capacity_mb=4_000, policy="pack", lease=False) as ex:
         ex.admit(SalusJob("big", 1000, 2000, on_demand=True))

@@ -32,6 +32,30 @@ def test_slice_time_is_measured_work_over_the_share():
     assert heavy.timing.work_s > 4 * light.timing.work_s  # 64x the flops: the measurement sees it
 
 
+def test_time_the_thread_is_kept_off_the_cpu_is_not_the_works():
+    """On a simulated pool other processes taking the machine's cores (a loaded CI box) must not make a task's
+    work look heavier: while the measured thread waits, here for another thread's matmuls, no work is counted."""
+    import threading
+    import time
+
+    done = threading.Event()
+
+    def others_work() -> None:
+        for _ in range(3):
+            _work(300)
+        done.set()
+
+    other = threading.Thread(target=others_work)
+    with placed(_placement(0.5)), on_slice() as clock:
+        wall = time.perf_counter()
+        other.start()
+        done.wait(timeout=60)
+        _work(32)
+        wall = time.perf_counter() - wall
+    other.join()
+    assert done.is_set() and clock.timing.work_s < wall / 4, (clock.timing, wall)
+
+
 def test_outside_a_runner_the_work_holds_a_whole_device():
     with on_slice() as clock:
         _work(64)
