@@ -71,13 +71,16 @@ def test_heavier_work_mid_run_shrinks_orlojs_batch_for_that_application_in_the_n
     thread serves it at once as a batch of one (``run_inline``) and every epoch measures exactly ``REQUESTS``
     batches per application; a batch's measure on the CPU is its thread CPU time, which other processes on the
     cores do not lengthen; epochs end when the test says, not on a wall clock. The SLO comes from a first epoch of
-    light work measured the same way (5× its mean alone time), so it scales with the machine: light work meets it
-    alone until it measures 5× slower (right behind heavy work, which evicts its weights from the cache, it
-    measured 1.4× slower), heavy work misses it even alone unless its 48 layers measure under 5 light requests
-    (they measured 14). Margins: 3× for 48× the layers; limits compared, not timed."""
+    light work measured the same way (6× its mean alone time), so it scales with the machine: light work meets it
+    alone until it measures 6× slower (a loaded machine moved one epoch's light mean 2.2×), heavy work misses it
+    even alone unless its 48 layers of width 768 measure under 6 light requests (they measured 30-100). Each
+    epoch serves the steady application's requests before the drifting one's: light work right behind heavy work,
+    which evicts its weights from the cache, measured 2.8× slower on an idle machine and 16× under four busy
+    loops, which is the cache's doing, not the workload's. Margins: about 5× each way; limits compared, not
+    timed."""
     torch.manual_seed(0)
     torch.set_num_threads(1)
-    model = ExitByInput(width=512, layers=48).eval().requires_grad_(False)
+    model = ExitByInput(width=768, layers=48).eval().requires_grad_(False)
     profile = profile_model("exit", model, repeats=5, warmup=2)  # torch.rand rows: depth 1
     light, heavy = depth_rows(1, REQUESTS), depth_rows(48, REQUESTS, seed=1)
     first = alone_times(model, {"steady": light[:40], "drifting": light[:40]})
@@ -99,15 +102,15 @@ def test_heavier_work_mid_run_shrinks_orlojs_batch_for_that_application_in_the_n
         served = 0
         for epoch in (0, 1, 2, 3):
             drifted = heavy if epoch >= 2 else light
-            for i in range(REQUESTS):
-                for app, rows in (("steady", light), ("drifting", drifted)):
+            for app, rows in (("steady", light), ("drifting", drifted)):  # one app's requests, then the other's
+                for i in range(REQUESTS):
                     rt.frontend.submit("s", rows[i], app=app)
                     served += 1
                     while len(rt.recorder.outcomes) < served:  # served inline already; a stalled frontend waits
                         time.sleep(0.001)
             feedback.epoch(float(epoch))
-            if epoch == 0:  # the SLO: 5× the light work's mean alone time as this machine runs it
-                slo = 5 * ctl.batch_policy.table.means["steady", 1]
+            if epoch == 0:  # the SLO: 6× the light work's mean alone time as this machine runs it
+                slo = 6 * ctl.batch_policy.table.means["steady", 1]
                 ctl.slo_ms = {"steady": slo, "drifting": slo}
         pushed = worker.policy.histograms
     rows = feedback.orloj_epochs[1:]
