@@ -5,6 +5,7 @@ WordCount locality, AlphaZero co-location, EscherTune migration)."""
 from __future__ import annotations
 
 import collections
+import os
 
 import pytest
 
@@ -326,6 +327,36 @@ def _members_in_threads(rendezvous, ranks, steps=50):
     for t in threads:
         t.start()
     return threads, outcome
+
+
+def test_an_abort_racing_the_removal_of_the_rendezvous_never_finds_its_folder_gone(tmp_path, monkeypatch):
+    """A member's future callback aborts the rendezvous while the flow, seeing every member ended, removes it. The
+    folder must not go between abort's check and its store opening the file: torch's FileStore then retries the
+    open for 300 s holding the GIL (seen: a crashed gang's flow frozen for five minutes). Here the removal is
+    started at that very moment and must wait for the abort."""
+    import threading
+
+    from tasks.escher.jobs import RENDEZVOUS_TIMEOUT
+    from tasks.runtime.rendezvous import Rendezvous
+
+    rendezvous = Rendezvous.create(str(tmp_path), "race-", 2, RENDEZVOUS_TIMEOUT)
+    folder = os.path.dirname(rendezvous.path)
+    opened = Rendezvous.store
+    remover = threading.Thread(target=rendezvous.remove)
+    seen = {}
+
+    def store_while_removing(self):
+        remover.start()
+        remover.join(timeout=0.5)  # the removal had half a second to happen under the abort
+        seen["folder_there"] = os.path.isdir(folder)
+        if not seen["folder_there"]:
+            raise RuntimeError("the folder went mid-abort (FileStore would retry its open for 300 s)")
+        return opened(self)
+
+    monkeypatch.setattr(Rendezvous, "store", store_while_removing)
+    rendezvous.abort("member 1 ended Failed")
+    remover.join(timeout=10)
+    assert seen == {"folder_there": True} and not remover.is_alive() and not os.path.exists(folder)
 
 
 def test_members_whose_peer_never_starts_end_as_soon_as_the_rendezvous_is_aborted(tmp_path):

@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
@@ -28,6 +29,10 @@ from typing import Any, Iterator, Sequence
 from gpu.errors import GpuflowsError
 
 ABORT = "abort"
+# The launcher's ``abort`` (run by a member's future callback, in a runner thread) and ``remove`` (the flow, once every
+# member ended) race: a folder removed between abort's check and its store opening the file makes torch's FileStore
+# retry the open for its default 300 s, holding the GIL, so the whole flow process froze for five minutes.
+_LAUNCHER = threading.Lock()
 
 
 class GangAborted(GpuflowsError):
@@ -107,16 +112,18 @@ class Rendezvous:
     def abort(self, reason: str) -> None:
         """Wake every waiting member with ``reason`` (members already past the barrier are not affected). A no-op
         once the folder is removed: every member has ended."""
-        if not os.path.isdir(os.path.dirname(self.path)):
-            return
-        store = self.store()
-        store.set(ABORT, reason)
-        for key in self._ranks():
-            store.set(key, "1")
+        with _LAUNCHER:
+            if not os.path.isdir(os.path.dirname(self.path)):
+                return
+            store = self.store()
+            store.set(ABORT, reason)
+            for key in self._ranks():
+                store.set(key, "1")
 
     def remove(self) -> None:
-        """Delete the rendezvous folder (call once every member has ended)."""
-        shutil.rmtree(os.path.dirname(self.path), ignore_errors=True)
+        """Delete the rendezvous folder (call once every member has ended; never while an ``abort`` writes to it)."""
+        with _LAUNCHER:
+            shutil.rmtree(os.path.dirname(self.path), ignore_errors=True)
 
 
 # -- the launching side ------------------------------------------------------------------------------------------
