@@ -359,6 +359,23 @@ def test_an_abort_racing_the_removal_of_the_rendezvous_never_finds_its_folder_go
     assert seen == {"folder_there": True} and not remover.is_alive() and not os.path.exists(folder)
 
 
+def test_a_member_joining_a_removed_rendezvous_is_told_its_gang_has_ended(tmp_path):
+    """A member that starts after its gang was torn down (the flow stopped) fails at once: a FileStore in a missing
+    folder would retry its open for 300 s, holding the GIL of the process it runs in."""
+    import time
+
+    from tasks.escher.jobs import RENDEZVOUS_TIMEOUT
+    from tasks.runtime.rendezvous import GangAborted, Rendezvous
+
+    rendezvous = Rendezvous.create(str(tmp_path), "gone-", 2, RENDEZVOUS_TIMEOUT)
+    rendezvous.remove()
+    started = time.monotonic()
+    with pytest.raises(GangAborted, match="its gang has ended"):
+        rendezvous.join(0)
+    assert time.monotonic() - started < 5  # not FileStore's 300 s
+    rendezvous.abort("late")  # and the launcher's abort of a removed one is a no-op
+
+
 def test_members_whose_peer_never_starts_end_as_soon_as_the_rendezvous_is_aborted(tmp_path):
     """Member 2 of 3 never starts (its task failed before it joined): once the flow aborts the rendezvous, the
     two waiting members end with GangAborted at once instead of after the 60 s rendezvous timeout."""

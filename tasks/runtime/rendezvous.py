@@ -81,8 +81,12 @@ class Rendezvous:
         return cls(os.path.join(tempfile.mkdtemp(prefix=prefix, dir=parent), "store"), world, timeout)
 
     def store(self):
+        """The gang's store. Raises ``GangAborted`` once the folder is removed (the gang has ended): torch's
+        FileStore would retry opening a file in a missing folder for 300 s, holding the GIL."""
         import torch.distributed as dist
 
+        if not os.path.isdir(os.path.dirname(self.path)):
+            raise GangAborted(f"the rendezvous {self.path} was removed: its gang has ended")
         store = dist.FileStore(self.path, -1)  # -1: the file outlives any one user; ``remove`` deletes its folder
         store.set_timeout(self.timeout)
         return store
