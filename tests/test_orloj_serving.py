@@ -228,3 +228,28 @@ def test_the_serving_flow_serves_two_applications_of_a_dynamic_model_with_orloj(
     (epoch,) = result["orloj_epochs"]  # the epoch at 2 s re-profiled both applications from their served batches
     assert epoch["t_s"] == 2.0 and set(epoch["apps"]) == {"clean", "noisy"}
     assert all(a["reprofiled"] and a["batches"] >= 10 and a["batch_limit"] >= 1 for a in epoch["apps"].values())
+
+
+def test_a_batch_cost_table_the_fit_refuses_is_measured_again_with_more_repeats(monkeypatch):
+    """The serving rollout times its dynamic model before it serves (``depth_profile``). The fixed part of a batch
+    is a fraction of one layer, so a loaded machine once made the fit's fixed part negative, which the fit refuses
+    and which crashed the flow. The table is measured again with twice the repeats, and only a table refused every
+    time fails, naming the network."""
+    import tasks.serving.batch_costs as batch_costs
+
+    sizes, depths = (1, 2, 4), (1, 6, 12)
+    good = np.array([[0.12 + 0.1 * d * b ** 0.5 for d in depths] for b in sizes])
+    noisy = good - 0.15  # the same slopes, the fixed part (0.12 ms) below zero
+    tables, asked = [noisy, good], []
+
+    def timed(network, device, batch_sizes, depths_, repeats, warmup):
+        asked.append(repeats)
+        return tables.pop(0) if tables else noisy
+
+    monkeypatch.setattr(batch_costs, "time_network", timed)
+    profile = batch_costs.depth_profile("digits_dynamic", batch_sizes=sizes, depths=depths, repeats=3)
+    assert asked == [3, 6] and profile.fixed_ms[0] > 0 and np.array_equal(profile.ms, good)
+    asked.clear()
+    with pytest.raises(ConfigError) as err:
+        batch_costs.depth_profile("digits_dynamic", batch_sizes=sizes, depths=depths, repeats=3)
+    assert asked == [3, 6, 12] and err.value.field == "network"

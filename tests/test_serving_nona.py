@@ -62,8 +62,16 @@ def test_a_diamond_query_runs_its_join_once_after_both_branches(served):
     for o in by["q/d"].values():
         joins.setdefault(rt.chainer.root(o.request_id), []).append(o)
     assert set(joins) <= set(by["q/a"]) and all(len(v) == 1 for v in joins.values())  # once per query
-    assert len(joins) >= 0.9 * len(on_time)
     branches = {u: {rt.chainer.root(r): o for r, o in by[f"q/{u}"].items()} for u in "bc"}
+
+    def both_on_time(margin_ms: float) -> set[int]:
+        """Queries both of whose branches finished by their deadline + ``margin_ms`` (dropped ones never did)."""
+        return {q for q in set(branches["b"]) & set(branches["c"])
+                if all(branches[u][q].finish_ms <= branches[u][q].deadline_ms + margin_ms for u in "bc")}
+
+    # the join runs exactly for the queries whose two branches were on time, however many a loaded machine let
+    # through (a branch within 10 µs of its deadline may go either way: the outcome's clock is not the chainer's)
+    assert joins and both_on_time(-0.01) <= set(joins) <= both_on_time(0.01) and on_time >= set(joins), len(joins)
     for root, (d,) in joins.items():
         b, c = branches["b"][root], branches["c"][root]
         assert d.arrival_ms == pytest.approx(max(b.finish_ms, c.finish_ms), abs=1e-6)  # after the last branch

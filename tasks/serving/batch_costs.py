@@ -91,11 +91,24 @@ def time_network(name: str, device: str = "cpu", batch_sizes=BATCH_SIZES, depths
 
 
 def depth_profile(network: str, device: str = "cpu", batch_sizes=(1, 2, 4, 8, 16), depths=(1, 6, 12),
-                  repeats: int = 3) -> DepthProfile:
+                  repeats: int = 3, attempts: int = 3) -> DepthProfile:
     """A small table measured now and its fit (the serving rollout's, before it serves a dynamic model): about a
-    second on a CPU."""
-    ms = np.asarray(time_network(network, device, batch_sizes, depths, repeats, warmup=1))
-    return DepthProfile.fit(network, device, tuple(batch_sizes), tuple(depths), ms, where="network")
+    second on a CPU.
+
+    The fixed part of a small model's batch is a fraction of one layer's time, so a loaded machine's noise once
+    fitted it at -0.005 ms (the fit refuses a table whose fixed part is not positive). A refused table is measured
+    again with twice the repeats (each cell keeps its fastest run), up to ``attempts`` tables; the last refusal
+    is raised."""
+    def measured(attempt: int) -> DepthProfile:
+        ms = np.asarray(time_network(network, device, batch_sizes, depths, repeats * 2 ** attempt, warmup=1))
+        return DepthProfile.fit(network, device, tuple(batch_sizes), tuple(depths), ms, where="network")
+
+    for attempt in range(attempts - 1):
+        try:
+            return measured(attempt)
+        except ConfigError:
+            continue
+    return measured(max(0, attempts - 1))
 
 
 def measure(device: str = "cpu", networks=tuple(NETWORKS), repeats: int = 7, warmup: int = 2,
