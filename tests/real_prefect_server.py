@@ -41,12 +41,17 @@ def real_prefect_server(port: int, env: dict, cwd: Path, log_path: Path, timeout
                 time.sleep(0.5)
             yield url
         finally:
-            server.terminate()
-            try:
-                server.wait(30)
-            except subprocess.TimeoutExpired:
-                server.kill()
-                server.wait()
+            stop(server)
+
+
+def stop(proc: subprocess.Popen, grace_s: float = 30) -> None:
+    """SIGTERM, then SIGKILL if it has not exited within ``grace_s`` (a server or worker the tests started)."""
+    proc.terminate()
+    try:
+        proc.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def _healthy(url: str) -> bool:

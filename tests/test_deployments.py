@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.real_prefect_server import PREFECT, free_port, real_prefect_server
+from tests.real_prefect_server import PREFECT, free_port, real_prefect_server, stop
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPLOYMENTS = yaml.safe_load((ROOT / "prefect.yaml").read_text())["deployments"]
@@ -110,11 +110,7 @@ def worker(real_server, deployed, tmp_path_factory):
     try:
         yield log_path
     finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc)
 
 
 @pytest.fixture(scope="module")
